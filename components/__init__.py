@@ -1,0 +1,31 @@
+"""hydratune components: small typed builders, one module per config group.
+
+Importing this package registers every component's structured-config schema with Hydra. It must
+stay cheap: component modules import torch / transformers / peft lazily, inside the functions that
+need them, so that composing and checking a config never pays for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+COMPONENT_MODULES: tuple[str, ...] = (
+    "components.config",
+    "components.model",
+    "components.data",
+    "components.peft",
+    "components.strategy",
+    "components.precision",
+    "components.quantization",
+    "components.optimizer",
+    "components.scheduler",
+    "components.tracker",
+    "components.launcher",
+    "recipes.sft",
+)
+
+
+def register_all() -> None:
+    """Import every module that registers a schema (idempotent)."""
+    for name in COMPONENT_MODULES:
+        importlib.import_module(name)

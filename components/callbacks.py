@@ -1,0 +1,81 @@
+"""Trainer callbacks shared by the recipes: the run dir's metrics stream and the rich progress bar."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from transformers import TrainerCallback
+
+from components.rundir import RunDir
+
+# Keys worth a column on the progress bar, in order.
+PROGRESS_KEYS = ("loss", "eval_loss", "learning_rate", "train_tokens_per_second")
+
+
+class MetricsCallback(TrainerCallback):
+    """Append every logged record to ``metrics.jsonl`` (rank 0), with step, epoch and wall time."""
+
+    def __init__(self, run_dir: RunDir) -> None:
+        self.run_dir = run_dir
+        self.start = time.time()
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        if not state.is_world_process_zero or not logs:
+            return
+        record = {"step": state.global_step, "epoch": state.epoch, "time": round(time.time() - self.start, 3)}
+        record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str))})
+        self.run_dir.append_metrics(record)
+
+
+class RichProgressCallback(TrainerCallback):
+    """A rich progress bar (rank 0) with loss, learning rate, tokens/s and ETA; replaces tqdm."""
+
+    def __init__(self, description: str = "training") -> None:
+        self.description = description
+        self.progress: Any = None
+        self.task: Any = None
+        self.latest: dict[str, float] = {}
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task(
+            self.description, total=state.max_steps, completed=state.global_step, stats=""
+        )
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=state.global_step)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        if self.progress is None or not logs:
+            return
+        self.latest.update({k: logs[k] for k in PROGRESS_KEYS if isinstance(logs.get(k), (int, float))})
+        parts = []
+        for key, label, fmt in (
+            ("loss", "loss", "{:.4f}"),
+            ("eval_loss", "eval", "{:.4f}"),
+            ("learning_rate", "lr", "{:.2e}"),
+            ("train_tokens_per_second", "tok/s", "{:,.0f}"),
+        ):
+            if key in self.latest:
+                parts.append(f"{label} {fmt.format(self.latest[key])}")
+        self.progress.update(self.task, stats="  ".join(parts))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=state.global_step)
+            self.progress.stop()
+            self.progress = None

@@ -1,0 +1,72 @@
+"""Top-level config schema: the groups, plus the plain ``train:`` node every recipe shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+GROUPS: tuple[str, ...] = (
+    "recipe",
+    "model",
+    "data",
+    "peft",
+    "strategy",
+    "precision",
+    "quantization",
+    "optimizer",
+    "scheduler",
+    "tracker",
+    "launcher",
+)
+
+
+@dataclass
+class TrainConfig:
+    """What every recipe shares: batch arithmetic, length of training, intervals, seed, outputs."""
+
+    micro_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    epochs: float = 1.0
+    max_steps: int = -1  # > 0 overrides epochs
+    max_grad_norm: float = 1.0
+    log_every: int = 5  # steps
+    eval_every: int = 0  # steps; 0 = evaluate at the end only
+    save_every: int = 0  # steps; 0 = save only the final model
+    keep_last: int = 2  # checkpoints kept on disk
+    seed: int = 42
+    data_seed: int | None = None  # defaults to seed
+    num_workers: int = 0
+    eval_generations: int = 32  # eval prompts to generate from and score exact-match (0 = off)
+    max_new_tokens: int = 32
+    write_plots: bool = True
+    deterministic: bool = False
+
+
+@dataclass
+class Config:
+    """The composed run. Groups are typed by their option's own schema (see components.registry)."""
+
+    recipe: Any = MISSING
+    model: Any = MISSING
+    data: Any = MISSING
+    peft: Any = MISSING
+    strategy: Any = MISSING
+    precision: Any = MISSING
+    quantization: Any = MISSING
+    optimizer: Any = MISSING
+    scheduler: Any = MISSING
+    tracker: Any = MISSING
+    launcher: Any = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    mode: str = "train"  # train | plan (compose, check, print; no training)
+    resume: Any = (
+        False  # false | true (latest checkpoint of the latest earlier run) | <run dir or checkpoint dir>
+    )
+    merge: bool = False  # PEFT: also write a merged full model to final/merged
+    run_name: str = ""  # shown in summaries and trackers; defaults to the recipe name
+
+
+ConfigStore.instance().store(name="hydratune_schema", node=Config)

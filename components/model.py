@@ -1,0 +1,152 @@
+"""Model component: a causal LM from a hub id, a local dir, or random init from shipped config numbers."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from components.errors import ConfigError
+from components.registry import component
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@component("model")
+@dataclass
+class CausalLM:
+    """A decoder-only language model and its tokenizer.
+
+    ``name_or_path`` is a hub id or a local directory. ``init=random`` builds the architecture from
+    ``name_or_path``'s config (plus ``architecture`` overrides) with fresh weights; the shipped
+    ``conf/model/*.yaml`` carry the architecture numbers of popular models so they compose offline.
+    """
+
+    name_or_path: str = "???"
+    init: str = "pretrained"  # pretrained | random
+    architecture: dict[str, Any] = field(default_factory=dict)  # config.json numbers (offline / overrides)
+    tokenizer: str | None = None  # defaults to name_or_path
+    revision: str | None = None
+    trust_remote_code: bool = False
+    attn_implementation: str = "sdpa"
+    dtype: str = "auto"  # weight dtype at load; auto = float32 master weights (mixed precision autocasts)
+    gradient_checkpointing: bool = False
+    chat_template: str | None = None  # a .jinja file or template text replacing the tokenizer's
+    padding_side: str = "right"  # for training; generation always pads left
+
+    # ---- checks (no weights touched) -------------------------------------------------------------
+    def validate(self) -> None:
+        """Cheap checks of the knobs themselves."""
+        if self.init not in ("pretrained", "random"):
+            raise ConfigError(
+                f"unknown init '{self.init}'", key="model.init", hint="use pretrained or random"
+            )
+        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise ConfigError(
+                f"unknown attn_implementation '{self.attn_implementation}'",
+                key="model.attn_implementation",
+                hint=f"one of {', '.join(ATTN_IMPLEMENTATIONS)}",
+            )
+        if self.dtype not in WEIGHT_DTYPES:
+            raise ConfigError(
+                f"unknown dtype '{self.dtype}'", key="model.dtype", hint=f"one of {', '.join(WEIGHT_DTYPES)}"
+            )
+        if self.padding_side not in ("left", "right"):
+            raise ConfigError("padding_side must be left or right", key="model.padding_side")
+        if self.is_local and not Path(self.name_or_path).expanduser().is_dir():
+            raise ConfigError(
+                f"model directory not found: {self.name_or_path}",
+                key="model.name_or_path",
+                hint="point it at a directory holding config.json, or at a hub id such as Qwen/Qwen2.5-0.5B",
+            )
+
+    @property
+    def is_local(self) -> bool:
+        """True when ``name_or_path`` names a local path rather than a hub id."""
+        p = self.name_or_path
+        return p.startswith(("/", ".", "~")) or os.path.isdir(os.path.expanduser(p))
+
+    def load_config(self) -> PretrainedConfig:
+        """The architecture config, offline when the YAML carries the numbers."""
+        from transformers import AutoConfig
+
+        kwargs = {"revision": self.revision, "trust_remote_code": self.trust_remote_code}
+        if self.is_local or not self.architecture:
+            try:
+                config = AutoConfig.from_pretrained(self.name_or_path, **kwargs)
+            except OSError as err:
+                raise ConfigError(
+                    f"cannot read the config of '{self.name_or_path}' ({err.__class__.__name__}): "
+                    "not a local model dir and the hub is unreachable or the id is wrong",
+                    key="model.name_or_path",
+                    hint="use a local directory, check the id, or set HF_HUB_OFFLINE=0 with network access",
+                ) from None
+            for key, value in self.architecture.items():
+                setattr(config, key, value)
+            return config
+        arch = dict(self.architecture)
+        model_type = arch.pop("model_type", None)
+        if model_type is None:
+            raise ConfigError("architecture needs a model_type", key="model.architecture.model_type")
+        return AutoConfig.for_model(model_type, **arch)
+
+    def module_names(self) -> list[str]:
+        """Fully-qualified module names of the model, built on the meta device (no memory, no weights)."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.load_config())
+        return [name for name, _ in model.named_modules()]
+
+    # ---- construction ----------------------------------------------------------------------------
+    def torch_dtype(self) -> Any:
+        import torch
+
+        return {"auto": torch.float32, "float32": torch.float32}.get(self.dtype) or getattr(torch, self.dtype)
+
+    def build(self, **load_kwargs: Any) -> PreTrainedModel:
+        """Load (or randomly initialise) the model. Seed the RNGs before calling for a reproducible init."""
+        from transformers import AutoModelForCausalLM
+
+        common = {"attn_implementation": self.attn_implementation, "dtype": self.torch_dtype()}
+        if self.init == "random":
+            model = AutoModelForCausalLM.from_config(
+                self.load_config(), trust_remote_code=self.trust_remote_code, **common
+            )
+        else:
+            try:
+                model = AutoModelForCausalLM.from_pretrained(
+                    self.name_or_path,
+                    revision=self.revision,
+                    trust_remote_code=self.trust_remote_code,
+                    **common,
+                    **load_kwargs,
+                )
+            except OSError as err:
+                raise ConfigError(
+                    f"cannot load weights of '{self.name_or_path}': {err}",
+                    key="model.name_or_path",
+                    hint="point it at a local directory with the weights, or make the hub reachable",
+                ) from None
+        if self.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        return model
+
+    def build_tokenizer(self) -> PreTrainedTokenizerBase:
+        """The tokenizer, set up for training: a pad token, right padding, the chat template."""
+        from components.tokenizer import build_tokenizer
+
+        return build_tokenizer(
+            self.tokenizer or self.name_or_path,
+            revision=self.revision,
+            trust_remote_code=self.trust_remote_code,
+            chat_template=self.chat_template,
+            padding_side=self.padding_side,
+        )

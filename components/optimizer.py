@@ -1,0 +1,135 @@
+"""Optimizer component: AdamW (fused where the device allows), Adafactor, SGD.
+
+Each returns ``(optimizer class, kwargs)``: the HF/TRL trainers take it as ``optimizer_cls_and_kwargs``
+(keeping their weight-decay grouping of biases and norms) and our own loops call ``build(params)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from components.errors import ConfigError
+from components.registry import component
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Optimizer:
+    """Base: learning rate and weight decay every optimizer shares."""
+
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+
+    def validate(self) -> None:
+        if not self.lr > 0:
+            raise ConfigError(
+                f"learning rate must be > 0, got {self.lr}", key="optimizer.lr", hint="e.g. 2e-5"
+            )
+        if self.weight_decay < 0:
+            raise ConfigError("weight_decay must be >= 0", key="optimizer.weight_decay")
+
+    def cls_and_kwargs(self, device: str) -> tuple[type, dict[str, Any]]:
+        raise NotImplementedError
+
+    def training_args(self, device: str) -> dict[str, Any]:
+        """Mirror lr / decay into TrainingArguments (logged, and used by DeepSpeed's "auto" filling)."""
+        return {"learning_rate": self.lr, "weight_decay": self.weight_decay}
+
+    def build(self, params: Iterable[torch.nn.Parameter], device: str = "cpu") -> torch.optim.Optimizer:
+        cls, kwargs = self.cls_and_kwargs(device)
+        return cls([p for p in params if p.requires_grad], **kwargs)
+
+
+@component("optimizer")
+@dataclass
+class AdamW(Optimizer):
+    """torch AdamW; ``fused: auto`` uses the fused kernel on CUDA and CPU when torch provides it."""
+
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    fused: bool | None = None  # None = auto
+
+    def validate(self) -> None:
+        super().validate()
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas}", key="optimizer.betas")
+
+    def cls_and_kwargs(self, device: str) -> tuple[type, dict[str, Any]]:
+        import torch
+
+        fused = self.fused if self.fused is not None else device in ("cuda", "cpu")
+        kwargs = {
+            "lr": self.lr,
+            "weight_decay": self.weight_decay,
+            "betas": tuple(self.betas),
+            "eps": self.eps,
+            "fused": fused,
+        }
+        return torch.optim.AdamW, kwargs
+
+    def training_args(self, device: str) -> dict[str, Any]:
+        return {
+            **super().training_args(device),
+            "adam_beta1": self.betas[0],
+            "adam_beta2": self.betas[1],
+            "adam_epsilon": self.eps,
+        }
+
+
+@component("optimizer")
+@dataclass
+class Adafactor(Optimizer):
+    """Adafactor (factored second moments: far less optimizer memory than Adam) from transformers."""
+
+    lr: float = 1e-3
+    scale_parameter: bool = False
+    relative_step: bool = False
+    warmup_init: bool = False
+    clip_threshold: float = 1.0
+    decay_rate: float = -0.8
+    beta1: float | None = None
+
+    def cls_and_kwargs(self, device: str) -> tuple[type, dict[str, Any]]:
+        from transformers.optimization import Adafactor as HFAdafactor
+
+        kwargs = {
+            "lr": None if self.relative_step else self.lr,
+            "weight_decay": self.weight_decay,
+            "scale_parameter": self.scale_parameter,
+            "relative_step": self.relative_step,
+            "warmup_init": self.warmup_init,
+            "clip_threshold": self.clip_threshold,
+            "decay_rate": self.decay_rate,
+            "beta1": self.beta1,
+        }
+        return HFAdafactor, kwargs
+
+
+@component("optimizer")
+@dataclass
+class SGD(Optimizer):
+    """Stochastic gradient descent with optional (Nesterov) momentum."""
+
+    lr: float = 1e-2
+    momentum: float = 0.9
+    nesterov: bool = False
+
+    def validate(self) -> None:
+        super().validate()
+        if self.nesterov and self.momentum <= 0:
+            raise ConfigError("nesterov needs momentum > 0", key="optimizer.nesterov")
+
+    def cls_and_kwargs(self, device: str) -> tuple[type, dict[str, Any]]:
+        import torch
+
+        kwargs = {
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "nesterov": self.nesterov,
+            "weight_decay": self.weight_decay,
+        }
+        return torch.optim.SGD, kwargs

@@ -1,0 +1,84 @@
+"""Precision component: fp32, bf16 / fp16 mixed precision (fp32 master weights), auto, tf32."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from components.errors import ConfigError
+from components.registry import component
+
+DTYPES = ("fp32", "bf16", "fp16", "auto")
+
+
+def device_supports_bf16(device: str) -> bool:
+    """bf16 autocast works on CPU (slowly without avx512_bf16) and on Ampere+ / recent AMD GPUs."""
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return device in ("cpu", "mps")
+
+
+@component("precision")
+@dataclass
+class Precision:
+    """Mixed precision keeps fp32 master weights and autocasts compute to ``dtype``.
+
+    fp16 uses dynamic loss scaling; the ``loss_scale*`` knobs also feed DeepSpeed's fp16 block.
+    """
+
+    dtype: str = "fp32"  # fp32 | bf16 | fp16 | auto (bf16 where supported, else fp16 on GPU, else fp32)
+    tf32: bool | None = None  # Ampere+ matmuls in tf32; None leaves torch's default
+    loss_scale: float = 0.0  # fp16: 0 = dynamic
+    initial_scale_power: int = 16  # fp16 dynamic scaling starts at 2**power
+    loss_scale_window: int = 1000
+    hysteresis: int = 2
+    min_loss_scale: float = 1.0
+
+    def validate(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype '{self.dtype}'", key="precision.dtype", hint=f"one of {DTYPES}")
+        if self.loss_scale < 0:
+            raise ConfigError("loss_scale must be >= 0 (0 = dynamic)", key="precision.loss_scale")
+
+    def resolve(self, device: str) -> str:
+        """The concrete dtype for ``device`` ('cpu', 'cuda', 'mps'); errors early when impossible."""
+        if self.dtype == "auto":
+            if device_supports_bf16(device) and device != "cpu":
+                return "bf16"
+            return "fp16" if device == "cuda" else "fp32"
+        if self.dtype == "bf16" and not device_supports_bf16(device):
+            raise ConfigError(
+                f"bf16 was requested but this {device} device has no bf16 support",
+                key="precision",
+                hint="use precision=fp16 (pre-Ampere GPUs) or precision=auto",
+            )
+        if self.dtype == "fp16" and device == "cpu":
+            raise ConfigError(
+                "fp16 mixed precision needs a GPU (no fp16 loss scaling on CPU)",
+                key="precision",
+                hint="use precision=bf16 or precision=fp32 on CPU",
+            )
+        if self.tf32 and device != "cuda":
+            raise ConfigError(
+                "tf32 needs an NVIDIA Ampere+ GPU", key="precision.tf32", hint="drop precision.tf32"
+            )
+        return self.dtype
+
+    def training_args(self, device: str) -> dict[str, Any]:
+        """The TrainingArguments fields this precision sets."""
+        dtype = self.resolve(device)
+        args: dict[str, Any] = {"bf16": dtype == "bf16", "fp16": dtype == "fp16"}
+        if self.tf32 is not None:
+            args["tf32"] = self.tf32
+        return args
+
+    def warn_model_dtype(self, trained_dtype: str | None, device: str) -> str | None:
+        """A warning when fp16 meets a model trained in bf16 (activations may overflow fp16's range)."""
+        if self.resolve(device) == "fp16" and trained_dtype in ("bfloat16", "torch.bfloat16"):
+            return (
+                "precision=fp16 on a model whose config says it was trained in bf16: activations can "
+                "overflow fp16's range (loss becomes nan). Prefer precision=bf16 on Ampere+ GPUs."
+            )
+        return None

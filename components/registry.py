@@ -1,0 +1,88 @@
+"""Register component dataclasses as Hydra structured-config schemas.
+
+Every component is a plain dataclass whose fields are its knobs. ``@component("peft")`` stores a
+schema for it in Hydra's ConfigStore under ``schema/<group>/<ClassName>``; the YAML options in
+``conf/<group>/`` pull that schema into their defaults list::
+
+    defaults:
+      - /schema/peft/LoRA@_here_
+      - _self_
+
+so a misspelt key or a value of the wrong type fails when the config is composed, naming the key.
+The schema carries a ``_target_`` field that names the class itself, so ``hydra.utils.instantiate``
+on the composed node returns the component.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from hydra.core.config_store import ConfigStore
+
+T = TypeVar("T")
+
+#: group -> {class name -> component class}; filled as component modules are imported.
+REGISTRY: dict[str, dict[str, type]] = {}
+
+_OMEGACONF_SCALARS = (int, float, str, bool)
+
+
+def _schema_type(hint: Any) -> Any:
+    """Map a Python type hint to one OmegaConf can validate (it knows scalars, Optional, list, dict)."""
+    if hint in _OMEGACONF_SCALARS or dataclasses.is_dataclass(hint):
+        return hint
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and len(args) == 2:
+            inner = _schema_type(rest[0])
+            return typing.Optional[inner] if inner is not Any else Any  # noqa: UP045 - OmegaConf needs Optional
+        return Any
+    if origin in (list, tuple) and args and args[0] in _OMEGACONF_SCALARS:
+        return list[args[0]]
+    if origin is dict and len(args) == 2 and args[0] is str and args[1] in _OMEGACONF_SCALARS:
+        return dict[str, args[1]]
+    return Any
+
+
+def schema_of(cls: type) -> type:
+    """Build the structured-config dataclass for component ``cls``: its fields plus ``_target_``."""
+    hints = typing.get_type_hints(cls)
+    specs: list[tuple[str, Any, Any]] = [
+        ("_target_", str, dataclasses.field(default=f"{cls.__module__}.{cls.__qualname__}"))
+    ]
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name.startswith("_"):
+            continue
+        default: Any
+        if f.default is not dataclasses.MISSING:
+            default = dataclasses.field(default=f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = dataclasses.field(default_factory=f.default_factory)
+        else:
+            default = dataclasses.field(default="???")
+        specs.append((f.name, _schema_type(hints[f.name]), default))
+    return dataclasses.make_dataclass(cls.__name__, specs)
+
+
+def component(group: str) -> Callable[[type[T]], type[T]]:
+    """Class decorator: register a dataclass component as the schema for options of ``group``."""
+
+    def register(cls: type[T]) -> type[T]:
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"@component needs a dataclass, got {cls!r}")
+        schema = schema_of(cls)
+        cls.__schema__ = schema  # type: ignore[attr-defined]
+        ConfigStore.instance().store(group=f"schema/{group}", name=cls.__name__, node=schema)
+        REGISTRY.setdefault(group, {})[cls.__name__] = cls
+        return cls
+
+    return register
+
+
+def field_names(cls: type) -> list[str]:
+    """The config keys a component accepts (for error messages and key checks)."""
+    return [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]

@@ -1,0 +1,124 @@
+"""What every recipe does around its trainer: instantiate the groups, seed, assemble trainer args."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from components.config import GROUPS
+from components.rundir import RunDir
+
+
+@dataclass
+class Components:
+    """The instantiated config groups of one run."""
+
+    recipe: Any
+    model: Any
+    data: Any
+    peft: Any
+    strategy: Any
+    precision: Any
+    quantization: Any
+    optimizer: Any
+    scheduler: Any
+    tracker: Any
+    launcher: Any
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> Components:
+        """``hydra.utils.instantiate`` each group node (``_target_`` names the component class)."""
+        return cls(**{g: instantiate(cfg[g], _convert_="all") for g in GROUPS})
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+
+@dataclass
+class RunContext:
+    """One run: its config, components, device and run dir."""
+
+    cfg: DictConfig
+    components: Components
+    run_dir: RunDir
+    device: str
+    start_time: float = dataclasses.field(default_factory=time.time)
+
+    @property
+    def train(self) -> Any:
+        return self.cfg.train
+
+    @property
+    def run_name(self) -> str:
+        return self.cfg.run_name or self.run_dir.path.name
+
+    def seed_everything(self) -> None:
+        """Seed python, numpy and torch (all devices) from ``train.seed``."""
+        from transformers import set_seed
+
+        set_seed(self.cfg.train.seed, deterministic=self.cfg.train.deterministic)
+
+    def training_args(self, **recipe_args: Any) -> dict[str, Any]:
+        """TrainingArguments fields from ``train:`` and every component, then the recipe's own."""
+        t, c = self.cfg.train, self.components
+        every = {"eval": t.eval_every, "save": t.save_every}
+        args: dict[str, Any] = {
+            "output_dir": str(self.run_dir.checkpoints),
+            "run_name": self.run_name,
+            "per_device_train_batch_size": t.micro_batch_size,
+            "per_device_eval_batch_size": t.micro_batch_size,
+            "gradient_accumulation_steps": t.gradient_accumulation_steps,
+            "num_train_epochs": t.epochs,
+            "max_steps": t.max_steps,
+            "max_grad_norm": t.max_grad_norm,
+            "logging_steps": t.log_every,
+            "logging_first_step": True,
+            "eval_strategy": "steps" if every["eval"] > 0 else "no",
+            "eval_steps": every["eval"] or None,
+            "save_strategy": "steps" if every["save"] > 0 else "no",
+            "save_steps": every["save"] or None,
+            "save_total_limit": t.keep_last,
+            "seed": t.seed,
+            "data_seed": t.data_seed if t.data_seed is not None else t.seed,
+            "dataloader_num_workers": t.num_workers,
+            "report_to": c.tracker.report_to(),
+            "disable_tqdm": True,
+            "include_num_input_tokens_seen": "non_padding",
+            "average_tokens_across_devices": True,
+            **c.strategy.training_args(self.device),
+            **c.precision.training_args(self.device),
+            **c.optimizer.training_args(self.device),
+            **c.scheduler.training_args(),
+        }
+        args.update(recipe_args)
+        return args
+
+    def resolved_config(self) -> dict[str, Any]:
+        return OmegaConf.to_container(self.cfg, resolve=True)  # type: ignore[return-value]
+
+    def elapsed(self) -> float:
+        return time.time() - self.start_time
+
+
+def peak_memory_gb(device: str) -> float:
+    """Peak accelerator memory (GiB) on GPU; peak resident set size of this process on CPU."""
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def hydra_run_dir() -> Path:
+    """Hydra's output dir for the running job (the run dir)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir)

@@ -1,0 +1,102 @@
+"""The ``hydratune`` command: compose the config with Hydra, check it, run the recipe.
+
+hydratune [group=option ...] [group.key=value ...]     one run (run dir under outputs/)
+hydratune -m group=a,b                                  a Hydra multirun sweep (under multirun/)
+hydratune --cfg job [overrides]                         print the composed config, run nothing
+hydratune mode=plan [overrides]                         compose + check everything, load nothing
+hydratune replay <run dir> [overrides]                  re-run a run dir's exact resolved config
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+import components
+from components.errors import ConfigError
+from components.resolvers import register_resolvers
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def execute(cfg: DictConfig) -> Any:
+    """Instantiate the groups, check them before any model is loaded, then run the recipe."""
+    from components.checks import check_before_load
+    from components.run import Components
+
+    comps = Components.from_config(cfg)
+    device = check_before_load(cfg, comps)
+    if cfg.mode == "plan":
+        print(OmegaConf.to_yaml(cfg, resolve=True))
+        print(f"# checks passed; device: {device}; nothing was loaded (mode=plan)")
+        return None
+    if cfg.mode != "train":
+        raise ConfigError(f"unknown mode '{cfg.mode}'", key="mode", hint="train or plan")
+
+    from components.run import RunContext, hydra_run_dir
+    from components.rundir import RunDir
+
+    ctx = RunContext(cfg=cfg, components=comps, run_dir=RunDir(hydra_run_dir()), device=device)
+    result = comps.recipe.run(ctx)
+    print(f"run dir: {ctx.run_dir.path}")
+    return result
+
+
+@hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
+def _hydra_app(cfg: DictConfig) -> Any:
+    try:
+        return execute(cfg)
+    except ConfigError as err:
+        print_error(err)
+        sys.exit(2)
+
+
+def print_error(err: ConfigError) -> None:
+    """One paragraph on stderr, no traceback."""
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False).print(f"[bold red]hydratune: error:[/] {err}", soft_wrap=True)
+
+
+def replay_argv(args: list[str]) -> list[str]:
+    """``replay <run dir> [overrides]`` → Hydra args that compose exactly that run's saved config."""
+    if not args:
+        raise ConfigError(
+            "replay needs a run dir", key="replay", hint="hydratune replay outputs/<date>/<run>"
+        )
+    saved = Path(args[0]).expanduser().resolve() / ".hydra"
+    if not (saved / "config.yaml").is_file():
+        raise ConfigError(f"{saved / 'config.yaml'} not found: not a run dir", key="replay")
+    return [
+        "--config-path",
+        str(saved),
+        "--config-name",
+        "config",
+        "hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}_replay_${run_tag:}",
+        "hydra.sweep.dir=multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}_replay_${run_tag:}",
+        *args[1:],
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point (``hydratune`` and ``python -m recipes``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    register_resolvers()
+    components.register_all()
+    if args and args[0] == "replay":
+        try:
+            args = replay_argv(args[1:])
+        except ConfigError as err:
+            print_error(err)
+            sys.exit(2)
+    sys.argv = [sys.argv[0] or "hydratune", *args]
+    _hydra_app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Supervised fine-tuning on TRL's SFTTrainer.
+
+build components → check the loss mask → train (or resume) → evaluate → save → report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from components.errors import ConfigError
+from components.registry import component
+from components.run import Components, RunContext
+
+LOSS_TYPES = ("nll", "dft")
+
+
+@component("recipe")
+@dataclass
+class SFT:
+    """Knobs of the SFT recipe; everything else comes from the other groups and ``train:``."""
+
+    assistant_only_loss: bool = True  # conversational data: loss on assistant turns only
+    completion_only_loss: bool = True  # prompt/completion data: loss on the completion only
+    loss_type: str = "nll"  # nll | dft
+
+    def check(self, cfg: DictConfig, comps: Components) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ConfigError(
+                f"unknown loss_type '{self.loss_type}'", key="recipe.loss_type", hint=f"{LOSS_TYPES}"
+            )
+        if not hasattr(comps.data, "prompts"):
+            raise ConfigError(
+                f"recipe=sft needs chat / instruction / text data, got {type(comps.data).__name__}",
+                key="data",
+                hint="use data=demo_sft or a ChatDataset option",
+            )
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        from trl import SFTConfig, SFTTrainer
+
+        from components.session import Session
+
+        c = ctx.components
+        session = Session.start(ctx)
+        tokenizer, model = session.tokenizer, session.model
+        data = c.data.load()
+        conversational = "messages" in data["train"].column_names
+        masked = self.assistant_only_loss and conversational
+        eval_prompts = c.data.prompts("eval")[: ctx.train.eval_generations] if conversational else []
+        session.evaluate_generations(eval_prompts, "before")
+
+        args = SFTConfig(
+            **ctx.training_args(
+                assistant_only_loss=masked,
+                completion_only_loss=self.completion_only_loss,
+                loss_type=self.loss_type,
+                max_length=c.data.max_length,
+                packing=c.data.packing,
+                packing_strategy=c.data.packing_strategy,
+                dataset_text_field="text",
+            )
+        )
+        trainer = SFTTrainer(
+            model=model,
+            args=args,
+            train_dataset=data["train"],
+            eval_dataset=data["eval"] if len(data["eval"]) else None,
+            processing_class=tokenizer,
+            callbacks=session.callbacks(),
+            optimizer_cls_and_kwargs=c.optimizer.cls_and_kwargs(ctx.device),
+        )
+        session.check_loss_mask(trainer.train_dataset, masked=masked)
+        return session.train_and_finish(trainer, title="SFT")

@@ -1,0 +1,58 @@
+"""The ``hydratune`` command as a user meets it: errors are fast, named, and end without a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def hydratune(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "recipes", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["optimizer.lrr=1"], "lrr"),
+        (["data.path=/nonexistent.jsonl"], "/nonexistent.jsonl"),
+        (["model=nope"], "llama3_8b"),
+        (["train.micro_batch_size=big"], "micro_batch_size"),
+    ],
+)
+def test_bad_input_fails_fast_with_a_named_error(tmp_path: Path, args: list[str], needle: str) -> None:
+    start = time.monotonic()
+    proc = hydratune(*args, cwd=tmp_path)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert needle in proc.stderr + proc.stdout
+    assert elapsed < 10, f"took {elapsed:.1f}s"
+    last = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()][-1]
+    assert "Traceback" not in last and not last.startswith("  File ")
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("final"))
+
+
+def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
+    proc = hydratune("--cfg", "job", "peft=lora", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "_target_: components.peft.LoRA" in proc.stdout
+    assert "micro_batch_size" in proc.stdout
+
+
+def test_plan_mode_checks_without_training(tmp_path: Path) -> None:
+    proc = hydratune("mode=plan", "peft=lora", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "checks passed" in proc.stdout
+    assert not any((tmp_path / "outputs").rglob("final"))

@@ -1,0 +1,102 @@
+"""Every shipped option composes and builds; bad keys, types and options fail at compose time."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from components.config import GROUPS
+from components.errors import ConfigError
+from components.run import Components
+from tests.conftest import group_options
+
+# Options that need a user value (``???``) to compose into something that validates.
+NEEDS_VALUE = {
+    ("data", "alpaca_file"): ["data.path=x.jsonl"],
+    ("data", "jsonl_messages"): ["data.path=x.jsonl"],
+    ("experiment", "llama3_8b_lora_sft"): ["data.path=x.jsonl"],
+}
+
+
+def test_every_group_has_options() -> None:
+    found = {g for g, _ in group_options()}
+    assert set(GROUPS) <= found, f"groups without options: {set(GROUPS) - found}"
+
+
+@pytest.mark.parametrize(("group", "option"), group_options())
+def test_option_composes_and_instantiates(compose_cfg, group: str, option: str) -> None:
+    if group == "experiment":
+        cfg = compose_cfg(f"+experiment={option}", *NEEDS_VALUE.get((group, option), []))
+        Components.from_config(cfg)
+        return
+    cfg = compose_cfg(f"{group}={option}", *NEEDS_VALUE.get((group, option), []))
+    comps = Components.from_config(cfg)
+    built = getattr(comps, group)
+    # the YAML's _target_ built the registered component, and the YAML lists every knob it has
+    assert type(built).__name__ == cfg[group]["_target_"].rsplit(".", 1)[-1]
+    assert dataclasses.is_dataclass(built)
+    validate = getattr(built, "validate", None)
+    if callable(validate) and group != "data":  # data paths are validated against the filesystem
+        validate()
+
+
+def test_misspelt_key_names_the_key(compose_cfg) -> None:
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_cfg("optimizer.lrr=1")
+    assert "lrr" in str(info.value) or "lrr" in str(info.value.__cause__)
+
+
+def test_wrong_type_names_the_key(compose_cfg) -> None:
+    with pytest.raises((ConfigCompositionException, ValidationError)) as info:
+        compose_cfg("train.micro_batch_size=big")
+    text = f"{info.value} {info.value.__cause__}"
+    assert "micro_batch_size" in text
+
+
+def test_unknown_option_lists_available(compose_cfg) -> None:
+    with pytest.raises(MissingConfigException) as info:
+        compose_cfg("model=nope")
+    assert "tiny" in str(info.value) and "llama3_8b" in str(info.value)
+
+
+def test_forced_unknown_key_is_caught_before_load(compose_cfg) -> None:
+    from components.checks import check_known_keys
+
+    cfg = compose_cfg("+optimizer.lrr=1")
+    with pytest.raises(ConfigError) as info:
+        check_known_keys(cfg)
+    assert info.value.key == "optimizer.lrr" and "lr" in str(info.value)
+
+
+def test_top_level_typo(compose_cfg) -> None:
+    with pytest.raises((ConfigCompositionException, ConfigKeyError)):
+        compose_cfg("trian.seed=1")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["optimizer.lr=-1"], "optimizer.lr"),
+        (["train.micro_batch_size=0"], "train.micro_batch_size"),
+        (["scheduler.warmup_ratio=1.5"], "scheduler.warmup_ratio"),
+        (["precision=fp16"], "precision"),  # CPU: no fp16 loss scaling
+        (["merge=true"], "merge"),  # nothing to merge without an adapter
+        (["data.path=/nonexistent.jsonl"], "data.path"),
+        (["peft=lora", "peft.target_modules=[nope_proj]"], "peft.target_modules"),
+    ],
+)
+def test_bad_values_fail_before_model_load(compose_cfg, monkeypatch, overrides: list[str], key: str) -> None:
+    from components.checks import check_before_load
+    from components.model import CausalLM
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(CausalLM, "build", no_load)
+    cfg = compose_cfg(*overrides)
+    with pytest.raises(ConfigError) as info:
+        check_before_load(cfg, Components.from_config(cfg))
+    assert info.value.key == key, str(info.value)
