@@ -46,7 +46,7 @@ def label_mask_stats(dataset: Any, stop_ids: set[int], limit: int = 256) -> dict
     }
 
 
-def check_label_mask(stats: dict[str, float], *, masked_loss: bool) -> None:
+def check_label_mask(stats: dict[str, float], *, masked: bool) -> None:
     """Fail loudly when a prompt-masked loss masks everything or nothing, or never learns to stop."""
     if stats["rows"] == 0:
         raise ConfigError("the training set is empty after tokenisation", key="data")
@@ -59,7 +59,7 @@ def check_label_mask(stats: dict[str, float], *, masked_loss: bool) -> None:
             hint="raise data.max_length, fix the template (model.chat_template), or set "
             "recipe.assistant_only_loss=false",
         )
-    if masked_loss and stats["rows_fully_trained"] == 1.0:
+    if masked and stats["rows_fully_trained"] == 1.0:
         raise ConfigError(
             "assistant-only / completion-only loss is on, but every token of every row is in the loss: "
             "the mask is a no-op (the template's generation markers wrap the whole conversation?)",

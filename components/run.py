@@ -49,6 +49,7 @@ class RunContext:
     run_dir: RunDir
     device: str
     start_time: float = dataclasses.field(default_factory=time.time)
+    model: Any = None  # the model being trained, once the recipe has built it
 
     @property
     def train(self) -> Any:

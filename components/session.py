@@ -29,6 +29,9 @@ class Session:
     @classmethod
     def start(cls, ctx: RunContext, *, model: Any = None) -> Session:
         """Seed, write versions.json, set up trackers, build tokenizer and (unless given) the model."""
+        import datasets
+
+        datasets.disable_progress_bars()
         c = ctx.components
         ctx.seed_everything()
         ctx.run_dir.write_versions({"device": ctx.device})
@@ -38,6 +41,10 @@ class Session:
             dtype = c.precision.resolve(ctx.device)
             model = c.model.build(**c.quantization.load_kwargs(dtype))
             model = c.peft.apply(model)
+        # No KV cache while training: besides wasting memory, a cache makes transformers skip the
+        # packed-sequence mask, so padding-free packed examples would attend across boundaries.
+        model.config.use_cache = False
+        ctx.model = model
         session = cls(ctx, tokenizer, model)
         session.report["run"] = {
             "recipe": type(c.recipe).__name__,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,9 @@ from components.errors import ConfigError
 from components.resolvers import register_resolvers
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+warnings.filterwarnings(
+    "ignore", category=FutureWarning
+)  # library deprecation chatter, not the user's concern
 
 
 def execute(cfg: DictConfig) -> Any:
