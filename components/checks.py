@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
@@ -76,6 +77,17 @@ def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
         )
 
 
+def warnings_for(cfg: DictConfig, comps: Components) -> list[str]:
+    """Legal but suspicious settings: said once at start, never fatal."""
+    notes = []
+    if comps.model.init == "pretrained" and comps.optimizer.lr > 1e-3:
+        notes.append(
+            f"optimizer.lr={comps.optimizer.lr:g} is very high for a pretrained model (the default is "
+            "tuned for the tiny random-init demo): typical values are 1e-5..5e-5 (full), 1e-4..3e-4 (LoRA)"
+        )
+    return notes
+
+
 def check_before_load(cfg: DictConfig, comps: Components) -> str:
     """Everything that can be checked before weights are touched, cheapest first; returns the device."""
     check_known_keys(cfg)
@@ -90,4 +102,6 @@ def check_before_load(cfg: DictConfig, comps: Components) -> str:
     if callable(recipe_check):
         recipe_check(cfg, comps)
     comps.peft.check_targets(comps.model.module_names())  # meta-device model: no weights, no memory
+    for note in warnings_for(cfg, comps):
+        logging.getLogger("hydratune").warning(note)
     return device

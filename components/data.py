@@ -123,7 +123,7 @@ class Source:
     columns: dict[str, str] = field(default_factory=dict)  # canonical name -> the file's column name
     eval_fraction: float = 0.05
     eval_size: int = 0  # rows held out for eval; 0 = use eval_fraction
-    max_samples: int | None = None
+    max_samples: int | None = None  # use only the first N rows of data.path (before the eval split)
     seed: int = 42
 
     def validate(self) -> None:
@@ -142,6 +142,8 @@ class Source:
         from datasets import DatasetDict
 
         train = self._renamed(load_table(self.path, split=self.split, subset=self.subset), self.path)
+        if self.max_samples:
+            train = train.select(range(min(self.max_samples, len(train))))
         if self.eval_path:
             evals = self._renamed(
                 load_table(self.eval_path, split=self.split, subset=self.subset), self.eval_path
@@ -155,8 +157,6 @@ class Source:
                 train, evals = parts["train"], parts["test"]
             else:
                 evals = train.select([])
-        if self.max_samples:
-            train = train.select(range(min(self.max_samples, len(train))))
         return DatasetDict(train=train, eval=evals)
 
     def _renamed(self, table: Dataset, path: str) -> Dataset:

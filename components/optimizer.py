@@ -49,7 +49,7 @@ class Optimizer:
 class AdamW(Optimizer):
     """torch AdamW; ``fused: auto`` uses the fused kernel on CUDA and CPU when torch provides it."""
 
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     fused: bool | None = None  # None = auto
 

@@ -30,8 +30,10 @@ class Session:
     def start(cls, ctx: RunContext, *, model: Any = None) -> Session:
         """Seed, write versions.json, set up trackers, build tokenizer and (unless given) the model."""
         import datasets
+        from transformers.utils import logging as hf_logging
 
         datasets.disable_progress_bars()
+        hf_logging.disable_progress_bar()
         c = ctx.components
         ctx.seed_everything()
         ctx.run_dir.write_versions({"device": ctx.device})

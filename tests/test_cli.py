@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -56,3 +57,51 @@ def test_plan_mode_checks_without_training(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "checks passed" in proc.stdout
     assert not any((tmp_path / "outputs").rglob("final"))
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob("summary.md"))
+
+
+def test_multirun_writes_one_run_dir_per_point(tmp_path: Path) -> None:
+    proc = hydratune(
+        "-m",
+        "peft=none,lora",
+        "train.max_steps=3",
+        "train.eval_generations=2",
+        "data.max_samples=64",
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dirs = run_dirs(tmp_path / "multirun")
+    assert len(dirs) == 2
+    assert (dirs[0] / "final" / "model.safetensors").is_file()
+    assert (dirs[1] / "final" / "adapter_model.safetensors").is_file()
+
+
+def test_replay_reproduces_the_losses(tmp_path: Path) -> None:
+    args = [
+        "train.max_steps=6",
+        "train.log_every=1",
+        "train.eval_generations=0",
+        "data.max_samples=96",
+        "train.micro_batch_size=8",
+    ]
+    first = hydratune(*args, cwd=tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (original,) = run_dirs(tmp_path / "outputs")
+    assert (original / ".hydra" / "config.yaml").is_file() and (
+        original / ".hydra" / "overrides.yaml"
+    ).is_file()
+    again = hydratune("replay", str(original), cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    replayed = [d for d in run_dirs(tmp_path / "outputs") if d != original]
+    assert len(replayed) == 1
+
+    def losses(run: Path) -> list[float]:
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in rows if "loss" in r]
+
+    assert len(losses(original)) == 6
+    assert losses(replayed[0]) == losses(original)

@@ -119,3 +119,20 @@ def test_run_dirs_are_unique_per_process() -> None:
     from components.resolvers import run_tag
 
     assert run_tag() == run_tag() and len(run_tag()) >= 6
+
+
+def test_bf16_mixed_precision_trains(run_recipe) -> None:
+    ctx, _ = run_recipe(*SHORT, "precision=bf16", "train.max_steps=4", name="bf16")
+    assert ctx.run_dir.final.joinpath("model.safetensors").is_file()
+    assert all(v.dtype == torch.float32 for v in final_weights(ctx).values())  # fp32 master weights
+    assert "bf16" in (ctx.run_dir.path / "summary.md").read_text()
+
+
+def test_tensorboard_tracker_writes_the_loss_series(run_recipe) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ctx, _ = run_recipe(*SHORT, "tracker=tensorboard", "train.max_steps=4", name="tb")
+    events = EventAccumulator(str(ctx.run_dir.path / "tensorboard")).Reload()
+    tags = events.Tags()["scalars"]
+    assert "train/loss" in tags, tags
+    assert len(events.Scalars("train/loss")) >= 3
