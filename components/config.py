@@ -33,8 +33,8 @@ class TrainConfig:
     max_steps: int = -1  # > 0 overrides epochs
     max_grad_norm: float = 1.0
     log_every: int = 5  # steps
-    eval_every: int = 0  # steps; 0 = evaluate at the end only
-    save_every: int = 0  # steps; 0 = save only the final model
+    eval_every: int = 200  # steps; 0 = evaluate at the end only
+    save_every: int = 500  # steps; 0 = save only the final model
     keep_last: int = 2  # checkpoints kept on disk
     seed: int = 42
     data_seed: int | None = None  # defaults to seed

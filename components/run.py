@@ -103,6 +103,12 @@ class RunContext:
     def resolved_config(self) -> dict[str, Any]:
         return OmegaConf.to_container(self.cfg, resolve=True)  # type: ignore[return-value]
 
+    def overrides(self) -> list[str]:
+        """The command-line overrides of this run (empty outside a Hydra job)."""
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
     def elapsed(self) -> float:
         return time.time() - self.start_time
 

@@ -117,9 +117,8 @@ class RunDir:
         for key, points in series.items():
             if points:
                 xs, ys = zip(*points, strict=True)
-                ax.plot(
-                    xs, ys, marker="o" if key == "eval_loss" else None, label=key.replace("loss", "loss ")
-                )
+                label = "eval loss" if key == "eval_loss" else "train loss"
+                ax.plot(xs, ys, marker="o" if key == "eval_loss" else None, label=label)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("loss")
         ax.grid(alpha=0.3)

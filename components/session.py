@@ -57,6 +57,7 @@ class Session:
             "device": ctx.device,
             "trainable": trainable_summary(model),
             "run dir": str(ctx.run_dir.path),
+            "overrides": " ".join(ctx.overrides()) or "(none)",
         }
         return session
 

@@ -115,10 +115,29 @@ def test_resume_true_picks_the_latest_earlier_run(run_recipe) -> None:
     assert str(first.run_dir.checkpoints / "checkpoint-4") in (second.run_dir.path / "summary.md").read_text()
 
 
-def test_run_dirs_are_unique_per_process() -> None:
+def test_two_processes_started_together_get_different_run_dirs(compose_cfg) -> None:
+    """The run dir ends in a per-process tag, so runs started in the same second never share a dir."""
+    import subprocess
+    import sys
+
+    from hydra import compose
+
     from components.resolvers import run_tag
 
-    assert run_tag() == run_tag() and len(run_tag()) >= 6
+    cfg = compose(config_name="config", return_hydra_config=True)
+    assert cfg.hydra.run.dir.endswith(f"_sft_{run_tag()}")
+    probe = "from components.resolvers import run_tag; print(run_tag())"
+    tags = {
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout for _ in range(3)
+    }
+    assert len(tags) == 3, tags
+
+
+def test_merge_writes_a_merged_model(run_recipe) -> None:
+    ctx, _ = run_recipe(*SHORT, "peft=lora", "merge=true", "train.max_steps=3", name="merge")
+    merged = load_file(ctx.run_dir.final / "merged" / "model.safetensors")
+    assert merged and not any("lora_" in k for k in merged)
+    assert (ctx.run_dir.final / "adapter_model.safetensors").is_file()
 
 
 def test_bf16_mixed_precision_trains(run_recipe) -> None:
