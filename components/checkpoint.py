@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,35 +16,71 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _STEP = re.compile(r"checkpoint-(\d+)$")
+COMPLETE = "hydratune_complete.json"  # written last, lists every file with its size
+log = logging.getLogger("hydratune")
 
 
-def is_complete(checkpoint: Path) -> bool:
-    """A checkpoint the trainer finished writing (its trainer state is written last)."""
-    return (checkpoint / "trainer_state.json").is_file()
+def mark_complete(checkpoint: Path, step: int) -> None:
+    """Record that ``checkpoint`` is whole: the size of every file in it."""
+    files = {
+        str(p.relative_to(checkpoint)): p.stat().st_size
+        for p in sorted(checkpoint.rglob("*"))
+        if p.is_file() and p.name != COMPLETE
+    }
+    tmp = checkpoint / (COMPLETE + ".tmp")
+    tmp.write_text(json.dumps({"step": step, "time": time.time(), "files": files}, indent=1))
+    tmp.replace(checkpoint / COMPLETE)
 
 
-def checkpoints_in(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run dir, oldest step first."""
+def verify(checkpoint: Path) -> str | None:
+    """None when ``checkpoint`` is whole, else what is wrong with it."""
+    marker = checkpoint / COMPLETE
+    if not marker.is_file():
+        return "no completion marker (the save did not finish)"
+    try:
+        files = json.loads(marker.read_text())["files"]
+    except (ValueError, KeyError):
+        return "unreadable completion marker"
+    for name, size in files.items():
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, {size} were written"
+    return None
+
+
+def checkpoints_in(run_dir: Path, *, warn: bool = False) -> list[Path]:
+    """Whole checkpoints of a run dir, oldest step first; broken ones are skipped (with a warning)."""
     found = []
     for path in (run_dir / "checkpoints").glob("checkpoint-*"):
         m = _STEP.search(path.name)
-        if m and path.is_dir() and is_complete(path):
+        if not (m and path.is_dir()):
+            continue
+        problem = verify(path)
+        if problem is None:
             found.append((int(m.group(1)), path))
+        elif warn:
+            log.warning("skipping checkpoint %s: %s", path, problem)
     return [p for _, p in sorted(found)]
 
 
 def latest_run_with_checkpoint(outputs_root: Path, exclude: Path) -> Path | None:
-    """The most recently modified run dir under ``outputs_root`` (but ``exclude``) with a checkpoint."""
-    runs = [
+    """The most recently modified run dir under ``outputs_root`` (but ``exclude``) with a whole checkpoint."""
+    runs = {
         ckpt.parent.parent
         for ckpt in outputs_root.glob("**/checkpoints/checkpoint-*")
-        if ckpt.parent.parent.resolve() != exclude.resolve() and is_complete(ckpt)
-    ]
-    return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
+        if ckpt.parent.parent.resolve() != exclude.resolve()
+    }
+    good = [run for run in runs if checkpoints_in(run)]
+    return max(good, key=lambda p: p.stat().st_mtime) if good else None
 
 
 def resolve_resume(resume: Any, run_dir: Path) -> str | None:
-    """``resume``: false → None; true → the latest earlier run's last checkpoint; a path → its checkpoint."""
+    """``resume``: false → None; true → the latest earlier run's last checkpoint; a path → its checkpoint.
+
+    A checkpoint that is incomplete or damaged is skipped, with a warning, for the previous whole one.
+    """
     if resume in (False, None, "false", "False"):
         return None
     if resume in (True, "true", "True", "latest"):
@@ -54,17 +93,59 @@ def resolve_resume(resume: Any, run_dir: Path) -> str | None:
                 key="resume",
                 hint="set train.save_every>0 so runs write checkpoints, or pass resume=<run dir>",
             )
-        return str(checkpoints_in(earlier)[-1])
+        return str(checkpoints_in(earlier, warn=True)[-1])
     path = Path(str(resume)).expanduser()
-    if path.is_dir() and is_complete(path):
-        return str(path)
-    if path.is_dir() and checkpoints_in(path):
-        return str(checkpoints_in(path)[-1])
+    if path.is_dir() and _STEP.search(path.name):
+        problem = verify(path)
+        if problem is None:
+            return str(path)
+        log.warning("skipping checkpoint %s: %s", path, problem)
+        path = path.parent.parent
+    good = checkpoints_in(path, warn=True) if path.is_dir() else []
+    if good:
+        return str(good[-1])
     raise ConfigError(
-        f"nothing to resume from at {path}: not a complete checkpoint nor a run dir holding one",
+        f"nothing to resume from at {path}: no complete checkpoint there",
         key="resume",
         hint="pass a run dir (outputs/<date>/<time…>) or one of its checkpoints/checkpoint-N dirs",
     )
+
+
+class AtomicCheckpoints:
+    """Trainer mixin: each checkpoint is written into ``checkpoints/.staging`` and renamed into place
+    only when whole, with a completion marker; keep-last-K then only ever counts whole checkpoints."""
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        from transformers.trainer_utils import rotate_checkpoints
+
+        root = Path(self.args.output_dir)
+        staging = root / ".staging"
+        name = f"checkpoint-{self.state.global_step}"
+        if self.args.should_save:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self.args.output_dir = str(staging)
+        try:
+            super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        finally:
+            self.args.output_dir = str(root)
+        self.accelerator.wait_for_everyone()  # every rank's shards are written
+        if self.args.should_save:
+            mark_complete(staging / name, self.state.global_step)
+            target = root / name
+            if target.exists():
+                shutil.rmtree(target)
+            (staging / name).rename(target)
+            shutil.rmtree(staging, ignore_errors=True)
+            rotate_checkpoints(
+                output_dir=str(root), save_total_limit=self.args.save_total_limit, use_mtime=True
+            )
+        self.accelerator.wait_for_everyone()
+
+
+def atomic(trainer_cls: type) -> type:
+    """``trainer_cls`` with atomic checkpoints (e.g. ``atomic(SFTTrainer)``)."""
+    return type(f"Atomic{trainer_cls.__name__}", (AtomicCheckpoints, trainer_cls), {})
 
 
 def save_final(

@@ -33,7 +33,13 @@ class Components:
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> Components:
-        """``hydra.utils.instantiate`` each group node (``_target_`` names the component class)."""
+        """``hydra.utils.instantiate`` each group node (``_target_`` names the component class).
+
+        Keys forced in with ``+group.key=…`` are rejected first, naming the key, instead of failing
+        inside the component's constructor."""
+        from components.checks import check_known_keys
+
+        check_known_keys(cfg)
         return cls(**{g: instantiate(cfg[g], _convert_="all") for g in GROUPS})
 
     def items(self) -> list[tuple[str, Any]]:

@@ -1,7 +1,8 @@
 """The lifecycle every trainer-based recipe shares, so recipes stay one screen long.
 
-``Session.start`` seeds, builds tokenizer and model (quantization + PEFT applied) and prepares the run
-dir; ``train_and_finish`` checks the live strategy, trains or resumes, evaluates, saves and reports.
+``Session.start`` seeds, prepares the run dir and the tokenizer; ``build_model`` applies quantization
+and PEFT; ``train_and_finish`` checks the live strategy, trains or resumes (stopping cleanly on
+SIGTERM/SIGINT), evaluates, saves and reports.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.callbacks import MetricsCallback, RichProgressCallback
-from components.checkpoint import resolve_resume, save_final
+from components.checkpoint import checkpoints_in, resolve_resume, save_final
 from components.evaluation import evaluate_generations
+from components.interrupt import GracefulInterrupt, Interrupted
 from components.masking import check_label_mask, label_mask_stats, stop_token_ids
 from components.peft import trainable_summary
 from components.run import RunContext, peak_memory_gb
@@ -22,13 +24,14 @@ from components.run import RunContext, peak_memory_gb
 class Session:
     ctx: RunContext
     tokenizer: Any
-    model: Any
+    model: Any = None
     report: dict[str, dict[str, Any]] = field(default_factory=dict)
     eval_prompts: list[tuple[list[dict[str, str]], str]] = field(default_factory=list)
+    interrupt: GracefulInterrupt = field(default_factory=GracefulInterrupt)
 
     @classmethod
-    def start(cls, ctx: RunContext, *, model: Any = None) -> Session:
-        """Seed, write versions.json, set up trackers, build tokenizer and (unless given) the model."""
+    def start(cls, ctx: RunContext) -> Session:
+        """Seed, write versions.json, set up trackers, build the tokenizer (no model yet: data first)."""
         import datasets
         from transformers.utils import logging as hf_logging
 
@@ -38,16 +41,7 @@ class Session:
         ctx.seed_everything()
         ctx.run_dir.write_versions({"device": ctx.device})
         c.tracker.setup(ctx.run_dir.path, ctx.run_name)
-        tokenizer = c.model.build_tokenizer()
-        if model is None:
-            dtype = c.precision.resolve(ctx.device)
-            model = c.model.build(**c.quantization.load_kwargs(dtype))
-            model = c.peft.apply(model)
-        # No KV cache while training: besides wasting memory, a cache makes transformers skip the
-        # packed-sequence mask, so padding-free packed examples would attend across boundaries.
-        model.config.use_cache = False
-        ctx.model = model
-        session = cls(ctx, tokenizer, model)
+        session = cls(ctx, c.model.build_tokenizer())
         session.report["run"] = {
             "recipe": type(c.recipe).__name__,
             "model": c.model.name_or_path,
@@ -55,17 +49,42 @@ class Session:
             "strategy": type(c.strategy).__name__,
             "precision": c.precision.resolve(ctx.device),
             "device": ctx.device,
-            "trainable": trainable_summary(model),
             "run dir": str(ctx.run_dir.path),
             "overrides": " ".join(ctx.overrides()) or "(none)",
         }
         return session
+
+    def load_data(self) -> Any:
+        """The data component's train/eval splits, length policy applied; empty data fails here,
+        before any model is loaded."""
+        data_component = self.ctx.components.data
+        data = data_component.load()
+        enforce = getattr(data_component, "enforce_length", None)
+        if callable(enforce):
+            data = enforce(data, self.tokenizer)
+        self.report["data"] = {"train rows": len(data["train"]), "eval rows": len(data["eval"])}
+        self.report["data"].update(getattr(data_component, "stats", {}) or {})
+        return data
+
+    def build_model(self) -> Any:
+        """The model with quantization and PEFT applied, no KV cache while training."""
+        c, ctx = self.ctx.components, self.ctx
+        ctx.seed_everything()  # the init does not depend on what ran before
+        model = c.model.build(**c.quantization.load_kwargs(c.precision.resolve(ctx.device)))
+        model = c.peft.apply(model)
+        # No KV cache while training: besides wasting memory, a cache makes transformers skip the
+        # packed-sequence mask, so padding-free packed examples would attend across boundaries.
+        model.config.use_cache = False
+        self.model = ctx.model = model
+        self.report["run"]["trainable"] = trainable_summary(model)
+        return model
 
     def callbacks(self) -> list[Any]:
         c = self.ctx.components
         return [
             MetricsCallback(self.ctx.run_dir),
             RichProgressCallback(f"{type(c.recipe).__name__.lower()}"),
+            self.interrupt,
             *c.tracker.callbacks(self.ctx.run_dir.path, self.ctx.run_name),
         ]
 
@@ -88,7 +107,11 @@ class Session:
         self.report["loss mask"] = stats
 
     def train_and_finish(self, trainer: Any, *, title: str) -> dict[str, Any]:
-        """Verify the strategy, train (resuming if asked), evaluate, save ``final/``, write the summary."""
+        """Verify the strategy, train (resuming if asked), evaluate, save ``final/``, write the summary.
+
+        On SIGTERM/SIGINT/SIGUSR1 the current step finishes, a checkpoint is written, the summary says
+        how to resume, and ``Interrupted`` is raised (the CLI exits with code 75).
+        """
         from transformers import PrinterCallback
 
         ctx, c = self.ctx, self.ctx.components
@@ -97,14 +120,33 @@ class Session:
         resume = resolve_resume(ctx.cfg.resume, ctx.run_dir.path)
         if resume:
             self.report["run"]["resumed from"] = resume
-        result = trainer.train(resume_from_checkpoint=resume)
+        self.interrupt.install()
+        try:
+            result = trainer.train(resume_from_checkpoint=resume)
+        finally:
+            self.interrupt.uninstall()
+        if self.interrupt.requested:
+            saved = checkpoints_in(ctx.run_dir.path)
+            stop = Interrupted(
+                self.interrupt.signum, trainer.state.global_step, str(saved[-1]) if saved else None
+            )
+            self.report["interrupted"] = {"reason": str(stop), "resume with": f"resume={ctx.run_dir.path}"}
+            self._write_report(title, dict(result.metrics))
+            raise stop
         metrics: dict[str, Any] = dict(result.metrics)
         if trainer.eval_dataset is not None:
             metrics.update(trainer.evaluate())
         if not trainer.is_world_process_zero():
             return metrics
         self.evaluate_generations(self.eval_prompts, "after")
-        final = save_final(trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge)
+        self.report["outputs"] = save_final(
+            trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge
+        )
+        self._write_report(title, metrics)
+        return metrics
+
+    def _write_report(self, title: str, metrics: dict[str, Any]) -> None:
+        ctx = self.ctx
         self.report["final metrics"] = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         self.report["cost"] = {
             "wall time (s)": round(ctx.elapsed(), 1),
@@ -112,12 +154,10 @@ class Session:
             "tokens/s (train, non-pad)": _tokens_per_second(ctx),
             "peak memory (GiB)": round(peak_memory_gb(ctx.device), 3),
         }
-        self.report["outputs"] = final
         if ctx.train.write_plots:
             ctx.run_dir.plot_losses()
         ctx.run_dir.write_summary(f"{title}: {ctx.run_name}", self.report.items())
         ctx.run_dir.write_json("result.json", self.report)
-        return metrics
 
 
 def _tokens_per_second(ctx: RunContext) -> float | None:

@@ -53,18 +53,26 @@ def execute(cfg: DictConfig) -> Any:
 
 @hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
 def _hydra_app(cfg: DictConfig) -> Any:
+    from components.interrupt import EXIT_INTERRUPTED, Interrupted
+
     try:
         return execute(cfg)
     except ConfigError as err:
         print_error(err)
         sys.exit(2)
+    except Interrupted as stop:
+        print(f"hydratune: {stop}. Resume with: hydratune resume=true (or resume=<run dir>)", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 def print_error(err: ConfigError) -> None:
     """One paragraph on stderr, no traceback."""
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True, highlight=False).print(f"[bold red]hydratune: error:[/] {err}", soft_wrap=True)
+    Console(stderr=True, highlight=False).print(
+        f"[bold red]hydratune: error:[/] {escape(str(err))}", soft_wrap=True
+    )
 
 
 def replay_argv(args: list[str]) -> list[str]:
@@ -87,17 +95,42 @@ def replay_argv(args: list[str]) -> list[str]:
     ]
 
 
+def check_output_dir(args: list[str]) -> None:
+    """Fail early, naming the path, when the run dir of a single run cannot be created (Hydra would
+    crash with a traceback while creating it)."""
+    if any(a.startswith("-") for a in args):  # sweeps, --cfg, --help, replay's --config-path: Hydra's job
+        return
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    try:
+        with initialize_config_module(config_module="conf", version_base=None):
+            run_dir = Path(compose("config", overrides=args, return_hydra_config=True).hydra.run.dir)
+    except Exception:  # composition errors are Hydra's to report, with its own message
+        return
+    finally:
+        GlobalHydra.instance().clear()
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists() or p == Path(p.anchor))
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ConfigError(
+            f"cannot create the run dir {run_dir}: {existing} is not a writable directory",
+            key="hydra.run.dir",
+            hint="run from a writable directory, or pass hydra.run.dir=/writable/path",
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (``hydratune`` and ``python -m recipes``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     register_resolvers()
     components.register_all()
-    if args and args[0] == "replay":
-        try:
+    try:
+        if args and args[0] == "replay":
             args = replay_argv(args[1:])
-        except ConfigError as err:
-            print_error(err)
-            sys.exit(2)
+        check_output_dir(args)
+    except ConfigError as err:
+        print_error(err)
+        sys.exit(2)
     sys.argv = [sys.argv[0] or "hydratune", *args]
     _hydra_app()
 

@@ -1,6 +1,7 @@
 """Supervised fine-tuning on TRL's SFTTrainer.
 
-build components → check the loss mask → train (or resume) → evaluate → save → report.
+tokenizer → data (checked, length policy) → model (+ PEFT) → trainer → train or resume → evaluate →
+save → report. Everything but the trainer's own knobs comes from the shared components.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class SFT:
     def check(self, cfg: DictConfig, comps: Components) -> None:
         if self.loss_type not in LOSS_TYPES:
             raise ConfigError(
-                f"unknown loss_type '{self.loss_type}'", key="recipe.loss_type", hint=f"{LOSS_TYPES}"
+                f"unknown '{self.loss_type}'", key="recipe.loss_type", hint=f"one of {LOSS_TYPES}"
             )
         if not hasattr(comps.data, "prompts"):
             raise ConfigError(
@@ -41,16 +42,16 @@ class SFT:
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import SFTConfig, SFTTrainer
 
+        from components.checkpoint import atomic
         from components.session import Session
 
         c = ctx.components
         session = Session.start(ctx)
-        tokenizer, model = session.tokenizer, session.model
-        data = c.data.load()
+        data = session.load_data()
         conversational = "messages" in data["train"].column_names
         masked = self.assistant_only_loss and conversational
-        eval_prompts = c.data.prompts("eval")[: ctx.train.eval_generations] if conversational else []
-        session.evaluate_generations(eval_prompts, "before")
+        session.build_model()
+        session.evaluate_generations(c.data.prompts("eval")[: ctx.train.eval_generations], "before")
 
         args = SFTConfig(
             **ctx.training_args(
@@ -63,12 +64,12 @@ class SFT:
                 dataset_text_field="text",
             )
         )
-        trainer = SFTTrainer(
-            model=model,
+        trainer = atomic(SFTTrainer)(
+            model=session.model,
             args=args,
             train_dataset=data["train"],
             eval_dataset=data["eval"] if len(data["eval"]) else None,
-            processing_class=tokenizer,
+            processing_class=session.tokenizer,
             callbacks=session.callbacks(),
             optimizer_cls_and_kwargs=c.optimizer.cls_and_kwargs(ctx.device),
         )

@@ -30,6 +30,8 @@ def hydratune(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Complet
         (["data.path=/nonexistent.jsonl"], "/nonexistent.jsonl"),
         (["model=nope"], "llama3_8b"),
         (["train.micro_batch_size=big"], "micro_batch_size"),
+        (["hydra.run.dir=/dev/null/run"], "[hydra.run.dir]"),  # not a writable directory
+        (["data.path=/nonexistent.jsonl"], "[data.path]"),
     ],
 )
 def test_bad_input_fails_fast_with_a_named_error(tmp_path: Path, args: list[str], needle: str) -> None:

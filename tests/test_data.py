@@ -113,3 +113,70 @@ def test_preference_formats_and_missing_rejected(tmp_path: Path) -> None:
 def test_prompt_dataset_keeps_answers() -> None:
     row = PromptDataset(path=str(ASSETS / "prompts_train.jsonl"), eval_fraction=0.0).load()["train"][0]
     assert row["prompt"][0]["role"] == "user" and row["answer"].isdigit()
+
+
+def test_on_error_skip_drops_and_counts_bad_rows(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.jsonl"
+    good = {"prompt": "q", "completion": "a"}
+    path.write_bytes(
+        b"\n".join(
+            [
+                json.dumps(good).encode(),
+                b'{"prompt": "broken"',
+                json.dumps({"prompt": "q"}).encode(),  # no completion
+                '{"prompt": "caf\xe9", "completion": "x"}'.encode("latin-1"),
+                json.dumps(good).encode(),
+            ]
+        )
+    )
+    with pytest.raises(ConfigError, match=r"mixed\.jsonl:2"):
+        ChatDataset(path=str(path), eval_fraction=0.0).load()
+    ds = ChatDataset(path=str(path), eval_fraction=0.0, on_error="skip")
+    data = ds.load()
+    assert len(data["train"]) == 2
+    assert ds.stats["skipped rows"] == 3
+
+
+def test_missing_value_names_row_and_column(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "x.jsonl", [{"instruction": "i", "output": "o"}, {"instruction": "i", "output": None}]
+    )
+    with pytest.raises(ConfigError, match=r"row 1 has no value in column 'output'"):
+        ChatDataset(path=path, eval_fraction=0.0).load()
+
+
+@pytest.fixture
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(ASSETS.parent / "tiny"))
+
+
+def test_overlong_policies(tmp_path: Path, tokenizer) -> None:
+    rows = [{"prompt": "short", "completion": "a"}, {"prompt": "long " * 80, "completion": "b"}]
+    path = write(tmp_path / "x.jsonl", rows)
+    keep = ChatDataset(path=path, eval_fraction=0.0, max_length=40)
+    assert len(keep.enforce_length(keep.load(), tokenizer)["train"]) == 2  # truncate: the trainer cuts
+    drop = ChatDataset(path=path, eval_fraction=0.0, max_length=40, on_overlong="drop")
+    assert len(drop.enforce_length(drop.load(), tokenizer)["train"]) == 1
+    assert drop.stats["dropped (too long)"] == 1
+    strict = ChatDataset(path=path, eval_fraction=0.0, max_length=40, on_overlong="error")
+    with pytest.raises(ConfigError, match=r"row 1 has \d+ tokens > data.max_length=40"):
+        strict.enforce_length(strict.load(), tokenizer)
+    nothing = ChatDataset(path=path, eval_fraction=0.0, max_length=5, on_overlong="drop")
+    with pytest.raises(ConfigError, match="no training rows left"):
+        nothing.enforce_length(nothing.load(), tokenizer)
+
+
+def test_empty_data_after_filtering_fails_before_the_model_loads(
+    run_recipe, tmp_path: Path, monkeypatch
+) -> None:
+    from components.model import CausalLM
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(CausalLM, "build", no_load)
+    path = write(tmp_path / "x.jsonl", [{"prompt": "long " * 80, "completion": "b"}] * 4)
+    with pytest.raises(ConfigError, match="no training rows left"):
+        run_recipe(f"data.path={path}", "data.eval_path=null", "data.format=auto", "data.on_overlong=drop")

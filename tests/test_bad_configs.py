@@ -1,0 +1,112 @@
+"""A matrix of invalid configurations: each fails before any model is loaded, naming the key."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+from components.checks import check_before_load
+from components.errors import ConfigError
+from components.run import Components
+
+# (overrides, the key the error must name) — checked by components before a model is built
+AFTER_COMPOSE = [
+    (["optimizer.lr=-1e-4"], "optimizer.lr"),
+    (["optimizer.lr=0"], "optimizer.lr"),
+    (["optimizer.weight_decay=-0.1"], "optimizer.weight_decay"),
+    (["optimizer.betas=[0.9]"], "optimizer.betas"),
+    (["optimizer.betas=[0.9,1.5]"], "optimizer.betas"),
+    (["optimizer=sgd", "optimizer.momentum=0", "optimizer.nesterov=true"], "optimizer.nesterov"),
+    (["train.micro_batch_size=0"], "train.micro_batch_size"),
+    (["train.gradient_accumulation_steps=0"], "train.gradient_accumulation_steps"),
+    (["train.epochs=0", "train.max_steps=-1"], "train.epochs"),
+    (["train.keep_last=0"], "train.keep_last"),
+    (["train.log_every=0"], "train.log_every"),
+    (["train.eval_every=-5"], "train.eval_every"),
+    (["train.max_grad_norm=-1"], "train.max_grad_norm"),
+    (["scheduler.warmup_ratio=1.5"], "scheduler.warmup_ratio"),
+    (["scheduler.warmup_steps=-1"], "scheduler.warmup_steps"),
+    (["scheduler.kind=exponential"], "scheduler.kind"),
+    (["scheduler.min_lr_ratio=2"], "scheduler.min_lr_ratio"),
+    (["precision=fp16"], "precision"),
+    (["precision.dtype=fp8"], "precision.dtype"),
+    (["precision.tf32=true"], "precision.tf32"),
+    (["merge=true"], "merge"),
+    (["peft=prefix", "merge=false", "peft.num_virtual_tokens=4", "model.dtype=float8"], "model.dtype"),
+    (["model.attn_implementation=flash"], "model.attn_implementation"),
+    (["model.init=scratch"], "model.init"),
+    (["model.name_or_path=/no/such/model"], "model.name_or_path"),
+    (["model.padding_side=middle"], "model.padding_side"),
+    (["data.path=/nonexistent.jsonl"], "data.path"),
+    (["data.eval_path=/nonexistent.jsonl"], "data.eval_path"),
+    (["data.path=README.md"], "data.path"),
+    (["data.format=yaml"], "data.format"),
+    (["data.max_length=0"], "data.max_length"),
+    (["data.eval_fraction=1.0"], "data.eval_fraction"),
+    (["data.on_error=ignore"], "data.on_error"),
+    (["data.on_overlong=cut"], "data.on_overlong"),
+    (["data.packing_strategy=ffd"], "data.packing_strategy"),
+    (["peft=lora", "peft.target_modules=[nope_proj]"], "peft.target_modules"),
+    (["peft=freeze", "peft.modules=[no_such_module]"], "peft.modules"),
+    (["strategy.device=tpu"], "strategy.device"),
+    (["strategy=ddp", "strategy.backend=carrier_pigeon"], "strategy.backend"),
+    (["launcher.nproc_per_node=0"], "launcher.nproc_per_node"),
+    (["launcher.nnodes=2", "launcher.node_rank=2"], "launcher.node_rank"),
+    (["recipe.loss_type=mse"], "recipe.loss_type"),
+    (["mode=deploy"], "mode"),
+    (["+optimizer.lrr=1"], "optimizer.lrr"),
+    (["+peft.rank=8"], "peft.rank"),
+    (["resume=/nonexistent/run"], "resume"),
+]
+
+# rejected by Hydra while composing: misspelt keys, wrong types, unknown options
+AT_COMPOSE = [
+    (["optimizer.lrr=1"], "lrr"),
+    (["train.micro_batch_size=big"], "micro_batch_size"),
+    (["train.seed=1.5"], "seed"),
+    (["trian.seed=1"], "trian"),
+    (["peft.r=8"], "r"),  # peft=none has no rank
+    (["model=nope"], "model"),
+    (["peft=qlora_xl"], "peft"),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"), AFTER_COMPOSE, ids=lambda v: " ".join(v) if isinstance(v, list) else v
+)
+def test_invalid_config_fails_before_model_load(
+    compose_cfg, monkeypatch, overrides: list[str], key: str
+) -> None:
+    from components.model import CausalLM
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(CausalLM, "build", no_load)
+    cfg = compose_cfg(*overrides)
+    with pytest.raises(ConfigError) as info:
+        comps = Components.from_config(cfg)
+        check_before_load(cfg, comps)
+        if cfg.mode not in ("train", "plan"):
+            raise ConfigError("unknown mode", key="mode")  # the CLI's own check
+        from pathlib import Path
+
+        from components.checkpoint import resolve_resume
+
+        resolve_resume(cfg.resume, Path("outputs/day/run"))
+    assert info.value.key == key, str(info.value)
+    assert info.value.hint or "one of" in str(info.value) or key in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"), AT_COMPOSE, ids=lambda v: " ".join(v) if isinstance(v, list) else v
+)
+def test_invalid_config_fails_at_compose(compose_cfg, overrides: list[str], needle: str) -> None:
+    with pytest.raises((ConfigCompositionException, MissingConfigException)) as info:
+        compose_cfg(*overrides)
+    text = f"{info.value} {info.value.__cause__}"
+    assert needle in text
+
+
+def test_matrix_has_at_least_thirty_cases() -> None:
+    assert len(AFTER_COMPOSE) + len(AT_COMPOSE) >= 30
