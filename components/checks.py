@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 def check_known_keys(cfg: DictConfig) -> None:
     """Keys forced in with ``+group.key=…`` that the option's schema does not know."""
-    for group in GROUPS:
-        node = cfg[group]
+    nodes = [(group, cfg[group]) for group in GROUPS if group != "tracker"]
+    nodes += [(f"tracker.{name}", node) for name, node in (cfg.tracker or {}).items()]
+    for path, node in nodes:
         schema = OmegaConf.get_type(node)
         if not dataclasses.is_dataclass(schema):
             continue
@@ -27,8 +28,8 @@ def check_known_keys(cfg: DictConfig) -> None:
             if key not in known:
                 allowed = ", ".join(sorted(k for k in known if k != "_target_"))
                 raise ConfigError(
-                    f"unknown key '{key}' for {group} option '{schema.__name__}'",
-                    key=f"{group}.{key}",
+                    f"unknown key '{key}' for {path} option '{schema.__name__}'",
+                    key=f"{path}.{key}",
                     hint=f"known keys: {allowed}",
                 )
 

@@ -58,7 +58,7 @@ class Config:
     quantization: Any = MISSING
     optimizer: Any = MISSING
     scheduler: Any = MISSING
-    tracker: Any = MISSING
+    tracker: Any = field(default_factory=dict)  # {name: tracker}: several can be selected at once
     launcher: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     mode: str = "train"  # train | plan (compose, check, print; no training)
@@ -66,7 +66,8 @@ class Config:
         False  # false | true (latest checkpoint of the latest earlier run) | <run dir or checkpoint dir>
     )
     merge: bool = False  # PEFT: also write a merged full model to final/merged
-    run_name: str = ""  # shown in summaries and trackers; defaults to the recipe name
+    run_name: str = ""  # shown in summaries and trackers; defaults to the run dir's name
+    objective: str = "eval_loss"  # the metric a run returns to Hydra sweepers (Optuna minimises it)
 
 
 ConfigStore.instance().store(name="hydratune_schema", node=Config)

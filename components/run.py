@@ -38,9 +38,12 @@ class Components:
         Keys forced in with ``+group.key=…`` are rejected first, naming the key, instead of failing
         inside the component's constructor."""
         from components.checks import check_known_keys
+        from components.tracker import Trackers
 
         check_known_keys(cfg)
-        return cls(**{g: instantiate(cfg[g], _convert_="all") for g in GROUPS})
+        built = {g: instantiate(cfg[g], _convert_="all") for g in GROUPS}
+        built["tracker"] = Trackers.of(built["tracker"])
+        return cls(**built)
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
@@ -114,6 +117,12 @@ class RunContext:
         from hydra.core.hydra_config import HydraConfig
 
         return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+    def run_info(self) -> Any:
+        """What trackers are told: run dir, name, the overrides as tags, the resolved config."""
+        from components.tracker import RunInfo
+
+        return RunInfo(self.run_dir.path, self.run_name, self.overrides(), self.resolved_config())
 
     def elapsed(self) -> float:
         return time.time() - self.start_time

@@ -40,7 +40,7 @@ class Session:
         c = ctx.components
         ctx.seed_everything()
         ctx.run_dir.write_versions({"device": ctx.device})
-        c.tracker.setup(ctx.run_dir.path, ctx.run_name)
+        c.tracker.setup(ctx.run_info())
         session = cls(ctx, c.model.build_tokenizer())
         session.report["run"] = {
             "recipe": type(c.recipe).__name__,
@@ -85,7 +85,7 @@ class Session:
             MetricsCallback(self.ctx.run_dir),
             RichProgressCallback(f"{type(c.recipe).__name__.lower()}"),
             self.interrupt,
-            *c.tracker.callbacks(self.ctx.run_dir.path, self.ctx.run_name),
+            *c.tracker.callbacks(self.ctx.run_info()),
         ]
 
     def evaluate_generations(self, prompts: list[tuple[list[dict[str, str]], str]], when: str) -> None:
@@ -107,6 +107,13 @@ class Session:
         self.report["loss mask"] = stats
 
     def train_and_finish(self, trainer: Any, *, title: str) -> dict[str, Any]:
+        """``_train_and_finish``, then close the trackers whatever happened."""
+        try:
+            return self._train_and_finish(trainer, title=title)
+        finally:
+            self.ctx.components.tracker.finish()
+
+    def _train_and_finish(self, trainer: Any, *, title: str) -> dict[str, Any]:
         """Verify the strategy, train (resuming if asked), evaluate, save ``final/``, write the summary.
 
         On SIGTERM/SIGINT/SIGUSR1 the current step finishes, a checkpoint is written, the summary says

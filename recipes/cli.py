@@ -5,6 +5,8 @@ hydratune -m group=a,b                                  a Hydra multirun sweep (
 hydratune --cfg job [overrides]                         print the composed config, run nothing
 hydratune mode=plan [overrides]                         compose + check everything, load nothing
 hydratune replay <run dir> [overrides]                  re-run a run dir's exact resolved config
+hydratune report <multirun dir>                         table + overlay plot of a sweep's points
+hydratune ls                                            recipes, groups and their options, experiments
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ def execute(cfg: DictConfig) -> Any:
     from components.rundir import RunDir
 
     ctx = RunContext(cfg=cfg, components=comps, run_dir=RunDir(hydra_run_dir()), device=device)
-    result = comps.recipe.run(ctx)
+    metrics = comps.recipe.run(ctx)
     print(f"run dir: {ctx.run_dir.path}")
-    return result
+    objective = (metrics or {}).get(cfg.objective) if cfg.objective else None
+    return float(objective) if isinstance(objective, (int, float)) else metrics  # a scalar for Optuna & co
 
 
 @hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
@@ -125,6 +128,23 @@ def main(argv: list[str] | None = None) -> None:
     register_resolvers()
     components.register_all()
     try:
+        if args and args[0] in ("ls", "list"):
+            from components.catalog import render
+
+            print(render())
+            return
+        if args and args[0] == "report":
+            from components.report import write_report
+
+            if len(args) != 2:
+                raise ConfigError(
+                    "report takes one multirun dir",
+                    key="report",
+                    hint="hydratune report multirun/<date>/<time>",
+                )
+            markdown, _ = write_report(Path(args[1]))
+            print(markdown + f"\nwrote {Path(args[1]) / 'report.md'}, report.csv, report.png")
+            return
         if args and args[0] == "replay":
             args = replay_argv(args[1:])
         check_output_dir(args)

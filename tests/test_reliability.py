@@ -170,8 +170,8 @@ SECRETS = {
 
 
 def test_no_secret_from_the_environment_reaches_the_run_dir(tmp_path: Path) -> None:
-    env = {**os.environ, **SECRETS, "OMP_NUM_THREADS": "1"}
-    args = [*RUN, "train.max_steps=4", "train.save_every=2", "tracker=tensorboard"]
+    env = {**os.environ, **SECRETS, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    args = [*RUN, "train.max_steps=4", "train.save_every=2", "tracker=[tensorboard,wandb,mlflow]"]
     proc = subprocess.run(
         [sys.executable, "-m", "recipes", *args],
         cwd=tmp_path,
@@ -183,6 +183,7 @@ def test_no_secret_from_the_environment_reaches_the_run_dir(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr[-2000:]
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name == "config.yaml" for p in files) and any("tfevents" in p.name for p in files)
+    assert any(p.suffix == ".wandb" for p in files) and any("mlruns" in p.parts for p in files)
     for path in files:
         blob = path.read_bytes()
         for name, secret in SECRETS.items():

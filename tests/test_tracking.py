@@ -1,0 +1,105 @@
+"""Trackers write real files holding the loss series; sweeps get a report; recipes are shareable."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import group_options
+
+SHORT = ["train.max_steps=6", "train.log_every=1", "train.micro_batch_size=8", "train.eval_generations=0"]
+
+
+def hydratune(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "recipes", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_wandb_offline_run_holds_the_loss_series(run_recipe, monkeypatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    ctx, _ = run_recipe(*SHORT, "tracker=wandb", name="wandb")
+    (run_file,) = (ctx.run_dir.path / "wandb").glob("offline-run-*/run-*.wandb")
+    blob = run_file.read_bytes()
+    assert blob.count(b"train/loss") >= 6  # one history row per logged step
+    assert b"micro_batch_size" in blob  # the resolved config is the run config
+
+
+def test_mlflow_file_store_holds_the_loss_series(run_recipe, monkeypatch) -> None:
+    from mlflow.tracking import MlflowClient
+
+    ctx, _ = run_recipe(*SHORT, "tracker=mlflow", name="mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient((ctx.run_dir.path / "mlruns").as_uri())
+    experiment = client.get_experiment_by_name("hydratune")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == ctx.run_name
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in history] == [1, 2, 3, 4, 5, 6]
+    assert "eval_loss" in run.data.metrics  # the final evaluation lands in the same run
+
+
+def test_several_trackers_at_once(run_recipe) -> None:
+    ctx, _ = run_recipe(*SHORT, "tracker=[tensorboard,jsonl]", name="both")
+    assert list((ctx.run_dir.path / "tensorboard").glob("events.out.tfevents.*"))
+    rows = [json.loads(x) for x in (ctx.run_dir.path / "tracker.jsonl").read_text().splitlines()]
+    assert sum("loss" in r for r in rows) == 6 and all(r["run"] == ctx.run_name for r in rows)
+
+
+def test_report_of_a_two_point_sweep(tmp_path: Path) -> None:
+    proc = hydratune("-m", "optimizer.lr=1e-3,3e-3", *SHORT, "data.max_samples=64", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (sweep,) = tmp_path.glob("multirun/*/*")
+    report = hydratune("report", str(sweep), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr[-2000:]
+    rows = [line for line in report.stdout.splitlines() if line.startswith("| ") and "optimizer.lr=" in line]
+    assert len(rows) == 2
+    assert "optimizer.lr=0.001" in rows[0] and "optimizer.lr=0.003" in rows[1]
+    assert all("| ok |" in row for row in rows)
+    assert (sweep / "report.png").stat().st_size > 0
+    csv_rows = (sweep / "report.csv").read_text().splitlines()
+    assert len(csv_rows) == 3 and csv_rows[0].startswith("job,overrides")
+
+
+def test_ls_lists_every_option(tmp_path: Path) -> None:
+    proc = hydratune("ls", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for group, option in group_options():
+        assert f"\n  {option} " in proc.stdout or f"\n  {option}\n" in proc.stdout, (group, option)
+
+
+def test_own_recipe_file_from_any_path(tmp_path: Path) -> None:
+    mine = tmp_path / "my_recipes" / "experiment"
+    mine.mkdir(parents=True)
+    (mine / "my_lora.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /peft: lora\npeft:\n  r: 4\nrun_name: mine\n"
+    )
+    proc = hydratune(
+        "--config-dir", str(tmp_path / "my_recipes"), "+experiment=my_lora", "mode=plan", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "checks passed" in proc.stdout and "run_name: mine" in proc.stdout and "r: 4" in proc.stdout
+
+
+def test_offline_experiment_runs(run_recipe) -> None:
+    ctx, _ = run_recipe("+experiment=tiny_lora_sft", *SHORT, name="exp")
+    assert (ctx.run_dir.final / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("name", ["tiny_optuna_sweep", "tiny_lr_peft_sweep"])
+def test_sweep_experiments_compose_with_their_sweeper(compose_cfg, name: str) -> None:
+    from hydra import compose
+
+    cfg = compose(config_name="config", overrides=[f"+experiment={name}"], return_hydra_config=True)
+    assert cfg.hydra.sweeper.params
