@@ -22,6 +22,8 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "components.tracker",
     "components.launcher",
     "recipes.sft",
+    "recipes.reward",
+    "recipes.dpo",
 )
 
 

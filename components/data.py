@@ -1,21 +1,27 @@
 """Data components: local files or hub datasets, normalised to one canonical shape per recipe family.
 
-- ``ChatDataset`` (SFT): ``messages`` (OpenAI-style turns) or ``text`` (language modelling); alpaca and
-  prompt/completion rows become user/assistant turns.
+- ``ChatDataset`` (SFT): ``messages`` (a list of ``{"role", "content"}`` turns) plus ``answer`` (the content
+  of the last assistant turn), or ``text`` alone (language modelling). Alpaca and prompt/completion rows
+  become user/assistant turns.
 - ``PreferenceDataset`` (reward, DPO): ``prompt``/``chosen``/``rejected`` as message lists.
-- ``PromptDataset`` (PPO, GRPO): ``prompt`` as a message list, plus ``answer`` when present.
+- ``PromptDataset`` (PPO, GRPO): ``prompt`` as a message list, plus ``answer`` when the file has one.
 
-Errors name the file, the line or row, and the column. ``on_error=skip`` drops bad rows instead and
-counts them (``stats``, shown in the run's summary).
+All three share one loader (``read_sources``), one column mapping (``Source.read``) and one seeded
+train/eval split (``Source.load_splits``). Rows are converted one by one, so an error names the file, the
+line (JSON lines) or row, and the column. ``on_error=skip`` drops bad rows instead and counts them
+(``stats``, shown in the run's summary).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from components.errors import ConfigError
 from components.registry import component
@@ -24,135 +30,361 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+# Suffixes that mark a path as a file (so it must exist) even without ./ or / in front of it.
+FILE_SUFFIXES = {
+    *BUILDERS,
+    *(".txt", ".tsv", ".md", ".yaml", ".yml", ".xml", ".html", ".arrow", ".feather", ".orc", ".avro"),
+    *(".xls", ".xlsx", ".pkl", ".pickle", ".npy", ".npz", ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar"),
+}
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # name or org/name
 FORMATS = ("auto", "messages", "alpaca", "prompt_completion", "text")
-SIGNATURES = {
+SIGNATURES = {  # the columns that identify each format (alpaca's ``input`` and ``system`` are optional)
     "messages": ("messages",),
     "alpaca": ("instruction", "output"),
     "prompt_completion": ("prompt", "completion"),
     "text": ("text",),
 }
+ROLES = ("system", "user", "assistant", "tool")
+PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped")
 ON_ERROR = ("raise", "skip")
 ON_OVERLONG = ("truncate", "drop", "error")
 Messages = list[dict[str, str]]
+Row = dict[str, Any]
+
+
+class RowError(ValueError):
+    """A problem with one row; the loader adds the file and line/row (or skips it with on_error=skip)."""
+
+
+# ---------------------------------------------------------------------------------------------- paths
 
 
 def looks_local(path: str) -> bool:
-    """A filesystem path rather than a hub dataset id."""
+    """A filesystem path rather than a hub dataset id (``name`` or ``org/name``)."""
     return (
         path.startswith(("/", ".", "~"))
-        or Path(path).suffix in BUILDERS
         or os.path.exists(os.path.expanduser(path))
+        or Path(path).suffix.lower() in FILE_SUFFIXES
+        or not HUB_ID.match(path)
     )
 
 
+def data_files(path: Path) -> list[Path]:
+    """The loadable files of a local file or directory (recursively, hidden ones skipped), sorted."""
+    if path.is_file():
+        return [path]
+    files = (f for f in path.rglob("*") if f.is_file() and f.suffix in BUILDERS)
+    return sorted(f for f in files if not any(p.startswith(".") for p in f.relative_to(path).parts))
+
+
 def check_path(path: str, key: str) -> None:
-    """A local path must exist and have a supported suffix (directories are loaded by their files)."""
+    """A local path must exist and be (or hold) files of a supported type; a hub id is left to ``load``."""
+    if not path or path == "???":
+        raise ConfigError("no dataset given", key=key, hint=f"set {key}=<file, directory or hub dataset>")
     if not looks_local(path):
         return
     p = Path(path).expanduser()
     if not p.exists():
         raise ConfigError(
-            f"data file not found: {path}", key=key, hint="check the path (relative to the cwd)"
+            f"data file not found: {path}",
+            key=key,
+            hint="check the path (relative paths are relative to the directory you launch from)",
         )
     if p.is_file() and p.suffix not in BUILDERS:
         raise ConfigError(
             f"unsupported file type '{p.suffix}' for {path}",
             key=key,
-            hint=f"use one of {', '.join(BUILDERS)}",
+            hint=f"use one of {', '.join(BUILDERS)} (or a directory of them, or a hub dataset name)",
         )
+    if p.is_dir() and not data_files(p):
+        raise ConfigError(f"no {', '.join(BUILDERS)} files in directory {path}", key=key)
+
+
+# -------------------------------------------------------------------------------------------- reading
+
+
+@dataclass
+class Rows:
+    """The rows of one file (or hub split) and where each came from, for error messages."""
+
+    source: str
+    rows: list[Row]
+    lines: list[int] | None = None  # source line of each row (JSON lines)
+
+    def where(self, i: int) -> str:
+        """``file:line (row n)`` for JSON lines, else ``file, row n`` (rows count from 1, header excluded)."""
+        if self.lines is not None:
+            return f"{self.source}:{self.lines[i]} (row {i + 1})"
+        return f"{self.source}, row {i + 1}"
+
+    @property
+    def columns(self) -> list[str]:
+        """Every column any row has, in first-seen order."""
+        seen: dict[str, None] = {}
+        for row in self.rows:
+            seen.update(dict.fromkeys(row))
+        return list(seen)
+
+    def head(self, n: int | None) -> Rows:
+        if n is None:
+            return self
+        return Rows(self.source, self.rows[:n], None if self.lines is None else self.lines[:n])
 
 
 def _count(stats: dict[str, int], key: str, n: int = 1) -> None:
     stats[key] = stats.get(key, 0) + n
 
 
-def read_jsonl(
-    path: Path, *, skip: bool = False, stats: dict[str, int] | None = None
-) -> list[dict[str, Any]]:
-    """Rows of a JSONL file. A line that is not UTF-8, not JSON or not an object is an error naming
-    the file and line — or, with ``skip``, is dropped and counted in ``stats``."""
-    rows = []
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+def _bad_line(path: Path, line: int, problem: str, key: str, skip: bool, stats: dict[str, int]) -> None:
+    if not skip:
+        raise ConfigError(
+            f"{path}:{line}: {problem}",
+            key=key,
+            hint="fix the line, or set data.on_error=skip to drop bad rows and count them",
+        )
+    _count(stats, "skipped rows")
+
+
+def read_json_lines(path: Path, raw: bytes, *, key: str, skip: bool, stats: dict[str, int]) -> Rows:
+    """JSON lines, parsed one line at a time so a bad line is reported by number (blank lines ignored)."""
+    rows, lines = [], []
+    for number, line_bytes in enumerate(raw.splitlines(), start=1):
         try:
-            line = raw.decode("utf-8")
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            problem = None if isinstance(row, dict) else "expected a JSON object per line"
+            line = line_bytes.decode("utf-8")
         except UnicodeDecodeError as err:
-            problem = f"not UTF-8 text (byte {err.start})"
+            _bad_line(path, number, f"not UTF-8 text (byte {err.start} of the line)", key, skip, stats)
+            continue
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
         except json.JSONDecodeError as err:
-            problem = f"malformed JSON ({err.msg})"
-        if problem is None:
-            rows.append(row)
-        elif skip:
-            _count(stats if stats is not None else {}, "skipped rows")
-        else:
-            raise ConfigError(
-                f"{path}:{number}: {problem}",
-                key="data.path",
-                hint="fix the line, or set data.on_error=skip to drop bad rows and count them",
-            )
-    return rows
+            _bad_line(path, number, f"malformed JSON ({err.msg}, column {err.colno})", key, skip, stats)
+            continue
+        if not isinstance(row, dict):
+            _bad_line(path, number, f"expected a JSON object, got {type(row).__name__}", key, skip, stats)
+            continue
+        rows.append(row)
+        lines.append(number)
+    return Rows(str(path), rows, lines)
 
 
-def load_table(
-    path: str,
-    *,
-    split: str = "train",
-    subset: str | None = None,
-    skip: bool = False,
-    stats: dict[str, int] | None = None,
-) -> Dataset:
-    """One table from a local file / directory or a hub dataset."""
+def _not_utf8(path: Path, raw: bytes, err: UnicodeDecodeError, key: str) -> ConfigError:
+    line = raw.count(b"\n", 0, err.start) + 1
+    return ConfigError(f"{path}:{line}: not UTF-8 text", key=key, hint="re-encode the file as UTF-8")
+
+
+def read_json(path: Path, *, key: str, skip: bool, stats: dict[str, int]) -> Rows:
+    """A ``.jsonl`` file, or a ``.json`` file holding a list of objects, a dict of equal-length columns, a
+    dict with one list of objects (``{"data": [...]}``) or, despite its name, JSON lines."""
+    raw = path.read_bytes()
+    if path.suffix == ".jsonl":
+        return read_json_lines(path, raw, key=key, skip=skip, stats=stats)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _not_utf8(path, raw, err, key) from None
+    if not text.strip():
+        return Rows(str(path), [])
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        if err.msg == "Extra data":  # one object per line in a .json file
+            return read_json_lines(path, raw, key=key, skip=skip, stats=stats)
+        raise ConfigError(
+            f"{path}:{err.lineno}: malformed JSON ({err.msg}, column {err.colno})", key=key
+        ) from None
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if len(lists) == 1 and all(isinstance(r, dict) for r in lists[0]):
+            data = lists[0]
+        elif data and len(lists) == len(data) and len({len(v) for v in lists}) == 1:
+            data = [dict(zip(data, values, strict=True)) for values in zip(*lists, strict=True)]
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise ConfigError(
+            f"{path} is not a list of JSON objects (nor JSON lines)",
+            key=key,
+            hint='use one object per line, or [{"messages": [...]}, ...]',
+        )
+    return Rows(str(path), data)
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the exceptions it was raised from, outermost first."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = err
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def _to_rows(table: Dataset, limit: int | None) -> list[Row]:
+    if limit is not None and limit < len(table):
+        table = table.select(range(limit))
+    return table.to_list()
+
+
+def read_table(path: Path, *, key: str, limit: int | None = None) -> Rows:
+    """A ``.csv`` or ``.parquet`` file through ``datasets.load_dataset`` (a csv's UTF-8 is checked first, so
+    a bad byte is reported with its line)."""
     import datasets
 
-    p = Path(path).expanduser()
-    table = None
+    if path.suffix == ".csv":
+        raw = path.read_bytes()
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise _not_utf8(path, raw, err, key) from None
+        if not raw.strip():
+            return Rows(str(path), [])
     try:
-        if p.is_file() and p.suffix == ".jsonl":
-            rows = read_jsonl(p, skip=skip, stats=stats)
-            table = datasets.Dataset.from_list(rows) if rows else None
-        elif looks_local(path):
-            files = [str(p)] if p.is_file() else sorted(str(f) for f in p.iterdir() if f.suffix in BUILDERS)
-            if not files:
-                raise ConfigError(f"no {', '.join(BUILDERS)} files in {path}", key="data.path")
-            table = datasets.load_dataset(BUILDERS[Path(files[0]).suffix], data_files=files, split="train")
-        else:
-            table = datasets.load_dataset(path, subset, split=split)
-    except ConfigError:
-        raise
-    except UnicodeDecodeError:
+        table = datasets.load_dataset(BUILDERS[path.suffix], data_files=[str(path)], split="train")
+    except Exception as err:
+        chain = _chain(err)
+        if "corresponds to no data" in str(err) or any(type(e).__name__ == "EmptyDataError" for e in chain):
+            return Rows(str(path), [])
         raise ConfigError(
-            f"{path} is not UTF-8 text", key="data.path", hint="re-encode it as UTF-8"
+            f"cannot read {path}: {_first_line(chain[-1])}",
+            key=key,
+            hint=f"check that it is a valid {path.suffix[1:]} file",
         ) from None
-    except (OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ConfigError(
-            f"cannot load dataset '{path}': {reason}",
-            key="data.path",
-            hint="hub datasets need network access; point data.path at a local jsonl/parquet/csv file",
-        ) from None
-    if table is None or len(table) == 0:
-        raise ConfigError(f"{path} holds no rows", key="data.path", hint="check the file (or data.split)")
-    return table
+    return Rows(str(path), _to_rows(table, limit))
 
 
-def as_messages(value: Any, role: str) -> Messages:
-    """A string becomes one message of ``role``; a message list is kept as is."""
+def read_hub(name: str, *, split: str, subset: str | None, key: str, limit: int | None = None) -> Rows:
+    """One split of a Hugging Face Hub dataset (or of one already in the local datasets cache)."""
+    import datasets
+
+    try:
+        table = datasets.load_dataset(name, subset, split=split)
+    except Exception as err:
+        what = f"'{name}'" + (f" (subset '{subset}')" if subset else "") + f", split '{split}'"
+        raise ConfigError(
+            f"could not load hub dataset {what}: {_first_line(err)}. Offline (no network, or "
+            "HF_HUB_OFFLINE=1) only datasets already in the local cache can be loaded",
+            key=key,
+            hint="point the path at a local .jsonl/.json/.parquet/.csv file or directory, or run once "
+            "with network access to cache the dataset",
+        ) from None
+    return Rows(f"{name}[{split}]", _to_rows(table, limit))
+
+
+def read_sources(
+    path: str,
+    *,
+    key: str,
+    split: str = "train",
+    subset: str | None = None,
+    limit: int | None = None,
+    skip: bool = False,
+    stats: dict[str, int] | None = None,
+) -> list[Rows]:
+    """The rows of a local file, a directory (one ``Rows`` per file) or a hub dataset; at most ``limit``
+    rows in all. No rows at all is an error naming the path."""
+    stats = {} if stats is None else stats
+    check_path(path, key)
+    sources: list[Rows] = []
+    if looks_local(path):
+        left = limit
+        for file in data_files(Path(path).expanduser()):
+            if left is not None and left <= 0:
+                break
+            if BUILDERS[file.suffix] == "json":
+                source = read_json(file, key=key, skip=skip, stats=stats).head(left)
+            else:
+                source = read_table(file, key=key, limit=left)
+            sources.append(source)
+            left = None if left is None else left - len(source.rows)
+    else:
+        sources.append(read_hub(path, split=split, subset=subset, key=key, limit=limit))
+    if not any(s.rows for s in sources):
+        raise ConfigError(
+            f"{path} holds no rows" + (" that could be read" if stats.get("skipped rows") else ""),
+            key=key,
+            hint="check the file (or data.split for a hub dataset)",
+        )
+    return [s for s in sources if s.rows]
+
+
+# ------------------------------------------------------------------------------------ row conversion
+
+
+def text_of(row: Row, column: str, *, required: bool = True) -> str:
+    """The text in ``column``: numbers become strings; missing or blank is a ``RowError`` if ``required``."""
+    value = row.get(column)
+    if value is None or (isinstance(value, float) and math.isnan(value)):  # csv/parquet blanks are NaN
+        value = ""
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise RowError(f"column '{column}' should hold text, got {type(value).__name__}")
+    if required and not value.strip():
+        raise RowError(f"no value in column '{column}'")
+    return value
+
+
+def parse_messages(value: Any, column: str) -> Messages:
+    """A list of ``{"role", "content"}`` messages (a JSON string of one is parsed), reduced to exactly those
+    two keys, with known roles and text content."""
+    if isinstance(value, str) and value.lstrip().startswith("["):  # e.g. a csv cell holding JSON
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise RowError(f"column '{column}' holds malformed JSON ({err.msg})") from None
+    if value is None:
+        raise RowError(f"no value in column '{column}'")
+    if not isinstance(value, list) or not value:
+        got = "an empty list" if value == [] else type(value).__name__
+        raise RowError(
+            f"column '{column}' should be a non-empty list of {{role, content}} messages, got {got}"
+        )
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            keys = ", ".join(message) if isinstance(message, dict) else type(message).__name__
+            raise RowError(f"message {i} in column '{column}' needs 'role' and 'content' (found: {keys})")
+        if message["role"] not in ROLES:
+            raise RowError(
+                f"message {i} in column '{column}' has role '{message['role']}' (allowed: {', '.join(ROLES)})"
+            )
+        messages.append({"role": message["role"], "content": text_of(message, "content", required=False)})
+    return messages
+
+
+def as_messages(value: Any, role: str, column: str) -> Messages:
+    """A string becomes one message of ``role`` (it must not be blank); a message list is checked."""
     if isinstance(value, str):
-        return [{"role": role, "content": value}]
-    return [{"role": m["role"], "content": m["content"]} for m in value]
+        return [{"role": role, "content": text_of({column: value}, column)}]
+    return parse_messages(value, column)
+
+
+def last_answer(messages: Messages) -> int:
+    """Index of the last assistant turn with content; a ``RowError`` if there is none."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i]["role"] == "assistant" and messages[i]["content"].strip():
+            return i
+    raise RowError("no assistant turn with content (nothing to train on)")
+
+
+# ------------------------------------------------------------------------------------- shared source
 
 
 @dataclass
 class Source:
     """Where rows come from, how bad rows are handled and how train/eval are split (every data option)."""
 
-    path: str = "???"
-    eval_path: str | None = None
-    split: str = "train"
-    subset: str | None = None
+    #: the canonical column names ``columns`` may map (each component sets its own)
+    CANONICAL: ClassVar[tuple[str, ...]] = ()
+
+    path: str = "???"  # local jsonl/json/parquet/csv file, a directory of them, or a hub dataset name
+    eval_path: str | None = None  # a separate eval set; else eval_size / eval_fraction rows are held out
+    split: str = "train"  # hub datasets: the split to load
+    subset: str | None = None  # hub datasets: the config (subset) name
     columns: dict[str, str] = field(default_factory=dict)  # canonical name -> the file's column name
     eval_fraction: float = 0.05
     eval_size: int = 0  # rows held out for eval; 0 = use eval_fraction
@@ -161,127 +393,168 @@ class Source:
     on_error: str = "raise"  # raise | skip: drop malformed / incomplete rows and count them
 
     def validate(self) -> None:
+        """Cheap checks (no ``datasets`` import): paths, ranges, enums, column-mapping keys."""
         check_path(self.path, "data.path")
         if self.eval_path:
             check_path(self.eval_path, "data.eval_path")
         if not 0 <= self.eval_fraction < 1:
             raise ConfigError(f"must be in [0, 1), got {self.eval_fraction}", key="data.eval_fraction")
-        if self.eval_size < 0:
-            raise ConfigError("must be >= 0", key="data.eval_size")
+        if self.eval_size is not None and self.eval_size < 0:
+            raise ConfigError(f"must be >= 0, got {self.eval_size}", key="data.eval_size")
         if self.max_samples is not None and self.max_samples < 1:
-            raise ConfigError("must be >= 1 or null", key="data.max_samples")
+            raise ConfigError(f"must be >= 1 or null, got {self.max_samples}", key="data.max_samples")
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"unknown '{self.on_error}'", key="data.on_error", hint=f"one of {ON_ERROR}")
+        unknown = [c for c in self.columns if c not in self.CANONICAL]
+        if unknown:
+            raise ConfigError(
+                f"unknown column name '{unknown[0]}' for {type(self).__name__}",
+                key="data.columns",
+                hint=f"map from the canonical names ({', '.join(self.CANONICAL)}) to your file's columns, "
+                f"e.g. data.columns='{{{self.CANONICAL[0]}: my_column}}'",
+            )
 
     @property
     def stats(self) -> dict[str, int]:
         """What loading dropped, by reason (shown in the run's summary)."""
         return self.__dict__.setdefault("_stats", {})
 
-    def load_raw(self) -> DatasetDict:
-        """Train and eval tables with the canonical column names (``columns`` applied)."""
-        from datasets import DatasetDict
+    def read(self, path: str, key: str, limit: int | None = None) -> list[Rows]:
+        """The rows of ``path`` (at most ``limit``) with ``columns`` applied: each mapped column renamed to
+        its canonical name. A mapped column the file lacks is an error listing the columns it has."""
+        sources = read_sources(
+            path,
+            key=key,
+            split=self.split,
+            subset=self.subset,
+            limit=limit,
+            skip=self.on_error == "skip",
+            stats=self.stats,
+        )
+        mapping = {theirs: ours for ours, theirs in self.columns.items() if theirs != ours}
+        targets = set(mapping.values())
+        for source in sources if mapping else []:
+            present = source.columns
+            missing = [theirs for theirs in mapping if theirs not in present]
+            if missing:
+                raise ConfigError(
+                    f"{source.source} has no column '{missing[0]}' (columns: {', '.join(present)})",
+                    key="data.columns",
+                    hint="fix data.columns (canonical name: your column name)",
+                )
+            source.rows = [
+                {k: v for k, v in row.items() if k not in targets}
+                | {ours: row[theirs] for theirs, ours in mapping.items() if theirs in row}
+                for row in source.rows
+            ]
+        return sources
 
-        train = self._table(self.path)
-        if self.max_samples:
-            train = train.select(range(min(self.max_samples, len(train))))
+    def require(self, sources: list[Rows], needed: tuple[str, ...], why: str) -> None:
+        """Every file must have the ``needed`` columns (a row may still lack a value: that is a row error)."""
+        for source in sources:
+            present = source.columns
+            missing = [c for c in needed if c not in present]
+            if missing:
+                raise ConfigError(
+                    f"{source.source} is missing the column '{missing[0]}' {why} "
+                    f"(columns: {', '.join(present)})",
+                    key="data.columns",
+                    hint=f"map yours with data.columns='{{{missing[0]}: <your column>}}'",
+                )
+
+    def convert(
+        self, sources: list[Rows], fn: Callable[[Row], Row], columns: tuple[str, ...], key: str
+    ) -> Dataset:
+        """Map every row with ``fn`` into a table of exactly ``columns``. A ``RowError`` names the file and
+        line/row, or (``on_error=skip``) drops the row and counts it."""
+        from datasets import Dataset
+
+        out = []
+        for source in sources:
+            for i, row in enumerate(source.rows):
+                try:
+                    out.append(fn(row))
+                except RowError as err:
+                    if self.on_error == "skip":
+                        _count(self.stats, "skipped rows")
+                        continue
+                    raise ConfigError(
+                        f"{source.where(i)}: {err}",
+                        key=key,
+                        hint="fix the row, or set data.on_error=skip to drop bad rows and count them",
+                    ) from None
+        return Dataset.from_list(out) if out else Dataset.from_dict({c: [] for c in columns})
+
+    def load_splits(self, build: Callable[[list[Rows], str, str], Dataset]) -> DatasetDict:
+        """Train and eval tables; ``build(rows, path, key)`` normalises each file's rows. Without
+        ``eval_path``, ``eval_size`` (or ``eval_fraction``) rows of data.path are held out, seeded."""
+        train = build(self.read(self.path, "data.path", self.max_samples), self.path, "data.path")
         if self.eval_path:
-            evals = self._table(self.eval_path)
+            evals = build(self.read(self.eval_path, "data.eval_path"), self.eval_path, "data.eval_path")
         else:
-            n = self.eval_size or round(len(train) * self.eval_fraction)
-            if n >= len(train):
-                raise ConfigError(f"eval split of {n} rows leaves no training rows", key="data.eval_fraction")
+            if self.eval_size:
+                n = self.eval_size
+                if n >= len(train):
+                    raise ConfigError(
+                        f"holding out {n} eval rows leaves no training rows ({self.path} has {len(train)})",
+                        key="data.eval_size",
+                        hint="hold out fewer rows, or give a separate data.eval_path",
+                    )
+            else:  # a fraction > 0 holds out at least one row, and never the last one
+                n = (
+                    min(max(1, round(len(train) * self.eval_fraction)), len(train) - 1)
+                    if self.eval_fraction
+                    else 0
+                )
             if n:
                 parts = train.train_test_split(test_size=n, seed=self.seed, shuffle=True)
                 train, evals = parts["train"], parts["test"]
             else:
                 evals = train.select([])
-        return DatasetDict(train=train, eval=evals)
-
-    def _table(self, path: str) -> Dataset:
-        table = load_table(
-            path, split=self.split, subset=self.subset, skip=self.on_error == "skip", stats=self.stats
-        )
-        mapping = {theirs: ours for ours, theirs in self.columns.items() if theirs != ours}
-        missing = [c for c in mapping if c not in table.column_names]
-        if missing:
-            raise ConfigError(
-                f"{path} has no column {missing[0]!r} (columns: {', '.join(table.column_names)})",
-                key="data.columns",
-            )
-        return table.rename_columns(mapping) if mapping else table
-
-    def keep_valid(self, table: Dataset, needed: tuple[str, ...], path: str) -> Dataset:
-        """Rows whose ``needed`` columns exist and hold a non-empty value. A missing column always fails;
-        an empty value fails naming row and column, or is dropped and counted with ``on_error=skip``."""
-        for column in needed:
-            if column not in table.column_names:
-                raise ConfigError(
-                    f"{path} is missing the column '{column}' (columns: {', '.join(table.column_names)})",
-                    key="data.columns",
-                    hint=f"map yours with data.columns='{{{column}: <your column>}}'",
-                )
-
-        def empty(value: Any) -> bool:
-            return value is None or (
-                isinstance(value, (str, list)) and not (value.strip() if isinstance(value, str) else value)
-            )
-
-        bad = [
-            (i, c)
-            for i, row in enumerate(table.select_columns(list(needed)))
-            for c in needed
-            if empty(row[c])
-        ]
-        if not bad:
-            return table
-        if self.on_error != "skip":
-            i, column = bad[0]
-            raise ConfigError(
-                f"{path}: row {i} has no value in column '{column}' ({len({r for r, _ in bad})} such rows)",
-                key="data.path",
-                hint="fix the rows, or set data.on_error=skip to drop them and count them",
-            )
-        drop = {i for i, _ in bad}
-        _count(self.stats, "skipped rows", len(drop))
-        return table.select([i for i in range(len(table)) if i not in drop])
-
-    def convert(self, table: Dataset, needed: tuple[str, ...], fn: Any, columns: tuple[str, ...]) -> Dataset:
-        """Check ``needed`` columns, then map rows with ``fn`` to exactly ``columns`` (empty tables too)."""
-        from datasets import Dataset
-
-        table = self.keep_valid(table, needed, self.path)
-        if len(table) == 0:
-            return Dataset.from_dict({c: [] for c in columns})
-        return table.map(fn, remove_columns=table.column_names)
+        return self._finish({"train": train, "eval": evals})
 
     def _finish(self, splits: dict[str, Dataset]) -> DatasetDict:
         from datasets import DatasetDict
 
         if len(splits["train"]) == 0:
-            raise ConfigError(f"no training rows left in {self.path} after filtering", key="data.path")
-        return DatasetDict(splits)
+            raise ConfigError(
+                f"no training rows left in {self.path} after filtering",
+                key="data.path",
+                hint="see the skipped / dropped counts; fix the data or relax data.on_overlong",
+            )
+        self._loaded = DatasetDict(splits)
+        return self._loaded
+
+
+# ------------------------------------------------------------------------------------------- SFT data
 
 
 @component("data")
 @dataclass
 class ChatDataset(Source):
-    """SFT data: chat ``messages``, alpaca, prompt/completion or raw ``text``."""
+    """SFT data: chat ``messages``, alpaca, prompt/completion or raw ``text``, loaded as ``messages`` +
+    ``answer`` (conversational) or ``text`` (language modelling)."""
 
-    format: str = "auto"
-    system_prompt: str | None = None
-    max_length: int = 1024
+    CANONICAL: ClassVar[tuple[str, ...]] = (
+        *("messages", "instruction", "input", "output", "prompt", "completion", "text", "system"),
+    )
+
+    format: str = "auto"  # auto | messages | alpaca | prompt_completion | text
+    system_prompt: str | None = None  # prepended as a system turn to rows that have none
+    max_length: int = 1024  # tokens per example (the trainer truncates; see on_overlong)
     on_overlong: str = "truncate"  # truncate | drop | error: rows longer than max_length tokens
     packing: bool = False
-    packing_strategy: str = "bfd"  # bfd (best-fit, boundary-safe) | wrapped
+    packing_strategy: str = "bfd"  # bfd (best-fit, boundary-safe) | bfd_split | wrapped
 
     def validate(self) -> None:
         super().validate()
         if self.format not in FORMATS:
             raise ConfigError(f"unknown format '{self.format}'", key="data.format", hint=f"one of {FORMATS}")
-        if self.packing_strategy not in ("bfd", "wrapped"):
+        if self.packing_strategy not in PACKING_STRATEGIES:
             raise ConfigError(
-                f"unknown '{self.packing_strategy}'", key="data.packing_strategy", hint="bfd or wrapped"
+                f"unknown '{self.packing_strategy}'",
+                key="data.packing_strategy",
+                hint=f"one of {PACKING_STRATEGIES}",
             )
         if self.max_length < 1:
             raise ConfigError(f"must be >= 1, got {self.max_length}", key="data.max_length")
@@ -291,47 +564,55 @@ class ChatDataset(Source):
             )
 
     def detect(self, columns: list[str], path: str) -> str:
+        """``format``, or (``auto``) the one format whose columns the file has."""
         if self.format != "auto":
             return self.format
-        for name, needed in SIGNATURES.items():
-            if all(c in columns for c in needed):
-                return name
+        found = [name for name, needed in SIGNATURES.items() if all(c in columns for c in needed)]
+        if len(found) == 1:
+            return found[0]
+        accepted = "; ".join(f"{name}: {' + '.join(cols)}" for name, cols in SIGNATURES.items())
+        problem = f"is ambiguous: it fits formats {', '.join(found)}" if found else "matches no format"
         raise ConfigError(
-            f"cannot tell the format of {path} from its columns ({', '.join(columns)})",
+            f"{path} {problem} (columns: {', '.join(columns)}; formats accepted: {accepted})",
             key="data.format",
-            hint="use messages / instruction+output / prompt+completion / text columns, map yours with "
-            "data.columns, or set data.format",
+            hint="set data.format, or map your columns, e.g. "
+            "data.columns='{prompt: question, completion: reply}'",
         )
 
     def load(self) -> DatasetDict:
-        """Train/eval in the canonical shape: ``messages`` + ``answer``, or ``text``."""
-        raw = self.load_raw()
-        fmt = self.detect(raw["train"].column_names, self.path)
-        self._loaded = self._finish({name: self._normalise(table, fmt) for name, table in raw.items()})
-        return self._loaded
+        """Train/eval in the canonical shape: ``messages`` + ``answer``, or ``text``. The format is detected
+        on data.path and applied to data.eval_path too."""
+        fmt: str | None = None
 
-    def _normalise(self, table: Dataset, fmt: str) -> Dataset:
-        if fmt == "text":
-            return self.keep_valid(table, SIGNATURES[fmt], self.path).select_columns(["text"])
+        def build(sources: list[Rows], path: str, key: str) -> Dataset:
+            nonlocal fmt
+            kind = fmt = fmt or self.detect(sources[0].columns, path)
+            self.require(sources, SIGNATURES[kind], f"needed by format={kind}")
+            if kind == "text":
+                return self.convert(sources, lambda row: {"text": text_of(row, "text")}, ("text",), key)
+            return self.convert(sources, lambda row: self.to_chat(row, kind), ("messages", "answer"), key)
 
-        def to_messages(row: dict[str, Any]) -> dict[str, Any]:
-            if fmt == "messages":
-                messages = as_messages(row["messages"], "user")
-            elif fmt == "alpaca":
-                user = row["instruction"] + (f"\n\n{row['input']}" if row.get("input") else "")
-                messages = [
-                    {"role": "user", "content": user},
-                    {"role": "assistant", "content": row["output"]},
-                ]
-            else:
-                messages = as_messages(row["prompt"], "user") + as_messages(row["completion"], "assistant")
-            if self.system_prompt and messages[0]["role"] != "system":
-                messages = [{"role": "system", "content": self.system_prompt}, *messages]
-            answers = [m["content"] for m in messages if m["role"] == "assistant"]
-            return {"messages": messages, "answer": str(answers[-1]) if answers else ""}
+        return self.load_splits(build)
 
-        table = self.convert(table, SIGNATURES[fmt], to_messages, ("messages", "answer"))
-        return self.keep_valid(table, ("answer",), self.path)  # every example needs an assistant turn
+    def to_chat(self, row: Row, fmt: str) -> Row:
+        """One row of format ``fmt`` as ``{"messages": [...], "answer": str}``. A ``system`` column, else
+        ``system_prompt``, becomes a leading system turn unless the messages already start with one."""
+        if fmt == "messages":
+            messages = parse_messages(row.get("messages"), "messages")
+        elif fmt == "alpaca":
+            user = text_of(row, "instruction")
+            extra = text_of(row, "input", required=False)
+            messages = [
+                {"role": "user", "content": f"{user}\n\n{extra}" if extra.strip() else user},
+                {"role": "assistant", "content": text_of(row, "output")},
+            ]
+        else:
+            messages = as_messages(row.get("prompt"), "user", "prompt")
+            messages += as_messages(row.get("completion"), "assistant", "completion")
+        system = text_of(row, "system", required=False) or self.system_prompt
+        if system and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": system}, *messages]
+        return {"messages": messages, "answer": messages[last_answer(messages)]["content"]}
 
     def enforce_length(self, data: DatasetDict, tokenizer: Any) -> DatasetDict:
         """Apply ``on_overlong`` to rows longer than ``max_length`` tokens (``truncate`` leaves them to the
@@ -339,62 +620,79 @@ class ChatDataset(Source):
         if self.on_overlong == "truncate":
             return data
 
-        def length(row: dict[str, Any]) -> int:
+        def length(row: Row) -> int:
             if "messages" in row:
-                return len(
-                    tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True)[
-                        "input_ids"
-                    ]
-                )
+                ids = tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True)
+                return len(ids["input_ids"])
             return len(tokenizer(row["text"])["input_ids"])
 
         out = {}
         for name, table in data.items():
             lengths = [length(row) for row in table]
-            long = [i for i, n in enumerate(lengths) if n > self.max_length]
+            long = {i for i, n in enumerate(lengths) if n > self.max_length}
             if long and self.on_overlong == "error":
+                first = min(long)
                 raise ConfigError(
-                    f"{self.path} ({name}): row {long[0]} has {lengths[long[0]]} tokens > data.max_length="
+                    f"{self.path} ({name}): row {first} has {lengths[first]} tokens > data.max_length="
                     f"{self.max_length} ({len(long)} such rows)",
                     key="data.max_length",
                     hint="raise data.max_length, or set data.on_overlong=truncate or drop",
                 )
-            _count(self.stats, "dropped (too long)", len(long))
-            out[name] = table.select([i for i in range(len(table)) if i not in set(long)]) if long else table
-        self._loaded = self._finish(out)
-        return self._loaded
+            if long:
+                _count(self.stats, "dropped (too long)", len(long))
+            out[name] = table.select([i for i in range(len(table)) if i not in long]) if long else table
+        return self._finish(out)
 
     def prompts(self, split: str = "eval") -> list[tuple[Messages, str]]:
-        """(conversation up to the last assistant turn, that turn's content) for generation-based eval."""
+        """(the conversation before the last assistant turn with content, that turn's content) per row of
+        ``split``, for generation-based eval; ``[]`` for raw-text data."""
         data = self.__dict__.get("_loaded") or self.load()
         if "messages" not in data[split].column_names:
             return []
         out = []
         for row in data[split]:
             messages = row["messages"]
-            last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+            last = last_answer(messages)
             out.append((messages[:last], messages[last]["content"]))
         return out
+
+
+# ------------------------------------------------------------------------------------ reward / DPO data
 
 
 @component("data")
 @dataclass
 class PreferenceDataset(Source):
-    """Preference pairs for reward modelling and DPO: ``prompt``, ``chosen``, ``rejected``."""
+    """Preference pairs for reward modelling and DPO: ``prompt``, ``chosen``, ``rejected`` message lists
+    (a string becomes one user message for the prompt, one assistant message for a response)."""
 
-    max_length: int = 1024
+    CANONICAL: ClassVar[tuple[str, ...]] = ("prompt", "chosen", "rejected")
+
+    max_length: int = 1024  # tokens of prompt + response
+
+    def validate(self) -> None:
+        super().validate()
+        if self.max_length < 1:
+            raise ConfigError(f"must be >= 1, got {self.max_length}", key="data.max_length")
 
     def load(self) -> DatasetDict:
-        def to_pairs(row: dict[str, Any]) -> dict[str, Any]:
+        """Train/eval with ``prompt``, ``chosen`` and ``rejected``, each a list of messages."""
+
+        def to_pair(row: Row) -> Row:
             return {
-                "prompt": as_messages(row["prompt"], "user"),
-                "chosen": as_messages(row["chosen"], "assistant"),
-                "rejected": as_messages(row["rejected"], "assistant"),
+                "prompt": as_messages(row.get("prompt"), "user", "prompt"),
+                "chosen": as_messages(row.get("chosen"), "assistant", "chosen"),
+                "rejected": as_messages(row.get("rejected"), "assistant", "rejected"),
             }
 
-        columns = ("prompt", "chosen", "rejected")
-        raw = self.load_raw()
-        return self._finish({name: self.convert(t, columns, to_pairs, columns) for name, t in raw.items()})
+        def build(sources: list[Rows], path: str, key: str) -> Dataset:
+            self.require(sources, self.CANONICAL, "of a preference pair")
+            return self.convert(sources, to_pair, self.CANONICAL, key)
+
+        return self.load_splits(build)
+
+
+# -------------------------------------------------------------------------------------- PPO/GRPO data
 
 
 @component("data")
@@ -402,19 +700,30 @@ class PreferenceDataset(Source):
 class PromptDataset(Source):
     """Prompts for on-policy RL (PPO, GRPO): ``prompt`` messages and, when given, the reference ``answer``."""
 
-    max_prompt_length: int = 256
+    CANONICAL: ClassVar[tuple[str, ...]] = ("prompt", "answer")
+
+    max_prompt_length: int = 256  # tokens
+
+    def validate(self) -> None:
+        super().validate()
+        if self.max_prompt_length < 1:
+            raise ConfigError(f"must be >= 1, got {self.max_prompt_length}", key="data.max_prompt_length")
 
     def load(self) -> DatasetDict:
-        raw = self.load_raw()
-        has_answer = "answer" in raw["train"].column_names
+        """Train/eval with ``prompt`` (messages) and, if data.path has the column, ``answer`` (text)."""
+        has_answer: bool | None = None  # decided on data.path, so both splits have the same columns
 
-        def to_prompt(row: dict[str, Any]) -> dict[str, Any]:
-            out = {"prompt": as_messages(row["prompt"], "user")}
+        def to_prompt(row: Row) -> Row:
+            out: Row = {"prompt": as_messages(row.get("prompt"), "user", "prompt")}
             if has_answer:
-                out["answer"] = str(row["answer"])
+                out["answer"] = text_of(row, "answer", required=False)
             return out
 
-        columns = ("prompt", "answer") if has_answer else ("prompt",)
-        return self._finish(
-            {name: self.convert(t, ("prompt",), to_prompt, columns) for name, t in raw.items()}
-        )
+        def build(sources: list[Rows], path: str, key: str) -> Dataset:
+            nonlocal has_answer
+            self.require(sources, ("prompt",), "of a prompt dataset")
+            if has_answer is None:
+                has_answer = all("answer" in s.columns for s in sources)
+            return self.convert(sources, to_prompt, ("prompt", "answer") if has_answer else ("prompt",), key)
+
+        return self.load_splits(build)

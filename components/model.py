@@ -28,6 +28,7 @@ class CausalLM:
     """
 
     name_or_path: str = "???"
+    from_run: str | None = None  # start from an earlier run dir's final/ model (overrides name_or_path)
     init: str = "pretrained"  # pretrained | random
     architecture: dict[str, Any] = field(default_factory=dict)  # config.json numbers (offline / overrides)
     tokenizer: str | None = None  # defaults to name_or_path
@@ -40,6 +41,10 @@ class CausalLM:
     padding_side: str = "right"  # for training; generation always pads left
 
     # ---- checks (no weights touched) -------------------------------------------------------------
+    def __post_init__(self) -> None:
+        if self.from_run:
+            self.name_or_path, self.init = str(final_model_dir(self.from_run)), "pretrained"
+
     def validate(self) -> None:
         """Cheap checks of the knobs themselves."""
         if self.init not in ("pretrained", "random"):
@@ -110,18 +115,26 @@ class CausalLM:
 
         return {"auto": torch.float32, "float32": torch.float32}.get(self.dtype) or getattr(torch, self.dtype)
 
-    def build(self, **load_kwargs: Any) -> PreTrainedModel:
-        """Load (or randomly initialise) the model. Seed the RNGs before calling for a reproducible init."""
-        from transformers import AutoModelForCausalLM
+    def build(self, task: str = "causal_lm", **load_kwargs: Any) -> PreTrainedModel:
+        """Load (or randomly initialise) the model; ``task="seq_cls"`` puts a one-logit score head on it
+        (reward / value models). Seed the RNGs before calling for a reproducible init."""
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-        common = {"attn_implementation": self.attn_implementation, "dtype": self.torch_dtype()}
+        auto = AutoModelForSequenceClassification if task == "seq_cls" else AutoModelForCausalLM
+        common: dict[str, Any] = {
+            "attn_implementation": self.attn_implementation,
+            "dtype": self.torch_dtype(),
+        }
+        if task == "seq_cls":
+            common["num_labels"] = 1
         if self.init == "random":
-            model = AutoModelForCausalLM.from_config(
-                self.load_config(), trust_remote_code=self.trust_remote_code, **common
-            )
+            config = self.load_config()
+            if task == "seq_cls":
+                config.num_labels = common.pop("num_labels")
+            model = auto.from_config(config, trust_remote_code=self.trust_remote_code, **common)
         else:
             try:
-                model = AutoModelForCausalLM.from_pretrained(
+                model = auto.from_pretrained(
                     self.name_or_path,
                     revision=self.revision,
                     trust_remote_code=self.trust_remote_code,
@@ -150,3 +163,20 @@ class CausalLM:
             chat_template=self.chat_template,
             padding_side=self.padding_side,
         )
+
+
+def final_model_dir(run: str) -> Path:
+    """The model a run left behind: ``final/merged`` when it merged an adapter, else ``final``."""
+    final = Path(run).expanduser() / "final"
+    if (final / "merged" / "config.json").is_file():
+        return final / "merged"
+    if (final / "config.json").is_file():
+        return final
+    if (final / "adapter_config.json").is_file():
+        raise ConfigError(
+            f"{final} holds only an adapter: its base model cannot be rebuilt from it",
+            key="model.from_run",
+            hint="re-run that recipe with merge=true (final/merged), or set model.name_or_path to the base "
+            "and load the adapter",
+        )
+    raise ConfigError(f"{run} has no final model (final/config.json)", key="model.from_run")

@@ -24,8 +24,28 @@ def run_tag() -> str:
     return _RUN_TAG
 
 
+def latest_run(recipe: str, outputs: str = "outputs") -> str:
+    """``${latest_run:sft}``: the newest run dir under ``outputs`` of recipe ``sft`` that finished."""
+    import json
+
+    runs = []
+    for result in Path(outputs).glob("**/result.json"):  # written when a run finishes
+        ran = json.loads(result.read_text()).get("run", {}).get("recipe", "")
+        if ran.lower() == recipe.lower() and (result.parent / "final").is_dir():
+            runs.append(result.parent)
+    if not runs:
+        from components.errors import ConfigError
+
+        raise ConfigError(
+            f"no finished run of recipe={recipe} under {outputs}/",
+            key="model.from_run",
+            hint=f"run hydratune recipe={recipe} first, or pass model.from_run=<run dir>",
+        )
+    return str(max(runs, key=lambda p: p.stat().st_mtime))
+
+
 def register_resolvers() -> None:
     """Register hydratune's resolvers once per process."""
-    for name, fn in {"asset": asset, "run_tag": run_tag}.items():
+    for name, fn in {"asset": asset, "run_tag": run_tag, "latest_run": latest_run}.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn, use_cache=True)

@@ -41,12 +41,30 @@ class Components:
         from components.tracker import Trackers
 
         check_known_keys(cfg)
-        built = {g: instantiate(cfg[g], _convert_="all") for g in GROUPS}
+        built = {g: _instantiate(cfg, g) for g in GROUPS}
         built["tracker"] = Trackers.of(built["tracker"])
         return cls(**built)
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+
+def _instantiate(cfg: DictConfig, group: str) -> Any:
+    """Instantiate one group; a ConfigError raised while building it surfaces as itself."""
+    from hydra.errors import InstantiationException
+    from omegaconf.errors import InterpolationResolutionError
+
+    from components.errors import ConfigError
+
+    try:
+        return instantiate(cfg[group], _convert_="all")
+    except (InstantiationException, InterpolationResolutionError) as err:
+        cause = err.__cause__
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause from None
+        raise
 
 
 @dataclass
@@ -59,6 +77,7 @@ class RunContext:
     device: str
     start_time: float = dataclasses.field(default_factory=time.time)
     model: Any = None  # the model being trained, once the recipe has built it
+    trainer: Any = None  # the trainer driving it
 
     @property
     def train(self) -> Any:

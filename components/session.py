@@ -66,11 +66,19 @@ class Session:
         self.report["data"].update(getattr(data_component, "stats", {}) or {})
         return data
 
-    def build_model(self) -> Any:
-        """The model with quantization and PEFT applied, no KV cache while training."""
+    def build_model(self, task: str = "causal_lm") -> Any:
+        """The model with quantization and PEFT applied, no KV cache while training.
+
+        ``task="seq_cls"`` builds a one-logit score head (reward models); PEFT adapters then save it."""
         c, ctx = self.ctx.components, self.ctx
         ctx.seed_everything()  # the init does not depend on what ran before
-        model = c.model.build(**c.quantization.load_kwargs(c.precision.resolve(ctx.device)))
+        model = c.model.build(task=task, **c.quantization.load_kwargs(c.precision.resolve(ctx.device)))
+        if task == "seq_cls":
+            model.config.pad_token_id = (
+                self.tokenizer.pad_token_id
+            )  # the score is read at the last real token
+            if c.peft.is_adapter:
+                c.peft.task_type = "SEQ_CLS"
         model = c.peft.apply(model)
         # No KV cache while training: besides wasting memory, a cache makes transformers skip the
         # packed-sequence mask, so padding-free packed examples would attend across boundaries.
@@ -106,14 +114,27 @@ class Session:
         check_label_mask(stats, masked=masked)
         self.report["loss mask"] = stats
 
-    def train_and_finish(self, trainer: Any, *, title: str) -> dict[str, Any]:
+    def probe(self, trainer: Any, probes: dict[str, Any], when: str) -> None:
+        """Evaluate the trainer on extra datasets (e.g. training pairs) and keep the metrics."""
+        for name, dataset in probes.items():
+            metrics = trainer.evaluate(eval_dataset=dataset, metric_key_prefix="probe")
+            kept = {
+                k.removeprefix("probe_"): v
+                for k, v in metrics.items()
+                if not k.endswith(("runtime", "per_second"))
+            }
+            self.report.setdefault(f"{name} ({when})", {}).update(kept)
+
+    def train_and_finish(
+        self, trainer: Any, *, title: str, probes: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """``_train_and_finish``, then close the trackers whatever happened."""
         try:
-            return self._train_and_finish(trainer, title=title)
+            return self._train_and_finish(trainer, title=title, probes=probes or {})
         finally:
             self.ctx.components.tracker.finish()
 
-    def _train_and_finish(self, trainer: Any, *, title: str) -> dict[str, Any]:
+    def _train_and_finish(self, trainer: Any, *, title: str, probes: dict[str, Any]) -> dict[str, Any]:
         """Verify the strategy, train (resuming if asked), evaluate, save ``final/``, write the summary.
 
         On SIGTERM/SIGINT/SIGUSR1 the current step finishes, a checkpoint is written, the summary says
@@ -122,8 +143,14 @@ class Session:
         from transformers import PrinterCallback
 
         ctx, c = self.ctx, self.ctx.components
+        ctx.trainer = trainer
         trainer.remove_callback(PrinterCallback)
+        trainer.optimizer_cls_and_kwargs = c.optimizer.cls_and_kwargs(
+            ctx.device
+        )  # every trainer, same optimizer
         c.strategy.verify(trainer.accelerator)
+        if not ctx.cfg.resume:
+            self.probe(trainer, probes, "before")
         resume = resolve_resume(ctx.cfg.resume, ctx.run_dir.path)
         if resume:
             self.report["run"]["resumed from"] = resume
@@ -145,6 +172,7 @@ class Session:
             metrics.update(trainer.evaluate())
         if not trainer.is_world_process_zero():
             return metrics
+        self.probe(trainer, probes, "after")
         self.evaluate_generations(self.eval_prompts, "after")
         self.report["outputs"] = save_final(
             trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge

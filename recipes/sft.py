@@ -71,7 +71,6 @@ class SFT:
             eval_dataset=data["eval"] if len(data["eval"]) else None,
             processing_class=session.tokenizer,
             callbacks=session.callbacks(),
-            optimizer_cls_and_kwargs=c.optimizer.cls_and_kwargs(ctx.device),
         )
         session.check_loss_mask(trainer.train_dataset, masked=masked)
         return session.train_and_finish(trainer, title="SFT")

@@ -1,0 +1,100 @@
+"""Direct preference optimisation on TRL's DPOTrainer.
+
+The reference is the memory-cheap one: with a PEFT adapter, the policy with its adapter at its
+initial value (no second copy of the base weights); otherwise a frozen copy of the policy, or
+reference log-probs computed once up front (``recipe.precompute_ref_log_probs``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig
+
+from components.errors import ConfigError
+from components.registry import component
+from components.run import Components, RunContext
+from recipes.reward import PROBE_ROWS, require_preferences
+
+LOSS_TYPES = (
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+)
+
+
+@component("recipe")
+@dataclass
+class DPO:
+    """Knobs of DPO: the KL strength ``beta``, the loss (or a weighted mix of losses), the reference."""
+
+    beta: float = 0.1
+    loss_type: list[str] = field(default_factory=lambda: ["sigmoid"])
+    loss_weights: list[float] | None = None
+    label_smoothing: float = 0.0  # cDPO / robust: assumed label noise
+    precompute_ref_log_probs: bool = False
+
+    def check(self, cfg: DictConfig, comps: Components) -> None:
+        require_preferences("dpo", comps)
+        unknown = [t for t in self.loss_type if t not in LOSS_TYPES]
+        if unknown:
+            raise ConfigError(
+                f"unknown loss {unknown[0]!r}", key="recipe.loss_type", hint=f"one of {LOSS_TYPES}"
+            )
+        if self.beta <= 0:
+            raise ConfigError(
+                f"beta must be > 0, got {self.beta}", key="recipe.beta", hint="typical: 0.01-0.5"
+            )
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+            raise ConfigError("one weight per loss_type", key="recipe.loss_weights")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ConfigError("must be in [0, 0.5)", key="recipe.label_smoothing")
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        from trl import DPOConfig, DPOTrainer
+
+        from components.checkpoint import atomic
+        from components.session import Session
+
+        c = ctx.components
+        session = Session.start(ctx)
+        data = session.load_data()
+        model = session.build_model()
+        reference = None
+        if not (c.peft.is_adapter or self.precompute_ref_log_probs):
+            reference = copy.deepcopy(model).eval().requires_grad_(False)
+        args = DPOConfig(
+            **ctx.training_args(
+                beta=self.beta,
+                loss_type=self.loss_type,
+                loss_weights=self.loss_weights,
+                label_smoothing=self.label_smoothing,
+                precompute_ref_log_probs=self.precompute_ref_log_probs,
+                max_length=c.data.max_length,
+            )
+        )
+        trainer = atomic(DPOTrainer)(
+            model=model,
+            ref_model=reference,
+            args=args,
+            train_dataset=data["train"],
+            eval_dataset=data["eval"] if len(data["eval"]) else None,
+            processing_class=session.tokenizer,
+            callbacks=session.callbacks(),
+        )
+        probe = trainer.train_dataset.select(range(min(PROBE_ROWS, len(trainer.train_dataset))))
+        return session.train_and_finish(trainer, title="DPO", probes={"training pairs": probe})

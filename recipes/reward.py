@@ -1,0 +1,64 @@
+"""Reward-model training on TRL's RewardTrainer: a one-logit score head learns to rank chosen above
+rejected. The saved model (final/) is what ``recipe=ppo`` and ``recipe=grpo`` take as a reward model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from components.errors import ConfigError
+from components.registry import component
+from components.run import Components, RunContext
+
+PROBE_ROWS = 128  # training pairs scored before and after training
+
+
+def require_preferences(recipe: str, comps: Components) -> None:
+    """Reward and DPO need prompt / chosen / rejected data."""
+    if type(comps.data).__name__ != "PreferenceDataset":
+        raise ConfigError(
+            f"recipe={recipe} needs preference pairs, got {type(comps.data).__name__}",
+            key="data",
+            hint=f"use data=demo_{recipe} or a PreferenceDataset option with prompt/chosen/rejected columns",
+        )
+
+
+@component("recipe")
+@dataclass
+class Reward:
+    """Knobs of reward modelling; the score head is saved with the model (and with a LoRA adapter)."""
+
+    center_rewards_coefficient: float | None = None  # pushes mean rewards towards 0 (Eisenstein et al.)
+
+    def check(self, cfg: DictConfig, comps: Components) -> None:
+        require_preferences("reward", comps)
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        from trl import RewardConfig, RewardTrainer
+
+        from components.checkpoint import atomic
+        from components.session import Session
+
+        c = ctx.components
+        session = Session.start(ctx)
+        data = session.load_data()
+        session.build_model(task="seq_cls")
+        args = RewardConfig(
+            **ctx.training_args(
+                max_length=c.data.max_length,
+                center_rewards_coefficient=self.center_rewards_coefficient,
+                disable_dropout=True,
+            )
+        )
+        trainer = atomic(RewardTrainer)(
+            model=session.model,
+            args=args,
+            train_dataset=data["train"],
+            eval_dataset=data["eval"] if len(data["eval"]) else None,
+            processing_class=session.tokenizer,
+            callbacks=session.callbacks(),
+        )
+        probe = trainer.train_dataset.select(range(min(PROBE_ROWS, len(trainer.train_dataset))))
+        return session.train_and_finish(trainer, title="Reward model", probes={"training pairs": probe})

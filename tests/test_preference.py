@@ -1,0 +1,116 @@
+"""Reward-model and DPO recipes on the tiny model and the demo preference pairs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from components.errors import ConfigError
+
+SHORT = ["train.micro_batch_size=16", "train.log_every=5", "train.eval_generations=0", "train.save_every=0"]
+
+
+def test_dpo_widens_the_chosen_rejected_margin(run_recipe) -> None:
+    """DPO's margin: beta * [(log pi - log ref)(chosen) - (log pi - log ref)(rejected)] on training pairs."""
+    ctx, _ = run_recipe("recipe=dpo", *SHORT, "train.max_steps=60", name="dpo")
+    before, after = ctx_report(ctx, "before"), ctx_report(ctx, "after")
+    assert before["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at the start
+    assert after["eval_rewards/margins"] > 0.005, after
+    assert ctx.trainer.ref_model is not None  # full fine-tuning: a frozen copy is the reference
+
+
+def test_dpo_with_lora_trains_only_the_adapter_and_keeps_no_reference_copy(run_recipe) -> None:
+    ctx, _ = run_recipe("recipe=dpo", "peft=lora", *SHORT, "train.max_steps=10", name="dpo_lora")
+    assert ctx.trainer.ref_model is None  # the reference is the policy with its initial adapter
+    adapter = load_file(ctx.run_dir.final / "adapter_model.safetensors")
+    assert adapter and all("lora_" in k for k in adapter)
+    assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)
+    ctx.seed_everything()
+    base = ctx.components.model.build().state_dict()
+    trained = {
+        k.replace(".base_layer", ""): v
+        for k, v in ctx.model.get_base_model().state_dict().items()
+        if "lora_" not in k
+    }
+    assert trained.keys() == base.keys()
+    assert all(torch.equal(trained[k], v) for k, v in base.items())
+
+
+def test_reward_model_with_lora_saves_its_score_head(run_recipe) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    ctx, _ = run_recipe("recipe=reward", "peft=lora", *SHORT, "train.max_steps=5", name="rm")
+    adapter = load_file(ctx.run_dir.final / "adapter_model.safetensors")
+    heads = [k for k in adapter if "score" in k]
+    assert heads, "the score head was not saved: it would reload randomly initialised"
+    trained_head = ctx.model.base_model.model.score.modules_to_save["default"].weight.detach()
+    ctx.seed_everything()
+    base = ctx.components.model.build(task="seq_cls")
+    reloaded = PeftModel.from_pretrained(base, ctx.run_dir.final).base_model.model.score
+    torch.testing.assert_close(reloaded.modules_to_save["default"].weight, trained_head)
+    assert AutoModelForSequenceClassification  # the full-model path is covered below
+
+
+def test_reward_model_full_saves_a_sequence_classifier(run_recipe) -> None:
+    from transformers import AutoModelForSequenceClassification
+
+    ctx, _ = run_recipe("recipe=reward", *SHORT, "train.max_steps=5", name="rm_full")
+    model = AutoModelForSequenceClassification.from_pretrained(ctx.run_dir.final)
+    assert model.config.num_labels == 1 and model.config.pad_token_id is not None
+    assert "training pairs (after)" in ctx_report_sections(ctx)
+
+
+def test_preference_file_missing_rejected_fails_before_model_load(run_recipe, tmp_path, monkeypatch) -> None:
+    from components.model import CausalLM
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(CausalLM, "build", no_load)
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "1 + 1?", "chosen": "2"}\n' * 4)
+    with pytest.raises(ConfigError, match="'rejected'"):
+        run_recipe("recipe=dpo", f"data.path={path}", "data.eval_path=null")
+
+
+def test_sft_data_for_dpo_is_refused_before_load(run_recipe) -> None:
+    with pytest.raises(ConfigError) as info:
+        run_recipe("recipe=dpo", "data=demo_sft")
+    assert info.value.key == "data" and "demo_dpo" in str(info.value)
+
+
+def ctx_report(ctx, when: str) -> dict:
+    import json
+
+    return json.loads((ctx.run_dir.path / "result.json").read_text())[f"training pairs ({when})"]
+
+
+def ctx_report_sections(ctx) -> set[str]:
+    import json
+
+    return set(json.loads((ctx.run_dir.path / "result.json").read_text()))
+
+
+def test_sft_then_dpo_chain(run_recipe, tmp_path) -> None:
+    sft, _ = run_recipe("train.max_steps=20", *SHORT, name="sft")
+    chained = f"model.from_run=${{latest_run:sft,{tmp_path}/outputs}}"
+    dpo, _ = run_recipe("recipe=dpo", chained, *SHORT, "train.max_steps=4", name="dpo")
+    assert dpo.components.model.name_or_path == str(sft.run_dir.final)
+    ctx_sections = ctx_report_sections(dpo)
+    assert "training pairs (after)" in ctx_sections
+    # the DPO policy started from the SFT weights, not from a fresh random init
+    from safetensors.torch import load_file as load
+
+    start = load(sft.run_dir.final / "model.safetensors")
+    dpo.seed_everything()
+    assert all(
+        torch.equal(v, start[k]) for k, v in dpo.components.model.build().state_dict().items() if k in start
+    )
+
+
+def test_from_run_with_only_an_adapter_on_a_random_base_is_refused(run_recipe, tmp_path) -> None:
+    lora, _ = run_recipe("peft=lora", "train.max_steps=2", *SHORT, name="lora")
+    with pytest.raises(ConfigError, match="merge=true"):
+        run_recipe("recipe=dpo", f"model.from_run={lora.run_dir.path}", name="dpo")
