@@ -96,6 +96,20 @@ class Session:
             *c.tracker.callbacks(self.ctx.run_info()),
         ]
 
+    def trainer(self, trainer_cls: type, args: Any, data: Any, **extra: Any) -> Any:
+        """``trainer_cls`` (atomic checkpoints) on this session's model, tokenizer, data and callbacks."""
+        from components.checkpoint import atomic
+
+        return atomic(trainer_cls)(
+            model=self.model,
+            args=args,
+            train_dataset=data["train"],
+            eval_dataset=data["eval"] if len(data["eval"]) else None,
+            processing_class=self.tokenizer,
+            callbacks=self.callbacks(),
+            **extra,
+        )
+
     def evaluate_generations(self, prompts: list[tuple[list[dict[str, str]], str]], when: str) -> None:
         """Exact-match accuracy of greedy answers to ``prompts``; kept for the summary."""
         if not prompts:

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from components.errors import ConfigError
 from components.registry import component
 from components.run import Components, RunContext
-from recipes.reward import PROBE_ROWS, require_preferences
+from recipes.reward import require_preferences, training_pairs
 
 LOSS_TYPES = (
     "sigmoid",
@@ -67,7 +67,6 @@ class DPO:
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import DPOConfig, DPOTrainer
 
-        from components.checkpoint import atomic
         from components.session import Session
 
         c = ctx.components
@@ -87,14 +86,5 @@ class DPO:
                 max_length=c.data.max_length,
             )
         )
-        trainer = atomic(DPOTrainer)(
-            model=model,
-            ref_model=reference,
-            args=args,
-            train_dataset=data["train"],
-            eval_dataset=data["eval"] if len(data["eval"]) else None,
-            processing_class=session.tokenizer,
-            callbacks=session.callbacks(),
-        )
-        probe = trainer.train_dataset.select(range(min(PROBE_ROWS, len(trainer.train_dataset))))
-        return session.train_and_finish(trainer, title="DPO", probes={"training pairs": probe})
+        trainer = session.trainer(DPOTrainer, args, data, ref_model=reference)
+        return session.train_and_finish(trainer, title="DPO", probes=training_pairs(trainer))

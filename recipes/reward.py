@@ -25,6 +25,12 @@ def require_preferences(recipe: str, comps: Components) -> None:
         )
 
 
+def training_pairs(trainer: Any) -> dict[str, Any]:
+    """The first ``PROBE_ROWS`` training pairs, scored before and after training."""
+    rows = trainer.train_dataset
+    return {"training pairs": rows.select(range(min(PROBE_ROWS, len(rows))))}
+
+
 @component("recipe")
 @dataclass
 class Reward:
@@ -38,7 +44,6 @@ class Reward:
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import RewardConfig, RewardTrainer
 
-        from components.checkpoint import atomic
         from components.session import Session
 
         c = ctx.components
@@ -52,13 +57,5 @@ class Reward:
                 disable_dropout=True,
             )
         )
-        trainer = atomic(RewardTrainer)(
-            model=session.model,
-            args=args,
-            train_dataset=data["train"],
-            eval_dataset=data["eval"] if len(data["eval"]) else None,
-            processing_class=session.tokenizer,
-            callbacks=session.callbacks(),
-        )
-        probe = trainer.train_dataset.select(range(min(PROBE_ROWS, len(trainer.train_dataset))))
-        return session.train_and_finish(trainer, title="Reward model", probes={"training pairs": probe})
+        trainer = session.trainer(RewardTrainer, args, data)
+        return session.train_and_finish(trainer, title="Reward model", probes=training_pairs(trainer))

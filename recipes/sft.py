@@ -42,7 +42,6 @@ class SFT:
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import SFTConfig, SFTTrainer
 
-        from components.checkpoint import atomic
         from components.session import Session
 
         c = ctx.components
@@ -64,13 +63,6 @@ class SFT:
                 dataset_text_field="text",
             )
         )
-        trainer = atomic(SFTTrainer)(
-            model=session.model,
-            args=args,
-            train_dataset=data["train"],
-            eval_dataset=data["eval"] if len(data["eval"]) else None,
-            processing_class=session.tokenizer,
-            callbacks=session.callbacks(),
-        )
+        trainer = session.trainer(SFTTrainer, args, data)
         session.check_loss_mask(trainer.train_dataset, masked=masked)
         return session.train_and_finish(trainer, title="SFT")
