@@ -22,3 +22,18 @@ class ConfigError(Exception):
         if self.hint:
             text = f"{text}\n  fix: {self.hint}"
         return text
+
+
+#: exit code of a run stopped by a signal after checkpointing (EX_TEMPFAIL: "try again" — resume it)
+EXIT_INTERRUPTED = 75
+
+
+class Interrupted(Exception):
+    """Raised after an interrupted run has checkpointed; the CLI exits with ``EXIT_INTERRUPTED``."""
+
+    def __init__(self, signum: int, step: int, checkpoint: str | None) -> None:
+        import signal
+
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name} at step {step}; checkpoint: {checkpoint or 'none'}")

@@ -11,18 +11,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-#: exit code of a run stopped by a signal after checkpointing (EX_TEMPFAIL: "try again" — resume it)
-EXIT_INTERRUPTED = 75
 SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None)
-
-
-class Interrupted(Exception):
-    """Raised after an interrupted run has checkpointed; the CLI exits with ``EXIT_INTERRUPTED``."""
-
-    def __init__(self, signum: int, step: int, checkpoint: str | None) -> None:
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-        name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name} at step {step}; checkpoint: {checkpoint or 'none'}")
 
 
 class GracefulInterrupt(TrainerCallback):

@@ -13,8 +13,9 @@ from typing import Any
 
 from components.callbacks import MetricsCallback, RichProgressCallback
 from components.checkpoint import checkpoints_in, resolve_resume, save_final
+from components.errors import Interrupted
 from components.evaluation import evaluate_generations
-from components.interrupt import GracefulInterrupt, Interrupted
+from components.interrupt import GracefulInterrupt
 from components.masking import check_label_mask, label_mask_stats, stop_token_ids
 from components.peft import trainable_summary
 from components.run import RunContext, peak_memory_gb

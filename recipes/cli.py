@@ -56,7 +56,7 @@ def execute(cfg: DictConfig) -> Any:
 
 @hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
 def _hydra_app(cfg: DictConfig) -> Any:
-    from components.interrupt import EXIT_INTERRUPTED, Interrupted
+    from components.errors import EXIT_INTERRUPTED, Interrupted
 
     try:
         return execute(cfg)

@@ -15,8 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from components.checkpoint import COMPLETE, checkpoints_in, resolve_resume, verify
-from components.errors import ConfigError
-from components.interrupt import EXIT_INTERRUPTED
+from components.errors import EXIT_INTERRUPTED, ConfigError
 
 RUN = [
     "train.max_steps=60",
