@@ -1,14 +1,17 @@
 """PEFT components: which parameters train. Full, freeze, BitFit, and peft's LoRA/DoRA/IA3/prefix/p-tuning.
 
-Every option has ``apply(model) -> model`` (returns the model ready to train), ``check_targets(names)``
-(run against the model built on the meta device, before weights load) and ``is_adapter`` (saving
-writes the adapter only).
+Every option has ``validate()`` (field checks, no torch), ``check_targets(names)`` (run against the
+model built on the meta device, before weights load), ``apply(model) -> model`` (the model ready to
+train), ``peft_config()`` (the ``peft.PeftConfig``, or None) and ``is_adapter`` (saving writes the
+adapter only). Nothing here loads weights from a hub.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,11 +19,20 @@ from components.errors import ConfigError
 from components.registry import component
 
 if TYPE_CHECKING:
+    from peft import PeftConfig
     from torch import nn
 
 TASK_TYPES = ("CAUSAL_LM", "SEQ_CLS")
+#: heads of sequence-classification (reward) models: freshly initialised, so they must train and be saved
+CLASSIFIER_HEADS = ("score", "classifier")
+#: init_lora_weights values that need extra config or data this component does not expose
+_UNSUPPORTED_INITS = ("eva", "corda", "loftq")
+_PLAIN_INITS = ("gaussian", "olora", "pissa", "orthogonal", "mica")
+_LAYER_LIST = re.compile(r"^(?:(?P<prefix>.*)\.)?(?:layers|h|blocks)\.(?P<index>\d+)$")
+_NOT_LINEAR = re.compile(r"norm|emb|act|drop|rotary|pool", re.IGNORECASE)
 
 
+# ---- helpers -------------------------------------------------------------------------------------
 def trainable_summary(model: nn.Module) -> str:
     """'trainable 12,345 / 1,234,567 params (1.00%)'."""
     total = sum(p.numel() for p in model.parameters())
@@ -29,7 +41,7 @@ def trainable_summary(model: nn.Module) -> str:
 
 
 def decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The decoder blocks: the longest ModuleList whose name ends in layers / h / blocks."""
+    """The decoder blocks as (qualified name, module): the longest ModuleList named layers / h / blocks."""
     from torch import nn
 
     lists = [
@@ -39,42 +51,136 @@ def decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     ]
     if not lists:
         raise ConfigError(
-            "cannot find the model's decoder layers", key="peft", hint="use peft.modules instead"
+            f"cannot find the decoder layers of {type(model).__name__} (no ModuleList named layers/h/blocks)",
+            key="peft.last_n_layers",
+            hint="set peft.last_n_layers=0 and list what should train in peft.modules",
         )
     name, layers = max(lists, key=lambda item: len(item[1]))
     return [(f"{name}.{i}", layer) for i, layer in enumerate(layers)]
 
 
+def count_layers(module_names: list[str]) -> int | None:
+    """Number of decoder layers judged from module names alone (None if there is no layer list)."""
+    counts: dict[str, int] = {}
+    for name in module_names:
+        m = _LAYER_LIST.match(name)
+        if m:
+            prefix = m.group("prefix") or ""
+            counts[prefix] = max(counts.get(prefix, 0), int(m.group("index")) + 1)
+    return max(counts.values()) if counts else None
+
+
 def matches(name: str, pattern: str) -> bool:
-    """A parameter/module name matches a glob pattern anywhere along its dotted path."""
-    return (
-        fnmatch.fnmatch(name, pattern)
-        or fnmatch.fnmatch(name, f"*.{pattern}")
-        or (fnmatch.fnmatch(name, f"*.{pattern}.*") or fnmatch.fnmatch(name, f"{pattern}.*"))
+    """A parameter/module name matches a glob pattern as a whole dotted segment run anywhere in it.
+
+    ``lm_head`` matches ``lm_head.weight``; ``norm`` matches ``model.norm.weight`` but not
+    ``model.layers.0.input_layernorm.weight``; ``*layernorm*`` matches every layernorm.
+    """
+    return any(
+        fnmatch.fnmatchcase(name, p) for p in (pattern, f"*.{pattern}", f"{pattern}.*", f"*.{pattern}.*")
     )
 
 
 def linear_leaf_names(module_names: list[str]) -> list[str]:
-    """Short names of the projection-like leaves, for error messages."""
-    leaves = {n.rsplit(".", 1)[-1] for n in module_names if n}
-    return sorted(x for x in leaves if not x.isdigit() and x not in ("layers", "model", "self_attn", "mlp"))
+    """Short names of the leaf modules that look like linear layers (for error messages)."""
+    names = set(module_names)
+    parents = {n.rsplit(".", 1)[0] for n in names if "." in n}
+    leaves = {n.rsplit(".", 1)[-1] for n in names if n and n not in parents}
+    return sorted(x for x in leaves if not x.isdigit() and not _NOT_LINEAR.search(x))
 
 
+def _as_targets(value: Any) -> str | list[str]:
+    """A bare module name becomes a one-item list (peft would full-match a string against whole names);
+    ``all-linear`` and regexes stay strings."""
+    if isinstance(value, str):
+        return [value] if value != "all-linear" and re.fullmatch(r"\w+", value) else value
+    return [str(x) for x in value]
+
+
+def _module_matches(module_names: list[str], target: str) -> bool:
+    """peft's rule for a list entry: the module's name equals ``target`` or ends with ``.target``."""
+    return any(n == target or n.endswith(f".{target}") for n in module_names)
+
+
+def _is_seq_cls(model: nn.Module) -> bool:
+    return type(model).__name__.endswith("ForSequenceClassification")
+
+
+def _set_trainable(
+    model: nn.Module, keep: Callable[[str], bool], what: str, key: str, hint: str
+) -> nn.Module:
+    """Set ``requires_grad`` from ``keep(name)``; refuse to train nothing.
+
+    Tied parameters (``lm_head.weight`` is ``embed_tokens.weight``) train if any of their names is kept;
+    a sequence classifier's fresh head always trains (it would stay random otherwise).
+    """
+    heads = tuple(f"{h}." for h in CLASSIFIER_HEADS) if _is_seq_cls(model) else ()
+    wanted: dict[int, bool] = {}
+    params: dict[int, nn.Parameter] = {}
+    head_ids: set[int] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        params[id(p)] = p
+        wanted[id(p)] = wanted.get(id(p), False) or bool(keep(name))
+        if name.startswith(heads):
+            head_ids.add(id(p))
+    if not any(want for pid, want in wanted.items() if pid not in head_ids):
+        raise ConfigError(
+            f"{what} leaves no parameter of {type(model).__name__} to train", key=key, hint=hint
+        )
+    for pid, p in params.items():
+        p.requires_grad_(wanted[pid] or pid in head_ids)
+    return model
+
+
+@contextmanager
+def _peft_errors(key: str, hint: str) -> Iterator[None]:
+    """Report peft's ValueErrors about our settings as ConfigErrors naming the key."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as e:
+        from peft.utils.error import NoMatchingPeftModuleError
+
+        if isinstance(e, NoMatchingPeftModuleError):
+            key, hint = "peft.target_modules", "use all-linear or the names of the model's linear layers"
+        raise ConfigError(f"peft rejected the settings: {e}", key=key, hint=hint) from e
+
+
+def _check_patterns(patterns: list[str], module_names: list[str], key: str) -> None:
+    """Each glob pattern must match a module or one of its weight/bias parameters."""
+    candidates = [c for n in module_names if n for c in (n, f"{n}.weight", f"{n}.bias")]
+    for pattern in patterns:
+        if not any(matches(c, pattern) for c in candidates):
+            raise ConfigError(
+                f"'{pattern}' matches no module or parameter of the model",
+                key=key,
+                hint=f"use names such as {', '.join(linear_leaf_names(module_names)[:20])}, lm_head or norm",
+            )
+
+
+# ---- components ----------------------------------------------------------------------------------
 @dataclass
 class Peft:
-    """Base: every parameter trains."""
+    """Base of every PEFT option: all parameters train, no adapter."""
 
     @property
     def is_adapter(self) -> bool:
+        """True when ``apply`` returns a ``peft.PeftModel`` (saving then writes the adapter only)."""
         return False
 
-    def check_targets(self, module_names: list[str]) -> None:
-        """Called with the meta-device model's module names before any weight is loaded."""
+    def validate(self) -> None:
+        """Check the fields alone (cheap: no torch); raises ConfigError."""
 
-    def peft_config(self) -> Any:
+    def check_targets(self, module_names: list[str]) -> None:
+        """Check names against the meta-device model's module names, before any weight loads."""
+
+    def peft_config(self) -> PeftConfig | None:
+        """The ``peft`` config this option builds (None when peft is not involved)."""
         return None
 
     def apply(self, model: nn.Module) -> nn.Module:
+        """Return ``model`` ready to train."""
         for p in model.parameters():
             p.requires_grad_(True)
         return model
@@ -86,114 +192,171 @@ class FullFineTune(Peft):
     """Full fine-tuning: every parameter trains."""
 
 
-def _freeze_all_but(model: nn.Module, keep: Any, what: str, key: str) -> nn.Module:
-    """Set requires_grad from ``keep(name)``; refuse to train nothing."""
-    n = 0
-    for name, p in model.named_parameters():
-        p.requires_grad_(bool(keep(name)))
-        n += p.requires_grad
-    if n == 0:
-        raise ConfigError(f"{what} leaves no parameter to train on this model", key=key)
-    return model
-
-
 @component("peft")
 @dataclass
 class Freeze(Peft):
     """Freeze the model except its last ``last_n_layers`` decoder layers and the ``modules`` patterns."""
 
-    last_n_layers: int = 2
-    modules: list[str] = field(default_factory=list)  # e.g. [lm_head, norm]: glob patterns on names
+    last_n_layers: int = 1
+    modules: list[str] = field(default_factory=list)  # glob patterns on parameter names, e.g. [lm_head, norm]
+
+    def validate(self) -> None:
+        if self.last_n_layers < 0:
+            raise ConfigError(f"must be >= 0, got {self.last_n_layers}", key="peft.last_n_layers")
+        if self.last_n_layers == 0 and not self.modules:
+            raise ConfigError(
+                "peft=freeze with last_n_layers=0 and no modules trains nothing",
+                key="peft.last_n_layers",
+                hint="set peft.last_n_layers>=1 or list modules, e.g. peft.modules=[lm_head]",
+            )
 
     def check_targets(self, module_names: list[str]) -> None:
-        if self.last_n_layers < 0:
-            raise ConfigError("must be >= 0", key="peft.last_n_layers")
-        for pattern in self.modules:
-            if not any(matches(n, pattern) for n in module_names):
-                raise ConfigError(
-                    f"'{pattern}' matches no module of the model",
-                    key="peft.modules",
-                    hint=f"module names include: {', '.join(linear_leaf_names(module_names)[:20])}",
-                )
+        self.validate()
+        n_layers = count_layers(module_names)
+        if n_layers is not None and self.last_n_layers > n_layers:
+            raise ConfigError(
+                f"the model has only {n_layers} decoder layers, last_n_layers={self.last_n_layers}",
+                key="peft.last_n_layers",
+                hint=f"use at most {n_layers}, or peft=none to train everything",
+            )
+        _check_patterns(self.modules, module_names, "peft.modules")
 
     def apply(self, model: nn.Module) -> nn.Module:
-        layers = decoder_layers(model)
+        self.validate()
+        layers = decoder_layers(model) if self.last_n_layers else []
         if self.last_n_layers > len(layers):
-            raise ConfigError(f"the model has only {len(layers)} layers", key="peft.last_n_layers")
+            raise ConfigError(f"the model has only {len(layers)} decoder layers", key="peft.last_n_layers")
         open_prefixes = tuple(f"{name}." for name, _ in layers[len(layers) - self.last_n_layers :])
 
         def keep(name: str) -> bool:
             return name.startswith(open_prefixes) or any(matches(name, pat) for pat in self.modules)
 
-        return _freeze_all_but(model, keep, "peft=freeze", "peft.last_n_layers")
+        return _set_trainable(
+            model, keep, "peft=freeze", "peft.modules", "raise peft.last_n_layers or fix peft.modules"
+        )
 
 
 @component("peft")
 @dataclass
 class BitFit(Peft):
-    """BitFit: train only the bias terms (plus ``extra_modules``). peft has no tuner for it."""
+    """BitFit: train only the bias terms (plus ``extra_modules`` patterns). peft has no tuner for it."""
 
-    extra_modules: list[str] = field(default_factory=list)
+    extra_modules: list[str] = field(default_factory=list)  # glob patterns kept trainable, e.g. [lm_head]
+
+    def check_targets(self, module_names: list[str]) -> None:
+        _check_patterns(self.extra_modules, module_names, "peft.extra_modules")
 
     def apply(self, model: nn.Module) -> nn.Module:
         if not any(name.endswith("bias") for name, _ in model.named_parameters()):
             raise ConfigError(
-                f"BitFit trains bias terms, and {type(model).__name__} has none (Llama/Mistral linear layers "
-                "are bias-free): it would train nothing",
+                f"BitFit trains bias terms and {type(model).__name__} has none (Llama/Mistral linear layers "
+                "are bias-free), so BitFit would train nothing on this model",
                 key="peft",
-                hint="use peft=lora, or a model with biases (Qwen2, GPT-2, or attention_bias=true)",
+                hint="use peft=lora, or a model with biases (Qwen2, GPT-2, or model.architecture."
+                "attention_bias=true as in the tiny default)",
             )
 
         def keep(name: str) -> bool:
             return name.endswith("bias") or any(matches(name, pat) for pat in self.extra_modules)
 
-        return _freeze_all_but(model, keep, "peft=bitfit", "peft")
+        return _set_trainable(model, keep, "peft=bitfit", "peft", "use peft=lora")
 
 
 @dataclass
 class Adapter(Peft):
-    """Base of the peft-library methods: ``task_type`` and the PeftModel wrapping."""
+    """Base of the peft-library methods: ``task_type`` and the ``PeftModel`` wrapping."""
 
-    task_type: str = "CAUSAL_LM"  # SEQ_CLS for reward models (the score head is then saved too)
+    task_type: str = "CAUSAL_LM"  # SEQ_CLS for reward models (their score head is then saved too)
 
     @property
     def is_adapter(self) -> bool:
         return True
 
+    def validate(self) -> None:
+        if self.task_type not in TASK_TYPES:
+            raise ConfigError(
+                f"unknown task_type '{self.task_type}'",
+                key="peft.task_type",
+                hint=f"use one of {', '.join(TASK_TYPES)}",
+            )
+
+    def _config(self) -> PeftConfig:
+        raise NotImplementedError
+
+    def peft_config(self) -> PeftConfig:
+        self.validate()
+        with _peft_errors("peft", "check the peft.* settings"):
+            return self._config()
+
     def apply(self, model: nn.Module) -> nn.Module:
         from peft import get_peft_model
 
-        if self.task_type not in TASK_TYPES:
-            raise ConfigError(
-                f"unknown task_type '{self.task_type}'", key="peft.task_type", hint=f"{TASK_TYPES}"
-            )
-        for p in model.parameters():
-            p.requires_grad_(False)
-        return get_peft_model(model, self.peft_config())
+        config = self.peft_config()
+        with _peft_errors("peft", "check the peft.* settings"):
+            return get_peft_model(model, config)
 
 
 @dataclass
 class TargetedAdapter(Adapter):
-    """Adapters attached to named modules: ``target_modules`` is ``all-linear`` or a list of names."""
+    """Adapters on named modules: ``target_modules`` is ``all-linear``, a list of names or a regex."""
 
-    target_modules: Any = "all-linear"
-    modules_to_save: list[str] | None = None
+    target_modules: Any = "all-linear"  # all-linear | [q_proj, v_proj, ...] | a regex on full names
+    modules_to_save: list[str] | None = None  # extra modules trained in full and saved with the adapter
+
+    def targets(self) -> str | list[str]:
+        """``all-linear``, a list of names, or a regex string (peft full-matches it against module names)."""
+        return _as_targets(self.target_modules)
+
+    def validate(self) -> None:
+        super().validate()
+        t = self.target_modules
+        if not (isinstance(t, str) or (isinstance(t, list | tuple) and all(isinstance(x, str) for x in t))):
+            raise ConfigError(
+                f"must be all-linear, a list of module names or a regex, got {t!r}",
+                key="peft.target_modules",
+            )
+        if isinstance(t, list | tuple) and not t:
+            raise ConfigError("is empty", key="peft.target_modules", hint="use all-linear or name modules")
+        if isinstance(t, str) and t != "all-linear":
+            try:
+                re.compile(t)
+            except re.error as e:
+                raise ConfigError(f"'{t}' is not a valid regex: {e}", key="peft.target_modules") from e
 
     def check_targets(self, module_names: list[str]) -> None:
-        targets = self.target_modules
+        self.validate()
+        targets = self.targets()
+        hint = f"use all-linear or names such as {', '.join(linear_leaf_names(module_names)[:20])}"
         if targets == "all-linear":
-            return
-        targets = [targets] if isinstance(targets, str) else list(targets)
-        for target in targets:
-            if not any(n == target or n.endswith(f".{target}") for n in module_names):
+            pass
+        elif isinstance(targets, str):
+            if not any(re.fullmatch(targets, n) for n in module_names):
                 raise ConfigError(
-                    f"target module '{target}' matches no module of the model",
+                    f"regex '{targets}' matches no module name of the model (it must match the full name, "
+                    "e.g. model.layers.0.self_attn.q_proj)",
                     key="peft.target_modules",
-                    hint=f"use all-linear or names such as {', '.join(linear_leaf_names(module_names)[:20])}",
+                    hint=hint,
+                )
+        else:
+            for target in targets:
+                if not _module_matches(module_names, target):
+                    raise ConfigError(
+                        f"target module '{target}' matches no module of the model",
+                        key="peft.target_modules",
+                        hint=hint,
+                    )
+        # the names come from the causal-LM build, which has no classifier head
+        for name in self.modules_to_save or []:
+            if name not in CLASSIFIER_HEADS and not _module_matches(module_names, name):
+                raise ConfigError(
+                    f"'{name}' matches no module of the model",
+                    key="peft.modules_to_save",
+                    hint="name whole modules such as lm_head or embed_tokens",
                 )
 
     def saved_modules(self) -> list[str] | None:
-        """Reward models must save their freshly initialised score head, or it reloads random."""
+        """``modules_to_save``, plus the score head for SEQ_CLS: it is freshly initialised, so an adapter
+        saved without it would reload with a random head."""
         extra = list(self.modules_to_save or [])
         if self.task_type == "SEQ_CLS" and "score" not in extra:
             extra.append("score")
@@ -203,29 +366,53 @@ class TargetedAdapter(Adapter):
 @component("peft")
 @dataclass
 class LoRA(TargetedAdapter):
-    """Low-rank adapters (peft LoRA); ``use_dora`` turns them into DoRA."""
+    """Low-rank adapters (peft LoRA); ``use_dora=true`` makes them DoRA."""
 
     r: int = 16
     alpha: float = 32.0
     dropout: float = 0.05
     bias: str = "none"  # none | all | lora_only
-    use_rslora: bool = False
+    use_rslora: bool = False  # scale by alpha/sqrt(r) instead of alpha/r
     use_dora: bool = False
-    init_lora_weights: Any = True
+    init_lora_weights: Any = True  # true | false | gaussian | olora | pissa | pissa_niter_<n> | orthogonal
 
-    def peft_config(self) -> Any:
-        from peft import LoraConfig
-
+    def validate(self) -> None:
+        super().validate()
         if self.r < 1:
             raise ConfigError(f"LoRA rank must be >= 1, got {self.r}", key="peft.r")
+        if self.alpha <= 0:
+            raise ConfigError(f"must be > 0, got {self.alpha}", key="peft.alpha")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"must be in [0, 1), got {self.dropout}", key="peft.dropout")
         if self.bias not in ("none", "all", "lora_only"):
-            raise ConfigError("must be none, all or lora_only", key="peft.bias")
+            raise ConfigError(
+                f"unknown bias '{self.bias}'", key="peft.bias", hint="use none, all or lora_only"
+            )
+        init = self.init_lora_weights
+        if isinstance(init, bool):
+            return
+        if init in _UNSUPPORTED_INITS:
+            raise ConfigError(
+                f"init_lora_weights={init} needs extra config or data that hydratune does not pass",
+                key="peft.init_lora_weights",
+                hint=f"use true, false or one of {', '.join(_PLAIN_INITS)}",
+            )
+        if not (init in _PLAIN_INITS or (isinstance(init, str) and re.fullmatch(r"pissa_niter_\d+", init))):
+            raise ConfigError(
+                f"unknown init_lora_weights {init!r}",
+                key="peft.init_lora_weights",
+                hint=f"use true, false or one of {', '.join(_PLAIN_INITS)}, pissa_niter_<n>",
+            )
+
+    def _config(self) -> PeftConfig:
+        from peft import LoraConfig
+
         return LoraConfig(
             task_type=self.task_type,
             r=self.r,
             lora_alpha=self.alpha,
             lora_dropout=self.dropout,
-            target_modules=self.target_modules,
+            target_modules=self.targets(),
             bias=self.bias,
             use_rslora=self.use_rslora,
             use_dora=self.use_dora,
@@ -237,7 +424,7 @@ class LoRA(TargetedAdapter):
 @component("peft")
 @dataclass
 class DoRA(LoRA):
-    """Weight-decomposed low-rank adaptation: LoRA with a learned magnitude per output."""
+    """Weight-decomposed low-rank adaptation: LoRA plus a learned magnitude per output feature."""
 
     use_dora: bool = True
 
@@ -248,50 +435,89 @@ class IA3(TargetedAdapter):
     """(IA)^3: learned rescaling vectors on attention and feed-forward activations."""
 
     target_modules: Any = field(default_factory=lambda: ["k_proj", "v_proj", "down_proj"])
-    feedforward_modules: Any = field(default_factory=lambda: ["down_proj"])
+    feedforward_modules: Any = field(default_factory=lambda: ["down_proj"])  # subset of target_modules
 
-    def peft_config(self) -> Any:
+    def feedforward(self) -> str | list[str]:
+        """``feedforward_modules`` normalised like ``targets()``."""
+        return _as_targets(self.feedforward_modules)
+
+    def validate(self) -> None:
+        super().validate()
+        targets, ff = self.targets(), self.feedforward()
+        if isinstance(targets, list) and isinstance(ff, list) and not set(ff) <= set(targets):
+            raise ConfigError(
+                f"feedforward_modules {sorted(set(ff) - set(targets))} are not in target_modules",
+                key="peft.feedforward_modules",
+                hint="feedforward_modules must be a subset of target_modules",
+            )
+
+    def _config(self) -> PeftConfig:
         from peft import IA3Config
 
         return IA3Config(
             task_type=self.task_type,
-            target_modules=self.target_modules,
-            feedforward_modules=self.feedforward_modules,
+            target_modules=self.targets(),
+            feedforward_modules=self.feedforward(),
             modules_to_save=self.saved_modules(),
         )
 
 
-@component("peft")
 @dataclass
-class PrefixTuning(Adapter):
-    """Prefix tuning: trained key/value prefixes in every attention layer."""
+class PromptLearning(Adapter):
+    """Base of the virtual-token methods (they cannot be merged into the weights)."""
 
     num_virtual_tokens: int = 16
-    prefix_projection: bool = False
-    encoder_hidden_size: int | None = None
 
-    def peft_config(self) -> Any:
+    def validate(self) -> None:
+        super().validate()
+        if self.num_virtual_tokens < 1:
+            raise ConfigError(f"must be >= 1, got {self.num_virtual_tokens}", key="peft.num_virtual_tokens")
+
+
+@component("peft")
+@dataclass
+class PrefixTuning(PromptLearning):
+    """Prefix tuning: trained key/value prefixes in every attention layer."""
+
+    prefix_projection: bool = False  # reparameterise the prefixes through an MLP
+    encoder_hidden_size: int | None = None  # that MLP's width (default: the key/value width)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.encoder_hidden_size is not None and self.encoder_hidden_size < 1:
+            raise ConfigError("must be >= 1 or null", key="peft.encoder_hidden_size")
+
+    def _config(self) -> PeftConfig:
         from peft import PrefixTuningConfig
 
-        kwargs = {"encoder_hidden_size": self.encoder_hidden_size} if self.encoder_hidden_size else {}
         return PrefixTuningConfig(
             task_type=self.task_type,
             num_virtual_tokens=self.num_virtual_tokens,
             prefix_projection=self.prefix_projection,
-            **kwargs,
+            encoder_hidden_size=self.encoder_hidden_size,
         )
 
 
 @component("peft")
 @dataclass
-class PTuning(Adapter):
-    """P-tuning: virtual prompt tokens produced by a small trained prompt encoder (MLP or LSTM)."""
+class PTuning(PromptLearning):
+    """P-tuning (peft PromptEncoder): virtual tokens produced by a small trained MLP or LSTM."""
 
-    num_virtual_tokens: int = 16
     encoder_hidden_size: int = 128
     encoder_reparameterization_type: str = "MLP"  # MLP | LSTM
 
-    def peft_config(self) -> Any:
+    def validate(self) -> None:
+        super().validate()
+        if self.encoder_hidden_size < 1:
+            raise ConfigError("must be >= 1", key="peft.encoder_hidden_size")
+        if self.encoder_reparameterization_type not in ("MLP", "LSTM"):
+            raise ConfigError(
+                f"unknown encoder '{self.encoder_reparameterization_type}'",
+                key="peft.encoder_reparameterization_type",
+                hint="use MLP or LSTM",
+            )
+
+    def _config(self) -> PeftConfig:
         from peft import PromptEncoderConfig
 
         return PromptEncoderConfig(
@@ -303,11 +529,18 @@ class PTuning(Adapter):
 
 
 def merge_and_unload(model: nn.Module) -> nn.Module:
-    """Fold a LoRA/DoRA/IA3 adapter into the base weights (in place) and return the plain model."""
+    """Fold a LoRA/DoRA/IA3 adapter into the base weights (in place) and return the plain model.
+
+    Plain models come back unchanged; prompt-learning adapters (prefix, ptuning) cannot be merged."""
     from peft import PeftModel
 
     if not isinstance(model, PeftModel):
         return model
-    if model.peft_config[model.active_adapter].is_prompt_learning:
-        raise ConfigError("prompt-learning adapters (prefix, ptuning) cannot be merged", key="merge")
+    config = model.peft_config[model.active_adapter]
+    if config.is_prompt_learning:
+        raise ConfigError(
+            f"{config.peft_type.value} adapters (virtual tokens) cannot be merged into the weights",
+            key="merge",
+            hint="set merge=false (the adapter is saved on its own), or use peft=lora",
+        )
     return model.merge_and_unload()
