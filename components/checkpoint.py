@@ -154,6 +154,7 @@ def save_final(
     out: Path,
     *,
     merge: bool = False,
+    state_dict: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the final model as safetensors (the adapter alone for PEFT) and the tokenizer with its
     chat template; ``merge`` also writes ``merged/``, the adapter folded into the base weights.
@@ -164,9 +165,21 @@ def save_final(
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    from components.strategy import ZERO_CHECKPOINT
+
     info: dict[str, Any] = {"path": str(out), "adapter_only": _is_peft(model)}
+    if state_dict and ZERO_CHECKPOINT in state_dict:  # ZeRO-3 without gathering: consolidate offline
+        zero = state_dict[ZERO_CHECKPOINT]
+        command = f"python -m deepspeed.utils.zero_to_fp32 {zero} {out} --safe_serialization"
+        tmp.mkdir(parents=True)
+        model.config.save_pretrained(tmp)
+        (tmp / "CONSOLIDATE.txt").write_text(
+            f"The weights are in the DeepSpeed checkpoint {zero}:\n{command}\n"
+        )
+        info["consolidate with"] = command
+    else:
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)  # gathered if sharded
+    tokenizer.save_pretrained(tmp)
     if merge:
         merged = merge_and_unload(model)
         merged.save_pretrained(tmp / "merged", safe_serialization=True)

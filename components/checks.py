@@ -69,6 +69,8 @@ def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
             key="merge",
             hint="merge offline into the unquantized base, or drop merge=true",
         )
+    check_device(comps.optimizer, device)
+    check_strategy(cfg, comps, device)
     weights = comps.model.dtype
     if comps.precision.resolve(device) == "fp16" and weights == "bfloat16":
         raise ConfigError(
@@ -78,15 +80,109 @@ def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
         )
 
 
-def warnings_for(cfg: DictConfig, comps: Components) -> list[str]:
+def check_device(component: object, device: str) -> None:
+    check = getattr(component, "check_device", None)
+    if callable(check):
+        check(device)
+
+
+def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
+    """What the chosen strategy cannot do with the launcher, device, precision or quantization."""
+    from components.run import world_size
+    from components.strategy import FSDP, DeepSpeed, Single
+
+    strategy, quant = comps.strategy, comps.quantization
+    name = type(strategy).__name__
+    if isinstance(strategy, Single) and world_size(comps) > 1:
+        raise ConfigError(
+            f"strategy=single runs one process, but the launcher asks for {world_size(comps)}",
+            key="strategy",
+            hint="use strategy=ddp (or zero1/zero2/zero3/fsdp) with several processes",
+        )
+    if isinstance(strategy, FSDP) and device != "cuda":
+        raise ConfigError(
+            f"FSDP needs GPUs: on {device} accelerate silently falls back to DDP",
+            key="strategy",
+            hint="use strategy=ddp or a DeepSpeed zero stage on CPU",
+        )
+    if isinstance(strategy, DeepSpeed):
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError(
+                f"strategy {name} (ZeRO-{strategy.stage}) needs deepspeed, which is not installed",
+                key="strategy",
+                hint="pip install 'hydratune[deepspeed]'",
+            )
+        if device == "cpu" and comps.precision.resolve(device) != "fp32":
+            raise ConfigError(
+                "DeepSpeed on CPU trains in fp32 only (no bf16/fp16 engine on CPU)",
+                key="precision",
+                hint="precision=fp32 on CPU, or run on GPUs",
+            )
+    if cfg.merge and strategy.shards_parameters:
+        raise ConfigError(
+            f"merge=true cannot fold an adapter into {name}-sharded weights in the training job",
+            key="merge",
+            hint="drop merge and merge the saved adapter afterwards (peft's merge_and_unload on one device)",
+        )
+    if quant.enabled and strategy.shards_parameters:
+        storage = getattr(quant, "quant_storage", "uint8")
+        dtype = comps.precision.resolve(device)
+        if getattr(quant, "bits", 4) == 8:
+            raise ConfigError(
+                "8-bit (LLM.int8) weights cannot be sharded by ZeRO-3 / FSDP",
+                key="quantization",
+                hint="use quantization=nf4 with quantization.quant_storage=" + dtype + ", or strategy=zero2",
+            )
+        if storage != dtype:
+            raise ConfigError(
+                f"sharding 4-bit weights under {name} needs quantization.quant_storage to match the "
+                f"training dtype ({dtype}); it is {storage}",
+                key="quantization.quant_storage",
+                hint=f"quantization.quant_storage={dtype}",
+            )
+
+
+def warnings_for(cfg: DictConfig, comps: Components, device: str = "cpu") -> list[str]:
     """Legal but suspicious settings: said once at start, never fatal."""
     notes = []
+    try:
+        config = comps.model.load_config()
+        trained = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None))
+    except Exception:  # no config reachable offline: nothing to compare with
+        trained = None
+    overflow = comps.precision.warn_model_dtype(trained, device)
+    if overflow:
+        notes.append(overflow)
     if comps.model.init == "pretrained" and comps.optimizer.lr > 1e-3:
         notes.append(
             f"optimizer.lr={comps.optimizer.lr:g} is very high for a pretrained model (the default is "
             "tuned for the tiny random-init demo): typical values are 1e-5..5e-5 (full), 1e-4..3e-4 (LoRA)"
         )
     return notes
+
+
+def stale_accelerate_env() -> list[str]:
+    """``ACCELERATE_*`` variables left over from ``accelerate launch`` / an old shell: they would silently
+    override the composed config (mixed precision, DeepSpeed, FSDP), so hydratune drops them."""
+    import os
+
+    keep = ("ACCELERATE_LOG_LEVEL", "ACCELERATE_DEBUG_MODE", "ACCELERATE_DISABLE_RICH")
+    stale = sorted(k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_")) and k not in keep)
+    for key in stale:
+        del os.environ[key]
+    return stale
+
+
+def check_generated(cfg: DictConfig, comps: Components, device: str) -> None:
+    """The generated DeepSpeed config, checked by DeepSpeed's own config class."""
+    from components.run import batch_plan
+    from components.strategy import validate_deepspeed_config
+
+    files = comps.strategy.files(batch_plan(cfg, comps, device), device)
+    if "deepspeed.json" in files:
+        validate_deepspeed_config(files["deepspeed.json"])
 
 
 def check_before_load(cfg: DictConfig, comps: Components) -> str:
@@ -99,10 +195,16 @@ def check_before_load(cfg: DictConfig, comps: Components) -> str:
             validate()
     device = comps.strategy.resolve_device()  # first torch import
     check_combinations(cfg, comps, device)
+    check_generated(cfg, comps, device)
     recipe_check = getattr(comps.recipe, "check", None)
     if callable(recipe_check):
         recipe_check(cfg, comps)
     comps.peft.check_targets(comps.model.module_names())  # meta-device model: no weights, no memory
-    for note in warnings_for(cfg, comps):
+    stale = stale_accelerate_env()
+    if stale:
+        logging.getLogger("hydratune").warning(
+            "ignoring %s: the composed config decides precision and strategy", ", ".join(stale)
+        )
+    for note in warnings_for(cfg, comps, device):
         logging.getLogger("hydratune").warning(note)
     return device

@@ -1,11 +1,48 @@
-"""Launcher component: how many processes run the recipe, on how many nodes."""
+"""Launcher component: how many processes run the recipe, on how many nodes, started by whom.
+
+``local`` starts ``nproc_per_node`` workers itself with torch's elastic launch API (no shell string):
+the CLI composes and resolves the config once, writes it to the run dir (``frozen_config.yaml``), and
+every worker loads that file, so all ranks share one run dir and one config. ``slurm`` (via
+hydra-submitit-launcher) and ``deepspeed`` (hostfile) jobs start the processes from outside; each then
+reads its rank from the environment and runs as one of those workers.
+"""
 
 from __future__ import annotations
 
+import os
+import socket
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from components.errors import ConfigError
 from components.registry import component
+
+FROZEN = "frozen_config.yaml"
+RANK_DONE = ".rank{rank}.done.json"  # a worker wrote its result: its exit code no longer matters
+
+
+def inside_launched_worker() -> bool:
+    """True in a process started by a distributed launcher (torchrun, accelerate, deepspeed, ours)."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def single_process_env() -> None:
+    """The rendezvous variables of a one-process job (DeepSpeed needs them even alone; without them it
+    goes looking for MPI)."""
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
 @component("launcher")
@@ -13,16 +50,19 @@ from components.registry import component
 class Local:
     """Processes on this machine (``nproc_per_node``), optionally one node of a multi-node job.
 
-    With one process the recipe runs in the CLI's own process. Under an external launcher
-    (``torchrun``, ``accelerate launch``, ``deepspeed``) the ranks come from the environment.
+    Multi-node: run the same command on every node with ``launcher.nnodes=N launcher.node_rank=i
+    launcher.master_addr=<node 0> launcher.master_port=<port>`` (static rendezvous), or give every node
+    ``launcher.rdzv_endpoint=<host:port>`` (c10d rendezvous, node ranks assigned on arrival).
     """
 
     nproc_per_node: int = 1
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
-    master_port: int = 29500
+    master_port: int = 29500  # 0 = a free port (single node only)
     rdzv_endpoint: str | None = None
+    max_restarts: int = 0
+    start_method: str = "spawn"  # spawn | forkserver | fork
 
     def validate(self) -> None:
         if self.nproc_per_node < 1:
@@ -31,7 +71,141 @@ class Local:
             raise ConfigError(
                 f"node_rank {self.node_rank} is not in [0, nnodes={self.nnodes})", key="launcher.node_rank"
             )
+        if self.start_method not in ("spawn", "forkserver", "fork"):
+            raise ConfigError(f"unknown start method '{self.start_method}'", key="launcher.start_method")
 
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
+
+    def spawns_workers(self) -> bool:
+        """Whether this process must start workers (more than one, and not already inside a launch)."""
+        return self.world_size > 1 and not inside_launched_worker()
+
+    def launch_config(self, run_id: str) -> Any:
+        from torch.distributed.launcher.api import LaunchConfig
+
+        if self.rdzv_endpoint:
+            backend, endpoint, configs = "c10d", self.rdzv_endpoint, {}
+        else:
+            port = self.master_port or free_port()
+            if self.nnodes == 1 and self.master_port == 29500:
+                port = free_port()  # a lone node never collides with another job's default port
+            backend, endpoint, configs = "static", f"{self.master_addr}:{port}", {"rank": self.node_rank}
+        return LaunchConfig(
+            min_nodes=self.nnodes,
+            max_nodes=self.nnodes,
+            nproc_per_node=self.nproc_per_node,
+            run_id=run_id,
+            rdzv_backend=backend,
+            rdzv_endpoint=endpoint,
+            rdzv_configs=configs,
+            max_restarts=self.max_restarts,
+            monitor_interval=0.5,
+            start_method=self.start_method,
+        )
+
+    def launch(self, run_dir: Path) -> Any:
+        """Start the workers on the frozen config in ``run_dir``; rank 0's result (the objective)."""
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import elastic_launch
+
+        from recipes.worker import run_worker
+
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.nproc_per_node)))
+        launch_config = self.launch_config(run_id=f"hydratune-{uuid.uuid4().hex[:8]}")
+        try:
+            results = elastic_launch(launch_config, run_worker)(str(run_dir))
+        except ChildFailedError as err:
+            done = finished_ranks(run_dir)
+            local = range(self.node_rank * self.nproc_per_node, (self.node_rank + 1) * self.nproc_per_node)
+            if all(rank in done for rank in local):
+                # every worker had finished and written its result; a crash in interpreter teardown
+                # (seen with gloo: "terminate called without an active exception") changes nothing
+                return done.get(0)
+            raise WorkerFailed(err.failures) from None
+        return (results or {}).get(0)
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process failed; ``exit_code`` is the first failed rank's."""
+
+    def __init__(self, failures: dict[int, Any]) -> None:
+        rank, failure = min(failures.items())
+        self.exit_code = int(getattr(failure, "exitcode", 1) or 1)
+        super().__init__(f"worker rank {rank} failed with exit code {self.exit_code} (its output is above)")
+
+
+def finished_ranks(run_dir: Path) -> dict[int, Any]:
+    """{rank: result} of the workers that reported completion in ``run_dir``."""
+    import json
+
+    found = {}
+    for path in run_dir.glob(RANK_DONE.format(rank="*")):
+        data = json.loads(path.read_text())
+        found[int(data["rank"])] = data.get("result")
+    return found
+
+
+@component("launcher")
+@dataclass
+class Slurm(Local):
+    """A SLURM job per run (per multirun point) through hydra-submitit-launcher: ``hydra/launcher=
+    submitit_slurm`` submits, SLURM starts ``tasks_per_node`` = GPUs per node processes on ``nodes``
+    nodes, and each reads its rank from ``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NTASKS``."""
+
+    def spawns_workers(self) -> bool:
+        return False  # SLURM started every process already
+
+    @staticmethod
+    def rank_env_from_slurm() -> None:
+        """Map SLURM's variables to torch.distributed's (the first node of the allocation is master)."""
+        env = os.environ
+        if "SLURM_PROCID" not in env:
+            return
+        env.setdefault("RANK", env["SLURM_PROCID"])
+        env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
+        env.setdefault("WORLD_SIZE", env.get("SLURM_NTASKS", "1"))
+        env.setdefault("LOCAL_WORLD_SIZE", env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+        nodes = env.get("SLURM_JOB_NODELIST", "127.0.0.1")
+        env.setdefault("MASTER_ADDR", nodes.split(",")[0].split("[")[0])
+        env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
+
+
+@component("launcher")
+@dataclass
+class DeepSpeedLauncher(Local):
+    """Processes started by the ``deepspeed`` launcher from a hostfile (``hostfile`` lists ``host
+    slots=N``); hydratune prints the command, and each process runs as a worker of the same run."""
+
+    hostfile: str | None = None
+    include: str | None = None  # e.g. "node1:0,1@node2" (deepspeed's --include)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.hostfile and not Path(self.hostfile).is_file():
+            raise ConfigError(f"hostfile not found: {self.hostfile}", key="launcher.hostfile")
+
+    def spawns_workers(self) -> bool:  # type: ignore[override]
+        return not inside_launched_worker()
+
+    def command(self, run_dir: Path) -> list[str]:
+        """The ``deepspeed`` command (an argument list, no shell) running the frozen config's workers."""
+        cmd = ["deepspeed"]
+        if self.hostfile:
+            cmd += ["--hostfile", self.hostfile]
+        if self.include:
+            cmd += ["--include", self.include]
+        if not self.hostfile:
+            cmd += ["--num_nodes", "1", "--num_gpus", str(self.nproc_per_node)]
+        cmd += ["--master_addr", self.master_addr, "--master_port", str(self.master_port), "--no_local_rank"]
+        return [*cmd, "--module", "recipes.worker", str(run_dir)]
+
+    def launch(self, run_dir: Path) -> Any:
+        import subprocess
+
+        proc = subprocess.run(self.command(run_dir), check=False)
+        done = finished_ranks(run_dir)
+        if 0 in done:
+            return done[0]
+        raise WorkerFailed({0: type("Failure", (), {"exitcode": proc.returncode or 1})()})

@@ -132,6 +132,8 @@ class CausalLM:
             if task == "seq_cls":
                 config.num_labels = common.pop("num_labels")
             model = auto.from_config(config, trust_remote_code=self.trust_remote_code, **common)
+            if load_kwargs:  # quantized: bitsandbytes quantizes while loading, so load the random init
+                model = _reload(auto, model, common, load_kwargs)
         else:
             try:
                 model = auto.from_pretrained(
@@ -163,6 +165,17 @@ class CausalLM:
             chat_template=self.chat_template,
             padding_side=self.padding_side,
         )
+
+
+def _reload(auto: Any, model: PreTrainedModel, common: dict[str, Any], load_kwargs: dict[str, Any]) -> Any:
+    """``model`` saved to a temporary dir and loaded back with ``load_kwargs`` (e.g. quantized)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="hydratune-init-") as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        del model
+        common = {k: v for k, v in common.items() if k != "num_labels"}
+        return auto.from_pretrained(tmp, **common, **load_kwargs)
 
 
 def final_model_dir(run: str) -> Path:

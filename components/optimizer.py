@@ -133,3 +133,50 @@ class SGD(Optimizer):
             "weight_decay": self.weight_decay,
         }
         return torch.optim.SGD, kwargs
+
+
+@component("optimizer")
+@dataclass
+class BnbAdamW(AdamW):
+    """bitsandbytes AdamW: 8-bit states (``bits: 8``, ~75% less optimizer memory) and/or paged states
+    (``paged: true``: spill to CPU under memory spikes instead of OOM). CUDA only."""
+
+    bits: int = 8  # 8 | 32
+    paged: bool = False
+    fused: bool | None = None  # unused (bitsandbytes kernels are fused already)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.bits not in (8, 32):
+            raise ConfigError(f"bits must be 8 or 32, got {self.bits}", key="optimizer.bits")
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError as err:
+            raise ConfigError(
+                "this optimizer needs bitsandbytes, which is not installed",
+                key="optimizer",
+                hint="pip install 'hydratune[bnb]', or use optimizer=adamw",
+            ) from err
+
+    def check_device(self, device: str) -> None:
+        if device != "cuda":
+            raise ConfigError(
+                f"bitsandbytes optimizers need a CUDA GPU, this run is on {device}",
+                key="optimizer",
+                hint="use optimizer=adamw",
+            )
+
+    @property
+    def class_name(self) -> str:
+        return ("Paged" if self.paged else "") + ("AdamW8bit" if self.bits == 8 else "AdamW32bit")
+
+    def cls_and_kwargs(self, device: str) -> tuple[type, dict[str, Any]]:
+        import bitsandbytes as bnb
+
+        kwargs = {
+            "lr": self.lr,
+            "weight_decay": self.weight_decay,
+            "betas": tuple(self.betas),
+            "eps": self.eps,
+        }
+        return getattr(bnb.optim, self.class_name), kwargs

@@ -35,8 +35,12 @@ _NOT_LINEAR = re.compile(r"norm|emb|act|drop|rotary|pool", re.IGNORECASE)
 # ---- helpers -------------------------------------------------------------------------------------
 def trainable_summary(model: nn.Module) -> str:
     """'trainable 12,345 / 1,234,567 params (1.00%)'."""
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    def size(p: nn.Parameter) -> int:
+        return int(getattr(p, "ds_numel", p.numel()))  # ZeRO-3 partitions leave an empty local tensor
+
+    total = sum(size(p) for p in model.parameters())
+    trainable = sum(size(p) for p in model.parameters() if p.requires_grad)
     return f"trainable {trainable:,} / {total:,} params ({100 * trainable / max(total, 1):.2f}%)"
 
 

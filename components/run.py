@@ -67,6 +67,35 @@ def _instantiate(cfg: DictConfig, group: str) -> Any:
         raise
 
 
+def world_size(comps: Components) -> int:
+    """Processes in the job: the external launcher's WORLD_SIZE, else the launcher group's."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE") or comps.launcher.world_size)
+
+
+def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
+    """The one resolved source of batch arithmetic, clipping and precision that the trainer's arguments
+    and the generated DeepSpeed config are both built from."""
+    from components.strategy import BatchPlan
+
+    try:
+        hidden = int(comps.model.load_config().hidden_size)
+    except Exception:  # no config reachable offline: DeepSpeed's default bucket sizes
+        hidden = None
+    t = cfg.train
+    return BatchPlan(
+        micro_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        world_size=world_size(comps),
+        max_grad_norm=t.max_grad_norm,
+        dtype=comps.precision.resolve(device),
+        precision=comps.precision,
+        optimizer=comps.optimizer,
+        hidden_size=hidden,
+    )
+
+
 @dataclass
 class RunContext:
     """One run: its config, components, device and run dir."""
@@ -78,6 +107,7 @@ class RunContext:
     start_time: float = dataclasses.field(default_factory=time.time)
     model: Any = None  # the model being trained, once the recipe has built it
     trainer: Any = None  # the trainer driving it
+    _plan: Any = None
 
     @property
     def train(self) -> Any:
@@ -92,6 +122,32 @@ class RunContext:
         from transformers import set_seed
 
         set_seed(self.cfg.train.seed, deterministic=self.cfg.train.deterministic)
+
+    @property
+    def is_main_process(self) -> bool:
+        """Rank 0 of the job (the only rank that writes the run dir and talks to trackers)."""
+        import os
+
+        return int(os.environ.get("RANK", 0)) == 0
+
+    def record_rank_weights(self, model: Any) -> None:
+        """Each rank of a multi-process job notes a fingerprint of its weights (unsharded strategies), so
+        'identical weights on every rank' can be checked after the run."""
+        import json
+        import os
+
+        if self.plan.world_size == 1 or self.components.strategy.shards_parameters:
+            return
+        rank = int(os.environ.get("RANK", 0))
+        path = self.run_dir.path / f".rank{rank}.weights.json"
+        path.write_text(json.dumps(weights_fingerprint(model)))
+
+    @property
+    def plan(self) -> Any:
+        """This run's ``BatchPlan`` (computed once)."""
+        if self._plan is None:
+            self._plan = batch_plan(self.cfg, self.components, self.device)
+        return self._plan
 
     def training_args(self, **recipe_args: Any) -> dict[str, Any]:
         """TrainingArguments fields from ``train:`` and every component, then the recipe's own."""
@@ -120,7 +176,7 @@ class RunContext:
             "disable_tqdm": True,
             "include_num_input_tokens_seen": "non_padding",
             "average_tokens_across_devices": True,
-            **c.strategy.training_args(self.device),
+            **c.strategy.training_args(self.device, self.plan),
             **c.precision.training_args(self.device),
             **c.optimizer.training_args(self.device),
             **c.scheduler.training_args(),
@@ -135,7 +191,10 @@ class RunContext:
         """The command-line overrides of this run (empty outside a Hydra job)."""
         from hydra.core.hydra_config import HydraConfig
 
-        return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+        if HydraConfig.initialized():
+            return list(HydraConfig.get().overrides.task)
+        saved = self.run_dir.path / ".hydra" / "overrides.yaml"  # a worker of a launched job
+        return list(OmegaConf.load(saved)) if saved.is_file() else []
 
     def run_info(self) -> Any:
         """What trackers are told: run dir, name, the overrides as tags, the resolved config."""
@@ -156,6 +215,22 @@ def peak_memory_gb(device: str) -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def weights_fingerprint(model: Any) -> dict[str, Any]:
+    """A sha256 of every parameter's bytes (in name order) and their float64 sum."""
+    import hashlib
+
+    import torch
+
+    digest, total = hashlib.sha256(), 0.0
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            tensor = param.detach().float().cpu().contiguous()
+            digest.update(name.encode())
+            digest.update(tensor.numpy().tobytes())
+            total += float(tensor.double().sum())
+    return {"sha256": digest.hexdigest(), "sum": total}
 
 
 def hydra_run_dir() -> Path:

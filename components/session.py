@@ -40,14 +40,20 @@ class Session:
         hf_logging.disable_progress_bar()
         c = ctx.components
         ctx.seed_everything()
-        ctx.run_dir.write_versions({"device": ctx.device})
-        c.tracker.setup(ctx.run_info())
+        if ctx.is_main_process:  # one writer per shared run dir; one tracker run per job
+            ctx.run_dir.write_versions({"device": ctx.device, "world_size": ctx.plan.world_size})
+            for name, content in c.strategy.files(ctx.plan, ctx.device).items():
+                ctx.run_dir.write_json(name, content)  # e.g. the generated deepspeed.json
+            c.tracker.setup(ctx.run_info())
         session = cls(ctx, c.model.build_tokenizer())
         session.report["run"] = {
             "recipe": type(c.recipe).__name__,
             "model": c.model.name_or_path,
             "peft": type(c.peft).__name__,
-            "strategy": type(c.strategy).__name__,
+            "strategy": type(c.strategy).__name__
+            + (f" (ZeRO-{c.strategy.stage})" if hasattr(c.strategy, "stage") else ""),
+            "processes": ctx.plan.world_size,
+            "global batch": ctx.plan.global_batch_size,
             "precision": c.precision.resolve(ctx.device),
             "device": ctx.device,
             "run dir": str(ctx.run_dir.path),
@@ -73,7 +79,11 @@ class Session:
         ``task="seq_cls"`` builds a one-logit score head (reward models); PEFT adapters then save it."""
         c, ctx = self.ctx.components, self.ctx
         ctx.seed_everything()  # the init does not depend on what ran before
-        model = c.model.build(task=task, **c.quantization.load_kwargs(c.precision.resolve(ctx.device)))
+        c.strategy.before_model_load(ctx)  # ZeRO-3: zero.Init must be live before the weights exist
+        model = c.model.build(
+            task=task, **c.quantization.load_kwargs(c.precision.resolve(ctx.device), ctx.device)
+        )
+        model = c.quantization.prepare(model, c.model.gradient_checkpointing)
         if task == "seq_cls":
             model.config.pad_token_id = (
                 self.tokenizer.pad_token_id
@@ -114,6 +124,9 @@ class Session:
     def evaluate_generations(self, prompts: list[tuple[list[dict[str, str]], str]], when: str) -> None:
         """Exact-match accuracy of greedy answers to ``prompts``; kept for the summary."""
         if not prompts:
+            return
+        if self.ctx.components.strategy.shards_parameters:  # each rank holds a shard: no lone generate()
+            self.report.setdefault("eval accuracy (exact match)", {})[when] = "skipped (sharded parameters)"
             return
         self.eval_prompts = prompts
         result = evaluate_generations(
@@ -163,7 +176,8 @@ class Session:
         trainer.optimizer_cls_and_kwargs = c.optimizer.cls_and_kwargs(
             ctx.device
         )  # every trainer, same optimizer
-        c.strategy.verify(trainer.accelerator)
+        c.strategy.verify(trainer.accelerator, ctx.plan.world_size)
+        self.report["run"]["live strategy"] = c.strategy.live_description(trainer.accelerator)
         if not ctx.cfg.resume:
             self.probe(trainer, probes, "before")
         resume = resolve_resume(ctx.cfg.resume, ctx.run_dir.path)
@@ -185,13 +199,33 @@ class Session:
         metrics: dict[str, Any] = dict(result.metrics)
         if trainer.eval_dataset is not None:
             metrics.update(trainer.evaluate())
+        state_dict = c.strategy.gather_state_dict(trainer)  # collective: every rank takes part
+        ctx.record_rank_weights(trainer.model)
         if not trainer.is_world_process_zero():
             return metrics
         self.probe(trainer, probes, "after")
         self.evaluate_generations(self.eval_prompts, "after")
         self.report["outputs"] = save_final(
-            trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge
+            trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge, state_dict=state_dict
         )
+        self._write_report(title, metrics)
+        return metrics
+
+    def finish_loop(
+        self, model: Any, *, title: str, metrics: dict[str, Any], extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The end of a recipe that owns its loop (PPO): evaluate, save ``final/`` (plus ``extra``
+        modules, e.g. a value head, as ``final/<name>.safetensors``), write summary.md and result.json."""
+        from safetensors.torch import save_file
+
+        self.model = self.ctx.model = model
+        self.evaluate_generations(self.eval_prompts, "after")
+        self.report["outputs"] = save_final(
+            model, self.tokenizer, self.ctx.run_dir.final, merge=self.ctx.cfg.merge
+        )
+        for name, module in (extra or {}).items():
+            state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+            save_file(state, str(self.ctx.run_dir.final / f"{name}.safetensors"))
         self._write_report(title, metrics)
         return metrics
 

@@ -1,14 +1,25 @@
-"""Strategy component: how training is spread over devices (single device, DDP; ZeRO/FSDP build on it)."""
+"""Strategy component: how training is spread over devices.
+
+``single`` and ``ddp`` are plain accelerate; ``zero0``…``zero3pp`` generate a DeepSpeed config from the
+composed run (every ``"auto"`` resolved, see :meth:`DeepSpeed.deepspeed_config`); ``fsdp`` gives
+accelerate an FSDP2 plugin. After the trainer is built, :meth:`Strategy.verify` checks that accelerate
+really prepared what was asked for (it falls back silently in several setups) and refuses to train
+otherwise.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from components.errors import ConfigError
 from components.registry import component
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
+OFFLOAD = ("none", "cpu", "nvme")
+COMM_DTYPES = (None, "fp32", "fp16", "bf16")
+STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
+ZERO_CHECKPOINT = "__zero_checkpoint__"  # gather_state_dict's answer when the weights stay sharded on disk
 
 
 def detect_device(requested: str = "auto") -> str:
@@ -28,11 +39,39 @@ def detect_device(requested: str = "auto") -> str:
     return "cpu"
 
 
+@dataclass(frozen=True)
+class BatchPlan:
+    """What a strategy needs to know about the run, resolved once, so DeepSpeed and the trainer agree."""
+
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    world_size: int
+    max_grad_norm: float
+    dtype: str  # resolved precision: fp32 | bf16 | fp16
+    precision: Any = None  # the precision component (fp16 loss-scaling knobs)
+    optimizer: Any = None  # the optimizer component (DeepSpeed's own optimizer under offload)
+    hidden_size: int | None = None  # sizes the ZeRO buckets; None = DeepSpeed's defaults
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size
+
+
+def live_type(accelerator: Any) -> str:
+    """accelerate's DistributedType name ('NO', 'MULTI_CPU', 'DEEPSPEED', 'FSDP', …)."""
+    return str(accelerator.distributed_type).rsplit(".", 1)[-1]
+
+
 @dataclass
 class Strategy:
     """Base of every strategy: where it runs, what it adds to TrainingArguments, what it must produce."""
 
     device: str = "auto"
+
+    #: parameters live sharded across ranks (ZeRO-3, FSDP): saving needs a gather, generation all ranks
+    shards_parameters = False
+    #: needs torch.distributed set up even for a single process (DeepSpeed, FSDP)
+    needs_process_group = False
 
     def validate(self) -> None:
         if self.device not in DEVICES:
@@ -43,16 +82,48 @@ class Strategy:
     def resolve_device(self) -> str:
         return detect_device(self.device)
 
-    def training_args(self, device: str) -> dict[str, Any]:
+    def training_args(self, device: str, plan: BatchPlan | None = None) -> dict[str, Any]:
         return {"use_cpu": device == "cpu"}
 
     def expected_distributed_types(self, world_size: int) -> set[str]:
         """accelerate DistributedType names this strategy may legitimately end up with."""
         return {"NO"}
 
-    def verify(self, accelerator: Any) -> None:
+    def before_model_load(self, ctx: Any) -> None:
+        """Runs right before the model is built (ZeRO-3 makes its config live here)."""
+
+    def gather_state_dict(self, trainer: Any) -> dict[str, Any] | None:
+        """The full state dict for saving (a collective call on every rank) when parameters are sharded;
+        None when each rank holds whole weights."""
+        if not self.shards_parameters:
+            return None
+        return trainer.accelerator.get_state_dict(trainer.model_wrapped)
+
+    def live_description(self, accelerator: Any) -> str:
+        """What accelerate actually prepared: distributed type, ZeRO stage, processes."""
+        plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+        stage = f", ZeRO stage {plugin.zero_stage}" if plugin is not None else ""
+        return f"{live_type(accelerator)}{stage}, {accelerator.num_processes} process(es)"
+
+    def files(self, plan: BatchPlan, device: str) -> dict[str, Any]:
+        """Generated settings written into the run dir (e.g. ``deepspeed.json``)."""
+        return {}
+
+    def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
+        """What ``mode=plan`` prints besides the config: the batch arithmetic and generated settings."""
+        return {
+            "batch": {
+                "micro_batch_size": plan.micro_batch_size,
+                "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+                "world_size": plan.world_size,
+                "global_batch_size": f"{plan.micro_batch_size} x {plan.gradient_accumulation_steps} x "
+                f"{plan.world_size} = {plan.global_batch_size}",
+            }
+        }
+
+    def verify(self, accelerator: Any, world_size: int | None = None) -> None:
         """Refuse to train when accelerate silently fell back to something else."""
-        got = str(accelerator.distributed_type).rsplit(".", 1)[-1]
+        got = live_type(accelerator)
         want = self.expected_distributed_types(accelerator.num_processes)
         if got not in want:
             raise ConfigError(
@@ -60,6 +131,13 @@ class Strategy:
                 f"with {accelerator.num_processes} process(es); expected one of {sorted(want)}",
                 key="strategy",
                 hint="check the launcher (process count) and stale ACCELERATE_* environment variables",
+            )
+        if world_size is not None and accelerator.num_processes != world_size:
+            raise ConfigError(
+                f"the launcher asked for {world_size} process(es) but {accelerator.num_processes} "
+                "joined the process group",
+                key="launcher.nproc_per_node",
+                hint="check WORLD_SIZE / the external launcher's process count",
             )
 
 
@@ -84,8 +162,8 @@ class DDP(Strategy):
         if self.backend not in ("auto", "nccl", "gloo", "mpi", "ccl"):
             raise ConfigError(f"unknown backend '{self.backend}'", key="strategy.backend")
 
-    def training_args(self, device: str) -> dict[str, Any]:
-        args = super().training_args(device)
+    def training_args(self, device: str, plan: BatchPlan | None = None) -> dict[str, Any]:
+        args = super().training_args(device, plan)
         args.update(
             ddp_backend=None if self.backend == "auto" else self.backend,
             ddp_find_unused_parameters=self.find_unused_parameters,
@@ -96,3 +174,335 @@ class DDP(Strategy):
 
     def expected_distributed_types(self, world_size: int) -> set[str]:
         return {"NO"} if world_size == 1 else {"MULTI_GPU", "MULTI_CPU", "MULTI_MPS", "MULTI_XPU"}
+
+
+@component("strategy")
+@dataclass
+class FSDP(Strategy):
+    """PyTorch FSDP2 (``fully_shard``) through accelerate: parameters, gradients and optimizer state
+    sharded over ranks; one FSDP unit per transformer layer."""
+
+    reshard_after_forward: bool = True  # True = full shard (ZeRO-3-like); False = shard grad/optim only
+    cpu_offload: bool = False  # parameters and gradients (and the optimizer step) on CPU
+    activation_checkpointing: bool = False  # FSDP's own, per wrapped layer
+    transformer_layer_cls_to_wrap: list[str] | None = None  # None = the model's _no_split_modules
+    state_dict_type: str = "FULL_STATE_DICT"  # checkpoint format; the final model is always gathered
+    cpu_ram_efficient_loading: bool = True  # rank 0 loads the weights, the others get them broadcast
+
+    shards_parameters = True
+    needs_process_group = True
+
+    def validate(self) -> None:
+        super().validate()
+        if self.state_dict_type not in STATE_DICT_TYPES:
+            raise ConfigError(
+                f"unknown state dict type '{self.state_dict_type}'",
+                key="strategy.state_dict_type",
+                hint=f"one of {STATE_DICT_TYPES}",
+            )
+
+    def fsdp_config(self) -> dict[str, Any]:
+        """TrainingArguments' ``fsdp_config`` (transformers turns it into accelerate's FSDP2 plugin)."""
+        config: dict[str, Any] = {
+            "version": 2,
+            "reshard_after_forward": self.reshard_after_forward,
+            "cpu_offload": self.cpu_offload,
+            "activation_checkpointing": self.activation_checkpointing,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "state_dict_type": self.state_dict_type,
+            "cpu_ram_efficient_loading": self.cpu_ram_efficient_loading,
+        }
+        if self.transformer_layer_cls_to_wrap:
+            config["transformer_layer_cls_to_wrap"] = list(self.transformer_layer_cls_to_wrap)
+        return config
+
+    def training_args(self, device: str, plan: BatchPlan | None = None) -> dict[str, Any]:
+        args = super().training_args(device, plan)
+        args.update(fsdp=True, fsdp_config=self.fsdp_config())
+        return args
+
+    def expected_distributed_types(self, world_size: int) -> set[str]:
+        return {"FSDP"}
+
+    def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
+        return {**super().describe(plan, device), "fsdp_config": self.fsdp_config()}
+
+    def files(self, plan: BatchPlan, device: str) -> dict[str, Any]:
+        return {"fsdp.json": self.fsdp_config()}
+
+    def verify(self, accelerator: Any, world_size: int | None = None) -> None:
+        super().verify(accelerator, world_size)
+        version = getattr(accelerator.state.fsdp_plugin, "fsdp_version", None)
+        if version != 2:
+            raise ConfigError(f"expected FSDP2, accelerate prepared FSDP{version}", key="strategy")
+
+
+@component("strategy")
+@dataclass
+class DeepSpeed(Strategy):
+    """DeepSpeed ZeRO stage 0-3, with CPU/NVMe offload and ZeRO++ as options.
+
+    Every knob below is a DeepSpeed config key; sizes left ``null`` are derived from the model's hidden
+    size the way DeepSpeed's HF integration does (``hidden²`` buckets), never left as ``"auto"``.
+    """
+
+    stage: int = 2
+    offload_optimizer: str = "none"  # none | cpu | nvme
+    offload_param: str = "none"  # none | cpu | nvme (stage 3 only)
+    pin_memory: bool = True
+    nvme_path: str | None = None  # ZeRO-Infinity swap dir (a fast local NVMe disk)
+    overlap_comm: bool = True
+    contiguous_gradients: bool = True
+    reduce_scatter: bool = True
+    reduce_bucket_size: float | None = None  # elements; null = hidden²
+    allgather_bucket_size: float | None = None  # elements; null = hidden² (stages 1-2)
+    stage3_prefetch_bucket_size: float | None = None  # null = 0.9·hidden²
+    stage3_param_persistence_threshold: float | None = None  # null = 10·hidden
+    stage3_max_live_parameters: float = 1e9
+    stage3_max_reuse_distance: float = 1e9
+    stage3_gather_16bit_weights_on_model_save: bool = True  # false: consolidate with zero_to_fp32
+    sub_group_size: float = 1e9
+    round_robin_gradients: bool = False
+    communication_data_type: str | None = None  # fp32 | fp16 | bf16; null = the training dtype
+    zero_quantized_weights: bool = False  # ZeRO++ qwZ
+    zero_quantized_gradients: bool = False  # ZeRO++ qgZ
+    zero_hpz_partition_size: int = 1  # ZeRO++ hpZ: secondary partition size (GPUs per node)
+    optimizer_impl: str = "auto"  # auto | torch | deepspeed (DeepSpeed's CPU Adam under offload)
+    aio: dict[str, Any] = field(
+        default_factory=lambda: {
+            "block_size": 1048576,
+            "queue_depth": 8,
+            "thread_count": 1,
+            "single_submit": False,
+            "overlap_events": True,
+        }
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.stage not in (0, 1, 2, 3):
+            raise ConfigError(f"unknown ZeRO stage {self.stage}", key="strategy.stage", hint="0, 1, 2 or 3")
+        for key in ("offload_optimizer", "offload_param"):
+            if getattr(self, key) not in OFFLOAD:
+                raise ConfigError(
+                    f"unknown offload target '{getattr(self, key)}'",
+                    key=f"strategy.{key}",
+                    hint=f"one of {OFFLOAD}",
+                )
+        if self.offload_optimizer != "none" and self.stage == 0:
+            raise ConfigError(
+                "optimizer offload needs ZeRO stage >= 1",
+                key="strategy.offload_optimizer",
+                hint="use zero2_offload",
+            )
+        if self.offload_param != "none" and self.stage != 3:
+            raise ConfigError(
+                "parameter offload needs ZeRO stage 3", key="strategy.offload_param", hint="use zero3_offload"
+            )
+        if "nvme" in (self.offload_optimizer, self.offload_param) and not self.nvme_path:
+            raise ConfigError(
+                "NVMe offload needs a swap directory",
+                key="strategy.nvme_path",
+                hint="strategy.nvme_path=/local_nvme (a fast local disk, not NFS)",
+            )
+        if self.communication_data_type not in COMM_DTYPES:
+            raise ConfigError(
+                f"unknown '{self.communication_data_type}'",
+                key="strategy.communication_data_type",
+                hint="fp32, fp16, bf16 or null",
+            )
+        zeropp = (
+            self.zero_quantized_weights or self.zero_quantized_gradients or self.zero_hpz_partition_size > 1
+        )
+        if zeropp and self.stage != 3:
+            raise ConfigError("ZeRO++ (qwZ / qgZ / hpZ) needs ZeRO stage 3", key="strategy.stage")
+        if self.optimizer_impl not in ("auto", "torch", "deepspeed"):
+            raise ConfigError(
+                f"unknown '{self.optimizer_impl}'",
+                key="strategy.optimizer_impl",
+                hint="auto, torch or deepspeed",
+            )
+
+    needs_process_group = True
+
+    @property
+    def shards_parameters(self) -> bool:  # type: ignore[override]
+        return self.stage == 3
+
+    def uses_deepspeed_optimizer(self, device: str, optimizer: Any) -> bool:
+        """DeepSpeed's own (CPU) Adam under optimizer offload on GPU: the torch optimizer would run the
+        step on CPU tensors ~5x slower. On CPU-only hosts the torch optimizer avoids a 60 s JIT build."""
+        if self.optimizer_impl != "auto":
+            return self.optimizer_impl == "deepspeed"
+        return self.offload_optimizer != "none" and device == "cuda" and type(optimizer).__name__ == "AdamW"
+
+    def _offload(self, target: str, *, params: bool) -> dict[str, Any]:
+        block: dict[str, Any] = {"device": target, "pin_memory": self.pin_memory}
+        if target == "nvme":
+            block["nvme_path"] = self.nvme_path
+            block["buffer_count"] = 5 if params else 4
+        if not params:
+            block["ratio"] = 1.0
+        return block
+
+    def zero_config(self, hidden_size: int | None) -> dict[str, Any]:
+        """The ``zero_optimization`` block with every size concrete."""
+        h2 = hidden_size * hidden_size if hidden_size else None
+
+        def size(value: float | None, derived: float | None, default: float) -> int:
+            if value is not None:
+                return int(value)
+            return int(derived) if derived else int(default)
+
+        zero: dict[str, Any] = {"stage": self.stage}
+        if self.stage == 0:
+            return zero
+        zero.update(
+            overlap_comm=self.overlap_comm,
+            contiguous_gradients=self.contiguous_gradients,
+            reduce_scatter=self.reduce_scatter,
+            reduce_bucket_size=size(self.reduce_bucket_size, h2, 5e8),
+            round_robin_gradients=self.round_robin_gradients,
+            sub_group_size=int(self.sub_group_size),
+        )
+        if self.offload_optimizer != "none":
+            zero["offload_optimizer"] = self._offload(self.offload_optimizer, params=False)
+        if self.stage < 3:
+            zero["allgather_partitions"] = True
+            zero["allgather_bucket_size"] = size(self.allgather_bucket_size, h2, 5e8)
+            return zero
+        zero.update(
+            stage3_prefetch_bucket_size=size(self.stage3_prefetch_bucket_size, 0.9 * h2 if h2 else None, 5e7),
+            stage3_param_persistence_threshold=size(
+                self.stage3_param_persistence_threshold, 10 * hidden_size if hidden_size else None, 1e5
+            ),
+            stage3_max_live_parameters=int(self.stage3_max_live_parameters),
+            stage3_max_reuse_distance=int(self.stage3_max_reuse_distance),
+            stage3_gather_16bit_weights_on_model_save=self.stage3_gather_16bit_weights_on_model_save,
+            zero_quantized_weights=self.zero_quantized_weights,
+            zero_quantized_gradients=self.zero_quantized_gradients,
+            zero_hpz_partition_size=self.zero_hpz_partition_size,
+        )
+        if self.offload_param != "none":
+            zero["offload_param"] = self._offload(self.offload_param, params=True)
+        return zero
+
+    def deepspeed_config(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
+        """The full DeepSpeed config for this run, no ``"auto"`` anywhere.
+
+        Batch sizes and clipping come from the same ``BatchPlan`` as the trainer's arguments, so the two
+        cannot disagree (train batch = micro x accumulation x world size). Precision blocks follow the
+        resolved dtype. The HF/DeepSpeed rule for optimizers: without an ``optimizer`` block the
+        trainer's torch optimizer and scheduler are used (``zero_allow_untested_optimizer``); under
+        offload on GPU DeepSpeed's CPU Adam is configured instead and the HF scheduler still drives it.
+        """
+        config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+            "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+            "train_batch_size": plan.global_batch_size,
+            "gradient_clipping": float(plan.max_grad_norm),
+            "zero_optimization": self.zero_config(plan.hidden_size),
+            "bf16": {"enabled": plan.dtype == "bf16"},
+            "fp16": {"enabled": plan.dtype == "fp16"},
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        if plan.dtype == "fp16" and plan.precision is not None:
+            p = plan.precision
+            config["fp16"].update(
+                loss_scale=float(p.loss_scale),
+                initial_scale_power=int(p.initial_scale_power),
+                loss_scale_window=int(p.loss_scale_window),
+                hysteresis=int(p.hysteresis),
+                min_loss_scale=float(p.min_loss_scale),
+            )
+        if self.communication_data_type:
+            config["communication_data_type"] = self.communication_data_type
+        if "nvme" in (self.offload_optimizer, self.offload_param):
+            config["aio"] = dict(self.aio)
+        if self.uses_deepspeed_optimizer(device, plan.optimizer):
+            o = plan.optimizer
+            config["optimizer"] = {
+                "type": "AdamW",
+                "params": {
+                    "lr": float(o.lr),
+                    "betas": [float(b) for b in o.betas],
+                    "eps": float(o.eps),
+                    "weight_decay": float(o.weight_decay),
+                },
+            }
+        return config
+
+    def training_args(self, device: str, plan: BatchPlan | None = None) -> dict[str, Any]:
+        if plan is None:
+            raise ValueError("DeepSpeed.training_args needs the run's BatchPlan")
+        # DeepSpeed on a CPU host runs over gloo with use_cpu + no autocast flags; see platform notes.
+        return {**super().training_args(device, plan), "deepspeed": self.deepspeed_config(plan, device)}
+
+    def expected_distributed_types(self, world_size: int) -> set[str]:
+        return {"DEEPSPEED"}
+
+    def before_model_load(self, ctx: Any) -> None:
+        """Under ZeRO-3, register the config with transformers first, so ``from_pretrained`` /
+        ``from_config`` build the model inside ``deepspeed.zero.Init``: each rank then materialises
+        only its shard instead of a full copy in host RAM."""
+        if self.stage == 3:
+            import deepspeed
+            from transformers.integrations import HfDeepSpeedConfig
+
+            # zero.Init partitions over the process group, so it must exist before the model does
+            deepspeed.init_distributed(dist_backend="gloo" if ctx.device == "cpu" else None)
+
+            # transformers keeps only a weak reference: hold it for the whole run
+            self._hf_config = HfDeepSpeedConfig(self.deepspeed_config(ctx.plan, ctx.device))
+
+    def files(self, plan: BatchPlan, device: str) -> dict[str, Any]:
+        return {"deepspeed.json": self.deepspeed_config(plan, device)}
+
+    def gather_state_dict(self, trainer: Any) -> dict[str, Any] | None:
+        """ZeRO-3: the 16-bit weights gathered on rank 0, or, with gathering turned off, a DeepSpeed
+        checkpoint in ``final_zero/`` to consolidate offline (see ``ZERO_CHECKPOINT``)."""
+        if self.stage != 3:
+            return None
+        if self.stage3_gather_16bit_weights_on_model_save:
+            return trainer.accelerator.get_state_dict(trainer.model_wrapped)
+        from pathlib import Path
+
+        out = Path(trainer.args.output_dir).parent / "final_zero"
+        trainer.model_wrapped.save_checkpoint(str(out))  # every rank writes its shard
+        return {ZERO_CHECKPOINT: str(out)}
+
+    def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
+        return {**super().describe(plan, device), "deepspeed.json": self.deepspeed_config(plan, device)}
+
+    def verify(self, accelerator: Any, world_size: int | None = None) -> None:
+        super().verify(accelerator, world_size)
+        plugin = accelerator.state.deepspeed_plugin
+        stage = plugin.zero_stage if plugin is not None else None
+        if stage != self.stage:
+            raise ConfigError(
+                f"asked for ZeRO stage {self.stage} but DeepSpeed runs stage {stage}",
+                key="strategy.stage",
+                hint="a stale ACCELERATE_DEEPSPEED_* variable or accelerate config file may override it",
+            )
+
+
+def validate_deepspeed_config(config: dict[str, Any]) -> None:
+    """Check ``config`` with DeepSpeed's own config class (when deepspeed is installed)."""
+    try:
+        from deepspeed.runtime.config import DeepSpeedConfig
+    except ImportError:
+        return
+    import torch.distributed as dist
+
+    checked = dict(config)
+    if not (dist.is_available() and dist.is_initialized()):  # DeepSpeed then assumes one process
+        checked["train_batch_size"] = (
+            config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"]
+        )
+    try:
+        DeepSpeedConfig(checked)
+    except Exception as err:  # DeepSpeed raises assorted types for bad configs
+        raise ConfigError(f"DeepSpeed rejected the generated config: {err}", key="strategy") from err

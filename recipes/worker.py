@@ -1,0 +1,63 @@
+"""One rank of a multi-process run: load the run dir's frozen config and run the recipe.
+
+Started by the ``local`` launcher (torch elastic), by ``deepspeed --module recipes.worker <run dir>``, or
+by hand under any launcher that sets RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from components.launcher import FROZEN, RANK_DONE
+
+
+def run_worker(run_dir: str) -> Any:
+    """Run this rank's share of the job; returns the objective (rank 0) and records completion."""
+    import components
+    from components.errors import EXIT_INTERRUPTED, ConfigError, Interrupted
+    from components.resolvers import register_resolvers
+    from recipes.cli import print_error, run_recipe
+
+    register_resolvers()
+    components.register_all()
+    path = Path(run_dir)
+    cfg = OmegaConf.load(path / FROZEN)
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        result = run_recipe(cfg, path)
+    except ConfigError as err:
+        print_error(err)
+        sys.exit(2)
+    except Interrupted as stop:
+        print(f"hydratune: rank {rank}: {stop}", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        _teardown()
+    done = path / RANK_DONE.format(rank=rank)
+    done.write_text(json.dumps({"rank": rank, "result": result if _plain(result) else None}))
+    return result
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, (int, float, str, type(None)))
+
+
+def _teardown() -> None:
+    """Leave the process group cleanly (a gloo group left to interpreter teardown can abort)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_worker(sys.argv[-1])

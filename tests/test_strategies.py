@@ -1,0 +1,288 @@
+"""Strategies, precision and quantization: generated DeepSpeed / FSDP settings, the checks that run
+before any model is loaded, and accelerate's silent fallbacks caught by ``Strategy.verify``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from components.checks import check_before_load, stale_accelerate_env
+from components.errors import ConfigError
+from components.run import Components, batch_plan
+
+DEEPSPEED = ("zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_nvme", "zero3pp")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def contains_auto(node: object) -> bool:
+    if isinstance(node, dict):
+        return any(contains_auto(v) for v in node.values())
+    if isinstance(node, list):
+        return any(contains_auto(v) for v in node)
+    return node == "auto"
+
+
+def ds_config(compose_cfg, strategy: str, dtype: str, *extra: str, world: int = 1, device: str = "cuda"):
+    cfg = compose_cfg(
+        f"strategy={strategy}",
+        f"launcher.nproc_per_node={world}",
+        "strategy.nvme_path=/local_nvme",
+        *extra,
+    )
+    comps = Components.from_config(cfg)
+    plan = dataclasses.replace(batch_plan(cfg, comps, "cpu"), dtype=dtype)  # as resolved on a GPU
+    return comps.strategy.deepspeed_config(plan, device), comps
+
+
+@pytest.mark.parametrize("dtype", PRECISIONS)
+@pytest.mark.parametrize("strategy", DEEPSPEED)
+def test_generated_deepspeed_config_is_concrete_and_accepted(compose_cfg, strategy: str, dtype: str) -> None:
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    config, comps = ds_config(
+        compose_cfg,
+        strategy,
+        dtype,
+        "train.micro_batch_size=4",
+        "train.gradient_accumulation_steps=8",
+        world=2,
+    )
+    assert not contains_auto(config)
+    assert config["train_micro_batch_size_per_gpu"] == 4
+    assert config["gradient_accumulation_steps"] == 8
+    assert config["train_batch_size"] == 4 * 8 * 2  # micro x accumulation x world size
+    assert config["gradient_clipping"] == 1.0
+    assert config["bf16"]["enabled"] is (dtype == "bf16")
+    assert config["fp16"]["enabled"] is (dtype == "fp16")
+    if dtype == "fp16":
+        assert config["fp16"]["loss_scale"] == 0.0 and config["fp16"]["initial_scale_power"] == 16
+    zero = config["zero_optimization"]
+    assert zero["stage"] == comps.strategy.stage
+    if zero["stage"] >= 1:
+        assert zero["reduce_bucket_size"] == 128 * 128  # hidden² of the tiny model
+    if zero["stage"] == 3:
+        assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 128 * 128)
+        assert zero["stage3_param_persistence_threshold"] == 10 * 128
+        assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    if "offload" in strategy:
+        assert zero["offload_optimizer"]["device"] == "cpu"
+        assert "optimizer" in config and config["optimizer"]["params"]["betas"] == [0.9, 0.95]
+    if strategy == "zero3_offload":
+        assert zero["offload_param"] == {"device": "cpu", "pin_memory": True}
+    if strategy == "zero3_nvme":
+        assert zero["offload_param"]["nvme_path"] == "/local_nvme" and "aio" in config
+    if strategy == "zero3pp":
+        assert zero["zero_quantized_weights"] and zero["zero_quantized_gradients"]
+        assert zero["zero_hpz_partition_size"] == 8
+    checked = dict(config, train_batch_size=4 * 8)  # DeepSpeed's class counts this process only
+    DeepSpeedConfig(checked)
+
+
+def test_user_knobs_reach_the_generated_config(compose_cfg) -> None:
+    config, _ = ds_config(
+        compose_cfg,
+        "zero3",
+        "bf16",
+        "strategy.reduce_bucket_size=2e8",
+        "strategy.stage3_max_live_parameters=3e8",
+        "strategy.overlap_comm=false",
+        "strategy.communication_data_type=fp32",
+        "strategy.sub_group_size=5e8",
+        "strategy.round_robin_gradients=true",
+        "strategy.stage3_gather_16bit_weights_on_model_save=false",
+        "train.max_grad_norm=0.5",
+    )
+    zero = config["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 200_000_000
+    assert zero["stage3_max_live_parameters"] == 300_000_000
+    assert zero["overlap_comm"] is False
+    assert zero["sub_group_size"] == 500_000_000
+    assert zero["round_robin_gradients"] is True
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is False
+    assert config["communication_data_type"] == "fp32"
+    assert config["gradient_clipping"] == 0.5
+
+
+def test_cpu_offload_keeps_the_torch_optimizer(compose_cfg) -> None:
+    """On a CPU host DeepSpeed's CPU Adam would need a ~60 s JIT build: the torch optimizer is used."""
+    config, _ = ds_config(compose_cfg, "zero2_offload", "fp32", device="cpu")
+    assert "optimizer" not in config and config["zero_force_ds_cpu_optimizer"] is False
+
+
+def test_deepspeed_training_args_and_trainer_agree(compose_cfg, tmp_path) -> None:
+    """Micro-batch, accumulation and clipping come from one source: the trainer accepts the config."""
+    from transformers import TrainingArguments
+
+    from components.run import RunContext
+    from components.rundir import RunDir
+
+    cfg = compose_cfg("strategy=zero2", "train.micro_batch_size=4", "train.gradient_accumulation_steps=3")
+    comps = Components.from_config(cfg)
+    ctx = RunContext(cfg, comps, RunDir(tmp_path / "run"), "cpu")
+    args = TrainingArguments(**ctx.training_args())
+    ds = args.hf_deepspeed_config.config
+    assert ds["train_micro_batch_size_per_gpu"] == args.per_device_train_batch_size == 4
+    assert ds["gradient_accumulation_steps"] == args.gradient_accumulation_steps == 3
+    assert not contains_auto(ds)
+
+
+@pytest.mark.parametrize("extra", [[], ["strategy.cpu_offload=true", "strategy.reshard_after_forward=false"]])
+def test_fsdp_plugin_is_fsdp2_with_the_requested_knobs(compose_cfg, extra: list[str]) -> None:
+    """accelerate cannot run FSDP on CPU; the plugin it would get is built and checked here."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from transformers import TrainingArguments
+
+    comps = Components.from_config(compose_cfg("strategy=fsdp", *extra))
+    args = TrainingArguments(output_dir="unused", **comps.strategy.training_args("cuda"))
+    plugin_args = args.fsdp_plugin_args
+    assert plugin_args["fsdp_version"] == 2
+    assert plugin_args["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert plugin_args.get("cpu_offload", False) is comps.strategy.cpu_offload
+    assert plugin_args["reshard_after_forward"] is comps.strategy.reshard_after_forward
+    plugin = FullyShardedDataParallelPlugin(**plugin_args)
+    assert plugin.fsdp_version == 2
+    assert plugin.state_dict_type.name == "FULL_STATE_DICT"
+
+
+def fake_accelerator(kind: str, processes: int = 1, stage: int | None = None, fsdp_version: int = 2):
+    plugin = SimpleNamespace(zero_stage=stage) if stage is not None else None
+    state = SimpleNamespace(deepspeed_plugin=plugin, fsdp_plugin=SimpleNamespace(fsdp_version=fsdp_version))
+    return SimpleNamespace(distributed_type=f"DistributedType.{kind}", num_processes=processes, state=state)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "live", "processes", "stage", "message"),
+    [
+        ("zero2", "MULTI_CPU", 2, None, "accelerate prepared 'MULTI_CPU'"),  # DeepSpeed silently dropped
+        ("zero3", "DEEPSPEED", 2, 2, "ZeRO stage 3 but DeepSpeed runs stage 2"),
+        ("fsdp", "MULTI_GPU", 2, None, "accelerate prepared 'MULTI_GPU'"),  # FSDP fell back to DDP
+        ("ddp", "MULTI_CPU", 1, None, r"1 process\(es\)"),  # `accelerate launch --cpu` ran one process
+    ],
+)
+def test_verify_refuses_a_silent_fallback(compose_cfg, strategy, live, processes, stage, message) -> None:
+    comps = Components.from_config(compose_cfg(f"strategy={strategy}"))
+    with pytest.raises(ConfigError, match=message):
+        comps.strategy.verify(fake_accelerator(live, processes, stage), world_size=2)
+
+
+def test_verify_accepts_what_was_asked(compose_cfg) -> None:
+    comps = Components.from_config(compose_cfg("strategy=zero3"))
+    comps.strategy.verify(fake_accelerator("DEEPSPEED", 2, 3), world_size=2)
+
+
+def test_verify_catches_accelerate_dropping_deepspeed_on_cpu(compose_cfg) -> None:
+    """The real fallback: ``Accelerator(cpu=True, deepspeed_plugin=…)`` runs without DeepSpeed."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DeepSpeedPlugin
+
+    comps = Components.from_config(compose_cfg("strategy=zero2"))
+    try:
+        accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
+        with pytest.raises(ConfigError, match="asked for strategy DeepSpeed"):
+            comps.strategy.verify(accelerator)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_stale_accelerate_variables_are_dropped(monkeypatch) -> None:
+    for key in [k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_LOG_LEVEL", "info")
+    assert stale_accelerate_env() == ["ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_DEEPSPEED"]
+    assert "ACCELERATE_MIXED_PRECISION" not in os.environ and os.environ["ACCELERATE_LOG_LEVEL"] == "info"
+
+
+# (overrides, key the error names, words of the message) — each fails before any model is loaded
+INVALID = [
+    (["quantization=nf4", "peft=none"], "peft", "QLoRA trains an adapter"),
+    (["quantization=int8", "peft=lora", "merge=true"], "merge", "quantized base"),
+    (
+        ["quantization=nf4", "peft=lora", "strategy=zero3"],
+        "quantization.quant_storage",
+        "training dtype",
+    ),
+    (["quantization=int8", "peft=lora", "strategy=zero3"], "quantization", "8-bit"),
+    (["quantization=nf4", "quantization.bits=3"], "quantization.bits", None),
+    (["quantization=nf4", "quantization.quant_type=int3"], "quantization.quant_type", None),
+    (["strategy=fsdp"], "strategy", "FSDP needs GPUs"),
+    (["strategy=zero2", "precision=bf16"], "precision", "fp32 only"),
+    (["strategy=single", "launcher.nproc_per_node=2"], "strategy", "one process"),
+    (["strategy=zero2", "strategy.offload_param=cpu"], "strategy.offload_param", "stage 3"),
+    (["strategy=zero0", "strategy.offload_optimizer=cpu"], "strategy.offload_optimizer", None),
+    (["strategy=zero3_nvme", "strategy.nvme_path=null"], "strategy.nvme_path", "swap directory"),
+    (["strategy=zero2", "strategy.zero_quantized_weights=true"], "strategy.stage", "ZeRO++"),
+    (["strategy=zero3", "strategy.stage=5"], "strategy.stage", None),
+    (["strategy=zero3", "peft=lora", "merge=true"], "merge", "sharded"),
+    (["optimizer=paged_adamw_8bit"], "optimizer", "CUDA"),
+    (["optimizer=adamw_8bit", "optimizer.bits=4"], "optimizer.bits", None),
+    (["precision=fp16"], "precision", "GPU"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "words"), INVALID, ids=[" ".join(o) for o, _, _ in INVALID])
+def test_invalid_combinations_fail_before_model_load(compose_cfg, monkeypatch, overrides, key, words) -> None:
+    import components.model
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(components.model.CausalLM, "build", no_loading)
+    cfg = compose_cfg(*overrides)
+    with pytest.raises(ConfigError) as err:
+        check_before_load(cfg, Components.from_config(cfg))
+    assert err.value.key == key
+    if words:
+        assert words in str(err.value)
+
+
+def test_qlora_error_says_how_to_add_an_adapter(compose_cfg) -> None:
+    cfg = compose_cfg("quantization=nf4", "peft=none")
+    with pytest.raises(ConfigError) as err:
+        check_before_load(cfg, Components.from_config(cfg))
+    assert "peft=lora" in str(err.value)
+
+
+def test_nf4_config_follows_precision(compose_cfg) -> None:
+    import torch
+
+    comps = Components.from_config(compose_cfg("quantization=nf4", "peft=lora"))
+    config = comps.quantization.config("bf16")
+    assert config.load_in_4bit and config.bnb_4bit_quant_type == "nf4"
+    assert config.bnb_4bit_use_double_quant is True
+    assert config.bnb_4bit_compute_dtype == torch.bfloat16
+    int8 = Components.from_config(compose_cfg("quantization=int8", "peft=lora")).quantization.config("fp32")
+    assert int8.load_in_8bit and int8.llm_int8_threshold == 6.0
+
+
+def test_qlora_trains_only_the_adapter_on_cpu(run_recipe) -> None:
+    """bitsandbytes quantizes the tiny model to NF4 on CPU; LoRA steps run and the base stays 4-bit."""
+    ctx, _ = run_recipe(
+        "quantization=nf4", "peft=lora", "train.max_steps=3", "train.save_every=0", name="qlora"
+    )
+    bnb_layers = [m for m in ctx.model.modules() if type(m).__name__ == "Linear4bit"]
+    assert bnb_layers, "no 4-bit layers in the trained model"
+    trainable = {n for n, p in ctx.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert (ctx.run_dir.final / "adapter_model.safetensors").is_file()
+
+
+def test_plan_prints_the_generated_deepspeed_config(capsys) -> None:
+    from recipes.cli import main
+
+    main(["mode=plan", "strategy=zero3", "train.micro_batch_size=4", "train.gradient_accumulation_steps=2"])
+    out = capsys.readouterr().out
+    assert "deepspeed.json:" in out and "train_batch_size: 8" in out
+    assert "global_batch_size: 4 x 2 x 1 = 8" in out
+    assert "auto" not in out.split("# generated by the strategy")[1].replace("optimizer_impl", "")
+
+
+def test_plan_json_round_trip_is_valid(compose_cfg) -> None:
+    config, _ = ds_config(compose_cfg, "zero3_offload", "bf16")
+    assert json.loads(json.dumps(config)) == config
