@@ -15,6 +15,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "components.data",
     "components.peft",
     "components.strategy",
+    "components.auto",
     "components.precision",
     "components.quantization",
     "components.optimizer",

@@ -46,6 +46,16 @@ class TrainConfig:
 
 
 @dataclass
+class EstimateConfig:
+    """``hydratune estimate`` / ``strategy=auto``: the hardware the memory estimate is checked against."""
+
+    gpu_memory: str = "auto"  # per GPU: "80GB", "24GiB", "80" (GiB); auto = the detected GPU's memory
+    num_gpus: int = 0  # GPUs per node; 0 = detect (1 when none is visible)
+    num_nodes: int = 1
+    safety_margin: float = 0.1  # fraction of gpu_memory kept free
+
+
+@dataclass
 class Config:
     """The composed run. Groups are typed by their option's own schema (see components.registry)."""
 
@@ -61,6 +71,7 @@ class Config:
     tracker: Any = field(default_factory=dict)  # {name: tracker}: several can be selected at once
     launcher: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
+    estimate: EstimateConfig = field(default_factory=EstimateConfig)
     mode: str = "train"  # train | plan (compose, check, print; no training)
     resume: Any = (
         False  # false | true (latest checkpoint of the latest earlier run) | <run dir or checkpoint dir>

@@ -5,6 +5,7 @@ hydratune -m group=a,b                                  a Hydra multirun sweep (
 hydratune --cfg job [overrides]                         print the composed config, run nothing
 hydratune mode=plan [overrides]                         compose + check everything, load nothing
 hydratune replay <run dir> [overrides]                  re-run a run dir's exact resolved config
+hydratune estimate [overrides]                          memory per GPU + every strategy, nothing loaded
 hydratune report <multirun dir>                         table + overlay plot of a sweep's points
 hydratune ls                                            recipes, groups and their options, experiments
 """
@@ -33,10 +34,12 @@ warnings.filterwarnings(
 def execute(cfg: DictConfig) -> Any:
     """Instantiate the groups, check them before any model is loaded, then run the recipe: here, or in
     the launcher's worker processes on the config frozen into the run dir."""
+    from components.auto import maybe_resolve_auto
     from components.checks import check_before_load
     from components.launcher import FROZEN
     from components.run import Components, hydra_run_dir
 
+    cfg = maybe_resolve_auto(cfg)  # strategy=auto: choose from the memory estimate, save the choice
     comps = Components.from_config(cfg)
     device = check_before_load(cfg, comps)
     if cfg.mode == "plan":
@@ -196,6 +199,10 @@ def main(argv: list[str] | None = None) -> None:
             markdown, _ = write_report(Path(args[1]))
             print(markdown + f"\nwrote {Path(args[1]) / 'report.md'}, report.csv, report.png")
             return
+        if args and (args[0] == "estimate" or "mode=estimate" in args):
+            from components.estimate import cli
+
+            sys.exit(cli(args[1:] if args[0] == "estimate" else args))
         if args and args[0] == "replay":
             args = replay_argv(args[1:])
         check_output_dir(args)

@@ -1,0 +1,128 @@
+"""``strategy=auto``: pick the fastest strategy that fits, from the memory estimate, before anything loads.
+
+The choice walks the OOM ladder of :mod:`components.estimate` (fastest rung first: single/DDP, ZeRO-1,
+ZeRO-2, FSDP, ZeRO-3, ZeRO-2/3 with CPU offload, NVMe), takes the first (strategy, gradient
+checkpointing) rung whose micro-batch-1 run fits the GPU with the safety margin, then the largest
+micro-batch that still fits with gradient accumulation keeping the requested per-GPU batch. The chosen
+option's composed node replaces ``strategy`` and the run dir's ``.hydra/config.yaml`` is rewritten, so
+``hydratune replay <run dir>`` replays the decision without ``auto``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from components.errors import ConfigError
+from components.registry import component
+
+
+@component("strategy")
+@dataclass
+class Auto:
+    """Chosen at launch from the memory estimate (``estimate.*`` says the hardware); never trains itself."""
+
+    device: str = "auto"
+    candidates: list[str] = field(default_factory=list)  # restrict the ladder (empty = every option)
+    tune_micro_batch: bool = True  # also pick the largest micro-batch that fits (global batch kept)
+
+    def validate(self) -> None:
+        from components.estimate import STRATEGY_SHAPES
+
+        unknown = [c for c in self.candidates if c not in STRATEGY_SHAPES]
+        if unknown:
+            raise ConfigError(
+                f"unknown strategy candidates {unknown}",
+                key="strategy.candidates",
+                hint=f"choose from {', '.join(STRATEGY_SHAPES)}",
+            )
+
+    def resolve_device(self) -> str:
+        from components.strategy import detect_device
+
+        return detect_device(self.device)
+
+
+def is_auto(cfg: Any) -> bool:
+    """True when the composed config's strategy is ``auto``."""
+    target = OmegaConf.select(cfg, "strategy._target_", default="") if isinstance(cfg, DictConfig) else ""
+    return str(target).rsplit(".", 1)[-1] == "Auto"
+
+
+def compose_strategy_hydra(name: str) -> DictConfig:
+    """The composed ``strategy=<name>`` node, with the running job's other overrides (Hydra's compose API)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides: list[str] = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith("strategy")]
+    except ValueError:  # not inside a Hydra job
+        pass
+    overrides.append(f"strategy={name}")
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="config", overrides=overrides).strategy
+    with initialize_config_module(config_module="conf", version_base=None):
+        node = compose(config_name="config", overrides=overrides).strategy
+    GlobalHydra.instance().clear()
+    return node
+
+
+def resolve_auto(
+    cfg: DictConfig, compose_strategy: Callable[[str], DictConfig] | None = None
+) -> tuple[DictConfig, str]:
+    """(the config with ``strategy`` and the batch split chosen, the decision in words)."""
+    from components.estimate import _get, choose, gpu_memory_of, spec_from_config
+
+    gpu_memory = gpu_memory_of(cfg)
+    if gpu_memory is None:
+        raise ConfigError(
+            "strategy=auto needs to know the GPU memory and no GPU is visible",
+            key="estimate.gpu_memory",
+            hint="pass estimate.gpu_memory=80GB (and estimate.num_gpus=8), or pick a strategy",
+        )
+    margin = float(cfg.estimate.safety_margin)
+    spec = spec_from_config(cfg)
+    per_gpu = int(cfg.train.micro_batch_size) * int(cfg.train.gradient_accumulation_steps)
+    candidates = list(_get(cfg.strategy, "candidates", []) or []) or None
+    decision = choose(spec, gpu_memory, margin, per_gpu, candidates=candidates)
+    text = decision.explain()
+    if decision.strategy is None:
+        raise ConfigError(f"no strategy fits:\n{text}", key="strategy", hint="see the table above")
+    node = (compose_strategy or compose_strategy_hydra)(decision.strategy)
+    new = cfg.copy()
+    with open_dict(new):
+        device = _get(cfg.strategy, "device", "auto")
+        new.strategy = node
+        if "device" in new.strategy:
+            new.strategy.device = device
+        new.model.gradient_checkpointing = decision.gradient_checkpointing
+        if bool(_get(cfg.strategy, "tune_micro_batch", True)):
+            new.train.micro_batch_size = decision.micro_batch
+            new.train.gradient_accumulation_steps = decision.accumulation
+    return new, text
+
+
+def maybe_resolve_auto(cfg: DictConfig) -> DictConfig:
+    """In the CLI, before the groups are instantiated: resolve ``strategy=auto``, print why, and rewrite
+    the run dir's saved config with the choice. Any other strategy passes through untouched."""
+    if not is_auto(cfg):
+        return cfg
+    new, text = resolve_auto(cfg)
+    print(text)
+    try:
+        from pathlib import Path
+
+        from hydra.core.hydra_config import HydraConfig
+
+        saved = Path(HydraConfig.get().runtime.output_dir) / ".hydra" / "config.yaml"
+        if saved.parent.is_dir():
+            OmegaConf.save(new, saved)
+    except ValueError:  # not inside a Hydra job (tests)
+        pass
+    return new
