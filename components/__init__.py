@@ -25,6 +25,8 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "recipes.sft",
     "recipes.reward",
     "recipes.dpo",
+    "recipes.ppo",
+    "recipes.grpo",
 )
 
 

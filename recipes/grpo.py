@@ -1,0 +1,130 @@
+"""Group Relative Policy Optimization (Shao et al. 2024) on TRL's GRPOTrainer: critic-free.
+
+For every prompt ``num_generations`` completions are sampled; each one's advantage is its reward minus
+its group's mean (divided by the group's std with ``scale_rewards=group``). Rewards come from Python
+functions (``recipe.reward_funcs``) and optionally a trained reward model (``recipe.reward_model``).
+The reference for the KL term (``beta`` > 0) is the adapter-free policy under PEFT, else a frozen copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig
+
+from components.errors import ConfigError
+from components.registry import component
+from components.run import Components, RunContext
+from recipes.ppo import require_prompts
+
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+def default_reward_funcs() -> list[Any]:
+    return [{"_target_": "components.rewards.exact_match", "_partial_": True}]
+
+
+@component("recipe")
+@dataclass
+class GRPO:
+    """Knobs of GRPO; batch size, steps, optimizer, schedule and precision come from the other groups."""
+
+    steps: int | None = 100  # optimizer steps unless train.max_steps > 0; null = train.epochs
+    num_generations: int = 8  # completions per prompt (the group)
+    max_completion_length: int = 8  # tokens
+    temperature: float = 1.0
+    beta: float = 0.0  # KL to the reference (0 = no reference model at all)
+    epsilon: float = 0.2  # clipping of the importance ratio
+    loss_type: str = "dapo"  # grpo | dr_grpo | dapo | bnpo | cispo | sapo
+    scale_rewards: str = "group"  # group | batch | none
+    num_iterations: int = 1  # updates per generation batch (mu in the paper)
+    mask_truncated_completions: bool = False
+    reward_funcs: list[Any] = field(
+        default_factory=default_reward_funcs
+    )  # _target_ callables or dotted paths
+    reward_weights: list[float] | None = None  # one per reward (reward_funcs, then reward_model)
+    reward_model: str | None = None  # a reward run dir / model dir, scored after reward_funcs
+
+    def check(self, cfg: DictConfig, comps: Components) -> None:
+        require_prompts("grpo", comps)
+        if self.loss_type not in LOSS_TYPES:
+            raise ConfigError(
+                f"unknown '{self.loss_type}'", key="recipe.loss_type", hint=f"one of {LOSS_TYPES}"
+            )
+        if str(self.scale_rewards) not in SCALE_REWARDS:
+            raise ConfigError(
+                f"unknown '{self.scale_rewards}'", key="recipe.scale_rewards", hint=f"one of {SCALE_REWARDS}"
+            )
+        if self.num_generations < 2:
+            raise ConfigError("a group needs >= 2 completions", key="recipe.num_generations")
+        batch = cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps
+        if batch % self.num_generations:
+            raise ConfigError(
+                f"train.micro_batch_size * gradient_accumulation_steps ({batch}) must be a multiple of "
+                f"num_generations ({self.num_generations})",
+                key="recipe.num_generations",
+            )
+        for key in ("max_completion_length", "num_iterations", "steps"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError("must be >= 1", key=f"recipe.{key}")
+        if self.temperature <= 0 or self.beta < 0 or not 0 < self.epsilon < 1:
+            key = "temperature" if self.temperature <= 0 else "beta" if self.beta < 0 else "epsilon"
+            raise ConfigError("out of range", key=f"recipe.{key}")
+        if not self.reward_funcs and not self.reward_model:
+            raise ConfigError("no reward: give reward_funcs or reward_model", key="recipe.reward_funcs")
+        n_rewards = len(self.reward_funcs) + bool(self.reward_model)
+        if self.reward_weights is not None and len(self.reward_weights) != n_rewards:
+            raise ConfigError(f"one weight per reward ({n_rewards})", key="recipe.reward_weights")
+        if self.reward_model:
+            from components.rewards import reward_model_dir
+
+            reward_model_dir(self.reward_model, key="recipe.reward_model")
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        from trl import GRPOConfig, GRPOTrainer
+
+        from components.rewards import RewardModel, resolve_reward
+        from components.session import Session
+
+        c, t = ctx.components, ctx.train
+        session = Session.start(ctx)
+        data = session.load_data()
+        model = session.build_model()
+        if "answer" in data["eval"].column_names:
+            pairs = list(zip(data["eval"]["prompt"], data["eval"]["answer"], strict=True))
+            session.evaluate_generations(pairs[: t.eval_generations], "before")
+        rewards = [resolve_reward(spec) for spec in self.reward_funcs]
+        if self.reward_model:
+            rewards.append(RewardModel(self.reward_model, ctx.device))
+        if self.beta > 0 and not c.peft.is_adapter and c.model.init == "random":
+            # TRL builds the reference from config._name_or_path (a loaded model's own dir or hub id); a
+            # random-init policy has none, so its starting weights are saved for TRL to load from.
+            reference = ctx.run_dir.path / "reference"
+            model.save_pretrained(reference, safe_serialization=True)
+            model.config._name_or_path = str(reference)
+        # train.epochs (40) is tuned for the SFT demo: RL runs are counted in steps unless told otherwise
+        steps = t.max_steps if t.max_steps > 0 or self.steps is None else self.steps
+        args = GRPOConfig(
+            **ctx.training_args(
+                max_steps=steps,
+                num_generations=self.num_generations,
+                max_completion_length=self.max_completion_length,
+                temperature=self.temperature,
+                beta=self.beta,
+                epsilon=self.epsilon,
+                loss_type=self.loss_type,
+                scale_rewards=self.scale_rewards,
+                num_iterations=self.num_iterations,
+                mask_truncated_completions=self.mask_truncated_completions,
+                reward_weights=self.reward_weights,
+                generation_kwargs={"use_cache": True},
+                disable_dropout=True,
+                include_num_input_tokens_seen="no",
+                **({} if len(data["eval"]) else {"eval_strategy": "no"}),
+                remove_unused_columns=False,
+            )
+        )
+        trainer = session.trainer(GRPOTrainer, args, data, reward_funcs=rewards)
+        return session.train_and_finish(trainer, title="GRPO")

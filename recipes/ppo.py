@@ -1,0 +1,245 @@
+"""PPO with a learned value function (Ziegler et al. 2019), our own loop on accelerate.
+
+Each iteration: sample responses to ``rollout_batch_size`` prompts → score them (a reward function or a
+trained reward model) → log-probs of policy and reference, values → per-token rewards (score - KL
+penalty) → GAE → ``ppo_epochs`` passes of clipped policy + value updates in mini-batches. The pieces are
+the small functions of ``components/ppo.py``; the reference is the adapter-free policy under PEFT (no
+second copy of the weights), else a frozen copy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig
+
+from components.errors import ConfigError
+from components.registry import component
+from components.run import Components, RunContext
+
+
+def require_prompts(recipe: str, comps: Components) -> None:
+    """On-policy RL samples its own responses: it needs prompts (and the columns its rewards read)."""
+    if type(comps.data).__name__ != "PromptDataset":
+        raise ConfigError(
+            f"recipe={recipe} needs prompts, got {type(comps.data).__name__}",
+            key="data",
+            hint=f"use data=demo_{recipe} or a PromptDataset option with a prompt column",
+        )
+
+
+def default_reward() -> dict[str, Any]:
+    return {"_target_": "components.rewards.exact_match", "_partial_": True, "model": None}
+
+
+@component("recipe")
+@dataclass
+class PPO:
+    """Knobs of PPO; the optimizer, schedule, precision, PEFT, seed and clipping come from the groups."""
+
+    num_iterations: int | None = 100  # rollout + update rounds; None = from train.max_steps / train.epochs
+    rollout_batch_size: int = 32  # prompts per iteration
+    ppo_epochs: int = 2  # passes over each rollout
+    mini_batch_size: int = 16  # sequences per optimizer step
+    response_length: int = 8  # max new tokens
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    gamma: float = 1.0
+    lam: float = 0.95
+    clip_ratio: float = 0.2
+    value_clip: float = 0.2
+    vf_coef: float = 0.1
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.05
+    kl_estimator: str = "k1"  # k1 | k3
+    adaptive_kl: bool = False
+    target_kl: float = 6.0  # adaptive: sequence-level KL the controller aims at
+    kl_horizon: int = 10000  # adaptive: samples over which the coefficient may move by 20%
+    whiten_advantages: bool = True
+    reward_normalization: bool = False  # divide scores by running std after subtracting the running mean
+    reward_clip: float = 10.0
+    missing_eos_penalty: float | None = -1.0  # added to the score of responses cut off before EOS
+    value_model: str = "head"  # head (on the policy's trunk) | separate (critic from reward model / policy)
+    reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
+
+    def check(self, cfg: DictConfig, comps: Components) -> None:
+        require_prompts("ppo", comps)
+        rules = {
+            "num_iterations": self.num_iterations is None or self.num_iterations >= 1,
+            "rollout_batch_size": self.rollout_batch_size >= 1,
+            "ppo_epochs": self.ppo_epochs >= 1,
+            "mini_batch_size": self.mini_batch_size >= 1
+            and self.rollout_batch_size % self.mini_batch_size == 0,
+            "response_length": self.response_length >= 1,
+            "temperature": self.temperature > 0,
+            "gamma": 0 < self.gamma <= 1,
+            "lam": 0 < self.lam <= 1,
+            "clip_ratio": 0 < self.clip_ratio < 1,
+            "value_clip": self.value_clip > 0,
+            "vf_coef": self.vf_coef >= 0,
+            "entropy_coef": self.entropy_coef >= 0,
+            "kl_coef": self.kl_coef >= 0,
+            "kl_estimator": self.kl_estimator in ("k1", "k3"),
+            "target_kl": self.target_kl > 0,
+            "kl_horizon": self.kl_horizon >= 1,
+            "reward_clip": self.reward_clip > 0,
+            "value_model": self.value_model in ("head", "separate"),
+        }
+        for key, ok in rules.items():
+            if not ok:
+                hint = "a divisor of rollout_batch_size" if key == "mini_batch_size" else None
+                raise ConfigError(f"invalid value {getattr(self, key)!r}", key=f"recipe.{key}", hint=hint)
+        if cfg.resume:
+            raise ConfigError(
+                "PPO runs cannot resume from a checkpoint yet", key="resume", hint="drop resume"
+            )
+        if reward_model_path(self.reward):
+            from components.rewards import reward_model_dir
+
+            reward_model_dir(reward_model_path(self.reward))  # raises naming recipe.reward.model
+
+    def iterations(self, ctx: RunContext, rows: int) -> int:
+        """``num_iterations``, else ``train.max_steps``, else ``train.epochs`` passes over the prompts."""
+        t = ctx.train
+        if self.num_iterations:
+            return self.num_iterations
+        return t.max_steps if t.max_steps > 0 else math.ceil(t.epochs * rows / self.rollout_batch_size)
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        import time
+
+        import torch
+        from accelerate import Accelerator
+
+        from components import ppo
+        from components.errors import Interrupted
+        from components.rewards import resolve_reward
+        from components.session import Session
+
+        c, t = ctx.components, ctx.train
+        session = Session.start(ctx)
+        splits = session.load_data()
+        data, tok = splits["train"], session.tokenizer
+        policy = session.build_model()
+        if "answer" in splits["eval"].column_names:
+            pairs = list(zip(splits["eval"]["prompt"], splits["eval"]["answer"], strict=True))
+            session.evaluate_generations(pairs[: t.eval_generations], "before")
+        texts = [
+            tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in data["prompt"]
+        ]
+        reward_fn = resolve_reward(self.reward, ctx.device)
+        # the models: value head on the trunk or a separate critic; the reference (None under PEFT)
+        ppo.disable_dropout(policy)
+        reference = None if c.peft.is_adapter else ppo.frozen_copy(policy)
+        if self.value_model == "head":
+            value = ppo.value_head(policy)
+        else:
+            load = c.quantization.load_kwargs(c.precision.resolve(ctx.device), ctx.device)
+            value = ppo.separate_critic(policy, c.model, reward_model_path(self.reward), load)
+        iterations = self.iterations(ctx, len(data))
+        steps = iterations * self.ppo_epochs * (self.rollout_batch_size // self.mini_batch_size)
+        optimizer = c.optimizer.build([*policy.parameters(), *value.parameters()], ctx.device)
+        scheduler = c.scheduler.build(optimizer, steps)
+        precision = c.precision.resolve(ctx.device)
+        acc = Accelerator(mixed_precision="no" if precision == "fp32" else precision, cpu=ctx.device == "cpu")
+        c.strategy.verify(acc)
+        if acc.num_processes > 1:  # rollouts, metrics and saving are written for one process
+            raise ConfigError("PPO runs in a single process for now", key="strategy", hint="strategy=single")
+        policy, value, optimizer, scheduler = acc.prepare(policy, value, optimizer, scheduler)
+        reference = reference.to(acc.device) if reference is not None else None
+        model = ppo.ActorCritic(
+            policy, value, self.value_model == "separate", reference, acc, self.temperature
+        )
+        kl_ctl = (
+            ppo.AdaptiveKLController(self.kl_coef, self.target_kl, self.kl_horizon)
+            if self.adaptive_kl
+            else ppo.FixedKLController(self.kl_coef)
+        )
+        moments = ppo.RunningMoments() if self.reward_normalization else None
+        sampler = ppo.PromptSampler(len(data), t.data_seed if t.data_seed is not None else t.seed)
+        start, record = time.time(), {}
+        session.interrupt.install()
+        try:
+            for it in range(1, iterations + 1):
+                # 1. sample responses to a batch of prompts and score them
+                idx = sampler.take(self.rollout_batch_size)
+                rows = data[idx]
+                ro = ppo.rollout(
+                    acc.unwrap_model(policy).eval(), tok, [texts[i] for i in idx],
+                    max_new_tokens=self.response_length, temperature=self.temperature, top_k=self.top_k,
+                    top_p=self.top_p, max_prompt_length=c.data.max_prompt_length,
+                )  # fmt: skip
+                acc.unwrap_model(policy).train()
+                completions = tok.batch_decode(ro.response, skip_special_tokens=True)
+                columns = {k: v for k, v in rows.items() if k != "prompt"}
+                raw = torch.tensor(reward_fn(rows["prompt"], completions, **columns), device=acc.device)
+                score = ppo.shape_scores(
+                    raw.float(), ro.has_eos, missing_eos_penalty=self.missing_eos_penalty, moments=moments,
+                    clip=self.reward_clip,
+                )  # fmt: skip
+                # 2. old log-probs and values, KL to the reference, per-token rewards, advantages
+                ids, mask, n, rmask = ro.input_ids, ro.attention_mask, ro.response.shape[1], ro.response_mask
+                with torch.no_grad():
+                    old_logp, entropy, old_values = model.forward(ids, mask, n)
+                kl = (
+                    ppo.kl_penalty(old_logp, model.reference_logprobs(ids, mask, n), self.kl_estimator)
+                    * rmask
+                )
+                rewards = ppo.per_token_rewards(score, kl, rmask, kl_ctl.value)
+                adv, returns = ppo.gae(rewards, old_values, rmask, self.gamma, self.lam)
+                adv = ppo.whiten(adv, rmask) if self.whiten_advantages else adv
+                # 3. clipped policy and value updates
+                stats = ppo.update(
+                    model, ppo.Experience(ids, mask, rmask, old_logp, old_values, adv, returns), optimizer,
+                    scheduler, epochs=self.ppo_epochs, mini_batch_size=self.mini_batch_size,
+                    micro_batch_size=t.micro_batch_size, clip_ratio=self.clip_ratio,
+                    value_clip=self.value_clip, vf_coef=self.vf_coef, entropy_coef=self.entropy_coef,
+                    max_grad_norm=t.max_grad_norm, generator=sampler.generator,
+                )  # fmt: skip
+                seq_kl = kl.sum(1).mean().item()
+                record = {
+                    "step": it, "time": round(time.time() - start, 3),
+                    "reward/mean": raw.float().mean().item(),
+                    "reward/std": raw.float().std().item() if len(raw) > 1 else 0.0,
+                    "score/mean": score.mean().item(), "kl": seq_kl, "kl_coef": kl_ctl.value,
+                    "entropy": ppo.masked_mean(entropy, rmask).item(),
+                    "response_length": rmask.sum(1).float().mean().item(),
+                    "eos_fraction": ro.has_eos.float().mean().item(),
+                    "lr": scheduler.get_last_lr()[0], **stats,
+                }  # fmt: skip
+                kl_ctl.update(seq_kl, len(idx))
+                ctx.run_dir.append_metrics(record)
+                if it % t.log_every == 0 or it in (1, iterations):
+                    reward, length = record["reward/mean"], record["response_length"]
+                    print(
+                        f"ppo {it}/{iterations}  reward {reward:.3f}  kl {seq_kl:.3f}  len {length:.1f}",
+                        flush=True,
+                    )
+                stop = session.interrupt.requested
+                if (t.save_every and it % t.save_every == 0) or stop:
+                    modules = {"policy": acc.unwrap_model(policy), "value": acc.unwrap_model(value)}
+                    saved = ppo.save_checkpoint(ctx.run_dir, it, modules, optimizer, t.keep_last)
+                if stop:
+                    raise Interrupted(session.interrupt.signum, it, str(saved))
+        finally:
+            session.interrupt.uninstall()
+            c.tracker.finish()
+        metrics = {"train_runtime": round(time.time() - start, 2), "iterations": iterations, **record}
+        unwrap = acc.unwrap_model
+        return session.finish_loop(
+            unwrap(policy), title="PPO", metrics=metrics, extra={"value": unwrap(value)}
+        )
+
+
+def reward_model_path(spec: Any) -> str | None:
+    """The reward model named by the reward node, if any."""
+    import functools
+
+    if isinstance(spec, functools.partial):
+        return spec.keywords.get("model")
+    if isinstance(spec, dict):
+        return spec.get("model")
+    return None

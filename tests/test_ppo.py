@@ -1,0 +1,313 @@
+"""PPO: the algorithm's pieces against hand-computed values, then the recipe end to end on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from components import ppo
+from components.errors import ConfigError
+from components.rewards import text_of
+
+
+def brevity(prompts: list, completions: list, **_) -> list[float]:
+    """Test reward: shorter completions score higher (0 for an empty one, -1 for 20+ characters).
+
+    A random-init model cannot do sums, so exact match gives PPO nothing to climb; what it *can* learn
+    within a few dozen iterations is to stop early (one token, EOS, at the first position). The reward
+    is dense (every character counts), so the improvement shows without any SFT first. Text or chat
+    messages (GRPO) both work."""
+    return [-min(len(text_of(c)), 20) / 20 for c in completions]
+
+
+# ---------------------------------------------------------------------------------------- the pieces
+def test_gae_matches_a_hand_computation() -> None:
+    # 3 real tokens + 1 padding token whose reward / value must be ignored; gamma 0.9, lam 0.8
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 5.0]])
+    values = torch.tensor([[0.5, 0.4, 0.6, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    adv, ret = ppo.gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    # deltas: d2 = 1 + 0.9*0 - 0.6 = 0.4; d1 = 0 + 0.9*0.6 - 0.4 = 0.14; d0 = 0 + 0.9*0.4 - 0.5 = -0.14
+    a2 = 0.4
+    a1 = 0.14 + 0.9 * 0.8 * a2  # 0.428
+    a0 = -0.14 + 0.9 * 0.8 * a1  # 0.16816
+    torch.testing.assert_close(adv, torch.tensor([[a0, a1, a2, 0.0]]))
+    torch.testing.assert_close(ret, torch.tensor([[a0 + 0.5, a1 + 0.4, a2 + 0.6, 0.0]]))
+
+
+def test_whiten_uses_only_masked_entries() -> None:
+    x = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 5.0, -50.0, 7.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    out = ppo.whiten(x, mask)
+    kept = out[mask.bool()]
+    assert kept.mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert kept.std().item() == pytest.approx(1.0, abs=1e-5)
+    # masked entries 1..5: mean 3, unbiased variance 2.5
+    torch.testing.assert_close(kept, (torch.tensor([1.0, 2, 3, 4, 5]) - 3) / math.sqrt(2.5))
+    assert out[~mask.bool()].eq(0).all()
+    unshifted = ppo.whiten(x, mask, shift_mean=False)[mask.bool()]
+    assert unshifted.mean().item() == pytest.approx(3.0, abs=1e-5)
+
+
+def test_policy_loss_clips_the_ratio() -> None:
+    mask = torch.ones(1, 1)
+    # ratio 1.5 > 1 + 0.2 with advantage +2: the clipped term -2 * 1.2 = -2.4 is the larger (used)
+    loss, clipfrac = ppo.policy_loss(
+        torch.tensor([[math.log(1.5)]]), torch.zeros(1, 1), torch.tensor([[2.0]]), mask, 0.2
+    )
+    assert loss.item() == pytest.approx(-2.4) and clipfrac.item() == 1.0
+    # ratio 0.5 with advantage +2: unclipped -1.0 > clipped -1.6, no clipping
+    loss, clipfrac = ppo.policy_loss(
+        torch.tensor([[math.log(0.5)]]), torch.zeros(1, 1), torch.tensor([[2.0]]), mask, 0.2
+    )
+    assert loss.item() == pytest.approx(-1.0) and clipfrac.item() == 0.0
+    # ratio 1.5 with advantage -1: the pessimistic unclipped term 1.5 is kept
+    loss, clipfrac = ppo.policy_loss(
+        torch.tensor([[math.log(1.5)]]), torch.zeros(1, 1), torch.tensor([[-1.0]]), mask, 0.2
+    )
+    assert loss.item() == pytest.approx(1.5) and clipfrac.item() == 0.0
+    # both tokens together, and a masked third one that would dominate if counted
+    new, adv = torch.tensor([[math.log(1.5), math.log(0.5), 5.0]]), torch.tensor([[2.0, 2.0, 100.0]])
+    loss, clipfrac = ppo.policy_loss(new, torch.zeros(1, 3), adv, torch.tensor([[1, 1, 0]]), 0.2)
+    assert loss.item() == pytest.approx((-2.4 - 1.0) / 2) and clipfrac.item() == pytest.approx(0.5)
+
+
+def test_value_loss_clips_the_update() -> None:
+    mask = torch.ones(1, 1)
+    # old 0, new 1, return 1, clip 0.2: clipped value 0.2 has error 0.64 > 0 -> 0.5 * 0.64
+    loss, clipfrac = ppo.value_loss(torch.ones(1, 1), torch.zeros(1, 1), torch.ones(1, 1), mask, 0.2)
+    assert loss.item() == pytest.approx(0.32) and clipfrac.item() == 1.0
+    # a move within the clip range: both errors are (0.1 - 1)^2 = 0.81
+    loss, clipfrac = ppo.value_loss(torch.full((1, 1), 0.1), torch.zeros(1, 1), torch.ones(1, 1), mask, 0.2)
+    assert loss.item() == pytest.approx(0.405) and clipfrac.item() == 0.0
+
+
+def test_kl_estimators() -> None:
+    logp, ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
+    assert ppo.kl_penalty(logp, ref, "k1").item() == pytest.approx(math.log(2))  # log p - log q
+    # k3 = (q/p - 1) - log(q/p) = (0.5 - 1) - log 0.5
+    assert ppo.kl_penalty(logp, ref, "k3").item() == pytest.approx(-0.5 + math.log(2))
+    assert ppo.kl_penalty(logp, logp, "k1").item() == 0.0 and ppo.kl_penalty(logp, logp, "k3").item() == 0.0
+    # k3 is never negative, k1 is when the reference is likelier
+    assert ppo.kl_penalty(ref, logp, "k1").item() < 0 < ppo.kl_penalty(ref, logp, "k3").item()
+    with pytest.raises(ValueError):
+        ppo.kl_penalty(logp, ref, "k2")
+
+
+def test_per_token_rewards_put_the_score_on_the_last_real_token() -> None:
+    kl = torch.tensor([[0.1, 0.2, 0.3, 9.0]])
+    out = ppo.per_token_rewards(torch.tensor([1.0]), kl, torch.tensor([[1, 1, 1, 0]]), kl_coef=0.5)
+    torch.testing.assert_close(out, torch.tensor([[-0.05, -0.1, -0.15 + 1.0, 0.0]]))
+
+
+def test_adaptive_kl_controller_moves_towards_the_target() -> None:
+    ctl = ppo.AdaptiveKLController(0.1, target=1.0, horizon=100)
+    ctl.update(current_kl=2.0, n_steps=10)  # KL too high: error clipped to +0.2 -> x(1 + 0.2 * 10/100)
+    assert ctl.value == pytest.approx(0.1 * 1.02)
+    ctl.update(current_kl=0.5, n_steps=10)  # KL too low: error -0.5 clipped to -0.2 -> x0.98
+    assert ctl.value == pytest.approx(0.1 * 1.02 * 0.98)
+    fixed = ppo.FixedKLController(0.1)
+    fixed.update(5.0, 10)
+    assert fixed.value == 0.1
+
+
+def test_missing_eos_penalty_only_hits_truncated_responses() -> None:
+    response = torch.tensor([[5, 2, 7, 8], [5, 6, 7, 8]])  # EOS = 2 in the first row only
+    out, mask, has_eos = ppo.truncate_after_eos(response, [2], pad_id=3)
+    assert out.tolist() == [[5, 2, 3, 3], [5, 6, 7, 8]]  # everything after the first EOS is padding
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]  # the EOS itself is a real token
+    assert has_eos.tolist() == [True, False]
+    scores = ppo.apply_missing_eos_penalty(torch.tensor([1.0, 1.0]), has_eos, -1.0)
+    assert scores.tolist() == [1.0, 0.0]
+    assert ppo.apply_missing_eos_penalty(torch.tensor([1.0, 1.0]), has_eos, None).tolist() == [1.0, 1.0]
+
+
+def test_running_moments_match_the_batch_statistics() -> None:
+    moments, a, b = ppo.RunningMoments(), torch.tensor([1.0, 2.0, 3.0]), torch.tensor([10.0, 20.0])
+    moments.update(a)
+    moments.update(b)
+    both = torch.cat([a, b])
+    assert moments.mean == pytest.approx(both.mean().item())
+    assert moments.std == pytest.approx(both.std(unbiased=False).item())
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from components.model import CausalLM
+    from components.resolvers import asset
+
+    torch.manual_seed(0)
+    spec = CausalLM(name_or_path=asset("tiny"), init="random")
+    return spec.build().eval(), spec.build_tokenizer()
+
+
+def test_rollout_pads_left_and_restores_the_tokenizer(tiny) -> None:
+    model, tok = tiny
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True)
+        for c in ("What is 1 + 2?", "What is 12 + 34 and then some more words?")
+    ]
+    torch.manual_seed(0)
+    ro = ppo.rollout(model, tok, prompts, max_new_tokens=4)
+    assert tok.padding_side == "right"  # training padding is untouched
+    assert ro.query_mask[0, 0] == 0 and ro.query[0, 0] == tok.pad_token_id  # the short prompt is padded left
+    assert ro.query_mask[:, -1].eq(1).all()  # every prompt ends where generation starts
+    assert ro.response.shape == ro.response_mask.shape and ro.response.shape[1] <= 4
+
+
+def test_log_probs_do_not_depend_on_left_padding(tiny) -> None:
+    model, tok = tiny
+    ids = torch.tensor([[7, 8, 9, 10, 11, 12]])
+    alone, _, _ = ppo.sequence_logprobs(model, ids, torch.ones_like(ids), 3)
+    padded = torch.cat([torch.full((1, 3), tok.pad_token_id), ids], dim=1)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]])
+    shifted, entropy, _ = ppo.sequence_logprobs(model, padded, mask, 3)
+    torch.testing.assert_close(shifted, alone, atol=1e-4, rtol=1e-4)
+    assert entropy.shape == (1, 3) and (entropy > 0).all()
+
+
+# ------------------------------------------------------------------------------------------ the recipe
+FAST_PPO = [
+    "recipe=ppo",
+    "recipe.rollout_batch_size=32",
+    "recipe.mini_batch_size=16",
+    "recipe.response_length=8",
+    "train.micro_batch_size=16",
+    "train.eval_generations=0",
+    "train.save_every=0",
+]
+
+
+def test_ppo_raises_the_reward(run_recipe) -> None:
+    ctx, _ = run_recipe(
+        *FAST_PPO,
+        "recipe.num_iterations=30",
+        "recipe.reward._target_=tests.test_ppo.brevity",
+        "recipe.missing_eos_penalty=0",  # the improvement must come from the reward function itself
+        "train.save_every=15",
+        name="ppo",
+    )
+    records = ctx.run_dir.read_metrics()
+    assert len(records) == 30
+    rewards = [r["reward/mean"] for r in records]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.3, rewards  # measured: -0.88 -> -0.16 (seed 42)
+    assert all(math.isfinite(r["kl"]) and math.isfinite(r["loss"]) for r in records)
+    for key in (
+        "reward/std",
+        "kl_coef",
+        "loss/policy",
+        "loss/value",
+        "clipfrac/policy",
+        "clipfrac/value",
+        "entropy",
+        "response_length",
+        "eos_fraction",
+        "approx_kl",
+        "lr",
+    ):
+        assert key in records[-1], key
+    run = ctx.run_dir.path
+    assert (run / "final" / "model.safetensors").is_file() and (run / "final" / "value.safetensors").is_file()
+    assert (run / "checkpoints" / "checkpoint-30" / "hydratune_complete.json").is_file()
+    result = json.loads((run / "result.json").read_text())
+    assert result["run"]["recipe"] == "PPO" and "reward/mean" in result["final metrics"]
+    assert (run / "summary.md").is_file()
+
+
+def test_ppo_with_lora_keeps_no_reference_copy_and_trains_only_adapter_and_head(
+    run_recipe, monkeypatch
+) -> None:
+    import gc
+
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import LlamaForCausalLM
+
+    def no_copy(model):
+        raise AssertionError("a reference copy of the weights was made under PEFT")
+
+    def llama_models() -> int:
+        gc.collect()
+        return sum(isinstance(o, LlamaForCausalLM) for o in gc.get_objects())
+
+    base_models: list[int] = []
+    disable, before = PeftModel.disable_adapter, llama_models()  # other tests' models may be alive
+
+    def counting_disable(self):
+        if not base_models:  # once: how many Llama models the run holds while the reference is evaluated
+            base_models.append(llama_models() - before)
+        return disable(self)
+
+    monkeypatch.setattr(ppo, "frozen_copy", no_copy)
+    monkeypatch.setattr(PeftModel, "disable_adapter", counting_disable)
+    ctx, _ = run_recipe(*FAST_PPO, "peft=lora", "recipe.num_iterations=3", name="ppo_lora")
+    assert base_models == [1]  # the reference ran through disable_adapter() on the one and only model
+    final = ctx.run_dir.final
+    adapter = load_file(final / "adapter_model.safetensors")
+    assert adapter and all("lora_" in k for k in adapter) and not (final / "model.safetensors").exists()
+    assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)
+    head = load_file(final / "value.safetensors")
+    assert head["weight"].abs().sum() > 0  # the value head (zero at the start) was trained
+    ctx.seed_everything()
+    base = ctx.components.model.build().state_dict()
+    trained = {
+        k.replace(".base_layer", ""): v
+        for k, v in ctx.model.get_base_model().state_dict().items()
+        if "lora_" not in k
+    }
+    assert trained.keys() == base.keys()
+    assert all(torch.equal(trained[k], v) for k, v in base.items())
+
+
+def test_ppo_against_a_trained_reward_model_with_a_critic_from_it(run_recipe, tmp_path) -> None:
+    rm, _ = run_recipe(
+        "recipe=reward", "train.max_steps=2", "train.save_every=0", "train.eval_every=0", name="rm"
+    )
+    chained = f"recipe.reward.model=${{latest_run:reward,{tmp_path}/outputs}}"
+    ctx, _ = run_recipe(
+        *FAST_PPO,
+        chained,
+        "recipe.num_iterations=2",
+        "recipe.value_model=separate",
+        "recipe.adaptive_kl=true",
+        "recipe.kl_estimator=k3",
+        "recipe.reward_normalization=true",
+        "recipe.target_kl=0.01",
+        "recipe.kl_horizon=10",
+        name="ppo_rm",
+    )
+    records = ctx.run_dir.read_metrics()
+    # the first iteration's KL is 0 (policy == reference), below target_kl: the coefficient shrinks
+    assert records[1]["kl_coef"] < records[0]["kl_coef"]
+    assert all(math.isfinite(r["loss/value"]) and math.isfinite(r["reward/mean"]) for r in records)
+    assert records[0]["reward/std"] > 0  # real-valued scores from the reward model, not 0/1 matches
+    # the critic started from the reward model's trunk and score head
+    from safetensors.torch import load_file
+
+    critic = load_file(ctx.run_dir.final / "value.safetensors")
+    start = load_file(rm.run_dir.final / "model.safetensors")
+    assert critic.keys() == start.keys()
+
+
+def test_ppo_refuses_the_wrong_data_and_bad_knobs_before_load(run_recipe) -> None:
+    with pytest.raises(ConfigError) as info:
+        run_recipe("recipe=ppo", "data=demo_sft")
+    assert info.value.key == "data" and "demo_ppo" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        run_recipe("recipe=ppo", "recipe.kl_estimator=k2")
+    assert info.value.key == "recipe.kl_estimator"
+    with pytest.raises(ConfigError) as info:
+        run_recipe("recipe=ppo", "recipe.reward.model=/nonexistent/run")
+    assert info.value.key == "recipe.reward.model"
+
+
+def test_ppo_is_deterministic_on_cpu(run_recipe) -> None:
+    def metrics(name: str) -> list[dict]:
+        ctx, _ = run_recipe(*FAST_PPO, "recipe.num_iterations=2", name=name)
+        return [{k: v for k, v in r.items() if k != "time"} for r in ctx.run_dir.read_metrics()]
+
+    assert metrics("a") == metrics("b")
