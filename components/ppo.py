@@ -128,7 +128,8 @@ def sequence_logprobs(
     values = None
     if value_head is not None:
         hidden = out.hidden_states[-1][:, -response_length - 1 : -1]
-        values = value_head(hidden.to(value_head.weight.dtype)).squeeze(-1).float()
+        dtype = next(value_head.parameters()).dtype  # value_head may be DDP-wrapped
+        values = value_head(hidden.to(dtype)).squeeze(-1).float()
     return logp, entropy, values
 
 
@@ -389,6 +390,10 @@ class PromptSampler:
             self.queue += torch.randperm(self.n_rows, generator=self.generator).tolist()
         out, self.queue = self.queue[:k], self.queue[k:]
         return out
+
+    def take_shard(self, k: int, rank: int, world_size: int) -> list[int]:
+        """This rank's ``k`` prompts of the ``k * world_size`` drawn (the same draw on every rank)."""
+        return self.take(k * world_size)[rank::world_size]
 
 
 @dataclass

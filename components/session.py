@@ -219,6 +219,9 @@ class Session:
         from safetensors.torch import save_file
 
         self.model = self.ctx.model = model
+        self.ctx.record_rank_weights(model)
+        if not self.ctx.is_main_process:  # rank 0 writes the run dir
+            return metrics
         self.evaluate_generations(self.eval_prompts, "after")
         self.report["outputs"] = save_final(
             model, self.tokenizer, self.ctx.run_dir.final, merge=self.ctx.cfg.merge

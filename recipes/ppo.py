@@ -40,7 +40,7 @@ class PPO:
     """Knobs of PPO; the optimizer, schedule, precision, PEFT, seed and clipping come from the groups."""
 
     num_iterations: int | None = 100  # rollout + update rounds; None = from train.max_steps / train.epochs
-    rollout_batch_size: int = 32  # prompts per iteration
+    rollout_batch_size: int = 32  # prompts per process per iteration
     ppo_epochs: int = 2  # passes over each rollout
     mini_batch_size: int = 16  # sequences per optimizer step
     response_length: int = 8  # max new tokens
@@ -92,6 +92,14 @@ class PPO:
             if not ok:
                 hint = "a divisor of rollout_batch_size" if key == "mini_batch_size" else None
                 raise ConfigError(f"invalid value {getattr(self, key)!r}", key=f"recipe.{key}", hint=hint)
+        from components.strategy import DDP, Single
+
+        if not isinstance(comps.strategy, (Single, DDP)):
+            raise ConfigError(
+                f"recipe=ppo runs under strategy=single or ddp, not {type(comps.strategy).__name__} yet",
+                key="strategy",
+                hint="strategy=ddp launcher.nproc_per_node=N for several processes",
+            )
         if cfg.resume:
             raise ConfigError(
                 "PPO runs cannot resume from a checkpoint yet", key="resume", hint="drop resume"
@@ -145,9 +153,8 @@ class PPO:
         scheduler = c.scheduler.build(optimizer, steps)
         precision = c.precision.resolve(ctx.device)
         acc = Accelerator(mixed_precision="no" if precision == "fp32" else precision, cpu=ctx.device == "cpu")
-        c.strategy.verify(acc)
-        if acc.num_processes > 1:  # rollouts, metrics and saving are written for one process
-            raise ConfigError("PPO runs in a single process for now", key="strategy", hint="strategy=single")
+        c.strategy.verify(acc, ctx.plan.world_size)
+        session.report["run"]["live strategy"] = c.strategy.live_description(acc)
         policy, value, optimizer, scheduler = acc.prepare(policy, value, optimizer, scheduler)
         reference = reference.to(acc.device) if reference is not None else None
         model = ppo.ActorCritic(
@@ -165,7 +172,7 @@ class PPO:
         try:
             for it in range(1, iterations + 1):
                 # 1. sample responses to a batch of prompts and score them
-                idx = sampler.take(self.rollout_batch_size)
+                idx = sampler.take_shard(self.rollout_batch_size, acc.process_index, acc.num_processes)
                 rows = data[idx]
                 ro = ppo.rollout(
                     acc.unwrap_model(policy).eval(), tok, [texts[i] for i in idx],
@@ -199,20 +206,26 @@ class PPO:
                     value_clip=self.value_clip, vf_coef=self.vf_coef, entropy_coef=self.entropy_coef,
                     max_grad_norm=t.max_grad_norm, generator=sampler.generator,
                 )  # fmt: skip
-                seq_kl = kl.sum(1).mean().item()
+                # every rank's rollout counts: gather the per-sequence numbers, average the losses
+                raw_all, kl_all = acc.gather(raw.float()), acc.gather(kl.sum(1))
+                stats = {
+                    k: acc.reduce(torch.tensor(v, device=acc.device), "mean").item() for k, v in stats.items()
+                }
+                seq_kl = kl_all.mean().item()
                 record = {
                     "step": it, "time": round(time.time() - start, 3),
-                    "reward/mean": raw.float().mean().item(),
-                    "reward/std": raw.float().std().item() if len(raw) > 1 else 0.0,
-                    "score/mean": score.mean().item(), "kl": seq_kl, "kl_coef": kl_ctl.value,
-                    "entropy": ppo.masked_mean(entropy, rmask).item(),
-                    "response_length": rmask.sum(1).float().mean().item(),
-                    "eos_fraction": ro.has_eos.float().mean().item(),
+                    "reward/mean": raw_all.mean().item(),
+                    "reward/std": raw_all.std().item() if len(raw_all) > 1 else 0.0,
+                    "score/mean": acc.gather(score).mean().item(), "kl": seq_kl, "kl_coef": kl_ctl.value,
+                    "entropy": acc.reduce(ppo.masked_mean(entropy, rmask), "mean").item(),
+                    "response_length": acc.gather(rmask.sum(1).float()).mean().item(),
+                    "eos_fraction": acc.gather(ro.has_eos.float()).mean().item(),
                     "lr": scheduler.get_last_lr()[0], **stats,
                 }  # fmt: skip
-                kl_ctl.update(seq_kl, len(idx))
-                ctx.run_dir.append_metrics(record)
-                if it % t.log_every == 0 or it in (1, iterations):
+                kl_ctl.update(seq_kl, len(idx) * acc.num_processes)
+                if acc.is_main_process:
+                    ctx.run_dir.append_metrics(record)
+                if acc.is_main_process and (it % t.log_every == 0 or it in (1, iterations)):
                     reward, length = record["reward/mean"], record["response_length"]
                     print(
                         f"ppo {it}/{iterations}  reward {reward:.3f}  kl {seq_kl:.3f}  len {length:.1f}",
@@ -221,7 +234,10 @@ class PPO:
                 stop = session.interrupt.requested
                 if (t.save_every and it % t.save_every == 0) or stop:
                     modules = {"policy": acc.unwrap_model(policy), "value": acc.unwrap_model(value)}
-                    saved = ppo.save_checkpoint(ctx.run_dir, it, modules, optimizer, t.keep_last)
+                    saved = ctx.run_dir.checkpoints / f"checkpoint-{it}"
+                    if acc.is_main_process:  # DDP: every rank holds the same weights
+                        saved = ppo.save_checkpoint(ctx.run_dir, it, modules, optimizer, t.keep_last)
+                    acc.wait_for_everyone()
                 if stop:
                     raise Interrupted(session.interrupt.signum, it, str(saved))
         finally:
