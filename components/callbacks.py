@@ -79,3 +79,21 @@ class RichProgressCallback(TrainerCallback):
             self.progress.update(self.task, completed=state.global_step)
             self.progress.stop()
             self.progress = None
+
+
+def process_age() -> float:
+    """Seconds since this process started (the command, imports included)."""
+    import psutil
+
+    return time.time() - psutil.Process().create_time()
+
+
+class FirstStepTimer(TrainerCallback):
+    """Records how long the command took to reach its first optimizer step (start-up latency)."""
+
+    def __init__(self) -> None:
+        self.seconds: float | None = None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.seconds is None:
+            self.seconds = round(process_age(), 2)

@@ -185,15 +185,16 @@ def check_generated(cfg: DictConfig, comps: Components, device: str) -> None:
         validate_deepspeed_config(files["deepspeed.json"])
 
 
-def check_before_load(cfg: DictConfig, comps: Components) -> str:
-    """Everything that can be checked before weights are touched, cheapest first; returns the device."""
+def check_before_load(cfg: DictConfig, comps: Components, device: str | None = None) -> str:
+    """Everything that can be checked before weights are touched, cheapest first; returns the device
+    (``device`` overrides detection: ``mode=plan`` plans for a GPU from a host without one)."""
     check_known_keys(cfg)
     check_train(cfg)
     for _, component in comps.items():
         validate = getattr(component, "validate", None)
         if callable(validate):
             validate()
-    device = comps.strategy.resolve_device()  # first torch import
+    device = device or comps.strategy.resolve_device()  # first torch import
     check_combinations(cfg, comps, device)
     check_generated(cfg, comps, device)
     recipe_check = getattr(comps.recipe, "check", None)

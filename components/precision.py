@@ -15,8 +15,8 @@ def device_supports_bf16(device: str) -> bool:
     """bf16 autocast works on CPU (slowly without avx512_bf16) and on Ampere+ / recent AMD GPUs."""
     import torch
 
-    if device == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device == "cuda":  # no GPU visible: planning for one (mode=plan), assume Ampere or newer
+        return not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
     return device in ("cpu", "mps")
 
 

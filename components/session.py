@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.callbacks import MetricsCallback, RichProgressCallback
+from components.callbacks import FirstStepTimer, MetricsCallback, RichProgressCallback
 from components.checkpoint import checkpoints_in, resolve_resume, save_final
 from components.errors import Interrupted
 from components.evaluation import evaluate_generations
@@ -29,6 +29,7 @@ class Session:
     report: dict[str, dict[str, Any]] = field(default_factory=dict)
     eval_prompts: list[tuple[list[dict[str, str]], str]] = field(default_factory=list)
     interrupt: GracefulInterrupt = field(default_factory=GracefulInterrupt)
+    first_step: FirstStepTimer = field(default_factory=FirstStepTimer)
 
     @classmethod
     def start(cls, ctx: RunContext) -> Session:
@@ -104,6 +105,7 @@ class Session:
             MetricsCallback(self.ctx.run_dir),
             RichProgressCallback(f"{type(c.recipe).__name__.lower()}"),
             self.interrupt,
+            self.first_step,
             *c.tracker.callbacks(self.ctx.run_info()),
         ]
 
@@ -240,6 +242,7 @@ class Session:
             "train time (s)": metrics.get("train_runtime"),
             "tokens/s (train, non-pad)": _tokens_per_second(ctx),
             "peak memory (GiB)": round(peak_memory_gb(ctx.device), 3),
+            "command to first step (s)": self.first_step.seconds,
         }
         if ctx.train.write_plots:
             ctx.run_dir.plot_losses()
