@@ -1,0 +1,522 @@
+"""Throughput harness of issue 6: hydratune vs plain TRL (its defaults) vs a hand-written PyTorch loop,
+same model shape, same synthetic data, one process per variant and implementation.
+
+    python bench/throughput.py --out docs/benchmarks.md                 # GPU: the full matrix (~20-30 min)
+    python bench/throughput.py --out docs/benchmarks.md --only sft_full  # a subset (substrings of names)
+    python bench/throughput.py --cpu --out docs/benchmarks.md            # CPU smoke mode: tiny model
+    python bench/throughput.py --list                                    # the matrix, runs nothing
+
+Per row it reports real (non-pad) tokens/s and step time over the steps after ``--warmup``, peak memory
+(``torch.cuda.max_memory_allocated``; peak RSS on CPU) and MFU = 6 * N * tokens/s / peak, where N is the
+model's parameter count and the peak is measured here first (bf16 8192^3 matmul on GPU, fp32 1024^3 on
+CPU). ``--out`` replaces this mode's section (GPU or CPU) of the markdown file and keeps the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import data as bench_data
+from common import REPO, SHAPES, param_count, versions, window
+
+BENCH = Path(__file__).resolve().parent
+IMPLS = ("hydratune", "trl", "raw")
+LORA = {"r": 16, "alpha": 32.0, "dropout": 0.05}  # = conf/peft/lora.yaml
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    regime: str  # packed | variable | pairs | prompts
+    recipe: str = "sft"
+    peft: bool = False
+    quant: bool = False
+    zero: int = 0
+    impls: tuple[str, ...] = IMPLS
+    gpu_only: bool = False
+    target: tuple[str, float] | None = None  # (against what, ratio) from issue 6; "mem" = at <= TRL's memory
+    note: str = ""
+    hydratune_overrides: tuple[str, ...] = field(default=())
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.regime}"
+
+
+MATRIX: list[Variant] = [
+    Variant("sft_full", "packed", target=("TRL mem", 1.30)),
+    Variant("sft_full", "variable", target=("TRL", 2.0)),
+    Variant("sft_lora", "packed", peft=True, target=("TRL", 1.25)),
+    Variant("sft_lora", "variable", peft=True),
+    Variant("sft_qlora", "packed", peft=True, quant=True, gpu_only=True, target=("TRL", 1.25)),
+    Variant("dpo", "pairs", recipe="dpo", target=("TRL mem", 1.25)),
+    Variant("ppo", "prompts", recipe="ppo", impls=("hydratune",), note="rollout+update step time"),
+    Variant("zero2", "packed", zero=2, impls=("hydratune", "trl"), gpu_only=True),
+    Variant(
+        "zero3", "packed", zero=3, impls=("hydratune", "trl"), gpu_only=True, target=("vs sft_full", 0.85)
+    ),
+]
+
+
+@dataclass
+class Mode:
+    device: str
+    shape: str
+    seq_len: int
+    micro_batch: int
+    steps: int
+    warmup: int
+    lengths: dict[str, Any]
+    ppo: dict[str, int]
+    compile_raw: bool
+    rows: int = 4000  # variable-length / pair rows generated
+    env: dict[str, str] = field(default_factory=dict)  # for every benchmark process
+    lr: float = 1e-4
+    timeout: int = 900
+
+
+def mode_for(cpu: bool, steps: int | None, warmup: int | None) -> Mode:
+    if cpu:
+        mode = Mode(
+            "cpu",
+            "tiny",
+            128,
+            4,
+            8,
+            2,
+            bench_data.CPU_LENGTHS,
+            {"rollout": 8, "response": 8, "steps": 6, "warmup": 2},
+            False,
+        )
+        # one thread per process: the numbers stay comparable on a shared, busy machine
+        mode.timeout, mode.rows, mode.env = 300, 600, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    else:
+        mode = Mode(
+            "cuda",
+            "llama1b",
+            2048,
+            4,
+            40,
+            10,
+            bench_data.GPU_LENGTHS,
+            {"rollout": 32, "response": 256, "steps": 12, "warmup": 2},
+            True,
+        )
+    if steps:
+        mode.steps = steps
+    if warmup is not None:
+        mode.warmup = warmup
+    if mode.steps <= mode.warmup:
+        raise SystemExit(f"--steps {mode.steps} must exceed --warmup {mode.warmup}")
+    return mode
+
+
+# ---- the three implementations ------------------------------------------------------------------------
+def hydratune_overrides(v: Variant, mode: Mode, files: dict[str, Path]) -> list[str]:
+    args = [
+        "model=tiny",
+        *(f"+model.architecture.{k}={json.dumps(val)}" for k, val in SHAPES[mode.shape].items()),
+        f"train.micro_batch_size={mode.micro_batch}",
+        "train.eval_every=0",
+        "train.eval_generations=0",
+        "train.save_every=0",
+        "train.write_plots=false",
+        f"optimizer.lr={mode.lr}",
+    ]
+    if mode.device == "cuda":
+        args.append("precision=bf16")
+    if v.recipe == "ppo":
+        args += [
+            "recipe=ppo",
+            f"recipe.num_iterations={mode.ppo['steps']}",
+            f"recipe.rollout_batch_size={mode.ppo['rollout']}",
+            f"recipe.mini_batch_size={mode.ppo['rollout'] // 2}",
+            f"recipe.response_length={mode.ppo['response']}",
+            "train.log_every=1",
+        ]
+    else:
+        # logged (so timed) at the end of the warm-up and of the last step, and as rarely as that allows
+        every = math.gcd(mode.warmup, mode.steps) or 1
+        args += [f"train.max_steps={mode.steps}", f"train.log_every={every}"]
+    if v.recipe == "sft":
+        fmt = "text" if v.regime == "packed" else "messages"
+        args += [
+            "data=jsonl_messages",
+            f"data.path={files['data']}",
+            f"data.format={fmt}",
+            "data.eval_fraction=0.0",
+            f"data.max_length={mode.seq_len}",
+        ]
+    elif v.recipe == "dpo":
+        args += [
+            "recipe=dpo",
+            "data=demo_dpo",
+            f"data.path={files['data']}",
+            "data.eval_path=null",
+            f"data.max_length={mode.seq_len}",
+        ]
+    if v.peft:
+        args.append("peft=lora")
+    if v.quant:
+        args.append("quantization=nf4")
+    if v.zero:
+        args.append(f"strategy=zero{v.zero}")
+    return [*args, *v.hydratune_overrides]
+
+
+def run_hydratune(v: Variant, mode: Mode, files: dict[str, Path], work: Path) -> dict[str, Any]:
+    run_dir = work / f"hydratune_{v.name}_{v.regime}"
+    args = hydratune_overrides(v, mode, files)
+    cmd = [sys.executable, "-m", "recipes", *args, f"hydra.run.dir={run_dir}"]
+    proc = run(cmd, mode.timeout, mode.env)
+    if proc["rc"]:
+        return {"error": proc["tail"]}
+    result = json.loads((run_dir / "result.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    warmup = mode.warmup
+    if v.recipe == "ppo":  # one iteration = a rollout of rollout_batch_size prompts + the PPO updates
+        marks = [(r["step"], 0.0, r["time"]) for r in records if "reward/mean" in r]
+        warmup = mode.ppo["warmup"]
+    else:
+        marks = [(r["step"], r.get("num_input_tokens_seen", 0), r["time"]) for r in records if "loss" in r]
+    cost = result.get("cost", {})
+    return {
+        **window(marks, warmup),
+        "peak memory (GiB)": cost.get("peak memory (GiB)"),
+        "whole-run tokens/s": cost.get("tokens/s (train, non-pad)"),
+        "command": "python -m recipes " + " ".join(shlex.quote(a) for a in args),
+    }
+
+
+def run_script(script: str, spec: dict[str, Any], mode: Mode, work: Path, env: dict | None = None) -> dict:
+    result_path = work / f"{script}_{spec['variant']}_{spec['regime']}.json"
+    spec = {**spec, "result": str(result_path)}
+    spec_path = result_path.with_suffix(".spec.json")
+    spec_path.write_text(json.dumps(spec))
+    cmd = [sys.executable, str(BENCH / f"{script}.py"), "--spec", f"@{spec_path}"]
+    proc = run(cmd, mode.timeout, {**mode.env, **(env or {})})
+    if proc["rc"] or not result_path.is_file():
+        return {"error": proc["tail"]}
+    return json.loads(result_path.read_text())
+
+
+def run(cmd: list[str], timeout: int, env: dict | None = None) -> dict[str, Any]:
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return {"rc": 124, "tail": f"timed out after {timeout} s"}
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    if proc.returncode:
+        print(tail, file=sys.stderr)
+    return {"rc": proc.returncode, "tail": tail}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def save_random_model(mode: Mode, path: Path) -> None:
+    """A random-init checkpoint of the benchmark shape (QLoRA baselines quantize while loading it)."""
+    if path.is_dir():
+        return
+    code = (
+        f"import sys, torch; sys.path.insert(0, {str(BENCH)!r})\n"
+        "from common import model_config, TINY\n"
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "torch.manual_seed(0)\n"
+        f"m = AutoModelForCausalLM.from_config(model_config({SHAPES[mode.shape]!r}), dtype=torch.bfloat16)\n"
+        f"m.save_pretrained({str(path)!r})\n"
+        f"AutoTokenizer.from_pretrained(TINY).save_pretrained({str(path)!r})\n"
+    )
+    proc = run([sys.executable, "-c", code], mode.timeout)
+    if proc["rc"]:
+        raise RuntimeError(proc["tail"])
+
+
+def measure_peak(mode: Mode) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "common.py"), "peak", "--device", mode.device],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={**os.environ, **mode.env},
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_variant(v: Variant, mode: Mode, work: Path, impls: tuple[str, ...], trl_set: dict) -> dict[str, Any]:
+    data_dir = work / "data"
+    files: dict[str, Path] = {}
+    if v.regime != "prompts":
+        rows = mode.steps * mode.micro_batch + 8 if v.regime == "packed" else mode.rows
+        path, tokens, _ = bench_data.make(v.regime, data_dir, rows, mode.seq_len, mode.lengths)
+        files = {"data": path, "tokens": tokens}
+    spec = {
+        "variant": v.name,
+        "regime": v.regime,
+        "recipe": v.recipe,
+        "device": mode.device,
+        "arch": SHAPES[mode.shape],
+        "seq_len": mode.seq_len,
+        "micro_batch": mode.micro_batch,
+        "steps": mode.steps,
+        "warmup": mode.warmup,
+        "lr": mode.lr,
+        "seed": 0,
+        "data": str(files.get("data", "")),
+        "tokens": str(files.get("tokens", "")),
+        "peft": LORA if v.peft else None,
+        "quant": v.quant,
+        "zero": v.zero,
+        # compiled where shapes are static (full rows) and no bitsandbytes kernels are involved
+        "compile": mode.compile_raw and v.recipe == "sft" and not v.quant,
+        "trl_set": trl_set,
+    }
+    if v.quant:
+        spec["model_dir"] = str(work / "random_model")
+        save_random_model(mode, work / "random_model")
+    row: dict[str, Any] = {"variant": v.name, "regime": v.regime}
+    for impl in impls:
+        if impl not in v.impls:
+            continue
+        start = time.time()
+        if impl == "hydratune":
+            res = run_hydratune(v, mode, files, work)
+        elif impl == "trl":
+            env = {"MASTER_PORT": str(free_port())} if v.zero else None
+            res = run_script("trl_baseline", spec, mode, work, env)
+        else:
+            res = run_script("raw_loop", spec, mode, work)
+        res["wall (s)"] = round(time.time() - start, 1)
+        row[impl] = res
+        print(json.dumps({"variant": v.key, "impl": impl, **res})[:600], flush=True)
+    return row
+
+
+# ---- the table ------------------------------------------------------------------------------------------
+def fmt(value: Any, spec: str = ".0f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def derived(rows: list[dict], n_params: int, peak_flops: float) -> None:
+    """Adds MFU per implementation and the ratio columns to every row."""
+    by_key = {(r["variant"], r["regime"]): r for r in rows}
+    for row in rows:
+        for impl in IMPLS:
+            res = row.get(impl)
+            if res and res.get("tokens/s"):
+                res["mfu"] = 6 * n_params * res["tokens/s"] / peak_flops
+        tps = {i: (row.get(i) or {}).get("tokens/s") for i in IMPLS}
+        h = tps["hydratune"]
+        row["h/trl"] = h / tps["trl"] if h and tps["trl"] else None
+        row["h/raw"] = h / tps["raw"] if h and tps["raw"] else None
+        if row["variant"] == "zero3":
+            base = (by_key.get(("sft_full", "packed")) or {}).get("hydratune") or {}
+            if h and base.get("tokens/s"):
+                row["zero3/sft_full"] = h / base["tokens/s"]
+
+
+def target_cell(row: dict, variant: Variant | None, judge: bool = True) -> str:
+    """Issue 6's goal for the row and whether this run meets it (only judged on a GPU)."""
+    if not variant or not variant.target:
+        return ""
+    what, ratio = variant.target
+    if what == "vs sft_full":
+        goal, value = f">= {ratio:.2f}x hydratune sft_full/packed", row.get("zero3/sft_full")
+    else:
+        goal, value = (
+            f">= {ratio:.2f}x TRL" + (" at <= its memory" if "mem" in what else ""),
+            row.get("h/trl"),
+        )
+    if not judge:
+        return f"{goal} (GPU goal)"
+    if value is None:
+        return f"{goal}: not measured"
+    ok = value >= ratio
+    if "mem" in what:
+        h, t = ((row.get(i) or {}).get("peak memory (GiB)") for i in ("hydratune", "trl"))
+        ok = ok and h is not None and t is not None and h <= t
+    return f"{goal}: {'met' if ok else 'NOT met'}"
+
+
+def error_line(tail: str) -> str:
+    lines = [ln.strip() for ln in tail.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln or "error:" in ln] or lines or ["failed"]
+    return errors[-1][:160]
+
+
+def render(rows: list[dict], meta: dict[str, Any]) -> str:
+    variants = {v.key: v for v in MATRIX}
+    cols = [
+        "variant",
+        "regime",
+        "hydratune tok/s",
+        "TRL tok/s",
+        "raw tok/s",
+        "hydratune÷TRL",
+        "hydratune÷raw",
+        "step ms (h / TRL / raw)",
+        "peak GiB (h / TRL / raw)",
+        "MFU % (h / TRL / raw)",
+        "target (issue 6)",
+        "notes",
+    ]
+    lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    for row in rows:
+        res = [row.get(i) or {} for i in IMPLS]
+        notes = [
+            f"{name}: {error_line(r['error'])}" for name, r in zip(IMPLS, res, strict=True) if "error" in r
+        ]
+        v = variants.get(f"{row['variant']}/{row['regime']}")
+        if v and v.note:
+            notes.insert(0, v.note)
+        if row.get("zero3/sft_full") is not None:
+            notes.append(f"zero3 = {row['zero3/sft_full']:.2f}x hydratune sft_full/packed")
+        cells = [
+            row["variant"],
+            row["regime"],
+            *(fmt(r.get("tokens/s")) for r in res),
+            fmt(row.get("h/trl"), ".2f"),
+            fmt(row.get("h/raw"), ".2f"),
+            " / ".join(
+                fmt(r["step time (s)"] * 1000 if r.get("step time (s)") else None, ".0f") for r in res
+            ),
+            " / ".join(fmt(r.get("peak memory (GiB)"), ".2f") for r in res),
+            " / ".join(fmt(r["mfu"] * 100 if r.get("mfu") else None, ".1f") for r in res),
+            target_cell(row, v, judge=meta.get("gpu", True)),
+            "; ".join(notes).replace("|", "/"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    ver = ", ".join(f"{k} {val}" for k, val in meta["versions"].items())
+    head = [
+        f"Command: `{meta['command']}` ({meta['date']}, {meta['wall']:.0f} s)",
+        "",
+        f"Device: {meta['device']}. Versions: {ver}.",
+        "",
+        f"Model: `{meta['shape']}` shape ({meta['params'] / 1e6:.2f} M parameters = N), random init, "
+        f"seq_len {meta['seq_len']}, micro-batch {meta['micro_batch']}, {meta['steps']} steps, timed after "
+        f"{meta['warmup']} warm-up steps. Matmul peak measured here: {meta['peak']['flops'] / 1e12:.3f} "
+        f"TFLOP/s ({meta['peak']['dtype']} {meta['peak']['size']}^3). MFU = 6·N·tokens/s / that peak. "
+        f"Raw loop torch.compile: {'on (SFT without quantization)' if meta.get('raw compile') else 'off'}. "
+        f"Variable-length lengths drawn: {meta['lengths']}.",
+        "",
+    ]
+    return "\n".join(head + lines) + "\n"
+
+
+def update_section(path: Path, section: str, body: str) -> None:
+    """Replace the text between ``<!-- bench:<section> -->`` markers (appending them if missing)."""
+    begin, end = f"<!-- bench:{section} -->", f"<!-- /bench:{section} -->"
+    text = path.read_text() if path.is_file() else "# Benchmarks\n\n"
+    block = f"{begin}\n{body}{end}"
+    if begin in text and end in text:
+        before, rest = text.split(begin, 1)
+        text = before + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, help="markdown file whose GPU / CPU section gets the table")
+    parser.add_argument("--cpu", action="store_true", help="CPU smoke mode: tiny model, few steps")
+    parser.add_argument("--only", default="", help="comma-separated substrings of variant/regime names")
+    parser.add_argument("--impls", default=",".join(IMPLS), help="subset of hydratune,trl,raw")
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--trl-set", action="append", default=[], help="key=value (JSON) on TRL's config")
+    parser.add_argument("--work", type=Path, help="keep run dirs and data here (default: a temp dir)")
+    parser.add_argument("--json", type=Path, help="also write the raw rows as JSON")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--render", type=Path, help="re-render the table of a --json file, run nothing")
+    args = parser.parse_args(argv)
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        table = render(saved["rows"], saved["meta"])
+        print(table)
+        if args.out:
+            update_section(args.out, "gpu" if saved["meta"].get("gpu") else "cpu", table)
+        return saved["rows"]
+    cuda = False
+    if not args.cpu and not args.list:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        if not cuda:
+            raise SystemExit("no CUDA GPU: pass --cpu for the CPU smoke mode")
+    mode = mode_for(not cuda, args.steps, args.warmup)
+    wanted = [
+        v
+        for v in MATRIX
+        if (not args.only or any(o in v.key for o in args.only.split(",")))
+        and not (v.gpu_only and mode.device == "cpu")
+    ]
+    if args.list:
+        for v in MATRIX:
+            print(f"{v.key:22s} impls={','.join(v.impls):22s} {'GPU only' if v.gpu_only else ''}")
+        return []
+    impls = tuple(i for i in args.impls.split(",") if i)
+    trl_set = {k: json.loads(val) for k, val in (s.split("=", 1) for s in args.trl_set)}
+    begin = time.time()
+    peak = measure_peak(mode)
+    print(json.dumps({"peak": peak}), flush=True)
+    work_ctx = tempfile.TemporaryDirectory(prefix="hydratune_bench_") if args.work is None else None
+    work = Path(work_ctx.name) if work_ctx else args.work
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = [run_variant(v, mode, work, impls, trl_set) for v in wanted]
+    finally:
+        if work_ctx:
+            work_ctx.cleanup()
+    n_params = param_count(SHAPES[mode.shape])
+    derived(rows, n_params, peak["flops"])
+    command = "python bench/throughput.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    meta = {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d"),
+        "wall": time.time() - begin,
+        "device": peak["device"],
+        "versions": versions(),
+        "shape": mode.shape,
+        "params": n_params,
+        "seq_len": mode.seq_len,
+        "micro_batch": mode.micro_batch,
+        "steps": mode.steps,
+        "warmup": mode.warmup,
+        "peak": peak,
+        "gpu": cuda,
+        "raw compile": mode.compile_raw,
+        "lengths": bench_data.describe(bench_data.sample_lengths(mode.rows, **mode.lengths)),
+    }
+    table = render(rows, meta)
+    print(table)
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    if args.out:
+        update_section(args.out, "gpu" if cuda else "cpu", table)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
