@@ -321,6 +321,14 @@ def value_head(policy: Any) -> torch.nn.Linear:
     return head
 
 
+class PolicyAndValue(torch.nn.Module):
+    """The policy and its value head as one module: DeepSpeed's engine wraps exactly one model."""
+
+    def __init__(self, policy: Any, value: torch.nn.Module) -> None:
+        super().__init__()
+        self.policy, self.value = policy, value
+
+
 def separate_critic(policy: Any, model_component: Any, reward_model: str | None, build_kwargs: dict) -> Any:
     """A critic with its own trunk: the reward model's weights when there is one, else the policy's
     (its score head starts at zero either way when built from the policy)."""
@@ -408,6 +416,7 @@ class ActorCritic:
     reference: Any
     accelerator: Any
     temperature: float = 1.0
+    engine: Any = None  # DeepSpeed's engine: it scales, accumulates, clips and steps by itself
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [*self.policy.parameters(), *self.value.parameters()]
@@ -476,12 +485,19 @@ def update(
                 pl, pcf = policy_loss(logp, old_logp, exp.advantages[micro], m, clip_ratio)
                 vl, vcf = value_loss(values, exp.old_values[micro], exp.returns[micro], m, value_clip)
                 loss = pl + vf_coef * vl - entropy_coef * masked_mean(entropy, m)
-                model.accelerator.backward(loss * len(micro) / len(mb))
+                if model.engine is not None:  # divides by its accumulation steps (mini / micro)
+                    model.engine.backward(loss)
+                    model.engine.step()  # steps the optimizer and schedule at the mini-batch boundary
+                else:
+                    model.accelerator.backward(loss * len(micro) / len(mb))
                 approx_kl = 0.5 * masked_mean((logp - old_logp) ** 2, m)
                 named = {"loss": loss, "loss/policy": pl, "loss/value": vl, "clipfrac/policy": pcf}
                 named.update({"clipfrac/value": vcf, "approx_kl": approx_kl})
                 for key, value in named.items():
                     stats.setdefault(key, []).append(value.item())
+            if model.engine is not None:  # the engine stepped the optimizer; the schedule is ours
+                scheduler.step()
+                continue
             if max_grad_norm > 0:
                 model.accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
             optimizer.step()

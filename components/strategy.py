@@ -57,6 +57,10 @@ class BatchPlan:
         return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size
 
 
+def _mixed(dtype: str) -> str:
+    return "no" if dtype == "fp32" else dtype
+
+
 def live_type(accelerator: Any) -> str:
     """accelerate's DistributedType name ('NO', 'MULTI_CPU', 'DEEPSPEED', 'FSDP', …)."""
     return str(accelerator.distributed_type).rsplit(".", 1)[-1]
@@ -91,6 +95,12 @@ class Strategy:
 
     def before_model_load(self, ctx: Any) -> None:
         """Runs right before the model is built (ZeRO-3 makes its config live here)."""
+
+    def loop_accelerator(self, device: str, plan: BatchPlan) -> Any:
+        """An ``Accelerator`` for recipes that own their loop (PPO), set up as this strategy asks."""
+        from accelerate import Accelerator
+
+        return Accelerator(mixed_precision=_mixed(plan.dtype), cpu=device == "cpu")
 
     def gather_state_dict(self, trainer: Any) -> dict[str, Any] | None:
         """The full state dict for saving (a collective call on every rank) when parameters are sharded;
@@ -460,6 +470,17 @@ class DeepSpeed(Strategy):
 
     def files(self, plan: BatchPlan, device: str) -> dict[str, Any]:
         return {"deepspeed.json": self.deepspeed_config(plan, device)}
+
+    def loop_accelerator(self, device: str, plan: BatchPlan) -> Any:
+        """accelerate with this DeepSpeed config. On CPU the process state is made first with ``cpu=True``:
+        ``Accelerator(cpu=True, deepspeed_plugin=…)`` would silently drop DeepSpeed."""
+        from accelerate import Accelerator, PartialState
+        from accelerate.utils import DeepSpeedPlugin
+
+        if device == "cpu":
+            PartialState(cpu=True)
+        plugin = DeepSpeedPlugin(hf_ds_config=self.deepspeed_config(plan, device))
+        return Accelerator(deepspeed_plugin=plugin, mixed_precision=_mixed(plan.dtype))
 
     def gather_state_dict(self, trainer: Any) -> dict[str, Any] | None:
         """ZeRO-3: the 16-bit weights gathered on rank 0, or, with gathering turned off, a DeepSpeed

@@ -92,14 +92,29 @@ class PPO:
             if not ok:
                 hint = "a divisor of rollout_batch_size" if key == "mini_batch_size" else None
                 raise ConfigError(f"invalid value {getattr(self, key)!r}", key=f"recipe.{key}", hint=hint)
-        from components.strategy import DDP, Single
+        from components.strategy import DDP, DeepSpeed, Single
 
-        if not isinstance(comps.strategy, (Single, DDP)):
+        if comps.strategy.shards_parameters or not isinstance(comps.strategy, (Single, DDP, DeepSpeed)):
             raise ConfigError(
-                f"recipe=ppo runs under strategy=single or ddp, not {type(comps.strategy).__name__} yet",
+                f"recipe=ppo runs under single, ddp and ZeRO stages 0-2, not {type(comps.strategy).__name__}"
+                f"{' stage 3' if comps.strategy.shards_parameters else ''} yet (generation from sharded "
+                "weights is not written)",
                 key="strategy",
-                hint="strategy=ddp launcher.nproc_per_node=N for several processes",
+                hint="strategy=zero2 (or zero2_offload) with launcher.nproc_per_node=N",
             )
+        if isinstance(comps.strategy, DeepSpeed):
+            if self.value_model != "head":
+                raise ConfigError(
+                    "under DeepSpeed PPO trains one engine: the value function must be the policy's head",
+                    key="recipe.value_model",
+                    hint="recipe.value_model=head",
+                )
+            if self.mini_batch_size % cfg.train.micro_batch_size:
+                raise ConfigError(
+                    "under DeepSpeed the mini-batch must be whole micro-batches (its accumulation steps)",
+                    key="recipe.mini_batch_size",
+                    hint=f"a multiple of train.micro_batch_size={cfg.train.micro_batch_size}",
+                )
         if cfg.resume:
             raise ConfigError(
                 "PPO runs cannot resume from a checkpoint yet", key="resume", hint="drop resume"
@@ -117,10 +132,11 @@ class PPO:
         return t.max_steps if t.max_steps > 0 else math.ceil(t.epochs * rows / self.rollout_batch_size)
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
+        import dataclasses
         import time
 
         import torch
-        from accelerate import Accelerator
+        from accelerate.utils import DistributedType
 
         from components import ppo
         from components.errors import Interrupted
@@ -151,14 +167,23 @@ class PPO:
         steps = iterations * self.ppo_epochs * (self.rollout_batch_size // self.mini_batch_size)
         optimizer = c.optimizer.build([*policy.parameters(), *value.parameters()], ctx.device)
         scheduler = c.scheduler.build(optimizer, steps)
-        precision = c.precision.resolve(ctx.device)
-        acc = Accelerator(mixed_precision="no" if precision == "fp32" else precision, cpu=ctx.device == "cpu")
+        # one optimizer step per mini-batch: DeepSpeed's accumulation = mini-batch / micro-batch
+        plan = dataclasses.replace(
+            ctx.plan, gradient_accumulation_steps=max(1, self.mini_batch_size // t.micro_batch_size)
+        )
+        acc = c.strategy.loop_accelerator(ctx.device, plan)
         c.strategy.verify(acc, ctx.plan.world_size)
         session.report["run"]["live strategy"] = c.strategy.live_description(acc)
-        policy, value, optimizer, scheduler = acc.prepare(policy, value, optimizer, scheduler)
+        engine = None
+        if acc.distributed_type == DistributedType.DEEPSPEED:  # one engine for policy + value head
+            # the schedule stays ours: accelerate hands DeepSpeed only DeepSpeed's own scheduler types
+            engine, optimizer = acc.prepare(ppo.PolicyAndValue(policy, value), optimizer)
+            policy, value = engine.module.policy, engine.module.value
+        else:
+            policy, value, optimizer, scheduler = acc.prepare(policy, value, optimizer, scheduler)
         reference = reference.to(acc.device) if reference is not None else None
         model = ppo.ActorCritic(
-            policy, value, self.value_model == "separate", reference, acc, self.temperature
+            policy, value, self.value_model == "separate", reference, acc, self.temperature, engine
         )
         kl_ctl = (
             ppo.AdaptiveKLController(self.kl_coef, self.target_kl, self.kl_horizon)

@@ -104,14 +104,20 @@ def test_deepspeed_two_processes_train_save_and_resume(tmp_path: Path, strategy,
     assert next(r["step"] for r in map(json.loads, (resumed / "metrics.jsonl").open()) if "loss" in r) == 7
 
 
-def test_ppo_under_ddp_two_processes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "live"),
+    [("ddp", "MULTI_CPU, 2 process(es)"), ("zero2", "DEEPSPEED, ZeRO stage 2, 2 process(es)")],
+)
+def test_ppo_on_two_processes(tmp_path: Path, strategy: str, live: str) -> None:
     """Our PPO loop on 2 CPU ranks: each rank samples its own shard of the prompts, gradients are
-    all-reduced, metrics gathered from both, rank 0 writes; both ranks end with identical weights."""
+    all-reduced (DDP) or reduce-scattered (ZeRO-2, one engine for policy + value head), metrics
+    gathered from both, rank 0 writes; both ranks end with identical weights."""
     run = tmp_path / "ppo"
     hydratune(
         run,
         "recipe=ppo",
-        "strategy=ddp",
+        f"strategy={strategy}",
+        "train.micro_batch_size=8",
         "launcher.nproc_per_node=2",
         "recipe.num_iterations=10",
         "recipe.rollout_batch_size=16",
@@ -119,7 +125,7 @@ def test_ppo_under_ddp_two_processes(tmp_path: Path) -> None:
         "recipe.reward._target_=tests.test_ppo.brevity",
         "recipe.missing_eos_penalty=0",
     )
-    assert result(run)["run"]["live strategy"] == "MULTI_CPU, 2 process(es)"
+    assert result(run)["run"]["live strategy"] == live
     rank0, rank1 = (json.loads((run / f".rank{r}.weights.json").read_text()) for r in (0, 1))
     assert rank0["sha256"] == rank1["sha256"]
     records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
