@@ -147,6 +147,17 @@ def finished_ranks(run_dir: Path) -> dict[int, Any]:
     return found
 
 
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``gpu[03-04,07],cpu1`` → ``gpu03``."""
+    import re
+
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if match is None:
+        return nodelist
+    prefix, ranges = match.groups()
+    return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
+
+
 @component("launcher")
 @dataclass
 class Slurm(Local):
@@ -167,8 +178,7 @@ class Slurm(Local):
         env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
         env.setdefault("WORLD_SIZE", env.get("SLURM_NTASKS", "1"))
         env.setdefault("LOCAL_WORLD_SIZE", env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
-        nodes = env.get("SLURM_JOB_NODELIST", "127.0.0.1")
-        env.setdefault("MASTER_ADDR", nodes.split(",")[0].split("[")[0])
+        env.setdefault("MASTER_ADDR", first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")))
         env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
 
 

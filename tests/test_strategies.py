@@ -295,3 +295,28 @@ def test_plan_prints_the_generated_deepspeed_config(capsys) -> None:
 def test_plan_json_round_trip_is_valid(compose_cfg) -> None:
     config, _ = ds_config(compose_cfg, "zero3_offload", "bf16")
     assert json.loads(json.dumps(config)) == config
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "host"),
+    [("gpu[03-04,07],cpu1", "gpu03"), ("node7", "node7"), ("a-1,b-2", "a-1"), ("n[1]", "n1")],
+)
+def test_slurm_master_is_the_first_host_of_the_allocation(nodelist: str, host: str) -> None:
+    from components.launcher import first_host
+
+    assert first_host(nodelist) == host
+
+
+def test_slurm_ranks_come_from_the_slurm_environment(monkeypatch) -> None:
+    from components.launcher import Slurm
+
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "")  # recorded, so whatever the test sets is undone afterwards
+        monkeypatch.delenv(key)
+    slurm = {"SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16"}
+    slurm |= {"SLURM_NTASKS_PER_NODE": "8(x2)", "SLURM_JOB_NODELIST": "gpu[03-04]", "SLURM_JOB_ID": "1234"}
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    Slurm.rank_env_from_slurm()
+    assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"]) == ("9", "1", "16")
+    assert os.environ["LOCAL_WORLD_SIZE"] == "8" and os.environ["MASTER_ADDR"] == "gpu03"
