@@ -7,6 +7,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from components.errors import Diverged
 from components.rundir import RunDir
 
 # Keys worth a column on the progress bar, in order.
@@ -26,6 +27,25 @@ class MetricsCallback(TrainerCallback):
         record = {"step": state.global_step, "epoch": state.epoch, "time": round(time.time() - self.start, 3)}
         record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str))})
         self.run_dir.append_metrics(record)
+
+
+class NonFiniteLossGuard(TrainerCallback):
+    """Stop with ``Diverged`` when a logged training loss is nan/inf (on every rank, before the save that
+    would follow the log): the check rides on the log step's own sync instead of one per step."""
+
+    def __init__(self) -> None:
+        self.last_finite: int | None = None
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        import math
+
+        loss = (logs or {}).get("loss")
+        if not isinstance(loss, (int, float)):
+            return
+        if math.isfinite(loss):
+            self.last_finite = state.global_step
+            return
+        raise Diverged(state.global_step, loss, self.last_finite, args.learning_rate, args.max_grad_norm)
 
 
 class RichProgressCallback(TrainerCallback):

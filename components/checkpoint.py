@@ -143,11 +143,6 @@ class AtomicCheckpoints:
         self.accelerator.wait_for_everyone()
 
 
-def atomic(trainer_cls: type) -> type:
-    """``trainer_cls`` with atomic checkpoints (e.g. ``atomic(SFTTrainer)``)."""
-    return type(f"Atomic{trainer_cls.__name__}", (AtomicCheckpoints, trainer_cls), {})
-
-
 def save_final(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,

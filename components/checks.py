@@ -44,7 +44,7 @@ def check_train(cfg: DictConfig) -> None:
     if t.max_steps <= 0 and t.epochs <= 0:
         raise ConfigError("nothing to train: epochs <= 0 and max_steps <= 0", key="train.epochs")
     for key in ("eval_every", "save_every", "eval_generations", "num_workers"):
-        if t[key] < 0:
+        if t[key] is not None and t[key] < 0:
             raise ConfigError(f"must be >= 0, got {t[key]}", key=f"train.{key}")
     if t.max_grad_norm < 0:
         raise ConfigError("must be >= 0 (0 disables clipping)", key="train.max_grad_norm")

@@ -38,7 +38,9 @@ class TrainConfig:
     keep_last: int = 2  # checkpoints kept on disk
     seed: int = 42
     data_seed: int | None = None  # defaults to seed
-    num_workers: int = 0
+    num_workers: int | None = None  # dataloader worker processes; None = auto: 2 on CUDA, 0 on CPU
+    count_tokens: bool = True  # num_input_tokens_seen, summed on the device and read at log steps only
+    skip_nonfinite_loss: bool = False  # HF's nan/inf loss filter: a device sync every step
     eval_generations: int = 32  # eval prompts to generate from and score exact-match (0 = off)
     max_new_tokens: int = 32
     write_plots: bool = True

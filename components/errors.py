@@ -37,3 +37,24 @@ class Interrupted(Exception):
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         name = signal.Signals(signum).name
         super().__init__(f"stopped by {name} at step {step}; checkpoint: {checkpoint or 'none'}")
+
+
+class Diverged(ConfigError):
+    """Training produced a non-finite loss; raised at the log step that shows it, before the next save."""
+
+    def __init__(self, step: int, loss: float, last_finite_step: int | None, lr: float, clip: float) -> None:
+        since = (
+            f"the last finite loss was logged at step {last_finite_step}"
+            if last_finite_step
+            else "no finite loss was logged before"
+        )
+        fixes = [f"lower optimizer.lr (it is {lr:g})"]
+        if not clip:
+            fixes.append("clip gradients with train.max_grad_norm=1.0")
+        fixes += ["prefer precision=bf16 over fp16", "then resume=true from the last checkpoint"]
+        super().__init__(
+            f"training diverged: the loss logged at step {step} is {loss} ({since}); stopped before saving",
+            key="optimizer.lr",
+            hint="; ".join(fixes) + " (train.skip_nonfinite_loss=true skips single bad steps instead)",
+        )
+        self.step = step

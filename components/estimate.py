@@ -219,6 +219,10 @@ def arch_of_model(model: Any) -> Arch:
 
 
 # ---- trainable parameters -----------------------------------------------------------------------
+#: the PEFT options whose base stays frozen and unsaved (Adapter subclasses in components/peft.py)
+ADAPTER_CLASSES = ("LoRA", "DoRA", "IA3", "PrefixTuning", "PTuning")
+
+
 def _class_name(obj: Any) -> str:
     """A component's class name, from an instance or from its config node's ``_target_``."""
     target = _get(obj, "_target_", None)
@@ -825,13 +829,17 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
         num_nodes = int(_get(launcher, "nnodes", 1) or 1)
     precision = str(_get(_get(cfg, "precision"), "dtype", "fp32"))
     compute = {"fp32": 4, "bf16": 2, "fp16": 2, "auto": 2}.get(precision, 2)
-    weight = _dtype_bytes(_get(model, "dtype", "auto"), 4)
     trainable = trainable_params(arch, peft)
     full = trainable == param_counts(arch).total and _class_name(peft) in ("FullFineTune", "dict", "NoneType")
     bits = _get(quant, "bits", None)
     bits = int(bits) if bits else None
-    data, train = _get(cfg, "data"), _get(cfg, "train")
+    weight = _dtype_bytes(_get(model, "dtype", "auto"), 4)
     shape = strategy or shape_of(_get(cfg, "strategy"))
+    if str(_get(model, "dtype", "auto")) == "auto" and precision in ("bf16", "auto"):
+        # CausalLM.weight_dtype: a frozen, unquantized base outside FSDP loads in bf16
+        adapter = _class_name(peft) in ADAPTER_CLASSES
+        weight = 2 if adapter and not (bits or shape.kind == "fsdp") else weight
+    data, train = _get(cfg, "data"), _get(cfg, "train")
     lora_inputs = 0
     if _class_name(peft) in ("LoRA", "DoRA"):
         pairs, _ = _targeted(arch, _get(peft, "target_modules", "all-linear"))

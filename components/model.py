@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @component("model")
@@ -39,6 +40,9 @@ class CausalLM:
     gradient_checkpointing: bool = False
     chat_template: str | None = None  # a .jinja file or template text replacing the tokenizer's
     padding_side: str = "right"  # for training; generation always pads left
+    liger: bool | None = None  # Liger Triton kernels (RMSNorm, SwiGLU, RoPE); None = on CUDA if installed
+    compile: bool = False  # torch.compile the model (the first steps pay the compile time)
+    compile_mode: str = "default"  # default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
 
     # ---- checks (no weights touched) -------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -60,6 +64,12 @@ class CausalLM:
         if self.dtype not in WEIGHT_DTYPES:
             raise ConfigError(
                 f"unknown dtype '{self.dtype}'", key="model.dtype", hint=f"one of {', '.join(WEIGHT_DTYPES)}"
+            )
+        if self.compile_mode not in COMPILE_MODES:
+            raise ConfigError(
+                f"unknown compile_mode '{self.compile_mode}'",
+                key="model.compile_mode",
+                hint=f"one of {', '.join(COMPILE_MODES)}",
             )
         if self.padding_side not in ("left", "right"):
             raise ConfigError("padding_side must be left or right", key="model.padding_side")
@@ -109,21 +119,58 @@ class CausalLM:
             model = AutoModelForCausalLM.from_config(self.load_config())
         return [name for name, _ in model.named_modules()]
 
+    def use_liger(self, device: str) -> bool:
+        """Whether Liger's kernels apply: ``liger=None`` means on CUDA when liger-kernel is installed."""
+        import importlib.util
+
+        installed = importlib.util.find_spec("liger_kernel") is not None
+        if self.liger is None:
+            return device == "cuda" and installed
+        if self.liger and device != "cuda":
+            raise ConfigError(
+                f"Liger kernels are Triton GPU kernels; this run is on {device}",
+                key="model.liger",
+                hint="drop model.liger (auto turns it on where a GPU is)",
+            )
+        if self.liger and not installed:
+            raise ConfigError(
+                "model.liger=true but liger-kernel is not installed",
+                key="model.liger",
+                hint="pip install 'hydratune[liger]', or drop model.liger",
+            )
+        return self.liger
+
+    def training_args(self, device: str) -> dict[str, Any]:
+        """The TrainingArguments fields this model sets: Liger kernels and torch.compile."""
+        args: dict[str, Any] = {"use_liger_kernel": self.use_liger(device), "torch_compile": self.compile}
+        if self.compile:
+            args["torch_compile_mode"] = self.compile_mode
+        return args
+
     # ---- construction ----------------------------------------------------------------------------
-    def torch_dtype(self) -> Any:
+    def weight_dtype(self, precision: str = "fp32", frozen_base: bool = False) -> str:
+        """The dtype the weights load in. ``dtype=auto``: float32 master weights (mixed precision
+        autocasts), except that a base the PEFT option freezes loads in bfloat16 under bf16 precision
+        (trained parameters are then upcast to float32; see ``upcast_trainable``)."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if frozen_base and precision == "bf16" else "float32"
+
+    def torch_dtype(self, name: str | None = None) -> Any:
         import torch
 
-        return {"auto": torch.float32, "float32": torch.float32}.get(self.dtype) or getattr(torch, self.dtype)
+        return getattr(torch, self.weight_dtype() if name is None else name)
 
-    def build(self, task: str = "causal_lm", **load_kwargs: Any) -> PreTrainedModel:
-        """Load (or randomly initialise) the model; ``task="seq_cls"`` puts a one-logit score head on it
-        (reward / value models). Seed the RNGs before calling for a reproducible init."""
+    def build(self, task: str = "causal_lm", dtype: str | None = None, **load_kwargs: Any) -> PreTrainedModel:
+        """Load (or randomly initialise) the model in ``dtype`` (default: ``weight_dtype()``);
+        ``task="seq_cls"`` puts a one-logit score head on it (reward / value models). Seed the RNGs
+        before calling for a reproducible init."""
         from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
         auto = AutoModelForSequenceClassification if task == "seq_cls" else AutoModelForCausalLM
         common: dict[str, Any] = {
             "attn_implementation": self.attn_implementation,
-            "dtype": self.torch_dtype(),
+            "dtype": self.torch_dtype(dtype),
         }
         if task == "seq_cls":
             common["num_labels"] = 1
@@ -165,6 +212,30 @@ class CausalLM:
             chat_template=self.chat_template,
             padding_side=self.padding_side,
         )
+
+
+def upcast_trainable(model: Any) -> int:
+    """Cast trainable half-precision parameters to float32 (frozen ones keep their dtype): the optimizer
+    then updates fp32 master weights. Returns how many parameters were cast."""
+    import torch
+
+    cast = 0
+    for param in model.parameters():
+        if param.requires_grad and param.dtype in (torch.bfloat16, torch.float16):
+            param.data = param.data.float()
+            cast += 1
+    return cast
+
+
+def describe_dtypes(model: Any) -> str:
+    """'trained float32, frozen bfloat16': the dtypes of trained and frozen parameters."""
+
+    def names(trained: bool) -> str:
+        params = [p for p in model.parameters() if p.requires_grad == trained]
+        found = {str(p.dtype).removeprefix("torch.") for p in params}
+        return "/".join(sorted(found)) or "none"
+
+    return f"trained {names(True)}, frozen {names(False)}"
 
 
 def _reload(auto: Any, model: PreTrainedModel, common: dict[str, Any], load_kwargs: dict[str, Any]) -> Any:

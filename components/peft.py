@@ -173,6 +173,12 @@ class Peft:
         """True when ``apply`` returns a ``peft.PeftModel`` (saving then writes the adapter only)."""
         return False
 
+    @property
+    def freezes_base(self) -> bool:
+        """True when the base weights all stay frozen and only the adapter is saved: the base may then
+        load in bf16 (see CausalLM.weight_dtype)."""
+        return self.is_adapter
+
     def validate(self) -> None:
         """Check the fields alone (cheap: no torch); raises ConfigError."""
 

@@ -171,11 +171,13 @@ class RunContext:
             "save_total_limit": t.keep_last,
             "seed": t.seed,
             "data_seed": t.data_seed if t.data_seed is not None else t.seed,
-            "dataloader_num_workers": t.num_workers,
+            **dataloader_args(t.num_workers, self.device),
             "report_to": c.tracker.report_to(),
             "disable_tqdm": True,
-            "include_num_input_tokens_seen": "non_padding",
+            "include_num_input_tokens_seen": "non_padding" if t.count_tokens else "no",
+            "logging_nan_inf_filter": t.skip_nonfinite_loss,
             "average_tokens_across_devices": True,
+            **c.model.training_args(self.device),
             **c.strategy.training_args(self.device, self.plan),
             **c.precision.training_args(self.device),
             **c.optimizer.training_args(self.device),
@@ -204,6 +206,18 @@ class RunContext:
 
     def elapsed(self) -> float:
         return time.time() - self.start_time
+
+
+def dataloader_args(num_workers: int | None, device: str) -> dict[str, Any]:
+    """DataLoader settings: ``num_workers`` (None = 2 on CUDA, where collation then overlaps the GPU's
+    work, and 0 on CPU, where workers would compete with the training threads), pinned memory on CUDA,
+    workers kept alive across epochs."""
+    workers = (2 if device == "cuda" else 0) if num_workers is None else num_workers
+    return {
+        "dataloader_num_workers": workers,
+        "dataloader_pin_memory": device == "cuda",
+        "dataloader_persistent_workers": workers > 0,
+    }
 
 
 def peak_memory_gb(device: str) -> float:

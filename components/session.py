@@ -11,12 +11,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.callbacks import FirstStepTimer, MetricsCallback, RichProgressCallback
+from components.callbacks import FirstStepTimer, MetricsCallback, NonFiniteLossGuard, RichProgressCallback
 from components.checkpoint import checkpoints_in, resolve_resume, save_final
 from components.errors import Interrupted
 from components.evaluation import evaluate_generations
 from components.interrupt import GracefulInterrupt
 from components.masking import check_label_mask, label_mask_stats, stop_token_ids
+from components.model import describe_dtypes, upcast_trainable
 from components.peft import trainable_summary
 from components.run import RunContext, peak_memory_gb
 
@@ -81,9 +82,9 @@ class Session:
         c, ctx = self.ctx.components, self.ctx
         ctx.seed_everything()  # the init does not depend on what ran before
         c.strategy.before_model_load(ctx)  # ZeRO-3: zero.Init must be live before the weights exist
-        model = c.model.build(
-            task=task, **c.quantization.load_kwargs(c.precision.resolve(ctx.device), ctx.device)
-        )
+        precision = c.precision.resolve(ctx.device)
+        dtype = c.model.weight_dtype(precision, frozen_base=self.frozen_base_in_half())
+        model = c.model.build(task=task, dtype=dtype, **c.quantization.load_kwargs(precision, ctx.device))
         model = c.quantization.prepare(model, c.model.gradient_checkpointing)
         if task == "seq_cls":
             model.config.pad_token_id = (
@@ -92,6 +93,8 @@ class Session:
             if c.peft.is_adapter:
                 c.peft.task_type = "SEQ_CLS"
         model = c.peft.apply(model)
+        upcast_trainable(model)  # a half-precision frozen base keeps fp32 trained weights
+        self.report["run"]["weights"] = describe_dtypes(model)
         # No KV cache while training: besides wasting memory, a cache makes transformers skip the
         # packed-sequence mask, so padding-free packed examples would attend across boundaries.
         model.config.use_cache = False
@@ -99,10 +102,18 @@ class Session:
         self.report["run"]["trainable"] = trainable_summary(model)
         return model
 
+    def frozen_base_in_half(self) -> bool:
+        """The base may load in bf16: the PEFT option freezes it, it is not quantized (bitsandbytes has its
+        own storage) and FSDP does not shard it (FSDP2 wants one dtype per sharded module)."""
+        c = self.ctx.components
+        unquantized = type(c.quantization).__name__ == "NoQuantization"
+        return c.peft.freezes_base and unquantized and type(c.strategy).__name__ != "FSDP"
+
     def callbacks(self) -> list[Any]:
         c = self.ctx.components
         return [
             MetricsCallback(self.ctx.run_dir),
+            NonFiniteLossGuard(),
             RichProgressCallback(f"{type(c.recipe).__name__.lower()}"),
             self.interrupt,
             self.first_step,
@@ -110,10 +121,13 @@ class Session:
         ]
 
     def trainer(self, trainer_cls: type, args: Any, data: Any, **extra: Any) -> Any:
-        """``trainer_cls`` (atomic checkpoints) on this session's model, tokenizer, data and callbacks."""
-        from components.checkpoint import atomic
+        """``trainer_cls`` (atomic checkpoints, token count read at log steps only) on this session's model,
+        tokenizer, data and callbacks."""
+        from components.checkpoint import AtomicCheckpoints
+        from components.sync import DeferredTokenCount
 
-        return atomic(trainer_cls)(
+        mixins = (DeferredTokenCount, AtomicCheckpoints, trainer_cls)
+        return type(f"Hydratune{trainer_cls.__name__}", mixins, {})(
             model=self.model,
             args=args,
             train_dataset=data["train"],

@@ -1,0 +1,193 @@
+"""Issue 6's fast defaults: bf16 frozen base under adapters, token counts read at log steps only, a
+non-finite loss stopping the run by name, dataloader and Liger / compile settings per device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from components.errors import ConfigError
+from components.estimate import ADAPTER_CLASSES, spec_from_config
+from components.model import CausalLM
+from components.run import dataloader_args
+from components.sync import DeferredTokenCount
+
+SHORT = ["train.max_steps=4", "train.micro_batch_size=8", "data.max_samples=64", "train.eval_generations=0"]
+
+
+# ---- bf16 frozen base under adapters -------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("dtype", "precision", "frozen", "expected"),
+    [
+        ("auto", "bf16", True, "bfloat16"),  # the fast default: adapter on a bf16 base
+        ("auto", "bf16", False, "float32"),  # full fine-tune keeps fp32 master weights
+        ("auto", "fp32", True, "float32"),
+        ("auto", "fp16", True, "float32"),  # not measured as a win; fp16 bases overflow more easily
+        ("float32", "bf16", True, "float32"),  # the off switch
+        ("bfloat16", "fp32", False, "bfloat16"),  # an explicit dtype always wins
+    ],
+)
+def test_weight_dtype_rule(dtype: str, precision: str, frozen: bool, expected: str) -> None:
+    assert CausalLM(name_or_path="x", dtype=dtype).weight_dtype(precision, frozen_base=frozen) == expected
+
+
+def test_lora_under_bf16_trains_fp32_adapters_on_a_bf16_base(run_recipe) -> None:
+    ctx, _ = run_recipe(*SHORT, "peft=lora", "precision=bf16", name="lora_bf16")
+    params = dict(ctx.model.named_parameters())
+    lora = {k: p for k, p in params.items() if "lora_" in k}
+    base = {k: p for k, p in params.items() if "lora_" not in k}
+    assert lora and all(p.dtype == torch.float32 and p.requires_grad for p in lora.values())
+    assert base and all(p.dtype == torch.bfloat16 and not p.requires_grad for p in base.values())
+    assert any(p.abs().sum() > 0 for k, p in lora.items() if "lora_B" in k), "the adapter did not train"
+    losses = [r["loss"] for r in ctx.run_dir.read_metrics() if "loss" in r]
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+    assert "trained float32, frozen bfloat16" in (ctx.run_dir.path / "summary.md").read_text()
+
+
+def test_estimate_follows_the_weight_dtype_rule(compose_cfg) -> None:
+    def weight_bytes(*overrides: str) -> int:
+        return spec_from_config(compose_cfg("model=llama3_2_1b", *overrides)).weight_bytes
+
+    assert weight_bytes("peft=lora", "precision=bf16") == 2
+    assert weight_bytes("peft=lora", "precision=bf16", "model.dtype=float32") == 4
+    assert weight_bytes("peft=lora", "precision=fp32") == 4
+    assert weight_bytes("peft=none", "precision=bf16") == 4
+    assert weight_bytes("peft=lora", "precision=bf16", "strategy=fsdp") == 4
+
+
+def test_adapter_classes_of_the_estimate_are_the_peft_adapters() -> None:
+    from components.peft import Adapter
+    from components.registry import REGISTRY
+
+    adapters = {name for name, cls in REGISTRY["peft"].items() if issubclass(cls, Adapter)}
+    assert adapters == set(ADAPTER_CLASSES)
+
+
+# ---- token counting without a per-step sync --------------------------------------------------------
+class _State:
+    num_input_tokens_seen = 0
+
+
+class _Accelerator:
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.reshape(1)
+
+
+class _Trainer:
+    """The slice of HF's Trainer the mixin overrides."""
+
+    def __init__(self, mode: str) -> None:
+        self.args = type("Args", (), {"include_num_input_tokens_seen": mode})()
+        self.state, self.accelerator = _State(), _Accelerator()
+        self.processing_class = type("Tok", (), {"pad_token_id": 0})()
+        self.logged: list[int] = []
+
+    def log(self, logs: dict, *args: object) -> None:
+        self.logged.append(self.state.num_input_tokens_seen)
+
+    def _save_checkpoint(self, *args: object) -> str:
+        return "saved"
+
+
+class _Counting(DeferredTokenCount, _Trainer):
+    pass
+
+
+def test_token_count_is_read_only_at_log_and_save_steps() -> None:
+    trainer = _Counting("non_padding")
+    padded = {
+        "input_ids": torch.tensor([[5, 6, 7], [5, 0, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1], [1, 0, 0]]),
+    }
+    padding_free = {
+        "input_ids": torch.tensor([[5, 6, 7, 8, 9]]),
+        "position_ids": torch.tensor([[0, 1, 2, 0, 1]]),
+    }
+    no_mask = {"input_ids": torch.tensor([[5, 6, 0, 0]])}
+    for batch in (padded, padding_free, no_mask):
+        trainer._track_num_input_tokens(batch)
+    assert trainer.state.num_input_tokens_seen == 0  # nothing read back yet
+    trainer.log({})
+    assert trainer.logged == [4 + 5 + 2]
+    trainer._track_num_input_tokens(padded)
+    assert trainer._save_checkpoint() == "saved"
+    assert trainer.state.num_input_tokens_seen == 15  # the checkpointed state includes every step
+
+
+def test_token_count_all_tokens_and_off() -> None:
+    batch = {"input_ids": torch.tensor([[5, 0, 0]]), "attention_mask": torch.tensor([[1, 0, 0]])}
+    every = _Counting("all")
+    every._track_num_input_tokens(batch)
+    every.log({})
+    off = _Counting("no")
+    off._track_num_input_tokens(batch)
+    off.log({})
+    assert (every.state.num_input_tokens_seen, off.state.num_input_tokens_seen) == (3, 0)
+
+
+def test_tokens_seen_reach_the_metrics(run_recipe) -> None:
+    ctx, _ = run_recipe(*SHORT, "train.max_steps=3", name="tokens")
+    seen = [r["num_input_tokens_seen"] for r in ctx.run_dir.read_metrics() if "loss" in r]
+    assert len(seen) == 3 and 0 < seen[0] < seen[1] < seen[2]  # counted every step, reported per log
+
+
+# ---- non-finite loss -------------------------------------------------------------------------------
+def test_a_nan_loss_stops_the_run_naming_the_key_before_saving(run_recipe, tmp_path) -> None:
+    with pytest.raises(ConfigError, match="diverged") as err:
+        run_recipe(*SHORT, "train.max_steps=12", "optimizer.lr=1e12", "train.save_every=1", name="nan")
+    assert err.value.key == "optimizer.lr" and "lower optimizer.lr (it is 1e+12)" in str(err.value)
+    step = err.value.step  # type: ignore[attr-defined]
+    assert 1 <= step < 12
+    saved = {p.name for p in (tmp_path / "outputs" / "day" / "nan" / "checkpoints").glob("checkpoint-*")}
+    assert f"checkpoint-{step}" not in saved  # the diverged weights were never written
+
+
+def test_skip_nonfinite_loss_restores_hfs_filter(compose_cfg, tmp_path) -> None:
+    from components.run import Components, RunContext
+    from components.rundir import RunDir
+
+    for value, expected in (("false", False), ("true", True)):
+        cfg = compose_cfg(f"train.skip_nonfinite_loss={value}")
+        ctx = RunContext(cfg, Components.from_config(cfg), RunDir(tmp_path / value), "cpu")
+        assert ctx.training_args()["logging_nan_inf_filter"] is expected
+
+
+# ---- dataloader, Liger, compile per device --------------------------------------------------------
+def test_dataloader_defaults_per_device() -> None:
+    assert dataloader_args(None, "cpu") == {
+        "dataloader_num_workers": 0,
+        "dataloader_pin_memory": False,
+        "dataloader_persistent_workers": False,
+    }
+    assert dataloader_args(None, "cuda") == {
+        "dataloader_num_workers": 2,
+        "dataloader_pin_memory": True,
+        "dataloader_persistent_workers": True,
+    }
+    assert dataloader_args(0, "cuda")["dataloader_num_workers"] == 0
+
+
+def test_liger_is_auto_on_cuda_only_and_explicit_requests_are_checked(monkeypatch) -> None:
+    import importlib.util
+
+    model = CausalLM(name_or_path="x")
+    installed = importlib.util.find_spec("liger_kernel") is not None
+    assert model.training_args("cpu")["use_liger_kernel"] is False
+    assert model.training_args("cuda")["use_liger_kernel"] is installed
+    with pytest.raises(ConfigError, match="Triton GPU kernels") as err:
+        CausalLM(name_or_path="x", liger=True).use_liger("cpu")
+    assert err.value.key == "model.liger"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(ConfigError, match="not installed") as err:
+        CausalLM(name_or_path="x", liger=True).use_liger("cuda")
+    assert "hydratune[liger]" in str(err.value)
+    assert CausalLM(name_or_path="x", liger=False).use_liger("cuda") is False
+
+
+def test_compile_settings_reach_the_trainer_and_bad_modes_fail() -> None:
+    assert CausalLM(name_or_path="x").training_args("cuda")["torch_compile"] is False
+    args = CausalLM(name_or_path="x", compile=True, compile_mode="max-autotune").training_args("cuda")
+    assert args["torch_compile"] is True and args["torch_compile_mode"] == "max-autotune"
+    with pytest.raises(ConfigError, match="compile_mode") as err:
+        CausalLM(name_or_path="x", compile_mode="fastest").validate()
+    assert "reduce-overhead" in str(err.value)
