@@ -141,8 +141,14 @@ class CausalLM:
         return self.liger
 
     def training_args(self, device: str) -> dict[str, Any]:
-        """The TrainingArguments fields this model sets: Liger kernels and torch.compile."""
-        args: dict[str, Any] = {"use_liger_kernel": self.use_liger(device), "torch_compile": self.compile}
+        """The TrainingArguments fields this model sets: Liger kernels, torch.compile, checkpointing."""
+        args: dict[str, Any] = {
+            "use_liger_kernel": self.use_liger(device),
+            "torch_compile": self.compile,
+            # TRL's configs default to gradient checkpointing on: say what the user chose
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "gradient_checkpointing_kwargs": {"use_reentrant": False},
+        }
         if self.compile:
             args["torch_compile_mode"] = self.compile_mode
         return args

@@ -191,3 +191,10 @@ def test_compile_settings_reach_the_trainer_and_bad_modes_fail() -> None:
     with pytest.raises(ConfigError, match="compile_mode") as err:
         CausalLM(name_or_path="x", compile_mode="fastest").validate()
     assert "reduce-overhead" in str(err.value)
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_gradient_checkpointing_follows_the_model_config(run_recipe, on: bool) -> None:
+    """TRL's configs default to checkpointing on; hydratune must do what model.gradient_checkpointing says."""
+    ctx, _ = run_recipe(*SHORT, "train.max_steps=1", f"model.gradient_checkpointing={on}", name=f"gc_{on}")
+    assert ctx.model.is_gradient_checkpointing is on
