@@ -213,6 +213,19 @@ class Session:
         self._write_report(title, metrics)
         return metrics
 
+    def log_metrics(self, record: dict[str, Any]) -> None:
+        """One record of a recipe that owns its loop (PPO): appended to ``metrics.jsonl`` and sent to every
+        configured tracker at ``record["step"]`` (numbers only; ``time`` stays in the run dir). Rank 0."""
+        if not self.ctx.is_main_process:
+            return
+        self.ctx.run_dir.append_metrics(record)
+        values = {
+            k: float(v)
+            for k, v in record.items()
+            if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        self.ctx.components.tracker.log(values, int(record["step"]))
+
     def finish_loop(
         self, model: Any, *, title: str, metrics: dict[str, Any], extra: dict[str, Any] | None = None
     ) -> dict[str, Any]:

@@ -248,8 +248,7 @@ class PPO:
                     "lr": scheduler.get_last_lr()[0], **stats,
                 }  # fmt: skip
                 kl_ctl.update(seq_kl, len(idx) * acc.num_processes)
-                if acc.is_main_process:
-                    ctx.run_dir.append_metrics(record)
+                session.log_metrics(record)  # metrics.jsonl + the configured trackers, rank 0
                 if acc.is_main_process and (it % t.log_every == 0 or it in (1, iterations)):
                     reward, length = record["reward/mean"], record["response_length"]
                     print(

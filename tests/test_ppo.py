@@ -319,3 +319,35 @@ def test_ppo_is_deterministic_on_cpu(run_recipe) -> None:
         return [{k: v for k, v in r.items() if k != "time"} for r in ctx.run_dir.read_metrics()]
 
     assert metrics("a") == metrics("b")
+
+
+PER_ITERATION = (
+    "reward/mean",
+    "kl",
+    "loss/policy",
+    "loss/value",
+    "clipfrac/policy",
+    "clipfrac/value",
+    "entropy",
+    "response_length",
+)
+
+
+def test_ppo_metrics_reach_the_configured_trackers(run_recipe) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ctx, _ = run_recipe(
+        *FAST_PPO, "recipe.num_iterations=3", "tracker=[tensorboard,jsonl]", name="ppo_tracked"
+    )
+    run, records = ctx.run_dir.path, ctx.run_dir.read_metrics()
+    (events,) = (run / "tensorboard").glob("events.out.tfevents.*")
+    board = EventAccumulator(str(events))
+    board.Reload()
+    rows = [json.loads(line) for line in (run / "tracker.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["run"] == ctx.run_name for r in rows)
+    for key in PER_ITERATION:
+        scalars = board.Scalars(key)
+        assert [s.step for s in scalars] == [1, 2, 3], key  # the iteration is the step
+        expected = [r[key] for r in records]  # the same numbers as metrics.jsonl
+        assert [s.value for s in scalars] == pytest.approx(expected, rel=1e-6, abs=1e-7), key
+        assert [r[key] for r in rows] == expected, key
