@@ -262,6 +262,12 @@ class FixedKLController:
     def update(self, current_kl: float, n_steps: int) -> None:
         pass
 
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = state["value"]
+
 
 class AdaptiveKLController:
     """Ziegler et al. (2019): move the coefficient so the measured KL approaches ``target``, by at most
@@ -273,6 +279,12 @@ class AdaptiveKLController:
     def update(self, current_kl: float, n_steps: int) -> None:
         error = min(max(current_kl / self.target - 1, -0.2), 0.2)
         self.value *= 1 + error * n_steps / self.horizon
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = state["value"]
 
 
 class RunningMoments:
@@ -293,6 +305,12 @@ class RunningMoments:
     @property
     def std(self) -> float:
         return math.sqrt(self.var)
+
+    def state_dict(self) -> dict[str, float]:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
 
     def normalise(self, x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
         return (x - self.mean) / (self.std + eps)
@@ -355,37 +373,6 @@ def separate_critic(policy: Any, model_component: Any, reward_model: str | None,
     return critic.train()
 
 
-def save_checkpoint(run_dir: Any, step: int, modules: dict[str, Any], optimizer: Any, keep_last: int) -> Any:
-    """``checkpoints/checkpoint-<step>/``: each module's weights, the optimizer, a completion marker;
-    written into ``.staging`` and renamed when whole, keeping the last ``keep_last``."""
-    import shutil
-
-    from components.checkpoint import checkpoints_in, mark_complete
-
-    staging = run_dir.checkpoints / ".staging" / f"checkpoint-{step}"
-    shutil.rmtree(staging.parent, ignore_errors=True)
-    staging.mkdir(parents=True)
-    for name, module in modules.items():
-        if hasattr(module, "save_pretrained"):
-            module.save_pretrained(staging / name, safe_serialization=True)
-        else:
-            from safetensors.torch import save_file
-
-            save_file(
-                {k: v.contiguous() for k, v in module.state_dict().items()},
-                str(staging / f"{name}.safetensors"),
-            )
-    torch.save(optimizer.state_dict(), staging / "optimizer.pt")
-    mark_complete(staging, step)
-    target = run_dir.checkpoints / staging.name
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
-    shutil.rmtree(staging.parent, ignore_errors=True)
-    for old in checkpoints_in(run_dir.path)[:-keep_last]:
-        shutil.rmtree(old)
-    return target
-
-
 # ---- the loop's parts -------------------------------------------------------------------------------
 class PromptSampler:
     """Row indices in a fresh seeded shuffle per pass over the data."""
@@ -398,6 +385,14 @@ class PromptSampler:
             self.queue += torch.randperm(self.n_rows, generator=self.generator).tolist()
         out, self.queue = self.queue[:k], self.queue[k:]
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the shuffle stands: the generator (it also shuffles the mini-batches) and the queue."""
+        return {"generator": self.generator.get_state(), "queue": list(self.queue)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.queue = list(state["queue"])
 
     def take_shard(self, k: int, rank: int, world_size: int) -> list[int]:
         """This rank's ``k`` prompts of the ``k * world_size`` drawn (the same draw on every rank)."""

@@ -115,10 +115,6 @@ class PPO:
                     key="recipe.mini_batch_size",
                     hint=f"a multiple of train.micro_batch_size={cfg.train.micro_batch_size}",
                 )
-        if cfg.resume:
-            raise ConfigError(
-                "PPO runs cannot resume from a checkpoint yet", key="resume", hint="drop resume"
-            )
         if reward_model_path(self.reward):
             from components.rewards import reward_model_dir
 
@@ -134,17 +130,20 @@ class PPO:
     def run(self, ctx: RunContext) -> dict[str, Any]:
         import dataclasses
         import time
+        from pathlib import Path
 
         import torch
         from accelerate.utils import DistributedType
 
         from components import ppo
+        from components.checkpoint import load_loop_checkpoint, resolve_resume, save_loop_checkpoint
         from components.errors import Interrupted
         from components.rewards import resolve_reward
         from components.session import Session
 
         c, t = ctx.components, ctx.train
         session = Session.start(ctx)
+        resume = resolve_resume(ctx.cfg.resume, ctx.run_dir.path)  # fails here, before any model loads
         splits = session.load_data()
         data, tok = splits["train"], session.tokenizer
         policy = session.build_model()
@@ -192,10 +191,23 @@ class PPO:
         )
         moments = ppo.RunningMoments() if self.reward_normalization else None
         sampler = ppo.PromptSampler(len(data), t.data_seed if t.data_seed is not None else t.seed)
+        # what a checkpoint holds besides weights, optimizer, schedule and RNG states
+        stateful = {"kl": kl_ctl, "sampler": sampler, **({"moments": moments} if moments else {})}
+        modules = {"policy": acc.unwrap_model(policy), "value": acc.unwrap_model(value)}
+        first = 1
+        if resume:  # last: it restores the random generators too
+            state = load_loop_checkpoint(
+                Path(resume), modules=modules, optimizer=optimizer, scheduler=scheduler, device=acc.device,
+                engine=engine,
+            )  # fmt: skip
+            for name, part in stateful.items():
+                part.load_state_dict(state[name])
+            first = state["iteration"] + 1
+            session.report["run"]["resumed from"] = resume
         start, record = time.time(), {}
         session.interrupt.install()
         try:
-            for it in range(1, iterations + 1):
+            for it in range(first, iterations + 1):
                 # 1. sample responses to a batch of prompts and score them
                 idx = sampler.take_shard(self.rollout_batch_size, acc.process_index, acc.num_processes)
                 rows = data[idx]
@@ -257,11 +269,11 @@ class PPO:
                     )
                 stop = session.interrupt.requested
                 if (t.save_every and it % t.save_every == 0) or stop:
-                    modules = {"policy": acc.unwrap_model(policy), "value": acc.unwrap_model(value)}
-                    saved = ctx.run_dir.checkpoints / f"checkpoint-{it}"
-                    if acc.is_main_process:  # DDP: every rank holds the same weights
-                        saved = ppo.save_checkpoint(ctx.run_dir, it, modules, optimizer, t.keep_last)
-                    acc.wait_for_everyone()
+                    loop_state = {"iteration": it, **{k: v.state_dict() for k, v in stateful.items()}}
+                    saved = save_loop_checkpoint(
+                        ctx.run_dir, it, accelerator=acc, modules=modules, optimizer=optimizer,
+                        scheduler=scheduler, state=loop_state, keep_last=t.keep_last, engine=engine,
+                    )  # fmt: skip
                 if stop:
                     raise Interrupted(session.interrupt.signum, it, str(saved))
         finally:
