@@ -327,7 +327,6 @@ def load_loop_checkpoint(
     modules: dict[str, Any],
     optimizer: Any,
     scheduler: Any,
-    device: Any,
     engine: Any = None,
 ) -> dict[str, Any]:
     """Restore what :func:`save_loop_checkpoint` wrote and return the loop's ``state``. Call it on every
@@ -353,7 +352,8 @@ def load_loop_checkpoint(
     else:
         for name, module in modules.items():
             load_module(module, checkpoint, name)
-        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location=device))
+        # read onto the CPU; load_state_dict moves each state tensor to its parameter's device
+        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location="cpu"))
     scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=False))
     state = torch.load(checkpoint / LOOP_STATE, weights_only=False)
     set_rng_state(torch.load(rng, weights_only=False))

@@ -197,8 +197,7 @@ class PPO:
         first = 1
         if resume:  # last: it restores the random generators too
             state = load_loop_checkpoint(
-                Path(resume), modules=modules, optimizer=optimizer, scheduler=scheduler, device=acc.device,
-                engine=engine,
+                Path(resume), modules=modules, optimizer=optimizer, scheduler=scheduler, engine=engine,
             )  # fmt: skip
             for name, part in stateful.items():
                 part.load_state_dict(state[name])

@@ -111,10 +111,10 @@ def test_deepspeed_two_processes_train_save_and_resume(tmp_path: Path, strategy,
 def test_ppo_on_two_processes(tmp_path: Path, strategy: str, live: str) -> None:
     """Our PPO loop on 2 CPU ranks: each rank samples its own shard of the prompts, gradients are
     all-reduced (DDP) or reduce-scattered (ZeRO-2, one engine for policy + value head), metrics
-    gathered from both, rank 0 writes; both ranks end with identical weights."""
-    run = tmp_path / "ppo"
-    hydratune(
-        run,
+    gathered from both, rank 0 writes; both ranks end with identical weights. Resumed from its
+    iteration-5 checkpoint, the run repeats iterations 6-10 and ends with the same weights."""
+    run, resumed = tmp_path / "ppo", tmp_path / "resumed"
+    common = [
         "recipe=ppo",
         f"strategy={strategy}",
         "train.micro_batch_size=8",
@@ -124,7 +124,9 @@ def test_ppo_on_two_processes(tmp_path: Path, strategy: str, live: str) -> None:
         "recipe.mini_batch_size=8",
         "recipe.reward._target_=tests.test_ppo.brevity",
         "recipe.missing_eos_penalty=0",
-    )
+        "train.save_every=5",
+    ]
+    hydratune(run, *common)
     assert result(run)["run"]["live strategy"] == live
     rank0, rank1 = (json.loads((run / f".rank{r}.weights.json").read_text()) for r in (0, 1))
     assert rank0["sha256"] == rank1["sha256"]
@@ -134,3 +136,15 @@ def test_ppo_on_two_processes(tmp_path: Path, strategy: str, live: str) -> None:
     assert records[-1]["kl"] > 0.1 and all(math.isfinite(r["kl"]) for r in records)
     assert all(0 < r["response_length"] <= 8 for r in records)
     assert (run / "final" / "model.safetensors").is_file()
+
+    checkpoint = run / "checkpoints" / "checkpoint-5"
+    assert {p.name for p in checkpoint.glob("rng_state_*.pt")} == {"rng_state_0.pt", "rng_state_1.pt"}
+    hydratune(resumed, *common, f"resume={checkpoint}")
+    again = [json.loads(line) for line in (resumed / "metrics.jsonl").open()]
+    assert [r["step"] for r in again] == list(range(6, 11))
+    for a, b in zip(again, records[5:], strict=True):
+        assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-6), a["step"]
+    for name in ("model.safetensors", "value.safetensors"):
+        a, b = load_file(run / "final" / name), load_file(resumed / "final" / name)
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=1e-5, msg=key)
