@@ -62,9 +62,11 @@ def rollout(
     top_k: int | None = None,
     top_p: float | None = None,
     max_prompt_length: int | None = None,
+    synced_gpus: bool = False,
 ) -> Rollout:
     """Sample one response per (already chat-templated) prompt: left padding, stop at EOS; prompts
-    longer than ``max_prompt_length`` tokens keep their end."""
+    longer than ``max_prompt_length`` tokens keep their end. ``synced_gpus``: the weights are sharded
+    (ZeRO-3), so every rank keeps stepping until the last rank's sequences are done."""
     sides = tokenizer.padding_side, tokenizer.truncation_side
     tokenizer.padding_side = tokenizer.truncation_side = "left"  # generation continues from the last position
     try:
@@ -92,6 +94,7 @@ def rollout(
         eos_token_id=eos_ids,
         pad_token_id=tokenizer.pad_token_id,
         use_cache=True,
+        synced_gpus=synced_gpus,
     )
     response, mask, has_eos = truncate_after_eos(out[:, query.shape[1] :], eos_ids, tokenizer.pad_token_id)
     return Rollout(query, query_mask, response, mask, has_eos)
@@ -346,6 +349,42 @@ class PolicyAndValue(torch.nn.Module):
         super().__init__()
         self.policy, self.value = policy, value
 
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        response_length: int,
+        temperature: float = 1.0,
+        reference: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``sequence_logprobs`` with the value head, called through the engine (whose ZeRO-3 hooks gather
+        each layer's shards); ``reference``: the policy with its adapter disabled, no values."""
+        if reference:
+            with self.policy.disable_adapter():
+                return sequence_logprobs(
+                    self.policy, input_ids, attention_mask, response_length, temperature=temperature
+                )
+        return sequence_logprobs(
+            self.policy,
+            input_ids,
+            attention_mask,
+            response_length,
+            temperature=temperature,
+            value_head=self.value,
+        )
+
+
+def split_gathered(state: dict[str, Any] | None) -> dict[str, dict[str, Any]] | None:
+    """A gathered ``PolicyAndValue`` state dict → ``{"model": policy's, "value": value head's}``
+    (None on the ranks that receive nothing)."""
+    if state is None:
+        return None
+    parts: dict[str, dict[str, Any]] = {"model": {}, "value": {}}
+    for key, tensor in state.items():
+        prefix, _, rest = key.partition(".")
+        parts["model" if prefix == "policy" else "value"][rest] = tensor
+    return parts
+
 
 def separate_critic(policy: Any, model_component: Any, reward_model: str | None, build_kwargs: dict) -> Any:
     """A critic with its own trunk: the reward model's weights when there is one, else the policy's
@@ -419,6 +458,8 @@ class ActorCritic:
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
         """Policy log-probs, entropies and values of the last ``n`` tokens, under the run's autocast."""
         with self.accelerator.autocast():
+            if self.engine is not None:
+                return self.engine(ids, mask, n, self.temperature)
             head = None if self.separate_critic else self.value
             logp, entropy, values = sequence_logprobs(
                 self.policy, ids, mask, n, temperature=self.temperature, value_head=head
@@ -433,6 +474,8 @@ class ActorCritic:
         with self.accelerator.autocast():
             if self.reference is not None:
                 return sequence_logprobs(self.reference, ids, mask, n, temperature=self.temperature)[0]
+            if self.engine is not None:
+                return self.engine(ids, mask, n, self.temperature, True)[0]
             with self.accelerator.unwrap_model(self.policy).disable_adapter():
                 return sequence_logprobs(self.policy, ids, mask, n, temperature=self.temperature)[0]
 

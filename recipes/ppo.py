@@ -94,13 +94,18 @@ class PPO:
                 raise ConfigError(f"invalid value {getattr(self, key)!r}", key=f"recipe.{key}", hint=hint)
         from components.strategy import DDP, DeepSpeed, Single
 
-        if comps.strategy.shards_parameters or not isinstance(comps.strategy, (Single, DDP, DeepSpeed)):
+        if not isinstance(comps.strategy, (Single, DDP, DeepSpeed)):
             raise ConfigError(
-                f"recipe=ppo runs under single, ddp and ZeRO stages 0-2, not {type(comps.strategy).__name__}"
-                f"{' stage 3' if comps.strategy.shards_parameters else ''} yet (generation from sharded "
-                "weights is not written)",
+                f"recipe=ppo runs under single, ddp and DeepSpeed ZeRO 0-3, not "
+                f"{type(comps.strategy).__name__}: its loop shards parameters with DeepSpeed engines only",
                 key="strategy",
-                hint="strategy=zero2 (or zero2_offload) with launcher.nproc_per_node=N",
+                hint="strategy=zero3 (or zero2) with launcher.nproc_per_node=N",
+            )
+        if comps.strategy.shards_parameters and not comps.strategy.stage3_gather_16bit_weights_on_model_save:
+            raise ConfigError(
+                "PPO under ZeRO-3 gathers the final weights on rank 0",
+                key="strategy.stage3_gather_16bit_weights_on_model_save",
+                hint="leave it true",
             )
         if isinstance(comps.strategy, DeepSpeed):
             if self.value_model != "head":
@@ -138,7 +143,7 @@ class PPO:
         from components import ppo
         from components.checkpoint import load_loop_checkpoint, resolve_resume, save_loop_checkpoint
         from components.errors import Interrupted
-        from components.rewards import resolve_reward
+        from components.rewards import RewardModel, resolve_reward
         from components.session import Session
 
         c, t = ctx.components, ctx.train
@@ -154,9 +159,11 @@ class PPO:
             tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in data["prompt"]
         ]
         reward_fn = resolve_reward(self.reward, ctx.device)
-        # the models: value head on the trunk or a separate critic; the reference (None under PEFT)
+        # the models: value head on the trunk or a separate critic; the reference: None under PEFT (the
+        # adapter-free policy), else a frozen copy, or under ZeRO-3 its own inference engine (built below)
+        sharded = c.strategy.shards_parameters
         ppo.disable_dropout(policy)
-        reference = None if c.peft.is_adapter else ppo.frozen_copy(policy)
+        reference = None if c.peft.is_adapter or sharded else ppo.frozen_copy(policy)
         if self.value_model == "head":
             value = ppo.value_head(policy)
         else:
@@ -180,7 +187,12 @@ class PPO:
             policy, value = engine.module.policy, engine.module.value
         else:
             policy, value, optimizer, scheduler = acc.prepare(policy, value, optimizer, scheduler)
-        reference = reference.to(acc.device) if reference is not None else None
+        if reference is not None:
+            reference = reference.to(acc.device)
+        elif not c.peft.is_adapter:  # ZeRO-3: built like the policy, sharded by a ZeRO-3 inference engine
+            reference = c.strategy.prepare_frozen(acc, session.build_frozen)
+        if isinstance(reward_fn, RewardModel):  # ZeRO-3: sharded too; else a whole copy per process
+            reward_fn.model = c.strategy.prepare_frozen(acc, lambda: reward_fn.model)
         model = ppo.ActorCritic(
             policy, value, self.value_model == "separate", reference, acc, self.temperature, engine
         )
@@ -214,6 +226,7 @@ class PPO:
                     acc.unwrap_model(policy).eval(), tok, [texts[i] for i in idx],
                     max_new_tokens=self.response_length, temperature=self.temperature, top_k=self.top_k,
                     top_p=self.top_p, max_prompt_length=c.data.max_prompt_length,
+                    synced_gpus=sharded and acc.num_processes > 1,
                 )  # fmt: skip
                 acc.unwrap_model(policy).train()
                 completions = tok.batch_decode(ro.response, skip_special_tokens=True)
@@ -280,8 +293,10 @@ class PPO:
             c.tracker.finish()
         metrics = {"train_runtime": round(time.time() - start, 2), "iterations": iterations, **record}
         unwrap = acc.unwrap_model
+        # ZeRO-3: the weights gathered on rank 0 (a collective call)
+        gathered = ppo.split_gathered(acc.get_state_dict(engine)) if sharded else None
         return session.finish_loop(
-            unwrap(policy), title="PPO", metrics=metrics, extra={"value": unwrap(value)}
+            unwrap(policy), title="PPO", metrics=metrics, extra={"value": unwrap(value)}, gathered=gathered
         )
 
 

@@ -304,7 +304,7 @@ def test_ppo_refuses_the_wrong_data_and_bad_knobs_before_load(run_recipe) -> Non
         run_recipe("recipe=ppo", "recipe.reward.model=/nonexistent/run")
     assert info.value.key == "recipe.reward.model"
     for overrides, key in (
-        (["strategy=zero3"], "strategy"),  # generation from sharded weights is not written
+        (["strategy=fsdp"], "strategy"),  # sharded by DeepSpeed engines only
         (["strategy=zero2", "recipe.value_model=separate"], "recipe.value_model"),  # one engine
         (["strategy=zero2", "train.micro_batch_size=5"], "recipe.mini_batch_size"),
     ):
