@@ -4,7 +4,9 @@ Each iteration: sample responses to ``rollout_batch_size`` prompts → score the
 trained reward model) → log-probs of policy and reference, values → per-token rewards (score - KL
 penalty) → GAE → ``ppo_epochs`` passes of clipped policy + value updates in mini-batches. The pieces are
 the small functions of ``components/ppo.py``; the reference is the adapter-free policy under PEFT (no
-second copy of the weights), else a frozen copy.
+second copy of the weights), else a frozen copy (under ZeRO-3 a separate inference engine). Metrics go
+to ``metrics.jsonl`` and the trackers each iteration; checkpoints every ``train.save_every`` iterations
+hold everything ``resume`` needs to continue at the next iteration.
 """
 
 from __future__ import annotations
