@@ -335,6 +335,12 @@ def load_loop_checkpoint(
 
     import torch
 
+    if not (checkpoint / LOOP_STATE).is_file():
+        raise ConfigError(
+            f"{checkpoint} was not written by this recipe's loop (no {LOOP_STATE})",
+            key="resume",
+            hint="pass resume=<run dir> of a run of the same recipe",
+        )
     rank = int(os.environ.get("RANK", 0))
     rng = checkpoint / f"rng_state_{rank}.pt"
     if not rng.is_file():

@@ -293,7 +293,7 @@ def test_ppo_against_a_trained_reward_model_with_a_critic_from_it(run_recipe, tm
     assert critic.keys() == start.keys()
 
 
-def test_ppo_refuses_the_wrong_data_and_bad_knobs_before_load(run_recipe) -> None:
+def test_ppo_refuses_the_wrong_data_and_bad_knobs_before_load(run_recipe, tmp_path) -> None:
     with pytest.raises(ConfigError) as info:
         run_recipe("recipe=ppo", "data=demo_sft")
     assert info.value.key == "data" and "demo_ppo" in str(info.value)
@@ -311,6 +311,16 @@ def test_ppo_refuses_the_wrong_data_and_bad_knobs_before_load(run_recipe) -> Non
         with pytest.raises(ConfigError) as info:
             run_recipe("recipe=ppo", *overrides)
         assert info.value.key == key, overrides
+    # a whole checkpoint of another recipe (a trainer's) is not one PPO can continue from
+    from components.checkpoint import mark_complete
+
+    other = tmp_path / "sft" / "checkpoints" / "checkpoint-1"
+    other.mkdir(parents=True)
+    (other / "model.safetensors").write_bytes(b"weights")
+    mark_complete(other, 1)
+    with pytest.raises(ConfigError) as info:
+        run_recipe(*FAST_PPO, "recipe.num_iterations=1", f"resume={other}")
+    assert info.value.key == "resume" and "loop_state.pt" in str(info.value)
 
 
 def test_ppo_is_deterministic_on_cpu(run_recipe) -> None:
