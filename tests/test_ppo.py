@@ -414,3 +414,25 @@ def test_ppo_interrupted_and_resumed_matches_an_uninterrupted_run(run_recipe, ex
     for final in sorted(p.name for p in full.run_dir.final.glob("*.safetensors")):
         a, b = load_file(full.run_dir.final / final), load_file(resumed.run_dir.final / final)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), final
+
+
+def test_frozen_models_under_zero3_offload_get_an_inference_config(compose_cfg) -> None:
+    """The second DeepSpeed plugin (reference / reward model): ZeRO-3 with the trained model's parameter
+    offload, but no optimizer, no optimizer offload, no accumulation; DeepSpeed accepts it."""
+    from components.run import Components, batch_plan
+    from components.strategy import validate_deepspeed_config
+
+    cfg = compose_cfg("recipe=ppo", "strategy=zero3_offload", "train.gradient_accumulation_steps=4")
+    comps = Components.from_config(cfg)
+    plan = batch_plan(cfg, comps, "cuda")
+    trained, frozen = (
+        comps.strategy.deepspeed_config(plan, "cuda"),
+        comps.strategy.inference_config(plan, "cuda"),
+    )
+    assert "optimizer" in trained and "offload_optimizer" in trained["zero_optimization"]
+    assert "optimizer" not in frozen and "offload_optimizer" not in frozen["zero_optimization"]
+    assert frozen["zero_optimization"]["stage"] == 3
+    assert frozen["zero_optimization"]["offload_param"] == trained["zero_optimization"]["offload_param"]
+    assert frozen["gradient_accumulation_steps"] == 1 and trained["gradient_accumulation_steps"] == 4
+    assert frozen["train_batch_size"] == plan.micro_batch_size * plan.world_size
+    validate_deepspeed_config(frozen)
