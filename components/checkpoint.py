@@ -192,3 +192,170 @@ def _is_peft(model: Any) -> bool:
     except ImportError:  # pragma: no cover - peft is a dependency
         return False
     return isinstance(model, PeftModel)
+
+
+# ---- checkpoints of loops we own (PPO) --------------------------------------------------------------
+LOOP_STATE = "loop_state.pt"  # the loop's own counters and controllers
+ENGINE_TAG = "engine"  # DeepSpeed's engine checkpoint: weights (shards under ZeRO-3) and optimizer state
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator a loop draws from: python, numpy, torch (CPU and each GPU)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Put every random generator back where :func:`rng_state` found it."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_module(module: Any, folder: Path, name: str) -> None:
+    """``<name>/`` via ``save_pretrained`` (the adapter alone under PEFT), else ``<name>.safetensors``."""
+    if hasattr(module, "save_pretrained"):
+        module.save_pretrained(folder / name, safe_serialization=True)
+        return
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    save_file(state, str(folder / f"{name}.safetensors"))
+
+
+def load_module(module: Any, folder: Path, name: str) -> None:
+    """Load what :func:`save_module` wrote into ``module`` in place (an adapter into its PeftModel).
+    Keys ``save_pretrained`` leaves out must be tied to a loaded weight; anything else missing fails."""
+    from safetensors.torch import load_file
+
+    if not (folder / name).is_dir():
+        module.load_state_dict(load_file(str(folder / f"{name}.safetensors")))
+        return
+    state: dict[str, Any] = {}
+    for file in sorted((folder / name).glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    if _is_peft(module):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(module, state)
+        if result.unexpected_keys:
+            raise ValueError(f"{folder / name}: unexpected adapter keys {result.unexpected_keys[:3]}")
+        return
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    current = module.state_dict()
+    loaded = {current[k].data_ptr() for k in state if k in current}
+    untied = [k for k in missing if current[k].data_ptr() not in loaded]
+    if unexpected or untied:
+        raise ValueError(f"{folder / name}: missing {untied[:3]}, unexpected {unexpected[:3]}")
+
+
+def save_loop_checkpoint(
+    run_dir: Any,
+    step: int,
+    *,
+    accelerator: Any,
+    modules: dict[str, Any],
+    optimizer: Any,
+    scheduler: Any,
+    state: dict[str, Any],
+    keep_last: int,
+    engine: Any = None,
+) -> Path:
+    """``checkpoints/checkpoint-<step>/`` of a loop we own; a collective call (every rank takes part).
+
+    Holds the trained ``modules`` (loadable with ``from_pretrained`` unless ZeRO-3 shards them), the
+    optimizer (or DeepSpeed's engine checkpoint ``engine/``: weights + optimizer shards), the schedule, the
+    loop's ``state`` and every rank's RNG states. Written into ``.staging`` and renamed with a completion
+    marker when whole, keeping the last ``keep_last`` — the same conventions as the trainers'."""
+    import os
+
+    import torch
+
+    main = accelerator.is_main_process
+    staging = run_dir.checkpoints / ".staging" / f"checkpoint-{step}"
+    if main:
+        shutil.rmtree(staging.parent, ignore_errors=True)
+        staging.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    sharded = engine is not None and engine.zero_optimization_partition_weights()
+    if engine is not None:
+        engine.save_checkpoint(str(staging), tag=ENGINE_TAG)  # every rank writes its shard
+    if main:
+        if not sharded:  # every rank holds the whole weights: rank 0 writes them
+            for name, module in modules.items():
+                save_module(module, staging, name)
+        if engine is None:
+            torch.save(optimizer.state_dict(), staging / "optimizer.pt")
+        torch.save(scheduler.state_dict(), staging / "scheduler.pt")
+        torch.save(state, staging / LOOP_STATE)
+    torch.save(rng_state(), staging / f"rng_state_{int(os.environ.get('RANK', 0))}.pt")
+    accelerator.wait_for_everyone()
+    target = run_dir.checkpoints / staging.name
+    if main:
+        mark_complete(staging, step)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+        shutil.rmtree(staging.parent, ignore_errors=True)
+        for old in checkpoints_in(run_dir.path)[:-keep_last]:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return target
+
+
+def load_loop_checkpoint(
+    checkpoint: Path,
+    *,
+    modules: dict[str, Any],
+    optimizer: Any,
+    scheduler: Any,
+    engine: Any = None,
+) -> dict[str, Any]:
+    """Restore what :func:`save_loop_checkpoint` wrote and return the loop's ``state``. Call it on every
+    rank right before the loop: it also restores this rank's random generators."""
+    import os
+
+    import torch
+
+    if not (checkpoint / LOOP_STATE).is_file():
+        raise ConfigError(
+            f"{checkpoint} was not written by this recipe's loop (no {LOOP_STATE})",
+            key="resume",
+            hint="pass resume=<run dir> of a run of the same recipe",
+        )
+    rank = int(os.environ.get("RANK", 0))
+    rng = checkpoint / f"rng_state_{rank}.pt"
+    if not rng.is_file():
+        raise ConfigError(
+            f"{checkpoint} has no RNG state for rank {rank}: it was written by fewer processes",
+            key="resume",
+            hint="resume with the launcher.nproc_per_node of the run that wrote it",
+        )
+    if engine is not None:
+        path, _ = engine.load_checkpoint(
+            str(checkpoint), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
+        if path is None:
+            raise ConfigError(f"{checkpoint} holds no DeepSpeed engine checkpoint", key="resume")
+    else:
+        for name, module in modules.items():
+            load_module(module, checkpoint, name)
+        # read onto the CPU; load_state_dict moves each state tensor to its parameter's device
+        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location="cpu"))
+    scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=False))
+    state = torch.load(checkpoint / LOOP_STATE, weights_only=False)
+    set_rng_state(torch.load(rng, weights_only=False))
+    return state

@@ -62,9 +62,11 @@ def rollout(
     top_k: int | None = None,
     top_p: float | None = None,
     max_prompt_length: int | None = None,
+    synced_gpus: bool = False,
 ) -> Rollout:
     """Sample one response per (already chat-templated) prompt: left padding, stop at EOS; prompts
-    longer than ``max_prompt_length`` tokens keep their end."""
+    longer than ``max_prompt_length`` tokens keep their end. ``synced_gpus``: the weights are sharded
+    (ZeRO-3), so every rank keeps stepping until the last rank's sequences are done."""
     sides = tokenizer.padding_side, tokenizer.truncation_side
     tokenizer.padding_side = tokenizer.truncation_side = "left"  # generation continues from the last position
     try:
@@ -92,6 +94,7 @@ def rollout(
         eos_token_id=eos_ids,
         pad_token_id=tokenizer.pad_token_id,
         use_cache=True,
+        synced_gpus=synced_gpus,
     )
     response, mask, has_eos = truncate_after_eos(out[:, query.shape[1] :], eos_ids, tokenizer.pad_token_id)
     return Rollout(query, query_mask, response, mask, has_eos)
@@ -262,6 +265,12 @@ class FixedKLController:
     def update(self, current_kl: float, n_steps: int) -> None:
         pass
 
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = state["value"]
+
 
 class AdaptiveKLController:
     """Ziegler et al. (2019): move the coefficient so the measured KL approaches ``target``, by at most
@@ -273,6 +282,12 @@ class AdaptiveKLController:
     def update(self, current_kl: float, n_steps: int) -> None:
         error = min(max(current_kl / self.target - 1, -0.2), 0.2)
         self.value *= 1 + error * n_steps / self.horizon
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = state["value"]
 
 
 class RunningMoments:
@@ -293,6 +308,12 @@ class RunningMoments:
     @property
     def std(self) -> float:
         return math.sqrt(self.var)
+
+    def state_dict(self) -> dict[str, float]:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
 
     def normalise(self, x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
         return (x - self.mean) / (self.std + eps)
@@ -328,6 +349,42 @@ class PolicyAndValue(torch.nn.Module):
         super().__init__()
         self.policy, self.value = policy, value
 
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        response_length: int,
+        temperature: float = 1.0,
+        reference: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``sequence_logprobs`` with the value head, called through the engine (whose ZeRO-3 hooks gather
+        each layer's shards); ``reference``: the policy with its adapter disabled, no values."""
+        if reference:
+            with self.policy.disable_adapter():
+                return sequence_logprobs(
+                    self.policy, input_ids, attention_mask, response_length, temperature=temperature
+                )
+        return sequence_logprobs(
+            self.policy,
+            input_ids,
+            attention_mask,
+            response_length,
+            temperature=temperature,
+            value_head=self.value,
+        )
+
+
+def split_gathered(state: dict[str, Any] | None) -> dict[str, dict[str, Any]] | None:
+    """A gathered ``PolicyAndValue`` state dict → ``{"model": policy's, "value": value head's}``
+    (None on the ranks that receive nothing)."""
+    if state is None:
+        return None
+    parts: dict[str, dict[str, Any]] = {"model": {}, "value": {}}
+    for key, tensor in state.items():
+        prefix, _, rest = key.partition(".")
+        parts["model" if prefix == "policy" else "value"][rest] = tensor
+    return parts
+
 
 def separate_critic(policy: Any, model_component: Any, reward_model: str | None, build_kwargs: dict) -> Any:
     """A critic with its own trunk: the reward model's weights when there is one, else the policy's
@@ -355,37 +412,6 @@ def separate_critic(policy: Any, model_component: Any, reward_model: str | None,
     return critic.train()
 
 
-def save_checkpoint(run_dir: Any, step: int, modules: dict[str, Any], optimizer: Any, keep_last: int) -> Any:
-    """``checkpoints/checkpoint-<step>/``: each module's weights, the optimizer, a completion marker;
-    written into ``.staging`` and renamed when whole, keeping the last ``keep_last``."""
-    import shutil
-
-    from components.checkpoint import checkpoints_in, mark_complete
-
-    staging = run_dir.checkpoints / ".staging" / f"checkpoint-{step}"
-    shutil.rmtree(staging.parent, ignore_errors=True)
-    staging.mkdir(parents=True)
-    for name, module in modules.items():
-        if hasattr(module, "save_pretrained"):
-            module.save_pretrained(staging / name, safe_serialization=True)
-        else:
-            from safetensors.torch import save_file
-
-            save_file(
-                {k: v.contiguous() for k, v in module.state_dict().items()},
-                str(staging / f"{name}.safetensors"),
-            )
-    torch.save(optimizer.state_dict(), staging / "optimizer.pt")
-    mark_complete(staging, step)
-    target = run_dir.checkpoints / staging.name
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
-    shutil.rmtree(staging.parent, ignore_errors=True)
-    for old in checkpoints_in(run_dir.path)[:-keep_last]:
-        shutil.rmtree(old)
-    return target
-
-
 # ---- the loop's parts -------------------------------------------------------------------------------
 class PromptSampler:
     """Row indices in a fresh seeded shuffle per pass over the data."""
@@ -398,6 +424,14 @@ class PromptSampler:
             self.queue += torch.randperm(self.n_rows, generator=self.generator).tolist()
         out, self.queue = self.queue[:k], self.queue[k:]
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the shuffle stands: the generator (it also shuffles the mini-batches) and the queue."""
+        return {"generator": self.generator.get_state(), "queue": list(self.queue)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.queue = list(state["queue"])
 
     def take_shard(self, k: int, rank: int, world_size: int) -> list[int]:
         """This rank's ``k`` prompts of the ``k * world_size`` drawn (the same draw on every rank)."""
@@ -424,6 +458,8 @@ class ActorCritic:
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
         """Policy log-probs, entropies and values of the last ``n`` tokens, under the run's autocast."""
         with self.accelerator.autocast():
+            if self.engine is not None:
+                return self.engine(ids, mask, n, self.temperature)
             head = None if self.separate_critic else self.value
             logp, entropy, values = sequence_logprobs(
                 self.policy, ids, mask, n, temperature=self.temperature, value_head=head
@@ -438,6 +474,8 @@ class ActorCritic:
         with self.accelerator.autocast():
             if self.reference is not None:
                 return sequence_logprobs(self.reference, ids, mask, n, temperature=self.temperature)[0]
+            if self.engine is not None:
+                return self.engine(ids, mask, n, self.temperature, True)[0]
             with self.accelerator.unwrap_model(self.policy).disable_adapter():
                 return sequence_logprobs(self.policy, ids, mask, n, temperature=self.temperature)[0]
 

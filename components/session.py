@@ -109,6 +109,16 @@ class Session:
         unquantized = type(c.quantization).__name__ == "NoQuantization"
         return c.peft.freezes_base and unquantized and type(c.strategy).__name__ != "FSDP"
 
+    def build_frozen(self, task: str = "causal_lm") -> Any:
+        """The configured model as loaded, frozen, without PEFT (PPO's reference under ZeRO-3, where the
+        policy's sharded weights cannot be copied); seeded like ``build_model`` so a random init matches."""
+        c, ctx = self.ctx.components, self.ctx
+        ctx.seed_everything()
+        precision = c.precision.resolve(ctx.device)
+        dtype = c.model.weight_dtype(precision, frozen_base=self.frozen_base_in_half())
+        model = c.model.build(task=task, dtype=dtype, **c.quantization.load_kwargs(precision, ctx.device))
+        return model.eval().requires_grad_(False)
+
     def callbacks(self) -> list[Any]:
         c = self.ctx.components
         return [
@@ -227,11 +237,31 @@ class Session:
         self._write_report(title, metrics)
         return metrics
 
+    def log_metrics(self, record: dict[str, Any]) -> None:
+        """One record of a recipe that owns its loop (PPO): appended to ``metrics.jsonl`` and sent to every
+        configured tracker at ``record["step"]`` (numbers only; ``time`` stays in the run dir). Rank 0."""
+        if not self.ctx.is_main_process:
+            return
+        self.ctx.run_dir.append_metrics(record)
+        values = {
+            k: float(v)
+            for k, v in record.items()
+            if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        self.ctx.components.tracker.log(values, int(record["step"]))
+
     def finish_loop(
-        self, model: Any, *, title: str, metrics: dict[str, Any], extra: dict[str, Any] | None = None
+        self,
+        model: Any,
+        *,
+        title: str,
+        metrics: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+        gathered: dict[str, dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """The end of a recipe that owns its loop (PPO): evaluate, save ``final/`` (plus ``extra``
-        modules, e.g. a value head, as ``final/<name>.safetensors``), write summary.md and result.json."""
+        modules, e.g. a value head, as ``final/<name>.safetensors``), write summary.md and result.json.
+        ``gathered``: state dicts gathered from sharded weights (``"model"`` and each ``extra`` name)."""
         from safetensors.torch import save_file
 
         self.model = self.ctx.model = model
@@ -239,11 +269,17 @@ class Session:
         if not self.ctx.is_main_process:  # rank 0 writes the run dir
             return metrics
         self.evaluate_generations(self.eval_prompts, "after")
+        gathered = gathered or {}
         self.report["outputs"] = save_final(
-            model, self.tokenizer, self.ctx.run_dir.final, merge=self.ctx.cfg.merge
+            model,
+            self.tokenizer,
+            self.ctx.run_dir.final,
+            merge=self.ctx.cfg.merge,
+            state_dict=gathered.get("model"),
         )
         for name, module in (extra or {}).items():
-            state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+            state = gathered.get(name) or module.state_dict()
+            state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
             save_file(state, str(self.ctx.run_dir.final / f"{name}.safetensors"))
         self._write_report(title, metrics)
         return metrics

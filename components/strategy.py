@@ -9,6 +9,8 @@ otherwise.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,7 @@ OFFLOAD = ("none", "cpu", "nvme")
 COMM_DTYPES = (None, "fp32", "fp16", "bf16")
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
 ZERO_CHECKPOINT = "__zero_checkpoint__"  # gather_state_dict's answer when the weights stay sharded on disk
+TRAINED, FROZEN = "trained", "frozen"  # accelerate's DeepSpeed plugins of a loop we own (PPO)
 
 
 def detect_device(requested: str = "auto") -> str:
@@ -101,6 +104,11 @@ class Strategy:
         from accelerate import Accelerator
 
         return Accelerator(mixed_precision=_mixed(plan.dtype), cpu=device == "cpu")
+
+    def prepare_frozen(self, accelerator: Any, build: Callable[[], Any]) -> Any:
+        """A frozen model of a loop we own (PPO's reference, a reward model), made by ``build()`` and made
+        ready for inference: here a whole copy on each process's device."""
+        return build().to(accelerator.device).eval().requires_grad_(False)
 
     def gather_state_dict(self, trainer: Any) -> dict[str, Any] | None:
         """The full state dict for saving (a collective call on every rank) when parameters are sharded;
@@ -479,8 +487,33 @@ class DeepSpeed(Strategy):
 
         if device == "cpu":
             PartialState(cpu=True)
-        plugin = DeepSpeedPlugin(hf_ds_config=self.deepspeed_config(plan, device))
-        return Accelerator(deepspeed_plugin=plugin, mixed_precision=_mixed(plan.dtype))
+        plugins = {TRAINED: DeepSpeedPlugin(hf_ds_config=self.deepspeed_config(plan, device))}
+        if self.stage == 3:  # frozen models get their own engine (the first plugin is the active one)
+            plugins[FROZEN] = DeepSpeedPlugin(hf_ds_config=self.inference_config(plan, device))
+        return Accelerator(deepspeed_plugins=plugins, mixed_precision=_mixed(plan.dtype))
+
+    def inference_config(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
+        """The config of frozen models' engines: the trained model's ZeRO stage and parameter offload,
+        no optimizer (so no optimizer offload), no accumulation."""
+        config = self.deepspeed_config(dataclasses.replace(plan, gradient_accumulation_steps=1), device)
+        config.pop("optimizer", None)
+        config["zero_optimization"].pop("offload_optimizer", None)
+        return config
+
+    def prepare_frozen(self, accelerator: Any, build: Callable[[], Any]) -> Any:
+        """ZeRO-3: ``build()`` runs with the inference config live (``from_pretrained`` then shards the
+        weights as it loads them) and the model becomes a DeepSpeed inference engine (no optimizer);
+        stages 0-2 keep a whole copy per process."""
+        if self.stage != 3:
+            return super().prepare_frozen(accelerator, build)
+        accelerator.state.select_deepspeed_plugin(FROZEN)
+        try:
+            model = build().eval().requires_grad_(False)
+            engine = accelerator.prepare(model)
+        finally:
+            accelerator.state.select_deepspeed_plugin(TRAINED)
+        engine.eval()  # DeepSpeed's train()/eval() return None
+        return engine
 
     def gather_state_dict(self, trainer: Any) -> dict[str, Any] | None:
         """ZeRO-3: the 16-bit weights gathered on rank 0, or, with gathering turned off, a DeepSpeed

@@ -2,7 +2,8 @@
 
 Several trackers can run at once: each option lives at ``tracker.<name>`` in the config, so
 ``tracker=[tensorboard,wandb]`` selects both. They reach the HF/TRL trainers as ``report_to`` names
-(the trainers' own integrations) or as callbacks. Secrets (API keys) stay in the environment: no
+(the trainers' own integrations) or as callbacks; recipes that own their loop (PPO) call
+:meth:`Tracker.log` instead (through ``Session.log_metrics``). Secrets (API keys) stay in the environment: no
 tracker writes them to the config, the run dir or its params.
 """
 
@@ -44,6 +45,10 @@ class Tracker:
     def callbacks(self, run: RunInfo) -> list[Any]:
         return []
 
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """Record ``metrics`` at ``step`` directly, for recipes that own their loop (PPO); rank 0 only,
+        after :meth:`setup`. Trainer-based recipes reach the tracker through ``report_to`` instead."""
+
     def finish(self) -> None:
         """After training (also after an interruption): flush and close."""
 
@@ -75,6 +80,21 @@ class TensorBoard(Tracker):
     def setup(self, run: RunInfo) -> None:
         # transformers 5 removed TrainingArguments.logging_dir; its TensorBoard callback reads this variable.
         os.environ["TENSORBOARD_LOGGING_DIR"] = str(run.run_dir / self.subdir)
+        self._logdir = run.run_dir / self.subdir
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if getattr(self, "_writer", None) is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self._logdir))
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, value, global_step=step)
+
+    def finish(self) -> None:
+        writer = getattr(self, "_writer", None)
+        if writer is not None:
+            writer.close()
+            self._writer = None
 
 
 @component("tracker")
@@ -115,6 +135,9 @@ class WandB(Tracker):
             reinit="finish_previous",
         )  # the trainer's WandbCallback logs into this run
 
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self._run.log(metrics, step=step)
+
     def finish(self) -> None:
         run = getattr(self, "_run", None)
         if run is not None:
@@ -153,6 +176,11 @@ class MLflow(Tracker):
         mlflow.set_experiment(self.experiment)
         mlflow.start_run(run_name=run.name, tags={"hydratune.overrides": " ".join(run.tags)[:5000]})
 
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        import mlflow
+
+        mlflow.log_metrics(metrics, step=step)
+
     def finish(self) -> None:
         import mlflow
 
@@ -176,6 +204,23 @@ class Aim(Tracker):
 
         return [AimCallback(repo=self.repo or str(run.run_dir), experiment=self.experiment)]
 
+    def setup(self, run: RunInfo) -> None:
+        self._repo = self.repo or str(run.run_dir)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if getattr(self, "_run", None) is None:
+            import aim
+
+            self._run = aim.Run(repo=self._repo, experiment=self.experiment)
+        for key, value in metrics.items():
+            self._run.track(value, name=key, step=step)
+
+    def finish(self) -> None:
+        run = getattr(self, "_run", None)
+        if run is not None:
+            run.close()
+            self._run = None
+
 
 @component("tracker")
 @dataclass
@@ -197,6 +242,19 @@ class Comet(Tracker):
         if self.mode == "offline":
             os.environ["COMET_OFFLINE_DIRECTORY"] = str(run.run_dir / "comet")
 
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if getattr(self, "_experiment", None) is None:
+            import comet_ml
+
+            self._experiment = comet_ml.start(project_name=self.project, online=self.mode == "online")
+        self._experiment.log_metrics(metrics, step=step)
+
+    def finish(self) -> None:
+        experiment = getattr(self, "_experiment", None)
+        if experiment is not None:
+            experiment.end()
+            self._experiment = None
+
 
 @component("tracker")
 @dataclass
@@ -206,22 +264,37 @@ class JsonlTracker(Tracker):
 
     path: str = "tracker.jsonl"  # relative paths are inside the run dir
 
+    def file(self, run: RunInfo) -> Path:
+        path = Path(self.path) if Path(self.path).is_absolute() else run.run_dir / self.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
     def callbacks(self, run: RunInfo) -> list[Any]:
         from transformers import TrainerCallback
 
-        path = Path(self.path) if Path(self.path).is_absolute() else run.run_dir / self.path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = self.file(run)
 
         class _Append(TrainerCallback):
             def on_log(
                 self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any
             ) -> None:
                 if state.is_world_process_zero and logs:
-                    record = {"run": run.name, "run_dir": str(run.run_dir), "step": state.global_step, **logs}
-                    with path.open("a") as f:
-                        f.write(json.dumps(record) + "\n")
+                    _append(path, run, state.global_step, logs)
 
         return [_Append()]
+
+    def setup(self, run: RunInfo) -> None:
+        self._run = run
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        _append(self.file(self._run), self._run, step, metrics)
+
+
+def _append(path: Path, run: RunInfo, step: int, logs: dict[str, Any]) -> None:
+    """One JSONL record: the run, the step, the logged values."""
+    record = {"run": run.name, "run_dir": str(run.run_dir), "step": step, **logs}
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 @dataclass
@@ -250,6 +323,10 @@ class Trackers(Tracker):
 
     def callbacks(self, run: RunInfo) -> list[Any]:
         return [cb for m in self.members.values() for cb in m.callbacks(run)]
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for member in self.members.values():
+            member.log(metrics, step)
 
     def finish(self) -> None:
         for member in self.members.values():

@@ -4,7 +4,9 @@ Each iteration: sample responses to ``rollout_batch_size`` prompts → score the
 trained reward model) → log-probs of policy and reference, values → per-token rewards (score - KL
 penalty) → GAE → ``ppo_epochs`` passes of clipped policy + value updates in mini-batches. The pieces are
 the small functions of ``components/ppo.py``; the reference is the adapter-free policy under PEFT (no
-second copy of the weights), else a frozen copy.
+second copy of the weights), else a frozen copy (under ZeRO-3 a separate inference engine). Metrics go
+to ``metrics.jsonl`` and the trackers each iteration; checkpoints every ``train.save_every`` iterations
+hold everything ``resume`` needs to continue at the next iteration.
 """
 
 from __future__ import annotations
@@ -94,13 +96,18 @@ class PPO:
                 raise ConfigError(f"invalid value {getattr(self, key)!r}", key=f"recipe.{key}", hint=hint)
         from components.strategy import DDP, DeepSpeed, Single
 
-        if comps.strategy.shards_parameters or not isinstance(comps.strategy, (Single, DDP, DeepSpeed)):
+        if not isinstance(comps.strategy, (Single, DDP, DeepSpeed)):
             raise ConfigError(
-                f"recipe=ppo runs under single, ddp and ZeRO stages 0-2, not {type(comps.strategy).__name__}"
-                f"{' stage 3' if comps.strategy.shards_parameters else ''} yet (generation from sharded "
-                "weights is not written)",
+                f"recipe=ppo runs under single, ddp and DeepSpeed ZeRO 0-3, not "
+                f"{type(comps.strategy).__name__}: its loop shards parameters with DeepSpeed engines only",
                 key="strategy",
-                hint="strategy=zero2 (or zero2_offload) with launcher.nproc_per_node=N",
+                hint="strategy=zero3 (or zero2) with launcher.nproc_per_node=N",
+            )
+        if comps.strategy.shards_parameters and not comps.strategy.stage3_gather_16bit_weights_on_model_save:
+            raise ConfigError(
+                "PPO under ZeRO-3 gathers the final weights on rank 0",
+                key="strategy.stage3_gather_16bit_weights_on_model_save",
+                hint="leave it true",
             )
         if isinstance(comps.strategy, DeepSpeed):
             if self.value_model != "head":
@@ -115,10 +122,6 @@ class PPO:
                     key="recipe.mini_batch_size",
                     hint=f"a multiple of train.micro_batch_size={cfg.train.micro_batch_size}",
                 )
-        if cfg.resume:
-            raise ConfigError(
-                "PPO runs cannot resume from a checkpoint yet", key="resume", hint="drop resume"
-            )
         if reward_model_path(self.reward):
             from components.rewards import reward_model_dir
 
@@ -134,17 +137,20 @@ class PPO:
     def run(self, ctx: RunContext) -> dict[str, Any]:
         import dataclasses
         import time
+        from pathlib import Path
 
         import torch
         from accelerate.utils import DistributedType
 
         from components import ppo
+        from components.checkpoint import load_loop_checkpoint, resolve_resume, save_loop_checkpoint
         from components.errors import Interrupted
-        from components.rewards import resolve_reward
+        from components.rewards import RewardModel, resolve_reward
         from components.session import Session
 
         c, t = ctx.components, ctx.train
         session = Session.start(ctx)
+        resume = resolve_resume(ctx.cfg.resume, ctx.run_dir.path)  # fails here, before any model loads
         splits = session.load_data()
         data, tok = splits["train"], session.tokenizer
         policy = session.build_model()
@@ -155,9 +161,11 @@ class PPO:
             tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in data["prompt"]
         ]
         reward_fn = resolve_reward(self.reward, ctx.device)
-        # the models: value head on the trunk or a separate critic; the reference (None under PEFT)
+        # the models: value head on the trunk or a separate critic; the reference: None under PEFT (the
+        # adapter-free policy), else a frozen copy, or under ZeRO-3 its own inference engine (built below)
+        sharded = c.strategy.shards_parameters
         ppo.disable_dropout(policy)
-        reference = None if c.peft.is_adapter else ppo.frozen_copy(policy)
+        reference = None if c.peft.is_adapter or sharded else ppo.frozen_copy(policy)
         if self.value_model == "head":
             value = ppo.value_head(policy)
         else:
@@ -181,7 +189,12 @@ class PPO:
             policy, value = engine.module.policy, engine.module.value
         else:
             policy, value, optimizer, scheduler = acc.prepare(policy, value, optimizer, scheduler)
-        reference = reference.to(acc.device) if reference is not None else None
+        if reference is not None:
+            reference = reference.to(acc.device)
+        elif not c.peft.is_adapter:  # ZeRO-3: built like the policy, sharded by a ZeRO-3 inference engine
+            reference = c.strategy.prepare_frozen(acc, session.build_frozen)
+        if isinstance(reward_fn, RewardModel):  # ZeRO-3: sharded too; else a whole copy per process
+            reward_fn.model = c.strategy.prepare_frozen(acc, lambda: reward_fn.model)
         model = ppo.ActorCritic(
             policy, value, self.value_model == "separate", reference, acc, self.temperature, engine
         )
@@ -192,10 +205,22 @@ class PPO:
         )
         moments = ppo.RunningMoments() if self.reward_normalization else None
         sampler = ppo.PromptSampler(len(data), t.data_seed if t.data_seed is not None else t.seed)
+        # what a checkpoint holds besides weights, optimizer, schedule and RNG states
+        stateful = {"kl": kl_ctl, "sampler": sampler, **({"moments": moments} if moments else {})}
+        modules = {"policy": acc.unwrap_model(policy), "value": acc.unwrap_model(value)}
+        first = 1
+        if resume:  # last: it restores the random generators too
+            state = load_loop_checkpoint(
+                Path(resume), modules=modules, optimizer=optimizer, scheduler=scheduler, engine=engine,
+            )  # fmt: skip
+            for name, part in stateful.items():
+                part.load_state_dict(state[name])
+            first = state["iteration"] + 1
+            session.report["run"]["resumed from"] = resume
         start, record = time.time(), {}
         session.interrupt.install()
         try:
-            for it in range(1, iterations + 1):
+            for it in range(first, iterations + 1):
                 # 1. sample responses to a batch of prompts and score them
                 idx = sampler.take_shard(self.rollout_batch_size, acc.process_index, acc.num_processes)
                 rows = data[idx]
@@ -203,6 +228,7 @@ class PPO:
                     acc.unwrap_model(policy).eval(), tok, [texts[i] for i in idx],
                     max_new_tokens=self.response_length, temperature=self.temperature, top_k=self.top_k,
                     top_p=self.top_p, max_prompt_length=c.data.max_prompt_length,
+                    synced_gpus=sharded and acc.num_processes > 1,
                 )  # fmt: skip
                 acc.unwrap_model(policy).train()
                 completions = tok.batch_decode(ro.response, skip_special_tokens=True)
@@ -248,8 +274,7 @@ class PPO:
                     "lr": scheduler.get_last_lr()[0], **stats,
                 }  # fmt: skip
                 kl_ctl.update(seq_kl, len(idx) * acc.num_processes)
-                if acc.is_main_process:
-                    ctx.run_dir.append_metrics(record)
+                session.log_metrics(record)  # metrics.jsonl + the configured trackers, rank 0
                 if acc.is_main_process and (it % t.log_every == 0 or it in (1, iterations)):
                     reward, length = record["reward/mean"], record["response_length"]
                     print(
@@ -258,11 +283,11 @@ class PPO:
                     )
                 stop = session.interrupt.requested
                 if (t.save_every and it % t.save_every == 0) or stop:
-                    modules = {"policy": acc.unwrap_model(policy), "value": acc.unwrap_model(value)}
-                    saved = ctx.run_dir.checkpoints / f"checkpoint-{it}"
-                    if acc.is_main_process:  # DDP: every rank holds the same weights
-                        saved = ppo.save_checkpoint(ctx.run_dir, it, modules, optimizer, t.keep_last)
-                    acc.wait_for_everyone()
+                    loop_state = {"iteration": it, **{k: v.state_dict() for k, v in stateful.items()}}
+                    saved = save_loop_checkpoint(
+                        ctx.run_dir, it, accelerator=acc, modules=modules, optimizer=optimizer,
+                        scheduler=scheduler, state=loop_state, keep_last=t.keep_last, engine=engine,
+                    )  # fmt: skip
                 if stop:
                     raise Interrupted(session.interrupt.signum, it, str(saved))
         finally:
@@ -270,8 +295,10 @@ class PPO:
             c.tracker.finish()
         metrics = {"train_runtime": round(time.time() - start, 2), "iterations": iterations, **record}
         unwrap = acc.unwrap_model
+        # ZeRO-3: the weights gathered on rank 0 (a collective call)
+        gathered = ppo.split_gathered(acc.get_state_dict(engine)) if sharded else None
         return session.finish_loop(
-            unwrap(policy), title="PPO", metrics=metrics, extra={"value": unwrap(value)}
+            unwrap(policy), title="PPO", metrics=metrics, extra={"value": unwrap(value)}, gathered=gathered
         )
 
 

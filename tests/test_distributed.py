@@ -104,6 +104,17 @@ def test_deepspeed_two_processes_train_save_and_resume(tmp_path: Path, strategy,
     assert next(r["step"] for r in map(json.loads, (resumed / "metrics.jsonl").open()) if "loss" in r) == 7
 
 
+PPO = [
+    "recipe=ppo",
+    "train.micro_batch_size=8",
+    "launcher.nproc_per_node=2",
+    "recipe.rollout_batch_size=16",
+    "recipe.mini_batch_size=8",
+    "recipe.reward._target_=tests.test_ppo.brevity",
+    "recipe.missing_eos_penalty=0",
+]
+
+
 @pytest.mark.parametrize(
     ("strategy", "live"),
     [("ddp", "MULTI_CPU, 2 process(es)"), ("zero2", "DEEPSPEED, ZeRO stage 2, 2 process(es)")],
@@ -113,18 +124,7 @@ def test_ppo_on_two_processes(tmp_path: Path, strategy: str, live: str) -> None:
     all-reduced (DDP) or reduce-scattered (ZeRO-2, one engine for policy + value head), metrics
     gathered from both, rank 0 writes; both ranks end with identical weights."""
     run = tmp_path / "ppo"
-    hydratune(
-        run,
-        "recipe=ppo",
-        f"strategy={strategy}",
-        "train.micro_batch_size=8",
-        "launcher.nproc_per_node=2",
-        "recipe.num_iterations=10",
-        "recipe.rollout_batch_size=16",
-        "recipe.mini_batch_size=8",
-        "recipe.reward._target_=tests.test_ppo.brevity",
-        "recipe.missing_eos_penalty=0",
-    )
+    hydratune(run, *PPO, f"strategy={strategy}", "recipe.num_iterations=10")
     assert result(run)["run"]["live strategy"] == live
     rank0, rank1 = (json.loads((run / f".rank{r}.weights.json").read_text()) for r in (0, 1))
     assert rank0["sha256"] == rank1["sha256"]
@@ -134,3 +134,35 @@ def test_ppo_on_two_processes(tmp_path: Path, strategy: str, live: str) -> None:
     assert records[-1]["kl"] > 0.1 and all(math.isfinite(r["kl"]) for r in records)
     assert all(0 < r["response_length"] <= 8 for r in records)
     assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_ppo_under_zero3_samples_from_shards_saves_and_resumes(tmp_path: Path) -> None:
+    """ZeRO-3 on 2 CPU ranks: policy + value head sharded in one engine, responses sampled from the
+    shards (synced generation), the reference a separate ZeRO-3 inference engine built like the policy
+    (so KL starts at 0, then grows); the final weights are gathered and load; resumed from the
+    iteration-3 engine checkpoint (sharded weights + optimizer, RNG of both ranks) the run ends with the
+    same weights."""
+    from transformers import AutoModelForCausalLM
+
+    run, resumed = tmp_path / "ppo", tmp_path / "resumed"
+    common = [*PPO, "strategy=zero3", "recipe.num_iterations=6", "train.save_every=3"]
+    hydratune(run, *common)
+    assert result(run)["run"]["live strategy"] == "DEEPSPEED, ZeRO stage 3, 2 process(es)"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    assert [r["step"] for r in records] == list(range(1, 7))
+    assert abs(records[0]["kl"]) < 1e-4 < 0.1 < records[-1]["kl"]  # reference == initial policy, then apart
+    model = AutoModelForCausalLM.from_pretrained(run / "final")  # gathered, not empty shards
+    assert all(p.numel() > 0 for p in model.parameters())
+    value = load_file(run / "final" / "value.safetensors")
+    assert value["weight"].shape == (1, model.config.hidden_size) and value["weight"].abs().sum() > 0
+
+    checkpoint = run / "checkpoints" / "checkpoint-3"
+    assert any(checkpoint.glob("engine/*optim_states.pt"))  # the engine's sharded optimizer state
+    hydratune(resumed, *common, f"resume={checkpoint}")
+    again = [json.loads(line) for line in (resumed / "metrics.jsonl").open()]
+    assert [r["step"] for r in again] == [4, 5, 6]
+    assert [r["reward/mean"] for r in again] == pytest.approx([r["reward/mean"] for r in records[3:]])
+    for name in ("model.safetensors", "value.safetensors"):
+        a, b = load_file(run / "final" / name), load_file(resumed / "final" / name)
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=1e-5, msg=key)

@@ -293,7 +293,7 @@ def test_ppo_against_a_trained_reward_model_with_a_critic_from_it(run_recipe, tm
     assert critic.keys() == start.keys()
 
 
-def test_ppo_refuses_the_wrong_data_and_bad_knobs_before_load(run_recipe) -> None:
+def test_ppo_refuses_the_wrong_data_and_bad_knobs_before_load(run_recipe, tmp_path) -> None:
     with pytest.raises(ConfigError) as info:
         run_recipe("recipe=ppo", "data=demo_sft")
     assert info.value.key == "data" and "demo_ppo" in str(info.value)
@@ -304,13 +304,23 @@ def test_ppo_refuses_the_wrong_data_and_bad_knobs_before_load(run_recipe) -> Non
         run_recipe("recipe=ppo", "recipe.reward.model=/nonexistent/run")
     assert info.value.key == "recipe.reward.model"
     for overrides, key in (
-        (["strategy=zero3"], "strategy"),  # generation from sharded weights is not written
+        (["strategy=fsdp"], "strategy"),  # sharded by DeepSpeed engines only
         (["strategy=zero2", "recipe.value_model=separate"], "recipe.value_model"),  # one engine
         (["strategy=zero2", "train.micro_batch_size=5"], "recipe.mini_batch_size"),
     ):
         with pytest.raises(ConfigError) as info:
             run_recipe("recipe=ppo", *overrides)
         assert info.value.key == key, overrides
+    # a whole checkpoint of another recipe (a trainer's) is not one PPO can continue from
+    from components.checkpoint import mark_complete
+
+    other = tmp_path / "sft" / "checkpoints" / "checkpoint-1"
+    other.mkdir(parents=True)
+    (other / "model.safetensors").write_bytes(b"weights")
+    mark_complete(other, 1)
+    with pytest.raises(ConfigError) as info:
+        run_recipe(*FAST_PPO, "recipe.num_iterations=1", f"resume={other}")
+    assert info.value.key == "resume" and "loop_state.pt" in str(info.value)
 
 
 def test_ppo_is_deterministic_on_cpu(run_recipe) -> None:
@@ -319,3 +329,110 @@ def test_ppo_is_deterministic_on_cpu(run_recipe) -> None:
         return [{k: v for k, v in r.items() if k != "time"} for r in ctx.run_dir.read_metrics()]
 
     assert metrics("a") == metrics("b")
+
+
+PER_ITERATION = (
+    "reward/mean",
+    "kl",
+    "loss/policy",
+    "loss/value",
+    "clipfrac/policy",
+    "clipfrac/value",
+    "entropy",
+    "response_length",
+)
+
+
+def test_ppo_metrics_reach_the_configured_trackers(run_recipe) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ctx, _ = run_recipe(
+        *FAST_PPO, "recipe.num_iterations=3", "tracker=[tensorboard,jsonl]", name="ppo_tracked"
+    )
+    run, records = ctx.run_dir.path, ctx.run_dir.read_metrics()
+    (events,) = (run / "tensorboard").glob("events.out.tfevents.*")
+    board = EventAccumulator(str(events))
+    board.Reload()
+    rows = [json.loads(line) for line in (run / "tracker.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["run"] == ctx.run_name for r in rows)
+    for key in PER_ITERATION:
+        scalars = board.Scalars(key)
+        assert [s.step for s in scalars] == [1, 2, 3], key  # the iteration is the step
+        expected = [r[key] for r in records]  # the same numbers as metrics.jsonl
+        assert [s.value for s in scalars] == pytest.approx(expected, rel=1e-6, abs=1e-7), key
+        assert [r[key] for r in rows] == expected, key
+
+
+_CALLS = {"n": 0}
+
+
+def brevity_then_sigterm(prompts: list, completions: list, **columns) -> list[float]:
+    """``brevity``, and a SIGTERM to this process on the second call: iteration 2 is the last one."""
+    import os
+    import signal
+
+    _CALLS["n"] += 1
+    if _CALLS["n"] == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return brevity(prompts, completions)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["recipe.adaptive_kl=true", "recipe.target_kl=0.01", "recipe.reward_normalization=true"],
+        ["peft=lora", "recipe.value_model=separate"],  # an adapter and a critic folder to reload
+    ],
+    ids=["full", "lora_critic"],
+)
+def test_ppo_interrupted_and_resumed_matches_an_uninterrupted_run(run_recipe, extra) -> None:
+    """4 iterations straight, versus SIGTERM during iteration 2 (checkpoint, stop) then resume=<run dir>:
+    the resumed iterations 3-4 log the same numbers and end with the same weights, bit for bit on CPU
+    (weights, optimizer, cosine schedule, RNG states, KL controller, reward moments, prompt order)."""
+    from safetensors.torch import load_file
+
+    from components.errors import Interrupted
+
+    common = [*FAST_PPO, *extra, "recipe.num_iterations=4", "recipe.reward._target_=tests.test_ppo.brevity"]
+    full, _ = run_recipe(*common, name="straight")
+    _CALLS["n"] = 0
+    with pytest.raises(Interrupted):
+        run_recipe(*common, "recipe.reward._target_=tests.test_ppo.brevity_then_sigterm", name="cut")
+    cut = full.run_dir.path.parent / "cut"
+    assert [r["step"] for r in map(json.loads, (cut / "metrics.jsonl").open())] == [1, 2]
+    assert (cut / "checkpoints" / "checkpoint-2" / "hydratune_complete.json").is_file()
+    resumed, _ = run_recipe(*common, f"resume={cut}", name="resumed")
+
+    def numbers(ctx) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "time"} for r in ctx.run_dir.read_metrics()]
+
+    assert [r["step"] for r in numbers(resumed)] == [3, 4]
+    assert numbers(resumed) == numbers(full)[2:]
+    assert json.loads((resumed.run_dir.path / "result.json").read_text())["run"]["resumed from"].endswith(
+        "checkpoint-2"
+    )
+    for final in sorted(p.name for p in full.run_dir.final.glob("*.safetensors")):
+        a, b = load_file(full.run_dir.final / final), load_file(resumed.run_dir.final / final)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), final
+
+
+def test_frozen_models_under_zero3_offload_get_an_inference_config(compose_cfg) -> None:
+    """The second DeepSpeed plugin (reference / reward model): ZeRO-3 with the trained model's parameter
+    offload, but no optimizer, no optimizer offload, no accumulation; DeepSpeed accepts it."""
+    from components.run import Components, batch_plan
+    from components.strategy import validate_deepspeed_config
+
+    cfg = compose_cfg("recipe=ppo", "strategy=zero3_offload", "train.gradient_accumulation_steps=4")
+    comps = Components.from_config(cfg)
+    plan = batch_plan(cfg, comps, "cuda")
+    trained, frozen = (
+        comps.strategy.deepspeed_config(plan, "cuda"),
+        comps.strategy.inference_config(plan, "cuda"),
+    )
+    assert "optimizer" in trained and "offload_optimizer" in trained["zero_optimization"]
+    assert "optimizer" not in frozen and "offload_optimizer" not in frozen["zero_optimization"]
+    assert frozen["zero_optimization"]["stage"] == 3
+    assert frozen["zero_optimization"]["offload_param"] == trained["zero_optimization"]["offload_param"]
+    assert frozen["gradient_accumulation_steps"] == 1 and trained["gradient_accumulation_steps"] == 4
+    assert frozen["train_batch_size"] == plan.micro_batch_size * plan.world_size
+    validate_deepspeed_config(frozen)
