@@ -194,12 +194,8 @@ def test_padding_free_with_plain_sdpa_warns(compose_cfg, caplog) -> None:
 
 # ---- the SFT default end to end ----------------------------------------------------------------------
 def test_default_sft_batches_are_padding_free_and_match_padded_training(run_recipe) -> None:
-    short = [
-        "train.max_steps=4",
-        "train.micro_batch_size=8",
-        "data.max_samples=64",
-        "train.eval_generations=0",
-    ]
+    short = ["train.max_steps=3", "train.micro_batch_size=8", "data.max_samples=24"]
+    short += ["data.eval_path=null", "train.eval_every=0", "train.eval_generations=0"]
     ctx, _ = run_recipe(*short, name="padding_free")
     batch = next(iter(ctx.trainer.get_train_dataloader()))
     assert "attention_mask" not in batch and batch["input_ids"].shape[0] == 1
