@@ -91,7 +91,7 @@ class Mode:
     timeout: int = 900
 
 
-def mode_for(cpu: bool, steps: int | None, warmup: int | None) -> Mode:
+def mode_for(cpu: bool, steps: int | None, warmup: int | None, micro_batch: int | None = None) -> Mode:
     if cpu:
         mode = Mode(
             "cpu",
@@ -120,6 +120,8 @@ def mode_for(cpu: bool, steps: int | None, warmup: int | None) -> Mode:
         )
     if steps:
         mode.steps = steps
+    if micro_batch:
+        mode.micro_batch = micro_batch
     if warmup is not None:
         mode.warmup = warmup
     if mode.steps <= mode.warmup:
@@ -447,6 +449,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--impls", default=",".join(IMPLS), help="subset of hydratune,trl,raw")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--warmup", type=int)
+    parser.add_argument("--micro-batch", type=int, help="per-device micro-batch (CPU default 4, GPU 4)")
     parser.add_argument("--trl-set", action="append", default=[], help="key=value (JSON) on TRL's config")
     parser.add_argument(
         "--hydratune-set", action="append", default=[], help="an override for every hydratune run"
@@ -470,7 +473,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cuda = torch.cuda.is_available()
         if not cuda:
             raise SystemExit("no CUDA GPU: pass --cpu for the CPU smoke mode")
-    mode = mode_for(not cuda, args.steps, args.warmup)
+    mode = mode_for(not cuda, args.steps, args.warmup, args.micro_batch)
     mode.hydratune_set = tuple(args.hydratune_set)
     wanted = [
         v
