@@ -157,6 +157,7 @@ def documents_from_positions(position_ids: torch.Tensor, batch_size: int) -> Doc
 _cache: dict[str, Any] = {"key": None, "docs": None}
 
 
+@torch.compiler.disable  # data-dependent (host sync, per-forward cache): runs eagerly under torch.compile
 def documents(kwargs: dict[str, Any], batch_size: int, length: int) -> Documents | None:
     """The batch's documents, from TRL's ``cu_seq_lens_q`` / ``max_length_q`` (padding-free collator) or
     from ``position_ids``; worked out once per forward pass and reused by every layer. ``None`` without
@@ -254,6 +255,10 @@ def _packed_attention(
     b, h, length, d = query.shape
     h_kv = key.shape[1]
     device = query.device
+    if device.type == "cuda" and query.dtype == torch.float32 and torch.is_autocast_enabled(device.type):
+        # fp32 master weights + autocast: RoPE promotes q/k to fp32; SDPA would autocast them back down
+        low = torch.get_autocast_dtype(device.type)
+        query, key, value = (t.to(low) for t in (query, key, value))
     backend = select_backend(
         device.type,
         query.dtype,
@@ -264,14 +269,8 @@ def _packed_attention(
         has_flash_attn=_flash_attn_varlen() is not None,
         capability=_cuda_capability(device.index or 0) if device.type == "cuda" else (0, 0),
     )
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    if backend == "sdpa_loop":  # slices of [1, H, B * L, D] (a view when B == 1)
-        flat = [t.transpose(0, 1).reshape(1, t.shape[1], b * length, d) for t in (query, key, value)]
-        if h_kv != h:
-            flat[1:] = [t.repeat_interleave(h // h_kv, dim=1) for t in flat[1:]]
-        parts = zip(*(t.split(docs.lengths, dim=2) for t in flat), strict=True)
-        per_doc = [sdpa(*qkv, dropout_p=dropout, scale=scaling, is_causal=True) for qkv in parts]
-        return torch.cat(per_doc, dim=2).reshape(h, b, length, d).permute(1, 2, 0, 3)
+    if backend in ("sdpa_loop", "sdpa_regroup"):
+        return _sdpa_documents(query, key, value, docs, dropout, scaling, backend)
     q, k, v = (t.transpose(1, 2).reshape(b * length, t.shape[1], d) for t in (query, key, value))
     cu, max_len = docs.cu_seqlens.to(device), docs.max_len
     if backend == "varlen_attn":
@@ -286,16 +285,40 @@ def _packed_attention(
         out = _flash_attn_varlen()(
             q, k, v, cu, cu, max_len, max_len, dropout_p=dropout, softmax_scale=scaling, causal=True
         )
-    else:  # sdpa_regroup
-        if h_kv != h:
-            k, v = (t.repeat_interleave(h // h_kv, dim=1) for t in (k, v))
-        index, valid = docs.regroup
-        if index.device != device:
-            index, valid = index.to(device), valid.to(device)
-        qd, kd, vd = (t[index].transpose(1, 2) for t in (q, k, v))  # [docs, H, max_len, D]
-        od = sdpa(qd, kd, vd, dropout_p=dropout, scale=scaling, is_causal=True)
-        out = od.transpose(1, 2)[valid]  # [tokens, H, D], in document (= token) order
     return out.reshape(b, length, h, d)
+
+
+@torch.compiler.disable  # a Python loop over the documents: eager under torch.compile
+def _sdpa_documents(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    docs: Documents,
+    dropout: float,
+    scaling: float | None,
+    backend: str,
+) -> torch.Tensor:
+    """SDPA per document: one causal call each (``sdpa_loop``) or one call on the documents regrouped
+    into a right-padded batch (``sdpa_regroup``). ``[B, H, L, D]`` in, ``[B, L, H, D]`` out."""
+    b, h, length, d = query.shape
+    h_kv = key.shape[1]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if backend == "sdpa_loop":  # slices of [1, H, B * L, D] (a view when B == 1)
+        flat = [t.transpose(0, 1).reshape(1, t.shape[1], b * length, d) for t in (query, key, value)]
+        if h_kv != h:
+            flat[1:] = [t.repeat_interleave(h // h_kv, dim=1) for t in flat[1:]]
+        parts = zip(*(t.split(docs.lengths, dim=2) for t in flat), strict=True)
+        per_doc = [sdpa(*qkv, dropout_p=dropout, scale=scaling, is_causal=True) for qkv in parts]
+        return torch.cat(per_doc, dim=2).reshape(h, b, length, d).permute(1, 2, 0, 3)
+    q, k, v = (t.transpose(1, 2).reshape(b * length, t.shape[1], d) for t in (query, key, value))
+    if h_kv != h:
+        k, v = (t.repeat_interleave(h // h_kv, dim=1) for t in (k, v))
+    index, valid = docs.regroup
+    if index.device != query.device:
+        index, valid = index.to(query.device), valid.to(query.device)
+    qd, kd, vd = (t[index].transpose(1, 2) for t in (q, k, v))  # [docs, H, max_len, D]
+    od = sdpa(qd, kd, vd, dropout_p=dropout, scale=scaling, is_causal=True)
+    return od.transpose(1, 2)[valid].reshape(b, length, h, d)  # tokens in document (= token) order
 
 
 def varlen_sdpa_forward(
