@@ -133,6 +133,11 @@ class Documents:
     def lengths(self) -> list[int]:
         return self.cu_seqlens.diff().tolist()
 
+    @property
+    def padded_work_ratio(self) -> float:
+        """Attention work of the regrouped padded batch over that of one call per document."""
+        return len(self.lengths) * self.max_len**2 / sum(n * n for n in self.lengths)
+
     @functools.cached_property
     def regroup(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(``index`` [docs, max_len] into the flat tokens (padding points at token 0), ``valid`` mask)."""
@@ -212,7 +217,10 @@ def _cuda_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-#: above this many documents the per-document SDPA loop costs more in calls than it saves in work
+#: CPU: one SDPA call per document only when regrouping would at least double the attention work
+#: (measured: the loop wins on long-tailed lengths, loses to the regroup on the demo's similar lengths
+#: with 2 threads) and the documents are not so many that the calls cost more than they save
+LOOP_MIN_WORK_RATIO = 2.0
 LOOP_MAX_DOCS = 256
 
 
@@ -226,19 +234,20 @@ def select_backend(
     has_varlen: bool,
     has_flash_attn: bool,
     capability: tuple[int, int] = (0, 0),
+    work_ratio: float = 1.0,
 ) -> str:
     """Which kernel runs packed attention: ``varlen_attn`` (torch's FlashAttention on cu_seqlens: CUDA,
     sm80+, fp16/bf16, no dropout, head dim <= 256 and a multiple of 8), else ``flash_attn`` (the
-    flash-attn package), else SDPA: one causal call per document on CPU (``sdpa_loop``, the least work;
-    measured fastest there), or the documents regrouped into one right-padded causal batch
-    (``sdpa_regroup``: on GPU, or for very many documents)."""
+    flash-attn package), else SDPA: one causal call per document on CPU when regrouping would waste at
+    least half the attention work (``sdpa_loop``, ``work_ratio`` = padded / per-document work), else
+    the documents regrouped into one right-padded causal batch (``sdpa_regroup``)."""
     half = dtype in (torch.float16, torch.bfloat16)
     if device_type == "cuda" and half and head_dim <= 256 and head_dim % 8 == 0:
         if has_varlen and dropout == 0.0 and capability >= (8, 0):
             return "varlen_attn"
         if has_flash_attn:
             return "flash_attn"
-    if device_type == "cpu" and num_docs <= LOOP_MAX_DOCS:
+    if device_type == "cpu" and num_docs <= LOOP_MAX_DOCS and work_ratio >= LOOP_MIN_WORK_RATIO:
         return "sdpa_loop"
     return "sdpa_regroup"
 
@@ -268,6 +277,7 @@ def _packed_attention(
         has_varlen=_varlen_attn() is not None,
         has_flash_attn=_flash_attn_varlen() is not None,
         capability=_cuda_capability(device.index or 0) if device.type == "cuda" else (0, 0),
+        work_ratio=docs.padded_work_ratio if device.type == "cpu" else 1.0,  # host lengths: free on CPU
     )
     if backend in ("sdpa_loop", "sdpa_regroup"):
         return _sdpa_documents(query, key, value, docs, dropout, scaling, backend)

@@ -53,6 +53,12 @@ def test_packed_row_matches_each_document_alone(overrides: dict[str, Any]) -> No
     assert not torch.allclose(crossed[LENGTHS[0] :], alone[LENGTHS[0] :], atol=1e-3)
 
 
+@pytest.mark.parametrize("min_ratio", [0.0, float("inf")], ids=["sdpa_loop", "sdpa_regroup"])
+def test_both_cpu_fallbacks_match_the_documents_alone(monkeypatch, min_ratio: float) -> None:
+    monkeypatch.setattr(attention, "LOOP_MIN_WORK_RATIO", min_ratio)
+    test_packed_row_matches_each_document_alone({})
+
+
 def test_padded_batch_is_exactly_sdpa_and_so_is_generation() -> None:
     ours, sdpa = tiny(attention.NAME), tiny("sdpa")
     docs = documents(1)
@@ -99,15 +105,40 @@ def test_padding_free_loss_and_grads_equal_the_padded_batch() -> None:
         ("cuda", torch.bfloat16, 0.1, 8, True, False, (9, 0), "sdpa_regroup"),
         ("cuda", torch.bfloat16, 0.0, 8, True, False, (7, 5), "sdpa_regroup"),  # pre-Ampere
         ("cuda", torch.float32, 0.0, 8, True, True, (9, 0), "sdpa_regroup"),  # FlashAttention: 16-bit only
-        ("cpu", torch.float32, 0.0, 8, True, True, (0, 0), "sdpa_loop"),
+        ("cpu", torch.float32, 0.0, 8, True, True, (0, 0), "sdpa_loop"),  # long-tailed lengths
         ("cpu", torch.bfloat16, 0.0, 1000, False, False, (0, 0), "sdpa_regroup"),
     ],
 )
 def test_backend_selection(device, dtype, dropout, docs, varlen, flash, cap, expected) -> None:
     got = attention.select_backend(
-        device, dtype, dropout, 64, docs, has_varlen=varlen, has_flash_attn=flash, capability=cap
+        device,
+        dtype,
+        dropout,
+        64,
+        docs,
+        has_varlen=varlen,
+        has_flash_attn=flash,
+        capability=cap,
+        work_ratio=5.0,
     )
     assert got == expected
+
+
+def test_cpu_regroups_documents_of_similar_length() -> None:
+    similar = attention.Documents(torch.tensor([0, 30, 58, 90], dtype=torch.int32), 32, 1)
+    skewed = attention.Documents(torch.tensor([0, 120, 130, 140], dtype=torch.int32), 120, 1)
+    assert similar.padded_work_ratio < 2 < skewed.padded_work_ratio
+    pick = lambda d: attention.select_backend(  # noqa: E731
+        "cpu",
+        torch.float32,
+        0.0,
+        32,
+        3,
+        has_varlen=False,
+        has_flash_attn=False,
+        work_ratio=d.padded_work_ratio,
+    )
+    assert (pick(similar), pick(skewed)) == ("sdpa_regroup", "sdpa_loop")
 
 
 def _reference_varlen(calls: list[dict[str, Any]]) -> Any:
