@@ -5,6 +5,7 @@ same model shape, same synthetic data, one process per variant and implementatio
     python bench/throughput.py --out docs/benchmarks.md --only sft_full  # a subset (substrings of names)
     python bench/throughput.py --cpu --out docs/benchmarks.md            # CPU smoke mode: tiny model
     python bench/throughput.py --list                                    # the matrix, runs nothing
+    python bench/throughput.py --cpu --only sft_full/variable --hydratune-set data.padding_free=false
 
 Per row it reports real (non-pad) tokens/s and step time over the steps after ``--warmup``, peak memory
 (``torch.cuda.max_memory_allocated``; peak RSS on CPU) and MFU = 6 * N * tokens/s / peak, where N is the
@@ -85,11 +86,12 @@ class Mode:
     compile_raw: bool
     rows: int = 4000  # variable-length / pair rows generated
     env: dict[str, str] = field(default_factory=dict)  # for every benchmark process
+    hydratune_set: tuple[str, ...] = ()  # extra overrides for every hydratune run (--hydratune-set)
     lr: float = 1e-4
     timeout: int = 900
 
 
-def mode_for(cpu: bool, steps: int | None, warmup: int | None) -> Mode:
+def mode_for(cpu: bool, steps: int | None, warmup: int | None, micro_batch: int | None = None) -> Mode:
     if cpu:
         mode = Mode(
             "cpu",
@@ -118,6 +120,8 @@ def mode_for(cpu: bool, steps: int | None, warmup: int | None) -> Mode:
         )
     if steps:
         mode.steps = steps
+    if micro_batch:
+        mode.micro_batch = micro_batch
     if warmup is not None:
         mode.warmup = warmup
     if mode.steps <= mode.warmup:
@@ -175,7 +179,7 @@ def hydratune_overrides(v: Variant, mode: Mode, files: dict[str, Path]) -> list[
         args.append("quantization=nf4")
     if v.zero:
         args.append(f"strategy=zero{v.zero}")
-    return [*args, *v.hydratune_overrides]
+    return [*args, *v.hydratune_overrides, *mode.hydratune_set]
 
 
 def run_hydratune(v: Variant, mode: Mode, files: dict[str, Path], work: Path) -> dict[str, Any]:
@@ -445,7 +449,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--impls", default=",".join(IMPLS), help="subset of hydratune,trl,raw")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--warmup", type=int)
+    parser.add_argument("--micro-batch", type=int, help="per-device micro-batch (CPU default 4, GPU 4)")
     parser.add_argument("--trl-set", action="append", default=[], help="key=value (JSON) on TRL's config")
+    parser.add_argument(
+        "--hydratune-set", action="append", default=[], help="an override for every hydratune run"
+    )
     parser.add_argument("--work", type=Path, help="keep run dirs and data here (default: a temp dir)")
     parser.add_argument("--json", type=Path, help="also write the raw rows as JSON")
     parser.add_argument("--list", action="store_true")
@@ -465,7 +473,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cuda = torch.cuda.is_available()
         if not cuda:
             raise SystemExit("no CUDA GPU: pass --cpu for the CPU smoke mode")
-    mode = mode_for(not cuda, args.steps, args.warmup)
+    mode = mode_for(not cuda, args.steps, args.warmup, args.micro_batch)
+    mode.hydratune_set = tuple(args.hydratune_set)
     wanted = [
         v
         for v in MATRIX

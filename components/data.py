@@ -545,6 +545,9 @@ class ChatDataset(Source):
     on_overlong: str = "truncate"  # truncate | drop | error: rows longer than max_length tokens
     packing: bool = False
     packing_strategy: str = "bfd"  # bfd (best-fit, boundary-safe) | bfd_split | wrapped
+    # each micro-batch flattened into one row (position_ids restart per example): no pad tokens, same
+    # examples per step; ignored with packing (bfd packing is padding-free already)
+    padding_free: bool = True
 
     def validate(self) -> None:
         super().validate()

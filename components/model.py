@@ -13,7 +13,16 @@ from components.registry import component
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+# auto = varlen_sdpa (components/attention.py) unless the model needs a feature it lacks
+ATTN_IMPLEMENTATIONS = (
+    "auto",
+    "varlen_sdpa",
+    "sdpa",
+    "eager",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flex_attention",
+)
 WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -35,7 +44,7 @@ class CausalLM:
     tokenizer: str | None = None  # defaults to name_or_path
     revision: str | None = None
     trust_remote_code: bool = False
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = "auto"  # see ATTN_IMPLEMENTATIONS
     dtype: str = "auto"  # weight dtype at load; auto = float32 master weights (mixed precision autocasts)
     gradient_checkpointing: bool = False
     chat_template: str | None = None  # a .jinja file or template text replacing the tokenizer's
@@ -153,6 +162,27 @@ class CausalLM:
             args["torch_compile_mode"] = self.compile_mode
         return args
 
+    def resolved_attn_implementation(self) -> str:
+        """What the model is built with: ``auto`` becomes ``varlen_sdpa`` (registered here, so worker
+        processes have it too) or, for models needing what it lacks, the fallback it names."""
+        from components import attention
+
+        if self.attn_implementation not in ("auto", attention.NAME):
+            return self.attn_implementation
+        config = self.load_config()
+        if self.attn_implementation == attention.NAME:
+            fallback = attention.fallback_for(config)
+            if fallback is not None:
+                raise ConfigError(
+                    f"{attention.NAME} cannot run this model: {fallback[1]}",
+                    key="model.attn_implementation",
+                    hint=f"use auto (falls back to {fallback[0]}) or {fallback[0]}",
+                )
+        impl = attention.resolve(self.attn_implementation, config)
+        if impl == attention.NAME:
+            attention.register()
+        return impl
+
     # ---- construction ----------------------------------------------------------------------------
     def weight_dtype(self, precision: str = "fp32", frozen_base: bool = False) -> str:
         """The dtype the weights load in. ``dtype=auto``: float32 master weights (mixed precision
@@ -175,7 +205,7 @@ class CausalLM:
 
         auto = AutoModelForSequenceClassification if task == "seq_cls" else AutoModelForCausalLM
         common: dict[str, Any] = {
-            "attn_implementation": self.attn_implementation,
+            "attn_implementation": self.resolved_attn_implementation(),
             "dtype": self.torch_dtype(dtype),
         }
         if task == "seq_cls":

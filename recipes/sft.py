@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from components.batching import check_padding_free, padding_free_collator, uses_padding_free
 from components.errors import ConfigError
 from components.registry import component
 from components.run import Components, RunContext
@@ -38,6 +39,7 @@ class SFT:
                 key="data",
                 hint="use data=demo_sft or a ChatDataset option",
             )
+        check_padding_free(comps)
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import SFTConfig, SFTTrainer
@@ -49,8 +51,14 @@ class SFT:
         data = session.load_data()
         conversational = "messages" in data["train"].column_names
         masked = self.assistant_only_loss and conversational
-        session.build_model()
+        model = session.build_model()
         session.evaluate_generations(c.data.prompts("eval")[: ctx.train.eval_generations], "before")
+        padding_free = uses_padding_free(c)
+        extra: dict[str, Any] = {}
+        if padding_free:
+            # one flattened row per micro-batch, no pad token: counting every input token is exact (a
+            # pad == EOS tokenizer would make "non_padding" skip the real EOS tokens)
+            extra["data_collator"] = padding_free_collator(session.tokenizer, model)
 
         args = SFTConfig(
             **ctx.training_args(
@@ -61,8 +69,10 @@ class SFT:
                 packing=c.data.packing,
                 packing_strategy=c.data.packing_strategy,
                 dataset_text_field="text",
+                **({"include_num_input_tokens_seen": "all"} if padding_free else {}),
             )
         )
-        trainer = session.trainer(SFTTrainer, args, data)
+        trainer = session.trainer(SFTTrainer, args, data, **extra)
         session.check_loss_mask(trainer.train_dataset, masked=masked)
         return session.train_and_finish(trainer, title="SFT")
+
