@@ -53,9 +53,7 @@ def test_grpo_raises_exact_match_after_a_partial_sft(run_recipe) -> None:
     # sampled groups are mixed, so GRPO has variance to learn from. Measured (seed 42, CPU): the
     # mean reward of steps 1-20 0.284 -> steps 101-120 0.378 (+0.095); eval exact match 0.39 -> 0.48.
     # lr 3e-5: at 1e-4 the reward stayed flat (0.28 -> 0.26) and at >= 3e-4 it collapsed to empty answers.
-    sft, _ = run_recipe(
-        "train.max_steps=500", "train.eval_generations=0", "train.save_every=0", name="sft"
-    )
+    sft, _ = run_recipe("train.max_steps=500", "train.eval_generations=0", "train.save_every=0", name="sft")
     ctx, _ = run_recipe(
         *FAST_GRPO,
         f"model.from_run={sft.run_dir.path}",
