@@ -67,7 +67,8 @@ def test_grpo_raises_exact_match_after_a_partial_sft(run_recipe) -> None:
     assert len(rewards) == 120
     first, last = sum(rewards[:20]) / 20, sum(rewards[-20:]) / 20
     assert 0.1 < first < 0.6, rewards  # a partly trained start: groups with reward variance
-    assert last > first + 0.04, rewards  # measured +0.095; 20-step means of 64 samples vary ~0.02
+    # measured +0.095 (seed 42); the same chain with GRPO seeds 43 / 44: +0.044 / +0.044
+    assert last > first + 0.04, rewards
 
 
 def test_grpo_with_kl_on_a_random_init_policy_gets_its_reference_from_the_start_weights(run_recipe) -> None:

@@ -238,7 +238,8 @@ def test_ppo_raises_exact_match_after_a_partial_sft(run_recipe) -> None:
     assert len(rewards) == 100
     first, last = sum(rewards[:20]) / 20, sum(rewards[-20:]) / 20
     assert 0.1 < first < 0.6, rewards  # a partly trained start
-    assert last > first + 0.04, rewards  # measured +0.086; 20-iteration means of 32 samples vary ~0.025
+    # measured +0.086 (seed 42); the same chain with PPO seeds 43 / 44: +0.124 / +0.102
+    assert last > first + 0.04, rewards
 
 
 def test_ppo_with_lora_keeps_no_reference_copy_and_trains_only_adapter_and_head(
