@@ -206,7 +206,9 @@ def rng_state() -> dict[str, Any]:
     import numpy as np
     import torch
 
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = (name, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss)  # no pickled ndarray
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -220,7 +222,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     import torch
 
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, key.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -354,8 +357,9 @@ def load_loop_checkpoint(
         for name, module in modules.items():
             load_module(module, checkpoint, name)
         # read onto the CPU; load_state_dict moves each state tensor to its parameter's device
-        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location="cpu"))
-    scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=False))
-    state = torch.load(checkpoint / LOOP_STATE, weights_only=False)
-    set_rng_state(torch.load(rng, weights_only=False))
+        saved = torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=True)
+        optimizer.load_state_dict(saved)
+    scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=True))
+    state = torch.load(checkpoint / LOOP_STATE, weights_only=True)  # plain numbers, lists and tensors
+    set_rng_state(torch.load(rng, weights_only=True))
     return state
