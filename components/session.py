@@ -82,10 +82,7 @@ class Session:
         c, ctx = self.ctx.components, self.ctx
         ctx.seed_everything()  # the init does not depend on what ran before
         c.strategy.before_model_load(ctx)  # ZeRO-3: zero.Init must be live before the weights exist
-        precision = c.precision.resolve(ctx.device)
-        dtype = c.model.weight_dtype(precision, frozen_base=self.frozen_base_in_half())
-        model = c.model.build(task=task, dtype=dtype, **c.quantization.load_kwargs(precision, ctx.device))
-        model = c.quantization.prepare(model, c.model.gradient_checkpointing)
+        model = c.quantization.prepare(self._load(task), c.model.gradient_checkpointing)
         if task == "seq_cls":
             model.config.pad_token_id = (
                 self.tokenizer.pad_token_id
@@ -112,12 +109,15 @@ class Session:
     def build_frozen(self, task: str = "causal_lm") -> Any:
         """The configured model as loaded, frozen, without PEFT (PPO's reference under ZeRO-3, where the
         policy's sharded weights cannot be copied); seeded like ``build_model`` so a random init matches."""
-        c, ctx = self.ctx.components, self.ctx
-        ctx.seed_everything()
-        precision = c.precision.resolve(ctx.device)
+        self.ctx.seed_everything()
+        return self._load(task).eval().requires_grad_(False)
+
+    def _load(self, task: str) -> Any:
+        """The configured model in its load dtype (bf16 frozen base under an adapter), quantized if asked."""
+        c, device = self.ctx.components, self.ctx.device
+        precision = c.precision.resolve(device)
         dtype = c.model.weight_dtype(precision, frozen_base=self.frozen_base_in_half())
-        model = c.model.build(task=task, dtype=dtype, **c.quantization.load_kwargs(precision, ctx.device))
-        return model.eval().requires_grad_(False)
+        return c.model.build(task=task, dtype=dtype, **c.quantization.load_kwargs(precision, device))
 
     def callbacks(self) -> list[Any]:
         c = self.ctx.components
