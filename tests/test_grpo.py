@@ -47,16 +47,15 @@ def test_grpo_raises_the_reward(run_recipe) -> None:
     assert ctx.trainer.ref_model is None  # beta = 0: no reference at all
 
 
-def test_grpo_raises_exact_match_after_a_partial_sft(run_recipe) -> None:
+def test_grpo_raises_exact_match_after_a_partial_sft(run_recipe, partial_sft) -> None:
     # The documented chain SFT -> GRPO with the demo's own reward (exact match of the sum). SFT stopped at
     # 500 of the default 1200 steps (cosine over 500) gets ~0.39 greedy exact match on the eval sums:
     # sampled groups are mixed, so GRPO has variance to learn from. Measured (seed 42, CPU): the
     # mean reward of steps 1-20 0.284 -> steps 101-120 0.378 (+0.095); eval exact match 0.39 -> 0.48.
     # lr 3e-5: at 1e-4 the reward stayed flat (0.28 -> 0.26) and at >= 3e-4 it collapsed to empty answers.
-    sft, _ = run_recipe("train.max_steps=500", "train.eval_generations=0", "train.save_every=0", name="sft")
     ctx, _ = run_recipe(
         *FAST_GRPO,
-        f"model.from_run={sft.run_dir.path}",
+        f"model.from_run={partial_sft}",
         "train.micro_batch_size=64",  # 8 prompts x 8 completions per step
         "train.max_steps=120",
         "optimizer.lr=3e-5",
