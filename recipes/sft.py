@@ -53,11 +53,8 @@ class SFT:
         masked = self.assistant_only_loss and conversational
         model = session.build_model()
         session.evaluate_generations(c.data.prompts("eval")[: ctx.train.eval_generations], "before")
-        padding_free = uses_padding_free(c)
         extra: dict[str, Any] = {}
-        if padding_free:
-            # one flattened row per micro-batch, no pad token: counting every input token is exact (a
-            # pad == EOS tokenizer would make "non_padding" skip the real EOS tokens)
+        if uses_padding_free(c):  # one flattened row per micro-batch; components.sync counts all its tokens
             extra["data_collator"] = padding_free_collator(session.tokenizer, model)
 
         args = SFTConfig(
@@ -69,7 +66,6 @@ class SFT:
                 packing=c.data.packing,
                 packing_strategy=c.data.packing_strategy,
                 dataset_text_field="text",
-                **({"include_num_input_tokens_seen": "all"} if padding_free else {}),
             )
         )
         trainer = session.trainer(SFTTrainer, args, data, **extra)

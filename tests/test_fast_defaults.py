@@ -131,6 +131,12 @@ def test_tokens_seen_reach_the_metrics(run_recipe) -> None:
     assert len(seen) == 3 and 0 < seen[0] < seen[1] < seen[2]  # counted every step, reported per log
 
 
+def test_count_tokens_false_holds_under_padding_free_batches(run_recipe) -> None:
+    ctx, _ = run_recipe(*SHORT, "train.max_steps=2", "train.count_tokens=false", name="no_tokens")
+    assert ctx.cfg.data.padding_free
+    assert not any("num_input_tokens_seen" in r for r in ctx.run_dir.read_metrics())
+
+
 # ---- non-finite loss -------------------------------------------------------------------------------
 def test_a_nan_loss_stops_the_run_naming_the_key_before_saving(run_recipe, tmp_path) -> None:
     with pytest.raises(ConfigError, match="diverged") as err:
