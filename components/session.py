@@ -20,6 +20,7 @@ from components.masking import check_label_mask, label_mask_stats, stop_token_id
 from components.model import describe_dtypes, upcast_trainable
 from components.peft import trainable_summary
 from components.run import RunContext, peak_memory_gb
+from components.startup import training_starts
 
 
 @dataclass
@@ -210,6 +211,7 @@ class Session:
         if resume:
             self.report["run"]["resumed from"] = resume
         self.interrupt.install()
+        training_starts()  # everything is built: the collector's start-up pause ends here
         try:
             result = trainer.train(resume_from_checkpoint=resume)
         finally:

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 import components
 from components.errors import ConfigError
 from components.resolvers import register_resolvers
+from components.startup import pause_gc, run_ends
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings(
@@ -120,7 +122,10 @@ def run_recipe(cfg: DictConfig, run_dir: Path, comps: Any = None, device: str | 
 
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     ctx = RunContext(cfg=cfg, components=comps, run_dir=RunDir(run_dir), device=device)
-    metrics = comps.recipe.run(ctx)
+    try:
+        metrics = comps.recipe.run(ctx)
+    finally:
+        run_ends()  # the run's objects collectable again (a sweep runs its jobs in this process)
     objective = (metrics or {}).get(cfg.objective) if cfg.objective else None
     return float(objective) if isinstance(objective, (int, float)) else metrics  # a scalar for Optuna & co
 
@@ -169,33 +174,43 @@ def replay_argv(args: list[str]) -> list[str]:
     ]
 
 
-def check_output_dir(args: list[str]) -> None:
-    """Fail early, naming the path, when the run dir of a single run cannot be created (Hydra would
-    crash with a traceback while creating it)."""
-    if any(a.startswith("-") for a in args):  # sweeps, --cfg, --help, replay's --config-path: Hydra's job
-        return
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
+class RunDirCheck(Callback):
+    """Hydra callback (``hydra.callbacks`` in conf/config.yaml): fail early, naming the key, when the run
+    or sweep dir cannot be created (Hydra would crash with a traceback while creating it). It sees the
+    config Hydra composed for the job, so checking costs no composition of its own."""
 
-    try:
-        with initialize_config_module(config_module="conf", version_base=None):
-            run_dir = Path(compose("config", overrides=args, return_hydra_config=True).hydra.run.dir)
-    except Exception:  # composition errors are Hydra's to report, with its own message
-        return
-    finally:
-        GlobalHydra.instance().clear()
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        exit_unless_writable(Path(config.hydra.run.dir), "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        exit_unless_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+
+
+def exit_unless_writable(run_dir: Path, key: str) -> None:
+    """Print a ConfigError naming ``key`` and exit 2 unless ``run_dir`` can be created."""
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists() or p == Path(p.anchor))
     if not existing.is_dir() or not os.access(existing, os.W_OK):
-        raise ConfigError(
-            f"cannot create the run dir {run_dir}: {existing} is not a writable directory",
-            key="hydra.run.dir",
-            hint="run from a writable directory, or pass hydra.run.dir=/writable/path",
+        print_error(
+            ConfigError(
+                f"cannot create the run dir {run_dir}: {existing} is not a writable directory",
+                key=key,
+                hint=f"run from a writable directory, or pass {key}=/writable/path",
+            )
         )
+        sys.exit(2)  # SystemExit passes through Hydra's error reporting, which catches Exceptions only
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (``hydratune`` and ``python -m recipes``)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    pause_gc()  # until training starts: see components/startup.py
+    try:
+        _main(args)
+    finally:
+        run_ends()
+
+
+def _main(args: list[str]) -> None:
     register_resolvers()
     components.register_all()
     try:
@@ -222,7 +237,6 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(cli(args[1:] if args[0] == "estimate" else args))
         if args and args[0] == "replay":
             args = replay_argv(args[1:])
-        check_output_dir(args)
     except ConfigError as err:
         print_error(err)
         sys.exit(2)

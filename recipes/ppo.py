@@ -147,6 +147,7 @@ class PPO:
         from components.errors import Interrupted
         from components.rewards import RewardModel, resolve_reward
         from components.session import Session
+        from components.startup import training_starts
 
         c, t = ctx.components, ctx.train
         session = Session.start(ctx)
@@ -218,6 +219,7 @@ class PPO:
             first = state["iteration"] + 1
             session.report["run"]["resumed from"] = resume
         start, record = time.time(), {}
+        training_starts()  # everything is built: the collector's start-up pause ends here
         session.interrupt.install()
         try:
             for it in range(first, iterations + 1):

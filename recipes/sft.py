@@ -71,4 +71,3 @@ class SFT:
         trainer = session.trainer(SFTTrainer, args, data, **extra)
         session.check_loss_mask(trainer.train_dataset, masked=masked)
         return session.train_and_finish(trainer, title="SFT")
-

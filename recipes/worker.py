@@ -22,8 +22,10 @@ def run_worker(run_dir: str) -> Any:
     import components
     from components.errors import EXIT_INTERRUPTED, ConfigError, Interrupted
     from components.resolvers import register_resolvers
+    from components.startup import pause_gc, run_ends
     from recipes.cli import print_error, run_recipe
 
+    pause_gc()  # until training starts: see components/startup.py
     register_resolvers()
     components.register_all()
     path = Path(run_dir)
@@ -38,6 +40,7 @@ def run_worker(run_dir: str) -> Any:
         print(f"hydratune: rank {rank}: {stop}", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     finally:
+        run_ends()
         _teardown()
     done = path / RANK_DONE.format(rank=rank)
     done.write_text(json.dumps({"rank": rank, "result": result if _plain(result) else None}))

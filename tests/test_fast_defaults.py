@@ -204,3 +204,58 @@ def test_gradient_checkpointing_follows_the_model_config(run_recipe, on: bool) -
     """TRL's configs default to checkpointing on; hydratune must do what model.gradient_checkpointing says."""
     ctx, _ = run_recipe(*SHORT, "train.max_steps=1", f"model.gradient_checkpointing={on}", name=f"gc_{on}")
     assert ctx.model.is_gradient_checkpointing is on
+
+
+# ---- start-up: no full garbage collections while importing and building ---------------------------
+def test_collector_pause_freeze_and_hand_back() -> None:
+    import gc
+
+    from components import startup
+
+    assert gc.isenabled()
+    startup.training_starts()  # never paused (a notebook, a test): nothing happens
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    try:
+        startup.pause_gc()
+        assert not gc.isenabled()
+        startup.training_starts()
+        assert gc.isenabled() and gc.get_freeze_count() > 0  # survivors of start-up in the permanent gen
+    finally:
+        startup.run_ends()
+    assert gc.isenabled() and gc.get_freeze_count() == 0  # collectable again: a sweep's next job
+
+
+def test_the_cli_runs_no_full_collection_before_training(tmp_path, monkeypatch) -> None:
+    """The CLI pauses the collector until training starts (importing torch & co. otherwise triggers full
+    sweeps of ~0.2 s each), then freezes the survivors so the Trainer's own gc.collect is cheap, and
+    leaves collection on and nothing frozen when the run is over."""
+    import gc
+
+    import components.session
+    from recipes.cli import main
+
+    full, seen = [], {}
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append("before training" if "frozen" not in seen else "training")
+
+    def training_starts() -> None:
+        seen["enabled before"] = gc.isenabled()
+        original()
+        seen["frozen"] = gc.get_freeze_count()
+
+    original = components.session.training_starts
+    monkeypatch.setattr(components.session, "training_starts", training_starts)
+    gc.callbacks.append(on_gc)
+    try:
+        main([*SHORT, "train.write_plots=false", f"hydra.run.dir={tmp_path / 'run'}"])
+    finally:
+        gc.callbacks.remove(on_gc)
+    assert seen["enabled before"] is False and seen["frozen"] > 0
+    assert full.count("before training") == 1  # only the deliberate one, as training starts
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert (tmp_path / "run" / "final").is_dir()
+    with pytest.raises(SystemExit):  # a bad key: the collector is back on all the same
+        main(["optimizer.lr=-1", f"hydra.run.dir={tmp_path / 'bad'}"])
+    assert gc.isenabled()
