@@ -31,6 +31,7 @@ def hydratune(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Complet
         (["model=nope"], "llama3_8b"),
         (["train.micro_batch_size=big"], "micro_batch_size"),
         (["hydra.run.dir=/dev/null/run"], "[hydra.run.dir]"),  # not a writable directory
+        (["-m", "hydra.sweep.dir=/dev/null/sweep", "optimizer.lr=1e-3,2e-3"], "[hydra.sweep.dir]"),
         (["data.path=/nonexistent.jsonl"], "[data.path]"),
     ],
 )
