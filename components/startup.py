@@ -8,12 +8,14 @@ default's first step on a 2-core CPU, plus the one the HF Trainer runs as traini
 generation and turns the collector back on (:func:`training_starts`), so later collections scan only what
 training allocates; when the run ends the survivors are handed back (:func:`run_ends`), so the models and
 trainers of a finished run are collectable again (a sweep runs several jobs in one process). Reference
-counting frees memory as usual throughout: only reference cycles wait.
+counting frees memory as usual throughout: only reference cycles wait. ``HYDRATUNE_PAUSE_GC=0`` in the
+environment turns all of this off.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 
 _state = "normal"  # normal | paused (collector off) | frozen (start-up objects in the permanent generation)
 
@@ -21,6 +23,8 @@ _state = "normal"  # normal | paused (collector off) | frozen (start-up objects 
 def pause_gc() -> None:
     """Turn automatic collection off until training starts (the CLI and each worker call this first)."""
     global _state
+    if os.environ.get("HYDRATUNE_PAUSE_GC", "1") == "0":
+        return
     if _state == "normal" and gc.isenabled():
         gc.disable()
         _state = "paused"

@@ -207,10 +207,15 @@ def test_gradient_checkpointing_follows_the_model_config(run_recipe, on: bool) -
 
 
 # ---- start-up: no full garbage collections while importing and building ---------------------------
-def test_collector_pause_freeze_and_hand_back() -> None:
+def test_collector_pause_freeze_and_hand_back(monkeypatch) -> None:
     import gc
 
     from components import startup
+
+    monkeypatch.setenv("HYDRATUNE_PAUSE_GC", "0")  # the off switch
+    startup.pause_gc()
+    assert gc.isenabled()
+    monkeypatch.delenv("HYDRATUNE_PAUSE_GC")
 
     assert gc.isenabled()
     startup.training_starts()  # never paused (a notebook, a test): nothing happens
