@@ -336,12 +336,13 @@ class FSDP(Strategy):
 
         from components import fsdp
 
-        self._verify_live(accelerator, {"NO"} if world_size == 1 else MULTI_PROCESS, world_size)
+        self._verify_live(accelerator, {"NO", *MULTI_PROCESS}, world_size)  # one process: either
         whole = [type(m).__name__ for m in modules if not fsdp.is_sharded(m)]
-        if whole or dist.get_world_size() != world_size:
+        group = dist.get_world_size() if dist.is_initialized() else 0
+        if whole or group != world_size:
             raise ConfigError(
                 f"FSDP2 did not shard the loop's modules over {world_size} process(es) "
-                f"(unsharded: {whole}, process group of {dist.get_world_size()})",
+                f"(unsharded: {whole}, process group of {group})",
                 key="strategy",
             )
 

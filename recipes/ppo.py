@@ -135,16 +135,32 @@ class PPO:
             reward_model_dir(reward_model_path(self.reward))  # raises naming recipe.reward.model
 
     def check_fsdp(self, cfg: DictConfig, comps: Components) -> None:
-        """What the loop's own FSDP2 sharding does not do: fp16 (its loss scaling would need a sharded
-        gradient scaler; the loop steps a plain optimizer)."""
+        """What the loop's own FSDP2 sharding does not do (rather than ignore the knob): fp16 (its loss
+        scaling would need a sharded gradient scaler), FSDP's activation checkpointing and sharded
+        checkpoints (accelerate's plugin only)."""
         from components.strategy import detect_device
 
-        if comps.precision.resolve(detect_device(comps.strategy.device)) == "fp16":
-            raise ConfigError(
+        s = comps.strategy
+        refused = {
+            "precision": (
+                comps.precision.resolve(detect_device(s.device)) == "fp16",
                 "PPO under FSDP trains in fp32 or bf16: fp16 loss scaling is not wired into its loop",
-                key="precision",
-                hint="precision=bf16 (FSDP2 computes in bf16 and reduces gradients in fp32)",
-            )
+                "precision=bf16 (FSDP2 computes in bf16 and reduces gradients in fp32)",
+            ),
+            "strategy.activation_checkpointing": (
+                s.activation_checkpointing,
+                "PPO's FSDP2 loop does not apply FSDP's activation checkpointing",
+                "strategy.activation_checkpointing=false, model.gradient_checkpointing=true (the model's)",
+            ),
+            "strategy.state_dict_type": (
+                s.state_dict_type != "FULL_STATE_DICT",
+                "PPO's FSDP2 loop checkpoints weights and optimizer state gathered whole on rank 0",
+                "strategy.state_dict_type=FULL_STATE_DICT",
+            ),
+        }
+        for key, (bad, message, hint) in refused.items():
+            if bad:
+                raise ConfigError(message, key=key, hint=hint)
 
     def iterations(self, ctx: RunContext, rows: int) -> int:
         """``num_iterations``, else ``train.max_steps``, else ``train.epochs`` passes over the prompts."""

@@ -460,9 +460,12 @@ def test_frozen_models_under_zero3_offload_get_an_inference_config(compose_cfg) 
     validate_deepspeed_config(frozen)
 
 
-def test_ppo_under_fsdp_passes_the_cpu_checks_but_refuses_fp16(compose_cfg, monkeypatch) -> None:
+def test_ppo_under_fsdp_passes_cpu_checks_and_refuses_what_its_loop_does_not_do(
+    compose_cfg, monkeypatch
+) -> None:
     """PPO shards with fully_shard itself, so FSDP passes the checks on CPU (the trainer recipes still need
-    a GPU); fp16 is refused (no sharded loss scaling in its loop), as it would be on a GPU."""
+    a GPU); what its loop does not do is refused, not ignored: fp16 (no sharded loss scaling), FSDP's
+    activation checkpointing, sharded checkpoints."""
     import components.strategy
     from components.checks import check_before_load
     from components.run import Components
@@ -470,8 +473,13 @@ def test_ppo_under_fsdp_passes_the_cpu_checks_but_refuses_fp16(compose_cfg, monk
     cfg = compose_cfg("recipe=ppo", "strategy=fsdp", "launcher.nproc_per_node=2")
     assert check_before_load(cfg, Components.from_config(cfg)) == "cpu"
     monkeypatch.setattr(components.strategy, "detect_device", lambda requested="auto": "cuda")
-    cfg = compose_cfg("recipe=ppo", "strategy=fsdp", "precision=fp16")
-    comps = Components.from_config(cfg)
-    with pytest.raises(ConfigError) as info:
-        comps.recipe.check(cfg, comps)
-    assert info.value.key == "precision" and "bf16" in info.value.hint
+    for override, key in (
+        ("precision=fp16", "precision"),
+        ("strategy.activation_checkpointing=true", "strategy.activation_checkpointing"),
+        ("strategy.state_dict_type=SHARDED_STATE_DICT", "strategy.state_dict_type"),
+    ):
+        cfg = compose_cfg("recipe=ppo", "strategy=fsdp", override)
+        comps = Components.from_config(cfg)
+        with pytest.raises(ConfigError) as info:
+            comps.recipe.check(cfg, comps)
+        assert info.value.key == key, override

@@ -169,6 +169,22 @@ def test_verify_refuses_a_silent_fallback(compose_cfg, strategy, live, processes
         comps.strategy.verify(fake_accelerator(live, processes, stage), world_size=2)
 
 
+@pytest.mark.parametrize(
+    ("live", "message"),
+    [
+        ("FSDP", "accelerate prepared 'FSDP'"),  # the loop shards itself: accelerate's plugin must stay out
+        ("MULTI_CPU", r"unsharded: \['Linear'\]"),  # a module left whole on every rank
+    ],
+)
+def test_fsdp_loop_verify_refuses_whole_modules(compose_cfg, live, message) -> None:
+    """PPO's FSDP2 loop: a plain multi-process accelerator, and every trained module an FSDP unit."""
+    import torch
+
+    comps = Components.from_config(compose_cfg("strategy=fsdp"))
+    with pytest.raises(ConfigError, match=message):
+        comps.strategy.verify_loop(fake_accelerator(live, 2), 2, [torch.nn.Linear(2, 1)])
+
+
 def test_verify_accepts_what_was_asked(compose_cfg) -> None:
     comps = Components.from_config(compose_cfg("strategy=zero3"))
     comps.strategy.verify(fake_accelerator("DEEPSPEED", 2, 3), world_size=2)
