@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from components.errors import ConfigError
+
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: heads called on their own, outside their model's forward (``ppo.critic_values`` applies a critic's score
 #: head to every position): each its own unit, which gathers its weights when called
@@ -39,9 +41,12 @@ def root_of(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def layer_class_names(model: torch.nn.Module, configured: Iterable[str] | None) -> set[str]:
-    """The classes sharded one unit each: ``configured`` or the model's ``_no_split_modules``."""
-    names = configured or getattr(root_of(model), "_no_split_modules", None) or ()
-    return set(names)
+    """The classes sharded one unit each in a transformers model: ``configured`` or the model's
+    ``_no_split_modules``; none in other modules (a value head is one unit)."""
+    root = root_of(model)
+    if not hasattr(root, "_no_split_modules"):
+        return set()
+    return set(configured or root._no_split_modules or ())
 
 
 def shard(
@@ -56,10 +61,31 @@ def shard(
     """``fully_shard`` one unit per layer of ``layer_classes``, then the root (embeddings, norm, head: a
     module called alone, e.g. ``generate`` or a value head, gathers what it needs). Returns ``model``,
     sharded in place."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
+
+    root = root_of(model)
+    layers = [m for m in root.modules() if type(m).__name__ in layer_classes]
+    if layer_classes and not layers:  # before any collective: a config mistake, said as one
+        raise ConfigError(
+            f"no module of {type(root).__name__} is one of {sorted(layer_classes)}",
+            key="strategy.transformer_layer_cls_to_wrap",
+            hint="the decoder layer's class name (e.g. LlamaDecoderLayer), or null for _no_split_modules",
+        )
+    heads = [
+        getattr(root, n) for n in HEADS_CALLED_ALONE if isinstance(getattr(root, n, None), torch.nn.Module)
+    ]
+    kwargs = shard_options(device, reshard_after_forward, cpu_offload, mixed_precision)
+    for unit in [*layers, *heads, root]:
+        fully_shard(unit, **kwargs)
+    return model
+
+
+def shard_options(device: str, reshard_after_forward: bool, cpu_offload: bool, mixed_precision: str) -> dict:
+    """``fully_shard``'s keyword arguments: the mesh over every process, offload and precision policies."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
     param_dtype = PARAM_DTYPES.get(mixed_precision)
-    kwargs: dict[str, Any] = {
+    return {
         "mesh": mesh(device),
         "reshard_after_forward": reshard_after_forward,
         "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
@@ -67,16 +93,6 @@ def shard(
         if param_dtype
         else MixedPrecisionPolicy(),
     }
-    root = root_of(model)
-    heads = [
-        getattr(root, name)
-        for name in HEADS_CALLED_ALONE
-        if isinstance(getattr(root, name, None), torch.nn.Module)
-    ]
-    for unit in [m for m in root.modules() if type(m).__name__ in layer_classes] + heads:
-        fully_shard(unit, **kwargs)
-    fully_shard(root, **kwargs)
-    return model
 
 
 def units(model: torch.nn.Module) -> list[Any]:
