@@ -149,11 +149,11 @@ def test_ppo_on_two_processes(tmp_path: Path, strategy: str, live: str) -> None:
     assert result(run)["run"]["live strategy"] == live
     rank0, rank1 = (json.loads((run / f".rank{r}.weights.json").read_text()) for r in (0, 1))
     assert rank0["sha256"] == rank1["sha256"]
-    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
-    assert [r["step"] for r in records] == list(range(1, 11))  # one record per iteration, rank 0 only
+    done = records(run)
+    assert [r["step"] for r in done] == list(range(1, 11))  # one record per iteration, rank 0 only
     # the policy moved away from the reference, and every rank's 16 rollouts were counted
-    assert records[-1]["kl"] > 0.1 and all(math.isfinite(r["kl"]) for r in records)
-    assert all(0 < r["response_length"] <= 8 for r in records)
+    assert done[-1]["kl"] > 0.1 and all(math.isfinite(r["kl"]) for r in done)
+    assert all(0 < r["response_length"] <= 8 for r in done)
     assert (run / "final" / "model.safetensors").is_file()
 
 
