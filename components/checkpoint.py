@@ -197,6 +197,7 @@ def _is_peft(model: Any) -> bool:
 # ---- checkpoints of loops we own (PPO) --------------------------------------------------------------
 LOOP_STATE = "loop_state.pt"  # the loop's own counters and controllers
 ENGINE_TAG = "engine"  # DeepSpeed's engine checkpoint: weights (shards under ZeRO-3) and optimizer state
+GATHERED = "gathered.safetensors"  # FSDP2: the trained weights gathered whole, keyed <module>.<parameter>
 
 
 def rng_state() -> dict[str, Any]:
@@ -280,10 +281,11 @@ def save_loop_checkpoint(
 ) -> Path:
     """``checkpoints/checkpoint-<step>/`` of a loop we own; a collective call (every rank takes part).
 
-    Holds the trained ``modules`` (loadable with ``from_pretrained`` unless ZeRO-3 shards them), the
-    optimizer (or DeepSpeed's engine checkpoint ``engine/``: weights + optimizer shards), the schedule, the
-    loop's ``state`` and every rank's RNG states. Written into ``.staging`` and renamed with a completion
-    marker when whole, keeping the last ``keep_last`` — the same conventions as the trainers'."""
+    Holds the trained ``modules`` (loadable with ``from_pretrained`` unless ZeRO-3 or FSDP shards them), the
+    optimizer (or DeepSpeed's engine checkpoint ``engine/``: weights + optimizer shards; under FSDP2 the
+    trainable weights and the optimizer state gathered whole on rank 0), the schedule, the loop's ``state``
+    and every rank's RNG states. Written into ``.staging`` and renamed with a completion marker when whole,
+    keeping the last ``keep_last`` — the same conventions as the trainers'."""
     import os
 
     import torch
@@ -297,11 +299,14 @@ def save_loop_checkpoint(
     sharded = engine is not None and engine.zero_optimization_partition_weights()
     if engine is not None:
         engine.save_checkpoint(str(staging), tag=ENGINE_TAG)  # every rank writes its shard
+    fsdp_root = _fsdp_root(modules)
+    if fsdp_root is not None:
+        _save_fsdp(fsdp_root, optimizer, staging, main)
     if main:
-        if not sharded:  # every rank holds the whole weights: rank 0 writes them
+        if not sharded and fsdp_root is None:  # every rank holds the whole weights: rank 0 writes them
             for name, module in modules.items():
                 save_module(module, staging, name)
-        if engine is None:
+        if engine is None and fsdp_root is None:
             torch.save(optimizer.state_dict(), staging / "optimizer.pt")
         torch.save(scheduler.state_dict(), staging / "scheduler.pt")
         torch.save(state, staging / LOOP_STATE)
@@ -347,12 +352,15 @@ def load_loop_checkpoint(
             key="resume",
             hint="resume with the launcher.nproc_per_node of the run that wrote it",
         )
+    fsdp_root = _fsdp_root(modules)
     if engine is not None:
         path, _ = engine.load_checkpoint(
             str(checkpoint), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
         )
         if path is None:
             raise ConfigError(f"{checkpoint} holds no DeepSpeed engine checkpoint", key="resume")
+    elif fsdp_root is not None:
+        _load_fsdp(fsdp_root, optimizer, checkpoint, rank)
     else:
         for name, module in modules.items():
             load_module(module, checkpoint, name)
@@ -363,3 +371,48 @@ def load_loop_checkpoint(
     state = torch.load(checkpoint / LOOP_STATE, weights_only=True)  # plain numbers, lists and tensors
     set_rng_state(torch.load(rng, weights_only=True))
     return state
+
+
+def _fsdp_root(modules: dict[str, Any]) -> Any:
+    """The loop's trained modules as one module (names ``<module>.<parameter>``) when FSDP2 shards them."""
+    from components import fsdp
+
+    if not any(fsdp.is_sharded(m) for m in modules.values()):
+        return None
+    import torch
+
+    return torch.nn.ModuleDict(modules)
+
+
+def _save_fsdp(root: Any, optimizer: Any, folder: Path, main: bool) -> None:
+    """The trainable weights and the optimizer state, gathered whole (a collective call), by rank 0."""
+    import torch
+    from safetensors.torch import save_file
+
+    from components import fsdp
+
+    weights = fsdp.full_state_dict(root, trainable_only=True)
+    optimizer_state = fsdp.full_optimizer_state(root, optimizer)
+    if main:
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / GATHERED))
+        torch.save(optimizer_state, folder / "optimizer.pt")
+
+
+def _load_fsdp(root: Any, optimizer: Any, checkpoint: Path, rank: int) -> None:
+    """What :func:`_save_fsdp` wrote, read by rank 0 and broadcast into every rank's shards."""
+    import torch
+    from safetensors.torch import load_file
+
+    from components import fsdp
+
+    if not (checkpoint / GATHERED).is_file():
+        raise ConfigError(
+            f"{checkpoint} holds no gathered FSDP weights ({GATHERED})",
+            key="resume",
+            hint="resume with the strategy of the run that wrote it",
+        )
+    weights, optimizer_state = {}, {}
+    if rank == 0:
+        weights = load_file(str(checkpoint / GATHERED))
+        optimizer_state = torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=True)
+    fsdp.load_full_state(root, optimizer, weights, optimizer_state)

@@ -99,11 +99,13 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
             key="strategy",
             hint="use strategy=ddp (or zero1/zero2/zero3/fsdp) with several processes",
         )
-    if isinstance(strategy, FSDP) and device != "cuda":
+    # a loop that calls fully_shard itself (PPO) runs FSDP2 over gloo; accelerate's plugin cannot
+    own_fsdp = getattr(comps.recipe, "shards_with_fully_shard", False)
+    if isinstance(strategy, FSDP) and device != "cuda" and not own_fsdp:
         raise ConfigError(
             f"FSDP needs GPUs: on {device} accelerate silently falls back to DDP",
             key="strategy",
-            hint="use strategy=ddp or a DeepSpeed zero stage on CPU",
+            hint="use strategy=ddp or a DeepSpeed zero stage on CPU (recipe=ppo runs FSDP2 on CPU)",
         )
     if isinstance(strategy, DeepSpeed):
         import importlib.util

@@ -66,7 +66,7 @@ def rollout(
 ) -> Rollout:
     """Sample one response per (already chat-templated) prompt: left padding, stop at EOS; prompts
     longer than ``max_prompt_length`` tokens keep their end. ``synced_gpus``: the weights are sharded
-    (ZeRO-3), so every rank keeps stepping until the last rank's sequences are done."""
+    (ZeRO-3, FSDP), so every rank keeps stepping until the last rank's sequences are done."""
     sides = tokenizer.padding_side, tokenizer.truncation_side
     tokenizer.padding_side = tokenizer.truncation_side = "left"  # generation continues from the last position
     try:
@@ -343,7 +343,8 @@ def value_head(policy: Any) -> torch.nn.Linear:
 
 
 class PolicyAndValue(torch.nn.Module):
-    """The policy and its value head as one module: DeepSpeed's engine wraps exactly one model."""
+    """The policy and its value head as one module: DeepSpeed's engine wraps exactly one model, and FSDP's
+    full state dict is gathered from one (``split_gathered`` takes either apart)."""
 
     def __init__(self, policy: Any, value: torch.nn.Module) -> None:
         super().__init__()

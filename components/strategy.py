@@ -2,13 +2,15 @@
 
 ``single`` and ``ddp`` are plain accelerate; ``zero0``…``zero3pp`` generate a DeepSpeed config from the
 composed run (every ``"auto"`` resolved, see :meth:`DeepSpeed.deepspeed_config`); ``fsdp`` gives
-accelerate an FSDP2 plugin. After the trainer is built, :meth:`Strategy.verify` checks that accelerate
+accelerate an FSDP2 plugin, and shards the modules of loops we own (PPO) with ``fully_shard`` itself
+(``components/fsdp.py``). After the trainer is built, :meth:`Strategy.verify` checks that accelerate
 really prepared what was asked for (it falls back silently in several setups) and refuses to train
-otherwise.
+otherwise; loops are checked by :meth:`Strategy.verify_loop`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ COMM_DTYPES = (None, "fp32", "fp16", "bf16")
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
 ZERO_CHECKPOINT = "__zero_checkpoint__"  # gather_state_dict's answer when the weights stay sharded on disk
 TRAINED, FROZEN = "trained", "frozen"  # accelerate's DeepSpeed plugins of a loop we own (PPO)
+MULTI_PROCESS = {"MULTI_GPU", "MULTI_CPU", "MULTI_MPS", "MULTI_XPU"}  # plain multi-process (DDP) types
 
 
 def detect_device(requested: str = "auto") -> str:
@@ -110,6 +113,26 @@ class Strategy:
         ready for inference: here a whole copy on each process's device."""
         return build().to(accelerator.device).eval().requires_grad_(False)
 
+    def shard_trained(self, accelerator: Any, module: Any) -> Any:
+        """A trained module of a loop we own, before its optimizer is built: as it is here (FSDP shards
+        it; DeepSpeed and DDP wrap it in :meth:`prepare_loop`)."""
+        return module
+
+    def prepare_loop(self, accelerator: Any, *objects: Any) -> tuple[Any, ...]:
+        """The trained modules, optimizer and schedule of a loop we own, through ``accelerator.prepare``."""
+        return tuple(accelerator.prepare(*objects))
+
+    def generation(self, module: Any) -> contextlib.AbstractContextManager[None]:
+        """Around sampling from a trained module of a loop we own (FSDP keeps the layers gathered)."""
+        return contextlib.nullcontext()
+
+    def gather_loop_weights(self, accelerator: Any, module: Any) -> dict[str, Any] | None:
+        """The full state dict of a loop's trained ``module`` (DeepSpeed: its engine) when parameters are
+        sharded, on rank 0 (a collective call on every rank); None when each rank holds whole weights."""
+        if not self.shards_parameters:
+            return None
+        return accelerator.get_state_dict(module)
+
     def gather_state_dict(self, trainer: Any) -> dict[str, Any] | None:
         """The full state dict for saving (a collective call on every rank) when parameters are sharded;
         None when each rank holds whole weights."""
@@ -141,8 +164,22 @@ class Strategy:
 
     def verify(self, accelerator: Any, world_size: int | None = None) -> None:
         """Refuse to train when accelerate silently fell back to something else."""
+        self._verify_live(accelerator, self.expected_distributed_types(accelerator.num_processes), world_size)
+
+    def verify_loop(self, accelerator: Any, world_size: int, modules: list[Any]) -> None:
+        """:meth:`verify` for a loop we own, once its trained ``modules`` are sharded (FSDP checks them)."""
+        self.verify(accelerator, world_size)
+
+    def loop_description(self, accelerator: Any) -> str:
+        """:meth:`live_description` of a loop we own."""
+        return self.live_description(accelerator)
+
+    def loop_report(self, modules: dict[str, Any]) -> dict[str, Any]:
+        """What the run report says about how a loop's modules are held (FSDP: each rank's shard)."""
+        return {}
+
+    def _verify_live(self, accelerator: Any, want: set[str], world_size: int | None) -> None:
         got = live_type(accelerator)
-        want = self.expected_distributed_types(accelerator.num_processes)
         if got not in want:
             raise ConfigError(
                 f"asked for strategy {type(self).__name__} but accelerate prepared '{got}' "
@@ -191,14 +228,16 @@ class DDP(Strategy):
         return args
 
     def expected_distributed_types(self, world_size: int) -> set[str]:
-        return {"NO"} if world_size == 1 else {"MULTI_GPU", "MULTI_CPU", "MULTI_MPS", "MULTI_XPU"}
+        return {"NO"} if world_size == 1 else MULTI_PROCESS
 
 
 @component("strategy")
 @dataclass
 class FSDP(Strategy):
-    """PyTorch FSDP2 (``fully_shard``) through accelerate: parameters, gradients and optimizer state
-    sharded over ranks; one FSDP unit per transformer layer."""
+    """PyTorch FSDP2 (``fully_shard``): parameters, gradients and optimizer state sharded over ranks; one
+    FSDP unit per transformer layer. Trainer-based recipes get it through accelerate's FSDP2 plugin (GPU
+    only); loops we own (PPO) call ``fully_shard`` themselves on a plain multi-process accelerator, with
+    these same knobs, so they also run on CPU (gloo)."""
 
     reshard_after_forward: bool = True  # True = full shard (ZeRO-3-like); False = shard grad/optim only
     cpu_offload: bool = False  # parameters and gradients (and the optimizer step) on CPU
@@ -253,6 +292,76 @@ class FSDP(Strategy):
         version = getattr(accelerator.state.fsdp_plugin, "fsdp_version", None)
         if version != 2:
             raise ConfigError(f"expected FSDP2, accelerate prepared FSDP{version}", key="strategy")
+
+    # ---- loops we own: the inherited plain multi-process loop_accelerator (the process group, device
+    # and autocast; not accelerate's FSDP plugin) and fully_shard on the modules themselves ----------
+    def shard_trained(self, accelerator: Any, module: Any) -> Any:
+        """``module`` sharded with ``fully_shard`` as the knobs say: one unit per transformer layer, then
+        its root; ``cpu_offload`` → ``CPUOffloadPolicy``; bf16/fp16 runs compute in that dtype and reduce
+        gradients in fp32 (``MixedPrecisionPolicy``)."""
+        from components import fsdp
+
+        return fsdp.shard(
+            module,
+            device=accelerator.device.type,
+            layer_classes=fsdp.layer_class_names(module, self.transformer_layer_cls_to_wrap),
+            reshard_after_forward=self.reshard_after_forward,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=str(accelerator.mixed_precision),
+        )
+
+    def prepare_frozen(self, accelerator: Any, build: Callable[[], Any]) -> Any:
+        """A frozen model (PPO's reference, a reward model) sharded like the trained ones, for inference."""
+        return self.shard_trained(accelerator, build().eval().requires_grad_(False))
+
+    def prepare_loop(self, accelerator: Any, *objects: Any) -> tuple[Any, ...]:
+        """Nothing to prepare: the modules are sharded already (a DDP wrapper would all-reduce twice) and
+        the loop steps its own optimizer and schedule."""
+        return objects
+
+    def generation(self, module: Any) -> contextlib.AbstractContextManager[None]:
+        from components import fsdp
+
+        return fsdp.gathered(module, self.reshard_after_forward)
+
+    def gather_loop_weights(self, accelerator: Any, module: Any) -> dict[str, Any] | None:
+        from components import fsdp
+
+        return fsdp.full_state_dict(module) or None
+
+    def verify_loop(self, accelerator: Any, world_size: int, modules: list[Any]) -> None:
+        """Plain processes joined the group (not accelerate's FSDP, not one process fewer), and every
+        trained module really is an FSDP2 unit: no silent fallback to whole weights per rank."""
+        import torch.distributed as dist
+
+        from components import fsdp
+
+        self._verify_live(accelerator, {"NO", *MULTI_PROCESS}, world_size)  # one process: either
+        whole = [type(m).__name__ for m in modules if not fsdp.is_sharded(m)]
+        group = dist.get_world_size() if dist.is_initialized() else 0
+        if whole or group != world_size:
+            raise ConfigError(
+                f"FSDP2 did not shard the loop's modules over {world_size} process(es) "
+                f"(unsharded: {whole}, process group of {group})",
+                key="strategy",
+            )
+
+    def loop_description(self, accelerator: Any) -> str:
+        return f"FSDP2 (fully_shard), {accelerator.num_processes} process(es)"
+
+    def loop_report(self, modules: dict[str, Any]) -> dict[str, Any]:
+        """Elements of each module's parameters held by this rank, next to the whole count."""
+        import os
+
+        from components import fsdp
+
+        rank = int(os.environ.get("RANK", 0))
+        report: dict[str, Any] = {}
+        for name, module in modules.items():
+            local, full = fsdp.parameter_counts(module)
+            report[f"{name} parameters on rank {rank}"] = local
+            report[f"{name} parameters in all"] = full
+        return report
 
 
 @component("strategy")

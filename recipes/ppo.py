@@ -4,9 +4,11 @@ Each iteration: sample responses to ``rollout_batch_size`` prompts → score the
 trained reward model) → log-probs of policy and reference, values → per-token rewards (score - KL
 penalty) → GAE → ``ppo_epochs`` passes of clipped policy + value updates in mini-batches. The pieces are
 the small functions of ``components/ppo.py``; the reference is the adapter-free policy under PEFT (no
-second copy of the weights), else a frozen copy (under ZeRO-3 a separate inference engine). Metrics go
-to ``metrics.jsonl`` and the trackers each iteration; checkpoints every ``train.save_every`` iterations
-hold everything ``resume`` needs to continue at the next iteration.
+second copy of the weights), else a frozen copy (under ZeRO-3 a separate inference engine, under FSDP a
+sharded frozen model). Under FSDP the modules are sharded with ``fully_shard`` itself (accelerate's FSDP
+plugin cannot run on CPU), before the optimizer is built. Metrics go to ``metrics.jsonl`` and the trackers
+each iteration; checkpoints every ``train.save_every`` iterations hold everything ``resume`` needs to
+continue at the next iteration.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class PPO:
     value_model: str = "head"  # head (on the policy's trunk) | separate (critic from reward model / policy)
     reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
 
+    shards_with_fully_shard = True  # its loop shards with FSDP2 itself: strategy=fsdp runs on CPU too
+
     def check(self, cfg: DictConfig, comps: Components) -> None:
         require_prompts("ppo", comps)
         rules = {
@@ -94,16 +98,19 @@ class PPO:
             if not ok:
                 hint = "a divisor of rollout_batch_size" if key == "mini_batch_size" else None
                 raise ConfigError(f"invalid value {getattr(self, key)!r}", key=f"recipe.{key}", hint=hint)
-        from components.strategy import DDP, DeepSpeed, Single
+        from components.strategy import DDP, FSDP, DeepSpeed, Single
 
-        if not isinstance(comps.strategy, (Single, DDP, DeepSpeed)):
+        if not isinstance(comps.strategy, (Single, DDP, DeepSpeed, FSDP)):
             raise ConfigError(
-                f"recipe=ppo runs under single, ddp and DeepSpeed ZeRO 0-3, not "
-                f"{type(comps.strategy).__name__}: its loop shards parameters with DeepSpeed engines only",
+                f"recipe=ppo runs under single, ddp, fsdp and DeepSpeed ZeRO 0-3, not "
+                f"{type(comps.strategy).__name__}",
                 key="strategy",
-                hint="strategy=zero3 (or zero2) with launcher.nproc_per_node=N",
+                hint="strategy=fsdp or strategy=zero3 (or zero2) with launcher.nproc_per_node=N",
             )
-        if comps.strategy.shards_parameters and not comps.strategy.stage3_gather_16bit_weights_on_model_save:
+        gathers = getattr(comps.strategy, "stage3_gather_16bit_weights_on_model_save", True)
+        if isinstance(comps.strategy, FSDP):
+            self.check_fsdp(cfg, comps)
+        elif comps.strategy.shards_parameters and not gathers:
             raise ConfigError(
                 "PPO under ZeRO-3 gathers the final weights on rank 0",
                 key="strategy.stage3_gather_16bit_weights_on_model_save",
@@ -126,6 +133,34 @@ class PPO:
             from components.rewards import reward_model_dir
 
             reward_model_dir(reward_model_path(self.reward))  # raises naming recipe.reward.model
+
+    def check_fsdp(self, cfg: DictConfig, comps: Components) -> None:
+        """What the loop's own FSDP2 sharding does not do (rather than ignore the knob): fp16 (its loss
+        scaling would need a sharded gradient scaler), FSDP's activation checkpointing and sharded
+        checkpoints (accelerate's plugin only)."""
+        from components.strategy import detect_device
+
+        s = comps.strategy
+        refused = {
+            "precision": (
+                comps.precision.resolve(detect_device(s.device)) == "fp16",
+                "PPO under FSDP trains in fp32 or bf16: fp16 loss scaling is not wired into its loop",
+                "precision=bf16 (FSDP2 computes in bf16 and reduces gradients in fp32)",
+            ),
+            "strategy.activation_checkpointing": (
+                s.activation_checkpointing,
+                "PPO's FSDP2 loop does not apply FSDP's activation checkpointing",
+                "strategy.activation_checkpointing=false, model.gradient_checkpointing=true (the model's)",
+            ),
+            "strategy.state_dict_type": (
+                s.state_dict_type != "FULL_STATE_DICT",
+                "PPO's FSDP2 loop checkpoints weights and optimizer state gathered whole on rank 0",
+                "strategy.state_dict_type=FULL_STATE_DICT",
+            ),
+        }
+        for key, (bad, message, hint) in refused.items():
+            if bad:
+                raise ConfigError(message, key=key, hint=hint)
 
     def iterations(self, ctx: RunContext, rows: int) -> int:
         """``num_iterations``, else ``train.max_steps``, else ``train.epochs`` passes over the prompts."""
@@ -174,28 +209,34 @@ class PPO:
             value = ppo.separate_critic(policy, c.model, reward_model_path(self.reward), load)
         iterations = self.iterations(ctx, len(data))
         steps = iterations * self.ppo_epochs * (self.rollout_batch_size // self.mini_batch_size)
-        optimizer = c.optimizer.build([*policy.parameters(), *value.parameters()], ctx.device)
-        scheduler = c.scheduler.build(optimizer, steps)
         # one optimizer step per mini-batch: DeepSpeed's accumulation = mini-batch / micro-batch
         plan = dataclasses.replace(
             ctx.plan, gradient_accumulation_steps=max(1, self.mini_batch_size // t.micro_batch_size)
         )
         acc = c.strategy.loop_accelerator(ctx.device, plan)
-        c.strategy.verify(acc, ctx.plan.world_size)
-        session.report["run"]["live strategy"] = c.strategy.live_description(acc)
+        # FSDP2 turns the parameters into DTensor shards: before the optimizer is built over them
+        policy, value = (c.strategy.shard_trained(acc, m) for m in (policy, value))
+        c.strategy.verify_loop(acc, ctx.plan.world_size, [policy, value])
+        session.report["run"]["live strategy"] = c.strategy.loop_description(acc)
+        optimizer = c.optimizer.build([*policy.parameters(), *value.parameters()], ctx.device)
+        scheduler = c.scheduler.build(optimizer, steps)
         engine = None
         if acc.distributed_type == DistributedType.DEEPSPEED:  # one engine for policy + value head
             # the schedule stays ours: accelerate hands DeepSpeed only DeepSpeed's own scheduler types
             engine, optimizer = acc.prepare(ppo.PolicyAndValue(policy, value), optimizer)
             policy, value = engine.module.policy, engine.module.value
         else:
-            policy, value, optimizer, scheduler = acc.prepare(policy, value, optimizer, scheduler)
+            prepared = c.strategy.prepare_loop(acc, policy, value, optimizer, scheduler)
+            policy, value, optimizer, scheduler = prepared
         if reference is not None:
             reference = reference.to(acc.device)
-        elif not c.peft.is_adapter:  # ZeRO-3: built like the policy, sharded by a ZeRO-3 inference engine
+        elif not c.peft.is_adapter:  # built like the policy, sharded (a ZeRO-3 inference engine, FSDP2)
             reference = c.strategy.prepare_frozen(acc, session.build_frozen)
-        if isinstance(reward_fn, RewardModel):  # ZeRO-3: sharded too; else a whole copy per process
+        if isinstance(reward_fn, RewardModel):  # ZeRO-3 / FSDP: sharded too; else a whole copy per process
             reward_fn.model = c.strategy.prepare_frozen(acc, lambda: reward_fn.model)
+        sharding = c.strategy.loop_report({"policy": policy, "value": value})  # FSDP: this rank's shards
+        if sharding:
+            session.report["sharding"] = sharding
         model = ppo.ActorCritic(
             policy, value, self.value_model == "separate", reference, acc, self.temperature, engine
         )
@@ -226,12 +267,13 @@ class PPO:
                 # 1. sample responses to a batch of prompts and score them
                 idx = sampler.take_shard(self.rollout_batch_size, acc.process_index, acc.num_processes)
                 rows = data[idx]
-                ro = ppo.rollout(
-                    acc.unwrap_model(policy).eval(), tok, [texts[i] for i in idx],
-                    max_new_tokens=self.response_length, temperature=self.temperature, top_k=self.top_k,
-                    top_p=self.top_p, max_prompt_length=c.data.max_prompt_length,
-                    synced_gpus=sharded and acc.num_processes > 1,
-                )  # fmt: skip
+                with c.strategy.generation(policy):
+                    ro = ppo.rollout(
+                        acc.unwrap_model(policy).eval(), tok, [texts[i] for i in idx],
+                        max_new_tokens=self.response_length, temperature=self.temperature, top_k=self.top_k,
+                        top_p=self.top_p, max_prompt_length=c.data.max_prompt_length,
+                        synced_gpus=sharded and acc.num_processes > 1,
+                    )  # fmt: skip
                 acc.unwrap_model(policy).train()
                 completions = tok.batch_decode(ro.response, skip_special_tokens=True)
                 columns = {k: v for k, v in rows.items() if k != "prompt"}
@@ -297,8 +339,9 @@ class PPO:
             c.tracker.finish()
         metrics = {"train_runtime": round(time.time() - start, 2), "iterations": iterations, **record}
         unwrap = acc.unwrap_model
-        # ZeRO-3: the weights gathered on rank 0 (a collective call)
-        gathered = ppo.split_gathered(acc.get_state_dict(engine)) if sharded else None
+        # ZeRO-3 / FSDP: the weights gathered on rank 0 (a collective call)
+        trained = engine if engine is not None else ppo.PolicyAndValue(policy, value)
+        gathered = ppo.split_gathered(c.strategy.gather_loop_weights(acc, trained))
         return session.finish_loop(
             unwrap(policy), title="PPO", metrics=metrics, extra={"value": unwrap(value)}, gathered=gathered
         )

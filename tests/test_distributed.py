@@ -1,6 +1,7 @@
-"""Multi-process training on CPU through the ``local`` launcher (torch elastic, gloo): DDP and DeepSpeed
-ZeRO 1/2/3 (+ offload). Each run is the real CLI in a subprocess, two worker processes sharing one run
-dir. DeepSpeed is asserted live at the requested stage (accelerate falls back to DDP silently)."""
+"""Multi-process training on CPU through the ``local`` launcher (torch elastic, gloo): DDP, DeepSpeed
+ZeRO 1/2/3 (+ offload), and PPO's own loop under FSDP2. Each run is the real CLI in a subprocess, two
+worker processes sharing one run dir. DeepSpeed is asserted live at the requested stage (accelerate falls
+back to DDP silently), FSDP2 as really sharded."""
 
 from __future__ import annotations
 
@@ -38,6 +39,26 @@ def losses(run_dir: Path) -> list[float]:
 
 def result(run_dir: Path) -> dict:
     return json.loads((run_dir / "result.json").read_text())
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+
+
+def assert_same_final(run: Path, resumed: Path, *names: str) -> None:
+    """The two runs' ``final/<name>`` safetensors hold the same tensors."""
+    for name in names:
+        a, b = load_file(run / "final" / name), load_file(resumed / "final" / name)
+        assert a.keys() == b.keys(), name
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=1e-5, msg=key)
+
+
+def assert_resumed_repeats(run: Path, resumed: Path, first: int) -> None:
+    """The resumed run logged iterations ``first``… with the uninterrupted run's rewards."""
+    done, again = records(run), records(resumed)
+    assert [r["step"] for r in again] == [r["step"] for r in done[first - 1 :]]
+    assert [r["reward/mean"] for r in again] == pytest.approx([r["reward/mean"] for r in done[first - 1 :]])
 
 
 def test_ddp_two_processes_match_one_process(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -128,11 +149,11 @@ def test_ppo_on_two_processes(tmp_path: Path, strategy: str, live: str) -> None:
     assert result(run)["run"]["live strategy"] == live
     rank0, rank1 = (json.loads((run / f".rank{r}.weights.json").read_text()) for r in (0, 1))
     assert rank0["sha256"] == rank1["sha256"]
-    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
-    assert [r["step"] for r in records] == list(range(1, 11))  # one record per iteration, rank 0 only
+    done = records(run)
+    assert [r["step"] for r in done] == list(range(1, 11))  # one record per iteration, rank 0 only
     # the policy moved away from the reference, and every rank's 16 rollouts were counted
-    assert records[-1]["kl"] > 0.1 and all(math.isfinite(r["kl"]) for r in records)
-    assert all(0 < r["response_length"] <= 8 for r in records)
+    assert done[-1]["kl"] > 0.1 and all(math.isfinite(r["kl"]) for r in done)
+    assert all(0 < r["response_length"] <= 8 for r in done)
     assert (run / "final" / "model.safetensors").is_file()
 
 
@@ -142,27 +163,77 @@ def test_ppo_under_zero3_samples_from_shards_saves_and_resumes(tmp_path: Path) -
     (so KL starts at 0, then grows); the final weights are gathered and load; resumed from the
     iteration-3 engine checkpoint (sharded weights + optimizer, RNG of both ranks) the run ends with the
     same weights."""
-    from transformers import AutoModelForCausalLM
-
     run, resumed = tmp_path / "ppo", tmp_path / "resumed"
     common = [*PPO, "strategy=zero3", "recipe.num_iterations=6", "train.save_every=3"]
     hydratune(run, *common)
     assert result(run)["run"]["live strategy"] == "DEEPSPEED, ZeRO stage 3, 2 process(es)"
-    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
-    assert [r["step"] for r in records] == list(range(1, 7))
-    assert abs(records[0]["kl"]) < 1e-4 < 0.1 < records[-1]["kl"]  # reference == initial policy, then apart
-    model = AutoModelForCausalLM.from_pretrained(run / "final")  # gathered, not empty shards
+    assert_sharded_ppo_run(run, iterations=6)
+    checkpoint = run / "checkpoints" / "checkpoint-3"
+    assert any(checkpoint.glob("engine/*optim_states.pt"))  # the engine's sharded optimizer state
+    hydratune(resumed, *common, f"resume={checkpoint}")
+    assert_resumed_repeats(run, resumed, first=4)
+    assert_same_final(run, resumed, "model.safetensors", "value.safetensors")
+
+
+def assert_sharded_ppo_run(run: Path, iterations: int) -> None:
+    """One record per iteration; KL 0 at first (the reference is the initial policy), then > 0.1; the
+    final weights gathered (not empty shards), loadable, the value head trained."""
+    from transformers import AutoModelForCausalLM
+
+    done = records(run)
+    assert [r["step"] for r in done] == list(range(1, iterations + 1))
+    assert abs(done[0]["kl"]) < 1e-4 < 0.1 < done[-1]["kl"]
+    model = AutoModelForCausalLM.from_pretrained(run / "final")
     assert all(p.numel() > 0 for p in model.parameters())
     value = load_file(run / "final" / "value.safetensors")
     assert value["weight"].shape == (1, model.config.hidden_size) and value["weight"].abs().sum() > 0
 
+
+FSDP2 = "FSDP2 (fully_shard), 2 process(es)"
+
+
+def assert_policy_sharded(run: Path) -> None:
+    """Rank 0 held about half of the policy's parameters (DTensor shards), not a whole copy."""
+    shards = result(run)["sharding"]
+    assert 0 < shards["policy parameters on rank 0"] < 0.6 * shards["policy parameters in all"]
+
+
+def test_ppo_under_fsdp_shards_samples_saves_and_resumes(tmp_path: Path) -> None:
+    """FSDP2 on 2 CPU ranks: the loop calls fully_shard itself (accelerate's FSDP plugin cannot run on CPU);
+    each rank holds half of the policy, responses are sampled from the shards (synced generation), the
+    reference is a sharded frozen model built like the policy (KL starts at 0, then grows), the final
+    weights are gathered on rank 0; resumed from the iteration-3 checkpoint (weights and optimizer state
+    gathered whole, broadcast back into the shards) the run repeats the rewards and ends with the same
+    weights."""
+    run, resumed = tmp_path / "ppo", tmp_path / "resumed"
+    common = [*PPO, "strategy=fsdp", "recipe.num_iterations=6", "train.save_every=3"]
+    hydratune(run, *common)
+    assert result(run)["run"]["live strategy"] == FSDP2
+    assert_policy_sharded(run)
+    assert_sharded_ppo_run(run, iterations=6)
     checkpoint = run / "checkpoints" / "checkpoint-3"
-    assert any(checkpoint.glob("engine/*optim_states.pt"))  # the engine's sharded optimizer state
+    assert {"gathered.safetensors", "optimizer.pt"} <= {p.name for p in checkpoint.iterdir()}
     hydratune(resumed, *common, f"resume={checkpoint}")
-    again = [json.loads(line) for line in (resumed / "metrics.jsonl").open()]
-    assert [r["step"] for r in again] == [4, 5, 6]
-    assert [r["reward/mean"] for r in again] == pytest.approx([r["reward/mean"] for r in records[3:]])
-    for name in ("model.safetensors", "value.safetensors"):
-        a, b = load_file(run / "final" / name), load_file(resumed / "final" / name)
-        for key in a:
-            torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=1e-5, msg=key)
+    assert_resumed_repeats(run, resumed, first=4)
+    assert_same_final(run, resumed, "model.safetensors", "value.safetensors")
+
+
+def test_ppo_under_fsdp_with_lora_and_a_separate_critic_resumes(tmp_path: Path) -> None:
+    """FSDP2 + LoRA on 2 CPU ranks: the reference is the sharded policy with its adapter disabled (no copy),
+    the critic a second sharded model (its score head its own unit); the gathered adapter is trained, the
+    critic saved whole; a resumed run (adapter + critic + optimizer gathered) ends with the same weights."""
+    run, resumed = tmp_path / "ppo", tmp_path / "resumed"
+    common = [*PPO, "strategy=fsdp", "peft=lora", "recipe.value_model=separate"]
+    common += ["recipe.num_iterations=4", "train.save_every=2"]
+    hydratune(run, *common)
+    assert result(run)["run"]["live strategy"] == FSDP2
+    assert_policy_sharded(run)
+    done = records(run)
+    assert [r["step"] for r in done] == [1, 2, 3, 4] and abs(done[0]["kl"]) < 1e-4
+    adapter = load_file(run / "final" / "adapter_model.safetensors")
+    assert any(float(t.abs().sum()) > 0 for n, t in adapter.items() if "lora_B" in n)  # gathered, trained
+    critic = load_file(run / "final" / "value.safetensors")
+    assert all(t.numel() > 0 for t in critic.values()) and critic["score.weight"].abs().sum() > 0
+    hydratune(resumed, *common, f"resume={run / 'checkpoints' / 'checkpoint-2'}")
+    assert_resumed_repeats(run, resumed, first=3)
+    assert_same_final(run, resumed, "adapter_model.safetensors", "value.safetensors")

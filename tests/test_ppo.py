@@ -327,7 +327,6 @@ def test_ppo_refuses_the_wrong_data_and_bad_knobs_before_load(run_recipe, tmp_pa
         run_recipe("recipe=ppo", "recipe.reward.model=/nonexistent/run")
     assert info.value.key == "recipe.reward.model"
     for overrides, key in (
-        (["strategy=fsdp"], "strategy"),  # sharded by DeepSpeed engines only
         (["strategy=zero2", "recipe.value_model=separate"], "recipe.value_model"),  # one engine
         (["strategy=zero2", "train.micro_batch_size=5"], "recipe.mini_batch_size"),
     ):
@@ -459,3 +458,28 @@ def test_frozen_models_under_zero3_offload_get_an_inference_config(compose_cfg) 
     assert frozen["gradient_accumulation_steps"] == 1 and trained["gradient_accumulation_steps"] == 4
     assert frozen["train_batch_size"] == plan.micro_batch_size * plan.world_size
     validate_deepspeed_config(frozen)
+
+
+def test_ppo_under_fsdp_passes_cpu_checks_and_refuses_what_its_loop_does_not_do(
+    compose_cfg, monkeypatch
+) -> None:
+    """PPO shards with fully_shard itself, so FSDP passes the checks on CPU (the trainer recipes still need
+    a GPU); what its loop does not do is refused, not ignored: fp16 (no sharded loss scaling), FSDP's
+    activation checkpointing, sharded checkpoints."""
+    import components.strategy
+    from components.checks import check_before_load
+    from components.run import Components
+
+    cfg = compose_cfg("recipe=ppo", "strategy=fsdp", "launcher.nproc_per_node=2")
+    assert check_before_load(cfg, Components.from_config(cfg)) == "cpu"
+    monkeypatch.setattr(components.strategy, "detect_device", lambda requested="auto": "cuda")
+    for override, key in (
+        ("precision=fp16", "precision"),
+        ("strategy.activation_checkpointing=true", "strategy.activation_checkpointing"),
+        ("strategy.state_dict_type=SHARDED_STATE_DICT", "strategy.state_dict_type"),
+    ):
+        cfg = compose_cfg("recipe=ppo", "strategy=fsdp", override)
+        comps = Components.from_config(cfg)
+        with pytest.raises(ConfigError) as info:
+            comps.recipe.check(cfg, comps)
+        assert info.value.key == key, override

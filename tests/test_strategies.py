@@ -169,6 +169,38 @@ def test_verify_refuses_a_silent_fallback(compose_cfg, strategy, live, processes
         comps.strategy.verify(fake_accelerator(live, processes, stage), world_size=2)
 
 
+@pytest.mark.parametrize(
+    ("live", "message"),
+    [
+        ("FSDP", "accelerate prepared 'FSDP'"),  # the loop shards itself: accelerate's plugin must stay out
+        ("MULTI_CPU", r"unsharded: \['Linear'\]"),  # a module left whole on every rank
+    ],
+)
+def test_fsdp_loop_verify_refuses_whole_modules(compose_cfg, live, message) -> None:
+    """PPO's FSDP2 loop: a plain multi-process accelerator, and every trained module an FSDP unit."""
+    import torch
+
+    comps = Components.from_config(compose_cfg("strategy=fsdp"))
+    with pytest.raises(ConfigError, match=message):
+        comps.strategy.verify_loop(fake_accelerator(live, 2), 2, [torch.nn.Linear(2, 1)])
+
+
+def test_fsdp_layer_classes_that_match_nothing_are_refused() -> None:
+    """A misspelt ``transformer_layer_cls_to_wrap`` would leave the whole model one unit: refused."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from components import fsdp
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                         num_attention_heads=2, vocab_size=16))  # fmt: skip
+    assert fsdp.layer_class_names(model, None) == {"LlamaDecoderLayer"}
+    assert fsdp.layer_class_names(model.lm_head, ["LlamaDecoderLayer"]) == set()  # a head: one unit
+    with pytest.raises(ConfigError) as info:
+        fsdp.shard(model, device="cpu", layer_classes={"LlamaLayer"}, reshard_after_forward=True,
+                   cpu_offload=False, mixed_precision="no")  # fmt: skip
+    assert info.value.key == "strategy.transformer_layer_cls_to_wrap"
+
+
 def test_verify_accepts_what_was_asked(compose_cfg) -> None:
     comps = Components.from_config(compose_cfg("strategy=zero3"))
     comps.strategy.verify(fake_accelerator("DEEPSPEED", 2, 3), world_size=2)
