@@ -119,7 +119,8 @@ class Strategy:
         return module
 
     def prepare_loop(self, accelerator: Any, *objects: Any) -> tuple[Any, ...]:
-        """The trained modules, optimizer and schedule of a loop we own, through ``accelerator.prepare``."""
+        """The trained modules and optimizer of a loop we own, through ``accelerator.prepare`` (the loop steps
+        its schedule itself: a prepared one would step once per process)."""
         return tuple(accelerator.prepare(*objects))
 
     def generation(self, module: Any) -> contextlib.AbstractContextManager[None]:

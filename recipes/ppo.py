@@ -219,15 +219,15 @@ class PPO:
         c.strategy.verify_loop(acc, ctx.plan.world_size, [policy, value])
         session.report["run"]["live strategy"] = c.strategy.loop_description(acc)
         optimizer = c.optimizer.build([*policy.parameters(), *value.parameters()], ctx.device)
-        scheduler = c.scheduler.build(optimizer, steps)
         engine = None
         if acc.distributed_type == DistributedType.DEEPSPEED:  # one engine for policy + value head
-            # the schedule stays ours: accelerate hands DeepSpeed only DeepSpeed's own scheduler types
             engine, optimizer = acc.prepare(ppo.PolicyAndValue(policy, value), optimizer)
             policy, value = engine.module.policy, engine.module.value
         else:
-            prepared = c.strategy.prepare_loop(acc, policy, value, optimizer, scheduler)
-            policy, value, optimizer, scheduler = prepared
+            policy, value, optimizer = c.strategy.prepare_loop(acc, policy, value, optimizer)
+        # the schedule stays ours, stepped once per optimizer step on every rank: accelerate's prepared
+        # scheduler steps once per process (and hands DeepSpeed only DeepSpeed's own scheduler types)
+        scheduler = c.scheduler.build(optimizer, steps)
         if reference is not None:
             reference = reference.to(acc.device)
         elif not c.peft.is_adapter:  # built like the policy, sharded (a ZeRO-3 inference engine, FSDP2)

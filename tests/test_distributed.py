@@ -155,6 +155,10 @@ def test_ppo_on_two_processes(tmp_path: Path, strategy: str, live: str) -> None:
     assert done[-1]["kl"] > 0.1 and all(math.isfinite(r["kl"]) for r in done)
     assert all(0 < r["response_length"] <= 8 for r in done)
     assert (run / "final" / "model.safetensors").is_file()
+    # one schedule step per optimizer step on every rank (accelerate's prepared scheduler would step
+    # once per process: the cosine would end at iteration 5 and climb back): it decays to 0 at the end
+    lrs = [r["lr"] for r in done]
+    assert lrs == sorted(lrs, reverse=True) and lrs[-1] == pytest.approx(0.0, abs=1e-12), lrs
 
 
 def test_ppo_under_zero3_samples_from_shards_saves_and_resumes(tmp_path: Path) -> None:
