@@ -179,6 +179,24 @@ def test_ppo_under_zero3_samples_from_shards_saves_and_resumes(tmp_path: Path) -
     assert_same_final(run, resumed, "model.safetensors", "value.safetensors")
 
 
+def test_ppo_with_lora_under_zero3_scores_with_a_sharded_reward_model(tmp_path: Path) -> None:
+    """LoRA policy under ZeRO-3 on 2 CPU ranks, scored by a trained reward model that runs as the second
+    (inference) ZeRO-3 engine: the reference is the adapter-free policy (KL 0 at first), the scores are
+    real-valued, and the gathered adapter is trained."""
+    reward_model = tmp_path / "rm"
+    hydratune(reward_model, "recipe=reward", "train.max_steps=2", "train.save_every=0")
+    run = tmp_path / "ppo"
+    common = [p for p in PPO if "reward._target_" not in p]
+    hydratune(run, *common, "strategy=zero3", "peft=lora", f"recipe.reward.model={reward_model}",
+              "recipe.num_iterations=3")  # fmt: skip
+    assert result(run)["run"]["live strategy"] == "DEEPSPEED, ZeRO stage 3, 2 process(es)"
+    done = records(run)
+    assert [r["step"] for r in done] == [1, 2, 3] and abs(done[0]["kl"]) < 1e-4
+    assert all(r["reward/std"] > 0 and math.isfinite(r["reward/mean"]) for r in done)  # model scores, not 0/1
+    adapter = load_file(run / "final" / "adapter_model.safetensors")
+    assert any(float(t.abs().sum()) > 0 for n, t in adapter.items() if "lora_B" in n)  # gathered, trained
+
+
 def assert_sharded_ppo_run(run: Path, iterations: int) -> None:
     """One record per iteration; KL 0 at first (the reference is the initial policy), then > 0.1; the
     final weights gathered (not empty shards), loadable, the value head trained."""
