@@ -151,7 +151,7 @@ def warnings_for(cfg: DictConfig, comps: Components, device: str = "cpu") -> lis
     notes = []
     try:
         config = comps.model.load_config()
-        trained = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None))
+        trained = str(getattr(config, "dtype", None))  # transformers 5: torch_dtype is a deprecated alias
     except Exception:  # no config reachable offline: nothing to compare with
         trained = None
     overflow = comps.precision.warn_model_dtype(trained, device)

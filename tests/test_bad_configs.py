@@ -110,3 +110,16 @@ def test_invalid_config_fails_at_compose(compose_cfg, overrides: list[str], need
 
 def test_matrix_has_at_least_thirty_cases() -> None:
     assert len(AFTER_COMPOSE) + len(AT_COMPOSE) >= 30
+
+
+def test_fp16_on_a_model_trained_in_bf16_is_warned(compose_cfg, monkeypatch) -> None:
+    from transformers import LlamaConfig
+
+    from components.checks import warnings_for
+
+    cfg = compose_cfg("precision=fp16")
+    comps = Components.from_config(cfg)
+    monkeypatch.setattr(type(comps.model), "load_config", lambda self: LlamaConfig(dtype="bfloat16"))
+    assert any("trained in bf16" in note for note in warnings_for(cfg, comps, "cuda"))
+    monkeypatch.setattr(type(comps.model), "load_config", lambda self: LlamaConfig(dtype="float32"))
+    assert not any("trained in bf16" in note for note in warnings_for(cfg, comps, "cuda"))
