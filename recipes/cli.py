@@ -219,6 +219,11 @@ def _main(args: list[str]) -> None:
 
             print(render())
             return
+        if "--help" in args or "-h" in args:
+            from components.catalog import help_text
+
+            print(help_text())
+            return
         if args and args[0] == "report":
             from components.report import write_report
 

@@ -55,6 +55,18 @@ def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
     assert "micro_batch_size" in proc.stdout
 
 
+def test_help_lists_usage_and_every_group_but_no_schemas(capsys) -> None:
+    from components.catalog import catalog
+    from recipes.cli import main
+
+    main(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("hydratune:") and "hydratune estimate" in out and "--hydra-help" in out
+    for group, options in catalog().items():
+        assert f"  {group}: {', '.join(options)}" in out
+    assert "schema/" not in out  # the structured-config schemas are not options
+
+
 def test_plan_mode_checks_without_training(tmp_path: Path) -> None:
     proc = hydratune("mode=plan", "peft=lora", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
