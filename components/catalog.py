@@ -26,14 +26,17 @@ def catalog(conf: Path = CONF) -> dict[str, dict[str, str]]:
     }
 
 
+def ordered_groups(cat: dict[str, dict[str, str]]) -> list[str]:
+    """The groups of ``cat`` as listed to users: recipes first, then the others sorted, experiments last."""
+    order = ["recipe", *sorted(g for g in cat if g not in ("recipe", "experiment")), "experiment"]
+    return [group for group in order if group in cat]
+
+
 def render(conf: Path = CONF) -> str:
     """A plain-text listing: recipes first, then the groups, experiments last."""
     cat = catalog(conf)
-    order = ["recipe", *sorted(g for g in cat if g not in ("recipe", "experiment")), "experiment"]
     lines = []
-    for group in order:
-        if group not in cat:
-            continue
+    for group in ordered_groups(cat):
         lines.append(f"{group}:" if group != "experiment" else "experiment:  (use with +experiment=<name>)")
         width = max((len(o) for o in cat[group]), default=0)
         lines += [f"  {opt:<{width}}  {desc}" for opt, desc in cat[group].items()]
@@ -64,6 +67,5 @@ def help_text(conf: Path = CONF) -> str:
     """``hydratune --help``: usage and the groups' options, from the conf folder alone (Hydra's own
     help composes every group, schemas included: ~2 s)."""
     cat = catalog(conf)
-    order = ["recipe", *sorted(g for g in cat if g not in ("recipe", "experiment")), "experiment"]
-    rows = [f"  {group}: {', '.join(cat[group])}" for group in order if group in cat]
+    rows = [f"  {group}: {', '.join(cat[group])}" for group in ordered_groups(cat)]
     return USAGE + "\n".join(rows) + "\n\nexamples, the run dir and every knob: README.md"

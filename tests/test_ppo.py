@@ -181,6 +181,18 @@ FAST_PPO = [
 ]
 
 
+PER_ITERATION = (
+    "reward/mean",
+    "kl",
+    "loss/policy",
+    "loss/value",
+    "clipfrac/policy",
+    "clipfrac/value",
+    "entropy",
+    "response_length",
+)
+
+
 def test_ppo_raises_the_reward(run_recipe) -> None:
     ctx, _ = run_recipe(
         *FAST_PPO,
@@ -196,19 +208,7 @@ def test_ppo_raises_the_reward(run_recipe) -> None:
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.3, rewards  # measured: -0.88 -> -0.16 (seed 42)
     assert all(math.isfinite(r["kl"]) and math.isfinite(r["loss"]) for r in records)
-    for key in (
-        "reward/std",
-        "kl_coef",
-        "loss/policy",
-        "loss/value",
-        "clipfrac/policy",
-        "clipfrac/value",
-        "entropy",
-        "response_length",
-        "eos_fraction",
-        "approx_kl",
-        "lr",
-    ):
+    for key in (*PER_ITERATION, "reward/std", "kl_coef", "eos_fraction", "approx_kl", "lr"):
         assert key in records[-1], key
     run = ctx.run_dir.path
     assert (run / "final" / "model.safetensors").is_file() and (run / "final" / "value.safetensors").is_file()
@@ -351,18 +351,6 @@ def test_ppo_is_deterministic_on_cpu(run_recipe) -> None:
         return [{k: v for k, v in r.items() if k != "time"} for r in ctx.run_dir.read_metrics()]
 
     assert metrics("a") == metrics("b")
-
-
-PER_ITERATION = (
-    "reward/mean",
-    "kl",
-    "loss/policy",
-    "loss/value",
-    "clipfrac/policy",
-    "clipfrac/value",
-    "entropy",
-    "response_length",
-)
 
 
 def test_ppo_metrics_reach_the_configured_trackers(run_recipe) -> None:
