@@ -177,14 +177,27 @@ def assistant_spans(
             continue
         header = _render(tokenizer, messages[:i], label, True, tools)
         turn = _render(tokenizer, messages[: i + 1], label, False, tools)
-        checks = ((header, turn, "with its header"), (turn, full, "in the full rendering"))
+        checks = (
+            (
+                header,
+                turn,
+                f"the generation prompt before assistant turn {i} is not a prefix of the "
+                "conversation rendered through that turn",
+            ),
+            (
+                turn,
+                full,
+                f"the conversation rendered through assistant turn {i} is not a prefix of the "
+                "whole conversation's rendering",
+            ),
+        )
         for shorter, longer, what in checks:
             if not longer.startswith(shorter):
                 raise ConfigError(
-                    f"the chat template ({label}) is not prefix-preserving: the conversation up to assistant "
-                    f"turn {i} renders differently {what} ({_divergence(shorter, longer)}); it re-renders "
-                    "earlier turns (e.g. drops reasoning or tool calls, or renders the last assistant turn "
-                    "differently), so the tokens each assistant turn adds are not defined",
+                    f"the chat template ({label}) is not prefix-preserving: {what} "
+                    f"({_divergence(shorter, longer)}); it renders turns differently once more follow (e.g. "
+                    "drops reasoning or tool calls, or renders the last assistant turn differently), so the "
+                    "tokens each assistant turn adds are not defined",
                     key=KEY,
                     hint=WAY_OUT,
                 )
