@@ -289,6 +289,7 @@ def pretokenize(dataset: Any, tokenizer: Any, *, label: str) -> Any:
 
     has_tools = "tools" in dataset.column_names
     ids, masks = [], []
+    unaligned = 0
     for row, example in enumerate(dataset):
         try:
             m = mask_conversation(
@@ -298,6 +299,14 @@ def pretokenize(dataset: Any, tokenizer: Any, *, label: str) -> Any:
             raise ConfigError(f"row {row}: {err.args[0]}", key=err.key, hint=err.hint) from None
         ids.append(m.input_ids)
         masks.append(m.assistant_masks)
+        unaligned += not m.aligned
+    if unaligned:
+        log.warning(
+            "%d of %d conversations have an assistant turn whose first or last token also holds template "
+            "text (a token spans the boundary); that token is trained",
+            unaligned,
+            len(ids),
+        )
     features = Features({"input_ids": Sequence(Value("int64")), "assistant_masks": Sequence(Value("int8"))})
     return Dataset.from_dict({"input_ids": ids, "assistant_masks": masks}, features=features)
 

@@ -1,6 +1,7 @@
 """Supervised fine-tuning on TRL's SFTTrainer.
 
-tokenizer → data (checked, length policy) → model (+ PEFT) → trainer → train or resume → evaluate →
+tokenizer → data (checked, length policy) → assistant-only mask (TRL's, or hydratune's turn-by-turn one for
+templates without {% generation %} markers) → model (+ PEFT) → trainer → train or resume → evaluate →
 save → report. Everything but the trainer's own knobs comes from the shared components.
 """
 
