@@ -100,8 +100,10 @@ def resolve_chat_template(value: str) -> tuple[str, str]:
     )
 
 
-def template_label(template: str | None, model: str = "") -> str:
+def template_label(template: str | dict[str, str] | None, model: str = "") -> str:
     """A name for error messages and the summary: the known name the text matches, else its first line."""
+    if isinstance(template, dict):  # named variants: the default one is used
+        template = template.get("default")
     if not template:
         return "none"
     for name, text in BUILTIN.items():
