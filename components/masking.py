@@ -7,7 +7,19 @@ from typing import Any
 from components.errors import ConfigError
 
 IGNORE = -100
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>")
+END_OF_TURN_TOKENS = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "</s>",
+    "<|endoftext|>",
+    "<turn|>",  # Gemma 4
+    "<|END_OF_TURN_TOKEN|>",  # Cohere
+    "<|eot|>",
+    "<|return|>",  # GPT-OSS
+    "<end_of_utterance>",  # Idefics3 / SmolVLM
+)
 
 
 def stop_token_ids(tokenizer: Any) -> set[int]:

@@ -47,7 +47,7 @@ class CausalLM:
     attn_implementation: str = "auto"  # see ATTN_IMPLEMENTATIONS
     dtype: str = "auto"  # weight dtype at load; auto = float32 master weights (mixed precision autocasts)
     gradient_checkpointing: bool = False
-    chat_template: str | None = None  # a .jinja file or template text replacing the tokenizer's
+    chat_template: str | None = None  # a name (chatml, llama3_2, ...), a .jinja file or template text
     padding_side: str = "right"  # for training; generation always pads left
     liger: bool | None = None  # Liger Triton kernels (RMSNorm, SwiGLU, RoPE); None = on CUDA if installed
     compile: bool = False  # torch.compile the model (the first steps pay the compile time)
@@ -80,6 +80,10 @@ class CausalLM:
                 key="model.compile_mode",
                 hint=f"one of {', '.join(COMPILE_MODES)}",
             )
+        if self.chat_template:
+            from components.chat_template import resolve_chat_template
+
+            resolve_chat_template(self.chat_template)  # an unknown name or a missing file fails here
         if self.padding_side not in ("left", "right"):
             raise ConfigError("padding_side must be left or right", key="model.padding_side")
         if self.is_local and not Path(self.name_or_path).expanduser().is_dir():

@@ -129,14 +129,23 @@ class RunDir:
         plt.close(fig)
         return out
 
-    def write_summary(self, title: str, sections: Iterable[tuple[str, dict[str, Any]]]) -> Path:
-        """``summary.md``: one markdown table per section."""
+    def write_summary(
+        self, title: str, sections: Iterable[tuple[str, dict[str, Any] | list[dict[str, Any]]]]
+    ) -> Path:
+        """``summary.md``: one markdown table per section: key | value rows for a dict, one column per key
+        for a list of dicts (e.g. the loss mask's segments)."""
         lines = [f"# {title}", ""]
         for heading, rows in sections:
             if not rows:
                 continue
-            lines += [f"## {heading}", "", "| | |", "| --- | --- |"]
-            lines += [f"| {k} | {_fmt(v)} |" for k, v in rows.items()]
+            lines += [f"## {heading}", ""]
+            if isinstance(rows, list):
+                columns = list(rows[0])
+                lines += ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+                lines += ["| " + " | ".join(_fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+            else:
+                lines += ["| | |", "| --- | --- |"]
+                lines += [f"| {k} | {_fmt(v)} |" for k, v in rows.items()]
             lines.append("")
         out = self.path / "summary.md"
         out.write_text("\n".join(lines))

@@ -8,10 +8,22 @@ SIGTERM/SIGINT), evaluates, saves and reports.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from components.callbacks import FirstStepTimer, MetricsCallback, NonFiniteLossGuard, RichProgressCallback
+from components.chat_template import (
+    HYDRATUNE,
+    choose_method,
+    default_template,
+    is_conversational,
+    mask_segments,
+    preflight_trl,
+    pretokenize,
+    resolve_chat_template,
+    template_label,
+)
 from components.checkpoint import checkpoints_in, resolve_resume, save_final
 from components.errors import Interrupted
 from components.evaluation import evaluate_generations
@@ -21,6 +33,8 @@ from components.model import describe_dtypes, upcast_trainable
 from components.peft import trainable_summary
 from components.run import RunContext, peak_memory_gb
 from components.startup import training_starts
+
+log = logging.getLogger("hydratune")
 
 
 @dataclass
@@ -74,7 +88,46 @@ class Session:
             data = enforce(data, self.tokenizer)
         self.report["data"] = {"train rows": len(data["train"]), "eval rows": len(data["eval"])}
         self.report["data"].update(getattr(data_component, "stats", {}) or {})
+        if len(data["train"]) and is_conversational(data["train"][0]):
+            self._ensure_chat_template()
         return data
+
+    def _ensure_chat_template(self) -> None:
+        """Conversational data needs a chat template: a tokenizer without one gets the documented default
+        (ChatML when its tokens are in the vocabulary, else ``plain``), logged and reported."""
+        model = self.ctx.components.model.name_or_path
+        if self.tokenizer.chat_template:
+            self.report["run"]["chat template"] = self._template_label()
+            return
+        self.tokenizer.chat_template, name = default_template(self.tokenizer)
+        log.warning(
+            "the tokenizer of %s has no chat template: using %s (set model.chat_template to choose)",
+            model,
+            name,
+        )
+        self.report["run"]["chat template"] = f"{name} (default: the tokenizer has none)"
+
+    def _template_label(self) -> str:
+        """The template as the user named it (model.chat_template), else by its known name or first line."""
+        model = self.ctx.components.model
+        if model.chat_template:
+            return resolve_chat_template(model.chat_template)[1]
+        return template_label(self.tokenizer.chat_template, model.name_or_path)
+
+    def mask_assistant_turns(self, data: Any) -> tuple[Any, bool]:
+        """Assistant-only loss, decided before the model loads: ``(data, whether TRL masks it)``.
+
+        TRL masks when the template has ``{% generation %}`` markers or TRL patches it; otherwise the splits
+        become pre-tokenized ``input_ids`` + ``assistant_masks`` rows from hydratune's turn-by-turn mask,
+        which fails here (ConfigError) for a template that is not prefix-preserving."""
+        label = self._template_label()
+        method, trl_template = choose_method(self.tokenizer)
+        self.report.setdefault("loss mask", {})["method"] = method
+        if method != HYDRATUNE:
+            preflight_trl(self.tokenizer, data["train"][:8]["messages"], trl_template, label)
+            return data, True
+        log.info("assistant-only loss: %s (template: %s)", method, label)
+        return {name: pretokenize(split, self.tokenizer, label=label) for name, split in data.items()}, False
 
     def build_model(self, task: str = "causal_lm") -> Any:
         """The model with quantization and PEFT applied, no KV cache while training.
@@ -165,9 +218,16 @@ class Session:
             path.write_text("".join(json.dumps(s) + "\n" for s in result["samples"]))
 
     def check_loss_mask(self, dataset: Any, *, masked: bool) -> None:
+        """Fail on a mask that trains nothing, everything or never the stop token; report its stats and the
+        first training example as trained / untrained segments."""
         stats = label_mask_stats(dataset, stop_token_ids(self.tokenizer))
         check_label_mask(stats, masked=masked)
-        self.report["loss mask"] = stats
+        self.report.setdefault("loss mask", {}).update(stats)
+        if len(dataset) and "labels" in dataset.column_names:
+            first = dataset[0]
+            self.report["loss mask: first training example"] = mask_segments(
+                self.tokenizer, first["input_ids"], first["labels"]
+            )
 
     def probe(self, trainer: Any, probes: dict[str, Any], when: str) -> None:
         """Evaluate the trainer on extra datasets (e.g. training pairs) and keep the metrics."""

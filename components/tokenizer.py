@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from components.chat_template import resolve_chat_template
 from components.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -24,7 +24,8 @@ def build_tokenizer(
     - A pad token always exists: the tokenizer's own, else a dedicated pad-like special token from its
       vocabulary, else EOS (labels of padding are masked by length, so EOS is still learned).
     - ``padding_side`` is right for training; generation code switches to left locally.
-    - ``chat_template`` (a .jinja path or the template text) replaces the tokenizer's and is saved with it.
+    - ``chat_template`` (a name such as ``chatml`` or ``llama3_2``, a .jinja path or the template text; see
+      ``components.chat_template``) replaces the tokenizer's and is saved with it.
     """
     from transformers import AutoTokenizer
 
@@ -39,8 +40,7 @@ def build_tokenizer(
             hint="point model.tokenizer (or model.name_or_path) at a local dir holding tokenizer files",
         ) from None
     if chat_template:
-        path = Path(chat_template).expanduser()
-        tok.chat_template = path.read_text() if path.suffix == ".jinja" and path.is_file() else chat_template
+        tok.chat_template = resolve_chat_template(chat_template)[0]
     if tok.pad_token is None:
         candidates = [t for t in ("<|pad|>", "<pad>", "<|finetune_right_pad_id|>") if t in tok.get_vocab()]
         tok.pad_token = candidates[0] if candidates else tok.eos_token

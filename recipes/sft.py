@@ -1,6 +1,7 @@
 """Supervised fine-tuning on TRL's SFTTrainer.
 
-tokenizer → data (checked, length policy) → model (+ PEFT) → trainer → train or resume → evaluate →
+tokenizer → data (checked, length policy) → assistant-only mask (TRL's, or hydratune's turn-by-turn one for
+templates without {% generation %} markers) → model (+ PEFT) → trainer → train or resume → evaluate →
 save → report. Everything but the trainer's own knobs comes from the shared components.
 """
 
@@ -51,6 +52,9 @@ class SFT:
         data = session.load_data()
         conversational = "messages" in data["train"].column_names
         masked = self.assistant_only_loss and conversational
+        # TRL's {% generation %} masks, or hydratune's turn-by-turn mask for any other template (pre-tokenized
+        # rows whose assistant_masks TRL folds into labels): decided, and failed if need be, before the model
+        data, trl_masks = session.mask_assistant_turns(data) if masked else (data, False)
         model = session.build_model()
         session.evaluate_generations(c.data.prompts("eval")[: ctx.train.eval_generations], "before")
         extra: dict[str, Any] = {}
@@ -59,7 +63,7 @@ class SFT:
 
         args = SFTConfig(
             **ctx.training_args(
-                assistant_only_loss=masked,
+                assistant_only_loss=trl_masks,
                 completion_only_loss=self.completion_only_loss,
                 loss_type=self.loss_type,
                 max_length=c.data.max_length,
