@@ -13,8 +13,9 @@ from typing import Any
 
 from components.callbacks import FirstStepTimer, MetricsCallback, NonFiniteLossGuard, RichProgressCallback
 from components.checkpoint import checkpoints_in, resolve_resume, save_final
+from components.dataprep import prepare_data
 from components.errors import Interrupted
-from components.evaluation import evaluate_generations
+from components.evaluation import EvalPrompt, evaluate_generations
 from components.interrupt import GracefulInterrupt
 from components.masking import check_label_mask, label_mask_stats, stop_token_ids
 from components.model import describe_dtypes, upcast_trainable
@@ -29,7 +30,7 @@ class Session:
     tokenizer: Any
     model: Any = None
     report: dict[str, dict[str, Any]] = field(default_factory=dict)
-    eval_prompts: list[tuple[list[dict[str, str]], str]] = field(default_factory=list)
+    eval_prompts: list[EvalPrompt] = field(default_factory=list)  # tokenized in load_data, pre-model
     interrupt: GracefulInterrupt = field(default_factory=GracefulInterrupt)
     first_step: FirstStepTimer = field(default_factory=FirstStepTimer)
 
@@ -65,16 +66,12 @@ class Session:
         return session
 
     def load_data(self) -> Any:
-        """The data component's train/eval splits, length policy applied; empty data fails here,
-        before any model is loaded."""
-        data_component = self.ctx.components.data
-        data = data_component.load()
-        enforce = getattr(data_component, "enforce_length", None)
-        if callable(enforce):
-            data = enforce(data, self.tokenizer)
-        self.report["data"] = {"train rows": len(data["train"]), "eval rows": len(data["eval"])}
-        self.report["data"].update(getattr(data_component, "stats", {}) or {})
-        return data
+        """The data component's train/eval splits, length policy applied, and the eval prompts for
+        generation tokenized under the same policy; bad or empty data fails here, before any model loads."""
+        prepared = prepare_data(self.ctx.components.data, self.tokenizer, self.ctx.train.eval_generations)
+        self.eval_prompts = prepared.prompts
+        self.report["data"] = prepared.notes
+        return prepared.splits
 
     def build_model(self, task: str = "causal_lm") -> Any:
         """The model with quantization and PEFT applied, no KV cache while training.
@@ -148,16 +145,15 @@ class Session:
             **extra,
         )
 
-    def evaluate_generations(self, prompts: list[tuple[list[dict[str, str]], str]], when: str) -> None:
-        """Exact-match accuracy of greedy answers to ``prompts``; kept for the summary."""
-        if not prompts:
+    def evaluate_generations(self, when: str) -> None:
+        """Exact-match accuracy of greedy answers to the eval prompts (see ``load_data``), for the summary."""
+        if not self.eval_prompts:
             return
         if self.ctx.components.strategy.shards_parameters:  # each rank holds a shard: no lone generate()
             self.report.setdefault("eval accuracy (exact match)", {})[when] = "skipped (sharded parameters)"
             return
-        self.eval_prompts = prompts
         result = evaluate_generations(
-            self.model, self.tokenizer, prompts, max_new_tokens=self.ctx.train.max_new_tokens
+            self.model, self.tokenizer, self.eval_prompts, max_new_tokens=self.ctx.train.max_new_tokens
         )
         self.report.setdefault("eval accuracy (exact match)", {})[when] = result["exact_match"]
         if when == "after":
@@ -232,7 +228,7 @@ class Session:
         if not trainer.is_world_process_zero():
             return metrics
         self.probe(trainer, probes, "after")
-        self.evaluate_generations(self.eval_prompts, "after")
+        self.evaluate_generations("after")
         self.report["outputs"] = save_final(
             trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge, state_dict=state_dict
         )
@@ -270,7 +266,7 @@ class Session:
         self.ctx.record_rank_weights(model)
         if not self.ctx.is_main_process:  # rank 0 writes the run dir
             return metrics
-        self.evaluate_generations(self.eval_prompts, "after")
+        self.evaluate_generations("after")
         gathered = gathered or {}
         self.report["outputs"] = save_final(
             model,

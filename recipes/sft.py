@@ -52,7 +52,7 @@ class SFT:
         conversational = "messages" in data["train"].column_names
         masked = self.assistant_only_loss and conversational
         model = session.build_model()
-        session.evaluate_generations(c.data.prompts("eval")[: ctx.train.eval_generations], "before")
+        session.evaluate_generations("before")
         extra: dict[str, Any] = {}
         if uses_padding_free(c):  # one flattened row per micro-batch; components.sync counts all its tokens
             extra["data_collator"] = padding_free_collator(session.tokenizer, model)
