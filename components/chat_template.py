@@ -348,6 +348,25 @@ def preflight_trl(tokenizer: Any, conversations: list[Messages], template: str |
             ) from None
 
 
+def check_assistant_mask(tokenizer: Any, conversations: list[Messages], label: str) -> str:
+    """How training will mask assistant turns with this tokenizer's template, checked on ``conversations``
+    (a ConfigError for a template that cannot be masked): decided once, before the model loads, by the SFT
+    recipe and by ``mode=plan`` alike. Returns the method."""
+    method, trl_template = choose_method(tokenizer)
+    if method == HYDRATUNE:
+        check_template(tokenizer, conversations, label=label)
+    else:
+        preflight_trl(tokenizer, conversations, trl_template, label)
+    return method
+
+
+def label_for(model: Any, tokenizer: Any) -> str:
+    """The template as the user named it (``model.chat_template``), else by its known name or first line."""
+    if model.chat_template:
+        return resolve_chat_template(model.chat_template)[1]
+    return template_label(tokenizer.chat_template, model.name_or_path)
+
+
 # ---- the summary's view of one example -----------------------------------------------------------
 def mask_segments(
     tokenizer: Any, input_ids: list[int], labels: list[int], *, max_segments: int = 24, max_chars: int = 100

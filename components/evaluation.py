@@ -1,11 +1,31 @@
-"""Generation-based evaluation: greedy answers to eval prompts, scored by exact match."""
+"""Generation-based evaluation: greedy answers to eval prompts, scored by exact match.
+
+Eval prompts are tokenized once, before the model loads (``eval_prompts``), with the same length policy
+as the training rows, so one overlong eval row cannot allocate a 100k-token generation later.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from components.errors import ConfigError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+Pair = tuple[list[dict[str, str]], str]  # (conversation up to the answer, reference answer)
+
+
+@dataclass(frozen=True)
+class EvalPrompt:
+    """One eval prompt, rendered with the generation prompt and tokenized; ``truncated`` when its start
+    was cut to fit the length limit."""
+
+    ids: list[int]
+    answer: str
+    question: str  # the last turn's text, shown in generations.jsonl
+    truncated: bool = False
 
 
 def normalise(text: str) -> str:
@@ -13,42 +33,85 @@ def normalise(text: str) -> str:
     return " ".join(text.strip().split()).lower()
 
 
+def eval_pairs(data_component: Any, splits: Any) -> list[Pair]:
+    """(conversation, answer) per eval row: a chat dataset's ``prompts()``, or ``prompt`` + ``answer``
+    columns (on-policy RL data); ``[]`` when the eval rows have no reference answer."""
+    prompts = getattr(data_component, "prompts", None)
+    if callable(prompts):
+        return prompts("eval")
+    table = splits["eval"]
+    if not {"prompt", "answer"} <= set(table.column_names):
+        return []
+    return list(zip(table["prompt"], table["answer"], strict=True))
+
+
+def eval_prompts(
+    pairs: list[Pair],
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    max_length: int,
+    on_overlong: str = "truncate",
+    key: str = "data.max_length",
+) -> tuple[list[EvalPrompt], dict[str, int]]:
+    """Tokenize ``pairs`` with the chat template's generation prompt and apply ``on_overlong`` to prompts
+    longer than ``max_length`` tokens: ``truncate`` keeps their last ``max_length`` tokens (the question
+    and the generation prompt, as PPO's rollouts do), ``drop`` leaves them out, ``error`` names the first.
+    Returns the prompts and the counts of what was cut or dropped (for the summary)."""
+    out: list[EvalPrompt] = []
+    counts: dict[str, int] = {}
+    for i, (conversation, answer) in enumerate(pairs):
+        text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        question = conversation[-1]["content"] if conversation else ""
+        if len(ids) <= max_length:
+            out.append(EvalPrompt(ids, answer, question))
+            continue
+        if on_overlong == "error":
+            raise ConfigError(
+                f"eval prompt {i} has {len(ids)} tokens > {key}={max_length}",
+                key=key,
+                hint=f"raise {key}, or set data.on_overlong=truncate or drop",
+            )
+        reason = "eval prompts dropped (too long)" if on_overlong == "drop" else "eval prompts truncated"
+        counts[reason] = counts.get(reason, 0) + 1
+        if on_overlong != "drop":
+            out.append(EvalPrompt(ids[-max_length:], answer, question, truncated=True))
+    return out, counts
+
+
 def generate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    conversations: list[list[dict[str, str]]],
+    prompts: list[list[int]],
     *,
     max_new_tokens: int = 32,
     batch_size: int = 16,
 ) -> list[str]:
-    """Greedy completions of chat prompts, left-padded, stopping at EOS."""
+    """Greedy completions of tokenized prompts, left-padded, stopping at EOS."""
     import torch
 
     was_training = model.training
     model.eval()
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
     device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     outputs: list[str] = []
     try:
-        for start in range(0, len(conversations), batch_size):
-            texts = [
-                tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
-                for conv in conversations[start : start + batch_size]
-            ]
-            batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start : start + batch_size]
+            width = max(len(ids) for ids in chunk)
+            input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chunk], device=device)
+            mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk], device=device)
             with torch.no_grad():
                 ids = model.generate(
-                    **batch,
+                    input_ids=input_ids,
+                    attention_mask=mask,
                     max_new_tokens=max_new_tokens,
                     do_sample=False,
-                    pad_token_id=tokenizer.pad_token_id,
+                    pad_token_id=pad,
                     eos_token_id=tokenizer.eos_token_id,
                 )
-            new = ids[:, batch["input_ids"].shape[1] :]
-            outputs += tokenizer.batch_decode(new, skip_special_tokens=True)
+            outputs += tokenizer.batch_decode(ids[:, width:], skip_special_tokens=True)
     finally:
-        tokenizer.padding_side = side
         model.train(was_training)
     return outputs
 
@@ -64,16 +127,16 @@ def exact_match(predictions: list[str], answers: list[str]) -> float:
 def evaluate_generations(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: list[tuple[list[dict[str, str]], str]],
+    prompts: list[EvalPrompt],
     *,
     max_new_tokens: int = 32,
 ) -> dict[str, Any]:
     """Exact-match accuracy and the samples themselves (prompt, answer, prediction)."""
-    conversations = [conv for conv, _ in prompts]
-    answers = [ans for _, ans in prompts]
-    preds = generate(model, tokenizer, conversations, max_new_tokens=max_new_tokens)
+    answers = [p.answer for p in prompts]
+    preds = generate(model, tokenizer, [p.ids for p in prompts], max_new_tokens=max_new_tokens)
     samples = [
-        {"prompt": conv[-1]["content"], "answer": ans, "prediction": pred}
-        for conv, ans, pred in zip(conversations, answers, preds, strict=True)
+        {"prompt": p.question, "answer": p.answer, "prediction": pred}
+        | ({"prompt_truncated": True} if p.truncated else {})
+        for p, pred in zip(prompts, preds, strict=True)
     ]
     return {"exact_match": exact_match(preds, answers), "samples": samples}

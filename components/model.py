@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,8 +95,9 @@ class CausalLM:
     @property
     def is_local(self) -> bool:
         """True when ``name_or_path`` names a local path rather than a hub id."""
-        p = self.name_or_path
-        return p.startswith(("/", ".", "~")) or os.path.isdir(os.path.expanduser(p))
+        from components.hub import is_local
+
+        return is_local(self.name_or_path)
 
     def load_config(self) -> PretrainedConfig:
         """The architecture config, offline when the YAML carries the numbers."""

@@ -13,20 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.callbacks import FirstStepTimer, MetricsCallback, NonFiniteLossGuard, RichProgressCallback
-from components.chat_template import (
-    HYDRATUNE,
-    choose_method,
-    default_template,
-    is_conversational,
-    mask_segments,
-    preflight_trl,
-    pretokenize,
-    resolve_chat_template,
-    template_label,
-)
+from components.chat_template import HYDRATUNE, check_assistant_mask, label_for, mask_segments, pretokenize
 from components.checkpoint import checkpoints_in, resolve_resume, save_final
+from components.dataprep import prepare_data
 from components.errors import Interrupted
-from components.evaluation import evaluate_generations
+from components.evaluation import EvalPrompt, evaluate_generations
 from components.interrupt import GracefulInterrupt
 from components.masking import check_label_mask, label_mask_stats, stop_token_ids
 from components.model import describe_dtypes, upcast_trainable
@@ -43,7 +34,7 @@ class Session:
     tokenizer: Any
     model: Any = None
     report: dict[str, dict[str, Any]] = field(default_factory=dict)
-    eval_prompts: list[tuple[list[dict[str, str]], str]] = field(default_factory=list)
+    eval_prompts: list[EvalPrompt] = field(default_factory=list)  # tokenized in load_data, pre-model
     interrupt: GracefulInterrupt = field(default_factory=GracefulInterrupt)
     first_step: FirstStepTimer = field(default_factory=FirstStepTimer)
 
@@ -79,40 +70,26 @@ class Session:
         return session
 
     def load_data(self) -> Any:
-        """The data component's train/eval splits, length policy applied; empty data fails here,
-        before any model is loaded."""
-        data_component = self.ctx.components.data
-        data = data_component.load()
-        enforce = getattr(data_component, "enforce_length", None)
-        if callable(enforce):
-            data = enforce(data, self.tokenizer)
-        self.report["data"] = {"train rows": len(data["train"]), "eval rows": len(data["eval"])}
-        self.report["data"].update(getattr(data_component, "stats", {}) or {})
-        if len(data["train"]) and is_conversational(data["train"][0]):
-            self._ensure_chat_template()
-        return data
+        """The data component's train/eval splits, length policy applied, and the eval prompts for
+        generation tokenized under the same policy; bad or empty data fails here, before any model loads.
+        A tokenizer without a chat template gets the documented default for conversational data."""
+        prepared = prepare_data(self.ctx.components.data, self.tokenizer, self.ctx.train.eval_generations)
+        self.eval_prompts = prepared.prompts
+        self.report["data"] = prepared.notes
+        self._report_chat_template(prepared.default_template)
+        return prepared.splits
 
-    def _ensure_chat_template(self) -> None:
-        """Conversational data needs a chat template: a tokenizer without one gets the documented default
-        (ChatML when its tokens are in the vocabulary, else ``plain``), logged and reported."""
-        model = self.ctx.components.model.name_or_path
-        if self.tokenizer.chat_template:
-            self.report["run"]["chat template"] = self._template_label()
-            return
-        self.tokenizer.chat_template, name = default_template(self.tokenizer)
-        log.warning(
-            "the tokenizer of %s has no chat template: using %s (set model.chat_template to choose)",
-            model,
-            name,
-        )
-        self.report["run"]["chat template"] = f"{name} (default: the tokenizer has none)"
-
-    def _template_label(self) -> str:
-        """The template as the user named it (model.chat_template), else by its known name or first line."""
-        model = self.ctx.components.model
-        if model.chat_template:
-            return resolve_chat_template(model.chat_template)[1]
-        return template_label(self.tokenizer.chat_template, model.name_or_path)
+    def _report_chat_template(self, default: str | None) -> None:
+        """Name the chat template in the summary; warn when it is the default (the tokenizer had none)."""
+        if default:
+            log.warning(
+                "the tokenizer of %s has no chat template: using %s (set model.chat_template to choose)",
+                self.ctx.components.model.name_or_path,
+                default,
+            )
+            self.report["run"]["chat template"] = f"{default} (default: the tokenizer has none)"
+        elif self.tokenizer.chat_template:
+            self.report["run"]["chat template"] = label_for(self.ctx.components.model, self.tokenizer)
 
     def mask_assistant_turns(self, data: Any) -> tuple[Any, bool]:
         """Assistant-only loss, decided before the model loads: ``(data, whether TRL masks it)``.
@@ -120,11 +97,10 @@ class Session:
         TRL masks when the template has ``{% generation %}`` markers or TRL patches it; otherwise the splits
         become pre-tokenized ``input_ids`` + ``assistant_masks`` rows from hydratune's turn-by-turn mask,
         which fails here (ConfigError) for a template that is not prefix-preserving."""
-        label = self._template_label()
-        method, trl_template = choose_method(self.tokenizer)
+        label = label_for(self.ctx.components.model, self.tokenizer)
+        method = check_assistant_mask(self.tokenizer, data["train"][:8]["messages"], label)
         self.report.setdefault("loss mask", {})["method"] = method
         if method != HYDRATUNE:
-            preflight_trl(self.tokenizer, data["train"][:8]["messages"], trl_template, label)
             return data, True
         log.info("assistant-only loss: %s (template: %s)", method, label)
         return {name: pretokenize(split, self.tokenizer, label=label) for name, split in data.items()}, False
@@ -201,16 +177,15 @@ class Session:
             **extra,
         )
 
-    def evaluate_generations(self, prompts: list[tuple[list[dict[str, str]], str]], when: str) -> None:
-        """Exact-match accuracy of greedy answers to ``prompts``; kept for the summary."""
-        if not prompts:
+    def evaluate_generations(self, when: str) -> None:
+        """Exact-match accuracy of greedy answers to the eval prompts (see ``load_data``), for the summary."""
+        if not self.eval_prompts:
             return
         if self.ctx.components.strategy.shards_parameters:  # each rank holds a shard: no lone generate()
             self.report.setdefault("eval accuracy (exact match)", {})[when] = "skipped (sharded parameters)"
             return
-        self.eval_prompts = prompts
         result = evaluate_generations(
-            self.model, self.tokenizer, prompts, max_new_tokens=self.ctx.train.max_new_tokens
+            self.model, self.tokenizer, self.eval_prompts, max_new_tokens=self.ctx.train.max_new_tokens
         )
         self.report.setdefault("eval accuracy (exact match)", {})[when] = result["exact_match"]
         if when == "after":
@@ -292,7 +267,7 @@ class Session:
         if not trainer.is_world_process_zero():
             return metrics
         self.probe(trainer, probes, "after")
-        self.evaluate_generations(self.eval_prompts, "after")
+        self.evaluate_generations("after")
         self.report["outputs"] = save_final(
             trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge, state_dict=state_dict
         )
@@ -330,7 +305,7 @@ class Session:
         self.ctx.record_rank_weights(model)
         if not self.ctx.is_main_process:  # rank 0 writes the run dir
             return metrics
-        self.evaluate_generations(self.eval_prompts, "after")
+        self.evaluate_generations("after")
         gathered = gathered or {}
         self.report["outputs"] = save_final(
             model,

@@ -92,9 +92,7 @@ class GRPO:
         session = Session.start(ctx)
         data = session.load_data()
         model = session.build_model()
-        if "answer" in data["eval"].column_names:
-            pairs = list(zip(data["eval"]["prompt"], data["eval"]["answer"], strict=True))
-            session.evaluate_generations(pairs[: t.eval_generations], "before")
+        session.evaluate_generations("before")
         rewards = [resolve_reward(spec) for spec in self.reward_funcs]
         if self.reward_model:
             rewards.append(RewardModel(self.reward_model, ctx.device))

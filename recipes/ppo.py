@@ -190,9 +190,7 @@ class PPO:
         splits = session.load_data()
         data, tok = splits["train"], session.tokenizer
         policy = session.build_model()
-        if "answer" in splits["eval"].column_names:
-            pairs = list(zip(splits["eval"]["prompt"], splits["eval"]["answer"], strict=True))
-            session.evaluate_generations(pairs[: t.eval_generations], "before")
+        session.evaluate_generations("before")
         texts = [
             tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in data["prompt"]
         ]

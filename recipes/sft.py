@@ -42,6 +42,15 @@ class SFT:
             )
         check_padding_free(comps)
 
+    def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
+        """``mode=plan``: the assistant-only mask decided and checked as training will (a template that
+        cannot be masked fails here too)."""
+        from components.chat_template import check_assistant_mask, label_for
+
+        if self.assistant_only_loss and "messages" in splits["train"].column_names:
+            label = label_for(comps.model, tokenizer)
+            check_assistant_mask(tokenizer, splits["train"][:8]["messages"], label)
+
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import SFTConfig, SFTTrainer
 
@@ -56,7 +65,7 @@ class SFT:
         # rows whose assistant_masks TRL folds into labels): decided, and failed if need be, before the model
         data, trl_masks = session.mask_assistant_turns(data) if masked else (data, False)
         model = session.build_model()
-        session.evaluate_generations(c.data.prompts("eval")[: ctx.train.eval_generations], "before")
+        session.evaluate_generations("before")
         extra: dict[str, Any] = {}
         if uses_padding_free(c):  # one flattened row per micro-batch; components.sync counts all its tokens
             extra["data_collator"] = padding_free_collator(session.tokenizer, model)

@@ -1,0 +1,71 @@
+"""What a run does with its data before the model loads, shared by the recipes (``Session.load_data``) and
+``mode=plan``: read and convert the rows, apply the length policy, tokenize the eval prompts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.evaluation import EvalPrompt, eval_pairs, eval_prompts
+
+
+@dataclass
+class PreparedData:
+    """The train/eval splits, the summary's notes on them, and the eval prompts for generation."""
+
+    splits: Any
+    notes: dict[str, Any]
+    prompts: list[EvalPrompt] = field(default_factory=list)
+    default_template: str | None = None  # the name of the template given to a tokenizer that had none
+
+
+def prepare_data(data_component: Any, tokenizer: Any, eval_generations: int) -> PreparedData:
+    """Load the splits (format, mapping, row errors), apply the component's length policy and tokenize the
+    first ``eval_generations`` eval prompts under the same limit. ``tokenizer=None`` (not available offline,
+    in ``mode=plan``) checks the rows only. A tokenizer without a chat template gets the documented default
+    when the rows are conversations (before anything renders them)."""
+    from components.chat_template import default_template, is_conversational
+
+    data = data_component.load()
+    defaulted = None
+    if tokenizer is not None and not tokenizer.chat_template and is_conversational(data["train"][0]):
+        tokenizer.chat_template, defaulted = default_template(tokenizer)
+    enforce = getattr(data_component, "enforce_length", None)
+    if callable(enforce) and tokenizer is not None:
+        data = enforce(data, tokenizer)
+    notes: dict[str, Any] = {"train rows": len(data["train"]), "eval rows": len(data["eval"])}
+    notes.update(getattr(data_component, "stats", {}) or {})
+    prepared = PreparedData(data, notes, default_template=defaulted)
+    pairs = eval_pairs(data_component, data)[:eval_generations] if tokenizer is not None else []
+    if pairs:
+        limit = "max_length" if hasattr(data_component, "on_overlong") else "max_prompt_length"
+        prepared.prompts, counts = eval_prompts(
+            pairs,
+            tokenizer,
+            max_length=getattr(data_component, limit),
+            on_overlong=getattr(data_component, "on_overlong", "truncate"),
+            key=f"data.{limit}",
+        )
+        notes.update(counts)
+    return prepared
+
+
+def plan_data(comps: Any, eval_generations: int) -> list[str]:
+    """``mode=plan``'s data check: what training does before the model loads (rows, format, mapping, length
+    policy, eval prompts, the recipe's own data check), as lines to print. Token-level checks need the
+    tokenizer: without it (a hub id not cached and not reachable) they are skipped, and the lines say so."""
+    from components.errors import ConfigError
+    from components.hub import check_model_sources
+
+    try:
+        check_model_sources(comps.model)
+    except ConfigError as err:
+        tokenizer, skipped = None, f"token lengths not checked: {err.args[0]}"
+    else:
+        tokenizer, skipped = comps.model.build_tokenizer(), ""
+    prepared = prepare_data(comps.data, tokenizer, eval_generations)
+    check = getattr(comps.recipe, "check_data", None)
+    if callable(check) and tokenizer is not None:
+        check(comps, prepared.splits, tokenizer)
+    lines = [f"# data: {key}: {value}" for key, value in prepared.notes.items()]
+    return [*lines, f"# data: {skipped}"] if skipped else lines
