@@ -74,6 +74,7 @@ class Session:
             data = enforce(data, self.tokenizer)
         self.report["data"] = {"train rows": len(data["train"]), "eval rows": len(data["eval"])}
         self.report["data"].update(getattr(data_component, "stats", {}) or {})
+        self.report["data"].update(getattr(data_component, "info", {}) or {})  # format, eval rows from
         return data
 
     def build_model(self, task: str = "causal_lm") -> Any:
