@@ -504,3 +504,19 @@ def test_prompt_dataset_reads_sharegpt_style_prompts(tmp_path: Path) -> None:
     ]
     row = PromptDataset(path=write_jsonl(tmp_path / "p.jsonl", rows), eval_fraction=0.0).load()["train"][0]
     assert row == {"prompt": [{"role": "user", "content": "What is 0 + 1?"}], "answer": "1"}
+
+
+def test_a_shared_assistant_turn_stays_in_the_replies(tmp_path: Path) -> None:
+    """The prompt ends before the replies start: a turn the two replies share (here the same tool call)
+    stays in both, so the prompt never ends with an assistant turn (DPO adds a generation prompt to it)."""
+    call = {"role": "assistant", "content": '{"name": "search", "arguments": {"q": "eggs"}}'}
+    user = {"role": "user", "content": QUESTION}
+    row = {
+        "chosen": [user, call, {"role": "assistant", "content": "Simmer it for 9 minutes."}],
+        "rejected": [user, call, {"role": "assistant", "content": "No results."}],
+    }
+    pair = PreferenceDataset(path=write_jsonl(tmp_path / "p.jsonl", [row]), eval_fraction=0.0).load()[
+        "train"
+    ][0]
+    assert pair["prompt"] == [user]
+    assert pair["chosen"] == row["chosen"][1:] and pair["rejected"] == row["rejected"][1:]
