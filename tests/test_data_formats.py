@@ -520,3 +520,17 @@ def test_a_shared_assistant_turn_stays_in_the_replies(tmp_path: Path) -> None:
     ][0]
     assert pair["prompt"] == [user]
     assert pair["chosen"] == row["chosen"][1:] and pair["rejected"] == row["rejected"][1:]
+
+
+def test_a_file_that_is_not_json_lines_is_named_as_such(tmp_path: Path) -> None:
+    """Python dict reprs (single quotes) on every line: no line is JSON, so skipping is not offered."""
+    (tmp_path / "repr.jsonl").write_text(
+        "".join(repr({"prompt": f"q{i}", "completion": "a"}) + "\n" for i in range(9))
+    )
+    err = error(ChatDataset(path=str(tmp_path / "repr.jsonl")).load)
+    assert "none of the first 5 lines is a JSON object, so this is not JSON lines" in str(err)
+    assert (
+        "{'prompt': 'q0'" in str(err)
+        and "on_error" not in (err.hint or "")
+        and "single-quoted" in (err.hint or "")
+    )
