@@ -417,8 +417,8 @@ def parse_turn(message: Any, i: int, column: str, names: dict[str, str]) -> dict
         raise RowError(
             f"message {i} in column '{column}' has role '{name}' (known: {known})",
             key="data.roles",
-            hint=f"map your role names with data.roles='{{{name}: assistant}}' "
-            "(each to system, user, assistant or tool)",
+            hint=f"map your role names with data.roles='{{{name}: <user|assistant|system|tool>}}', "
+            "e.g. data.roles='{bot: assistant, me: user}'",
         )
     return {"role": names[name], "content": text_of(message, keys[1], required=False)}
 

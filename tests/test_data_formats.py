@@ -131,7 +131,9 @@ def test_other_role_names_need_data_roles_and_the_error_says_so(tmp_path: Path) 
     err = error(ChatDataset(path=path).load)
     assert err.key == "data.roles" and "the first 5 rows fail the same way" in str(err)
     assert "role 'me'" in str(err) and "columns: conversations" in str(err)
-    assert "data.roles='{me: assistant}'" in (err.hint or "") and "on_error" not in (err.hint or "")
+    assert "data.roles='{me: <user|assistant|system|tool>}'" in (err.hint or "") and "on_error" not in (
+        err.hint or ""
+    )
     ds = ChatDataset(path=path, roles={"bot": "assistant", "me": "user"}, eval_fraction=0.0)
     assert ds.load()["train"][0]["messages"] == [
         {"role": "user", "content": "q0"},
