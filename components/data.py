@@ -166,6 +166,28 @@ def _bad_line(path: Path, line: int, problem: str, key: str, skip: bool, stats: 
     _count(stats, "skipped rows")
 
 
+def _json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+def _check_first_lines(path: Path, raw: bytes, key: str) -> None:
+    """If none of the first ``PROBE_ROWS`` non-blank lines (all, if fewer) is a JSON object, the file is not
+    JSON lines at all: say so instead of offering to skip (which would drop every line)."""
+    head = [line for line in raw.splitlines() if line.strip()][:PROBE_ROWS]
+    if head and not any(_json_object(line) for line in head):
+        which = "the only line is" if len(head) == 1 else f"none of the first {len(head)} lines is"
+        raise ConfigError(
+            f"{path}: {which} a JSON object, so this is not JSON lines (one {{...}} object per line); "
+            f"it starts {head[0][:60].decode('utf-8', 'replace')!r}",
+            key=key,
+            hint="write one JSON object per line (double quotes, not Python's single-quoted dicts), or a "
+            ".json file holding one array of objects, or a .csv file with a header row",
+        )
+
+
 UTF8_BOM = b"\xef\xbb\xbf"
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
@@ -187,6 +209,8 @@ def without_bom(path: Path, raw: bytes, key: str) -> bytes:
 def read_json_lines(path: Path, raw: bytes, *, key: str, skip: bool, stats: dict[str, int]) -> Rows:
     """JSON lines, parsed one line at a time so a bad line is reported by number (blank lines ignored;
     CRLF line ends are fine)."""
+    if not skip:
+        _check_first_lines(path, raw, key)
     rows, lines = [], []
     for number, line_bytes in enumerate(raw.splitlines(), start=1):
         try:
