@@ -171,6 +171,7 @@ def hydratune_overrides(v: Variant, mode: Mode, files: dict[str, Path]) -> list[
             "data=demo_dpo",
             f"data.path={files['data']}",
             "data.eval_path=null",
+            "data.eval_fraction=0.0",  # with your own data.path, 5% would be held out for eval
             f"data.max_length={mode.seq_len}",
         ]
     if v.peft:

@@ -1,15 +1,18 @@
 """Data components: local files or hub datasets, normalised to one canonical shape per recipe family.
 
 - ``ChatDataset`` (SFT): ``messages`` (a list of ``{"role", "content"}`` turns) plus ``answer`` (the content
-  of the last assistant turn), or ``text`` alone (language modelling). Alpaca and prompt/completion rows
-  become user/assistant turns.
-- ``PreferenceDataset`` (reward, DPO): ``prompt``/``chosen``/``rejected`` as message lists.
+  of the last assistant turn), or ``text`` alone (language modelling). ShareGPT ``conversations``
+  (``{"from", "value"}`` turns), alpaca and prompt/completion rows become the same turns.
+- ``PreferenceDataset`` (reward, DPO): ``prompt``/``chosen``/``rejected`` as message lists, from explicit
+  pairs, from two conversations that share their leading turns (UltraFeedback) or from Anthropic HH
+  transcripts; the shared turns become the prompt, so no token is in both the prompt and a response.
 - ``PromptDataset`` (PPO, GRPO): ``prompt`` as a message list, plus ``answer`` when the file has one.
 
 All three share one loader (``read_sources``), one column mapping (``Source.read``) and one seeded
 train/eval split (``Source.load_splits``). Rows are converted one by one, so an error names the file, the
 line (JSON lines) or row, and the column. ``on_error=skip`` drops bad rows instead and counts them
-(``stats``, shown in the run's summary).
+(``stats``, shown in the run's summary, with ``info``: the format used and where the eval rows came from).
+When the first rows all fail the same way, the error says the format or mapping does not fit the file.
 """
 
 from __future__ import annotations
@@ -37,14 +40,27 @@ FILE_SUFFIXES = {
     *(".xls", ".xlsx", ".pkl", ".pickle", ".npy", ".npz", ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar"),
 }
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # name or org/name
-FORMATS = ("auto", "messages", "alpaca", "prompt_completion", "text")
+FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text")
 SIGNATURES = {  # the columns that identify each format (alpaca's ``input`` and ``system`` are optional)
     "messages": ("messages",),
+    "sharegpt": ("conversations",),
     "alpaca": ("instruction", "output"),
     "prompt_completion": ("prompt", "completion"),
     "text": ("text",),
 }
 ROLES = ("system", "user", "assistant", "tool")
+# ShareGPT's and LLaMA-Factory's role names (a function call is the assistant's text, its result a tool
+# turn); data.roles adds or overrides names
+ROLE_ALIASES = {"human": "user", "gpt": "assistant", "observation": "tool", "function_call": "assistant"}
+TURN_KEYS = (("role", "content"), ("from", "value"))  # OpenAI-style and ShareGPT-style turns
+PREFERENCE_FORMATS = ("auto", "explicit", "implicit", "hh")
+PREFERENCE_SIGNATURES = {
+    "explicit": "prompt + chosen + rejected (responses: text or assistant messages)",
+    "implicit": "chosen + rejected message lists that start with the same turns (the prompt)",
+    "hh": "chosen + rejected transcripts as '\\n\\nHuman: ... \\n\\nAssistant: ...' text",
+}
+HH_TURN = re.compile(r"(?:^|\n\n)(Human|Assistant):[ \t]?")
+PROBE_ROWS = 5  # when this many first rows (or all, if fewer) fail alike, the format or mapping is wrong
 PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped")
 ON_ERROR = ("raise", "skip")
 ON_OVERLONG = ("truncate", "drop", "error")
@@ -53,7 +69,12 @@ Row = dict[str, Any]
 
 
 class RowError(ValueError):
-    """A problem with one row; the loader adds the file and line/row (or skips it with on_error=skip)."""
+    """A problem with one row; the loader adds the file and line/row (or skips it with on_error=skip).
+    ``key`` and ``hint`` name the knob that fixes it when every row has the problem."""
+
+    def __init__(self, message: str, *, key: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.key, self.hint = key, hint
 
 
 # ---------------------------------------------------------------------------------------------- paths
@@ -145,8 +166,51 @@ def _bad_line(path: Path, line: int, problem: str, key: str, skip: bool, stats: 
     _count(stats, "skipped rows")
 
 
+def _json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+def _check_first_lines(path: Path, raw: bytes, key: str) -> None:
+    """If none of the first ``PROBE_ROWS`` non-blank lines (all, if fewer) is a JSON object, the file is not
+    JSON lines at all: say so instead of offering to skip (which would drop every line)."""
+    head = [line for line in raw.splitlines() if line.strip()][:PROBE_ROWS]
+    if head and not any(_json_object(line) for line in head):
+        which = "the only line is" if len(head) == 1 else f"none of the first {len(head)} lines is"
+        raise ConfigError(
+            f"{path}: {which} a JSON object, so this is not JSON lines (one {{...}} object per line); "
+            f"it starts {head[0][:60].decode('utf-8', 'replace')!r}",
+            key=key,
+            hint="write one JSON object per line (double quotes, not Python's single-quoted dicts), or a "
+            ".json file holding one array of objects, or a .csv file with a header row",
+        )
+
+
+UTF8_BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def without_bom(path: Path, raw: bytes, key: str) -> bytes:
+    """The bytes after a UTF-8 byte order mark (Windows editors and Excel write one); UTF-16 is refused
+    by name (its BOM would otherwise read as a malformed first line)."""
+    if raw.startswith(UTF8_BOM):
+        return raw[len(UTF8_BOM) :]
+    if raw.startswith(UTF16_BOMS):
+        raise ConfigError(
+            f"{path} is UTF-16 text, not UTF-8",
+            key=key,
+            hint="re-encode the file as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8, or 'Save as UTF-8')",
+        )
+    return raw
+
+
 def read_json_lines(path: Path, raw: bytes, *, key: str, skip: bool, stats: dict[str, int]) -> Rows:
-    """JSON lines, parsed one line at a time so a bad line is reported by number (blank lines ignored)."""
+    """JSON lines, parsed one line at a time so a bad line is reported by number (blank lines ignored;
+    CRLF line ends are fine)."""
+    if not skip:
+        _check_first_lines(path, raw, key)
     rows, lines = [], []
     for number, line_bytes in enumerate(raw.splitlines(), start=1):
         try:
@@ -169,6 +233,25 @@ def read_json_lines(path: Path, raw: bytes, *, key: str, skip: bool, stats: dict
     return Rows(str(path), rows, lines)
 
 
+def _one_document(raw: bytes) -> bool:
+    """Whether a ``.jsonl`` file is really one JSON document: an array, or an object spread over several
+    lines (pretty-printed), that parses as a whole."""
+    lines = raw.strip().splitlines()
+    if not lines or lines[0][:1] not in (b"[", b"{"):
+        return False
+    if lines[0][:1] == b"{":
+        try:
+            json.loads(lines[0])
+            return False  # a complete object on line 1: JSON lines
+        except ValueError:
+            pass
+    try:
+        json.loads(raw)
+    except ValueError:
+        return False
+    return True
+
+
 def _not_utf8(path: Path, raw: bytes, err: UnicodeDecodeError, key: str) -> ConfigError:
     line = raw.count(b"\n", 0, err.start) + 1
     return ConfigError(f"{path}:{line}: not UTF-8 text", key=key, hint="re-encode the file as UTF-8")
@@ -176,9 +259,10 @@ def _not_utf8(path: Path, raw: bytes, err: UnicodeDecodeError, key: str) -> Conf
 
 def read_json(path: Path, *, key: str, skip: bool, stats: dict[str, int]) -> Rows:
     """A ``.jsonl`` file, or a ``.json`` file holding a list of objects, a dict of equal-length columns, a
-    dict with one list of objects (``{"data": [...]}``) or, despite its name, JSON lines."""
-    raw = path.read_bytes()
-    if path.suffix == ".jsonl":
+    dict with one list of objects (``{"data": [...]}``) or, despite its name, JSON lines. A UTF-8 BOM is
+    skipped; a ``.jsonl`` file that is one JSON document (e.g. a pretty-printed array) is read as one."""
+    raw = without_bom(path, path.read_bytes(), key)
+    if path.suffix == ".jsonl" and not _one_document(raw):
         return read_json_lines(path, raw, key=key, skip=skip, stats=stats)
     try:
         text = raw.decode("utf-8")
@@ -231,11 +315,14 @@ def _to_rows(table: Dataset, limit: int | None) -> list[Row]:
 
 def read_table(path: Path, *, key: str, limit: int | None = None) -> Rows:
     """A ``.csv`` or ``.parquet`` file through ``datasets.load_dataset`` (a csv's UTF-8 is checked first, so
-    a bad byte is reported with its line)."""
+    a bad byte is reported with its line). Quoted csv fields may span lines; a BOM is skipped, and in a
+    file with CRLF line ends the line breaks inside fields become ``\\n`` too."""
     import datasets
 
+    crlf = False
     if path.suffix == ".csv":
-        raw = path.read_bytes()
+        raw = without_bom(path, path.read_bytes(), key)
+        crlf = b"\r\n" in raw
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError as err:
@@ -253,7 +340,10 @@ def read_table(path: Path, *, key: str, limit: int | None = None) -> Rows:
             key=key,
             hint=f"check that it is a valid {path.suffix[1:]} file",
         ) from None
-    return Rows(str(path), _to_rows(table, limit))
+    rows = _to_rows(table, limit)
+    if crlf:
+        rows = [{k: v.replace("\r\n", "\n") if isinstance(v, str) else v for k, v in r.items()} for r in rows]
+    return Rows(str(path), rows)
 
 
 def read_hub(name: str, *, split: str, subset: str | None, key: str, limit: int | None = None) -> Rows:
@@ -328,9 +418,38 @@ def text_of(row: Row, column: str, *, required: bool = True) -> str:
     return value
 
 
-def parse_messages(value: Any, column: str) -> Messages:
-    """A list of ``{"role", "content"}`` messages (a JSON string of one is parsed), reduced to exactly those
-    two keys, with known roles and text content."""
+def role_names(roles: dict[str, str] | None = None) -> dict[str, str]:
+    """Every role name a turn may carry -> the canonical role: ours, ShareGPT's, then ``data.roles``."""
+    return {r: r for r in ROLES} | ROLE_ALIASES | dict(roles or {})
+
+
+def parse_turn(message: Any, i: int, column: str, names: dict[str, str]) -> dict[str, str]:
+    """One ``{"role", "content"}`` or ShareGPT ``{"from", "value"}`` turn as ``{"role", "content"}``."""
+    keys = next(
+        (k for k in TURN_KEYS if isinstance(message, dict) and k[0] in message and k[1] in message), None
+    )
+    if keys is None:
+        found = ", ".join(map(str, message)) if isinstance(message, dict) else type(message).__name__
+        raise RowError(
+            f"message {i} in column '{column}' needs 'role' and 'content' (or ShareGPT's 'from' and "
+            f"'value'); found: {found}",
+            key="data.format",
+        )
+    name = message[keys[0]]
+    if not isinstance(name, str) or name not in names:
+        known = ", ".join(dict.fromkeys([*ROLES, *names]))
+        raise RowError(
+            f"message {i} in column '{column}' has role '{name}' (known: {known})",
+            key="data.roles",
+            hint=f"map your role names with data.roles='{{{name}: <user|assistant|system|tool>}}', "
+            "e.g. data.roles='{bot: assistant, me: user}'",
+        )
+    return {"role": names[name], "content": text_of(message, keys[1], required=False)}
+
+
+def parse_messages(value: Any, column: str, roles: dict[str, str] | None = None) -> Messages:
+    """A list of ``{"role", "content"}`` (or ShareGPT ``{"from", "value"}``) turns (a JSON string of one is
+    parsed), reduced to ``role`` and ``content``, roles mapped to ours (``role_names``), content text."""
     if isinstance(value, str) and value.lstrip().startswith("["):  # e.g. a csv cell holding JSON
         try:
             value = json.loads(value)
@@ -343,24 +462,75 @@ def parse_messages(value: Any, column: str) -> Messages:
         raise RowError(
             f"column '{column}' should be a non-empty list of {{role, content}} messages, got {got}"
         )
-    messages = []
-    for i, message in enumerate(value):
-        if not isinstance(message, dict) or "role" not in message or "content" not in message:
-            keys = ", ".join(message) if isinstance(message, dict) else type(message).__name__
-            raise RowError(f"message {i} in column '{column}' needs 'role' and 'content' (found: {keys})")
-        if message["role"] not in ROLES:
-            raise RowError(
-                f"message {i} in column '{column}' has role '{message['role']}' (allowed: {', '.join(ROLES)})"
-            )
-        messages.append({"role": message["role"], "content": text_of(message, "content", required=False)})
-    return messages
+    names = role_names(roles)
+    return [parse_turn(message, i, column, names) for i, message in enumerate(value)]
 
 
-def as_messages(value: Any, role: str, column: str) -> Messages:
-    """A string becomes one message of ``role`` (it must not be blank); a message list is checked."""
-    if isinstance(value, str):
+def json_turns(value: Any) -> list[Any] | None:
+    """``value`` as a list of turns if it is one, or a string holding one as JSON (a csv cell); else None."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    return value if isinstance(value, list) and value and all(isinstance(m, dict) for m in value) else None
+
+
+def as_messages(value: Any, role: str, column: str, roles: dict[str, str] | None = None) -> Messages:
+    """Text becomes one message of ``role`` (it must not be blank); a message list (or a JSON string of one)
+    is checked."""
+    if isinstance(value, str) and json_turns(value) is None:
         return [{"role": role, "content": text_of({column: value}, column)}]
-    return parse_messages(value, column)
+    return parse_messages(value, column, roles)
+
+
+def hh_messages(value: Any, column: str) -> Messages:
+    """An Anthropic HH transcript (``"\\n\\nHuman: ... \\n\\nAssistant: ..."``) as user/assistant turns."""
+    parts = HH_TURN.split(text_of({column: value}, column).strip())
+    if len(parts) < 3 or parts[0].strip():
+        raise RowError(
+            f"column '{column}' is not a '\\n\\nHuman: ... \\n\\nAssistant: ...' transcript "
+            f"(it starts {parts[0][:40]!r})",
+            key="data.format",
+        )
+    pairs = zip(parts[1::2], parts[2::2], strict=True)
+    return [
+        {"role": "user" if who == "Human" else "assistant", "content": text.strip()} for who, text in pairs
+    ]
+
+
+def split_shared(chosen: Messages, rejected: Messages) -> Row:
+    """Two conversations that start with the same turns as ``prompt`` (those turns, up to the last one
+    before the replies) and the two replies, each ending with an assistant turn."""
+    k = 0
+    while k < min(len(chosen), len(rejected)) and chosen[k] == rejected[k]:
+        k += 1
+    while k and chosen[k - 1]["role"] == "assistant":  # the prompt ends where a reply starts
+        k -= 1
+    if k == 0:
+        raise RowError(
+            "'chosen' and 'rejected' do not start with the same turns, so there is no prompt to split off "
+            f"(their first turns: {chosen[0]['role']} / {rejected[0]['role']})",
+            key="data.format",
+        )
+    if chosen == rejected:
+        raise RowError("'chosen' and 'rejected' are the same conversation")
+    out: Row = {"prompt": chosen[:k]}
+    for name, reply in (("chosen", chosen[k:]), ("rejected", rejected[k:])):
+        user = next((j for j, m in enumerate(reply) if m["role"] == "user"), None)
+        if user is not None:
+            raise RowError(
+                f"'chosen' and 'rejected' differ before their last user turn ('{name}' turn {k + user} is a "
+                "user turn after the shared prompt)"
+            )
+        if not reply or reply[-1]["role"] != "assistant" or not reply[-1]["content"].strip():
+            last = "missing" if not reply else f"a '{reply[-1]['role']}' turn"
+            last = "an empty assistant turn" if reply and reply[-1]["role"] == "assistant" else last
+            raise RowError(
+                f"the last turn of '{name}' should be an assistant reply with content; it is {last}"
+            )
+        out[name] = reply
+    return out
 
 
 def last_answer(messages: Messages) -> int:
@@ -391,6 +561,9 @@ class Source:
     max_samples: int | None = None  # use only the first N rows of data.path (before the eval split)
     seed: int = 42
     on_error: str = "raise"  # raise | skip: drop malformed / incomplete rows and count them
+    # your turns' role names -> system | user | assistant | tool, e.g. '{bot: assistant, me: user}'
+    # (ShareGPT's human, gpt, observation and function_call are known already)
+    roles: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         """Cheap checks (no ``datasets`` import): paths, ranges, enums, column-mapping keys."""
@@ -413,11 +586,35 @@ class Source:
                 hint=f"map from the canonical names ({', '.join(self.CANONICAL)}) to your file's columns, "
                 f"e.g. data.columns='{{{self.CANONICAL[0]}: my_column}}'",
             )
+        bad = next(((k, v) for k, v in self.roles.items() if v not in ROLES), None)
+        if bad:
+            raise ConfigError(
+                f"role '{bad[0]}' is mapped to '{bad[1]}'",
+                key="data.roles",
+                hint=f"map each of your role names to one of {', '.join(ROLES)}, "
+                "e.g. data.roles='{bot: assistant, me: user}'",
+            )
 
     @property
     def stats(self) -> dict[str, int]:
         """What loading dropped, by reason (shown in the run's summary)."""
         return self.__dict__.setdefault("_stats", {})
+
+    @property
+    def info(self) -> dict[str, str]:
+        """How the data was read: the format used and where the eval rows came from (shown in the run's
+        summary)."""
+        return self.__dict__.setdefault("_info", {})
+
+    def messages(self, value: Any, role: str, column: str) -> Messages:
+        """``as_messages`` with this option's ``roles``."""
+        return as_messages(value, role, column, self.roles)
+
+    def formats_hint(self) -> str:
+        """What this data option accepts (each component says), for errors about a whole file."""
+        return (
+            f"map your columns to {', '.join(self.CANONICAL)}, e.g. data.columns='{{{self.CANONICAL[0]}: q}}'"
+        )
 
     def read(self, path: str, key: str, limit: int | None = None) -> list[Rows]:
         """The rows of ``path`` (at most ``limit``) with ``columns`` applied: each mapped column renamed to
@@ -437,10 +634,11 @@ class Source:
             present = source.columns
             missing = [theirs for theirs in mapping if theirs not in present]
             if missing:
+                ours = mapping[missing[0]]
                 raise ConfigError(
                     f"{source.source} has no column '{missing[0]}' (columns: {', '.join(present)})",
                     key="data.columns",
-                    hint="fix data.columns (canonical name: your column name)",
+                    hint=f"map {ours} to one of those: data.columns='{{{ours}: <your column>}}'",
                 )
             source.rows = [
                 {k: v for k, v in row.items() if k not in targets}
@@ -466,9 +664,12 @@ class Source:
         self, sources: list[Rows], fn: Callable[[Row], Row], columns: tuple[str, ...], key: str
     ) -> Dataset:
         """Map every row with ``fn`` into a table of exactly ``columns``. A ``RowError`` names the file and
-        line/row, or (``on_error=skip``) drops the row and counts it."""
+        line/row, or (``on_error=skip``) drops the row and counts it; when the first rows all fail alike,
+        the error says the format or mapping does not fit (skipping would drop every row)."""
         from datasets import Dataset
 
+        if self.on_error == "raise":
+            self.check_first_rows(sources[0], fn)
         out = []
         for source in sources:
             for i, row in enumerate(source.rows):
@@ -477,20 +678,49 @@ class Source:
                 except RowError as err:
                     if self.on_error == "skip":
                         _count(self.stats, "skipped rows")
+                        self.__dict__.setdefault("_first_skip", f"{source.where(i)}: {err}")
                         continue
                     raise ConfigError(
                         f"{source.where(i)}: {err}",
                         key=key,
-                        hint="fix the row, or set data.on_error=skip to drop bad rows and count them",
+                        hint=(f"{err.hint}; or " if err.hint else "")
+                        + "fix the row, or set data.on_error=skip to drop bad rows and count them",
                     ) from None
         return Dataset.from_list(out) if out else Dataset.from_dict({c: [] for c in columns})
 
+    def check_first_rows(self, source: Rows, fn: Callable[[Row], Row]) -> None:
+        """If the first ``PROBE_ROWS`` rows (all, if fewer) fail with the same error, the file does not fit
+        the format or mapping: say so with the columns found, not "fix the row"."""
+        errors: list[RowError] = []
+        for row in source.rows[:PROBE_ROWS]:
+            try:
+                fn(row)
+                return
+            except RowError as err:
+                errors.append(err)
+        if len({str(e) for e in errors}) != 1:
+            return
+        first, n = errors[0], len(errors)
+        which = "the only row fails" if len(source.rows) == 1 else f"the first {n} rows fail"
+        which = f"all {n} rows fail" if 1 < n == len(source.rows) else which
+        raise ConfigError(
+            f"{source.source}: {which} the same way, so the data format or the column mapping does not "
+            f"fit this file: {first} (columns: {', '.join(source.columns)})",
+            key=first.key or "data.columns",
+            hint=first.hint or self.formats_hint(),
+        )
+
     def load_splits(self, build: Callable[[list[Rows], str, str], Dataset]) -> DatasetDict:
         """Train and eval tables; ``build(rows, path, key)`` normalises each file's rows. Without
-        ``eval_path``, ``eval_size`` (or ``eval_fraction``) rows of data.path are held out, seeded."""
+        ``eval_path``, ``eval_size`` (or ``eval_fraction``) rows of data.path are held out, seeded.
+        ``info["eval rows from"]`` says which."""
+        from components.resolvers import is_demo_asset
+
         train = build(self.read(self.path, "data.path", self.max_samples), self.path, "data.path")
         if self.eval_path:
             evals = build(self.read(self.eval_path, "data.eval_path"), self.eval_path, "data.eval_path")
+            demo = is_demo_asset(self.eval_path)
+            self.info["eval rows from"] = "the demo eval file" if demo else f"data.eval_path={self.eval_path}"
         else:
             if self.eval_size:
                 n = self.eval_size
@@ -511,14 +741,20 @@ class Source:
                 train, evals = parts["train"], parts["test"]
             else:
                 evals = train.select([])
+            share = f"data.eval_size={n}" if self.eval_size else f"{self.eval_fraction * 100:g}%"
+            self.info["eval rows from"] = (
+                f"{share} of data.path (seed {self.seed})" if n else "none (data.eval_fraction=0)"
+            )
         return self._finish({"train": train, "eval": evals})
 
     def _finish(self, splits: dict[str, Dataset]) -> DatasetDict:
         from datasets import DatasetDict
 
         if len(splits["train"]) == 0:
+            first = self.__dict__.get("_first_skip")
             raise ConfigError(
-                f"no training rows left in {self.path} after filtering",
+                f"no training rows left in {self.path} after filtering"
+                + (f" (every row was skipped; the first: {first})" if first else ""),
                 key="data.path",
                 hint="see the skipped / dropped counts; fix the data or relax data.on_overlong",
             )
@@ -532,14 +768,15 @@ class Source:
 @component("data")
 @dataclass
 class ChatDataset(Source):
-    """SFT data: chat ``messages``, alpaca, prompt/completion or raw ``text``, loaded as ``messages`` +
-    ``answer`` (conversational) or ``text`` (language modelling)."""
+    """SFT data: chat ``messages``, ShareGPT ``conversations``, alpaca, prompt/completion or raw ``text``,
+    loaded as ``messages`` + ``answer`` (conversational) or ``text`` (language modelling)."""
 
     CANONICAL: ClassVar[tuple[str, ...]] = (
-        *("messages", "instruction", "input", "output", "prompt", "completion", "text", "system"),
+        *("messages", "conversations", "instruction", "input", "output", "prompt", "completion", "text"),
+        "system",
     )
 
-    format: str = "auto"  # auto | messages | alpaca | prompt_completion | text
+    format: str = "auto"  # auto | messages | sharegpt | alpaca | prompt_completion | text
     system_prompt: str | None = None  # prepended as a system turn to rows that have none
     max_length: int = 1024  # tokens per example (the trainer truncates; see on_overlong)
     on_overlong: str = "truncate"  # truncate | drop | error: rows longer than max_length tokens
@@ -566,20 +803,29 @@ class ChatDataset(Source):
                 f"unknown '{self.on_overlong}'", key="data.on_overlong", hint=f"one of {ON_OVERLONG}"
             )
 
+    def formats_hint(self) -> str:
+        accepted = "; ".join(f"{name}: {' + '.join(cols)}" for name, cols in SIGNATURES.items())
+        return (
+            f"formats accepted: {accepted}. Set data.format, or map your columns, e.g. "
+            "data.columns='{messages: conversations}' or data.columns='{prompt: question, completion: reply}'"
+        )
+
     def detect(self, columns: list[str], path: str) -> str:
         """``format``, or (``auto``) the one format whose columns the file has."""
         if self.format != "auto":
+            self.info["format"] = self.format
             return self.format
         found = [name for name, needed in SIGNATURES.items() if all(c in columns for c in needed)]
         if len(found) == 1:
+            self.info["format"] = f"{found[0]} (detected)"
             return found[0]
         accepted = "; ".join(f"{name}: {' + '.join(cols)}" for name, cols in SIGNATURES.items())
         problem = f"is ambiguous: it fits formats {', '.join(found)}" if found else "matches no format"
         raise ConfigError(
             f"{path} {problem} (columns: {', '.join(columns)}; formats accepted: {accepted})",
             key="data.format",
-            hint="set data.format, or map your columns, e.g. "
-            "data.columns='{prompt: question, completion: reply}'",
+            hint="set data.format, or map your columns, e.g. data.columns='{messages: conversations}' "
+            "or data.columns='{prompt: question, completion: reply}'",
         )
 
     def load(self) -> DatasetDict:
@@ -600,8 +846,9 @@ class ChatDataset(Source):
     def to_chat(self, row: Row, fmt: str) -> Row:
         """One row of format ``fmt`` as ``{"messages": [...], "answer": str}``. A ``system`` column, else
         ``system_prompt``, becomes a leading system turn unless the messages already start with one."""
-        if fmt == "messages":
-            messages = parse_messages(row.get("messages"), "messages")
+        if fmt in ("messages", "sharegpt"):
+            column = SIGNATURES[fmt][0]
+            messages = parse_messages(row.get(column), column, self.roles)
         elif fmt == "alpaca":
             user = text_of(row, "instruction")
             extra = text_of(row, "input", required=False)
@@ -610,8 +857,8 @@ class ChatDataset(Source):
                 {"role": "assistant", "content": text_of(row, "output")},
             ]
         else:
-            messages = as_messages(row.get("prompt"), "user", "prompt")
-            messages += as_messages(row.get("completion"), "assistant", "completion")
+            messages = self.messages(row.get("prompt"), "user", "prompt")
+            messages += self.messages(row.get("completion"), "assistant", "completion")
         system = text_of(row, "system", required=False) or self.system_prompt
         if system and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": system}, *messages]
@@ -666,31 +913,80 @@ class ChatDataset(Source):
 @component("data")
 @dataclass
 class PreferenceDataset(Source):
-    """Preference pairs for reward modelling and DPO: ``prompt``, ``chosen``, ``rejected`` message lists
-    (a string becomes one user message for the prompt, one assistant message for a response)."""
+    """Preference pairs for reward modelling and DPO, loaded as ``prompt``, ``chosen``, ``rejected`` message
+    lists. ``explicit``: a prompt column and the two responses (text becomes one user / assistant message).
+    ``implicit`` (UltraFeedback): ``chosen`` and ``rejected`` are whole conversations that start with the
+    same turns; those turns are the prompt and the rest the responses, so no token is in both (a ``prompt``
+    column is then not used). ``hh`` (Anthropic HH-RLHF): the same, from ``"\\n\\nHuman: ...
+    \\n\\nAssistant: ..."`` transcripts."""
 
     CANONICAL: ClassVar[tuple[str, ...]] = ("prompt", "chosen", "rejected")
 
+    format: str = "auto"  # auto | explicit | implicit (shared leading turns) | hh (Human:/Assistant: text)
     max_length: int = 1024  # tokens of prompt + response
 
     def validate(self) -> None:
         super().validate()
+        if self.format not in PREFERENCE_FORMATS:
+            raise ConfigError(
+                f"unknown format '{self.format}'", key="data.format", hint=f"one of {PREFERENCE_FORMATS}"
+            )
         if self.max_length < 1:
             raise ConfigError(f"must be >= 1, got {self.max_length}", key="data.max_length")
 
-    def load(self) -> DatasetDict:
-        """Train/eval with ``prompt``, ``chosen`` and ``rejected``, each a list of messages."""
+    def formats_hint(self) -> str:
+        accepted = "; ".join(f"{name}: {what}" for name, what in PREFERENCE_SIGNATURES.items())
+        return (
+            f"formats accepted: {accepted}. Set data.format, or map your columns, e.g. "
+            "data.columns='{prompt: question, chosen: good, rejected: bad}'"
+        )
 
-        def to_pair(row: Row) -> Row:
+    def detect(self, row: Row) -> str:
+        """``format``, or (``auto``) what the first row of data.path holds: HH transcripts, conversations
+        that start with a non-assistant turn (implicit), else responses to a prompt column (explicit)."""
+        if self.format != "auto":
+            self.info["format"] = self.format
+            return self.format
+        chosen, fmt = row.get("chosen"), "explicit"
+        if isinstance(chosen, str) and re.match(r"\s*Human:", chosen) and "\n\nAssistant:" in chosen:
+            fmt = "hh"
+        elif (turns := json_turns(chosen)) is not None:
+            try:
+                first = parse_messages(turns, "chosen", self.roles)[0]["role"]
+            except RowError:
+                first = "assistant"  # explicit's conversion names the problem
+            fmt = "explicit" if first == "assistant" else "implicit"
+        self.info["format"] = f"{fmt} (detected)"
+        return fmt
+
+    def to_pair(self, row: Row, fmt: str) -> Row:
+        """One row of format ``fmt`` as ``prompt``/``chosen``/``rejected`` message lists."""
+        if fmt == "explicit":
             return {
-                "prompt": as_messages(row.get("prompt"), "user", "prompt"),
-                "chosen": as_messages(row.get("chosen"), "assistant", "chosen"),
-                "rejected": as_messages(row.get("rejected"), "assistant", "rejected"),
+                "prompt": self.messages(row.get("prompt"), "user", "prompt"),
+                "chosen": self.messages(row.get("chosen"), "assistant", "chosen"),
+                "rejected": self.messages(row.get("rejected"), "assistant", "rejected"),
             }
+        if fmt == "hh":
+            return split_shared(
+                hh_messages(row.get("chosen"), "chosen"), hh_messages(row.get("rejected"), "rejected")
+            )
+        return split_shared(
+            self.messages(row.get("chosen"), "assistant", "chosen"),
+            self.messages(row.get("rejected"), "assistant", "rejected"),
+        )
+
+    def load(self) -> DatasetDict:
+        """Train/eval with ``prompt``, ``chosen`` and ``rejected``, each a list of messages. The format is
+        detected on data.path and applied to data.eval_path too."""
+        fmt: str | None = None
 
         def build(sources: list[Rows], path: str, key: str) -> Dataset:
-            self.require(sources, self.CANONICAL, "of a preference pair")
-            return self.convert(sources, to_pair, self.CANONICAL, key)
+            nonlocal fmt
+            kind = fmt = fmt or self.detect(sources[0].rows[0])
+            needed = self.CANONICAL if kind == "explicit" else self.CANONICAL[1:]
+            self.require(sources, needed, f"of a preference pair (format={kind})")
+            return self.convert(sources, lambda row: self.to_pair(row, kind), self.CANONICAL, key)
 
         return self.load_splits(build)
 
@@ -717,7 +1013,7 @@ class PromptDataset(Source):
         has_answer: bool | None = None  # decided on data.path, so both splits have the same columns
 
         def to_prompt(row: Row) -> Row:
-            out: Row = {"prompt": as_messages(row.get("prompt"), "user", "prompt")}
+            out: Row = {"prompt": self.messages(row.get("prompt"), "user", "prompt")}
             if has_answer:
                 out["answer"] = text_of(row, "answer", required=False)
             return out

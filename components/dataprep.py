@@ -35,6 +35,7 @@ def prepare_data(data_component: Any, tokenizer: Any, eval_generations: int) -> 
         data = enforce(data, tokenizer)
     notes: dict[str, Any] = {"train rows": len(data["train"]), "eval rows": len(data["eval"])}
     notes.update(getattr(data_component, "stats", {}) or {})
+    notes.update(getattr(data_component, "info", {}) or {})  # the format, where the eval rows came from
     prepared = PreparedData(data, notes, default_template=defaulted)
     pairs = eval_pairs(data_component, data)[:eval_generations] if tokenizer is not None else []
     if pairs:

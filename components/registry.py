@@ -9,6 +9,8 @@ schema for it in Hydra's ConfigStore under ``schema/<group>/<ClassName>``; the Y
       - _self_
 
 so a misspelt key or a value of the wrong type fails when the config is composed, naming the key.
+A knob typed as a dict (e.g. ``data.columns``) is the exception: its keys are the user's, so it is left
+open (not struct) and ``data.columns='{messages: conversations}'`` adds keys without Hydra's ``+``.
 The schema carries a ``_target_`` field that names the class itself, so ``hydra.utils.instantiate``
 on the composed node returns the component.
 """
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
 
 T = TypeVar("T")
 
@@ -68,6 +71,18 @@ def schema_of(cls: type) -> type:
     return dataclasses.make_dataclass(cls.__name__, specs)
 
 
+def open_dicts(schema: type) -> DictConfig:
+    """The schema as a config whose dict-typed knobs accept new keys. Hydra closes the composed config
+    (struct mode), so ``key='{a: b}'`` on a closed ``Dict[str, str]`` fails with "Key 'a' is not in
+    struct"; a node's own ``struct=False`` flag outlives the composition and wins over the root's."""
+    node = OmegaConf.structured(schema)
+    for name in node:
+        child = node._get_node(name)
+        if isinstance(child, DictConfig):
+            child._set_flag("struct", False)
+    return node
+
+
 def component(group: str) -> Callable[[type[T]], type[T]]:
     """Class decorator: register a dataclass component as the schema for options of ``group``."""
 
@@ -76,7 +91,7 @@ def component(group: str) -> Callable[[type[T]], type[T]]:
             raise TypeError(f"@component needs a dataclass, got {cls!r}")
         schema = schema_of(cls)
         cls.__schema__ = schema  # type: ignore[attr-defined]
-        ConfigStore.instance().store(group=f"schema/{group}", name=cls.__name__, node=schema)
+        ConfigStore.instance().store(group=f"schema/{group}", name=cls.__name__, node=open_dicts(schema))
         REGISTRY.setdefault(group, {})[cls.__name__] = cls
         return cls
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -14,6 +15,18 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 def asset(relative: str) -> str:
     """``${asset:demo/sft_train.jsonl}``: a file shipped inside the installed package."""
     return str(ASSETS / relative)
+
+
+def is_demo_asset(path: str) -> bool:
+    """Whether ``path`` is one of the bundled demo data files."""
+    return Path(path).expanduser().resolve().is_relative_to(ASSETS / "demo")
+
+
+def if_demo(path: str, demo: Any, other: Any) -> Any:
+    """``${if_demo:${.path},A,B}``: ``A`` while ``path`` is a bundled demo file, else ``B``. The demo data
+    options use it so the demo eval file goes with the demo train file only: with your own data.path,
+    the eval rows come from your data."""
+    return demo if is_demo_asset(str(path)) else other
 
 
 _RUN_TAG = f"{os.getpid() % 100000:05d}{secrets.token_hex(2)}"
@@ -46,6 +59,11 @@ def latest_run(recipe: str, outputs: str = "outputs") -> str:
 
 def register_resolvers() -> None:
     """Register hydratune's resolvers once per process."""
-    for name, fn in {"asset": asset, "run_tag": run_tag, "latest_run": latest_run}.items():
+    for name, fn in {
+        "asset": asset,
+        "if_demo": if_demo,
+        "run_tag": run_tag,
+        "latest_run": latest_run,
+    }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn, use_cache=True)

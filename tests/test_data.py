@@ -312,8 +312,8 @@ def test_missing_required_column_is_named_with_the_columns_present(tmp_path: Pat
         ({"prompt": "q"}, "no value in column 'completion'"),
         ({"prompt": "q", "completion": ["a"]}, "message 0 in column 'completion' needs 'role' and 'content'"),
         (
-            {"prompt": [{"role": "human", "content": "q"}], "completion": "a"},
-            "has role 'human' (allowed: system, user, assistant, tool)",
+            {"prompt": [{"role": "bot", "content": "q"}], "completion": "a"},
+            "has role 'bot' (known: system, user, assistant, tool, human, gpt, observation, function_call)",
         ),
         (
             {"prompt": [QA[0]], "completion": [{"role": "user", "content": "a"}]},
