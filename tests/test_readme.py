@@ -271,12 +271,31 @@ def extract(markdown: str) -> tuple[list[Command], list[Segment]]:
 README_COMMANDS, README_OTHERS = extract(README.read_text())
 
 
+class MissingFixture(Exception):
+    """A README command needs a user file, placeholder or run dir the test cannot provide yet."""
+
+
 # --- how each command is run -----------------------------------------------------------------------------
 def kind(args: tuple[str, ...]) -> str:
-    """``as_written`` (subcommands planning cannot show), ``replay`` or ``plan``."""
+    """``as_written`` (subcommands planning cannot show), ``few_steps`` (a sweep whose sweeper optimizes the
+    objective: plan mode returns none, so it runs 2 trials of 2 steps), ``replay`` or ``plan``."""
     if (args and args[0] in AS_WRITTEN) or AS_WRITTEN_FLAGS & set(args):
         return "as_written"
+    if {"-m", "--multirun"} & set(args) and optimizing_sweeper(args):
+        return "few_steps"
     return "replay" if args and args[0] == "replay" else "plan"
+
+
+def optimizing_sweeper(args: tuple[str, ...]) -> bool:
+    """Whether the command picks a sweeper other than Hydra's basic one, directly or through an experiment."""
+    for arg in args:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key == "hydra/sweeper" and value != "basic":
+            return True
+        experiment = REPO / "conf" / "experiment" / f"{value}.yaml"
+        if key == "experiment" and experiment.is_file():
+            return "override /hydra/sweeper" in experiment.read_text()
+    return False
 
 
 # Run dirs trained once per session (2 optimizer steps), only when a README command reads them: through
@@ -296,6 +315,8 @@ SESSION_RUNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "sweep": (("-m", "peft=none,lora", "hydra.sweep.dir=multirun/day/sweep"), ()),
 }
+PLAN = ("mode=plan",)
+FEW_STEPS = (*TRAIN[:2], "train.save_every=0", *TRAIN[3:], "hydra.sweeper.n_trials=2")
 RUN_PATHS = {"sft": "outputs/day/sft", "reward": "outputs/day/reward", "sweep": "multirun/day/sweep"}
 
 
@@ -307,7 +328,10 @@ def needed_runs(args: tuple[str, ...]) -> list[str]:
     names += [name for placeholder, name in PLACEHOLDERS.items() if placeholder in joined]
     ordered: list[str] = []
     for name in names:
-        assert name in SESSION_RUNS, f"no session run for `{name}`: add it to SESSION_RUNS in {__file__}"
+        if name not in SESSION_RUNS:
+            raise MissingFixture(
+                f"no session run for `{name}` (a finished run it reads): add it to SESSION_RUNS"
+            )
         ordered += [n for n in (*SESSION_RUNS[name][1], name) if n not in ordered]
     return ordered
 
@@ -318,7 +342,10 @@ def prepare(command: Command, cwd: Path) -> list[str]:
     for placeholder, name in PLACEHOLDERS.items():
         text = text.replace(placeholder, RUN_PATHS[name])
     unknown = re.findall(r"<[^<>=]+>", text)
-    assert not unknown, f"{command.id}: unknown placeholder {unknown}: add it to PLACEHOLDERS in {__file__}"
+    if unknown:
+        raise MissingFixture(
+            f"{command.id}: unknown placeholder {unknown}: add it to PLACEHOLDERS in {__file__}"
+        )
     words = shlex.split(text)
     args = [a for a in words[words.index("hydratune") + 1 :] if a not in ELLIPSES]
     for prefix, local in PATH_REMAP.items():
@@ -331,15 +358,16 @@ def prepare(command: Command, cwd: Path) -> list[str]:
             and not value.startswith("${")
             and not Path(value).is_absolute()
         ):
-            assert value in FILES, (
-                f"{command.id}: {key}={value} names a user file the test has no fixture for: add a generator "
-                f"for '{value}' to FILES in {__file__}"
-            )
+            if value not in FILES:
+                raise MissingFixture(
+                    f"{command.id}: {key}={value} names a user file the test has no fixture for: add a "
+                    f"generator for '{value}' to FILES in {__file__}"
+                )
             (cwd / value).parent.mkdir(parents=True, exist_ok=True)
             (cwd / value).write_text(FILES[value]())
-    if kind(command.args) != "as_written":
-        args = [a for a in args if not a.startswith("mode=")] + ["mode=plan"]
-    return args
+    extra = {"plan": PLAN, "replay": PLAN, "few_steps": FEW_STEPS}.get(kind(command.args), ())
+    ours = {a.partition("=")[0] for a in extra}
+    return [a for a in args if a.partition("=")[0] not in ours] + list(extra)
 
 
 # --- running ---------------------------------------------------------------------------------------------
@@ -408,7 +436,7 @@ def worker(spec: str, out: str) -> None:
                     shutil.copytree(source, Path(job["cwd"]) / Path(source).name, dirs_exist_ok=True)
             os.chdir(job["cwd"])
             os.environ.update(job["env"])
-            stdout, stderr, start = io.StringIO(), io.StringIO(), time.monotonic()
+            stdout, stderr, start, cpu = io.StringIO(), io.StringIO(), time.monotonic(), time.process_time()
             with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
                 sys.argv = ["hydratune", *job["args"]]
                 try:
@@ -424,7 +452,8 @@ def worker(spec: str, out: str) -> None:
             os.environ.clear()
             os.environ.update(environ)
             record = {"rc": rc, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
-            sink.write(json.dumps({**record, "s": round(time.monotonic() - start, 2)}) + "\n")
+            seconds = {"s": round(time.monotonic() - start, 2), "cpu_s": round(time.process_time() - cpu, 2)}
+            sink.write(json.dumps({**record, **seconds}) + "\n")
             sink.flush()
 
 
@@ -438,7 +467,7 @@ def failure(command: Command, result: dict[str, Any]) -> str | None:
         return None  # estimate's exit code 1 is its verdict "does not fit", not an error
     if result["rc"] != 0:
         return f"exit code {result['rc']}"
-    if kind(args) != "as_written" and "checks passed" not in result["stdout"]:
+    if kind(args) in ("plan", "replay") and "checks passed" not in result["stdout"]:
         return "no '# checks passed' line from mode=plan"
     return None
 
@@ -452,25 +481,33 @@ def missing_module(command: Command) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Every runnable README command's result, by command id. Two workers run concurrently: one trains the
-    session runs and then runs the commands that read them, the other runs the rest. Identical commands
-    (same argv and environment) run once."""
+def results(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> dict[str, dict[str, Any]]:
+    """The result of every selected, runnable README command, by command id. Two workers run concurrently:
+    one trains the session runs and then runs the commands that read them, the other runs the rest.
+    Identical commands (same argv and environment) run once."""
     start, root = time.monotonic(), tmp_path_factory.mktemp("readme")
     runs_dir = root / "session_runs"
     runs_dir.mkdir()
-    runnable = [c for c in README_COMMANDS if c.text not in ALLOWLIST and not missing_module(c)]
+    selected = {
+        getattr(item, "callspec", None) and item.callspec.params.get("command")
+        for item in request.session.items
+    }
+    runnable = [
+        c for c in README_COMMANDS if c in selected and c.text not in ALLOWLIST and not missing_module(c)
+    ]
     jobs: dict[tuple[Any, ...], dict[str, Any]] = {}
     job_of, errors = {}, {}
     for command in runnable:
         key = (command.args, command.env)
         if key not in jobs:
-            cwd = root / f"line{command.line}"
+            cwd = root / f"line{command.line}_{len(jobs)}"
             cwd.mkdir()
             try:
                 args = prepare(command, cwd)
                 needs = needed_runs(command.args)
-            except AssertionError as err:
+            except MissingFixture as err:
                 errors[command.id] = str(err)
                 continue
             copy = [str(runs_dir / d) for d in ("outputs", "multirun")] if needs else []
@@ -480,6 +517,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
                 "cwd": str(cwd),
                 "env": dict(command.env),
                 "copy": copy,
+                "trains": kind(command.args) == "few_steps",
                 "needs": needs,
             }
         job_of[command.id] = jobs[key]
@@ -494,9 +532,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
         for name in SESSION_RUNS
         if name in needed
     ]
+    rest = sorted((j for j in jobs.values() if not j["needs"]), key=lambda j: j["trains"])  # training last
     batches = [
         training + [j for j in jobs.values() if j["needs"]],
-        [j for j in jobs.values() if not j["needs"]],
+        rest,
     ]
     by_job = run_batches(batches, root)
     session_failures = "".join(
@@ -522,8 +561,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
             by_job[job["id"]] = result
         out[command.id] = result
     print(
-        f"\nREADME.md: {len(README_COMMANDS)} hydratune commands, {len(jobs)} distinct run, "
-        f"{len(README_COMMANDS) - len(runnable)} allowlisted/skipped, {len(training)} session runs, "
+        f"\nREADME.md: {len(README_COMMANDS)} hydratune commands ({len(ALLOWLIST)} allowlisted), "
+        f"{len(runnable)} selected and runnable, {len(jobs)} distinct run, {len(training)} session runs, "
         f"{time.monotonic() - start:.1f}s"
     )
     return out
@@ -544,7 +583,8 @@ def test_readme_command(command: Command, results: dict[str, dict[str, Any]]) ->
     if module := missing_module(command):
         pytest.skip(f"needs the `{module}` package, not installed")
     result = results[command.id]
-    assert "error" not in result, result.get("error")
+    if "error" in result:
+        pytest.fail(result["error"], pytrace=False)
     why = failure(command, result)
     argv = " ".join(shlex.quote(a) for a in result["args"])
     assert why is None, (
