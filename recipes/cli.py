@@ -41,6 +41,8 @@ def execute(cfg: DictConfig) -> Any:
     from components.launcher import FROZEN
     from components.run import Components, hydra_run_dir
 
+    if cfg.mode == "plan":
+        refuse_plan_under_an_optimizing_sweeper()
     cfg = maybe_resolve_auto(cfg)  # strategy=auto: choose from the memory estimate, save the choice
     comps = Components.from_config(cfg)
     device = check_before_load(cfg, comps, plan_device(cfg, comps))
@@ -78,6 +80,23 @@ def execute(cfg: DictConfig) -> Any:
         result = run_recipe(cfg, run_dir, comps=comps, device=device)
     print(f"run dir: {run_dir}")
     return result
+
+
+def refuse_plan_under_an_optimizing_sweeper() -> None:
+    """``-m ... mode=plan`` under Optuna & co: plan mode returns no objective, so the sweeper would fail every
+    trial and end in a traceback. Hydra's basic sweeper needs none: each point is planned."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    sweeper = str(HydraConfig.get().sweeper.get("_target_", ""))
+    if sweeper and not sweeper.endswith(".BasicSweeper"):
+        raise ConfigError(
+            f"mode=plan returns no objective, and the sweeper ({sweeper.rsplit('.', 1)[-1]}) optimizes one",
+            key="mode",
+            hint="plan one point without -m (same overrides), or run the sweep",
+        )
 
 
 def plan_device(cfg: DictConfig, comps: Any) -> str | None:

@@ -74,6 +74,15 @@ def test_plan_mode_checks_without_training(tmp_path: Path) -> None:
     assert not any((tmp_path / "outputs").rglob("final"))
 
 
+def test_plan_mode_refuses_an_optimizing_sweep_without_a_traceback(tmp_path: Path) -> None:
+    """Optuna needs each trial's objective and plan mode returns none: a named error, not a traceback."""
+    proc = hydratune("-m", "+experiment=tiny_optuna_sweep", "mode=plan", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "[mode]" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+    single = hydratune("+experiment=tiny_optuna_sweep", "mode=plan", cwd=tmp_path)  # the hint's way out
+    assert single.returncode == 0 and "checks passed" in single.stdout, single.stderr[-2000:]
+
+
 def run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("summary.md"))
 
