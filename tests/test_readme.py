@@ -92,6 +92,15 @@ def messages_jsonl() -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
+def dialog_jsonl() -> str:
+    """Chats under a column of another name (``dialog``), for the ``data.columns`` example."""
+    rows = [
+        {"id": i, "dialog": [{"role": "user", "content": q}, {"role": "assistant", "content": str(a)}]}
+        for i, (q, a, _) in enumerate(_sums())
+    ]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
 def sharegpt_json() -> str:
     """ShareGPT: a JSON array of ``{"conversations": [{"from", "value"}, ...]}``."""
     rows = [
@@ -141,6 +150,7 @@ FILES: dict[str, Callable[[], str]] = {
     "chat.jsonl": messages_jsonl,
     "my.jsonl": messages_jsonl,
     "chats_sharegpt.json": sharegpt_json,
+    "dialogs.jsonl": dialog_jsonl,
     "prefs.jsonl": preference_jsonl,
     "ultrafeedback.jsonl": ultrafeedback_jsonl,
     "hh.jsonl": hh_jsonl,
