@@ -7,8 +7,11 @@ The model of a training step (per GPU, bytes)::
 
     peak = max(fwd/bwd peak, optimizer-step peak) + DeepSpeed/DDP buffers
     fwd/bwd peak   = weights + optimizer states + low-precision weight copies + activations + logits
-    step peak      = weights + gradients + optimizer states (+ master weights)
+                     (+ DeepSpeed's gradient partitions, kept through the backward)
+    step peak      = weights + gradients + optimizer states + the fp32 gradient copy (+ its temporaries)
     reserved total = peak * (1 + FRAGMENTATION) + CUDA_CONTEXT_BYTES
+
+Every term is a row of the table, and the rows held in the larger phase sum to the peak exactly.
 
 Gradients and activations are never both whole at once: activations are freed layer by layer as the
 backward pass fills the gradients, so the forward/backward peak carries the activations and the step
@@ -18,6 +21,11 @@ Model states (Φ parameters, N data-parallel ranks, mixed-precision Adam: 2 byte
 2 bytes gradients, 12 bytes fp32 master weights + Adam moments = 16 bytes/param)::
 
     DDP / ZeRO-0 16Φ      ZeRO-1 4Φ + 12Φ/N      ZeRO-2 2Φ + 14Φ/N      ZeRO-3 16Φ/N
+
+plus the fp32 gradient copy at the step (4Φ/N; ZeRO-3: 4·min(sub_group_size, Φ/N)), ZeRO-3's gathered
+modules and ZeRO++ hpZ's secondary copy (2Φ/hpz). Under ``offload_optimizer`` DeepSpeed keeps the
+gradients on the host (docs/memory.md cites its code); ``tests/test_estimate.py`` checks all of this
+against DeepSpeed's own estimators or its code's allocation.
 
 Activations per layer per token follow what autograd actually saves in a Llama-style block (RMSNorm
 in fp32, q/k/v/o projections, RoPE, SDPA/flash attention saving q, k, v, its output and the
