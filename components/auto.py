@@ -1,7 +1,8 @@
 """``strategy=auto``: pick the fastest strategy that fits, from the memory estimate, before anything loads.
 
-The choice walks the OOM ladder of :mod:`components.estimate` (fastest rung first: single/DDP, ZeRO-1,
-ZeRO-2, FSDP, ZeRO-3, ZeRO-2/3 with CPU offload, NVMe), takes the first (strategy, gradient
+The choice walks the OOM ladder of :mod:`components.estimate` (fastest rung first in the ASSUMED,
+unmeasured order of ``SPEED``: single/DDP, ZeRO-0/1/2, FSDP, ZeRO++, ZeRO-3, ZeRO-2/3 with CPU offload,
+NVMe), takes the first (strategy, gradient
 checkpointing) rung whose micro-batch-1 run fits the GPU with the safety margin, then the largest
 micro-batch that still fits with gradient accumulation keeping the requested per-GPU batch. The chosen
 option's composed node replaces ``strategy`` and the run dir's ``.hydra/config.yaml`` is rewritten, so

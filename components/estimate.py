@@ -7,8 +7,11 @@ The model of a training step (per GPU, bytes)::
 
     peak = max(fwd/bwd peak, optimizer-step peak) + DeepSpeed/DDP buffers
     fwd/bwd peak   = weights + optimizer states + low-precision weight copies + activations + logits
-    step peak      = weights + gradients + optimizer states (+ master weights)
+                     (+ DeepSpeed's gradient partitions, kept through the backward)
+    step peak      = weights + gradients + optimizer states + the fp32 gradient copy (+ its temporaries)
     reserved total = peak * (1 + FRAGMENTATION) + CUDA_CONTEXT_BYTES
+
+Every term is a row of the table, and the rows held in the larger phase sum to the peak exactly.
 
 Gradients and activations are never both whole at once: activations are freed layer by layer as the
 backward pass fills the gradients, so the forward/backward peak carries the activations and the step
@@ -18,6 +21,11 @@ Model states (Φ parameters, N data-parallel ranks, mixed-precision Adam: 2 byte
 2 bytes gradients, 12 bytes fp32 master weights + Adam moments = 16 bytes/param)::
 
     DDP / ZeRO-0 16Φ      ZeRO-1 4Φ + 12Φ/N      ZeRO-2 2Φ + 14Φ/N      ZeRO-3 16Φ/N
+
+plus the fp32 gradient copy at the step (4Φ/N; ZeRO-3: 4·min(sub_group_size, Φ/N)), ZeRO-3's gathered
+modules and ZeRO++ hpZ's secondary copy (2Φ/hpz). Under ``offload_optimizer`` DeepSpeed keeps the
+gradients on the host (docs/memory.md cites its code); ``tests/test_estimate.py`` checks all of this
+against DeepSpeed's own estimators or its code's allocation.
 
 Activations per layer per token follow what autograd actually saves in a Llama-style block (RMSNorm
 in fp32, q/k/v/o projections, RoPE, SDPA/flash attention saving q, k, v, its output and the
@@ -49,8 +57,11 @@ ACTIVATION_SLACK = 0.05
 #: Bytes per element of the logits path for the loss: fp32 log-softmax output kept for backward, plus
 #: its gradient and the gradient of the fp32 logits during the loss backward (3 x 4 bytes).
 LOGITS_BYTES = 12
-#: Relative throughput of each strategy (1.0 = DDP), from the H100 measurements in docs/memory.md and
-#: the project anchors (ZeRO-3 ≈ 0.73x, ZeRO-3 + CPU optimizer offload ≈ 0.18x of the plain loop).
+#: ASSUMED relative throughput of each strategy (1.0 = DDP): NOT measured. No throughput measurement
+#: with provenance backs these numbers (docs/memory.md measures memory only); they encode the usual order
+#: single = ddp > zero0 > zero1 > zero2 > fsdp > zero3pp > zero3 > zero2_offload > zero3_offload >
+#: zero3_nvme, i.e. less communication and no host round trip first. strategy=auto uses only the order
+#: (the fastest rung that fits); the printed "relative speed" values are these assumptions.
 SPEED: dict[str, float] = {
     "single": 1.0,
     "ddp": 1.0,
@@ -382,6 +393,7 @@ class StrategyShape:
     overlap_comm: bool = True
     quantized_weights: bool = False  # ZeRO++ qwZ
     hpz_partition_size: int = 1  # ZeRO++ hpZ: a secondary copy of the weights sharded inside a node
+    sub_group_size: float = 1e9  # ZeRO-3: fp32 gradients are made one sub-group of this many at a time
     speed: float = 1.0
 
     @property
@@ -451,13 +463,14 @@ def shape_of(strategy: Any) -> StrategyShape:
             stage=stage,
             offload_optimizer=opt,
             offload_param=par,
-            reduce_bucket_size=_bucket(_get(strategy, "reduce_bucket_size", 5e8)),
-            allgather_bucket_size=_bucket(_get(strategy, "allgather_bucket_size", 5e8)),
+            reduce_bucket_size=_bucket(_get(strategy, "reduce_bucket_size", 0)),
+            allgather_bucket_size=_bucket(_get(strategy, "allgather_bucket_size", 0)),
             prefetch_bucket_size=_bucket(_get(strategy, "stage3_prefetch_bucket_size", 0)),
             max_live_parameters=_bucket(_get(strategy, "stage3_max_live_parameters", 1e9)) or 1e9,
             overlap_comm=bool(_get(strategy, "overlap_comm", True)),
             quantized_weights=quant,
             hpz_partition_size=hpz,
+            sub_group_size=_bucket(_get(strategy, "sub_group_size", 1e9)) or 1e9,
             speed=SPEED.get(name, 0.5),
         )
     return STRATEGY_SHAPES["single"]
@@ -532,6 +545,9 @@ class Estimate:
     cpu_bytes: float  # host RAM per node for offloaded states
     params_total: int
     params_trainable: int
+    peak_phase: str = "forward/backward"  # the phase whose rows sum to peak_allocated
+    model_states: float = 0.0  # weights, gradients, optimizer states and their step/gather copies (GPU)
+    cpu_offload_bytes: float = 0.0  # host RAM per node for the offloaded states alone (no loading)
 
     @property
     def total(self) -> float:
@@ -589,17 +605,47 @@ def activations(spec: RunSpec) -> tuple[float, float]:
     return stack, logits
 
 
+def largest_param(arch: Arch) -> int:
+    """Elements of the largest single parameter (the embedding or lm_head, else an MLP matrix): the size of
+    DeepSpeed's per-parameter offload buffers and of ZeRO-3's largest gathered module."""
+    lin = arch.linears().values()
+    return max(arch.vocab_size * arch.hidden_size, *(i * o + (o if b else 0) for i, o, b in lin))
+
+
+def _phase_rows(
+    terms: list[tuple[str, float, str]], fwd_bwd: set[str], step: set[str]
+) -> tuple[list[Row], float, str]:
+    """Rows for every term, marked in_peak when the term is held in the phase that is the peak; the
+    in-peak rows sum to the peak by construction."""
+    value = dict((name, b) for name, b, _ in terms)
+    fb, st = sum(value[k] for k in fwd_bwd), sum(value[k] for k in step)
+    phase, held = ("forward/backward", fwd_bwd) if fb >= st else ("optimizer step", step)
+    other = "optimizer step" if phase == "forward/backward" else "forward/backward"
+    rows = [
+        Row(name, b, note if name in held else f"{note} (held in the {other}, not at the peak)", name in held)
+        for name, b, note in terms
+        if b or name in ("parameters", "gradients", "optimizer states")
+    ]
+    return rows, max(fb, st), phase
+
+
 def estimate(spec: RunSpec) -> Estimate:
-    """The per-GPU estimate of ``spec`` (see the module docstring for the model)."""
+    """The per-GPU estimate of ``spec`` (see the module docstring for the model).
+
+    DeepSpeed's placement follows its optimizer code (docs/memory.md cites the lines): under
+    ``offload_optimizer`` the gradients live on the host (stage 1/2: the fp32 gradient partition, with one
+    largest-parameter-sized 16-bit buffer left on the GPU; stage 3: the 16-bit gradient partition
+    buffer); without offload stage 3 makes the fp32 gradients one ``sub_group_size`` sub-group at a
+    time; ZeRO++ hpZ keeps a secondary copy of the weights sharded within ``zero_hpz_partition_size``
+    ranks next to the primary partition."""
     a, s, n = spec.arch, spec.strategy, spec.world_size
     counts = param_counts(a)
     total_params, trainable = counts.total, spec.trainable
     frozen = total_params - trainable
-    rows: list[Row] = []
-    cpu = 0.0
+    ds = s.is_deepspeed
 
-    # weights -----------------------------------------------------------------------------------
-    if s.is_deepspeed:
+    # bytes per element ---------------------------------------------------------------------------
+    if ds:
         # DeepSpeed casts the module to the compute dtype and keeps fp32 masters + moments in its optimizer
         w = spec.compute_bytes
         master = 4 if spec.compute_bytes == 2 else 0
@@ -619,37 +665,58 @@ def estimate(spec: RunSpec) -> Estimate:
         else 0.0
     )
     plain_frozen = max(frozen - quantized, 0)
-    adapter_w = trainable * (w if spec.full_finetune or s.is_deepspeed else 4)
+    adapter_w = trainable * (w if spec.full_finetune or ds else 4)
 
     # sharding of each state over the ranks ----------------------------------------------------
-    shard_p = n if (s.stage >= 3) else 1
-    shard_g = n if s.stage >= 2 else 1
-    shard_o = n if s.stage >= 1 else 1
-    if s.kind in ("single", "ddp"):
-        shard_p = shard_g = shard_o = 1
-    if s.hpz_partition_size > 1 and s.stage >= 3:
-        shard_p = max(1, min(n, s.hpz_partition_size))  # hpZ's secondary copy is sharded inside a node
-    plain_w = 4 if (spec.quant_bits and not s.is_deepspeed) else w  # kbit prep casts the rest to fp32
-    weights_b = (plain_frozen * plain_w + adapter_w) / shard_p
-    q_bytes /= shard_p if s.stage >= 3 else 1
-    weights_cpu = 0.0
+    sharded = s.kind not in ("single", "ddp")
+    shard_p = n if sharded and s.stage >= 3 else 1
+    shard_g = n if sharded and s.stage >= 2 else 1
+    shard_o = n if sharded and s.stage >= 1 else 1
+    plain_w = 4 if (spec.quant_bits and not ds) else w  # kbit prep casts the rest to fp32
+    all_weights = plain_frozen * plain_w + adapter_w
+    weights_b = all_weights / shard_p
+    q_bytes /= shard_p
+    # ZeRO++ hpZ: a secondary copy of the 16-bit weights sharded over the hpZ group, kept next to the
+    # primary partition from the first forward until after the optimizer step
+    hpz = min(n, s.hpz_partition_size) if ds and s.stage >= 3 and s.hpz_partition_size > 1 else 0
+    secondary = all_weights / hpz if hpz else 0.0
+    host_weights = 0.0
     if s.offload_param != "none" and s.stage >= 3:
-        weights_cpu = (weights_b + q_bytes) * (spec.num_gpus)  # per node
-        weights_b, q_bytes = 0.0, 0.0
+        host_weights = (weights_b + q_bytes + secondary) * spec.num_gpus  # per node
+        weights_b, q_bytes, secondary = 0.0, 0.0, 0.0
     grads_b = trainable * grad_b / shard_g
     opt_states = trainable * (opt_b + master) / shard_o
-    opt_cpu = 0.0
+    host_states, offload_buffer, fp32_grads, step_temp = 0.0, 0.0, 0.0, 0.0
     if s.offload_optimizer != "none":
-        opt_cpu = opt_states * spec.num_gpus
-        if s.kind == "deepspeed":  # the fp32 gradients of the partition also live on the host
-            opt_cpu += trainable * 4 / shard_g * spec.num_gpus
+        host_states = opt_states
+        if ds:
+            # fp32 gradient partition on the host (stage 1/2: initialize_optimizer_states; stage 3: one
+            # buffer per sub-group) + a 16-bit partition buffer (stage 1/2: the bit16 param staging
+            # buffer; stage 3: grad_partitions_flat_buffer, allocated on the optimizer's device)
+            host_states += trainable / shard_o * (4 + grad_b)
+            grads_b = 0.0
+            if s.stage in (1, 2):  # temp_grad_buffer_for_gpu_offload: one largest parameter, 16-bit
+                offload_buffer = min(largest_param(a), trainable) * grad_b
         opt_states = 0.0
-    if s.offload_optimizer == "cpu" or s.offload_param == "cpu":
-        cpu += opt_cpu + weights_cpu
+    elif ds and master:
+        if s.stage == 3:  # _prepare_fp32_grad_for_sub_group: one sub-group's fp32 gradients at a time
+            sub_group = min(s.sub_group_size or 1e12, trainable / shard_o)
+            fp32_grads = 4 * sub_group
+            step_temp = grad_b * sub_group  # the 16-bit flatten the fp32 copy is cast from
+        else:  # stage 0/1/2: the fp32 copy of the whole gradient partition at the step
+            fp32_grads = 4 * trainable / shard_o
+    host_offload = host_states * spec.num_gpus + host_weights  # per node
+    if "nvme" in (s.offload_optimizer, s.offload_param):
+        host_offload = 0.0  # on the NVMe drive, not in RAM
+    # loading: every rank materialises the weights on the host (the whole model; under ZeRO-3's
+    # zero.Init one module at a time); DeepSpeed's estimators count the same 4 bytes/param
+    loaded = largest_param(a) if ds and s.stage >= 3 else total_params
+    host_load = spec.num_gpus * loaded * spec.weight_bytes
+    cpu = max(host_load, host_offload)
 
     # what a sharded stage gathers back transiently (one layer at a time + the largest module)
     gathered = 0.0
-    if s.stage >= 3 and (n > 1 or s.offload_param != "none"):
+    if s.stage >= 3 and s.kind != "single" and (n > 1 or ds):
         biggest = max(counts.layer, counts.embedding) * spec.compute_bytes
         gathered = 2 * biggest  # the gathered module + the prefetched next one
     elif s.kind == "fsdp" and s.stage == 2 and n > 1:
@@ -658,9 +725,9 @@ def estimate(spec: RunSpec) -> Estimate:
     # low-precision weight copies autocast keeps for backward (fp32 weights, bf16/fp16 compute)
     casts = 0.0
     head = counts.lm_head + (counts.embedding if a.tie_word_embeddings else 0)
-    if not s.is_deepspeed and spec.compute_bytes == 2 and spec.quant_bits:
+    if not ds and spec.compute_bytes == 2 and spec.quant_bits:
         casts = head * 2
-    elif not s.is_deepspeed and w == 4 and spec.compute_bytes == 2:
+    elif not ds and w == 4 and spec.compute_bytes == 2:
         # autocast caches the casts of trainable weights until it exits; casts of frozen weights are kept
         # only as saved tensors, which gradient checkpointing drops
         linear = counts.linear if (spec.full_finetune or not spec.gradient_checkpointing) else 0
@@ -668,9 +735,8 @@ def estimate(spec: RunSpec) -> Estimate:
 
     # buffers -------------------------------------------------------------------------------------
     buffers = 0.0
-    step_extra = 0.0
     note = ""
-    if s.is_deepspeed:
+    if ds:
         rb = min(s.reduce_bucket_size or a.hidden_size**2, trainable)
         ab = min(s.allgather_bucket_size or a.hidden_size**2, trainable)
         if s.stage in (1, 2):
@@ -680,55 +746,73 @@ def estimate(spec: RunSpec) -> Estimate:
             pb = s.prefetch_bucket_size or 0.9 * a.hidden_size**2
             buffers = (rb + min(pb, total_params)) * spec.compute_bytes
             note = "reduce + prefetch buckets"
-        if s.offload_optimizer == "none" and master:  # fp32 copy of the gradient partition at the step
-            step_extra = trainable * 4 / shard_o
     elif s.kind == "ddp" and n > 1:
         buffers = trainable * grad_b
         note = "gradient buckets (a second copy of the gradients)"
 
     stack, logits = activations(spec)
-    fwd_bwd = weights_b + q_bytes + opt_states + casts + gathered + stack + logits + buffers
-    step = weights_b + q_bytes + opt_states + grads_b + gathered + buffers + step_extra
-    if s.is_deepspeed:  # DS keeps its gradient partitions for the whole backward
-        fwd_bwd += grads_b
-    peak = max(fwd_bwd, step)
-
     mb = f"{spec.micro_batch}x{spec.seq_len} tokens"
-    rows += [
-        Row(
+    terms: list[tuple[str, float, str]] = [
+        (
             "parameters",
             weights_b,
             (f"{plain_w} B/param" if trainable == total_params else f"{plain_w} B/frozen param")
-            + (f", /{shard_p} shards" if shard_p > 1 else ""),
+            + (f", /{shard_p} shards" if shard_p > 1 else "")
+            + (" (offloaded to cpu)" if host_weights else ""),
         ),
-    ]
-    if q_bytes or quantized:
-        rows.append(Row("quantized weights", q_bytes, _quant_note(spec)))
-    rows += [
-        Row("gradients", grads_b, f"{grad_b} B/trainable param" + (f", /{shard_g}" if shard_g > 1 else "")),
-        Row("optimizer states", opt_states, _opt_note(opt_b, master, shard_o, s)),
-    ]
-    if casts:
-        rows.append(
-            Row("autocast weight copies", casts, "bf16/fp16 copies of fp32 weights kept for backward")
-        )
-    if gathered:
-        rows.append(Row("gathered params", gathered, "ZeRO-3/FSDP: layers gathered in forward/backward"))
-    rows += [
-        Row(
+        ("hpZ secondary weights", secondary, f"ZeRO++ hpZ: a second copy of the weights, /{hpz} in-node"),
+        ("quantized weights", q_bytes, _quant_note(spec) if quantized else ""),
+        (
+            "gradients",
+            grads_b,
+            f"{grad_b} B/trainable param"
+            + (f", /{shard_g}" if shard_g > 1 else "")
+            + (" (on the host with the offloaded optimizer)" if ds and s.offload_optimizer != "none" else ""),
+        ),
+        (
+            "offload gradient buffer",
+            offload_buffer,
+            "one largest-parameter 16-bit buffer (stage 1/2 offload)",
+        ),
+        ("optimizer states", opt_states, _opt_note(opt_b, master, shard_o, s)),
+        (
+            "fp32 gradient copy",
+            fp32_grads,
+            "4 B/param of one sub-group (sub_group_size)" if s.stage == 3 else "4 B/param of the partition",
+        ),
+        ("step temporaries", step_temp, "16-bit flatten of the sub-group, cast to fp32"),
+        ("autocast weight copies", casts, "bf16/fp16 copies of fp32 weights kept for backward"),
+        ("gathered params", gathered, "ZeRO-3/FSDP: layers gathered in forward/backward"),
+        (
             "activations",
             stack,
             f"{mb}, "
             + ("checkpointed" if spec.gradient_checkpointing else "no checkpointing")
             + f", {spec.attn_implementation}",
         ),
-        Row("logits + loss", logits, f"vocab {a.vocab_size} x {spec.tokens} tokens x {LOGITS_BYTES} B"),
+        ("logits + loss", logits, f"vocab {a.vocab_size} x {spec.tokens} tokens x {LOGITS_BYTES} B"),
+        ("buffers", buffers, note or "communication buffers"),
     ]
-    if buffers:
-        rows.append(Row("buffers", buffers, note or "communication buffers"))
+    always = {
+        "parameters",
+        "hpZ secondary weights",
+        "quantized weights",
+        "offload gradient buffer",
+        "optimizer states",
+        "gathered params",
+        "buffers",
+    }
+    fwd_bwd = always | {"autocast weight copies", "activations", "logits + loss"}
+    if ds:  # DeepSpeed keeps its gradient partitions for the whole backward
+        fwd_bwd.add("gradients")
+    step = always | {"gradients", "fp32 gradient copy", "step temporaries"}
+    rows, peak, phase = _phase_rows(terms, fwd_bwd, step)
+    model_states = (
+        weights_b + q_bytes + secondary + grads_b + offload_buffer + opt_states + fp32_grads + gathered
+    )
     if trainable != total_params:
         rows.insert(
-            3 + (1 if q_bytes or quantized else 0),  # after the optimizer states
+            next(i for i, r in enumerate(rows) if r.name == "optimizer states") + 1,
             Row(
                 "LoRA/adapter states",
                 adapter_w / shard_p + grads_b + opt_states,
@@ -737,8 +821,11 @@ def estimate(spec: RunSpec) -> Estimate:
             ),
         )
     if cpu:
-        rows.append(Row("CPU RAM (per node)", cpu, "offloaded optimizer states / parameters", in_peak=False))
-    return Estimate(spec, rows, peak, cpu, total_params, trainable)
+        what = "loading the weights on every rank" if cpu == host_load else "offloaded states"
+        rows.append(
+            Row("CPU RAM (per node)", cpu, f"the larger of loading and offload: {what}", in_peak=False)
+        )
+    return Estimate(spec, rows, peak, cpu, total_params, trainable, phase, model_states, host_offload)
 
 
 def _quant_note(spec: RunSpec) -> str:
@@ -929,8 +1016,9 @@ class Decision:
             f"chose strategy={self.strategy} model.gradient_checkpointing={gc_text}"
             f" train.micro_batch_size={self.micro_batch}"
             f" train.gradient_accumulation_steps={self.accumulation}"
-            f": the fastest rung that fits (relative speed {speed:.2f}), {self.estimate.total / GiB:.1f} GiB "
-            f"of {budget:.1f} GiB, the largest micro-batch keeping the global batch"
+            f": the fastest rung that fits (assumed relative speed {speed:.2f}, see SPEED), "
+            f"{self.estimate.total / GiB:.1f} GiB of {budget:.1f} GiB, the largest micro-batch keeping the "
+            "global batch"
         )
         return "\n".join(lines)
 
@@ -978,12 +1066,28 @@ def gib(x: float) -> str:
     return f"{x / GiB:.2f}"
 
 
+#: Width of the tables when stdout is not a terminal (piped, captured): rich would otherwise assume 80
+#: columns and cut the strategy names ("zero2_…").
+PIPE_WIDTH = 160
+
+
+def _console() -> Any:
+    """A rich Console for stdout: the terminal's width, or ``PIPE_WIDTH`` when piped (COLUMNS wins)."""
+    import os
+
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console
+    return Console(highlight=False, width=PIPE_WIDTH)
+
+
 def render(cfg: Any, console: Any = None) -> bool:
     """Print the per-GPU table, the strategy comparison and the verdict (rich); returns fits."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console(highlight=False)
+    console = console or _console()
     spec = spec_from_config(cfg)
     est = estimate(spec)
     gpu_memory = gpu_memory_of(cfg)
@@ -997,15 +1101,15 @@ def render(cfg: Any, console: Any = None) -> bool:
     )
     if not is_auto:
         table = Table(title=f"Memory per GPU — {title}", title_justify="left")
-        table.add_column("item")
-        table.add_column("GiB", justify="right")
-        table.add_column("how")
+        table.add_column("item", overflow="fold")
+        table.add_column("GiB", justify="right", no_wrap=True)
+        table.add_column("how", overflow="fold")
         for r in est.rows:
             table.add_row(r.name if r.in_peak else f"[dim]{r.name}[/]", gib(r.bytes), r.note)
         table.add_row(
             "peak allocated",
             gib(est.peak_allocated),
-            "max(fwd/bwd: weights+optimizer+activations+logits, step: weights+grads+optimizer)",
+            f"the sum of the rows held in the {est.peak_phase}, the larger phase (dimmed: the other)",
         )
         table.add_row(
             "[bold]total[/]",
@@ -1022,10 +1126,10 @@ def render(cfg: Any, console: Any = None) -> bool:
         "activations+logits",
         "total",
         "CPU RAM",
-        "speed",
+        "speed (assumed)",
         "fits",
     ):
-        comp.add_column(col, justify="left" if col == "strategy" else "right")
+        comp.add_column(col, justify="left" if col == "strategy" else "right", overflow="fold")
     for name, e in compare(spec).items():
         ok = "?" if gpu_memory is None else ("yes" if e.fits(gpu_memory, margin) else "no")
         comp.add_row(
