@@ -28,6 +28,7 @@ log = logging.getLogger("hydratune")
 
 INSTALL_HINT = "pip install 'hydratune[real]' (or: pip install gguf)"
 _CONFIGS: dict[Path, PretrainedConfig] = {}  # GGUF file -> its parsed config (a parse reads ~5-10 s)
+_ANNOUNCED: set[Path] = set()  # conversions already named in this process's log
 
 
 def cache_root() -> Path:
@@ -92,20 +93,25 @@ def ensure_converted(path: Path) -> Path:
     """The plain HF model dir of GGUF file ``path``: converted now (once, atomically) or from the cache."""
     out = converted_dir(path)
     if (out / "config.json").is_file():
-        log.info("using cached conversion of %s: %s", path.name, out)
-        return out
+        return _announce(out, f"using cached conversion of {path.name}: {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
     with _lock(out.with_name(out.name + ".lock")):
         if (out / "config.json").is_file():  # another process converted it while we waited
-            log.info("using cached conversion of %s: %s", path.name, out)
-            return out
+            return _announce(out, f"using cached conversion of {path.name}: {out}")
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
         try:
             _convert(path, tmp)
             tmp.rename(out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    log.warning("converted %s (GGUF, dequantized to float32) once into %s", path.name, out)
+    return _announce(out, f"converted {path.name} (GGUF, dequantized to float32) once into {out}")
+
+
+def _announce(out: Path, message: str) -> Path:
+    """Log ``message`` the first time this process uses ``out``; return ``out``."""
+    if out not in _ANNOUNCED:
+        _ANNOUNCED.add(out)
+        log.info(message)
     return out
 
 

@@ -33,9 +33,10 @@ class CausalLM:
     """A decoder-only language model and its tokenizer.
 
     ``name_or_path`` is a hub id or a local directory; with ``gguf_file`` it is the folder of that GGUF
-    checkpoint, converted once into a plain model dir that the run then uses (``components/gguf.py``). ``init=random`` builds the architecture from
-    ``name_or_path``'s config (plus ``architecture`` overrides) with fresh weights; the shipped
-    ``conf/model/*.yaml`` carry the architecture numbers of popular models so they compose offline.
+    checkpoint, converted once into a plain model dir that the run then uses (``components/gguf.py``).
+    ``init=random`` builds the architecture from ``name_or_path``'s config (plus ``architecture``
+    overrides) with fresh weights; the shipped ``conf/model/*.yaml`` carry the architecture numbers of
+    popular models so they compose offline.
     """
 
     name_or_path: str = "???"

@@ -63,7 +63,7 @@ def package_dir(package: str) -> str:
             key="model.name_or_path",
             hint=command,
         )
-    return str(list(spec.submodule_search_locations)[0])
+    return str(next(iter(spec.submodule_search_locations)))
 
 
 def register_resolvers() -> None:
