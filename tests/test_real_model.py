@@ -108,6 +108,7 @@ def test_conversion_is_atomic_and_cached(tmp_path, monkeypatch, caplog) -> None:
     calls = []
 
     def broken(path: Path, out: Path) -> None:
+        (out / "config.json").write_text("{}")  # save_pretrained writes the config first
         (out / "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt  # interrupted midway
 
@@ -128,6 +129,14 @@ def test_conversion_is_atomic_and_cached(tmp_path, monkeypatch, caplog) -> None:
     assert (first / "config.json").is_file() and "converted m.gguf" in caplog.text
     source.write_bytes(b"GGUF v2")  # an edited file converts anew
     assert gguf.converted_dir(source) != first
+
+
+@needs_real
+def test_from_run_of_a_gguf_model_loads_the_saved_dir(compose_cfg, tmp_path) -> None:
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "config.json").write_text("{}")
+    model = Components.from_config(compose_cfg("model=smollm2_135m", f"model.from_run={tmp_path}")).model
+    assert model.gguf_file is None and model.source_dir() == str(tmp_path / "final")
 
 
 @needs_real
@@ -175,11 +184,11 @@ def test_lora_sft_multiturn_assistant_only_then_merge(converted: Path, run_recip
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    overrides = ["peft=lora", "optimizer.lr=2e-4", "train.max_steps=8", "merge=true"]
+    overrides = ["peft=lora", "optimizer.lr=2e-4", "train.max_steps=6", "merge=true"]
     ctx, _ = run_recipe(*CHAT, *overrides, name="lora")
     result = report(ctx)
     losses = [r["loss"] for r in ctx.run_dir.read_metrics() if "loss" in r]
-    assert len(losses) == 8 and all(loss == loss for loss in losses)
+    assert len(losses) == 6 and all(loss == loss for loss in losses)
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses  # the short-answer format is learned
     mask = result["loss mask"]
     assert 0 < mask["trained_token_fraction"] < 0.5, mask  # assistant turns only, system/user masked
@@ -196,7 +205,15 @@ def test_lora_sft_multiturn_assistant_only_then_merge(converted: Path, run_recip
         FRANCE, add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     with torch.no_grad():
-        torch.testing.assert_close(merged(**ids).logits, adapted(**ids).logits, atol=1e-4, rtol=1e-4)
+        logits = adapted(**ids).logits
+        with adapted.disable_adapter():
+            base_logits = adapted(**ids).logits
+        merged_logits = merged(**ids).logits
+    # fp32 round-off of folding B@A into 30 layers' weights: measured max |diff| 1.6e-4 on logits of
+    # magnitude ~20, while the adapter itself moved them by far more
+    assert (logits - base_logits).abs().max() > 1e-2
+    torch.testing.assert_close(merged_logits, logits, atol=5e-4, rtol=1e-4)
+    assert torch.equal(merged_logits.argmax(-1), logits.argmax(-1))
     answer = greedy(merged, tokenizer, FRANCE)
     assert "Paris" in answer, answer  # still sensible after training
 
