@@ -83,7 +83,14 @@ def read_config(path: Path) -> PretrainedConfig:
     if is_converted(path):
         return AutoConfig.from_pretrained(converted_dir(path))
     if path not in _CONFIGS:
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        try:
+            config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        except (ValueError, KeyError, OSError) as err:  # e.g. an architecture transformers cannot read
+            raise ConfigError(
+                f"transformers cannot read {path.name} as a GGUF checkpoint: {err}",
+                key="model.gguf_file",
+                hint="use a GGUF of an architecture transformers supports (llama, mistral, qwen2, gemma, …)",
+            ) from None
         config.__dict__.pop("quantization_config", None)
         _CONFIGS[path] = config
     return copy.deepcopy(_CONFIGS[path])

@@ -77,6 +77,15 @@ def test_gguf_folder_and_file_are_checked_before_load(compose_cfg, tmp_path) -> 
         assert info.value.key == "model.gguf_file" and needle in str(info.value)
 
 
+def test_unreadable_gguf_fails_before_load(compose_cfg, tmp_path) -> None:
+    pytest.importorskip("gguf")
+    (tmp_path / "broken.gguf").write_bytes(b"not a gguf file at all")
+    cfg = compose_cfg("model.gguf_file=broken.gguf", f"model.name_or_path={tmp_path}", "peft=lora")
+    with pytest.raises(ConfigError) as info:
+        check_before_load(cfg, Components.from_config(cfg))  # the PEFT check reads its config
+    assert info.value.key == "model.gguf_file" and "broken.gguf" in str(info.value)
+
+
 def test_missing_gguf_package_names_the_install(compose_cfg, tmp_path, monkeypatch) -> None:
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     real_find_spec = importlib.util.find_spec
