@@ -246,7 +246,8 @@ def test_reward_and_dpo_with_lora(converted: Path, run_recipe) -> None:
 
     # 8 training pairs, no eval split: the before/after probes of the training pairs are the slow part
     short = ["model=smollm2_135m", "peft=lora", "optimizer.lr=2e-4", "data.max_samples=8"]
-    short += ["data.eval_path=null", "data.max_length=64", "train.micro_batch_size=4", "train.save_every=0"]
+    short += ["data.eval_path=null", "data.max_length=64", "train.micro_batch_size=4"]
+    short += ["train.eval_every=0", "train.save_every=0"]
     rm, _ = run_recipe("recipe=reward", *short, "train.max_steps=2", name="rm")
     assert any("score" in k for k in load_file(rm.run_dir.final / "adapter_model.safetensors"))
     dpo, _ = run_recipe("recipe=dpo", *short, "train.max_steps=2", name="dpo")
