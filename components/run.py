@@ -59,9 +59,10 @@ def _instantiate(cfg: DictConfig, group: str) -> Any:
     try:
         return instantiate(cfg[group], _convert_="all")
     except (InstantiationException, InterpolationResolutionError) as err:
-        cause = err.__cause__
+        # omegaconf chains a resolver's exception as __context__, Hydra's as __cause__
+        cause = err.__cause__ or err.__context__
         while cause is not None and not isinstance(cause, ConfigError):
-            cause = cause.__cause__
+            cause = cause.__cause__ or cause.__context__
         if cause is not None:
             raise cause from None
         raise
