@@ -63,7 +63,7 @@ def plan_data(comps: Any, eval_generations: int) -> list[str]:
     except ConfigError as err:
         tokenizer, skipped = None, f"token lengths not checked: {err.args[0]}"
     else:
-        tokenizer, skipped = comps.model.build_tokenizer(), ""
+        tokenizer, skipped = comps.model.build_tokenizer(convert=False), ""
     prepared = prepare_data(comps.data, tokenizer, eval_generations)
     check = getattr(comps.recipe, "check_data", None)
     if callable(check) and tokenizer is not None:

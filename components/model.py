@@ -265,12 +265,21 @@ class CausalLM:
             model.config.use_cache = False
         return model
 
-    def build_tokenizer(self) -> PreTrainedTokenizerBase:
-        """The tokenizer, set up for training: a pad token, right padding, the chat template."""
+    def build_tokenizer(self, convert: bool = True) -> PreTrainedTokenizerBase:
+        """The tokenizer, set up for training: a pad token, right padding, the chat template.
+        ``convert=False`` (``mode=plan``): a GGUF checkpoint not converted yet gives its tokenizer from the
+        file itself, and no weight is dequantized."""
+        from components import gguf
         from components.tokenizer import build_tokenizer
 
+        source, gguf_file = self.tokenizer, None
+        if source is None and self.gguf_file and not convert:
+            path = gguf.gguf_path(self.name_or_path, self.gguf_file)
+            if not gguf.is_converted(path):
+                source, gguf_file = str(path.parent), path.name
         return build_tokenizer(
-            self.tokenizer or self.source_dir(),
+            source or self.source_dir(),
+            gguf_file=gguf_file,
             revision=self.revision,
             trust_remote_code=self.trust_remote_code,
             chat_template=self.chat_template,

@@ -18,6 +18,7 @@ def build_tokenizer(
     trust_remote_code: bool = False,
     chat_template: str | None = None,
     padding_side: str = "right",
+    gguf_file: str | None = None,
 ) -> PreTrainedTokenizerBase:
     """Load a tokenizer and make it safe to train with.
 
@@ -31,7 +32,7 @@ def build_tokenizer(
 
     try:
         tok = AutoTokenizer.from_pretrained(
-            name_or_path, revision=revision, trust_remote_code=trust_remote_code
+            name_or_path, revision=revision, trust_remote_code=trust_remote_code, gguf_file=gguf_file
         )
     except OSError as err:
         raise ConfigError(

@@ -54,9 +54,10 @@ def converted() -> Path:
 
 
 def greedy(model, tokenizer, messages: list[dict[str, str]], new_tokens: int = 16) -> str:
-    from components.evaluation import generate
+    from components.evaluation import eval_prompts, generate
 
-    return generate(model, tokenizer, [messages], max_new_tokens=new_tokens)[0]
+    [prompt], _ = eval_prompts([(messages, "")], tokenizer, max_length=4096)
+    return generate(model, tokenizer, [prompt.ids], max_new_tokens=new_tokens)[0]
 
 
 def report(ctx) -> dict:
@@ -150,6 +151,8 @@ def test_from_run_of_a_gguf_model_loads_the_saved_dir(compose_cfg, tmp_path) -> 
 
 @needs_real
 def test_plan_reads_the_gguf_metadata_without_converting(compose_cfg, tmp_path, monkeypatch) -> None:
+    from components.dataprep import plan_data
+
     monkeypatch.setenv("HYDRATUNE_CACHE", str(tmp_path / "empty"))
 
     def no_weights(*args, **kwargs):
@@ -161,6 +164,9 @@ def test_plan_reads_the_gguf_metadata_without_converting(compose_cfg, tmp_path, 
     check_before_load(cfg, comps)  # PEFT targets checked on the meta model built from the GGUF's config
     config = comps.model.load_config()
     assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (576, 30, 49152)
+    # plan's data check: the real tokenizer (read from the GGUF) renders and masks rows; nothing dequantized
+    lines = plan_data(comps, eval_generations=4)
+    assert "# data: train rows: 936" in lines and not any("not checked" in line for line in lines)
     assert not (tmp_path / "empty").exists()
 
 
