@@ -641,7 +641,7 @@ class Source:
                     hint=f"map {ours} to one of those: data.columns='{{{ours}: <your column>}}'",
                 )
             source.rows = [
-                {k: v for k, v in row.items() if k not in targets}
+                {k: v for k, v in row.items() if k not in targets and k not in mapping}
                 | {ours: row[theirs] for theirs, ours in mapping.items() if theirs in row}
                 for row in source.rows
             ]
