@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 def check_known_keys(cfg: DictConfig) -> None:
     """Keys forced in with ``+group.key=…`` that the option's schema does not know."""
-    nodes = [(group, cfg[group]) for group in GROUPS if group != "tracker"]
+    nodes = [(group, cfg[group]) for group in (*GROUPS, "train", "estimate") if group != "tracker"]
     nodes += [(f"tracker.{name}", node) for name, node in (cfg.tracker or {}).items()]
     for path, node in nodes:
         schema = OmegaConf.get_type(node)
@@ -46,8 +47,18 @@ def check_train(cfg: DictConfig) -> None:
     for key in ("eval_every", "save_every", "eval_generations", "num_workers"):
         if t[key] is not None and t[key] < 0:
             raise ConfigError(f"must be >= 0, got {t[key]}", key=f"train.{key}")
-    if t.max_grad_norm < 0:
-        raise ConfigError("must be >= 0 (0 disables clipping)", key="train.max_grad_norm")
+    if t.max_steps < -1:
+        raise ConfigError(
+            f"must be -1 or > 0, got {t.max_steps}",
+            key="train.max_steps",
+            hint="train.max_steps=-1 trains for train.epochs; a positive number caps the optimizer steps",
+        )
+    if not math.isfinite(t.max_grad_norm) or t.max_grad_norm < 0:
+        raise ConfigError(
+            f"must be a finite number >= 0, got {t.max_grad_norm}",
+            key="train.max_grad_norm",
+            hint="train.max_grad_norm=1.0 (0 disables clipping)",
+        )
 
 
 def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
@@ -191,6 +202,8 @@ def check_before_load(cfg: DictConfig, comps: Components, device: str | None = N
     """Everything that can be checked before weights are touched, cheapest first; returns the device
     (``device`` overrides detection: ``mode=plan`` plans for a GPU from a host without one)."""
     check_known_keys(cfg)
+    if cfg.mode not in ("train", "plan"):
+        raise ConfigError(f"unknown mode '{cfg.mode}'", key="mode", hint="train or plan")
     check_train(cfg)
     for _, component in comps.items():
         validate = getattr(component, "validate", None)

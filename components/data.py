@@ -544,6 +544,20 @@ def last_answer(messages: Messages) -> int:
 # ------------------------------------------------------------------------------------- shared source
 
 
+#: the shortest data.max_length that holds a chat-formatted prompt and an answer
+MIN_MAX_LENGTH = 16
+
+
+def check_max_length(max_length: int) -> None:
+    """Examples cut to a handful of tokens keep no answer token: nothing would be trained."""
+    if max_length < MIN_MAX_LENGTH:
+        raise ConfigError(
+            f"must be >= {MIN_MAX_LENGTH} tokens (room for a prompt and its answer), got {max_length}",
+            key="data.max_length",
+            hint="data.max_length=1024 (the longest examples' token count; see mode=plan)",
+        )
+
+
 @dataclass
 class Source:
     """Where rows come from, how bad rows are handled and how train/eval are split (every data option)."""
@@ -796,8 +810,7 @@ class ChatDataset(Source):
                 key="data.packing_strategy",
                 hint=f"one of {PACKING_STRATEGIES}",
             )
-        if self.max_length < 1:
-            raise ConfigError(f"must be >= 1, got {self.max_length}", key="data.max_length")
+        check_max_length(self.max_length)
         if self.on_overlong not in ON_OVERLONG:
             raise ConfigError(
                 f"unknown '{self.on_overlong}'", key="data.on_overlong", hint=f"one of {ON_OVERLONG}"
@@ -931,8 +944,7 @@ class PreferenceDataset(Source):
             raise ConfigError(
                 f"unknown format '{self.format}'", key="data.format", hint=f"one of {PREFERENCE_FORMATS}"
             )
-        if self.max_length < 1:
-            raise ConfigError(f"must be >= 1, got {self.max_length}", key="data.max_length")
+        check_max_length(self.max_length)
 
     def formats_hint(self) -> str:
         accepted = "; ".join(f"{name}: {what}" for name, what in PREFERENCE_SIGNATURES.items())

@@ -93,11 +93,34 @@ class CausalLM:
             from components import gguf
 
             gguf.gguf_path(self.name_or_path, self.gguf_file)  # folder, file, gguf package
-        elif self.is_local and not Path(self.name_or_path).expanduser().is_dir():
+        elif self.is_local:
+            self.check_local_dir()
+        self.check_attention_package()
+
+    def check_local_dir(self) -> None:
+        """A local ``name_or_path`` must be a model dir: a folder holding config.json."""
+        path = Path(self.name_or_path).expanduser()
+        problem = "not found" if not path.is_dir() else "has no config.json"
+        if not (path / "config.json").is_file():
             raise ConfigError(
-                f"model directory not found: {self.name_or_path}",
+                f"model directory {problem}: {self.name_or_path}",
                 key="model.name_or_path",
                 hint="point it at a directory holding config.json, or at a hub id such as Qwen/Qwen2.5-0.5B",
+            )
+
+    def check_attention_package(self) -> None:
+        """flash_attention_2/3 need their package installed (else transformers fails at load)."""
+        import importlib.util
+
+        package = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+        needed = package.get(self.attn_implementation)
+        if needed and importlib.util.find_spec(needed) is None:
+            raise ConfigError(
+                f"attn_implementation={self.attn_implementation} needs the '{needed}' package, which is "
+                "not installed",
+                key="model.attn_implementation",
+                hint="model.attn_implementation=auto (or sdpa), or pip install flash-attn "
+                "--no-build-isolation on a CUDA machine",
             )
 
     @property

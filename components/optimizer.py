@@ -6,6 +6,7 @@ Each returns ``(optimizer class, kwargs)``: the HF/TRL trainers take it as ``opt
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,9 +26,11 @@ class Optimizer:
     weight_decay: float = 0.0
 
     def validate(self) -> None:
-        if not self.lr > 0:
+        if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError(
-                f"learning rate must be > 0, got {self.lr}", key="optimizer.lr", hint="e.g. 2e-5"
+                f"learning rate must be a finite number > 0, got {self.lr}",
+                key="optimizer.lr",
+                hint="e.g. 2e-5",
             )
         if self.weight_decay < 0:
             raise ConfigError("weight_decay must be >= 0", key="optimizer.weight_decay")

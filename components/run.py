@@ -52,12 +52,14 @@ class Components:
 def _instantiate(cfg: DictConfig, group: str) -> Any:
     """Instantiate one group; a ConfigError raised while building it surfaces as itself."""
     from hydra.errors import InstantiationException
-    from omegaconf.errors import InterpolationResolutionError
+    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
     from components.errors import ConfigError
 
     try:
         return instantiate(cfg[group], _convert_="all")
+    except MissingMandatoryValue as err:
+        raise missing_value(str(err.full_key or group)) from None
     except (InstantiationException, InterpolationResolutionError) as err:
         # omegaconf chains a resolver's exception as __context__, Hydra's as __cause__
         cause = err.__cause__ or err.__context__
@@ -66,6 +68,24 @@ def _instantiate(cfg: DictConfig, group: str) -> Any:
         if cause is not None:
             raise cause from None
         raise
+
+
+#: what to pass for a mandatory key (``???`` in its option) left unset
+REQUIRED_HINTS = {
+    "data.path": "data.path=<a .jsonl/.json/.parquet/.csv file, a folder of them, or a hub dataset id>",
+    "model.name_or_path": "model.name_or_path=<a hub id or a local model dir>",
+}
+
+
+def missing_value(key: str) -> Exception:
+    """The ConfigError for a mandatory key the composed config leaves unset."""
+    from components.errors import ConfigError
+
+    return ConfigError(
+        f"{key} is required: the selected option has no default for it",
+        key=key,
+        hint="pass " + REQUIRED_HINTS.get(key, f"{key}=<value>"),
+    )
 
 
 def world_size(comps: Components) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 from components.callbacks import FirstStepTimer, MetricsCallback, NonFiniteLossGuard, RichProgressCallback
 from components.chat_template import HYDRATUNE, check_assistant_mask, label_for, mask_segments, pretokenize
 from components.checkpoint import checkpoints_in, resolve_resume, save_final
-from components.dataprep import prepare_data
+from components.dataprep import eval_every, prepare_data
 from components.errors import Interrupted
 from components.evaluation import EvalPrompt, evaluate_generations
 from components.interrupt import GracefulInterrupt
@@ -73,7 +73,8 @@ class Session:
         """The data component's train/eval splits, length policy applied, and the eval prompts for
         generation tokenized under the same policy; bad or empty data fails here, before any model loads.
         A tokenizer without a chat template gets the documented default for conversational data."""
-        prepared = prepare_data(self.ctx.components.data, self.tokenizer, self.ctx.train.eval_generations)
+        c, train = self.ctx.components, self.ctx.train
+        prepared = prepare_data(c.data, self.tokenizer, train.eval_generations, eval_every(c, train))
         self.eval_prompts = prepared.prompts
         self.report["data"] = prepared.notes
         self._report_chat_template(prepared.default_template)

@@ -115,6 +115,15 @@ class WandB(Tracker):
             raise ConfigError(
                 f"unknown mode '{self.mode}'", key="tracker.wandb.mode", hint="online/offline/disabled"
             )
+        mode = self.mode or os.environ.get("WANDB_MODE") or "online"
+        if mode not in ("offline", "disabled", "dryrun") and not wandb_api_key_found():
+            raise ConfigError(
+                "W&B runs online by default, and no API key was found (WANDB_API_KEY, ~/.netrc from "
+                "`wandb login`): it would stop at a login prompt or fail after the model loads",
+                key="tracker.wandb.mode",
+                hint="tracker.wandb.mode=offline (sync later with `wandb sync`), or `wandb login` / "
+                "export WANDB_API_KEY",
+            )
 
     def report_to(self) -> list[str]:
         return ["wandb"]
@@ -145,6 +154,40 @@ class WandB(Tracker):
             self._run = None
 
 
+def wandb_api_key_found() -> bool:
+    """An API key in ``WANDB_API_KEY`` or in the netrc file that ``wandb login`` writes."""
+    import netrc
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def check_reachable(uri: str, key: str, timeout: float = 2.0) -> None:
+    """An http(s) server URI must accept a connection within ``timeout`` seconds (clients would retry for
+    minutes); other schemes (file:, databricks, ...) are left to the client."""
+    import socket
+    from urllib.parse import urlparse
+
+    parts = urlparse(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as err:
+        raise ConfigError(
+            f"cannot reach {uri} ({err.__class__.__name__}: {err}) within {timeout:g} s",
+            key=key,
+            hint="start the server or fix the URI, or drop it (null logs to a file store in the run dir)",
+        ) from None
+
+
 @component("tracker")
 @dataclass
 class MLflow(Tracker):
@@ -155,6 +198,8 @@ class MLflow(Tracker):
 
     def validate(self) -> None:
         _require("mlflow", "mlflow", "hydratune[mlflow]")
+        if self.tracking_uri:
+            check_reachable(self.tracking_uri, "tracker.mlflow.tracking_uri")
 
     def report_to(self) -> list[str]:
         return ["mlflow"]

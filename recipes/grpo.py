@@ -73,7 +73,18 @@ class GRPO:
             key = "temperature" if self.temperature <= 0 else "beta" if self.beta < 0 else "epsilon"
             raise ConfigError("out of range", key=f"recipe.{key}")
         if not self.reward_funcs and not self.reward_model:
-            raise ConfigError("no reward: give reward_funcs or reward_model", key="recipe.reward_funcs")
+            raise ConfigError(
+                "no reward: give reward_funcs or reward_model",
+                key="recipe.reward_funcs",
+                hint="recipe.reward_funcs=[components.rewards.exact_match], or recipe.reward_model=<run dir>",
+            )
+        for i, spec in enumerate(self.reward_funcs or []):
+            if not spec:
+                raise ConfigError(
+                    f"reward {i} is {spec!r}",
+                    key="recipe.reward_funcs",
+                    hint="each entry a function: a dotted path or a _target_ node with _partial_: true",
+                )
         n_rewards = len(self.reward_funcs) + bool(self.reward_model)
         if self.reward_weights is not None and len(self.reward_weights) != n_rewards:
             raise ConfigError(f"one weight per reward ({n_rewards})", key="recipe.reward_weights")

@@ -69,6 +69,7 @@ class PPO:
     value_model: str = "head"  # head (on the policy's trunk) | separate (critic from reward model / policy)
     reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
 
+    periodic_eval = False  # its loop does not evaluate every train.eval_every steps
     shards_with_fully_shard = True  # its loop shards with FSDP2 itself: strategy=fsdp runs on CPU too
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
@@ -129,6 +130,7 @@ class PPO:
                     key="recipe.mini_batch_size",
                     hint=f"a multiple of train.micro_batch_size={cfg.train.micro_batch_size}",
                 )
+        check_reward(self.reward)
         if reward_model_path(self.reward):
             from components.rewards import reward_model_dir
 
@@ -343,6 +345,20 @@ class PPO:
         return session.finish_loop(
             unwrap(policy), title="PPO", metrics=metrics, extra={"value": unwrap(value)}, gathered=gathered
         )
+
+
+def check_reward(spec: Any) -> None:
+    """The reward node must name a function or a reward model (``recipe.reward=null`` names neither)."""
+    if reward_model_path(spec) or callable(spec) or (isinstance(spec, str) and spec):
+        return
+    if isinstance(spec, dict) and spec.get("_target_"):
+        return
+    raise ConfigError(
+        f"no reward: recipe.reward is {spec!r}",
+        key="recipe.reward",
+        hint="recipe.reward._target_=<module.function> (default components.rewards.exact_match), or "
+        "recipe.reward.model=<reward run dir or model dir>",
+    )
 
 
 def reward_model_path(spec: Any) -> str | None:

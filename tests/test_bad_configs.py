@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
@@ -56,7 +59,35 @@ AFTER_COMPOSE = [
     (["mode=deploy"], "mode"),
     (["+optimizer.lrr=1"], "optimizer.lrr"),
     (["+peft.rank=8"], "peft.rank"),
-    (["resume=/nonexistent/run"], "resume"),
+    (["+train.foo=1"], "train.foo"),
+    (["recipe=ppo", "recipe.reward=null"], "recipe.reward"),
+    (["recipe=grpo", "recipe.reward_funcs=[null]"], "recipe.reward_funcs"),
+    (["recipe=grpo", "recipe.reward_funcs=null"], "recipe.reward_funcs"),
+    (["data.max_length=1"], "data.max_length"),
+    (["data=jsonl_messages"], "data.path"),
+    (["model.attn_implementation=flash_attention_2"], "model.attn_implementation"),
+    (["train.max_steps=-2"], "train.max_steps"),
+    (["optimizer.lr=nan"], "optimizer.lr"),
+    (["optimizer.lr=inf"], "optimizer.lr"),
+    (["train.max_grad_norm=nan"], "train.max_grad_norm"),
+    (["train.max_grad_norm=inf"], "train.max_grad_norm"),
+    (
+        ["tracker=mlflow", "tracker.mlflow.tracking_uri=http://no-such-host.invalid:5000"],
+        "tracker.mlflow.tracking_uri",
+    ),
+    (
+        ["tracker=mlflow", "tracker.mlflow.tracking_uri=http://127.0.0.1:{closed_port}"],
+        "tracker.mlflow.tracking_uri",
+    ),
+    (["model.name_or_path={empty_dir}"], "model.name_or_path"),
+    (["tracker=wandb"], "tracker.wandb.mode"),  # no WANDB_API_KEY, no ~/.netrc, WANDB_MODE unset (see below)
+    # resume=<bad path> is the resume work's (components/resume.py): checked before load there
+]
+
+# the eval split is computed when the data is read (before the model loads): checked by prepare_data
+EMPTY_EVAL = [
+    (["data.path={one_row}", "data.eval_fraction=0.05"], "data.eval_fraction"),
+    (["data.eval_path=null", "data.eval_fraction=0", "train.eval_every=10"], "train.eval_every"),
 ]
 
 # rejected by Hydra while composing: misspelt keys, wrong types, unknown options
@@ -75,27 +106,66 @@ AT_COMPOSE = [
     ("overrides", "key"), AFTER_COMPOSE, ids=lambda v: " ".join(v) if isinstance(v, list) else v
 )
 def test_invalid_config_fails_before_model_load(
-    compose_cfg, monkeypatch, overrides: list[str], key: str
+    compose_cfg, no_model_load, places, overrides: list[str], key: str
 ) -> None:
+    cfg = compose_cfg(*(o.format(**places) for o in overrides))
+    with pytest.raises(ConfigError) as info:
+        check_before_load(cfg, Components.from_config(cfg))
+    assert info.value.key == key, str(info.value)
+    assert info.value.hint or "one of" in str(info.value) or key in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"), EMPTY_EVAL, ids=lambda v: " ".join(v) if isinstance(v, list) else v
+)
+def test_an_empty_eval_split_fails_when_the_data_is_read(
+    compose_cfg, no_model_load, places, overrides: list[str], key: str
+) -> None:
+    from components.dataprep import eval_every, prepare_data
+
+    cfg = compose_cfg(*(o.format(**places) for o in overrides))
+    comps = Components.from_config(cfg)
+    check_before_load(cfg, comps)
+    with pytest.raises(ConfigError) as info:
+        prepare_data(comps.data, None, 0, eval_every(comps, cfg.train))
+    assert info.value.key == key and info.value.hint, str(info.value)
+
+
+@pytest.fixture
+def no_model_load(monkeypatch) -> None:
     from components.model import CausalLM
 
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr(CausalLM, "build", no_load)
-    cfg = compose_cfg(*overrides)
-    with pytest.raises(ConfigError) as info:
-        comps = Components.from_config(cfg)
-        check_before_load(cfg, comps)
-        if cfg.mode not in ("train", "plan"):
-            raise ConfigError("unknown mode", key="mode")  # the CLI's own check
-        from pathlib import Path
 
-        from components.checkpoint import resolve_resume
 
-        resolve_resume(cfg.resume, Path("outputs/day/run"))
-    assert info.value.key == key, str(info.value)
-    assert info.value.hint or "one of" in str(info.value) or key in str(info.value)
+@pytest.fixture
+def places(tmp_path: Path, monkeypatch) -> dict[str, str]:
+    """Paths the cases name, and an environment without W&B credentials or offline mode."""
+    import socket
+
+    for var in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no.netrc"))
+    (tmp_path / "empty").mkdir()
+    one_row = tmp_path / "one.jsonl"
+    row = {"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]}
+    one_row.write_text(json.dumps(row) + "\n")
+    with socket.socket() as probe:  # a port nothing listens on: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return {"empty_dir": str(tmp_path / "empty"), "one_row": str(one_row), "closed_port": str(port)}
+
+
+def test_wandb_with_a_key_or_offline_passes(compose_cfg, places, monkeypatch) -> None:
+    for env in ({"WANDB_MODE": "offline"}, {"WANDB_API_KEY": "x" * 40}):
+        with monkeypatch.context() as m:
+            for name, value in env.items():
+                m.setenv(name, value)
+            Components.from_config(compose_cfg("tracker=wandb")).tracker.validate()
+    Components.from_config(compose_cfg("tracker=wandb", "tracker.wandb.mode=offline")).tracker.validate()
 
 
 @pytest.mark.parametrize(
@@ -109,7 +179,7 @@ def test_invalid_config_fails_at_compose(compose_cfg, overrides: list[str], need
 
 
 def test_matrix_has_at_least_thirty_cases() -> None:
-    assert len(AFTER_COMPOSE) + len(AT_COMPOSE) >= 30
+    assert len(AFTER_COMPOSE) + len(EMPTY_EVAL) + len(AT_COMPOSE) >= 30
 
 
 def test_fp16_on_a_model_trained_in_bf16_is_warned(compose_cfg, monkeypatch) -> None:

@@ -29,7 +29,8 @@ def test_every_group_has_options() -> None:
 
 
 @pytest.mark.parametrize(("group", "option"), group_options())
-def test_option_composes_and_instantiates(compose_cfg, group: str, option: str) -> None:
+def test_option_composes_and_instantiates(compose_cfg, monkeypatch, group: str, option: str) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B online needs an API key (checked before load)
     if group == "experiment":
         cfg = compose_cfg(f"+experiment={option}", *NEEDS_VALUE.get((group, option), []))
         built_or_skip(cfg)
