@@ -12,6 +12,7 @@ hydratune ls                                            recipes, groups and thei
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -161,10 +162,61 @@ def _hydra_app(cfg: DictConfig) -> Any:
         return execute(cfg)
     except ConfigError as err:
         print_error(err)
+        remove_unused_run_dir()
         sys.exit(2)
+    except KeyboardInterrupt:
+        remove_unused_run_dir()
+        raise
     except Interrupted as stop:
         print(f"hydratune: {stop}. Resume with: hydratune resume=true (or resume=<run dir>)", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
+
+
+#: what a run dir holds before anything of value is written: Hydra's config and log, the start-up files
+STARTUP_FILES = (".hydra", "versions.json", "frozen_config.yaml")
+
+
+def remove_unused_run_dir() -> None:
+    """After a run failed before writing anything of value: remove its run dir (holding only
+    ``STARTUP_FILES`` and Hydra's log), then the date folder above it if that is left empty."""
+    import shutil
+
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if not run_dir.is_dir() or any(
+        p.name not in STARTUP_FILES and p.suffix != ".log" for p in run_dir.iterdir()
+    ):
+        return
+    logging.shutdown()  # Hydra's file handler holds the log open
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for parent in list(run_dir.parents)[:2]:  # outputs/<date>, outputs
+        if parent.is_dir() and not any(parent.iterdir()) and Path.cwd() in parent.parents:
+            parent.rmdir()
+
+
+def compose_error(err: Exception) -> ConfigError:
+    """Hydra's own composition error (misspelt key, unknown option, wrong type, bad override syntax) as
+    a ConfigError naming the key, with the allowed options where Hydra knows them."""
+    from hydra.errors import MissingConfigException
+
+    cause = err.__cause__
+    key = getattr(cause, "full_key", None) or None
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file:
+        group, _, option = str(err.missing_cfg_file).rpartition("/")
+        options = ", ".join(err.options or [])
+        return ConfigError(
+            f"unknown option '{option}' for {group or 'the config'}",
+            key=group or None,
+            hint=f"one of: {options}" if options else "hydratune ls lists the groups and their options",
+        )
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if cause is not None:
+        lines += [line.strip() for line in str(cause).splitlines()[:1]]
+    hint = "hydratune --cfg job prints the composed config and its keys; +key=value adds a new key"
+    return ConfigError("; ".join(lines), key=key, hint=hint)
 
 
 def print_error(err: ConfigError) -> None:
@@ -210,12 +262,17 @@ class RunDirCheck(Callback):
 
 
 def exit_unless_writable(run_dir: Path, key: str) -> None:
-    """Print a ConfigError naming ``key`` and exit 2 unless ``run_dir`` can be created."""
-    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists() or p == Path(p.anchor))
-    if not existing.is_dir() or not os.access(existing, os.W_OK):
+    """Print a ConfigError naming ``key`` and exit 2 unless ``run_dir`` can be created and written: it is
+    created and a probe file written there (``os.access`` says yes to root even under /proc)."""
+    probe = run_dir / ".hydratune-write-probe"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
         print_error(
             ConfigError(
-                f"cannot create the run dir {run_dir}: {existing} is not a writable directory",
+                f"cannot create the run dir {run_dir}: {err.strerror or err}",
                 key=key,
                 hint=f"run from a writable directory, or pass {key}=/writable/path",
             )
@@ -229,6 +286,9 @@ def main(argv: list[str] | None = None) -> None:
     pause_gc()  # until training starts: see components/startup.py
     try:
         _main(args)
+    except KeyboardInterrupt:
+        print("hydratune: interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(130)
     finally:
         run_ends()
 
@@ -269,7 +329,30 @@ def _main(args: list[str]) -> None:
         print_error(err)
         sys.exit(2)
     sys.argv = [sys.argv[0] or "hydratune", *args]
-    _hydra_app()
+    run_hydra_app()
+
+
+def run_hydra_app() -> None:
+    """Hydra's app, its composition errors exiting 2 with one paragraph like every ConfigError.
+
+    Hydra reports an exception and exits 1 unless ``HYDRA_FULL_ERROR`` is set, in which case it re-raises
+    it: set here, so a composition error reaches this function (other exceptions propagate as usual)."""
+    from hydra.errors import CompactHydraException, InstantiationException
+
+    previous = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        _hydra_app()
+    except CompactHydraException as err:
+        if isinstance(err, InstantiationException) or previous == "1":
+            raise
+        print_error(compose_error(err))
+        sys.exit(2)
+    finally:
+        if previous is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = previous
 
 
 if __name__ == "__main__":

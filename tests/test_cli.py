@@ -33,13 +33,19 @@ def hydratune(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Complet
         (["hydra.run.dir=/dev/null/run"], "[hydra.run.dir]"),  # not a writable directory
         (["-m", "hydra.sweep.dir=/dev/null/sweep", "optimizer.lr=1e-3,2e-3"], "[hydra.sweep.dir]"),
         (["data.path=/nonexistent.jsonl"], "[data.path]"),
+        (["hydra.run.dir=/proc/hydratune/run"], "[hydra.run.dir]"),  # root passes os.access there
+        (["optimizer.lrr=1"], "[optimizer.lrr]"),  # Hydra's composition errors: exit 2 too
+        (["peft=lorra"], "one of: bitfit, dora"),
+        (["peft=lorra"], "[peft]"),
+        (["train.max_steps=abc"], "[train.max_steps]"),
+        (["trian.seed=1"], "[trian]"),
     ],
 )
 def test_bad_input_fails_fast_with_a_named_error(tmp_path: Path, args: list[str], needle: str) -> None:
     start = time.monotonic()
     proc = hydratune(*args, cwd=tmp_path)
     elapsed = time.monotonic() - start
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stderr[-2000:]
     assert needle in proc.stderr + proc.stdout
     assert elapsed < 10, f"took {elapsed:.1f}s"
     last = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()][-1]
@@ -141,3 +147,36 @@ def test_the_cli_does_not_import_the_heavy_libraries_up_front(tmp_path: Path) ->
         [sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=60
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_an_error_before_load_leaves_no_run_dir(tmp_path: Path) -> None:
+    """Failed when the data was read (after Hydra made the run dir, before any model): nothing stays."""
+    one_row = tmp_path / "one.jsonl"
+    one_row.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]})
+        + "\n"
+    )
+    proc = hydratune("data=jsonl_messages", f"data.path={one_row}", cwd=tmp_path)
+    assert proc.returncode == 2 and "[data.eval_fraction]" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "outputs").exists(), list((tmp_path / "outputs").rglob("*"))
+
+
+def test_ctrl_c_during_start_up_exits_130_quietly(tmp_path: Path) -> None:
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "recipes", "train.max_steps=2"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "outputs").glob("*/*/.hydra")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the run dir exists: Hydra composed, hydratune is checking and building
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    lines = [line for line in err.splitlines() if line.strip() and "Warning" not in line]
+    assert lines == ["hydratune: interrupted (Ctrl-C)"], err[-2000:]
+    assert not (tmp_path / "outputs").exists()
