@@ -1,4 +1,5 @@
-"""Trainer callbacks shared by the recipes: the run dir's metrics stream and the rich progress bar."""
+"""Trainer callbacks shared by the recipes: the run dir's metrics stream, and progress: a rich bar on a
+terminal, plain lines where stdout is a file (SLURM jobs, pipes)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,71 @@ class RichProgressCallback(TrainerCallback):
             self.progress.update(self.task, completed=state.global_step)
             self.progress.stop()
             self.progress = None
+
+
+def progress_line(
+    label: str,
+    step: int,
+    total: int,
+    elapsed: float,
+    steps_done: int,
+    values: dict[str, float | None],
+) -> str:
+    """One plain progress line: ``sft step 10/100  loss 1.2345  lr 1.00e-03  tok/s 1,234  eta 0:01:23``.
+    ``steps_done``: steps taken in ``elapsed`` seconds (a resumed run starts past 0); None values are left
+    out."""
+    import datetime
+
+    formats = {"loss": "{:.4f}", "eval_loss": "{:.4f}", "lr": "{:.2e}", "tok/s": "{:,.0f}"}
+    parts = [f"{label} step {step}/{total}"]
+    for name, value in values.items():
+        if value is not None:
+            parts.append(f"{name} {formats.get(name, '{:.4g}').format(value)}")
+    if steps_done > 0:
+        eta = elapsed / steps_done * max(total - step, 0)
+        parts.append(f"eta {datetime.timedelta(seconds=round(eta))}")
+    return "  ".join(parts)
+
+
+class PlainProgressCallback(TrainerCallback):
+    """Progress without a terminal (rank 0): a line per log step (every ``train.log_every`` steps) with
+    step/total, loss, learning rate, tokens/s and ETA, flushed so a redirected log shows it at once."""
+
+    def __init__(self, description: str = "training") -> None:
+        self.description = description
+        self.start = time.time()
+        self.first_step = 0
+        self.first_tokens = 0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.start, self.first_step = time.time(), state.global_step
+        self.first_tokens = getattr(state, "num_input_tokens_seen", 0) or 0
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        logs = logs or {}
+        if not state.is_world_process_zero or not ("loss" in logs or "eval_loss" in logs):
+            return
+        elapsed = time.time() - self.start
+        tokens = (getattr(state, "num_input_tokens_seen", 0) or 0) - self.first_tokens
+        values = {
+            "loss": logs.get("loss"),
+            "eval_loss": logs.get("eval_loss"),
+            "lr": logs.get("learning_rate"),
+            "tok/s": tokens / elapsed if tokens > 0 and elapsed > 0 else None,
+        }
+        done = state.global_step - self.first_step
+        print(
+            progress_line(self.description, state.global_step, state.max_steps, elapsed, done, values),
+            flush=True,
+        )
+
+
+def progress_callback(description: str) -> TrainerCallback:
+    """The rich bar on a terminal, plain lines otherwise."""
+    import sys
+
+    tty = sys.stdout.isatty()
+    return RichProgressCallback(description) if tty else PlainProgressCallback(description)
 
 
 def process_age() -> float:

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.callbacks import FirstStepTimer, MetricsCallback, NonFiniteLossGuard, RichProgressCallback
+from components.callbacks import FirstStepTimer, MetricsCallback, NonFiniteLossGuard, progress_callback
 from components.chat_template import HYDRATUNE, check_assistant_mask, label_for, mask_segments, pretokenize
 from components.checkpoint import checkpoints_in, resolve_resume, save_final
 from components.dataprep import eval_every, prepare_data
@@ -155,7 +155,7 @@ class Session:
         return [
             MetricsCallback(self.ctx.run_dir),
             NonFiniteLossGuard(),
-            RichProgressCallback(f"{type(c.recipe).__name__.lower()}"),
+            progress_callback(type(c.recipe).__name__.lower()),
             self.interrupt,
             self.first_step,
             *c.tracker.callbacks(self.ctx.run_info()),

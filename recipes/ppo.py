@@ -180,6 +180,7 @@ class PPO:
         from accelerate.utils import DistributedType
 
         from components import ppo
+        from components.callbacks import progress_line
         from components.checkpoint import load_loop_checkpoint, resolve_resume, save_loop_checkpoint
         from components.errors import Interrupted
         from components.rewards import RewardModel, resolve_reward
@@ -259,7 +260,7 @@ class PPO:
                 part.load_state_dict(state[name])
             first = state["iteration"] + 1
             session.report["run"]["resumed from"] = resume
-        start, record = time.time(), {}
+        start, record, tokens = time.time(), {}, 0
         training_starts()  # everything is built: the collector's start-up pause ends here
         session.interrupt.install()
         try:
@@ -319,12 +320,14 @@ class PPO:
                 }  # fmt: skip
                 kl_ctl.update(seq_kl, len(idx) * acc.num_processes)
                 session.log_metrics(record)  # metrics.jsonl + the configured trackers, rank 0
+                tokens += int(mask.sum()) * acc.num_processes  # every rank samples an equal batch
                 if acc.is_main_process and (it % t.log_every == 0 or it in (1, iterations)):
-                    reward, length = record["reward/mean"], record["response_length"]
-                    print(
-                        f"ppo {it}/{iterations}  reward {reward:.3f}  kl {seq_kl:.3f}  len {length:.1f}",
-                        flush=True,
-                    )
+                    elapsed = time.time() - start
+                    values = {
+                        "loss": stats.get("loss"), "lr": record["lr"], "tok/s": tokens / elapsed,
+                        "reward": record["reward/mean"], "kl": seq_kl, "len": record["response_length"],
+                    }  # fmt: skip
+                    print(progress_line("ppo", it, iterations, elapsed, it - first + 1, values), flush=True)
                 stop = session.interrupt.requested
                 if (t.save_every and it % t.save_every == 0) or stop:
                     loop_state = {"iteration": it, **{k: v.state_dict() for k, v in stateful.items()}}

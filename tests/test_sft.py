@@ -155,3 +155,15 @@ def test_tensorboard_tracker_writes_the_loss_series(run_recipe) -> None:
     tags = events.Tags()["scalars"]
     assert "train/loss" in tags, tags
     assert len(events.Scalars("train/loss")) >= 3
+
+
+def test_progress_without_a_terminal_is_plain_lines(run_recipe, capsys) -> None:
+    """stdout is a file (capsys: not a TTY), as in a SLURM job: a line every train.log_every steps with
+    step/total, loss, lr, tokens/s and ETA."""
+    import re
+
+    run_recipe("train.max_steps=6", "train.log_every=2", "train.eval_generations=0", "train.eval_every=0")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sft step ")]
+    pattern = r"sft step (\d+)/6  loss [\d.]+  lr [\d.]+e[-+]\d+  tok/s [\d,]+  eta \d+:\d\d:\d\d"
+    steps = [int(m.group(1)) for line in lines if (m := re.fullmatch(pattern, line))]
+    assert steps == [1, 2, 4, 6], lines
