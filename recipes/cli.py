@@ -41,7 +41,9 @@ def execute(cfg: DictConfig) -> Any:
     from components.checks import check_before_load
     from components.launcher import FROZEN
     from components.run import Components, hydra_run_dir
+    from components.threads import apply_thread_policy
 
+    apply_thread_policy(int(cfg.launcher.get("nproc_per_node") or 1))  # before torch is imported
     if cfg.mode == "plan":
         refuse_plan_under_an_optimizing_sweeper()
     cfg = maybe_resolve_auto(cfg)  # strategy=auto: choose from the memory estimate, save the choice

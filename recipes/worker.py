@@ -23,9 +23,11 @@ def run_worker(run_dir: str) -> Any:
     from components.errors import EXIT_INTERRUPTED, ConfigError, Interrupted
     from components.resolvers import register_resolvers
     from components.startup import pause_gc, run_ends
+    from components.threads import apply_thread_policy
     from recipes.cli import print_error, run_recipe
 
     pause_gc()  # until training starts: see components/startup.py
+    apply_thread_policy(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # before torch is imported
     register_resolvers()
     components.register_all()
     path = Path(run_dir)

@@ -1,0 +1,93 @@
+"""The CPU thread policy (components/threads.py): the share of cores, and the environment set before torch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from components.threads import apply_thread_policy, threads_per_process
+
+REPO = Path(__file__).resolve().parent.parent
+TWO_CORES = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2 or shutil.which("taskset") is None, reason="needs two cores and taskset"
+)
+
+
+@pytest.mark.parametrize(
+    ("cores", "processes", "threads"), [(2, 1, 2), (16, 4, 4), (16, 3, 5), (2, 4, 1), (8, 0, 8)]
+)
+def test_each_local_process_gets_an_equal_share_of_the_cores(
+    cores: int, processes: int, threads: int
+) -> None:
+    assert threads_per_process(cores, processes) == threads
+
+
+def test_the_policy_sets_the_environment_unless_told_otherwise(monkeypatch) -> None:
+    monkeypatch.setattr("components.threads.available_cores", lambda: 8)
+    env: dict[str, str] = {}
+    assert apply_thread_policy(2, env) == {"OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "PASSIVE"} == env
+    assert apply_thread_policy(1, {"OMP_NUM_THREADS": "3"}) == {}  # the user's choice stands
+    assert apply_thread_policy(1, {"HYDRATUNE_THREAD_POLICY": "0"}) == {}  # turned off
+    env = {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert apply_thread_policy(1, env)["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+# torch reads OMP_NUM_THREADS when it loads: its thread count shows whether the policy came first
+PROBE = """
+import sys
+from recipes.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+import os, torch
+print(os.environ.get("OMP_NUM_THREADS"), os.environ.get("OMP_WAIT_POLICY"), torch.get_num_threads())
+"""
+
+
+def probe(tmp_path: Path, *args: str, **env: str) -> list[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "HYDRATUNE_THREAD"))}
+    proc = subprocess.run(
+        ["taskset", "-c", "0,1", sys.executable, "-c", PROBE, *args],
+        cwd=tmp_path,
+        env={**clean, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.split()[-3:]
+
+
+@TWO_CORES
+def test_the_command_sets_the_policy_before_torch_is_imported(tmp_path: Path) -> None:
+    plan = ["mode=plan", "strategy=ddp", "launcher.nproc_per_node=2"]  # 2 cores ÷ 2 local processes
+    assert probe(tmp_path, *plan) == ["1", "PASSIVE", "1"]
+    assert probe(tmp_path, *plan, HYDRATUNE_THREAD_POLICY="0") == ["None", "None", "2"]  # torch's default
+    assert probe(tmp_path, *plan, OMP_NUM_THREADS="2") == ["2", "None", "2"]
+
+
+@TWO_CORES
+def test_a_worker_sets_the_policy_before_torch_is_imported(tmp_path: Path) -> None:
+    """A worker started by hand (no OMP_NUM_THREADS from the command): its share from LOCAL_WORLD_SIZE."""
+    code = (
+        "import recipes.worker as w\n"
+        "try:\n    w.run_worker('.')  # no frozen config here: fails right after the policy\n"
+        "except FileNotFoundError:\n    pass\n"
+        "import os, torch; print(os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads())"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "HYDRATUNE_THREAD"))}
+    proc = subprocess.run(
+        ["taskset", "-c", "0,1", sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**clean, "PYTHONPATH": str(REPO), "LOCAL_WORLD_SIZE": "2"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.stdout.split()[-2:] == ["1", "1"], proc.stdout + proc.stderr[-2000:]
