@@ -63,9 +63,11 @@ def execute(cfg: DictConfig) -> Any:
         raise ConfigError(f"unknown mode '{cfg.mode}'", key="mode", hint="train or plan")
 
     from components.hub import check_model_sources
+    from components.resume import hydra_sweep_point, pin
 
     check_model_sources(comps.model)  # a hub id neither cached nor reachable: one line, before anything
     run_dir = hydra_run_dir()
+    cfg = pin(cfg, run_dir, hydra_sweep_point())  # the checkpoint to continue, checked; workers get it too
     check_not_under_outside_launcher(comps)
     if comps.launcher.spawns_workers():
         from components.launcher import WorkerFailed
@@ -188,6 +190,10 @@ def replay_argv(args: list[str]) -> list[str]:
     saved = Path(args[0]).expanduser().resolve() / ".hydra"
     if not (saved / "config.yaml").is_file():
         raise ConfigError(f"{saved / 'config.yaml'} not found: not a run dir", key="replay")
+    from components.trust import check_targets
+
+    # the whole file, a hydra: node too (Hydra builds its callbacks before hydratune runs)
+    check_targets(OmegaConf.load(saved / "config.yaml"), trusted="trust_targets=true" in args[1:])
     return [
         "--config-path",
         str(saved),

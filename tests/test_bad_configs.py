@@ -91,9 +91,9 @@ def test_invalid_config_fails_before_model_load(
             raise ConfigError("unknown mode", key="mode")  # the CLI's own check
         from pathlib import Path
 
-        from components.checkpoint import resolve_resume
+        from components.resume import resolve
 
-        resolve_resume(cfg.resume, Path("outputs/day/run"))
+        resolve(cfg, Path("outputs/day/run"))  # the CLI's last step before loading (train mode)
     assert info.value.key == key, str(info.value)
     assert info.value.hint or "one of" in str(info.value) or key in str(info.value)
 
