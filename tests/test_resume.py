@@ -79,32 +79,39 @@ def test_a_lora_run_is_never_continued_by_a_full_fine_tune(
 
 
 def test_each_multirun_point_resumes_its_own_point(compose_cfg, tmp_path, monkeypatch) -> None:
-    """Two sweeps through the CLI (the recipe stubbed): each point of the second continues the same point
-    of the first — whatever ran last, and never a point of its own sweep."""
+    """Two sweeps through the CLI (the recipe stubbed to note what it resumes and write a checkpoint):
+    each point of the second continues the same point (same lr) of the first, whichever ran last — and
+    never a point of its own sweep, though points differing in train.max_steps only have the same config."""
     from recipes.sft import SFT
 
     first = tmp_path / "multirun" / "day" / "t1"
     for num, lr in enumerate(("1e-3", "2e-3")):
         overrides = [f"optimizer.lr={lr}", "train.max_steps=4"]
         fake_run(first / str(num), compose_cfg(*overrides), overrides, age=10 * num)  # point 0 newest
-    second = tmp_path / "multirun" / "day" / "t2"
-    fake_run(second / "0", compose_cfg("optimizer.lr=2e-3"), ["optimizer.lr=2e-3"])  # same sweep
     resumed: dict[str, Any] = {}
-    monkeypatch.setattr(SFT, "run", lambda self, ctx: resumed.update({ctx.run_dir.path.name: ctx.cfg.resume}))
-    cli("-m", "optimizer.lr=1e-3,2e-3", "resume=true", "train.max_steps=8", f"hydra.sweep.dir={second}")
-    assert resumed == {
-        "0": str(first / "0" / "checkpoints" / "checkpoint-2"),
-        "1": str(first / "1" / "checkpoints" / "checkpoint-2"),
-    }
+
+    def train(self: SFT, ctx: Any) -> None:
+        resumed[ctx.run_dir.path.name] = ctx.cfg.resume
+        checkpoint = ctx.run_dir.checkpoints / "checkpoint-2"  # as training would: now the newest run
+        checkpoint.mkdir(parents=True)
+        mark_complete(checkpoint, 2)
+
+    monkeypatch.setattr(SFT, "run", train)
+    second = tmp_path / "multirun" / "day" / "t2"
+    cli("-m", "optimizer.lr=1e-3,2e-3", "train.max_steps=6,8", "resume=true", f"hydra.sweep.dir={second}")
+    own = {lr: str(first / lr / "checkpoints" / "checkpoint-2") for lr in ("0", "1")}
+    assert resumed == {"0": own["0"], "1": own["0"], "2": own["1"], "3": own["1"]}
 
 
 def test_points_that_differ_only_in_run_management_keep_their_job_number(compose_cfg, tmp_path) -> None:
-    """A sweep over train.max_steps: every point has the same config; each continues its own number."""
+    """A sweep over train.max_steps: every point has the same config; each continues its own number. A
+    newer sweep's point with the same config but other overrides (the default lr, given) is another point."""
     sweep = tmp_path / "multirun" / "day"
     for num, steps in enumerate((4, 8)):
         fake_run(
             sweep / "t1" / str(num), compose_cfg(f"train.max_steps={steps}"), [f"train.max_steps={steps}"]
         )
+    fake_run(sweep / "t0" / "0", compose_cfg("optimizer.lr=1e-3"), ["optimizer.lr=1e-3"], age=-10)
     for num in ("0", "1"):
         got = resolve(resuming(compose_cfg), sweep / "t2" / num, sweep_point=point(["resume=true"]))
         assert got == str(sweep / "t1" / num / "checkpoints" / "checkpoint-2")
