@@ -22,6 +22,7 @@ PICKLED = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")  # torch.save / pi
 NEVER_LOADED = ("training_args.bin",)
 OWN = ("components.", "recipes.")  # hydratune's own _target_ namespaces
 REWARD_KNOBS = ("recipe.reward", "recipe.reward_funcs")  # user-named reward functions (partials)
+HYDRA_PLUGINS = ("hydra._internal.core_plugins.", "hydra_plugins.")  # installed launchers and sweepers
 
 
 def allowed_globals() -> list[Any]:
@@ -123,3 +124,52 @@ def check_targets(config: Any, *, trusted: bool) -> None:
             key=f"{path}._target_",
             hint="if you wrote this config (or trust whoever did), pass trust_targets=true",
         )
+
+
+def check_file(path: Path, *, trusted: bool) -> None:
+    """A config file's ``_target_``s, read without composing: the task part as :func:`check_targets`,
+    its ``hydra:`` node (callbacks, launcher, sweeper: built by Hydra before hydratune runs) hydratune's
+    own or installed Hydra plugins only."""
+    if trusted:
+        return
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    if not isinstance(config, dict):
+        return
+    hydra = config.pop("hydra", None)
+    try:
+        check_targets(config, trusted=False)
+        for where, target, _ in targets(hydra or {}, "hydra"):
+            if not target.startswith((*OWN, *HYDRA_PLUGINS)):
+                raise ConfigError(
+                    f"{where}._target_={target}: Hydra would build it before any check",
+                    key=f"{where}._target_",
+                    hint="if you wrote this config (or trust whoever did), pass trust_targets=true",
+                )
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err.args[0]}", key=err.key, hint=err.hint) from None
+
+
+def experiment_files(args: list[str]) -> list[Path]:
+    """The files ``+experiment=<name>`` (a sweep: ``a,b``) names, in conf/ or a ``--config-dir``."""
+    import conf
+
+    dirs = [Path(conf.__file__).parent]
+    for i, arg in enumerate(args):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(args):
+            dirs.append(Path(args[i + 1]))
+        elif arg.startswith("--config-dir="):
+            dirs.append(Path(arg.split("=", 1)[1]))
+    names = [
+        n for a in args if a.lstrip("+").startswith("experiment=") for n in a.split("=", 1)[1].split(",")
+    ]
+    found = [d.expanduser() / "experiment" / f"{n.strip()}.yaml" for n in names for d in dirs]
+    return [f for f in found if f.is_file()]
+
+
+def check_command(args: list[str]) -> None:
+    """The experiment files a command line names (their ``hydra:`` nodes act before composition)."""
+    trusted = "trust_targets=true" in args
+    for path in experiment_files(args):
+        check_file(path, trusted=trusted)
