@@ -190,10 +190,10 @@ def replay_argv(args: list[str]) -> list[str]:
     saved = Path(args[0]).expanduser().resolve() / ".hydra"
     if not (saved / "config.yaml").is_file():
         raise ConfigError(f"{saved / 'config.yaml'} not found: not a run dir", key="replay")
-    from components.trust import check_targets
+    from components.trust import check_file
 
-    # the whole file, a hydra: node too (Hydra builds its callbacks before hydratune runs)
-    check_targets(OmegaConf.load(saved / "config.yaml"), trusted="trust_targets=true" in args[1:])
+    # a hydra: node in it too: Hydra builds its callbacks before hydratune runs
+    check_file(saved / "config.yaml", trusted="trust_targets=true" in args[1:])
     return [
         "--config-path",
         str(saved),
@@ -273,6 +273,9 @@ def _main(args: list[str]) -> None:
             sys.exit(cli(args[1:] if args[0] == "estimate" else args))
         if args and args[0] == "replay":
             args = replay_argv(args[1:])
+        from components.trust import check_command
+
+        check_command(args)  # experiment files' hydra: nodes (callbacks) act before composition
     except ConfigError as err:
         print_error(err)
         sys.exit(2)
