@@ -149,18 +149,20 @@ def latest_matching(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | Non
     for run in candidates(root, exclude):
         reason = why_not(run, cfg, sweep_point)
         if not reason:
-            if sweep:  # points differing in run-management keys only: the same job number
-                twin = run.parent / run_dir.name
-                run = (
-                    twin
-                    if twin != run and checkpoints_in(twin) and not why_not(twin, cfg, sweep_point)
-                    else run
-                )
+            run = same_job(run, run_dir, cfg, sweep_point) if sweep else run
             log.info("resume=true: continuing %s (its config matches)", run)
             return run
         log.info("resume=true: passing over %s: %s", run, describe(reason))
         passed.append((run, reason))
     raise no_match(root, passed)
+
+
+def same_job(run: Path, run_dir: Path, cfg: DictConfig, sweep_point: list[str] | None) -> Path:
+    """In ``run``'s sweep, the point with this job's number when it matches too: points that differ in
+    run-management keys only (a sweep over ``train.max_steps``) share config and overrides."""
+    twin = run.parent / run_dir.name
+    matches = twin != run and bool(checkpoints_in(twin)) and not why_not(twin, cfg, sweep_point)
+    return twin if matches else run
 
 
 def no_match(root: Path, passed: list[tuple[Path, list[Difference] | str]]) -> ConfigError:
@@ -177,7 +179,7 @@ def no_match(root: Path, passed: list[tuple[Path, list[Difference] | str]]) -> C
         f"resume=true: none of the {len(passed)} earlier run(s) with a checkpoint under {root} was "
         f"trained with this config; the closest, {run}, differs in {describe(reason)}",
         key="resume",
-        hint="pass the same values to continue that run (or resume=<run dir> of a matching one), "
+        hint=f"to continue it: {fix(reason) if isinstance(reason, list) else 'its overrides'}; "
         "or drop resume to start afresh",
     )
 
@@ -191,12 +193,18 @@ def check_explicit(checkpoint: Path, cfg: DictConfig) -> None:
         return
     diff = differences(saved, cfg)
     if diff:
-        fix = " ".join(f"{d.key}={d.old}" for d in diff[:SHOWN] if d.old != ABSENT)
         raise ConfigError(
             f"{run} was trained with a different config: {describe(diff)}",
             key="resume",
-            hint=f"resume with that run's values ({fix or 'its config'}), or drop resume to start afresh",
+            hint=f"resume with that run's values ({fix(diff)}), or drop resume to start afresh",
         )
+
+
+def fix(diff: list[Difference]) -> str:
+    """The overrides that give back an earlier run's values (a changed class: its group's option)."""
+    groups = sorted({d.key.rsplit(".", 1)[0] for d in diff if d.key.endswith("._target_")})
+    values = [f"{d.key}={d.old}" for d in diff if d.old != ABSENT and d.key.rsplit(".", 1)[0] not in groups]
+    return ", ".join([*(f"the same {g} option" for g in groups), *values[:SHOWN]]) or "its config"
 
 
 def resolve(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None) -> str | None:
@@ -215,6 +223,7 @@ def resolve(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None
         assert checkpoint is not None
         check_explicit(Path(checkpoint), cfg)
     check_checkpoint(Path(checkpoint), trusted=bool(cfg.get("trust_checkpoints", False)))
+    log.info("resuming from %s", checkpoint)
     return checkpoint
 
 
