@@ -8,7 +8,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from components.resume import point, resolve
 from tests.conftest import save_like_hydra
 
 
-def fake_run(run: Path, cfg: DictConfig, overrides: list[str] = (), age: float = 0.0) -> Path:
+def fake_run(run: Path, cfg: DictConfig, overrides: Sequence[str] = (), age: float = 0.0) -> Path:
     """A run dir as training leaves it, minus the weights: saved config, one whole checkpoint."""
     save_like_hydra(run, cfg, list(overrides))
     checkpoint = run / "checkpoints" / "checkpoint-2"
