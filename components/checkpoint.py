@@ -65,35 +65,16 @@ def checkpoints_in(run_dir: Path, *, warn: bool = False) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def latest_run_with_checkpoint(outputs_root: Path, exclude: Path) -> Path | None:
-    """The most recently modified run dir under ``outputs_root`` (but ``exclude``) with a whole checkpoint."""
-    runs = {
-        ckpt.parent.parent
-        for ckpt in outputs_root.glob("**/checkpoints/checkpoint-*")
-        if ckpt.parent.parent.resolve() != exclude.resolve()
-    }
-    good = [run for run in runs if checkpoints_in(run)]
-    return max(good, key=lambda p: p.stat().st_mtime) if good else None
-
-
-def resolve_resume(resume: Any, run_dir: Path) -> str | None:
-    """``resume``: false → None; true → the latest earlier run's last checkpoint; a path → its checkpoint.
+def resolve_resume(resume: Any) -> str | None:
+    """``resume``: false → None; a run dir → its last whole checkpoint; a checkpoint dir → itself.
 
     A checkpoint that is incomplete or damaged is skipped, with a warning, for the previous whole one.
+    ``resume=true`` (which earlier run?) is components/resume.py's to decide.
     """
     if resume in (False, None, "false", "False"):
         return None
     if resume in (True, "true", "True", "latest"):
-        # run dirs live at <outputs>/<date>/<time…>: look across the whole outputs tree
-        root = run_dir.parent.parent
-        earlier = latest_run_with_checkpoint(root, exclude=run_dir)
-        if earlier is None:
-            raise ConfigError(
-                f"resume=true but no earlier run under {root} has a complete checkpoint",
-                key="resume",
-                hint="set train.save_every>0 so runs write checkpoints, or pass resume=<run dir>",
-            )
-        return str(checkpoints_in(earlier, warn=True)[-1])
+        raise ValueError("resume=true names no path: components.resume.resolve picks the run")
     path = Path(str(resume)).expanduser()
     if path.is_dir() and _STEP.search(path.name):
         problem = verify(path)

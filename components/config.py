@@ -75,12 +75,12 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
     mode: str = "train"  # train | plan (compose, check, print; no training)
-    resume: Any = (
-        False  # false | true (latest checkpoint of the latest earlier run) | <run dir or checkpoint dir>
-    )
+    resume: Any = False  # false | true (latest earlier run of this config) | <run dir or checkpoint dir>
     merge: bool = False  # PEFT: also write a merged full model to final/merged
     run_name: str = ""  # shown in summaries and trackers; defaults to the run dir's name
     objective: str = "eval_loss"  # the metric a run returns to Hydra sweepers (Optuna minimises it)
+    trust_checkpoints: bool = False  # resume from checkpoints holding arbitrary pickles (components/trust.py)
+    trust_targets: bool = False  # build _target_s other than hydratune's own and reward functions
 
 
 ConfigStore.instance().store(name="hydratune_schema", node=Config)

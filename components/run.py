@@ -36,10 +36,13 @@ class Components:
         """``hydra.utils.instantiate`` each group node (``_target_`` names the component class).
 
         Keys forced in with ``+group.key=…`` are rejected first, naming the key, instead of failing
-        inside the component's constructor."""
+        inside the component's constructor; so is any ``_target_`` that is not hydratune's own or a
+        reward function (components/trust.py) — a replayed run dir or experiment file sets any key."""
         from components.checks import check_known_keys
         from components.tracker import Trackers
+        from components.trust import check_targets
 
+        check_targets(cfg, trusted=bool(cfg.get("trust_targets", False)))
         check_known_keys(cfg)
         built = {g: _instantiate(cfg, g) for g in GROUPS}
         built["tracker"] = Trackers.of(built["tracker"])

@@ -14,7 +14,7 @@ from typing import Any
 
 from components.callbacks import FirstStepTimer, MetricsCallback, NonFiniteLossGuard, progress_callback
 from components.chat_template import HYDRATUNE, check_assistant_mask, label_for, mask_segments, pretokenize
-from components.checkpoint import checkpoints_in, resolve_resume, save_final
+from components.checkpoint import checkpoints_in, save_final
 from components.dataprep import eval_every, prepare_data
 from components.errors import Interrupted
 from components.evaluation import EvalPrompt, evaluate_generations
@@ -22,6 +22,7 @@ from components.interrupt import GracefulInterrupt
 from components.masking import check_label_mask, label_mask_stats, stop_token_ids
 from components.model import describe_dtypes, upcast_trainable
 from components.peft import trainable_summary
+from components.resume import pinned
 from components.run import RunContext, peak_memory_gb
 from components.startup import training_starts
 
@@ -243,7 +244,7 @@ class Session:
         self.report["run"]["live strategy"] = c.strategy.live_description(trainer.accelerator)
         if not ctx.cfg.resume:
             self.probe(trainer, probes, "before")
-        resume = resolve_resume(ctx.cfg.resume, ctx.run_dir.path)
+        resume = pinned(ctx.cfg)  # resolved and checked before the model loaded (components/resume.py)
         if resume:
             self.report["run"]["resumed from"] = resume
         self.interrupt.install()

@@ -64,9 +64,11 @@ def execute(cfg: DictConfig) -> Any:
         return None
 
     from components.hub import check_model_sources
+    from components.resume import hydra_sweep_point, pin
 
     check_model_sources(comps.model)  # a hub id neither cached nor reachable: one line, before anything
     run_dir = hydra_run_dir()
+    cfg = pin(cfg, run_dir, hydra_sweep_point())  # the checkpoint to continue, checked; workers get it too
     check_not_under_outside_launcher(comps)
     if comps.launcher.spawns_workers():
         from components.launcher import WorkerFailed
@@ -240,6 +242,10 @@ def replay_argv(args: list[str]) -> list[str]:
     saved = Path(args[0]).expanduser().resolve() / ".hydra"
     if not (saved / "config.yaml").is_file():
         raise ConfigError(f"{saved / 'config.yaml'} not found: not a run dir", key="replay")
+    from components.trust import check_file
+
+    # a hydra: node in it too: Hydra builds its callbacks before hydratune runs
+    check_file(saved / "config.yaml", trusted="trust_targets=true" in args[1:])
     return [
         "--config-path",
         str(saved),
@@ -327,6 +333,9 @@ def _main(args: list[str]) -> None:
             sys.exit(cli(args[1:] if args[0] == "estimate" else args))
         if args and args[0] == "replay":
             args = replay_argv(args[1:])
+        from components.trust import check_command
+
+        check_command(args)  # experiment files' hydra: nodes (callbacks) act before composition
     except ConfigError as err:
         print_error(err)
         sys.exit(2)

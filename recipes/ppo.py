@@ -181,15 +181,16 @@ class PPO:
 
         from components import ppo
         from components.callbacks import progress_line
-        from components.checkpoint import load_loop_checkpoint, resolve_resume, save_loop_checkpoint
+        from components.checkpoint import load_loop_checkpoint, save_loop_checkpoint
         from components.errors import Interrupted
+        from components.resume import pinned
         from components.rewards import RewardModel, resolve_reward
         from components.session import Session
         from components.startup import training_starts
 
         c, t = ctx.components, ctx.train
         session = Session.start(ctx)
-        resume = resolve_resume(ctx.cfg.resume, ctx.run_dir.path)  # fails here, before any model loads
+        resume = pinned(ctx.cfg)  # resolved and checked before load (components/resume.py)
         splits = session.load_data()
         data, tok = splits["train"], session.tokenizer
         policy = session.build_model()

@@ -52,14 +52,27 @@ def run_recipe(compose_cfg: Callable[..., DictConfig], tmp_path: Path) -> Callab
 def _run_in(root: Path, compose_fn: Callable[..., DictConfig], *overrides: str, name: str) -> tuple[Any, Any]:
     """Compose ``FAST + overrides``, check, and run the recipe in ``root/outputs/day/<name>``."""
     from components.checks import check_before_load
+    from components.resume import pin
     from components.run import Components, RunContext
     from components.rundir import RunDir
 
     cfg = compose_fn(*FAST, *overrides)
     comps = Components.from_config(cfg)
     device = check_before_load(cfg, comps)
-    ctx = RunContext(cfg, comps, RunDir(root / "outputs" / "day" / name), device)
+    run_dir = RunDir(root / "outputs" / "day" / name)
+    save_like_hydra(run_dir.path, cfg, [*FAST, *overrides])
+    cfg = pin(cfg, run_dir.path)  # as the CLI does before anything loads
+    ctx = RunContext(cfg, comps, run_dir, device)
     return ctx, comps.recipe.run(ctx)
+
+
+def save_like_hydra(run_dir: Path, cfg: DictConfig, overrides: list[str]) -> None:
+    """``<run dir>/.hydra/config.yaml`` and ``overrides.yaml``, as Hydra writes them (``resume`` compares)."""
+    from omegaconf import OmegaConf
+
+    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    OmegaConf.save(OmegaConf.create(overrides), run_dir / ".hydra" / "overrides.yaml")
 
 
 @pytest.fixture(scope="session")

@@ -81,7 +81,7 @@ AFTER_COMPOSE = [
     ),
     (["model.name_or_path={empty_dir}"], "model.name_or_path"),
     (["tracker=wandb"], "tracker.wandb.mode"),  # no WANDB_API_KEY, no ~/.netrc, WANDB_MODE unset (see below)
-    # resume=<bad path> is the resume work's (components/resume.py): checked before load there
+    # resume=<bad path>: test_a_bad_resume_path_fails_before_load (resolved by the CLI after these checks)
 ]
 
 # the eval split is computed when the data is read (before the model loads): checked by prepare_data
@@ -166,6 +166,17 @@ def test_wandb_with_a_key_or_offline_passes(compose_cfg, places, monkeypatch) ->
                 m.setenv(name, value)
             Components.from_config(compose_cfg("tracker=wandb")).tracker.validate()
     Components.from_config(compose_cfg("tracker=wandb", "tracker.wandb.mode=offline")).tracker.validate()
+
+
+def test_a_bad_resume_path_fails_before_load(compose_cfg, no_model_load, tmp_path: Path) -> None:
+    """The CLI's last step before loading (train mode): resume= resolved and checked."""
+    from components.resume import resolve
+
+    cfg = compose_cfg("resume=/nonexistent/run")
+    check_before_load(cfg, Components.from_config(cfg))
+    with pytest.raises(ConfigError) as info:
+        resolve(cfg, tmp_path / "outputs" / "day" / "run")
+    assert info.value.key == "resume" and info.value.hint, str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -406,12 +406,14 @@ def test_ppo_interrupted_and_resumed_matches_an_uninterrupted_run(run_recipe, ex
     common = [*FAST_PPO, *extra, "recipe.num_iterations=4", "recipe.reward._target_=tests.test_ppo.brevity"]
     full, _ = run_recipe(*common, name="straight")
     _CALLS["n"] = 0
+    interrupted = [*common, "recipe.reward._target_=tests.test_ppo.brevity_then_sigterm"]
     with pytest.raises(Interrupted):
-        run_recipe(*common, "recipe.reward._target_=tests.test_ppo.brevity_then_sigterm", name="cut")
+        run_recipe(*interrupted, name="cut")
     cut = full.run_dir.path.parent / "cut"
     assert [r["step"] for r in map(json.loads, (cut / "metrics.jsonl").open())] == [1, 2]
     assert (cut / "checkpoints" / "checkpoint-2" / "hydratune_complete.json").is_file()
-    resumed, _ = run_recipe(*common, f"resume={cut}", name="resumed")
+    # resumed with the cut run's config (resume refuses another reward): its SIGTERM fired on call 2 only
+    resumed, _ = run_recipe(*interrupted, f"resume={cut}", name="resumed")
 
     def numbers(ctx) -> list[dict]:
         return [{k: v for k, v in r.items() if k != "time"} for r in ctx.run_dir.read_metrics()]

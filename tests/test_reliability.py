@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from components.checkpoint import COMPLETE, checkpoints_in, resolve_resume, verify
 from components.errors import EXIT_INTERRUPTED, ConfigError
+from components.resume import resolve
 
 RUN = [
     "train.max_steps=60",
@@ -119,8 +121,8 @@ def test_checkpoints_are_atomic_and_damaged_ones_are_skipped(run_recipe, monkeyp
     weights = good[-1] / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated on purpose
     assert "bytes" in verify(good[-1])
-    assert resolve_resume(str(run), run.parent / "other") == str(good[0])
-    assert resolve_resume(str(good[-1]), run.parent / "other") == str(good[0])
+    assert resolve_resume(str(run)) == str(good[0])
+    assert resolve_resume(str(good[-1])) == str(good[0])
 
     resumed, _ = run_recipe(*steps, "train.micro_batch_size=8", f"resume={run}", name="resumed")
     assert str(good[0]) in (resumed.run_dir.path / "summary.md").read_text()
@@ -150,14 +152,14 @@ def test_a_save_that_crashes_leaves_the_previous_checkpoint_whole(run_recipe, tm
     run = tmp_path / "outputs" / "day" / "run"
     assert [p.name for p in checkpoints_in(run)] == ["checkpoint-2"]  # keep_last=1 kept the only whole one
     assert not (run / "checkpoints" / "checkpoint-4").exists()
-    assert resolve_resume("true", tmp_path / "outputs" / "day" / "next") == str(
-        run / "checkpoints" / "checkpoint-2"
-    )
+    cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
+    cfg.resume = True
+    assert resolve(cfg, tmp_path / "outputs" / "day" / "next") == str(run / "checkpoints" / "checkpoint-2")
 
 
 def test_resume_of_a_path_without_checkpoints_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        resolve_resume(str(tmp_path), tmp_path / "run")
+        resolve_resume(str(tmp_path))
     assert info.value.key == "resume"
 
 
