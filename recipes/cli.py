@@ -7,6 +7,7 @@ hydratune mode=plan [overrides]                         compose + check everythi
 hydratune replay <run dir> [overrides]                  re-run a run dir's exact resolved config
 hydratune estimate [overrides]                          memory per GPU + every strategy, nothing loaded
 hydratune report <multirun dir>                         table + overlay plot of a sweep's points
+hydratune export <run dir> [out=<dir>] [dtype=…]        merged model + tokenizer + model card for serving
 hydratune ls                                            recipes, groups and their options, experiments
 """
 
@@ -265,6 +266,10 @@ def _main(args: list[str]) -> None:
             from components.estimate import cli
 
             sys.exit(cli(args[1:] if args[0] == "estimate" else args))
+        if args and args[0] == "export":
+            from components.export import cli as export_cli
+
+            sys.exit(export_cli(args[1:]))
         if args and args[0] == "replay":
             args = replay_argv(args[1:])
     except ConfigError as err:
