@@ -27,6 +27,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "recipes.dpo",
     "recipes.ppo",
     "recipes.grpo",
+    "recipes.generate",
 )
 
 

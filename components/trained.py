@@ -116,8 +116,11 @@ class TrainedRun:
         if self.quantized and not merge:
             from hydra.utils import instantiate
 
+            from components.quantization import TORCH_DTYPES
+
             quantization = instantiate(self.cfg.quantization, _convert_="all")
-            load_kwargs = quantization.load_kwargs(dtype)
+            compute = {torch_name: name for name, torch_name in TORCH_DTYPES.items()}[dtype]
+            load_kwargs = quantization.load_kwargs(compute)
         base = base_model.build(task=task, dtype=dtype, **load_kwargs)
         if base.get_input_embeddings().weight.shape[0] < len(tokenizer):
             base.resize_token_embeddings(len(tokenizer))

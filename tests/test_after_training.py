@@ -1,4 +1,5 @@
-"""``hydratune export``: a folder transformers loads as is, with the run's logits, template, stop tokens."""
+"""After training: `hydratune export` (a folder transformers loads as is) and recipe=generate (batched
+generation over a file, data parallel), both from run dirs."""
 
 from __future__ import annotations
 
@@ -152,3 +153,97 @@ def test_export_cli_writes_the_folder_and_names_errors_with_exit_2(runs, tmp_pat
         cwd=tmp_path,
     )
     assert bad.returncode == 2 and "[export]" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ---- recipe=generate ------------------------------------------------------------------------------------
+GEN = ["recipe=generate", "recipe.max_new_tokens=6", "recipe.batch_size=5"]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def hydratune_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "recipes", *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def greedy_one_process(runs, tmp_path_factory) -> list[dict]:
+    """Greedy generations of the full run over the demo prompts, one process (the CLI)."""
+    cwd = tmp_path_factory.mktemp("gen1")
+    proc = hydratune_cli(*GEN, f"model.from_run={runs['full']}", "hydra.run.dir=out", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_jsonl(cwd / "out" / "generations.jsonl")
+
+
+def test_generate_writes_every_prompt_in_input_order_with_tokens_and_finish_reasons(
+    runs, greedy_one_process
+) -> None:
+    from transformers import AutoTokenizer
+
+    prompts = read_jsonl(Path(__file__).parent.parent / "components/assets/demo/prompts_eval.jsonl")
+    out = greedy_one_process
+    assert [r["index"] for r in out] == list(range(len(prompts)))  # batches were sorted by length: undone
+    assert [r["prompt"] for r in out] == [p["prompt"][-1]["content"] for p in prompts]
+    assert [r["reference"] for r in out] == [p["answer"] for p in prompts]
+    tok = AutoTokenizer.from_pretrained(runs["full"] / "final")
+    for r in out:
+        assert 1 <= r["tokens"] <= 6
+        assert r["finish_reason"] in ("stop", "length")
+        if r["finish_reason"] == "length":  # cut: exactly max_new_tokens, none of them a stop token
+            assert r["tokens"] == 6
+        assert r["completion"] == tok.decode(tok(r["completion"], add_special_tokens=False)["input_ids"])
+
+
+def test_generate_on_two_processes_equals_one_process(runs, greedy_one_process, tmp_path) -> None:
+    proc = hydratune_cli(
+        *GEN, f"model.from_run={runs['full']}", "launcher.nproc_per_node=2", "hydra.run.dir=out", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = read_jsonl(tmp_path / "out" / "generations.jsonl")
+    assert two == greedy_one_process
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| processes | 2 |" in summary and "| prompts | 64 |" in summary
+    assert not list((tmp_path / "out").glob(".generations*")), "per-rank shards left behind"
+
+
+def test_generate_from_an_adapter_run_uses_the_adapter_unmerged_and_samples(runs, run_recipe) -> None:
+    from peft import PeftModel
+
+    from recipes.generate import load_model
+
+    ctx, metrics = run_recipe(
+        *GEN,
+        f"model.from_run={runs['lora']}",
+        "recipe.temperature=1.0",
+        "recipe.num_return_sequences=3",
+        "data.max_samples=7",
+        name="gen_lora",
+    )
+    assert isinstance(load_model(ctx.components, "cpu"), PeftModel)
+    out = read_jsonl(ctx.run_dir.path / "generations.jsonl")
+    assert [(r["index"], r["sample"]) for r in out] == [(i, k) for i in range(7) for k in range(3)]
+    assert len({r["completion"] for r in out}) > 7, "sampling drew the same completion for every sample"
+    assert metrics["completions"] == 21
+
+
+def test_generate_refuses_what_it_cannot_do_before_load(compose_cfg, runs) -> None:
+    from components.checks import check_before_load
+    from components.run import Components
+
+    cases = [
+        (["peft=lora"], "peft"),
+        (["strategy=zero3"], "strategy"),
+        (["recipe.num_return_sequences=2"], "recipe.num_return_sequences"),
+        (["recipe.top_p=0"], "recipe.top_p"),
+        (["recipe.output=../x.jsonl"], "recipe.output"),
+    ]
+    for overrides, key in cases:
+        cfg = compose_cfg(*GEN, f"model.from_run={runs['full']}", *overrides)
+        with pytest.raises(ConfigError) as err:
+            check_before_load(cfg, Components.from_config(cfg))
+        assert err.value.key == key, str(err.value)
+    cfg = compose_cfg("recipe=dpo", f"model.from_run={runs['lora']}")  # training needs a whole model
+    with pytest.raises(ConfigError, match="hydratune export") as err:
+        check_before_load(cfg, Components.from_config(cfg))
+    assert err.value.key == "model.from_run"
