@@ -28,6 +28,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "recipes.ppo",
     "recipes.grpo",
     "recipes.generate",
+    "recipes.best_of_n",
 )
 
 

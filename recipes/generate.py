@@ -78,8 +78,25 @@ class Generate:
         if "/" in self.output or not self.output.endswith(".jsonl"):
             raise ConfigError("a .jsonl file name in the run dir", key="recipe.output")
 
+    def sampling(self) -> Any:
+        from components.generation import Sampling
+
+        return Sampling(
+            self.max_new_tokens, self.temperature, self.top_p, self.top_k, self.num_return_sequences
+        )
+
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from components.generation import Sampling, complete, length_batches
+        session, _, merged, seconds = self.generate_all(ctx)
+        if not ctx.is_main_process:
+            return {}
+        metrics = summarize(merged, seconds)
+        session.write_report("Generate", metrics)
+        return metrics
+
+    def generate_all(self, ctx: RunContext) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], float]:
+        """(session, prompt rows, every record in input order on rank 0 (``[]`` elsewhere), seconds): the
+        length-sorted batches dealt to the processes, generated, merged and written to ``output``."""
+        from components.generation import complete, length_batches
         from components.session import Session
 
         c = ctx.components
@@ -88,9 +105,8 @@ class Generate:
         rows = prompt_rows(c.data, session.tokenizer)
         session.report["data"] = {"prompts": len(rows), **c.data.info}
         model = load_model(c, ctx.device)
-        sampling = Sampling(
-            self.max_new_tokens, self.temperature, self.top_p, self.top_k, self.num_return_sequences
-        )
+        sampling = self.sampling()
+        session.report["generation"] = {**vars(sampling), "processes": world, "output": self.output}
         batches = length_batches([len(r["ids"]) for r in rows], self.batch_size)[rank::world]
         start, generated, records = time.perf_counter(), 0, []
         for b, batch in enumerate(batches, 1):
@@ -110,13 +126,7 @@ class Generate:
                 rate,
             )
         seconds = time.perf_counter() - start
-        merged = merge_ranks(ctx, records, rank, world, self.output)
-        if not ctx.is_main_process:
-            return {}
-        metrics = summarize(merged, seconds)
-        session.report["generation"] = {**vars(sampling), "processes": world, "output": self.output}
-        session.write_report("Generate", metrics)
-        return metrics
+        return session, rows, merge_ranks(ctx, records, rank, world, self.output), seconds
 
 
 def prompt_rows(data: Any, tokenizer: Any) -> list[dict[str, Any]]:
@@ -144,7 +154,14 @@ def prompt_rows(data: Any, tokenizer: Any) -> list[dict[str, Any]]:
     prompts, counts = eval_prompts(pairs, tokenizer, max_length=limit, on_overlong=policy, key=key)
     data.info.update(counts)
     return [
-        {"ids": p.ids, "prompt": p.question, "reference": p.answer, "truncated": p.truncated} for p in prompts
+        {
+            "ids": p.ids,
+            "prompt": p.question,
+            "reference": p.answer,
+            "truncated": p.truncated,
+            "conversation": p.conversation,
+        }
+        for p in prompts
     ]
 
 

@@ -247,3 +247,44 @@ def test_generate_refuses_what_it_cannot_do_before_load(compose_cfg, runs) -> No
     with pytest.raises(ConfigError, match="hydratune export") as err:
         check_before_load(cfg, Components.from_config(cfg))
     assert err.value.key == "model.from_run"
+
+
+# ---- recipe=best_of_n -----------------------------------------------------------------------------------
+def test_best_of_n_keeps_the_highest_reward_sample_and_writes_data_sft_and_dpo_read(
+    runs, run_recipe, compose_cfg
+) -> None:
+    from components.rewards import length_penalty
+    from components.run import Components
+
+    ctx, metrics = run_recipe(
+        "recipe=best_of_n",
+        f"model.from_run={runs['full']}",
+        "recipe.max_new_tokens=6",
+        "recipe.num_return_sequences=4",
+        "recipe.reward._target_=components.rewards.length_penalty",
+        "recipe.pairs=true",
+        "data.max_samples=12",
+        name="bon",
+    )
+    run = ctx.run_dir.path
+    samples, best = read_jsonl(run / "samples.jsonl"), read_jsonl(run / "best_of_n.jsonl")
+    prompts = read_jsonl(Path(__file__).parent.parent / "components/assets/demo/prompts_eval.jsonl")[:12]
+    assert len(samples) == 48 and [s["sample"] for s in samples[:4]] == [0, 1, 2, 3]
+    assert len(best) == 12 - metrics["prompts with only empty samples (no row)"] >= 6
+    for row in best:
+        i = next(i for i, p in enumerate(prompts) if p["prompt"] == row["messages"][:-1])
+        mine = [s for s in samples if s["index"] == i]
+        rewards = length_penalty(None, [s["completion"] for s in mine])  # scored again, independently
+        assert [s["reward"] for s in mine] == pytest.approx(rewards)
+        usable = [r for s, r in zip(mine, rewards, strict=True) if s["completion"].strip()]
+        assert row["reward"] == pytest.approx(max(usable))
+        winners = {s["completion"] for s, r in zip(mine, rewards, strict=True) if r == max(usable)}
+        assert row["messages"][-1] == {"role": "assistant", "content": row["messages"][-1]["content"]}
+        assert row["messages"][-1]["content"] in winners
+    assert metrics["mean reward, best of 4"] > metrics["mean reward, first sample"]
+    sft = Components.from_config(compose_cfg("data=jsonl_messages", f"data.path={run / 'best_of_n.jsonl'}"))
+    assert len(sft.data.load()["train"]) + len(sft.data.load()["eval"]) == len(best)
+    dpo = Components.from_config(compose_cfg("recipe=dpo", f"data.path={run / 'pairs.jsonl'}"))
+    pairs = dpo.data.load()
+    assert 0 < len(pairs["train"]) + len(pairs["eval"]) <= 12
+    assert dpo.data.info["format"].startswith("explicit")
