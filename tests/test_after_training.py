@@ -50,7 +50,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             ctx, _ = _run_in(root, fn, *STEPS, *overrides, name=name)
             return as_cli_run(ctx, list(overrides))
 
-        full = run("optimizer.lr=3e-3", name="full")
+        full = run("optimizer.lr=1e-5", name="full")  # barely trained: answers are not all an instant EOS
         lora = run("peft=lora", f"model.from_run={full}", "peft.init_lora_weights=gaussian", name="lora")
         lora_random = run("peft=lora", name="lora_random")
     GlobalHydra.instance().clear()
@@ -76,7 +76,7 @@ def test_export_of_a_full_run_loads_with_its_logits_template_and_stops(runs, tmp
     )
     assert trained_tok.eos_token_id in stops and generation.pad_token_id == trained_tok.pad_token_id
     card = (out / "README.md").read_text()
-    assert "hydratune optimizer.lr=3e-3" in card and f"hydratune replay {runs['full']}" in card
+    assert "hydratune optimizer.lr=1e-5" in card and f"hydratune replay {runs['full']}" in card
     assert "library_name: transformers" in card
     assert not list(tmp_path.glob("*.tmp")), "the staging dir was left behind"
 
@@ -288,3 +288,88 @@ def test_best_of_n_keeps_the_highest_reward_sample_and_writes_data_sft_and_dpo_r
     pairs = dpo.data.load()
     assert 0 < len(pairs["train"]) + len(pairs["eval"]) <= 12
     assert dpo.data.info["format"].startswith("explicit")
+
+
+# ---- hydratune chat -------------------------------------------------------------------------------------
+class Terminal:
+    """``hydratune chat`` on a pseudo-terminal: type a line, read what the screen shows until a marker."""
+
+    def __init__(self, *args: str, cwd: Path) -> None:
+        import os
+        import pty
+
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "recipes", "chat", *args],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=cwd,
+            close_fds=True,
+        )
+        os.close(slave)
+        self.screen = ""
+
+    def read_until(self, marker: str, timeout: float = 120.0) -> str:
+        import os
+        import select
+        import time
+
+        start, seen = time.monotonic(), len(self.screen)
+        while marker not in self.screen[seen:]:
+            assert time.monotonic() - start < timeout, f"no {marker!r} on screen:\n{self.screen[-2000:]}"
+            ready, _, _ = select.select([self.master], [], [], 1.0)
+            if ready:
+                self.screen += os.read(self.master, 4096).decode(errors="replace").replace("\r\n", "\n")
+        shown = self.screen[seen:]
+        return shown[: shown.index(marker)]
+
+    def type(self, line: str) -> None:
+        import os
+
+        os.write(self.master, (line + "\n").encode())
+
+
+def test_chat_streams_answers_keeps_the_conversation_and_resets(partial_sft, tmp_path) -> None:
+    """On the session's partly trained demo model (it answers sums): what the terminal shows is the greedy
+    answer under the chat template saved with the model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from components.masking import stop_token_ids
+
+    final = partial_sft / "final"
+    term = Terminal(str(final), "temperature=0", "max_new_tokens=8", "system=Add.", cwd=tmp_path)
+    term.read_until("you> ")
+    term.type("What is 12 + 30?")
+    first = term.read_until("you> ")
+    term.type("What is 4 + 4?")
+    term.read_until("you> ")
+    term.type("/history")
+    history = term.read_until("you> ")
+    term.type("/reset")
+    assert "(conversation cleared)" in term.read_until("you> ")
+    term.type("/history")
+    assert "(0 turns)" in term.read_until("you> ")
+    term.type("/exit")
+    assert term.proc.wait(timeout=30) == 0
+    tok, model = AutoTokenizer.from_pretrained(final), AutoModelForCausalLM.from_pretrained(final)
+    messages = [{"role": "system", "content": "Add."}, {"role": "user", "content": "What is 12 + 30?"}]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(
+        **ids,
+        max_new_tokens=8,
+        do_sample=False,
+        eos_token_id=sorted(stop_token_ids(tok)),
+        pad_token_id=tok.pad_token_id,
+    )
+    expected = tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+    assert expected and first.split("assistant> ", 1)[1].strip() == expected
+    assert (
+        "(4 turns)" in history and "user: What is 12 + 30?" in history and "user: What is 4 + 4?" in history
+    )
+    assert "system: Add." in history
+
+
+def test_chat_refuses_a_bad_path_before_loading(tmp_path) -> None:
+    bad = hydratune_cli("chat", str(tmp_path), cwd=tmp_path)
+    assert bad.returncode == 2 and "[chat]" in bad.stderr and "Traceback" not in bad.stderr
