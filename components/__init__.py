@@ -27,6 +27,8 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "recipes.dpo",
     "recipes.ppo",
     "recipes.grpo",
+    "recipes.generate",
+    "recipes.best_of_n",
 )
 
 

@@ -55,6 +55,8 @@ usage:
   hydratune estimate [overrides]                 memory per GPU before launch (strategy=auto picks one)
   hydratune replay <run dir> [overrides]         run a finished run's exact config again
   hydratune report <multirun dir>                a sweep's table and plot
+  hydratune export <run dir> [out=<dir>]         merged safetensors + tokenizer + model card, ready to serve
+  hydratune chat <run dir | model dir>           an interactive chat with the model, tokens streamed
   hydratune ls                                   every option of every group, with a line on each
   hydratune [overrides] --cfg job                print the composed config
   hydratune --hydra-help                         Hydra's own flags (--info, --shell-completion, ...)

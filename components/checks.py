@@ -64,7 +64,15 @@ def check_train(cfg: DictConfig) -> None:
 def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
     """Cross-group rules: what cannot work together, said with what to change."""
     comps.precision.resolve(device)  # raises for bf16/fp16/tf32 the device cannot do
-    if comps.quantization.needs_adapter and not comps.peft.is_adapter:
+    inference = getattr(comps.recipe, "inference_only", False)  # generates with the model, trains nothing
+    if getattr(comps.model, "adapter", None) and not inference:
+        raise ConfigError(
+            f"{comps.model.from_run} left an adapter alone: training starts from a whole model",
+            key="model.from_run",
+            hint=f"hydratune export {comps.model.from_run} (merges it into its base) and pass "
+            "model.name_or_path=<the export dir>, or re-run that recipe with merge=true",
+        )
+    if comps.quantization.needs_adapter and not comps.peft.is_adapter and not inference:
         raise ConfigError(
             "a quantized base model cannot be trained directly: QLoRA trains an adapter on top of it",
             key="peft",
@@ -104,7 +112,8 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
 
     strategy, quant = comps.strategy, comps.quantization
     name = type(strategy).__name__
-    if isinstance(strategy, Single) and world_size(comps) > 1:
+    inference = getattr(comps.recipe, "inference_only", False)  # each process holds the whole model
+    if isinstance(strategy, Single) and world_size(comps) > 1 and not inference:
         raise ConfigError(
             f"strategy=single runs one process, but the launcher asks for {world_size(comps)}",
             key="strategy",

@@ -26,6 +26,7 @@ class EvalPrompt:
     answer: str
     question: str  # the last turn's text, shown in generations.jsonl
     truncated: bool = False
+    conversation: list[dict[str, str]] | None = None  # the turns the prompt was rendered from
 
 
 def normalise(text: str) -> str:
@@ -64,7 +65,7 @@ def eval_prompts(
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         question = conversation[-1]["content"] if conversation else ""
         if len(ids) <= max_length:
-            out.append(EvalPrompt(ids, answer, question))
+            out.append(EvalPrompt(ids, answer, question, conversation=conversation))
             continue
         if on_overlong == "error":
             raise ConfigError(
@@ -75,7 +76,7 @@ def eval_prompts(
         reason = "eval prompts dropped (too long)" if on_overlong == "drop" else "eval prompts truncated"
         counts[reason] = counts.get(reason, 0) + 1
         if on_overlong != "drop":
-            out.append(EvalPrompt(ids[-max_length:], answer, question, truncated=True))
+            out.append(EvalPrompt(ids[-max_length:], answer, question, True, conversation))
     return out, counts
 
 

@@ -57,9 +57,20 @@ class CausalLM:
 
     # ---- checks (no weights touched) -------------------------------------------------------------
     def __post_init__(self) -> None:
-        if self.from_run:
-            self.name_or_path, self.init = str(final_model_dir(self.from_run)), "pretrained"
+        self.adapter: str | None = None  # from_run left an adapter alone: its dir (the base is rebuilt)
+        if not self.from_run:
+            return
+        final = final_model_dir(self.from_run, adapter_ok=True)
+        if (final / "config.json").is_file():
+            self.name_or_path, self.init = str(final), "pretrained"
             self.gguf_file = None  # the run saved an ordinary model dir
+            return
+        from components.trained import TrainedRun  # an adapter: its base is the run's own model node
+
+        base = TrainedRun.open(self.from_run).base_component()
+        for name in ("name_or_path", "gguf_file", "init", "architecture", "revision", "trust_remote_code"):
+            setattr(self, name, getattr(base, name))
+        self.tokenizer, self.adapter = str(final), str(final)  # the tokenizer as trained (chat template)
 
     def validate(self) -> None:
         """Cheap checks of the knobs themselves."""
@@ -345,16 +356,20 @@ def _reload(auto: Any, model: PreTrainedModel, common: dict[str, Any], load_kwar
         return auto.from_pretrained(tmp, **common, **load_kwargs)
 
 
-def final_model_dir(run: str) -> Path:
-    """The model a run left behind: ``final/merged`` when it merged an adapter, else ``final``."""
-    final = Path(run).expanduser() / "final"
+def final_model_dir(run: str, adapter_ok: bool = False) -> Path:
+    """The model a run left behind: ``final/merged`` when it merged an adapter, else ``final``; with
+    ``adapter_ok`` also ``final`` holding an adapter alone, if the run dir says what its base was."""
+    run_dir = Path(run).expanduser()
+    final = run_dir / "final"
     if (final / "merged" / "config.json").is_file():
         return final / "merged"
     if (final / "config.json").is_file():
         return final
     if (final / "adapter_config.json").is_file():
+        if adapter_ok and (run_dir / ".hydra" / "config.yaml").is_file():
+            return final
         raise ConfigError(
-            f"{final} holds only an adapter: its base model cannot be rebuilt from it",
+            f"{final} holds only an adapter and {run_dir} has no .hydra/config.yaml naming its base",
             key="model.from_run",
             hint="re-run that recipe with merge=true (final/merged), or set model.name_or_path to the base "
             "and load the adapter",

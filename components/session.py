@@ -259,7 +259,7 @@ class Session:
                 self.interrupt.signum, trainer.state.global_step, str(saved[-1]) if saved else None
             )
             self.report["interrupted"] = {"reason": str(stop), "resume with": f"resume={ctx.run_dir.path}"}
-            self._write_report(title, dict(result.metrics))
+            self.write_report(title, dict(result.metrics))
             raise stop
         metrics: dict[str, Any] = dict(result.metrics)
         if trainer.eval_dataset is not None:
@@ -273,7 +273,7 @@ class Session:
         self.report["outputs"] = save_final(
             trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge, state_dict=state_dict
         )
-        self._write_report(title, metrics)
+        self.write_report(title, metrics)
         return metrics
 
     def log_metrics(self, record: dict[str, Any]) -> None:
@@ -320,10 +320,10 @@ class Session:
             state = gathered.get(name) or module.state_dict()
             state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
             save_file(state, str(self.ctx.run_dir.final / f"{name}.safetensors"))
-        self._write_report(title, metrics)
+        self.write_report(title, metrics)
         return metrics
 
-    def _write_report(self, title: str, metrics: dict[str, Any]) -> None:
+    def write_report(self, title: str, metrics: dict[str, Any]) -> None:
         ctx = self.ctx
         self.report["final metrics"] = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         self.report["cost"] = {

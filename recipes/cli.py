@@ -7,6 +7,8 @@ hydratune mode=plan [overrides]                         compose + check everythi
 hydratune replay <run dir> [overrides]                  re-run a run dir's exact resolved config
 hydratune estimate [overrides]                          memory per GPU + every strategy, nothing loaded
 hydratune report <multirun dir>                         table + overlay plot of a sweep's points
+hydratune export <run dir> [out=<dir>] [dtype=…]        merged model + tokenizer + model card for serving
+hydratune chat <run dir | model dir> [system=…]         talk to the model, tokens streamed
 hydratune ls                                            recipes, groups and their options, experiments
 """
 
@@ -331,6 +333,10 @@ def _main(args: list[str]) -> None:
             from components.estimate import cli
 
             sys.exit(cli(args[1:] if args[0] == "estimate" else args))
+        if args and args[0] in ("export", "chat"):
+            from importlib import import_module
+
+            sys.exit(import_module(f"components.{args[0]}").cli(args[1:]))
         if args and args[0] == "replay":
             args = replay_argv(args[1:])
         from components.trust import check_command

@@ -1,0 +1,122 @@
+"""Best-of-N sampling: N completions per prompt, scored by a reward, the best kept as training data.
+
+``hydratune recipe=best_of_n model.from_run=<policy run> recipe.reward.model=<reward run>`` samples
+``n`` completions of every prompt (recipe=generate's batching and data parallelism), scores them with a
+reward model run or any reward function the RL recipes accept, and writes ``best_of_n.jsonl`` (chat
+``messages`` that ``recipe=sft data=jsonl_messages data.path=…`` reads) and, with ``pairs=true``,
+``pairs.jsonl`` (best vs worst as ``prompt`` / ``chosen`` / ``rejected``: ``recipe=dpo data.path=…``):
+rejection-sampling fine-tuning in two commands. The summary compares the mean reward of the first sample
+with the best of N.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig
+
+from components.errors import ConfigError
+from components.registry import component
+from components.run import Components, RunContext
+from recipes.generate import Generate
+from recipes.ppo import default_reward, reward_model_path
+
+
+@component("recipe")
+@dataclass
+class BestOfN(Generate):
+    """Generate's knobs (``num_return_sequences`` is N, sampled at ``temperature``) and the reward."""
+
+    num_return_sequences: int = 8
+    temperature: float = 1.0
+    output: str = "samples.jsonl"  # every sample with its reward
+    reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
+    pairs: bool = False  # also write best/worst preference pairs (pairs.jsonl)
+
+    def check(self, cfg: DictConfig, comps: Components) -> None:
+        super().check(cfg, comps)
+        if self.num_return_sequences < 2:
+            raise ConfigError("best of N needs N >= 2 samples", key="recipe.num_return_sequences")
+        if self.temperature == 0:
+            raise ConfigError("greedy samples are all the same", key="recipe.temperature", hint="e.g. 1.0")
+        if not self.reward:
+            raise ConfigError("no reward", key="recipe.reward", hint="recipe.reward.model=<reward run dir>")
+        if reward_model_path(self.reward):
+            from components.rewards import reward_model_dir
+
+            reward_model_dir(reward_model_path(self.reward))  # raises naming recipe.reward.model
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        from components.rewards import resolve_reward
+
+        session, rows, records, seconds = self.generate_all(ctx)
+        if not ctx.is_main_process:
+            return {}
+        reward = resolve_reward(self.reward, ctx.device)
+        scores = score(reward, rows, records)
+        for r, s in zip(records, scores, strict=True):
+            r["reward"] = s
+        out = ctx.run_dir.path
+        write_jsonl(out / self.output, records)
+        best, pairs = select(rows, records)
+        write_jsonl(out / "best_of_n.jsonl", best)
+        if self.pairs:
+            write_jsonl(out / "pairs.jsonl", pairs)
+        n = self.num_return_sequences
+        firsts = [r["reward"] for r in records if r["sample"] == 0]
+        metrics = {
+            "prompts": len(rows),
+            "prompts with only empty samples (no row)": len(rows) - len(best),
+            "samples per prompt": n,
+            "mean reward, first sample": sum(firsts) / len(firsts),
+            f"mean reward, best of {n}": sum(b["reward"] for b in best) / len(best),
+            "mean reward, all samples": sum(scores) / len(scores),
+            "preference pairs": len(pairs) if self.pairs else "not written (pairs=false)",
+            "seconds generating": round(seconds, 1),
+        }
+        session.report["outputs"] = {
+            "best_of_n.jsonl": f"recipe=sft data=jsonl_messages data.path={out / 'best_of_n.jsonl'}",
+            **({"pairs.jsonl": f"recipe=dpo data.path={out / 'pairs.jsonl'}"} if self.pairs else {}),
+        }
+        session.write_report("Best-of-N", metrics)
+        return metrics
+
+
+def score(reward: Any, rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[float]:
+    """One reward per record: the reward function sees the prompt turns, the completion and the row's
+    reference as ``answer`` (what exact_match & co read)."""
+    prompts = [rows[r["index"]]["conversation"] for r in records]
+    completions = [r["completion"] for r in records]
+    answers = [rows[r["index"]]["reference"] for r in records]
+    return [float(x) for x in reward(prompts=prompts, completions=completions, answer=answers)]
+
+
+def select(
+    rows: list[dict[str, Any]], records: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per prompt: the highest-reward non-empty sample as an SFT row, and (best, worst) as a preference pair
+    when their rewards differ (ties teach nothing). The first sample wins a tie for best; a prompt whose
+    samples are all empty gives no row (the trainers refuse empty replies)."""
+    by_prompt: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        if r["completion"].strip():
+            by_prompt.setdefault(r["index"], []).append(r)
+    best_rows, pairs = [], []
+    for index, samples in sorted(by_prompt.items()):
+        conversation = list(rows[index]["conversation"])
+        best = max(samples, key=lambda r: r["reward"])  # max keeps the first of equal rewards
+        worst = min(samples, key=lambda r: r["reward"])
+        reply = {"role": "assistant", "content": best["completion"]}
+        best_rows.append({"messages": [*conversation, reply], "reward": best["reward"]})
+        if best["reward"] > worst["reward"]:
+            rejected = [{"role": "assistant", "content": worst["completion"]}]
+            pairs.append({"prompt": conversation, "chosen": [reply], "rejected": rejected})
+    return best_rows, pairs
+
+
+def write_jsonl(path: Any, rows: list[dict[str, Any]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)

@@ -1,0 +1,375 @@
+"""After training: `hydratune export` (a folder transformers loads as is) and recipe=generate (batched
+generation over a file, data parallel), both from run dirs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from components.errors import ConfigError
+from components.export import export
+from components.trained import TrainedRun
+
+STEPS = ["train.max_steps=2", "train.eval_generations=0", "train.save_every=0", "train.eval_every=0"]
+
+
+def as_cli_run(ctx, overrides: list[str]) -> Path:
+    """Give an in-process run the ``.hydra/`` files a CLI run has (its config and overrides)."""
+    hydra_dir = ctx.run_dir.path / ".hydra"
+    hydra_dir.mkdir(exist_ok=True)
+    OmegaConf.save(ctx.cfg, hydra_dir / "config.yaml")
+    OmegaConf.save(OmegaConf.create(overrides), hydra_dir / "overrides.yaml")
+    return ctx.run_dir.path
+
+
+def logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A full SFT run, and a LoRA run on top of its final model (a base that can be rebuilt)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from tests.conftest import _run_in
+
+    root = tmp_path_factory.mktemp("export")
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base=None):
+
+        def run(*overrides: str, name: str) -> Path:
+            fn = lambda *o: compose(config_name="config", overrides=list(o))  # noqa: E731
+            ctx, _ = _run_in(root, fn, *STEPS, *overrides, name=name)
+            return as_cli_run(ctx, list(overrides))
+
+        full = run("optimizer.lr=1e-5", name="full")  # barely trained: answers are not all an instant EOS
+        lora = run("peft=lora", f"model.from_run={full}", "peft.init_lora_weights=gaussian", name="lora")
+        lora_random = run("peft=lora", name="lora_random")
+    GlobalHydra.instance().clear()
+    return {"full": full, "lora": lora, "lora_random": lora_random}
+
+
+def test_export_of_a_full_run_loads_with_its_logits_template_and_stops(runs, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    out = export(runs["full"], tmp_path / "exported")
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    final = AutoModelForCausalLM.from_pretrained(runs["full"] / "final")
+    ids = torch.randint(0, final.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(logits(exported, ids), logits(final, ids))
+    tok, trained_tok = (
+        AutoTokenizer.from_pretrained(out),
+        AutoTokenizer.from_pretrained(runs["full"] / "final"),
+    )
+    assert tok.chat_template == trained_tok.chat_template and tok.chat_template
+    generation = GenerationConfig.from_pretrained(out)
+    stops = (
+        generation.eos_token_id if isinstance(generation.eos_token_id, list) else [generation.eos_token_id]
+    )
+    assert trained_tok.eos_token_id in stops and generation.pad_token_id == trained_tok.pad_token_id
+    card = (out / "README.md").read_text()
+    assert "hydratune optimizer.lr=1e-5" in card and f"hydratune replay {runs['full']}" in card
+    assert "library_name: transformers" in card
+    assert not list(tmp_path.glob("*.tmp")), "the staging dir was left behind"
+
+
+def test_export_merges_an_adapter_into_its_base_with_the_adapters_logits(runs, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    run = TrainedRun.open(runs["lora"])
+    assert run.kind == "adapter"
+    adapter_model, _ = run.load()  # the adapter on its rebuilt base, not merged
+    out = export(runs["lora"], tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    ids = torch.randint(0, merged.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    base = AutoModelForCausalLM.from_pretrained(runs["full"] / "final")
+    assert not torch.allclose(logits(adapter_model, ids), logits(base, ids), atol=1e-4), (
+        "the adapter did nothing"
+    )
+    torch.testing.assert_close(logits(merged, ids), logits(adapter_model, ids), atol=1e-4, rtol=1e-4)
+    assert f"`{runs['full']}`" in (out / "README.md").read_text()  # the base model is named
+
+
+def test_export_refusals_come_before_any_weight_is_read(runs, tmp_path, monkeypatch) -> None:
+    def no_load(*args, **kwargs):
+        raise AssertionError("weights were read before the refusal")
+
+    monkeypatch.setattr(TrainedRun, "load", no_load)
+    existing = tmp_path / "taken"
+    existing.mkdir()
+    cases = [
+        (runs["full"], existing, "export.out"),  # never overwrites
+        (runs["lora_random"], None, "export"),  # adapter on a random-init base: nothing to merge into
+        (tmp_path, None, "export"),  # not a run dir
+    ]
+    quantized = tmp_path / "qlora"
+    (quantized / ".hydra").mkdir(parents=True)
+    (quantized / "final").symlink_to(runs["lora"] / "final")
+    cfg = OmegaConf.load(runs["lora"] / ".hydra" / "config.yaml")
+    cfg.quantization = {"_target_": "components.quantization.BitsAndBytes", "bits": 4}
+    OmegaConf.save(cfg, quantized / ".hydra" / "config.yaml")
+    cases.append((quantized, None, "export"))
+    reward = tmp_path / "reward"
+    (reward / ".hydra").mkdir(parents=True)
+    (reward / "final").symlink_to(runs["full"] / "final")
+    cfg = OmegaConf.load(runs["full"] / ".hydra" / "config.yaml")
+    cfg.recipe._target_ = "recipes.reward.Reward"
+    OmegaConf.save(cfg, reward / ".hydra" / "config.yaml")
+    cases.append((reward, None, "export"))
+    messages = []
+    for run_dir, out, key in cases:
+        with pytest.raises(ConfigError) as err:
+            export(run_dir, out)
+        assert err.value.key == key, str(err.value)
+        messages.append(str(err.value))
+    assert "quantized base" in messages[3] and "precision" in messages[3]
+    assert "randomly initialised" in messages[1]
+
+
+def test_export_cli_writes_the_folder_and_names_errors_with_exit_2(runs, tmp_path) -> None:
+    out = tmp_path / "cli"
+    ok = subprocess.run(
+        [sys.executable, "-m", "recipes", "export", str(runs["full"]), f"out={out}", "dtype=bfloat16"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config.get("dtype", config.get("torch_dtype")) == "bfloat16"
+    bad = subprocess.run(
+        [sys.executable, "-m", "recipes", "export", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert bad.returncode == 2 and "[export]" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ---- recipe=generate ------------------------------------------------------------------------------------
+GEN = ["recipe=generate", "recipe.max_new_tokens=6", "recipe.batch_size=5"]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def hydratune_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "recipes", *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def greedy_one_process(runs, tmp_path_factory) -> list[dict]:
+    """Greedy generations of the full run over the demo prompts, one process (the CLI)."""
+    cwd = tmp_path_factory.mktemp("gen1")
+    proc = hydratune_cli(*GEN, f"model.from_run={runs['full']}", "hydra.run.dir=out", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_jsonl(cwd / "out" / "generations.jsonl")
+
+
+def test_generate_writes_every_prompt_in_input_order_with_tokens_and_finish_reasons(
+    runs, greedy_one_process
+) -> None:
+    from transformers import AutoTokenizer
+
+    prompts = read_jsonl(Path(__file__).parent.parent / "components/assets/demo/prompts_eval.jsonl")
+    out = greedy_one_process
+    assert [r["index"] for r in out] == list(range(len(prompts)))  # batches were sorted by length: undone
+    assert [r["prompt"] for r in out] == [p["prompt"][-1]["content"] for p in prompts]
+    assert [r["reference"] for r in out] == [p["answer"] for p in prompts]
+    tok = AutoTokenizer.from_pretrained(runs["full"] / "final")
+    for r in out:
+        assert 1 <= r["tokens"] <= 6
+        assert r["finish_reason"] in ("stop", "length")
+        if r["finish_reason"] == "length":  # cut: exactly max_new_tokens, none of them a stop token
+            assert r["tokens"] == 6
+        assert r["completion"] == tok.decode(tok(r["completion"], add_special_tokens=False)["input_ids"])
+
+
+def test_generate_on_two_processes_equals_one_process(runs, greedy_one_process, tmp_path) -> None:
+    proc = hydratune_cli(
+        *GEN, f"model.from_run={runs['full']}", "launcher.nproc_per_node=2", "hydra.run.dir=out", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = read_jsonl(tmp_path / "out" / "generations.jsonl")
+    assert two == greedy_one_process
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| processes | 2 |" in summary and "| prompts | 64 |" in summary
+    assert not list((tmp_path / "out").glob(".generations*")), "per-rank shards left behind"
+
+
+def test_generate_from_an_adapter_run_uses_the_adapter_unmerged_and_samples(runs, run_recipe) -> None:
+    from peft import PeftModel
+
+    from recipes.generate import load_model
+
+    ctx, metrics = run_recipe(
+        *GEN,
+        f"model.from_run={runs['lora']}",
+        "recipe.temperature=1.0",
+        "recipe.num_return_sequences=3",
+        "data.max_samples=7",
+        name="gen_lora",
+    )
+    assert isinstance(load_model(ctx.components, "cpu"), PeftModel)
+    out = read_jsonl(ctx.run_dir.path / "generations.jsonl")
+    assert [(r["index"], r["sample"]) for r in out] == [(i, k) for i in range(7) for k in range(3)]
+    assert len({r["completion"] for r in out}) > 7, "sampling drew the same completion for every sample"
+    assert metrics["completions"] == 21
+
+
+def test_generate_refuses_what_it_cannot_do_before_load(compose_cfg, runs) -> None:
+    from components.checks import check_before_load
+    from components.run import Components
+
+    cases = [
+        (["peft=lora"], "peft"),
+        (["strategy=zero3"], "strategy"),
+        (["recipe.num_return_sequences=2"], "recipe.num_return_sequences"),
+        (["recipe.top_p=0"], "recipe.top_p"),
+        (["recipe.output=../x.jsonl"], "recipe.output"),
+    ]
+    for overrides, key in cases:
+        cfg = compose_cfg(*GEN, f"model.from_run={runs['full']}", *overrides)
+        with pytest.raises(ConfigError) as err:
+            check_before_load(cfg, Components.from_config(cfg))
+        assert err.value.key == key, str(err.value)
+    cfg = compose_cfg("recipe=dpo", f"model.from_run={runs['lora']}")  # training needs a whole model
+    with pytest.raises(ConfigError, match="hydratune export") as err:
+        check_before_load(cfg, Components.from_config(cfg))
+    assert err.value.key == "model.from_run"
+
+
+# ---- recipe=best_of_n -----------------------------------------------------------------------------------
+def test_best_of_n_keeps_the_highest_reward_sample_and_writes_data_sft_and_dpo_read(
+    runs, run_recipe, compose_cfg
+) -> None:
+    from components.rewards import length_penalty
+    from components.run import Components
+
+    ctx, metrics = run_recipe(
+        "recipe=best_of_n",
+        f"model.from_run={runs['full']}",
+        "recipe.max_new_tokens=6",
+        "recipe.num_return_sequences=4",
+        "recipe.reward._target_=components.rewards.length_penalty",
+        "recipe.pairs=true",
+        "data.max_samples=12",
+        name="bon",
+    )
+    run = ctx.run_dir.path
+    samples, best = read_jsonl(run / "samples.jsonl"), read_jsonl(run / "best_of_n.jsonl")
+    prompts = read_jsonl(Path(__file__).parent.parent / "components/assets/demo/prompts_eval.jsonl")[:12]
+    assert len(samples) == 48 and [s["sample"] for s in samples[:4]] == [0, 1, 2, 3]
+    assert len(best) == 12 - metrics["prompts with only empty samples (no row)"] >= 6
+    for row in best:
+        i = next(i for i, p in enumerate(prompts) if p["prompt"] == row["messages"][:-1])
+        mine = [s for s in samples if s["index"] == i]
+        rewards = length_penalty(None, [s["completion"] for s in mine])  # scored again, independently
+        assert [s["reward"] for s in mine] == pytest.approx(rewards)
+        usable = [r for s, r in zip(mine, rewards, strict=True) if s["completion"].strip()]
+        assert row["reward"] == pytest.approx(max(usable))
+        winners = {s["completion"] for s, r in zip(mine, rewards, strict=True) if r == max(usable)}
+        assert row["messages"][-1] == {"role": "assistant", "content": row["messages"][-1]["content"]}
+        assert row["messages"][-1]["content"] in winners
+    assert metrics["mean reward, best of 4"] > metrics["mean reward, first sample"]
+    sft = Components.from_config(compose_cfg("data=jsonl_messages", f"data.path={run / 'best_of_n.jsonl'}"))
+    assert len(sft.data.load()["train"]) + len(sft.data.load()["eval"]) == len(best)
+    dpo = Components.from_config(compose_cfg("recipe=dpo", f"data.path={run / 'pairs.jsonl'}"))
+    pairs = dpo.data.load()
+    assert 0 < len(pairs["train"]) + len(pairs["eval"]) <= 12
+    assert dpo.data.info["format"].startswith("explicit")
+
+
+# ---- hydratune chat -------------------------------------------------------------------------------------
+class Terminal:
+    """``hydratune chat`` on a pseudo-terminal: type a line, read what the screen shows until a marker."""
+
+    def __init__(self, *args: str, cwd: Path) -> None:
+        import os
+        import pty
+
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "recipes", "chat", *args],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=cwd,
+            close_fds=True,
+        )
+        os.close(slave)
+        self.screen = ""
+
+    def read_until(self, marker: str, timeout: float = 120.0) -> str:
+        import os
+        import select
+        import time
+
+        start, seen = time.monotonic(), len(self.screen)
+        while marker not in self.screen[seen:]:
+            assert time.monotonic() - start < timeout, f"no {marker!r} on screen:\n{self.screen[-2000:]}"
+            ready, _, _ = select.select([self.master], [], [], 1.0)
+            if ready:
+                self.screen += os.read(self.master, 4096).decode(errors="replace").replace("\r\n", "\n")
+        shown = self.screen[seen:]
+        return shown[: shown.index(marker)]
+
+    def type(self, line: str) -> None:
+        import os
+
+        os.write(self.master, (line + "\n").encode())
+
+
+def test_chat_streams_answers_keeps_the_conversation_and_resets(partial_sft, tmp_path) -> None:
+    """On the session's partly trained demo model (it answers sums): what the terminal shows is the greedy
+    answer under the chat template saved with the model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from components.masking import stop_token_ids
+
+    final = partial_sft / "final"
+    term = Terminal(str(final), "temperature=0", "max_new_tokens=8", "system=Add.", cwd=tmp_path)
+    term.read_until("you> ")
+    term.type("What is 12 + 30?")
+    first = term.read_until("you> ")
+    term.type("What is 4 + 4?")
+    term.read_until("you> ")
+    term.type("/history")
+    history = term.read_until("you> ")
+    term.type("/reset")
+    assert "(conversation cleared)" in term.read_until("you> ")
+    term.type("/history")
+    assert "(0 turns)" in term.read_until("you> ")
+    term.type("/exit")
+    assert term.proc.wait(timeout=30) == 0
+    tok, model = AutoTokenizer.from_pretrained(final), AutoModelForCausalLM.from_pretrained(final)
+    messages = [{"role": "system", "content": "Add."}, {"role": "user", "content": "What is 12 + 30?"}]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(
+        **ids,
+        max_new_tokens=8,
+        do_sample=False,
+        eos_token_id=sorted(stop_token_ids(tok)),
+        pad_token_id=tok.pad_token_id,
+    )
+    expected = tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+    assert expected and first.split("assistant> ", 1)[1].strip() == expected
+    assert (
+        "(4 turns)" in history and "user: What is 12 + 30?" in history and "user: What is 4 + 4?" in history
+    )
+    assert "system: Add." in history
+
+
+def test_chat_refuses_a_bad_path_before_loading(tmp_path) -> None:
+    bad = hydratune_cli("chat", str(tmp_path), cwd=tmp_path)
+    assert bad.returncode == 2 and "[chat]" in bad.stderr and "Traceback" not in bad.stderr
