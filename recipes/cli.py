@@ -196,11 +196,22 @@ def remove_unused_run_dir() -> None:
         p.name not in STARTUP_FILES and p.suffix != ".log" for p in run_dir.iterdir()
     ):
         return
-    logging.shutdown()  # Hydra's file handler holds the log open
+    detach_file_handlers(run_dir)  # Hydra's file handler holds the log open (and would reopen it)
     shutil.rmtree(run_dir, ignore_errors=True)
     for parent in list(run_dir.parents)[:2]:  # outputs/<date>, outputs
         if parent.is_dir() and not any(parent.iterdir()) and Path.cwd() in parent.parents:
             parent.rmdir()
+
+
+def detach_file_handlers(directory: Path) -> None:
+    """Close and remove every logging file handler writing under ``directory`` (from every logger), so
+    nothing reopens a log file in a removed run dir."""
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in logging.root.manager.loggerDict)]
+    for logger in loggers:
+        for handler in list(getattr(logger, "handlers", [])):
+            if isinstance(handler, logging.FileHandler) and directory in Path(handler.baseFilename).parents:
+                logger.removeHandler(handler)
+                handler.close()
 
 
 def compose_error(err: Exception) -> ConfigError:
