@@ -122,6 +122,7 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
                 key="precision",
                 hint="precision=fp32 on CPU, or run on GPUs",
             )
+        check_zero_partitions(cfg, comps, device)
     if cfg.merge and strategy.shards_parameters:
         raise ConfigError(
             f"merge=true cannot fold an adapter into {name}-sharded weights in the training job",
@@ -144,6 +145,20 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
                 key="quantization.quant_storage",
                 hint=f"quantization.quant_storage={dtype}",
             )
+
+
+def check_zero_partitions(cfg: DictConfig, comps: Components, device: str) -> None:
+    """ZeRO++ hpZ's secondary partition must tile the world: whole groups of ranks (GPUs of a node)."""
+    from components.run import batch_plan
+
+    plan = batch_plan(cfg, comps, device)
+    hpz = comps.strategy.hpz_partition_size(plan)
+    if hpz > 1 and plan.world_size % hpz:
+        raise ConfigError(
+            f"ZeRO++ hpZ partition size {hpz} does not divide the {plan.world_size} process(es)",
+            key="strategy.zero_hpz_partition_size",
+            hint="null (= launcher.nproc_per_node, the GPUs per node) or a divisor of the world size",
+        )
 
 
 def warnings_for(cfg: DictConfig, comps: Components, device: str = "cpu") -> list[str]:

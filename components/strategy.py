@@ -25,6 +25,7 @@ COMM_DTYPES = (None, "fp32", "fp16", "bf16")
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
 ZERO_CHECKPOINT = "__zero_checkpoint__"  # gather_state_dict's answer when the weights stay sharded on disk
 TRAINED, FROZEN = "trained", "frozen"  # accelerate's DeepSpeed plugins of a loop we own (PPO)
+AIO_KEYS = {"block_size", "queue_depth", "intra_op_parallelism", "single_submit", "overlap_events", "use_gds"}
 MULTI_PROCESS = {"MULTI_GPU", "MULTI_CPU", "MULTI_MPS", "MULTI_XPU"}  # plain multi-process (DDP) types
 
 
@@ -57,6 +58,8 @@ class BatchPlan:
     precision: Any = None  # the precision component (fp16 loss-scaling knobs)
     optimizer: Any = None  # the optimizer component (DeepSpeed's own optimizer under offload)
     hidden_size: int | None = None  # sizes the ZeRO buckets; None = DeepSpeed's defaults
+    largest_param: int | None = None  # elements of the biggest weight (vocab x hidden): NVMe swap buffers
+    gpus_per_node: int = 1  # processes per node: ZeRO++ hpZ's default secondary partition
 
     @property
     def global_batch_size(self) -> int:
@@ -394,13 +397,14 @@ class DeepSpeed(Strategy):
     communication_data_type: str | None = None  # fp32 | fp16 | bf16; null = the training dtype
     zero_quantized_weights: bool = False  # ZeRO++ qwZ
     zero_quantized_gradients: bool = False  # ZeRO++ qgZ
-    zero_hpz_partition_size: int = 1  # ZeRO++ hpZ: secondary partition size (GPUs per node)
+    zero_hpz_partition_size: int | None = 1  # ZeRO++ hpZ: secondary partition size; null = GPUs per node
+    offload_param_buffer_size: float | None = None  # NVMe param swap buffer (elements); null = largest shard
     optimizer_impl: str = "auto"  # auto | torch | deepspeed (DeepSpeed's CPU Adam under offload)
     aio: dict[str, Any] = field(
         default_factory=lambda: {
             "block_size": 1048576,
             "queue_depth": 8,
-            "thread_count": 1,
+            "intra_op_parallelism": 1,
             "single_submit": False,
             "overlap_events": True,
         }
@@ -439,11 +443,17 @@ class DeepSpeed(Strategy):
                 key="strategy.communication_data_type",
                 hint="fp32, fp16, bf16 or null",
             )
-        zeropp = (
-            self.zero_quantized_weights or self.zero_quantized_gradients or self.zero_hpz_partition_size > 1
-        )
+        hpz = self.zero_hpz_partition_size
+        zeropp = self.zero_quantized_weights or self.zero_quantized_gradients or hpz is None or hpz > 1
         if zeropp and self.stage != 3:
             raise ConfigError("ZeRO++ (qwZ / qgZ / hpZ) needs ZeRO stage 3", key="strategy.stage")
+        unknown = set(self.aio) - AIO_KEYS
+        if unknown:
+            raise ConfigError(
+                f"unknown DeepSpeed aio key(s) {sorted(unknown)} (DeepSpeed would ignore them)",
+                key=f"strategy.aio.{sorted(unknown)[0]}",
+                hint=f"known: {sorted(AIO_KEYS)} (thread_count is now intra_op_parallelism)",
+            )
         if self.optimizer_impl not in ("auto", "torch", "deepspeed"):
             raise ConfigError(
                 f"unknown '{self.optimizer_impl}'",
@@ -464,17 +474,35 @@ class DeepSpeed(Strategy):
             return self.optimizer_impl == "deepspeed"
         return self.offload_optimizer != "none" and device == "cuda" and type(optimizer).__name__ == "AdamW"
 
-    def _offload(self, target: str, *, params: bool) -> dict[str, Any]:
+    def hpz_partition_size(self, plan: BatchPlan) -> int:
+        """hpZ's secondary partition: the knob, or the processes per node (the copy stays in-node)."""
+        if self.stage != 3:
+            return 1
+        return int(self.zero_hpz_partition_size or plan.gpus_per_node)
+
+    def param_buffer_size(self, plan: BatchPlan) -> int:
+        """Elements of one NVMe parameter swap buffer: the knob, or this rank's shard of the largest weight
+        (DeepSpeed asserts a shard fits one buffer; its 1e8 default is below a 128k-vocab embedding)."""
+        if self.offload_param_buffer_size is not None:
+            return int(self.offload_param_buffer_size)
+        if not plan.largest_param:
+            return int(1e8)  # DeepSpeed's default
+        return -(-plan.largest_param // max(1, plan.world_size))  # ceil: the largest shard
+
+    def _offload(self, target: str, *, params: bool, plan: BatchPlan | None = None) -> dict[str, Any]:
         block: dict[str, Any] = {"device": target, "pin_memory": self.pin_memory}
         if target == "nvme":
             block["nvme_path"] = self.nvme_path
             block["buffer_count"] = 5 if params else 4
+            if params and plan is not None:
+                block["buffer_size"] = self.param_buffer_size(plan)
         if not params:
             block["ratio"] = 1.0
         return block
 
-    def zero_config(self, hidden_size: int | None) -> dict[str, Any]:
+    def zero_config(self, plan: BatchPlan) -> dict[str, Any]:
         """The ``zero_optimization`` block with every size concrete."""
+        hidden_size = plan.hidden_size
         h2 = hidden_size * hidden_size if hidden_size else None
 
         def size(value: float | None, derived: float | None, default: float) -> int:
@@ -509,10 +537,10 @@ class DeepSpeed(Strategy):
             stage3_gather_16bit_weights_on_model_save=self.stage3_gather_16bit_weights_on_model_save,
             zero_quantized_weights=self.zero_quantized_weights,
             zero_quantized_gradients=self.zero_quantized_gradients,
-            zero_hpz_partition_size=self.zero_hpz_partition_size,
+            zero_hpz_partition_size=self.hpz_partition_size(plan),
         )
         if self.offload_param != "none":
-            zero["offload_param"] = self._offload(self.offload_param, params=True)
+            zero["offload_param"] = self._offload(self.offload_param, params=True, plan=plan)
         return zero
 
     def deepspeed_config(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
@@ -529,7 +557,7 @@ class DeepSpeed(Strategy):
             "gradient_accumulation_steps": plan.gradient_accumulation_steps,
             "train_batch_size": plan.global_batch_size,
             "gradient_clipping": float(plan.max_grad_norm),
-            "zero_optimization": self.zero_config(plan.hidden_size),
+            "zero_optimization": self.zero_config(plan),
             "bf16": {"enabled": plan.dtype == "bf16"},
             "fp16": {"enabled": plan.dtype == "fp16"},
             "zero_allow_untested_optimizer": True,

@@ -75,11 +75,44 @@ def test_generated_deepspeed_config_is_concrete_and_accepted(compose_cfg, strate
         assert zero["offload_param"] == {"device": "cpu", "pin_memory": True}
     if strategy == "zero3_nvme":
         assert zero["offload_param"]["nvme_path"] == "/local_nvme" and "aio" in config
+        assert zero["offload_param"]["buffer_size"] == 602 * 128 // 2  # tiny: vocab x hidden / world
+        assert config["aio"]["intra_op_parallelism"] == 1 and "thread_count" not in config["aio"]
     if strategy == "zero3pp":
         assert zero["zero_quantized_weights"] and zero["zero_quantized_gradients"]
-        assert zero["zero_hpz_partition_size"] == 8
+        assert zero["zero_hpz_partition_size"] == 2  # null: the GPUs per node (launcher.nproc_per_node)
     checked = dict(config, train_batch_size=4 * 8)  # DeepSpeed's class counts this process only
     DeepSpeedConfig(checked)
+
+
+@pytest.mark.parametrize("world", [1, 8])
+def test_nvme_param_buffers_hold_the_largest_shard_of_llama3_8b(compose_cfg, world: int) -> None:
+    """DeepSpeed asserts every parameter shard fits one swap buffer: its 1e8 default is smaller than
+    Llama-3-8B's embedding (128256 x 4096 = 525M elements). The derived size is that shard, rounded up."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    config, _ = ds_config(compose_cfg, "zero3_nvme", "bf16", "model=llama3_8b", world=world)
+    offload = config["zero_optimization"]["offload_param"]
+    assert offload["buffer_size"] == -(-128256 * 4096 // world) >= 128256 * 4096 / world
+    assert offload["buffer_count"] == 5 and offload["nvme_path"] == "/local_nvme"
+    ds = DeepSpeedConfig(dict(config, train_batch_size=config["train_micro_batch_size_per_gpu"]
+                              * config["gradient_accumulation_steps"]))  # fmt: skip
+    assert ds.zero_config.offload_param.buffer_size == offload["buffer_size"]
+    assert ds.aio_config["intra_op_parallelism"] == 1
+    knob, _ = ds_config(compose_cfg, "zero3_nvme", "bf16", "strategy.offload_param_buffer_size=6e8")
+    assert knob["zero_optimization"]["offload_param"]["buffer_size"] == 600_000_000
+
+
+@pytest.mark.parametrize(("overrides", "hpz"), [
+    (["launcher.nproc_per_node=4"], 4),
+    (["launcher.nproc_per_node=4", "launcher.nnodes=2"], 4),  # secondary copy within each node
+    (["launcher.nproc_per_node=8", "strategy.zero_hpz_partition_size=2"], 2),
+])  # fmt: skip
+def test_zero3pp_hpz_partition_follows_the_gpus_per_node(compose_cfg, overrides, hpz: int) -> None:
+    cfg = compose_cfg("strategy=zero3pp", *overrides)
+    comps = Components.from_config(cfg)
+    check_before_load(cfg, comps, "cuda")
+    config = comps.strategy.deepspeed_config(batch_plan(cfg, comps, "cuda"))
+    assert config["zero_optimization"]["zero_hpz_partition_size"] == hpz
 
 
 def test_user_knobs_reach_the_generated_config(compose_cfg) -> None:
@@ -249,6 +282,17 @@ INVALID = [
     (["strategy=zero2", "strategy.offload_param=cpu"], "strategy.offload_param", "stage 3"),
     (["strategy=zero0", "strategy.offload_optimizer=cpu"], "strategy.offload_optimizer", None),
     (["strategy=zero3_nvme", "strategy.nvme_path=null"], "strategy.nvme_path", "swap directory"),
+    (["strategy=zero3_nvme"], "strategy.nvme_path", "swap directory"),  # required: no default dir
+    (
+        ["strategy=zero3_nvme", "strategy.nvme_path=/n", "+strategy.aio.thread_count=2"],
+        "strategy.aio.thread_count",
+        "intra_op_parallelism",
+    ),  # DeepSpeed 0.19 would ignore it
+    (
+        ["strategy=zero3pp", "launcher.nproc_per_node=4", "strategy.zero_hpz_partition_size=3"],
+        "strategy.zero_hpz_partition_size",
+        "does not divide",
+    ),
     (["strategy=zero2", "strategy.zero_quantized_weights=true"], "strategy.stage", "ZeRO++"),
     (["strategy=zero3", "strategy.stage=5"], "strategy.stage", None),
     (["strategy=zero3", "peft=lora", "merge=true"], "merge", "sharded"),
