@@ -71,6 +71,7 @@ def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
         )
     check_device(comps.optimizer, device)
     check_strategy(cfg, comps, device)
+    check_loss_scaling(comps, device)
     weights = comps.model.dtype
     if comps.precision.resolve(device) == "fp16" and weights == "bfloat16":
         raise ConfigError(
@@ -78,6 +79,14 @@ def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
             key="model.dtype",
             hint="use precision=bf16, or model.dtype=auto",
         )
+
+
+def check_loss_scaling(comps: Components, device: str) -> None:
+    """fp16 loss-scaling knobs: DeepSpeed's config takes them all, torch's GradScaler only some."""
+    from components.strategy import DeepSpeed
+
+    if comps.precision.resolve(device) == "fp16" and not isinstance(comps.strategy, DeepSpeed):
+        comps.precision.check_grad_scaler()
 
 
 def check_device(component: object, device: str) -> None:

@@ -22,6 +22,7 @@ from components.interrupt import GracefulInterrupt
 from components.masking import check_label_mask, label_mask_stats, stop_token_ids
 from components.model import describe_dtypes, upcast_trainable
 from components.peft import trainable_summary
+from components.precision import LossScaling
 from components.run import RunContext, peak_memory_gb
 from components.startup import training_starts
 
@@ -166,8 +167,12 @@ class Session:
         from components.checkpoint import AtomicCheckpoints
         from components.sync import DeferredTokenCount
 
-        mixins = (DeferredTokenCount, AtomicCheckpoints, trainer_cls)
-        return type(f"Hydratune{trainer_cls.__name__}", mixins, {})(
+        c = self.ctx.components
+        mixins = (DeferredTokenCount, AtomicCheckpoints, LossScaling, trainer_cls)
+        # fp16 outside DeepSpeed (whose config carries them): the loss-scaling knobs reach torch's GradScaler
+        uses_ds = hasattr(c.strategy, "deepspeed_config")
+        handlers = () if uses_ds else tuple(c.precision.scaler_handlers(self.ctx.plan.dtype))
+        return type(f"Hydratune{trainer_cls.__name__}", mixins, {"scaler_handlers": handlers})(
             model=self.model,
             args=args,
             train_dataset=data["train"],

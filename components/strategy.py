@@ -109,7 +109,8 @@ class Strategy:
         """An ``Accelerator`` for recipes that own their loop (PPO), set up as this strategy asks."""
         from accelerate import Accelerator
 
-        return Accelerator(mixed_precision=_mixed(plan.dtype), cpu=device == "cpu")
+        handlers = plan.precision.scaler_handlers(plan.dtype) if plan.precision is not None else []
+        return Accelerator(mixed_precision=_mixed(plan.dtype), cpu=device == "cpu", kwargs_handlers=handlers)
 
     def prepare_frozen(self, accelerator: Any, build: Callable[[], Any]) -> Any:
         """A frozen model of a loop we own (PPO's reference, a reward model), made by ``build()`` and made

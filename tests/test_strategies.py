@@ -396,3 +396,58 @@ def test_slurm_ranks_come_from_the_slurm_environment(monkeypatch) -> None:
     Slurm.rank_env_from_slurm()
     assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"]) == ("9", "1", "16")
     assert os.environ["LOCAL_WORLD_SIZE"] == "8" and os.environ["MASTER_ADDR"] == "gpu03"
+
+
+SCALER = ["precision=fp16", "precision.initial_scale_power=12", "precision.loss_scale_window=200"]
+
+
+def test_fp16_loss_scaling_knobs_reach_the_trainers_grad_scaler(compose_cfg) -> None:
+    """Outside DeepSpeed the knobs reach accelerate's GradScaler through a kwargs handler: here the real
+    Trainer's Accelerator (fp16 itself needs a GPU, so the run is fp32 and the handler is what is checked)."""
+    from transformers import Trainer, TrainingArguments
+
+    from components.precision import LossScaling
+
+    cfg = compose_cfg(*SCALER)
+    comps = Components.from_config(cfg)
+    check_before_load(cfg, comps, "cuda")  # single + fp16 on a GPU: the dynamic knobs are accepted
+    handlers = comps.precision.scaler_handlers("fp16")
+    assert [h.to_kwargs() for h in handlers] == [{"init_scale": 4096.0, "growth_interval": 200}]
+    assert comps.precision.scaler_handlers("bf16") == []
+    trainer_cls = type("T", (LossScaling, Trainer), {"scaler_handlers": tuple(handlers)})
+    import torch
+
+    trainer = trainer_cls(model=torch.nn.Linear(2, 2), args=TrainingArguments("unused", use_cpu=True))
+    assert trainer.accelerator.scaler_handler is handlers[0]
+
+
+def test_fp16_loss_scaling_knobs_reach_a_loops_grad_scaler(compose_cfg, monkeypatch) -> None:
+    """PPO's own loop (single / DDP): the Accelerator it makes carries the same handler."""
+    import accelerate
+
+    made: dict = {}
+    monkeypatch.setattr(accelerate, "Accelerator", lambda **kwargs: made.update(kwargs))
+    cfg = compose_cfg(*SCALER, "strategy=ddp")
+    comps = Components.from_config(cfg)
+    comps.strategy.loop_accelerator("cuda", batch_plan(cfg, comps, "cuda"))
+    assert made["mixed_precision"] == "fp16"
+    assert [h.to_kwargs() for h in made["kwargs_handlers"]] == [
+        {"init_scale": 4096.0, "growth_interval": 200}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["precision.loss_scale=128"], "precision.loss_scale"),  # static: DeepSpeed-only
+        (["precision.hysteresis=4", "strategy=ddp", "launcher.nproc_per_node=2"], "precision.hysteresis"),
+        (["precision.min_loss_scale=16", "strategy=fsdp"], "precision.min_loss_scale"),
+    ],
+)
+def test_fp16_knobs_torch_cannot_honour_are_refused_outside_deepspeed(compose_cfg, overrides, key) -> None:
+    cfg = compose_cfg("precision=fp16", *overrides)
+    with pytest.raises(ConfigError) as err:
+        check_before_load(cfg, Components.from_config(cfg), "cuda")
+    assert err.value.key == key
+    ds = compose_cfg("precision=fp16", *overrides, "strategy=zero2")  # DeepSpeed's fp16 block takes them
+    check_before_load(ds, Components.from_config(ds), "cuda")
