@@ -85,6 +85,8 @@ class Strategy:
     shards_parameters = False
     #: needs torch.distributed set up even for a single process (DeepSpeed, FSDP)
     needs_process_group = False
+    #: the model is built already partitioned over ranks (ZeRO-3's zero.Init): no copy of it can be made
+    partitions_at_load = False
 
     def validate(self) -> None:
         if self.device not in DEVICES:
@@ -111,6 +113,10 @@ class Strategy:
 
         handlers = plan.precision.scaler_handlers(plan.dtype) if plan.precision is not None else []
         return Accelerator(mixed_precision=_mixed(plan.dtype), cpu=device == "cpu", kwargs_handlers=handlers)
+
+    def loop_optimizer(self, optimizer: Any, params: list[Any], device: str, plan: BatchPlan) -> Any:
+        """The optimizer of a loop we own, before ``prepare_loop``: the optimizer component's torch one."""
+        return optimizer.build(params, device)
 
     def prepare_frozen(self, accelerator: Any, build: Callable[[], Any]) -> Any:
         """A frozen model of a loop we own (PPO's reference, a reward model), made by ``build()`` and made
@@ -468,6 +474,10 @@ class DeepSpeed(Strategy):
     def shards_parameters(self) -> bool:  # type: ignore[override]
         return self.stage == 3
 
+    @property
+    def partitions_at_load(self) -> bool:  # type: ignore[override]
+        return self.stage == 3
+
     def uses_deepspeed_optimizer(self, device: str, optimizer: Any) -> bool:
         """DeepSpeed's own (CPU) Adam under optimizer offload on GPU: the torch optimizer would run the
         step on CPU tensors ~5x slower. On CPU-only hosts the torch optimizer avoids a 60 s JIT build."""
@@ -630,6 +640,18 @@ class DeepSpeed(Strategy):
         if self.stage == 3:  # frozen models get their own engine (the first plugin is the active one)
             plugins[FROZEN] = DeepSpeedPlugin(hf_ds_config=self.inference_config(plan, device))
         return Accelerator(deepspeed_plugins=plugins, mixed_precision=_mixed(plan.dtype))
+
+    def loop_optimizer(self, optimizer: Any, params: list[Any], device: str, plan: BatchPlan) -> Any:
+        """When the generated config has an ``optimizer`` block (DeepSpeed's CPU Adam under offload on GPU),
+        accelerate refuses a torch optimizer next to it: a ``DummyOptim`` then hands DeepSpeed the
+        parameters and it builds its own from the block; else the torch optimizer (offload accepts it:
+        ``zero_force_ds_cpu_optimizer`` is false)."""
+        if not self.uses_deepspeed_optimizer(device, optimizer):
+            return super().loop_optimizer(optimizer, params, device, plan)
+        from accelerate.utils import DummyOptim
+
+        trained = [p for p in params if p.requires_grad]
+        return DummyOptim(trained, lr=float(optimizer.lr), weight_decay=float(optimizer.weight_decay))
 
     def inference_config(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
         """The config of frozen models' engines: the trained model's ZeRO stage and parameter offload,

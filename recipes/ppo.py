@@ -216,7 +216,10 @@ class PPO:
         policy, value = (c.strategy.shard_trained(acc, m) for m in (policy, value))
         c.strategy.verify_loop(acc, ctx.plan.world_size, [policy, value])
         session.report["run"]["live strategy"] = c.strategy.loop_description(acc)
-        optimizer = c.optimizer.build([*policy.parameters(), *value.parameters()], ctx.device)
+        params = [*policy.parameters(), *value.parameters()]
+        optimizer = c.strategy.loop_optimizer(
+            c.optimizer, params, ctx.device, plan
+        )  # DeepSpeed: maybe its own
         engine = None
         if acc.distributed_type == DistributedType.DEEPSPEED:  # one engine for policy + value head
             engine, optimizer = acc.prepare(ppo.PolicyAndValue(policy, value), optimizer)

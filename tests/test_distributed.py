@@ -125,6 +125,23 @@ def test_deepspeed_two_processes_train_save_and_resume(tmp_path: Path, strategy,
     assert next(r["step"] for r in map(json.loads, (resumed / "metrics.jsonl").open()) if "loss" in r) == 7
 
 
+def test_dpo_under_zero3_loads_its_own_reference(tmp_path: Path) -> None:
+    """ZeRO-3 partitions the policy as it loads: a copy of it would be empty shards (DeepSpeed asserts on
+    the first reference forward). The reference is loaded again into its own engine; at the first step
+    policy == reference, so DPO's implicit rewards are 0 (a wrong or empty reference would not give 0)."""
+    run = tmp_path / "dpo"
+    common = ["recipe=dpo", "strategy=zero3", "launcher.nproc_per_node=2", "train.micro_batch_size=4"]
+    hydratune(run, *common, "train.max_steps=2", "train.save_every=0")
+    assert result(run)["run"]["live strategy"] == "DEEPSPEED, ZeRO stage 3, 2 process(es)"
+    first, second = (r for r in records(run) if "rewards/chosen" in r)
+    assert first["step"] == 1
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/margins"):
+        assert first[key] == pytest.approx(0.0, abs=1e-5), (key, first)
+    assert second["rewards/chosen"] != 0.0  # the policy moved away from the frozen reference
+    weights = load_file(run / "final" / "model.safetensors")
+    assert weights and all(t.numel() > 0 for t in weights.values())
+
+
 PPO = [
     "recipe=ppo",
     "train.micro_batch_size=8",

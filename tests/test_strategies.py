@@ -451,3 +451,26 @@ def test_fp16_knobs_torch_cannot_honour_are_refused_outside_deepspeed(compose_cf
     assert err.value.key == key
     ds = compose_cfg("precision=fp16", *overrides, "strategy=zero2")  # DeepSpeed's fp16 block takes them
     check_before_load(ds, Components.from_config(ds), "cuda")
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero2_offload", "zero3_offload"])
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_ppo_loop_optimizer_agrees_with_the_generated_config(compose_cfg, strategy: str, device: str) -> None:
+    """accelerate refuses a torch optimizer beside a config ``optimizer`` block (DeepSpeed's CPU Adam under
+    offload on GPU) and a DummyOptim without one: the loop's optimizer follows the config."""
+    import torch
+    from accelerate.utils import DummyOptim
+
+    cfg = compose_cfg("recipe=ppo", f"strategy={strategy}")
+    comps = Components.from_config(cfg)
+    plan = batch_plan(cfg, comps, device)
+    config = comps.strategy.deepspeed_config(plan, device)
+    params = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2), requires_grad=False)]
+    optimizer = comps.strategy.loop_optimizer(comps.optimizer, params, device, plan)
+    uses_ds = "offload" in strategy and device == "cuda"
+    assert ("optimizer" in config) is uses_ds is isinstance(optimizer, DummyOptim)
+    if uses_ds:
+        assert optimizer.lr == config["optimizer"]["params"]["lr"] and len(optimizer.params) == 1
+        assert "optimizer" not in comps.strategy.inference_config(plan, device)
+    else:
+        assert isinstance(optimizer, torch.optim.AdamW) and config["zero_force_ds_cpu_optimizer"] is False
