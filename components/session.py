@@ -220,6 +220,16 @@ class Session:
             }
             self.report.setdefault(f"{name} ({when})", {}).update(kept)
 
+    def probe_before(self, trainer: Any, probes: dict[str, Any]) -> None:
+        """:meth:`probe` before training, except under DeepSpeed: an ``evaluate()`` before ``train()`` leaves
+        the model wrapped in an inference engine that ``train()`` frees and does not rebuild (transformers
+        5), so the first backward finds no engine."""
+        if probes and getattr(trainer, "is_deepspeed_enabled", False):
+            for name in probes:
+                self.report[f"{name} (before)"] = {"skipped": "DeepSpeed: no evaluation before train()"}
+            return
+        self.probe(trainer, probes, "before")
+
     def train_and_finish(
         self, trainer: Any, *, title: str, probes: dict[str, Any] | None = None
     ) -> dict[str, Any]:
@@ -246,7 +256,7 @@ class Session:
         c.strategy.verify(trainer.accelerator, ctx.plan.world_size)
         self.report["run"]["live strategy"] = c.strategy.live_description(trainer.accelerator)
         if not ctx.cfg.resume:
-            self.probe(trainer, probes, "before")
+            self.probe_before(trainer, probes)
         resume = resolve_resume(ctx.cfg.resume, ctx.run_dir.path)
         if resume:
             self.report["run"]["resumed from"] = resume
@@ -269,9 +279,9 @@ class Session:
             metrics.update(trainer.evaluate())
         state_dict = c.strategy.gather_state_dict(trainer)  # collective: every rank takes part
         ctx.record_rank_weights(trainer.model)
+        self.probe(trainer, probes, "after")  # evaluate() is collective (ZeRO-3 gathers): every rank
         if not trainer.is_world_process_zero():
             return metrics
-        self.probe(trainer, probes, "after")
         self.evaluate_generations("after")
         self.report["outputs"] = save_final(
             trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge, state_dict=state_dict

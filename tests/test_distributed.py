@@ -131,13 +131,17 @@ def test_dpo_under_zero3_loads_its_own_reference(tmp_path: Path) -> None:
     policy == reference, so DPO's implicit rewards are 0 (a wrong or empty reference would not give 0)."""
     run = tmp_path / "dpo"
     common = ["recipe=dpo", "strategy=zero3", "launcher.nproc_per_node=2", "train.micro_batch_size=4"]
-    hydratune(run, *common, "train.max_steps=2", "train.save_every=0")
-    assert result(run)["run"]["live strategy"] == "DEEPSPEED, ZeRO stage 3, 2 process(es)"
-    first, second = (r for r in records(run) if "rewards/chosen" in r)
+    hydratune(run, *common, "train.max_steps=3", "train.save_every=0")
+    info = result(run)
+    assert info["run"]["live strategy"] == "DEEPSPEED, ZeRO stage 3, 2 process(es)"
+    # the training-pairs probe runs after training on every rank (evaluate() gathers the shards)
+    after = next(v for k, v in info.items() if k.endswith("(after)"))
+    assert any(m.endswith("rewards/margins") for m in after), after
+    first, _, third = (r for r in records(run) if "rewards/chosen" in r)
     assert first["step"] == 1
     for key in ("rewards/chosen", "rewards/rejected", "rewards/margins"):
         assert first[key] == pytest.approx(0.0, abs=1e-5), (key, first)
-    assert second["rewards/chosen"] != 0.0  # the policy moved away from the frozen reference
+    assert third["rewards/chosen"] != 0.0  # step 1 had lr 0 (warm-up); after step 2 the policy moved
     weights = load_file(run / "final" / "model.safetensors")
     assert weights and all(t.numel() > 0 for t in weights.values())
 
