@@ -132,6 +132,7 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
                 hint="precision=fp32 on CPU, or run on GPUs",
             )
         check_zero_partitions(cfg, comps, device)
+        check_zeropp_device(comps, device)
     if cfg.merge and strategy.shards_parameters:
         raise ConfigError(
             f"merge=true cannot fold an adapter into {name}-sharded weights in the training job",
@@ -168,6 +169,19 @@ def check_zero_partitions(cfg: DictConfig, comps: Components, device: str) -> No
             key="strategy.zero_hpz_partition_size",
             hint="null (= launcher.nproc_per_node, the GPUs per node) or a divisor of the world size",
         )
+
+
+def check_zeropp_device(comps: Components, device: str) -> None:
+    """ZeRO++ qwZ / qgZ quantize with DeepSpeed's CUDA quantizer kernels (``QuantizerBuilder``), which a
+    CPU host cannot build: refused here rather than when the model is partitioned."""
+    s = comps.strategy
+    for key in ("zero_quantized_weights", "zero_quantized_gradients"):
+        if getattr(s, key, False) and device != "cuda":
+            raise ConfigError(
+                f"ZeRO++ {key} needs DeepSpeed's CUDA quantizer kernels (no {device} implementation)",
+                key=f"strategy.{key}",
+                hint="run zero3pp on GPUs, or strategy=zero3 on this host",
+            )
 
 
 def warnings_for(cfg: DictConfig, comps: Components, device: str = "cpu") -> list[str]:

@@ -283,6 +283,7 @@ INVALID = [
     (["strategy=zero0", "strategy.offload_optimizer=cpu"], "strategy.offload_optimizer", None),
     (["strategy=zero3_nvme", "strategy.nvme_path=null"], "strategy.nvme_path", "swap directory"),
     (["strategy=zero3_nvme"], "strategy.nvme_path", "swap directory"),  # required: no default dir
+    (["strategy=zero3pp", "launcher.nproc_per_node=2"], "strategy.zero_quantized_weights", "CUDA"),
     (
         ["strategy=zero3_nvme", "strategy.nvme_path=/n", "+strategy.aio.thread_count=2"],
         "strategy.aio.thread_count",
