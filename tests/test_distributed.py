@@ -146,6 +146,22 @@ def test_dpo_under_zero3_loads_its_own_reference(tmp_path: Path) -> None:
     assert weights and all(t.numel() > 0 for t in weights.values())
 
 
+def test_grpo_under_zero3_gathers_the_random_init_reference(tmp_path: Path) -> None:
+    """GRPO with a KL term saves a random-init policy for TRL to load as the reference: under ZeRO-3 the
+    shards are gathered first (saved as they were, the files held empty tensors). KL at step 1 is 0."""
+    run = tmp_path / "grpo"
+    hydratune(
+        run, "recipe=grpo", "strategy=zero3", "launcher.nproc_per_node=2", "recipe.beta=0.1",
+        "recipe.reward_funcs=[tests.test_ppo.brevity]", "data.eval_path=null", "train.micro_batch_size=8",
+        "recipe.num_generations=4", "train.max_steps=2", "train.save_every=0",
+    )  # fmt: skip
+    assert result(run)["run"]["live strategy"] == "DEEPSPEED, ZeRO stage 3, 2 process(es)"
+    saved = load_file(run / "reference" / "model.safetensors")
+    assert saved and all(t.numel() > 0 for t in saved.values())
+    first = next(r for r in records(run) if "kl" in r)
+    assert first["step"] == 1 and first["kl"] == pytest.approx(0.0, abs=1e-5), first
+
+
 PPO = [
     "recipe=ppo",
     "train.micro_batch_size=8",
