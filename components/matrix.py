@@ -126,6 +126,7 @@ RUN_IN_TESTS: dict[Cell, str] = {
         "dpo", "zero3", "none", "none", "fp32"
     ): "test_distributed.py::test_dpo_under_zero3_loads_its_own_reference",
     Cell("grpo", "single", "none", "none", "fp32"): "test_grpo.py",
+    Cell("grpo", "zero3", "none", "none", "fp32"): "test_distributed.py::test_grpo_under_zero3_…",
     Cell("ppo", "single", "none", "none", "fp32"): "test_ppo.py",
     Cell("ppo", "ddp", "none", "none", "fp32"): "test_distributed.py::test_ppo_on_two_processes",
     Cell("ppo", "zero2", "none", "none", "fp32"): "test_distributed.py::test_ppo_on_two_processes",
