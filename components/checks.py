@@ -90,6 +90,7 @@ def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
         )
     check_device(comps.optimizer, device)
     check_strategy(cfg, comps, device)
+    check_loss_scaling(comps, device)
     weights = comps.model.dtype
     if comps.precision.resolve(device) == "fp16" and weights == "bfloat16":
         raise ConfigError(
@@ -97,6 +98,14 @@ def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
             key="model.dtype",
             hint="use precision=bf16, or model.dtype=auto",
         )
+
+
+def check_loss_scaling(comps: Components, device: str) -> None:
+    """fp16 loss-scaling knobs: DeepSpeed's config takes them all, torch's GradScaler only some."""
+    from components.strategy import DeepSpeed
+
+    if comps.precision.resolve(device) == "fp16" and not isinstance(comps.strategy, DeepSpeed):
+        comps.precision.check_grad_scaler()
 
 
 def check_device(component: object, device: str) -> None:
@@ -142,6 +151,8 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
                 key="precision",
                 hint="precision=fp32 on CPU, or run on GPUs",
             )
+        check_zero_partitions(cfg, comps, device)
+        check_zeropp_device(comps, device)
     if cfg.merge and strategy.shards_parameters:
         raise ConfigError(
             f"merge=true cannot fold an adapter into {name}-sharded weights in the training job",
@@ -163,6 +174,33 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
                 f"training dtype ({dtype}); it is {storage}",
                 key="quantization.quant_storage",
                 hint=f"quantization.quant_storage={dtype}",
+            )
+
+
+def check_zero_partitions(cfg: DictConfig, comps: Components, device: str) -> None:
+    """ZeRO++ hpZ's secondary partition must tile the world: whole groups of ranks (GPUs of a node)."""
+    from components.run import batch_plan
+
+    plan = batch_plan(cfg, comps, device)
+    hpz = comps.strategy.hpz_partition_size(plan)
+    if hpz > 1 and plan.world_size % hpz:
+        raise ConfigError(
+            f"ZeRO++ hpZ partition size {hpz} does not divide the {plan.world_size} process(es)",
+            key="strategy.zero_hpz_partition_size",
+            hint="null (= launcher.nproc_per_node, the GPUs per node) or a divisor of the world size",
+        )
+
+
+def check_zeropp_device(comps: Components, device: str) -> None:
+    """ZeRO++ qwZ / qgZ quantize with DeepSpeed's CUDA quantizer kernels (``QuantizerBuilder``), which a
+    CPU host cannot build: refused here rather than when the model is partitioned."""
+    s = comps.strategy
+    for key in ("zero_quantized_weights", "zero_quantized_gradients"):
+        if getattr(s, key, False) and device != "cuda":
+            raise ConfigError(
+                f"ZeRO++ {key} needs DeepSpeed's CUDA quantizer kernels (no {device} implementation)",
+                key=f"strategy.{key}",
+                hint="run zero3pp on GPUs, or strategy=zero3 on this host",
             )
 
 

@@ -455,7 +455,8 @@ def shape_of(strategy: Any) -> StrategyShape:
         elif opt == "cpu":
             name = "zero3_offload" if stage == 3 else "zero2_offload"
         quant = bool(_get(strategy, "zero_quantized_weights", False))
-        hpz = int(_get(strategy, "zero_hpz_partition_size", 1) or 1)
+        # null = GPUs per node: the estimate assumes 8-GPU nodes (like STRATEGY_SHAPES["zero3pp"])
+        hpz = int(_get(strategy, "zero_hpz_partition_size", 1) or (8 if stage == 3 else 1))
         if stage == 3 and (quant or hpz > 1) and name == "zero3":
             name = "zero3pp"
         return StrategyShape(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,10 @@ def device_supports_bf16(device: str) -> bool:
 class Precision:
     """Mixed precision keeps fp32 master weights and autocasts compute to ``dtype``.
 
-    fp16 uses dynamic loss scaling; the ``loss_scale*`` knobs also feed DeepSpeed's fp16 block.
+    fp16 uses dynamic loss scaling: DeepSpeed's fp16 block takes every ``loss_scale*`` knob; elsewhere
+    (single, DDP, FSDP, PPO's own loop) torch's ``GradScaler`` takes ``initial_scale_power`` and
+    ``loss_scale_window`` (:meth:`grad_scaler_kwargs`), and the knobs it has no equivalent for are refused
+    (:meth:`check_grad_scaler`) rather than ignored.
     """
 
     dtype: str = "fp32"  # fp32 | bf16 | fp16 | auto (bf16 where supported, else fp16 on GPU, else fp32)
@@ -66,6 +70,36 @@ class Precision:
             )
         return self.dtype
 
+    def grad_scaler_kwargs(self) -> dict[str, Any]:
+        """torch ``GradScaler`` arguments of the dynamic-scaling knobs (accelerate's ``GradScalerKwargs``)."""
+        return {"init_scale": 2.0**self.initial_scale_power, "growth_interval": int(self.loss_scale_window)}
+
+    def scaler_handlers(self, dtype: str) -> list[Any]:
+        """accelerate ``kwargs_handlers`` that carry the knobs to its ``GradScaler`` (fp16 only)."""
+        if dtype != "fp16":
+            return []
+        from accelerate.utils import GradScalerKwargs
+
+        return [GradScalerKwargs(**self.grad_scaler_kwargs())]
+
+    def check_grad_scaler(self) -> None:
+        """fp16 outside DeepSpeed: refuse the knobs torch's ``GradScaler`` cannot honour (it backs off on
+        every overflow with no floor, and has no static scale)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(Precision)}
+        hint = "use a DeepSpeed strategy (zero0-3) for it, or drop the override"
+        if self.loss_scale > 0:
+            raise ConfigError(
+                f"a static loss scale ({self.loss_scale:g}) is DeepSpeed-only: torch's GradScaler is dynamic",
+                key="precision.loss_scale",
+                hint="precision.loss_scale=0 with precision.initial_scale_power=N, or " + hint,
+            )
+        for key in ("hysteresis", "min_loss_scale"):
+            if getattr(self, key) != defaults[key]:
+                raise ConfigError(
+                    f"{key} is DeepSpeed-only: torch's GradScaler has no equivalent", key=f"precision.{key}",
+                    hint=hint,
+                )  # fmt: skip
+
     def training_args(self, device: str) -> dict[str, Any]:
         """The TrainingArguments fields this precision sets."""
         dtype = self.resolve(device)
@@ -82,3 +116,15 @@ class Precision:
                 "overflow fp16's range (loss becomes nan). Prefer precision=bf16 on Ampere+ GPUs."
             )
         return None
+
+
+class LossScaling:
+    """Trainer mixin: accelerate's ``GradScaler`` gets the precision's fp16 knobs (``scaler_handlers``, set
+    on the class by ``Session.trainer``); transformers builds its ``Accelerator`` from these arguments."""
+
+    scaler_handlers: tuple[Any, ...] = ()
+
+    def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
+        args = super()._build_accelerator_args(**kwargs)  # type: ignore[misc]
+        args["kwargs_handlers"] = [*args.get("kwargs_handlers", []), *self.scaler_handlers]
+        return args

@@ -101,12 +101,19 @@ def world_size(comps: Components) -> int:
 def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
     """The one resolved source of batch arithmetic, clipping and precision that the trainer's arguments
     and the generated DeepSpeed config are both built from."""
+    import os
+
     from components.strategy import BatchPlan
 
     try:
-        hidden = int(comps.model.load_config().hidden_size)
+        config = comps.model.load_config()
+        hidden = int(config.hidden_size)
+        wide = max(
+            int(getattr(config, "vocab_size", 0) or 0), int(getattr(config, "intermediate_size", 0) or 0)
+        )
+        largest = hidden * wide or None  # the embedding / lm head (or an MLP projection)
     except Exception:  # no config reachable offline: DeepSpeed's default bucket sizes
-        hidden = None
+        hidden = largest = None
     t = cfg.train
     return BatchPlan(
         micro_batch_size=t.micro_batch_size,
@@ -117,6 +124,9 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
         precision=comps.precision,
         optimizer=comps.optimizer,
         hidden_size=hidden,
+        largest_param=largest,
+        # a worker knows its node's process count (SLURM sets it per node); else the launcher's
+        gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or getattr(comps.launcher, "nproc_per_node", 1)),
     )
 
 

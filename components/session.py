@@ -22,6 +22,7 @@ from components.interrupt import GracefulInterrupt
 from components.masking import check_label_mask, label_mask_stats, stop_token_ids
 from components.model import describe_dtypes, upcast_trainable
 from components.peft import trainable_summary
+from components.precision import LossScaling
 from components.resume import pinned
 from components.run import RunContext, peak_memory_gb
 from components.startup import training_starts
@@ -168,8 +169,12 @@ class Session:
         from components.checkpoint import AtomicCheckpoints
         from components.sync import DeferredTokenCount
 
-        mixins = (DeferredTokenCount, AtomicCheckpoints, trainer_cls)
-        return type(f"Hydratune{trainer_cls.__name__}", mixins, {})(
+        c = self.ctx.components
+        mixins = (DeferredTokenCount, AtomicCheckpoints, LossScaling, trainer_cls)
+        # fp16 outside DeepSpeed (whose config carries them): the loss-scaling knobs reach torch's GradScaler
+        uses_ds = hasattr(c.strategy, "deepspeed_config")
+        handlers = () if uses_ds else tuple(c.precision.scaler_handlers(self.ctx.plan.dtype))
+        return type(f"Hydratune{trainer_cls.__name__}", mixins, {"scaler_handlers": handlers})(
             model=self.model,
             args=args,
             train_dataset=data["train"],
@@ -217,6 +222,16 @@ class Session:
             }
             self.report.setdefault(f"{name} ({when})", {}).update(kept)
 
+    def probe_before(self, trainer: Any, probes: dict[str, Any]) -> None:
+        """:meth:`probe` before training, except under DeepSpeed: an ``evaluate()`` before ``train()`` leaves
+        the model wrapped in an inference engine that ``train()`` frees and does not rebuild (transformers
+        5), so the first backward finds no engine."""
+        if probes and getattr(trainer, "is_deepspeed_enabled", False):
+            for name in probes:
+                self.report[f"{name} (before)"] = {"skipped": "DeepSpeed: no evaluation before train()"}
+            return
+        self.probe(trainer, probes, "before")
+
     def train_and_finish(
         self, trainer: Any, *, title: str, probes: dict[str, Any] | None = None
     ) -> dict[str, Any]:
@@ -243,7 +258,7 @@ class Session:
         c.strategy.verify(trainer.accelerator, ctx.plan.world_size)
         self.report["run"]["live strategy"] = c.strategy.live_description(trainer.accelerator)
         if not ctx.cfg.resume:
-            self.probe(trainer, probes, "before")
+            self.probe_before(trainer, probes)
         resume = pinned(ctx.cfg)  # resolved and checked before the model loaded (components/resume.py)
         if resume:
             self.report["run"]["resumed from"] = resume
@@ -266,9 +281,9 @@ class Session:
             metrics.update(trainer.evaluate())
         state_dict = c.strategy.gather_state_dict(trainer)  # collective: every rank takes part
         ctx.record_rank_weights(trainer.model)
+        self.probe(trainer, probes, "after")  # evaluate() is collective (ZeRO-3 gathers): every rank
         if not trainer.is_world_process_zero():
             return metrics
-        self.probe(trainer, probes, "after")
         self.evaluate_generations("after")
         self.report["outputs"] = save_final(
             trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge, state_dict=state_dict

@@ -25,6 +25,7 @@ COMM_DTYPES = (None, "fp32", "fp16", "bf16")
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
 ZERO_CHECKPOINT = "__zero_checkpoint__"  # gather_state_dict's answer when the weights stay sharded on disk
 TRAINED, FROZEN = "trained", "frozen"  # accelerate's DeepSpeed plugins of a loop we own (PPO)
+AIO_KEYS = {"block_size", "queue_depth", "intra_op_parallelism", "single_submit", "overlap_events", "use_gds"}
 MULTI_PROCESS = {"MULTI_GPU", "MULTI_CPU", "MULTI_MPS", "MULTI_XPU"}  # plain multi-process (DDP) types
 
 
@@ -57,6 +58,8 @@ class BatchPlan:
     precision: Any = None  # the precision component (fp16 loss-scaling knobs)
     optimizer: Any = None  # the optimizer component (DeepSpeed's own optimizer under offload)
     hidden_size: int | None = None  # sizes the ZeRO buckets; None = DeepSpeed's defaults
+    largest_param: int | None = None  # elements of the biggest weight (vocab x hidden): NVMe swap buffers
+    gpus_per_node: int = 1  # processes per node: ZeRO++ hpZ's default secondary partition
 
     @property
     def global_batch_size(self) -> int:
@@ -82,6 +85,8 @@ class Strategy:
     shards_parameters = False
     #: needs torch.distributed set up even for a single process (DeepSpeed, FSDP)
     needs_process_group = False
+    #: the model is built already partitioned over ranks (ZeRO-3's zero.Init): no copy of it can be made
+    partitions_at_load = False
 
     def validate(self) -> None:
         if self.device not in DEVICES:
@@ -106,7 +111,12 @@ class Strategy:
         """An ``Accelerator`` for recipes that own their loop (PPO), set up as this strategy asks."""
         from accelerate import Accelerator
 
-        return Accelerator(mixed_precision=_mixed(plan.dtype), cpu=device == "cpu")
+        handlers = plan.precision.scaler_handlers(plan.dtype) if plan.precision is not None else []
+        return Accelerator(mixed_precision=_mixed(plan.dtype), cpu=device == "cpu", kwargs_handlers=handlers)
+
+    def loop_optimizer(self, optimizer: Any, params: list[Any], device: str, plan: BatchPlan) -> Any:
+        """The optimizer of a loop we own, before ``prepare_loop``: the optimizer component's torch one."""
+        return optimizer.build(params, device)
 
     def prepare_frozen(self, accelerator: Any, build: Callable[[], Any]) -> Any:
         """A frozen model of a loop we own (PPO's reference, a reward model), made by ``build()`` and made
@@ -394,13 +404,14 @@ class DeepSpeed(Strategy):
     communication_data_type: str | None = None  # fp32 | fp16 | bf16; null = the training dtype
     zero_quantized_weights: bool = False  # ZeRO++ qwZ
     zero_quantized_gradients: bool = False  # ZeRO++ qgZ
-    zero_hpz_partition_size: int = 1  # ZeRO++ hpZ: secondary partition size (GPUs per node)
+    zero_hpz_partition_size: int | None = 1  # ZeRO++ hpZ: secondary partition size; null = GPUs per node
+    offload_param_buffer_size: float | None = None  # NVMe param swap buffer (elements); null = largest shard
     optimizer_impl: str = "auto"  # auto | torch | deepspeed (DeepSpeed's CPU Adam under offload)
     aio: dict[str, Any] = field(
         default_factory=lambda: {
             "block_size": 1048576,
             "queue_depth": 8,
-            "thread_count": 1,
+            "intra_op_parallelism": 1,
             "single_submit": False,
             "overlap_events": True,
         }
@@ -439,11 +450,17 @@ class DeepSpeed(Strategy):
                 key="strategy.communication_data_type",
                 hint="fp32, fp16, bf16 or null",
             )
-        zeropp = (
-            self.zero_quantized_weights or self.zero_quantized_gradients or self.zero_hpz_partition_size > 1
-        )
+        hpz = self.zero_hpz_partition_size
+        zeropp = self.zero_quantized_weights or self.zero_quantized_gradients or hpz is None or hpz > 1
         if zeropp and self.stage != 3:
             raise ConfigError("ZeRO++ (qwZ / qgZ / hpZ) needs ZeRO stage 3", key="strategy.stage")
+        unknown = set(self.aio) - AIO_KEYS
+        if unknown:
+            raise ConfigError(
+                f"unknown DeepSpeed aio key(s) {sorted(unknown)} (DeepSpeed would ignore them)",
+                key=f"strategy.aio.{sorted(unknown)[0]}",
+                hint=f"known: {sorted(AIO_KEYS)} (thread_count is now intra_op_parallelism)",
+            )
         if self.optimizer_impl not in ("auto", "torch", "deepspeed"):
             raise ConfigError(
                 f"unknown '{self.optimizer_impl}'",
@@ -457,6 +474,10 @@ class DeepSpeed(Strategy):
     def shards_parameters(self) -> bool:  # type: ignore[override]
         return self.stage == 3
 
+    @property
+    def partitions_at_load(self) -> bool:  # type: ignore[override]
+        return self.stage == 3
+
     def uses_deepspeed_optimizer(self, device: str, optimizer: Any) -> bool:
         """DeepSpeed's own (CPU) Adam under optimizer offload on GPU: the torch optimizer would run the
         step on CPU tensors ~5x slower. On CPU-only hosts the torch optimizer avoids a 60 s JIT build."""
@@ -464,17 +485,35 @@ class DeepSpeed(Strategy):
             return self.optimizer_impl == "deepspeed"
         return self.offload_optimizer != "none" and device == "cuda" and type(optimizer).__name__ == "AdamW"
 
-    def _offload(self, target: str, *, params: bool) -> dict[str, Any]:
+    def hpz_partition_size(self, plan: BatchPlan) -> int:
+        """hpZ's secondary partition: the knob, or the processes per node (the copy stays in-node)."""
+        if self.stage != 3:
+            return 1
+        return int(self.zero_hpz_partition_size or plan.gpus_per_node)
+
+    def param_buffer_size(self, plan: BatchPlan) -> int:
+        """Elements of one NVMe parameter swap buffer: the knob, or this rank's shard of the largest weight
+        (DeepSpeed asserts a shard fits one buffer; its 1e8 default is below a 128k-vocab embedding)."""
+        if self.offload_param_buffer_size is not None:
+            return int(self.offload_param_buffer_size)
+        if not plan.largest_param:
+            return int(1e8)  # DeepSpeed's default
+        return -(-plan.largest_param // max(1, plan.world_size))  # ceil: the largest shard
+
+    def _offload(self, target: str, *, params: bool, plan: BatchPlan | None = None) -> dict[str, Any]:
         block: dict[str, Any] = {"device": target, "pin_memory": self.pin_memory}
         if target == "nvme":
             block["nvme_path"] = self.nvme_path
             block["buffer_count"] = 5 if params else 4
+            if params and plan is not None:
+                block["buffer_size"] = self.param_buffer_size(plan)
         if not params:
             block["ratio"] = 1.0
         return block
 
-    def zero_config(self, hidden_size: int | None) -> dict[str, Any]:
+    def zero_config(self, plan: BatchPlan) -> dict[str, Any]:
         """The ``zero_optimization`` block with every size concrete."""
+        hidden_size = plan.hidden_size
         h2 = hidden_size * hidden_size if hidden_size else None
 
         def size(value: float | None, derived: float | None, default: float) -> int:
@@ -509,10 +548,10 @@ class DeepSpeed(Strategy):
             stage3_gather_16bit_weights_on_model_save=self.stage3_gather_16bit_weights_on_model_save,
             zero_quantized_weights=self.zero_quantized_weights,
             zero_quantized_gradients=self.zero_quantized_gradients,
-            zero_hpz_partition_size=self.zero_hpz_partition_size,
+            zero_hpz_partition_size=self.hpz_partition_size(plan),
         )
         if self.offload_param != "none":
-            zero["offload_param"] = self._offload(self.offload_param, params=True)
+            zero["offload_param"] = self._offload(self.offload_param, params=True, plan=plan)
         return zero
 
     def deepspeed_config(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
@@ -529,7 +568,7 @@ class DeepSpeed(Strategy):
             "gradient_accumulation_steps": plan.gradient_accumulation_steps,
             "train_batch_size": plan.global_batch_size,
             "gradient_clipping": float(plan.max_grad_norm),
-            "zero_optimization": self.zero_config(plan.hidden_size),
+            "zero_optimization": self.zero_config(plan),
             "bf16": {"enabled": plan.dtype == "bf16"},
             "fp16": {"enabled": plan.dtype == "fp16"},
             "zero_allow_untested_optimizer": True,
@@ -601,6 +640,18 @@ class DeepSpeed(Strategy):
         if self.stage == 3:  # frozen models get their own engine (the first plugin is the active one)
             plugins[FROZEN] = DeepSpeedPlugin(hf_ds_config=self.inference_config(plan, device))
         return Accelerator(deepspeed_plugins=plugins, mixed_precision=_mixed(plan.dtype))
+
+    def loop_optimizer(self, optimizer: Any, params: list[Any], device: str, plan: BatchPlan) -> Any:
+        """When the generated config has an ``optimizer`` block (DeepSpeed's CPU Adam under offload on GPU),
+        accelerate refuses a torch optimizer next to it: a ``DummyOptim`` then hands DeepSpeed the
+        parameters and it builds its own from the block; else the torch optimizer (offload accepts it:
+        ``zero_force_ds_cpu_optimizer`` is false)."""
+        if not self.uses_deepspeed_optimizer(device, optimizer):
+            return super().loop_optimizer(optimizer, params, device, plan)
+        from accelerate.utils import DummyOptim
+
+        trained = [p for p in params if p.requires_grad]
+        return DummyOptim(trained, lr=float(optimizer.lr), weight_decay=float(optimizer.weight_decay))
 
     def inference_config(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
         """The config of frozen models' engines: the trained model's ZeRO stage and parameter offload,

@@ -116,6 +116,7 @@ def plan_device(cfg: DictConfig, comps: Any) -> str | None:
         dtype == "fp16"  # no fp16 loss scaling on CPU
         or isinstance(comps.strategy, FSDP)  # accelerate runs FSDP on GPUs only
         or (comps.strategy.needs_process_group and dtype != "fp32")  # DeepSpeed on CPU is fp32 only
+        or getattr(comps.strategy, "zero_quantized_weights", False)  # ZeRO++ qwZ: CUDA kernels
     )
     return "cuda" if gpu_only else None
 

@@ -1,7 +1,8 @@
 """Direct preference optimisation on TRL's DPOTrainer.
 
 The reference is the memory-cheap one: with a PEFT adapter, the policy with its adapter at its
-initial value (no second copy of the base weights); otherwise a frozen copy of the policy, or
+initial value (no second copy of the base weights); otherwise a frozen copy of the policy (under ZeRO-3,
+whose policy is partitioned as it loads, the model loaded again into its own sharded inference engine), or
 reference log-probs computed once up front (``recipe.precompute_ref_log_probs``).
 """
 
@@ -75,7 +76,12 @@ class DPO:
         model = session.build_model()
         reference = None
         if not (c.peft.is_adapter or self.precompute_ref_log_probs):
-            reference = copy.deepcopy(model).eval().requires_grad_(False)
+            # ZeRO-3 partitions the policy as it loads (a copy would hold empty shards): the reference is
+            # loaded again, seeded alike, under the same zero.Init, and TRL makes it an inference engine
+            if c.strategy.partitions_at_load:
+                reference = session.build_frozen()
+            else:
+                reference = copy.deepcopy(model).eval().requires_grad_(False)
         args = DPOConfig(
             **ctx.training_args(
                 beta=self.beta,

@@ -111,7 +111,7 @@ class GRPO:
             # TRL builds the reference from config._name_or_path (a loaded model's own dir or hub id); a
             # random-init policy has none, so its starting weights are saved for TRL to load from.
             reference = ctx.run_dir.path / "reference"
-            model.save_pretrained(reference, safe_serialization=True)
+            save_whole(model, reference, ctx)
             model.config._name_or_path = str(reference)
         # train.epochs (40) is tuned for the SFT demo: RL runs are counted in steps unless told otherwise
         steps = t.max_steps if t.max_steps > 0 or self.steps is None else self.steps
@@ -137,3 +137,18 @@ class GRPO:
         )
         trainer = session.trainer(GRPOTrainer, args, data, reward_funcs=rewards)
         return session.train_and_finish(trainer, title="GRPO")
+
+
+def save_whole(model: Any, path: Any, ctx: RunContext) -> None:
+    """``save_pretrained`` of the whole weights (every rank writes the same files, as before). Under ZeRO-3
+    each rank holds a shard (saving would write empty tensors): all gather, rank 0 writes, all wait."""
+    if not ctx.components.strategy.partitions_at_load:
+        model.save_pretrained(path, safe_serialization=True)
+        return
+    import deepspeed
+    import torch.distributed as dist
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        if ctx.is_main_process:
+            model.save_pretrained(path, safe_serialization=True)
+    dist.barrier()  # zero.Init made the process group; TRL loads the reference from these files

@@ -124,7 +124,7 @@ class PPO:
                     key="recipe.value_model",
                     hint="recipe.value_model=head",
                 )
-            if self.mini_batch_size % cfg.train.micro_batch_size:
+            if self.mini_batch_size % self.micro_batch_size(cfg.train.micro_batch_size):
                 raise ConfigError(
                     "under DeepSpeed the mini-batch must be whole micro-batches (its accumulation steps)",
                     key="recipe.mini_batch_size",
@@ -135,6 +135,10 @@ class PPO:
             from components.rewards import reward_model_dir
 
             reward_model_dir(reward_model_path(self.reward))  # raises naming recipe.reward.model
+
+    def micro_batch_size(self, micro: int) -> int:
+        """Sequences per forward/backward: ``train.micro_batch_size``, at most one mini-batch."""
+        return min(micro, self.mini_batch_size)
 
     def check_fsdp(self, cfg: DictConfig, comps: Components) -> None:
         """What the loop's own FSDP2 sharding does not do (rather than ignore the knob): fp16 (its loss
@@ -212,15 +216,19 @@ class PPO:
         iterations = self.iterations(ctx, len(data))
         steps = iterations * self.ppo_epochs * (self.rollout_batch_size // self.mini_batch_size)
         # one optimizer step per mini-batch: DeepSpeed's accumulation = mini-batch / micro-batch
+        micro = self.micro_batch_size(t.micro_batch_size)
         plan = dataclasses.replace(
-            ctx.plan, gradient_accumulation_steps=max(1, self.mini_batch_size // t.micro_batch_size)
+            ctx.plan, micro_batch_size=micro, gradient_accumulation_steps=self.mini_batch_size // micro
         )
         acc = c.strategy.loop_accelerator(ctx.device, plan)
         # FSDP2 turns the parameters into DTensor shards: before the optimizer is built over them
         policy, value = (c.strategy.shard_trained(acc, m) for m in (policy, value))
         c.strategy.verify_loop(acc, ctx.plan.world_size, [policy, value])
         session.report["run"]["live strategy"] = c.strategy.loop_description(acc)
-        optimizer = c.optimizer.build([*policy.parameters(), *value.parameters()], ctx.device)
+        params = [*policy.parameters(), *value.parameters()]
+        optimizer = c.strategy.loop_optimizer(
+            c.optimizer, params, ctx.device, plan
+        )  # DeepSpeed: maybe its own
         engine = None
         if acc.distributed_type == DistributedType.DEEPSPEED:  # one engine for policy + value head
             engine, optimizer = acc.prepare(ppo.PolicyAndValue(policy, value), optimizer)
@@ -299,7 +307,7 @@ class PPO:
                 stats = ppo.update(
                     model, ppo.Experience(ids, mask, rmask, old_logp, old_values, adv, returns), optimizer,
                     scheduler, epochs=self.ppo_epochs, mini_batch_size=self.mini_batch_size,
-                    micro_batch_size=t.micro_batch_size, clip_ratio=self.clip_ratio,
+                    micro_batch_size=micro, clip_ratio=self.clip_ratio,
                     value_clip=self.value_clip, vf_coef=self.vf_coef, entropy_coef=self.entropy_coef,
                     max_grad_norm=t.max_grad_norm, generator=sampler.generator,
                 )  # fmt: skip

@@ -20,6 +20,7 @@ NEEDS_VALUE = {
     ("experiment", "llama3_8b_lora_sft"): ["data.path=x.jsonl"],
     ("experiment", "qwen2_5_7b_lora_sft"): ["data.path=x.jsonl"],
     ("experiment", "gemma2_2b_full_sft"): ["data.path=x.jsonl"],
+    ("strategy", "zero3_nvme"): ["strategy.nvme_path=/local_nvme"],  # required: no default swap dir
 }
 
 

@@ -125,6 +125,43 @@ def test_deepspeed_two_processes_train_save_and_resume(tmp_path: Path, strategy,
     assert next(r["step"] for r in map(json.loads, (resumed / "metrics.jsonl").open()) if "loss" in r) == 7
 
 
+def test_dpo_under_zero3_loads_its_own_reference(tmp_path: Path) -> None:
+    """ZeRO-3 partitions the policy as it loads: a copy of it would be empty shards (DeepSpeed asserts on
+    the first reference forward). The reference is loaded again into its own engine; at the first step
+    policy == reference, so DPO's implicit rewards are 0 (a wrong or empty reference would not give 0)."""
+    run = tmp_path / "dpo"
+    common = ["recipe=dpo", "strategy=zero3", "launcher.nproc_per_node=2", "train.micro_batch_size=4"]
+    hydratune(run, *common, "train.max_steps=3", "train.save_every=0")
+    info = result(run)
+    assert info["run"]["live strategy"] == "DEEPSPEED, ZeRO stage 3, 2 process(es)"
+    # the training-pairs probe runs after training on every rank (evaluate() gathers the shards)
+    after = next(v for k, v in info.items() if k.endswith("(after)"))
+    assert any(m.endswith("rewards/margins") for m in after), after
+    first, _, third = (r for r in records(run) if "rewards/chosen" in r)
+    assert first["step"] == 1
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/margins"):
+        assert first[key] == pytest.approx(0.0, abs=1e-5), (key, first)
+    assert third["rewards/chosen"] != 0.0  # step 1 had lr 0 (warm-up); after step 2 the policy moved
+    weights = load_file(run / "final" / "model.safetensors")
+    assert weights and all(t.numel() > 0 for t in weights.values())
+
+
+def test_grpo_under_zero3_gathers_the_random_init_reference(tmp_path: Path) -> None:
+    """GRPO with a KL term saves a random-init policy for TRL to load as the reference: under ZeRO-3 the
+    shards are gathered first (saved as they were, the files held empty tensors). KL at step 1 is 0."""
+    run = tmp_path / "grpo"
+    hydratune(
+        run, "recipe=grpo", "strategy=zero3", "launcher.nproc_per_node=2", "recipe.beta=0.1",
+        "recipe.reward_funcs=[tests.test_ppo.brevity]", "data.eval_path=null", "train.micro_batch_size=8",
+        "recipe.num_generations=4", "train.max_steps=2", "train.save_every=0",
+    )  # fmt: skip
+    assert result(run)["run"]["live strategy"] == "DEEPSPEED, ZeRO stage 3, 2 process(es)"
+    saved = load_file(run / "reference" / "model.safetensors")
+    assert saved and all(t.numel() > 0 for t in saved.values())
+    first = next(r for r in records(run) if "kl" in r)
+    assert first["step"] == 1 and first["kl"] == pytest.approx(0.0, abs=1e-5), first
+
+
 PPO = [
     "recipe=ppo",
     "train.micro_batch_size=8",

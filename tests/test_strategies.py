@@ -75,11 +75,44 @@ def test_generated_deepspeed_config_is_concrete_and_accepted(compose_cfg, strate
         assert zero["offload_param"] == {"device": "cpu", "pin_memory": True}
     if strategy == "zero3_nvme":
         assert zero["offload_param"]["nvme_path"] == "/local_nvme" and "aio" in config
+        assert zero["offload_param"]["buffer_size"] == 602 * 128 // 2  # tiny: vocab x hidden / world
+        assert config["aio"]["intra_op_parallelism"] == 1 and "thread_count" not in config["aio"]
     if strategy == "zero3pp":
         assert zero["zero_quantized_weights"] and zero["zero_quantized_gradients"]
-        assert zero["zero_hpz_partition_size"] == 8
+        assert zero["zero_hpz_partition_size"] == 2  # null: the GPUs per node (launcher.nproc_per_node)
     checked = dict(config, train_batch_size=4 * 8)  # DeepSpeed's class counts this process only
     DeepSpeedConfig(checked)
+
+
+@pytest.mark.parametrize("world", [1, 8])
+def test_nvme_param_buffers_hold_the_largest_shard_of_llama3_8b(compose_cfg, world: int) -> None:
+    """DeepSpeed asserts every parameter shard fits one swap buffer: its 1e8 default is smaller than
+    Llama-3-8B's embedding (128256 x 4096 = 525M elements). The derived size is that shard, rounded up."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    config, _ = ds_config(compose_cfg, "zero3_nvme", "bf16", "model=llama3_8b", world=world)
+    offload = config["zero_optimization"]["offload_param"]
+    assert offload["buffer_size"] == -(-128256 * 4096 // world) >= 128256 * 4096 / world
+    assert offload["buffer_count"] == 5 and offload["nvme_path"] == "/local_nvme"
+    ds = DeepSpeedConfig(dict(config, train_batch_size=config["train_micro_batch_size_per_gpu"]
+                              * config["gradient_accumulation_steps"]))  # fmt: skip
+    assert ds.zero_config.offload_param.buffer_size == offload["buffer_size"]
+    assert ds.aio_config["intra_op_parallelism"] == 1
+    knob, _ = ds_config(compose_cfg, "zero3_nvme", "bf16", "strategy.offload_param_buffer_size=6e8")
+    assert knob["zero_optimization"]["offload_param"]["buffer_size"] == 600_000_000
+
+
+@pytest.mark.parametrize(("overrides", "hpz"), [
+    (["launcher.nproc_per_node=4"], 4),
+    (["launcher.nproc_per_node=4", "launcher.nnodes=2"], 4),  # secondary copy within each node
+    (["launcher.nproc_per_node=8", "strategy.zero_hpz_partition_size=2"], 2),
+])  # fmt: skip
+def test_zero3pp_hpz_partition_follows_the_gpus_per_node(compose_cfg, overrides, hpz: int) -> None:
+    cfg = compose_cfg("strategy=zero3pp", *overrides)
+    comps = Components.from_config(cfg)
+    check_before_load(cfg, comps, "cuda")
+    config = comps.strategy.deepspeed_config(batch_plan(cfg, comps, "cuda"))
+    assert config["zero_optimization"]["zero_hpz_partition_size"] == hpz
 
 
 def test_user_knobs_reach_the_generated_config(compose_cfg) -> None:
@@ -249,6 +282,18 @@ INVALID = [
     (["strategy=zero2", "strategy.offload_param=cpu"], "strategy.offload_param", "stage 3"),
     (["strategy=zero0", "strategy.offload_optimizer=cpu"], "strategy.offload_optimizer", None),
     (["strategy=zero3_nvme", "strategy.nvme_path=null"], "strategy.nvme_path", "swap directory"),
+    (["strategy=zero3_nvme"], "strategy.nvme_path", "swap directory"),  # required: no default dir
+    (["strategy=zero3pp", "launcher.nproc_per_node=2"], "strategy.zero_quantized_weights", "CUDA"),
+    (
+        ["strategy=zero3_nvme", "strategy.nvme_path=/n", "+strategy.aio.thread_count=2"],
+        "strategy.aio.thread_count",
+        "intra_op_parallelism",
+    ),  # DeepSpeed 0.19 would ignore it
+    (
+        ["strategy=zero3pp", "launcher.nproc_per_node=4", "strategy.zero_hpz_partition_size=3"],
+        "strategy.zero_hpz_partition_size",
+        "does not divide",
+    ),
     (["strategy=zero2", "strategy.zero_quantized_weights=true"], "strategy.stage", "ZeRO++"),
     (["strategy=zero3", "strategy.stage=5"], "strategy.stage", None),
     (["strategy=zero3", "peft=lora", "merge=true"], "merge", "sharded"),
@@ -352,3 +397,81 @@ def test_slurm_ranks_come_from_the_slurm_environment(monkeypatch) -> None:
     Slurm.rank_env_from_slurm()
     assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"]) == ("9", "1", "16")
     assert os.environ["LOCAL_WORLD_SIZE"] == "8" and os.environ["MASTER_ADDR"] == "gpu03"
+
+
+SCALER = ["precision=fp16", "precision.initial_scale_power=12", "precision.loss_scale_window=200"]
+
+
+def test_fp16_loss_scaling_knobs_reach_the_trainers_grad_scaler(compose_cfg) -> None:
+    """Outside DeepSpeed the knobs reach accelerate's GradScaler through a kwargs handler: here the real
+    Trainer's Accelerator (fp16 itself needs a GPU, so the run is fp32 and the handler is what is checked)."""
+    from transformers import Trainer, TrainingArguments
+
+    from components.precision import LossScaling
+
+    cfg = compose_cfg(*SCALER)
+    comps = Components.from_config(cfg)
+    check_before_load(cfg, comps, "cuda")  # single + fp16 on a GPU: the dynamic knobs are accepted
+    handlers = comps.precision.scaler_handlers("fp16")
+    assert [h.to_kwargs() for h in handlers] == [{"init_scale": 4096.0, "growth_interval": 200}]
+    assert comps.precision.scaler_handlers("bf16") == []
+    trainer_cls = type("T", (LossScaling, Trainer), {"scaler_handlers": tuple(handlers)})
+    import torch
+
+    trainer = trainer_cls(model=torch.nn.Linear(2, 2), args=TrainingArguments("unused", use_cpu=True))
+    assert trainer.accelerator.scaler_handler is handlers[0]
+
+
+def test_fp16_loss_scaling_knobs_reach_a_loops_grad_scaler(compose_cfg, monkeypatch) -> None:
+    """PPO's own loop (single / DDP): the Accelerator it makes carries the same handler."""
+    import accelerate
+
+    made: dict = {}
+    monkeypatch.setattr(accelerate, "Accelerator", lambda **kwargs: made.update(kwargs))
+    cfg = compose_cfg(*SCALER, "strategy=ddp")
+    comps = Components.from_config(cfg)
+    comps.strategy.loop_accelerator("cuda", batch_plan(cfg, comps, "cuda"))
+    assert made["mixed_precision"] == "fp16"
+    assert [h.to_kwargs() for h in made["kwargs_handlers"]] == [
+        {"init_scale": 4096.0, "growth_interval": 200}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["precision.loss_scale=128"], "precision.loss_scale"),  # static: DeepSpeed-only
+        (["precision.hysteresis=4", "strategy=ddp", "launcher.nproc_per_node=2"], "precision.hysteresis"),
+        (["precision.min_loss_scale=16", "strategy=fsdp"], "precision.min_loss_scale"),
+    ],
+)
+def test_fp16_knobs_torch_cannot_honour_are_refused_outside_deepspeed(compose_cfg, overrides, key) -> None:
+    cfg = compose_cfg("precision=fp16", *overrides)
+    with pytest.raises(ConfigError) as err:
+        check_before_load(cfg, Components.from_config(cfg), "cuda")
+    assert err.value.key == key
+    ds = compose_cfg("precision=fp16", *overrides, "strategy=zero2")  # DeepSpeed's fp16 block takes them
+    check_before_load(ds, Components.from_config(ds), "cuda")
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero2_offload", "zero3_offload"])
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_ppo_loop_optimizer_agrees_with_the_generated_config(compose_cfg, strategy: str, device: str) -> None:
+    """accelerate refuses a torch optimizer beside a config ``optimizer`` block (DeepSpeed's CPU Adam under
+    offload on GPU) and a DummyOptim without one: the loop's optimizer follows the config."""
+    import torch
+    from accelerate.utils import DummyOptim
+
+    cfg = compose_cfg("recipe=ppo", f"strategy={strategy}")
+    comps = Components.from_config(cfg)
+    plan = batch_plan(cfg, comps, device)
+    config = comps.strategy.deepspeed_config(plan, device)
+    params = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2), requires_grad=False)]
+    optimizer = comps.strategy.loop_optimizer(comps.optimizer, params, device, plan)
+    uses_ds = "offload" in strategy and device == "cuda"
+    assert ("optimizer" in config) is uses_ds is isinstance(optimizer, DummyOptim)
+    if uses_ds:
+        assert optimizer.lr == config["optimizer"]["params"]["lr"] and len(optimizer.params) == 1
+        assert "optimizer" not in comps.strategy.inference_config(plan, device)
+    else:
+        assert isinstance(optimizer, torch.optim.AdamW) and config["zero_force_ds_cpu_optimizer"] is False
