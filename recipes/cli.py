@@ -175,7 +175,9 @@ def _hydra_app(cfg: DictConfig) -> Any:
         remove_unused_run_dir()
         raise
     except Interrupted as stop:
-        print(f"hydratune: {stop}. Resume with: hydratune resume=true (or resume=<run dir>)", file=sys.stderr)
+        from components.run import hydra_run_dir
+
+        print(f"hydratune: {stop}. Resume with: hydratune resume={hydra_run_dir()}", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
 
 
@@ -247,7 +249,29 @@ def print_error(err: ConfigError) -> None:
     )
 
 
-def replay_argv(args: list[str]) -> list[str]:
+def resumed_run(args: list[str]) -> Path | None:
+    """The run dir a ``resume=<run dir or checkpoint dir>`` argument names, when it has a saved config
+    (``resume=true`` / ``false`` and sweeps compose as usual)."""
+    if any(a in ("-m", "--multirun") or a.startswith("--config") for a in args):
+        return None
+    paths = [a.split("=", 1)[1] for a in args if a.startswith("resume=")]
+    if not paths or paths[-1] in ("true", "True", "false", "False", "latest", "null"):
+        return None
+    path = Path(paths[-1]).expanduser().resolve()
+    run = path.parent.parent if path.parent.name == "checkpoints" else path
+    return run if (run / ".hydra" / "config.yaml").is_file() else None
+
+
+def resume_argv(run: Path, args: list[str]) -> list[str]:
+    """``resume=<run>`` continues that run with its own config: the saved one, the overrides given now on
+    top (listed on stderr)."""
+    others = [a for a in args if not a.startswith("resume=")]
+    listed = " ".join(others) or "none"
+    print(f"hydratune: continuing {run} with its own config; overrides on top: {listed}", file=sys.stderr)
+    return replay_argv([str(run), *args], label="resume")
+
+
+def replay_argv(args: list[str], label: str = "replay") -> list[str]:
     """``replay <run dir> [overrides]`` → Hydra args that compose exactly that run's saved config."""
     if not args:
         raise ConfigError(
@@ -265,8 +289,8 @@ def replay_argv(args: list[str]) -> list[str]:
         str(saved),
         "--config-name",
         "config",
-        "hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}_replay_${run_tag:}",
-        "hydra.sweep.dir=multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}_replay_${run_tag:}",
+        f"hydra.run.dir=outputs/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}_{label}_${{run_tag:}}",
+        f"hydra.sweep.dir=multirun/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}_{label}_${{run_tag:}}",
         *args[1:],
     ]
 
@@ -351,6 +375,8 @@ def _main(args: list[str]) -> None:
             sys.exit(import_module(f"components.{args[0]}").cli(args[1:]))
         if args and args[0] == "replay":
             args = replay_argv(args[1:])
+        elif resumed_run(args):
+            args = resume_argv(resumed_run(args), args)  # type: ignore[arg-type]
         from components.trust import check_command
 
         check_command(args)  # experiment files' hydra: nodes (callbacks) act before composition

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,9 +82,12 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path: Path) ->
     assert not (run / "final").exists()
     assert "interrupted" in (run / "summary.md").read_text()
 
-    resumed = start(interrupted, *RUN, "resume=true")
+    advice = re.search(r"Resume with: hydratune (resume=\S+)", err)
+    assert advice and advice.group(1) == f"resume={run}", err[-2000:]
+    resumed = start(interrupted, advice.group(1))  # the printed advice alone: the run's own config
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-2000:]
+    assert f"continuing {run} with its own config" in err
     assert reference.wait(timeout=300) == 0
     _, expected = final_model(straight)
     _, got = final_model(interrupted)
