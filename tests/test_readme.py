@@ -46,12 +46,15 @@ README = REPO / "README.md"
 CI_RUN = REPO / ".ci" / "run"
 
 SHELL_LANGUAGES = {"", "bash", "sh", "shell", "console", "shell-session", "zsh"}
-AS_WRITTEN = {"ls", "list", "estimate", "report"}  # subcommands planning cannot show: run them as they are
+AS_WRITTEN = {"ls", "list", "estimate", "report", "export"}  # planning cannot show these: run as written
 AS_WRITTEN_FLAGS = {"--help", "-h", "--cfg", "-c", "--info", "--hydra-help", "-sc", "--shell-completion"}
 
 # Commands that genuinely cannot run on a CPU host with the dev install, keyed by the command text as written
 # (continuations joined, prompt and comment stripped). Anything not listed here must pass.
 ALLOWLIST: dict[str, str] = {
+    "hydratune chat outputs/<date>/<run>": (
+        "interactive: tests/test_after_training.py types into it through a pseudo-terminal"
+    ),
     "hydratune -m launcher=slurm hydra/launcher=submitit_slurm hydra.launcher.nodes=2 "
     "hydra.launcher.tasks_per_node=8 hydra.launcher.gpus_per_node=8 strategy=zero3 precision=bf16": (
         "needs hydra-submitit-launcher (the `slurm` extra, not in `.[dev]`) and a SLURM cluster: "

@@ -281,3 +281,41 @@ def test_grpo_with_lora_runs_a_few_iterations(converted: Path, run_recipe) -> No
     rewards = [r["reward"] for r in ctx.run_dir.read_metrics() if "reward" in r]
     assert len(rewards) == 2 and all(0.0 <= r <= 1.0 for r in rewards)
     assert (ctx.run_dir.final / "adapter_model.safetensors").is_file()
+
+
+def test_generate_and_export_a_lora_run_of_the_real_model(converted: Path, run_recipe, tmp_path) -> None:
+    """An adapter-only run of SmolLM2 (its base rebuilt from the GGUF the run names): recipe=generate stops
+    at ChatML's <|im_end|>, and the exported folder loads with the adapter model's logits."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from components.export import export
+
+    ctx, _ = run_recipe(*CHAT, "peft=lora", "optimizer.lr=2e-4", "train.max_steps=2", name="lora_only")
+    run = ctx.run_dir.path
+    gen, _ = run_recipe(
+        "recipe=generate",
+        f"model.from_run={run}",
+        "data=jsonl_messages",
+        f"data.path={ASSETS / 'real/capitals_eval.jsonl'}",
+        "data.max_samples=3",
+        "recipe.max_new_tokens=24",
+        name="generate",
+    )
+    rows = [json.loads(line) for line in (gen.run_dir.path / "generations.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["finish_reason"] == "stop" for r in rows), rows
+    assert all(r["completion"].strip() and "<|im_end|>" not in r["completion"] for r in rows), rows
+
+    out = export(run, tmp_path / "smollm2-export")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    exported = AutoModelForCausalLM.from_pretrained(out).eval()
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(converted), run / "final").eval()
+    ids = tokenizer.apply_chat_template(
+        FRANCE, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(exported(**ids).logits, adapted(**ids).logits, atol=5e-4, rtol=1e-4)
+    stops = GenerationConfig.from_pretrained(out).eos_token_id
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in (stops if isinstance(stops, list) else [stops])
+    assert "Paris" in greedy(exported, tokenizer, FRANCE)
