@@ -33,6 +33,7 @@ class Generate:
 
     #: checks: one whole model per process (no optimizer, no sharding); adapter runs load as trained
     inference_only: ClassVar[bool] = True
+    periodic_eval: ClassVar[bool] = False  # no training, so no eval split to check
 
     max_new_tokens: int = 256
     temperature: float = 0.0  # 0 = greedy
