@@ -88,30 +88,17 @@ def generate(
     max_new_tokens: int = 32,
     batch_size: int = 16,
 ) -> list[str]:
-    """Greedy completions of tokenized prompts, left-padded, stopping at EOS."""
-    import torch
+    """Greedy completions of tokenized prompts, left-padded, stopping at EOS or an end-of-turn token."""
+    from components.generation import Sampling, complete
 
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    greedy = Sampling(max_new_tokens=max_new_tokens)
     outputs: list[str] = []
     try:
         for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start : start + batch_size]
-            width = max(len(ids) for ids in chunk)
-            input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chunk], device=device)
-            mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk], device=device)
-            with torch.no_grad():
-                ids = model.generate(
-                    input_ids=input_ids,
-                    attention_mask=mask,
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=pad,
-                    eos_token_id=tokenizer.eos_token_id,
-                )
-            outputs += tokenizer.batch_decode(ids[:, width:], skip_special_tokens=True)
+            batch = complete(model, tokenizer, prompts[start : start + batch_size], greedy)
+            outputs += [done.text for [done] in batch]
     finally:
         model.train(was_training)
     return outputs

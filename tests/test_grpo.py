@@ -13,6 +13,7 @@ from components.errors import ConfigError
 FAST_GRPO = [
     "recipe=grpo",
     "data.eval_path=null",
+    "train.eval_every=0",  # no eval split: periodic eval would be refused before load
     "train.micro_batch_size=32",  # 4 prompts x num_generations 8 per step
     "train.eval_generations=0",
     "train.save_every=0",
