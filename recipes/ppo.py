@@ -302,6 +302,9 @@ class PPO:
                 )
                 rewards = ppo.per_token_rewards(score, kl, rmask, kl_ctl.value)
                 adv, returns = ppo.gae(rewards, old_values, rmask, self.gamma, self.lam)
+                # the baseline's part, before whitening: advantages = returns - values (GAE)
+                means = {"values/mean": old_values, "returns/mean": returns, "advantages/mean": adv}
+                means = {k: acc.reduce(ppo.masked_mean(v, rmask), "mean").item() for k, v in means.items()}
                 adv = ppo.whiten(adv, rmask) if self.whiten_advantages else adv
                 # 3. clipped policy and value updates
                 stats = ppo.update(
@@ -325,7 +328,7 @@ class PPO:
                     "entropy": acc.reduce(ppo.masked_mean(entropy, rmask), "mean").item(),
                     "response_length": acc.gather(rmask.sum(1).float()).mean().item(),
                     "eos_fraction": acc.gather(ro.has_eos.float()).mean().item(),
-                    "lr": scheduler.get_last_lr()[0], **stats,
+                    "lr": scheduler.get_last_lr()[0], **means, **stats,
                 }  # fmt: skip
                 kl_ctl.update(seq_kl, len(idx) * acc.num_processes)
                 session.log_metrics(record)  # metrics.jsonl + the configured trackers, rank 0

@@ -286,10 +286,21 @@ def test_ppo_with_lora_keeps_no_reference_copy_and_trains_only_adapter_and_head(
     assert all(torch.equal(trained[k], v) for k, v in base.items())
 
 
-def test_ppo_against_a_trained_reward_model_with_a_critic_from_it(run_recipe, tmp_path) -> None:
+def test_ppo_against_a_trained_reward_model_with_a_critic_from_it(run_recipe, tmp_path, monkeypatch) -> None:
+    import copy
+
     rm, _ = run_recipe(
         "recipe=reward", "train.max_steps=2", "train.save_every=0", "train.eval_every=0", name="rm"
     )
+    built = []  # the critic as the loop built it, before any update
+
+    def keep_initial(*args, **kwargs):
+        critic = separate_critic(*args, **kwargs)
+        built.append(copy.deepcopy(critic).eval())
+        return critic
+
+    separate_critic = ppo.separate_critic
+    monkeypatch.setattr(ppo, "separate_critic", keep_initial)
     chained = f"recipe.reward.model=${{latest_run:reward,{tmp_path}/outputs}}"
     ctx, _ = run_recipe(
         *FAST_PPO,
@@ -314,6 +325,30 @@ def test_ppo_against_a_trained_reward_model_with_a_critic_from_it(run_recipe, tm
     critic = load_file(ctx.run_dir.final / "value.safetensors")
     start = load_file(rm.run_dir.final / "model.safetensors")
     assert critic.keys() == start.keys()
+    # ... in numbers: the critic's first value predictions are the reward model's scores. The value at the
+    # last token of prompt + completion is read where critic_values reads it (one dummy token appended).
+    from components.rewards import RewardModel
+
+    (initial,) = built
+    reward = RewardModel(str(rm.run_dir.final))
+    prompts = ["What is 1 + 2?", "What is 12 + 34?", "What is 5 + 5?"]
+    completions = ["3", "46", "I do not know"]
+    scores = torch.tensor(reward(prompts, completions))
+    values = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
+        text = reward.tokenizer.apply_chat_template(messages, tokenize=False)
+        ids = reward.tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        ids = torch.cat([ids, ids[:, :1]], dim=1)
+        with torch.no_grad():
+            values.append(ppo.critic_values(initial, ids, torch.ones_like(ids), 1)[0, 0])
+    torch.testing.assert_close(torch.stack(values), scores, atol=1e-4, rtol=1e-4)
+    # and the reward model's scores are its own: they differ from each other and from an untrained init
+    rm.seed_everything()
+    untrained = rm.components.model.build(task="seq_cls").eval()
+    untrained.config.pad_token_id = reward.tokenizer.pad_token_id
+    reward.model = untrained
+    assert scores.std() > 0 and (scores - torch.tensor(reward(prompts, completions))).abs().max() > 1e-3
 
 
 def test_ppo_refuses_the_wrong_data_and_bad_knobs_before_load(run_recipe, tmp_path) -> None:
@@ -473,3 +508,64 @@ def test_ppo_under_fsdp_passes_cpu_checks_and_refuses_what_its_loop_does_not_do(
         with pytest.raises(ConfigError) as info:
             comps.recipe.check(cfg, comps)
         assert info.value.key == key, override
+
+
+# ------------------------------------------------------------- tests that fail when PPO itself breaks
+def constant(prompts: list, completions: list, **_) -> list[float]:
+    """Test reward: 1.0 for every completion (what a value baseline absorbs)."""
+    return [1.0] * len(completions)
+
+
+def test_ppo_kl_penalty_keeps_the_policy_near_the_reference(run_recipe) -> None:
+    """Same seed, same steps, kl_coef=0 versus 1: the penalised policy stays much closer to the reference
+    (fails when ``per_token_rewards`` drops ``-kl_coef * kl``: the two runs are then identical)."""
+
+    def late_kl(coef: str) -> list[float]:
+        ctx, _ = run_recipe(
+            *FAST_PPO, "recipe.num_iterations=10", f"recipe.kl_coef={coef}", "recipe.missing_eos_penalty=0",
+            "recipe.reward._target_=tests.test_ppo.brevity", name=f"kl_{coef}",
+        )  # fmt: skip
+        return [r["kl"] for r in ctx.run_dir.read_metrics()[-4:]]  # iterations 7-10
+
+    free, held = late_kl("0"), late_kl("1.0")
+    # measured (seed 42): mean KL of iterations 7-10, 1.15 without the penalty, 0.19 with it
+    assert sum(held) < 0.5 * sum(free), (held, free)
+
+
+def test_ppo_advantages_subtract_the_value_baseline(run_recipe) -> None:
+    """A constant reward of 1: the value head learns it, so GAE's advantages (returns - values) shrink
+    towards 0 while the returns stay near 1 (fails when GAE ignores the values, i.e. Monte-Carlo returns
+    as advantages: advantages == returns)."""
+    ctx, _ = run_recipe(
+        *FAST_PPO, "recipe.num_iterations=4", "recipe.missing_eos_penalty=0",
+        "recipe.reward._target_=tests.test_ppo.constant", name="baseline",
+    )  # fmt: skip
+    records = ctx.run_dir.read_metrics()
+    for r in records:  # GAE's identity on every iteration's rollout
+        assert r["advantages/mean"] == pytest.approx(r["returns/mean"] - r["values/mean"], abs=1e-4), r
+    first, last = records[0], records[-1]
+    assert first["values/mean"] == 0.0  # the head starts at V = 0: advantages = returns, once
+    # measured (seed 42): values 0 -> 0.54, advantages 0.84 -> 0.37, returns 0.84 -> 0.91
+    assert last["values/mean"] > 0.3 and last["returns/mean"] > 0.7, last
+    assert last["advantages/mean"] < 0.6 * first["advantages/mean"], (first, last)
+
+
+def test_ppo_clips_the_policy_ratio_over_several_epochs(run_recipe) -> None:
+    """Four epochs over each rollout at lr 1e-3: the policy's ratio leaves [1 - eps, 1 + eps], the clipped
+    term is used (clipfrac > 0), and a tight clip range moves the policy less than a loose one (fails when
+    ``policy_loss`` loses its clipped branch: clipfrac 0, and the two runs identical)."""
+
+    def moved(clip: str) -> list[dict]:
+        ctx, _ = run_recipe(
+            *FAST_PPO, "recipe.num_iterations=2", "recipe.ppo_epochs=4", f"recipe.clip_ratio={clip}",
+            "recipe.reward._target_=tests.test_ppo.brevity", name=f"clip_{clip}",
+        )  # fmt: skip
+        return ctx.run_dir.read_metrics()
+
+    tight, loose = moved("0.05"), moved("0.5")
+    assert max(r["clipfrac/policy"] for r in tight) > 0.05, tight
+    # how far the policy went during iteration 1's update: approx_kl to the rollout's policy (averaged
+    # over the update's mini-batches) and the KL to the reference that iteration 2 measures
+    # measured (seed 42): clipfrac 0.58 / 0.54; approx_kl 0.028 vs 0.072; kl 0.198 vs 0.276
+    assert tight[0]["approx_kl"] < 0.6 * loose[0]["approx_kl"], (tight[0], loose[0])
+    assert tight[1]["kl"] < 0.9 * loose[1]["kl"], (tight[1], loose[1])
