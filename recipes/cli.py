@@ -264,11 +264,14 @@ def resumed_run(args: list[str]) -> Path | None:
 
 def resume_argv(run: Path, args: list[str]) -> list[str]:
     """``resume=<run>`` continues that run with its own config: the saved one, the overrides given now on
-    top (listed on stderr)."""
-    others = [a for a in args if not a.startswith("resume=")]
-    listed = " ".join(others) or "none"
+    top (listed on stderr). Overrides the run was started with are in that config already: dropped (a
+    ``group=option`` among them could not be applied to a saved config a second time)."""
+    saved = run / ".hydra" / "overrides.yaml"
+    original = {str(o) for o in OmegaConf.load(saved)} if saved.is_file() else set()
+    others = [a for a in args if a not in original]
+    listed = " ".join(a for a in others if not a.startswith("resume=")) or "none"
     print(f"hydratune: continuing {run} with its own config; overrides on top: {listed}", file=sys.stderr)
-    return replay_argv([str(run), *args], label="resume")
+    return replay_argv([str(run), *others], label="resume")
 
 
 def replay_argv(args: list[str], label: str = "replay") -> list[str]:
@@ -332,7 +335,8 @@ def main(argv: list[str] | None = None) -> None:
     pause_gc()  # until training starts: see components/startup.py
     try:
         _main(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # also when it lands in Hydra's own start-up, outside _hydra_app
+        remove_unused_run_dir()
         print("hydratune: interrupted (Ctrl-C)", file=sys.stderr)
         sys.exit(130)
     finally:
