@@ -9,11 +9,13 @@ recipe, metrics, the resolved config and the command that reproduces the run.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
 
 from components.errors import ConfigError
 from components.trained import TrainedRun
@@ -103,7 +105,7 @@ def model_card(run: TrainedRun, model: Any, dtype: str) -> str:
     base = _base_name(run)
     params = sum(p.numel() for p in model.parameters())
     overrides = run.overrides()
-    command = "hydratune " + " ".join(_quote(o) for o in overrides) if overrides else "hydratune"
+    command = "hydratune " + " ".join(shlex.quote(o) for o in overrides) if overrides else "hydratune"
     front = {"library_name": "transformers", "tags": ["hydratune", run.recipe]}
     if not Path(base).is_absolute():
         front["base_model"] = base
@@ -167,7 +169,7 @@ def model_card(run: TrainedRun, model: Any, dtype: str) -> str:
         "## Config",
         "",
         "```yaml",
-        _config_yaml(run).strip(),
+        OmegaConf.to_yaml(run.cfg).strip(),
         "```",
         "",
     ]
@@ -182,18 +184,6 @@ def _report(path: Path) -> dict[str, Any]:
 def _base_name(run: TrainedRun) -> str:
     model = run.cfg.model
     return str(model.get("from_run") or model.get("name_or_path"))
-
-
-def _config_yaml(run: TrainedRun) -> str:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_yaml(run.cfg)
-
-
-def _quote(override: str) -> str:
-    import shlex
-
-    return shlex.quote(override)
 
 
 def cli(args: list[str]) -> int:

@@ -71,7 +71,9 @@ class TrainedRun:
 
     def model_dir(self) -> Path:
         """The folder a full model loads from: ``final/merged`` or ``final/`` (not for adapters)."""
-        return self.final / "merged" if self.kind == "merged" else self.final
+        from components.model import final_model_dir
+
+        return final_model_dir(str(self.path))
 
     def base_component(self) -> Any:
         """The run's ``model:`` node instantiated (it names the adapter's base); only hydratune's own model

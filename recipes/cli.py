@@ -379,8 +379,8 @@ def _main(args: list[str]) -> None:
             sys.exit(import_module(f"components.{args[0]}").cli(args[1:]))
         if args and args[0] == "replay":
             args = replay_argv(args[1:])
-        elif resumed_run(args):
-            args = resume_argv(resumed_run(args), args)  # type: ignore[arg-type]
+        elif run := resumed_run(args):
+            args = resume_argv(run, args)
         from components.trust import check_command
 
         check_command(args)  # experiment files' hydra: nodes (callbacks) act before composition
