@@ -66,29 +66,16 @@ def load(path: Path) -> tuple[Any, Any]:
 
 def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], options: dict[str, Any]) -> str:
     """Generate the assistant's answer to ``messages``, printing its tokens as they come; return its text."""
-    import torch
     from transformers import TextStreamer
 
-    from components.masking import stop_token_ids
+    from components.generation import Sampling, complete
 
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids.to(model.device)
-    sample = options["temperature"] > 0
-    extra = {"temperature": options["temperature"], "top_p": options["top_p"]} if sample else {}
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    sampling = Sampling(options["max_new_tokens"], options["temperature"], options["top_p"])
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=options["max_new_tokens"],
-            do_sample=sample,
-            eos_token_id=sorted(stop_token_ids(tokenizer)),
-            pad_token_id=pad,
-            streamer=streamer,
-            **extra,
-        )
-    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
+    [[done]] = complete(model, tokenizer, [ids], sampling, streamer=streamer)
+    return done.text.strip()
 
 
 def loop(model: Any, tokenizer: Any, options: dict[str, Any]) -> None:

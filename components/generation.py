@@ -46,9 +46,10 @@ def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
 
 
 def complete(
-    model: Any, tokenizer: Any, prompts: list[list[int]], sampling: Sampling
+    model: Any, tokenizer: Any, prompts: list[list[int]], sampling: Sampling, streamer: Any = None
 ) -> list[list[Completion]]:
-    """The completions of one batch of tokenized prompts (``num_return_sequences`` each), left-padded."""
+    """The completions of one batch of tokenized prompts (``num_return_sequences`` each), left-padded;
+    ``streamer`` (a transformers streamer, one prompt) sees the tokens as they are generated."""
     import torch
 
     device = next(model.parameters()).device
@@ -64,6 +65,7 @@ def complete(
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=pad,
             eos_token_id=stops,
+            streamer=streamer,
             **sampling.generate_kwargs(),
         )
     n = sampling.num_return_sequences
