@@ -11,7 +11,6 @@ with the best of N.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +19,7 @@ from omegaconf import DictConfig
 from components.errors import ConfigError
 from components.registry import component
 from components.run import Components, RunContext
-from recipes.generate import Generate
+from recipes.generate import Generate, write_jsonl
 from recipes.ppo import default_reward, reward_model_path
 
 
@@ -114,9 +113,3 @@ def select(
             rejected = [{"role": "assistant", "content": worst["completion"]}]
             pairs.append({"prompt": conversation, "chosen": [reply], "rejected": rejected})
     return best_rows, pairs
-
-
-def write_jsonl(path: Any, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig
@@ -221,10 +222,15 @@ def merge_ranks(ctx: RunContext, records: list[dict[str, Any]], rank: int, world
     if rank != 0:
         return []
     records.sort(key=lambda r: (r["index"], r["sample"]))
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(out)
+    write_jsonl(out, records)
     return records
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    """``rows`` as JSON lines, written atomically (a temporary file renamed into place)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
 
 
 def summarize(records: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
