@@ -181,6 +181,9 @@ def _hydra_app(cfg: DictConfig) -> Any:
         sys.exit(EXIT_INTERRUPTED)
 
 
+#: the run dir RunDirCheck created (before Hydra's job has its HydraConfig), for cleanup after an early Ctrl-C
+CHECKED_RUN_DIR: list[Path] = []
+
 #: what a run dir holds before anything of value is written: Hydra's config and log, the start-up files
 STARTUP_FILES = (".hydra", "versions.json", "frozen_config.yaml")
 
@@ -192,9 +195,12 @@ def remove_unused_run_dir() -> None:
 
     from hydra.core.hydra_config import HydraConfig
 
-    if not HydraConfig.initialized():
+    if HydraConfig.initialized():
+        run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
+    elif CHECKED_RUN_DIR:  # interrupted between RunDirCheck creating the dir and Hydra's job set-up
+        run_dir = CHECKED_RUN_DIR[-1]
+    else:
         return
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
     if not run_dir.is_dir() or any(
         p.name not in STARTUP_FILES and p.suffix != ".log" for p in run_dir.iterdir()
     ):
@@ -305,6 +311,7 @@ class RunDirCheck(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         exit_unless_writable(Path(config.hydra.run.dir), "hydra.run.dir")
+        CHECKED_RUN_DIR.append(Path(config.hydra.run.dir).resolve())
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         exit_unless_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
