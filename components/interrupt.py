@@ -1,17 +1,44 @@
 """Graceful interruption: SIGTERM / SIGINT / SIGUSR1 (SLURM pre-emption) finish the current step,
-write a checkpoint and stop; a second signal exits at once."""
+write a checkpoint and stop; a second signal exits at once.
+
+Under hydratune's own multi-process launcher the signal may reach the launching process only (``kill``,
+``docker stop``), the workers only, or both (Ctrl-C, SLURM signalling a whole job step). The launcher
+relays its signal once to every local worker as ``RELAY`` (SIGUSR2), naming the original in the run dir's
+``RELAY_FILE``; a worker that already had the signal itself ignores the relay, so one signal never counts
+as two. The ranks then agree, step by step, on whether any of them was asked to stop (one all-reduce), so
+all of them stop after the same step and write one checkpoint together.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from transformers import TrainerCallback
 
 SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None)
+RELAY = signal.SIGUSR2
+RELAY_FILE = ".interrupt"  # in the run dir: the name of the signal the launcher relays
+WORKERS_DIR = ".workers"  # in the run dir: <host>.<local rank>.pid of each worker, for the relay
+
+#: the signal relayed to this worker by its launcher (set by ``accept_relays``' handler), and the live handler
+_relayed: list[int] = []
+_active: list[GracefulInterrupt] = []
+
+
+def announce(signum: int, who: str = "") -> None:
+    name = signal.Signals(signum).name
+    print(
+        f"\nhydratune: {name} received{who}: finishing this step and writing a checkpoint "
+        f"(send {name} again to stop at once)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class GracefulInterrupt(TrainerCallback):
@@ -19,40 +46,148 @@ class GracefulInterrupt(TrainerCallback):
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.via_relay = False  # the stop came from the launcher's relay: the direct signal may follow it
         self._previous: dict[int, Any] = {}
 
     def install(self) -> GracefulInterrupt:
         for sig in SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
+        _active.append(self)
+        if _relayed and self.signum is None:  # relayed while the model was loading
+            self.signum, self.via_relay = _relayed[0], True
         return self
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        if self in _active:
+            _active.remove(self)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.via_relay:  # the signal the launcher relayed, arriving itself too (Ctrl-C, SLURM): one signal
+            self.via_relay = False
+            return
         if self.signum is not None:  # second signal: no more grace
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
         self.signum = signum
-        name = signal.Signals(signum).name
-        print(
-            f"\nhydratune: {name} received: finishing this step and writing a checkpoint "
-            f"(send {name} again to stop at once)",
-            file=sys.stderr,
-            flush=True,
-        )
+        announce(signum)
+
+    def relayed(self, signum: int) -> None:
+        """The launcher relayed ``signum``: the same as receiving it, unless a signal came already (the
+        launcher's second signal kills the workers itself)."""
+        if self.signum is None:
+            self.signum, self.via_relay = signum, True
+            announce(signum, " (relayed by the launcher)")
 
     @property
     def requested(self) -> bool:
         return self.signum is not None
 
+    def agreed(self) -> bool:
+        """Whether any rank was asked to stop (a collective call on every rank when a process group is up;
+        the signal then is the largest signal number any rank received)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return self.requested
+        import torch
+
+        on_gpu = dist.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        flag = torch.tensor([self.signum or 0], dtype=torch.int64, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if self.signum is None and int(flag.item()):
+            self.signum = int(flag.item())
+        return self.requested
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.requested:
+        if self.agreed():
             control.should_save = True
             control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.uninstall()
+
+
+def accept_relays(run_dir: Path) -> None:
+    """In a worker of hydratune's launcher, before anything else: take ``RELAY`` as the signal named in
+    ``RELAY_FILE``, and register this process for relays (``WORKERS_DIR``). A relay before training starts
+    is kept: the first step then ends with a checkpoint. (If the launcher dies, torch's spawn sends its
+    workers SIGINT: they checkpoint and stop too.)"""
+    import socket
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        original = _relay_signal(run_dir)
+        if not _relayed:
+            _relayed.append(original)
+        for handler in _active:
+            handler.relayed(original)
+
+    signal.signal(RELAY, handle)
+    workers = run_dir / WORKERS_DIR
+    workers.mkdir(exist_ok=True)
+    local_rank = os.environ.get("LOCAL_RANK", "0")
+    (workers / f"{socket.gethostname()}.{local_rank}.pid").write_text(str(os.getpid()))
+    if (run_dir / RELAY_FILE).is_file() and not _relayed:  # the launcher's signal came before we registered
+        _relayed.append(_relay_signal(run_dir))
+
+
+def _relay_signal(run_dir: Path) -> int:
+    try:
+        return int(signal.Signals[(run_dir / RELAY_FILE).read_text().strip()])
+    except (OSError, KeyError):
+        return int(signal.SIGTERM)
+
+
+class SignalRelay:
+    """In the process that started the workers: the first SIGTERM / SIGINT / SIGUSR1 is relayed once to
+    every local worker (they checkpoint and exit 75); a second one kills them."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.signum: int | None = None
+        self.killed = False  # a second signal: the workers were sent SIGKILL
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> SignalRelay:
+        for sig in SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def worker_pids(self) -> list[int]:
+        import socket
+
+        host = socket.gethostname()
+        pids = []
+        for path in (self.run_dir / WORKERS_DIR).glob(f"{host}.*.pid"):
+            try:
+                pids.append(int(path.read_text()))
+            except (OSError, ValueError):
+                continue
+        return pids
+
+    def _send(self, sig: int) -> None:
+        for pid in self.worker_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:  # second signal: stop the workers at once
+            name = signal.Signals(signum).name
+            print(f"\nhydratune: {name} again: stopping the workers now", file=sys.stderr)
+            self.killed = True
+            self._send(signal.SIGKILL)
+            return
+        self.signum = signum
+        # the file first, then the pids: a worker registering meanwhile either is signalled or finds the file
+        (self.run_dir / RELAY_FILE).write_text(signal.Signals(signum).name)
+        announce(signum, " (relaying it to the workers)")
+        self._send(RELAY)

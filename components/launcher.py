@@ -9,7 +9,9 @@ reads its rank from the environment and runs as one of those workers.
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import socket
 import uuid
 from dataclasses import dataclass
@@ -21,6 +23,9 @@ from components.registry import component
 
 FROZEN = "frozen_config.yaml"
 RANK_DONE = ".rank{rank}.done.json"  # a worker wrote its result: its exit code no longer matters
+RANK_STOPPED = ".rank{rank}.stopped.json"  # a worker checkpointed after a signal and exits 75
+ELASTIC_PROCESSES = "torch.distributed.elastic.multiprocessing.api"  # its logger reports failed workers
+RELAYS = "HYDRATUNE_SIGNAL_RELAY"  # set for the workers of ``Local.launch``: they accept its relayed signals
 
 
 def inside_launched_worker() -> bool:
@@ -103,19 +108,31 @@ class Local:
             max_restarts=self.max_restarts,
             monitor_interval=0.5,
             start_method=self.start_method,
+            signals_to_handle="SIGHUP,SIGQUIT",  # not TERM, INT, USR1: SignalRelay relays those
         )
 
     def launch(self, run_dir: Path) -> Any:
-        """Start the workers on the frozen config in ``run_dir``; rank 0's result (the objective)."""
+        """Start the workers on the frozen config in ``run_dir``; rank 0's result (the objective).
+
+        A SIGTERM / SIGINT / SIGUSR1 to this process is relayed to the workers (components/interrupt.py):
+        they finish the step, checkpoint together and exit 75, and so does this process (``Interrupted``)."""
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
 
+        from components.interrupt import SignalRelay
         from recipes.worker import run_worker
 
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.nproc_per_node)))
+        os.environ[RELAYS] = "1"
         launch_config = self.launch_config(run_id=f"hydratune-{uuid.uuid4().hex[:8]}")
+        relay = SignalRelay(run_dir)
+        quiet = QuietStop(relay)
+        loggers = [logging.getLogger(n) for n in (ELASTIC_PROCESSES, "torch.multiprocessing.spawn")]
+        for logger in loggers:
+            logger.addFilter(quiet)
         try:
-            results = elastic_launch(launch_config, run_worker)(str(run_dir))
+            with relay:
+                results = elastic_launch(launch_config, run_worker)(str(run_dir))
         except ChildFailedError as err:
             done = finished_ranks(run_dir)
             local = range(self.node_rank * self.nproc_per_node, (self.node_rank + 1) * self.nproc_per_node)
@@ -123,17 +140,58 @@ class Local:
                 # every worker had finished and written its result; a crash in interpreter teardown
                 # (seen with gloo: "terminate called without an active exception") changes nothing
                 return done.get(0)
+            raise_if_stopped(run_dir, err.failures, local)
+            if relay.signum is not None:  # the second signal: the workers were killed
+                reason = f"the workers were stopped at once ({signal.Signals(relay.signum).name} twice)"
+                raise WorkerFailed(err.failures, exit_code=128 + relay.signum, reason=reason) from None
             raise WorkerFailed(err.failures) from None
+        finally:
+            for logger in loggers:
+                logger.removeFilter(quiet)
         return (results or {}).get(0)
+
+
+class QuietStop(logging.Filter):
+    """Drops torch elastic's failure reports (tracebacks) and its notices of ending the other ranks for a
+    run stopped by a signal: workers that exited 75 after their checkpoint, or were killed by a second
+    signal. An interrupted run is not a failed one."""
+
+    def __init__(self, relay: Any) -> None:
+        super().__init__()
+        self.relay = relay
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "exitcode: 75" in message or (self.relay.killed and "failed (exitcode" in message):
+            return False
+        stopping = "Terminating process" in message or "Closing process" in message
+        stopped = any(self.relay.run_dir.glob(RANK_STOPPED.format(rank="*")))
+        return not (stopping and (stopped or self.relay.killed))
+
+
+def raise_if_stopped(run_dir: Path, failures: dict[int, Any], local: range) -> None:
+    """Every local worker checkpointed after a signal (whatever ended it then), or every failed one exited
+    75 that way: the run was interrupted, not broken."""
+    import json
+
+    from components.errors import EXIT_INTERRUPTED, Interrupted
+
+    stopped = {int(p.name.split(".")[1][4:]): p for p in run_dir.glob(RANK_STOPPED.format(rank="*"))}
+    codes = {int(getattr(f, "exitcode", 1) or 1) for f in failures.values()}
+    if stopped and (all(rank in stopped for rank in local) or codes == {EXIT_INTERRUPTED}):
+        record = json.loads(stopped[min(stopped)].read_text())
+        raise Interrupted(record["signum"], record["step"], record["checkpoint"])
 
 
 class WorkerFailed(RuntimeError):
     """A worker process failed; ``exit_code`` is the first failed rank's."""
 
-    def __init__(self, failures: dict[int, Any]) -> None:
+    def __init__(self, failures: dict[int, Any], exit_code: int | None = None, reason: str = "") -> None:
         rank, failure = min(failures.items())
-        self.exit_code = int(getattr(failure, "exitcode", 1) or 1)
-        super().__init__(f"worker rank {rank} failed with exit code {self.exit_code} (its output is above)")
+        worker_code = int(getattr(failure, "exitcode", 1) or 1)
+        self.exit_code = exit_code or (worker_code if 0 < worker_code < 256 else 128 + abs(worker_code))
+        reason = reason or f"worker rank {rank} failed with exit code {worker_code} (its output is above)"
+        super().__init__(reason)
 
 
 def finished_ranks(run_dir: Path) -> dict[int, Any]:

@@ -268,14 +268,11 @@ class Session:
             result = trainer.train(resume_from_checkpoint=resume)
         finally:
             self.interrupt.uninstall()
+        self.report_loss_span(trainer, resume)
         if self.interrupt.requested:
             saved = checkpoints_in(ctx.run_dir.path)
-            stop = Interrupted(
-                self.interrupt.signum, trainer.state.global_step, str(saved[-1]) if saved else None
-            )
-            self.report["interrupted"] = {"reason": str(stop), "resume with": f"resume={ctx.run_dir.path}"}
-            self.write_report(title, dict(result.metrics))
-            raise stop
+            checkpoint = str(saved[-1]) if saved else None
+            raise self.stopped(title, trainer.state.global_step, checkpoint, dict(result.metrics))
         metrics: dict[str, Any] = dict(result.metrics)
         if trainer.eval_dataset is not None:
             metrics.update(trainer.evaluate())
@@ -290,6 +287,28 @@ class Session:
         )
         self.write_report(title, metrics)
         return metrics
+
+    def stopped(self, title: str, step: int, checkpoint: str | None, metrics: dict[str, Any]) -> Interrupted:
+        """After a signal and its checkpoint: the summary (rank 0) says where the run stopped and how to
+        resume; returns the ``Interrupted`` to raise (the CLI exits 75)."""
+        assert self.interrupt.signum is not None
+        stop = Interrupted(self.interrupt.signum, step, checkpoint)
+        if self.ctx.is_main_process:
+            self.report["interrupted"] = {
+                "reason": str(stop),
+                "resume with": f"hydratune resume={self.ctx.run_dir.path}",
+            }
+            self.write_report(title, metrics)
+        return stop
+
+    def report_loss_span(self, trainer: Any, resume: str | None) -> None:
+        """Which optimizer steps the trainer's ``train_loss`` averages: a resumed run's covers only the steps
+        it ran itself (the earlier ones are in the run it continued)."""
+        first, last = getattr(trainer, "_initial_global_step", 0) + 1, trainer.state.global_step
+        span = f"steps {first} to {last}" if last >= first else "no step (nothing left to train)"
+        if resume:
+            span += f" (resumed after step {first - 1} from {resume}; steps 1 to {first - 1} are in that run)"
+        self.report["run"]["train_loss covers"] = span
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         """One record of a recipe that owns its loop (PPO): appended to ``metrics.jsonl`` and sent to every

@@ -186,7 +186,6 @@ class PPO:
         from components import ppo
         from components.callbacks import progress_line
         from components.checkpoint import load_loop_checkpoint, save_loop_checkpoint
-        from components.errors import Interrupted
         from components.resume import pinned
         from components.rewards import RewardModel, resolve_reward
         from components.session import Session
@@ -269,6 +268,8 @@ class PPO:
                 part.load_state_dict(state[name])
             first = state["iteration"] + 1
             session.report["run"]["resumed from"] = resume
+        earlier = f" (1 to {first - 1} are in {resume})" if resume else ""
+        session.report["run"]["iterations run"] = f"iterations {first} to {iterations}{earlier}"
         start, record, tokens = time.time(), {}, 0
         training_starts()  # everything is built: the collector's start-up pause ends here
         session.interrupt.install()
@@ -340,7 +341,7 @@ class PPO:
                         "reward": record["reward/mean"], "kl": seq_kl, "len": record["response_length"],
                     }  # fmt: skip
                     print(progress_line("ppo", it, iterations, elapsed, it - first + 1, values), flush=True)
-                stop = session.interrupt.requested
+                stop = session.interrupt.agreed()  # collective: every rank stops after the same iteration
                 if (t.save_every and it % t.save_every == 0) or stop:
                     loop_state = {"iteration": it, **{k: v.state_dict() for k, v in stateful.items()}}
                     saved = save_loop_checkpoint(
@@ -348,7 +349,8 @@ class PPO:
                         scheduler=scheduler, state=loop_state, keep_last=t.keep_last, engine=engine,
                     )  # fmt: skip
                 if stop:
-                    raise Interrupted(session.interrupt.signum, it, str(saved))
+                    metrics = {"train_runtime": round(time.time() - start, 2), **record}
+                    raise session.stopped("PPO", it, str(saved), metrics)
         finally:
             session.interrupt.uninstall()
             c.tracker.finish()

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from components.launcher import FROZEN, RANK_DONE
+from components.launcher import FROZEN, RANK_DONE, RANK_STOPPED, RELAYS
 
 
 def run_worker(run_dir: str) -> Any:
@@ -31,6 +31,10 @@ def run_worker(run_dir: str) -> Any:
     register_resolvers()
     components.register_all()
     path = Path(run_dir)
+    if os.environ.get(RELAYS):
+        from components.interrupt import accept_relays
+
+        accept_relays(path)  # first: the launcher may relay a signal at any time
     cfg = OmegaConf.load(path / FROZEN)
     rank = int(os.environ.get("RANK", 0))
     try:
@@ -40,6 +44,8 @@ def run_worker(run_dir: str) -> Any:
         sys.exit(2)
     except Interrupted as stop:
         print(f"hydratune: rank {rank}: {stop}", file=sys.stderr)
+        record = {"signum": stop.signum, "step": stop.step, "checkpoint": stop.checkpoint}
+        (path / RANK_STOPPED.format(rank=rank)).write_text(json.dumps(record))
         sys.exit(EXIT_INTERRUPTED)
     finally:
         run_ends()

@@ -32,6 +32,8 @@ RUN = [
 
 
 def start(cwd: Path, *args: str) -> subprocess.Popen[str]:
+    """The CLI in a subprocess, in a session of its own (a signal to its group reaches it and its workers
+    only, like Ctrl-C in a terminal)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "recipes", *args],
@@ -40,7 +42,19 @@ def start(cwd: Path, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float) -> str:
+    """Wait for the CLI and return its stderr; on a timeout kill its whole process group (workers
+    included) before failing, so a hung run leaves nothing behind."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
 
 
 def wait_for_step(cwd: Path, step: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
@@ -53,6 +67,7 @@ def wait_for_step(cwd: Path, step: int, proc: subprocess.Popen[str], timeout: fl
                 return
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         time.sleep(0.2)
+    finish(proc, timeout=0.1)
     raise AssertionError("training never reached the step")
 
 
@@ -73,7 +88,7 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path: Path) ->
     victim = start(interrupted, *RUN)
     wait_for_step(interrupted, 5, victim)
     victim.send_signal(signal.SIGTERM)
-    _, err = victim.communicate(timeout=120)
+    err = finish(victim, timeout=120)
     assert victim.returncode == EXIT_INTERRUPTED, err[-2000:]
     assert "Resume with" in err
     (run,) = interrupted.glob("outputs/*/*")
@@ -85,15 +100,138 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path: Path) ->
     advice = re.search(r"Resume with: hydratune (resume=\S+)", err)
     assert advice and advice.group(1) == f"resume={run}", err[-2000:]
     resumed = start(interrupted, advice.group(1))  # the printed advice alone: the run's own config
-    _, err = resumed.communicate(timeout=300)
+    err = finish(resumed, timeout=300)
     assert resumed.returncode == 0, err[-2000:]
     assert f"continuing {run} with its own config" in err
     assert reference.wait(timeout=300) == 0
+    _, expected = final_model(straight)
+    again, got = final_model(interrupted)
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
+    stopped_at = int(checkpoint.name.split("-")[1])
+    covers = json.loads((again / "result.json").read_text())["run"]["train_loss covers"]
+    assert covers.startswith(f"steps {stopped_at + 1} to 60 (resumed after step {stopped_at}"), covers
+
+
+DDP2 = ["strategy=ddp", "launcher.nproc_per_node=2"]
+
+
+def stopped_records(run: Path) -> list[dict]:
+    """What each rank recorded when it stopped after the signal: both must name one step, one checkpoint."""
+    return [json.loads((run / f".rank{rank}.stopped.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.slow
+def test_a_signal_to_the_launcher_stops_every_rank_and_resumes_exactly(tmp_path: Path) -> None:
+    """Two DDP workers under the local launcher; SIGTERM to the launching process only (``kill``, ``docker
+    stop``): it relays the signal, both ranks stop after the same step, one checkpoint, exit 75 like a
+    single process; the printed advice resumes to the uninterrupted run's weights."""
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    straight.mkdir(), interrupted.mkdir()
+    victim = start(interrupted, *RUN, *DDP2)
+    wait_for_step(interrupted, 5, victim)
+    victim.send_signal(signal.SIGTERM)
+    err = finish(victim, timeout=180)
+    assert victim.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    (run,) = interrupted.glob("outputs/*/*")
+    first, second = stopped_records(run)
+    assert first == second and first["signum"] == signal.SIGTERM
+    (checkpoint,) = checkpoints_in(run)
+    assert verify(checkpoint) is None and str(checkpoint) == first["checkpoint"]
+    assert 5 <= first["step"] < 60 and checkpoint.name == f"checkpoint-{first['step']}"
+    assert "stopped by SIGTERM" in (run / "summary.md").read_text()
+
+    advice = re.search(r"Resume with: hydratune (resume=\S+)", err)
+    assert advice and advice.group(1) == f"resume={run}", err[-2000:]
+    resumed = start(interrupted, advice.group(1))
+    err = finish(resumed, timeout=300)
+    assert resumed.returncode == 0, err[-2000:]
+    reference = start(straight, *RUN, *DDP2)
+    err = finish(reference, timeout=300)
+    assert reference.returncode == 0, err[-2000:]
     _, expected = final_model(straight)
     _, got = final_model(interrupted)
     assert expected.keys() == got.keys()
     for key in expected:
         assert torch.equal(expected[key], got[key]), key
+
+
+def own_processes(proc: subprocess.Popen[str], run: Path, who: str) -> None:
+    """Send a signal the way ``who`` gets it: Ctrl-C (SIGINT to the whole process group), or SLURM /
+    an operator signalling one worker (SIGUSR1 to rank 1 only)."""
+    if who == "group":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        (pid_file,) = (run / ".workers").glob("*.1.pid")
+        os.kill(int(pid_file.read_text()), signal.SIGUSR1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("who", "signum"), [("group", signal.SIGINT), ("rank 1", signal.SIGUSR1)])
+def test_a_signal_that_reaches_the_workers_stops_all_ranks_at_one_step(tmp_path: Path, who, signum) -> None:
+    """Ctrl-C reaches the launcher and both workers at once (counted once, not as a second signal that
+    kills); a signal to one worker only stops the other at the same step too (the ranks agree each step)."""
+    proc = start(tmp_path, *RUN, *DDP2)
+    wait_for_step(tmp_path, 5, proc)
+    (run,) = tmp_path.glob("outputs/*/*")
+    own_processes(proc, run, who)
+    err = finish(proc, timeout=180)
+    assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
+    first, second = stopped_records(run)
+    assert first == second and first["signum"] == signum
+    (checkpoint,) = checkpoints_in(run)
+    assert verify(checkpoint) is None and checkpoint.name == f"checkpoint-{first['step']}"
+
+
+@pytest.mark.slow
+def test_workers_of_a_killed_launcher_checkpoint_and_stop(tmp_path: Path) -> None:
+    """SIGKILL (or the OOM killer) on the launching process: torch's spawn sends its workers SIGINT, so
+    they stop together at a checkpoint; none is left running on its own."""
+    proc = start(tmp_path, *RUN, *DDP2, "train.max_steps=100000")
+    wait_for_step(tmp_path, 2, proc)
+    (run,) = tmp_path.glob("outputs/*/*")
+    pids = [int(p.read_text()) for p in (run / ".workers").glob("*.pid")]
+    assert len(pids) == 2
+    proc.kill()
+    proc.communicate()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.2)
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "workers outlived their launcher"
+    first, second = stopped_records(run)
+    assert first == second and first["signum"] == signal.SIGINT
+    (checkpoint,) = checkpoints_in(run)
+    assert verify(checkpoint) is None and checkpoint.name == f"checkpoint-{first['step']}"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split()[2] != "Z"  # a zombie has exited
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGUSR1])
+def test_sigint_and_sigusr1_checkpoint_like_sigterm(tmp_path: Path, signum: int) -> None:
+    proc = start(tmp_path, *RUN)
+    wait_for_step(tmp_path, 5, proc)
+    proc.send_signal(signum)
+    err = finish(proc, timeout=120)
+    assert proc.returncode == EXIT_INTERRUPTED, err[-2000:]
+    (run,) = tmp_path.glob("outputs/*/*")
+    (checkpoint,) = checkpoints_in(run)
+    assert verify(checkpoint) is None and not (run / "final").exists()
+    name = signal.Signals(signum).name
+    assert f"stopped by {name} at step {checkpoint.name.split('-')[1]}" in (run / "summary.md").read_text()
+    assert f"Resume with: hydratune resume={run}" in err
 
 
 def test_second_signal_exits_at_once() -> None:
@@ -111,6 +249,25 @@ def test_second_signal_exits_at_once() -> None:
     assert "first: graceful" in proc.stdout and "survived" not in proc.stdout
     assert proc.returncode == -signal.SIGTERM
     assert "send SIGTERM again to stop at once" in proc.stderr
+
+
+def test_a_relayed_signal_and_the_same_signal_itself_count_once() -> None:
+    """Ctrl-C or SLURM reach a worker directly and through the launcher's relay, in either order: one
+    graceful stop, not the 'second signal' that kills; a later signal still kills."""
+    code = (
+        "import os, signal\n"
+        "from components.interrupt import GracefulInterrupt\n"
+        "g = GracefulInterrupt().install()\n"
+        "g.relayed(signal.SIGINT)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "assert g.requested and g.signum == signal.SIGINT\n"
+        "print('one stop', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "print('second: survived', flush=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "one stop" in proc.stdout, proc.stderr[-2000:]
+    assert "survived" not in proc.stdout and proc.returncode == -signal.SIGINT
 
 
 def test_checkpoints_are_atomic_and_damaged_ones_are_skipped(run_recipe, monkeypatch) -> None:
