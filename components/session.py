@@ -115,7 +115,12 @@ class Session:
         c, ctx = self.ctx.components, self.ctx
         ctx.seed_everything()  # the init does not depend on what ran before
         c.strategy.before_model_load(ctx)  # ZeRO-3: zero.Init must be live before the weights exist
-        model = c.quantization.prepare(self._load(task), c.model.gradient_checkpointing)
+        loaded = self._load(task)
+        if c.strategy.partitions_at_load:  # proof that zero.Init was live: no rank built the whole model
+            from components.strategy import partition_at_load
+
+            self.report["run"]["zero.Init"] = partition_at_load(loaded)
+        model = c.quantization.prepare(loaded, c.model.gradient_checkpointing)
         if task == "seq_cls":
             model.config.pad_token_id = (
                 self.tokenizer.pad_token_id

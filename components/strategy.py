@@ -704,6 +704,21 @@ class DeepSpeed(Strategy):
             )
 
 
+def partition_at_load(model: Any) -> dict[str, Any]:
+    """How a model built under ZeRO-3's ``zero.Init`` is held right after the build: each parameter a
+    DeepSpeed partition (empty local tensor, the shard in ``ds_tensor``); the share of elements this rank
+    holds (about 1/world, padding aside). A model built whole would show 0 partitioned tensors here."""
+    params = list(model.parameters())
+    parted = [p for p in params if hasattr(p, "ds_tensor")]
+    total = sum(int(p.ds_numel) for p in parted)
+    local = sum(int(p.ds_tensor.numel()) for p in parted)
+    return {
+        "partitioned tensors": f"{len(parted)} of {len(params)}",
+        "elements held whole": sum(p.numel() for p in params) - sum(p.numel() for p in parted),
+        "this rank's share": round(local / total, 4) if total else 0.0,
+    }
+
+
 def validate_deepspeed_config(config: dict[str, Any]) -> None:
     """Check ``config`` with DeepSpeed's own config class (when deepspeed is installed)."""
     try:

@@ -97,10 +97,16 @@ def test_ddp_two_processes_match_one_process(tmp_path: Path, capsys: pytest.Capt
 def test_deepspeed_two_processes_train_save_and_resume(tmp_path: Path, strategy, stage, extra) -> None:
     run, resumed = tmp_path / "run", tmp_path / "resumed"
     common = [f"strategy={strategy}", "launcher.nproc_per_node=2", "train.micro_batch_size=8", *extra]
-    hydratune(run, *common, "train.max_steps=6", "train.save_every=3")
+    common += ["train.max_steps=6", "train.save_every=3", "train.keep_last=2"]
+    hydratune(run, *common)
 
     live = result(run)["run"]["live strategy"]
     assert live == f"DEEPSPEED, ZeRO stage {stage}, 2 process(es)"
+    if stage == 3:  # zero.Init was live: rank 0 never held the whole model, only its half
+        built = result(run)["run"]["zero.Init"]
+        tensors, of = built["partitioned tensors"].split(" of ")
+        assert tensors == of and int(of) > 0, built
+        assert built["elements held whole"] == 0 and 0.45 < built["this rank's share"] < 0.55, built
     assert json.loads((run / "deepspeed.json").read_text())["zero_optimization"]["stage"] == stage
     curve = losses(run)
     assert sum(curve[-2:]) / 2 < curve[0]  # loss falls
@@ -117,12 +123,18 @@ def test_deepspeed_two_processes_train_save_and_resume(tmp_path: Path, strategy,
         weights = load_file(final / "model.safetensors")
         assert all(t.numel() > 0 for t in weights.values())
 
-    hydratune(resumed, *common, "train.max_steps=9", "train.save_every=3", f"resume={run}")
+    # resumed from step 3 (DeepSpeed's sharded optimizer, the schedule, RNG and data order restored): the
+    # same steps 4-6 and the same final weights as the run that never stopped
+    hydratune(resumed, *common, f"resume={run / 'checkpoints' / 'checkpoint-3'}")
     info = result(resumed)
-    assert info["run"]["resumed from"].endswith("checkpoint-6")
-    state = json.loads((resumed / "checkpoints" / "checkpoint-9" / "trainer_state.json").read_text())
-    assert state["global_step"] == 9
-    assert next(r["step"] for r in map(json.loads, (resumed / "metrics.jsonl").open()) if "loss" in r) == 7
+    assert info["run"]["resumed from"].endswith("checkpoint-3")
+    assert info["run"]["train_loss covers"].startswith("steps 4 to 6 (resumed after step 3")
+    state = json.loads((resumed / "checkpoints" / "checkpoint-6" / "trainer_state.json").read_text())
+    assert state["global_step"] == 6
+    assert [r["step"] for r in records(resumed) if "loss" in r] == [4, 5, 6]
+    assert losses(resumed) == pytest.approx(losses(run)[3:], abs=1e-6)
+    weights = "adapter_model.safetensors" if "peft=lora" in extra else "model.safetensors"
+    assert_same_final(run, resumed, weights)
 
 
 def test_dpo_under_zero3_loads_its_own_reference(tmp_path: Path) -> None:

@@ -447,6 +447,8 @@ def test_ppo_interrupted_and_resumed_matches_an_uninterrupted_run(run_recipe, ex
     cut = full.run_dir.path.parent / "cut"
     assert [r["step"] for r in map(json.loads, (cut / "metrics.jsonl").open())] == [1, 2]
     assert (cut / "checkpoints" / "checkpoint-2" / "hydratune_complete.json").is_file()
+    summary = (cut / "summary.md").read_text()
+    assert "stopped by SIGTERM at step 2" in summary and f"hydratune resume={cut}" in summary
     # resumed with the cut run's config (resume refuses another reward): its SIGTERM fired on call 2 only
     resumed, _ = run_recipe(*interrupted, f"resume={cut}", name="resumed")
 
@@ -455,9 +457,9 @@ def test_ppo_interrupted_and_resumed_matches_an_uninterrupted_run(run_recipe, ex
 
     assert [r["step"] for r in numbers(resumed)] == [3, 4]
     assert numbers(resumed) == numbers(full)[2:]
-    assert json.loads((resumed.run_dir.path / "result.json").read_text())["run"]["resumed from"].endswith(
-        "checkpoint-2"
-    )
+    run = json.loads((resumed.run_dir.path / "result.json").read_text())["run"]
+    assert run["resumed from"].endswith("checkpoint-2")
+    assert run["iterations run"].startswith("iterations 3 to 4 (1 to 2 are in ")
     for final in sorted(p.name for p in full.run_dir.final.glob("*.safetensors")):
         a, b = load_file(full.run_dir.final / final), load_file(resumed.run_dir.final / final)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), final
