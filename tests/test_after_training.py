@@ -4,6 +4,7 @@ generation over a file, data parallel), both from run dirs."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -204,6 +205,13 @@ def test_generate_on_two_processes_equals_one_process(runs, greedy_one_process, 
     assert two == greedy_one_process
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| processes | 2 |" in summary and "| prompts | 64 |" in summary
+    rows = [line.split("|")[1].strip() for line in summary.splitlines() if line.startswith("|")]
+    rows = [row for row in rows if row not in ("", "---")]  # the key | value tables' header lines
+    assert len(rows) == len(set(rows)), f"a row is shown twice: {sorted(rows)}"  # each thing once
+    assert "None" not in summary and "global batch" not in summary  # nothing unmeasured or meaningless
+    rate = float(re.search(r"\| tokens/s \(all processes\) \| ([\d.]+) \|", summary)[1])
+    tokens = int(re.search(r"\| tokens generated \| (\d+) \|", summary)[1])
+    assert rate > 0 and tokens == sum(r["tokens"] for r in two)
     assert not list((tmp_path / "out").glob(".generations*")), "per-rank shards left behind"
 
 
