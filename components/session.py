@@ -80,10 +80,10 @@ class Session:
         prepared = prepare_data(c.data, self.tokenizer, train.eval_generations, eval_every(c, train))
         self.eval_prompts = prepared.prompts
         self.report["data"] = prepared.notes
-        self._report_chat_template(prepared.default_template)
+        self.report_chat_template(prepared.default_template)
         return prepared.splits
 
-    def _report_chat_template(self, default: str | None) -> None:
+    def report_chat_template(self, default: str | None) -> None:
         """Name the chat template in the summary; warn when it is the default (the tokenizer had none)."""
         if default:
             log.warning(

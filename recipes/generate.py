@@ -228,10 +228,11 @@ def merge_ranks(ctx: RunContext, records: list[dict[str, Any]], rank: int, world
     return records
 
 
-def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    """``rows`` as JSON lines, written atomically (a temporary file renamed into place)."""
+def write_jsonl(path: Path, rows: list[dict[str, Any]], default: Any = None) -> None:
+    """``rows`` as JSON lines, written atomically (a temporary file renamed into place); ``default``
+    converts what JSON cannot hold (``json.dumps``'s)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.write_text("".join(json.dumps(r, default=default) + "\n" for r in rows))
     tmp.replace(path)
 
 
