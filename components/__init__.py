@@ -29,6 +29,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "recipes.grpo",
     "recipes.generate",
     "recipes.best_of_n",
+    "recipes.eval",
 )
 
 

@@ -56,6 +56,7 @@ class Session:
                 ctx.run_dir.write_json(name, content)  # e.g. the generated deepspeed.json
             c.tracker.setup(ctx.run_info())
         session = cls(ctx, c.model.build_tokenizer())
+        inference = getattr(c.recipe, "inference_only", False)  # generates or scores: no batch arithmetic
         session.report["run"] = {
             "recipe": type(c.recipe).__name__,
             "model": c.model.name_or_path,
@@ -63,7 +64,7 @@ class Session:
             "strategy": type(c.strategy).__name__
             + (f" (ZeRO-{c.strategy.stage})" if hasattr(c.strategy, "stage") else ""),
             "processes": ctx.plan.world_size,
-            "global batch": ctx.plan.global_batch_size,
+            **({} if inference else {"global batch": ctx.plan.global_batch_size}),
             "precision": c.precision.resolve(ctx.device),
             "device": ctx.device,
             "run dir": str(ctx.run_dir.path),
@@ -79,10 +80,10 @@ class Session:
         prepared = prepare_data(c.data, self.tokenizer, train.eval_generations, eval_every(c, train))
         self.eval_prompts = prepared.prompts
         self.report["data"] = prepared.notes
-        self._report_chat_template(prepared.default_template)
+        self.report_chat_template(prepared.default_template)
         return prepared.splits
 
-    def _report_chat_template(self, default: str | None) -> None:
+    def report_chat_template(self, default: str | None) -> None:
         """Name the chat template in the summary; warn when it is the default (the tokenizer had none)."""
         if default:
             log.warning(
@@ -362,16 +363,20 @@ class Session:
         self.write_report(title, metrics)
         return metrics
 
-    def write_report(self, title: str, metrics: dict[str, Any]) -> None:
+    def write_report(self, title: str, metrics: dict[str, Any], cost: dict[str, Any] | None = None) -> None:
+        """summary.md and result.json: the report's sections, the numeric ``metrics`` and the cost (wall
+        time, peak memory, the training figures a run has, and the recipe's own ``cost`` rows)."""
         ctx = self.ctx
         self.report["final metrics"] = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-        self.report["cost"] = {
+        rows = {
             "wall time (s)": round(ctx.elapsed(), 1),
             "train time (s)": metrics.get("train_runtime"),
             "tokens/s (train, non-pad)": _tokens_per_second(ctx),
+            **(cost or {}),
             "peak memory (GiB)": round(peak_memory_gb(ctx.device), 3),
             "command to first step (s)": self.first_step.seconds,
         }
+        self.report["cost"] = {k: v for k, v in rows.items() if v is not None}  # none: not measured here
         if ctx.train.write_plots:
             ctx.run_dir.plot_losses()
         ctx.run_dir.write_summary(f"{title}: {ctx.run_name}", self.report.items())

@@ -92,7 +92,7 @@ class Generate:
         if not ctx.is_main_process:
             return {}
         metrics = summarize(merged, seconds)
-        session.write_report("Generate", metrics)
+        session.write_report("Generate", metrics, cost={"generation time (s)": round(seconds, 3)})
         return metrics
 
     def generate_all(self, ctx: RunContext) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], float]:
@@ -105,10 +105,12 @@ class Generate:
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         session = Session.start(ctx)
         rows = prompt_rows(c.data, session.tokenizer)
-        session.report["data"] = {"prompts": len(rows), **c.data.info}
+        # every row is generated for (no eval split): the prompt count is in the final metrics
+        info = {k: v for k, v in c.data.info.items() if k != "eval rows from"}
+        session.report["data"] = {"path": c.data.path, **info}
         model = load_model(c, ctx.device)
         sampling = self.sampling()
-        session.report["generation"] = {**vars(sampling), "processes": world, "output": self.output}
+        session.report["generation"] = {**vars(sampling), "output": self.output}  # processes: under run
         batches = length_batches([len(r["ids"]) for r in rows], self.batch_size)[rank::world]
         start, generated, records = time.perf_counter(), 0, []
         for b, batch in enumerate(batches, 1):
@@ -226,10 +228,11 @@ def merge_ranks(ctx: RunContext, records: list[dict[str, Any]], rank: int, world
     return records
 
 
-def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    """``rows`` as JSON lines, written atomically (a temporary file renamed into place)."""
+def write_jsonl(path: Path, rows: list[dict[str, Any]], default: Any = None) -> None:
+    """``rows`` as JSON lines, written atomically (a temporary file renamed into place); ``default``
+    converts what JSON cannot hold (``json.dumps``'s)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.write_text("".join(json.dumps(r, default=default) + "\n" for r in rows))
     tmp.replace(path)
 
 

@@ -4,6 +4,7 @@ generation over a file, data parallel), both from run dirs."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -204,6 +205,13 @@ def test_generate_on_two_processes_equals_one_process(runs, greedy_one_process, 
     assert two == greedy_one_process
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| processes | 2 |" in summary and "| prompts | 64 |" in summary
+    rows = [line.split("|")[1].strip() for line in summary.splitlines() if line.startswith("|")]
+    rows = [row for row in rows if row not in ("", "---")]  # the key | value tables' header lines
+    assert len(rows) == len(set(rows)), f"a row is shown twice: {sorted(rows)}"  # each thing once
+    assert "None" not in summary and "global batch" not in summary  # nothing unmeasured or meaningless
+    rate = float(re.search(r"\| tokens/s \(all processes\) \| ([\d.]+) \|", summary)[1])
+    tokens = int(re.search(r"\| tokens generated \| (\d+) \|", summary)[1])
+    assert rate > 0 and tokens == sum(r["tokens"] for r in two)
     assert not list((tmp_path / "out").glob(".generations*")), "per-rank shards left behind"
 
 
@@ -288,6 +296,138 @@ def test_best_of_n_keeps_the_highest_reward_sample_and_writes_data_sft_and_dpo_r
     pairs = dpo.data.load()
     assert 0 < len(pairs["train"]) + len(pairs["eval"]) <= 12
     assert dpo.data.info["format"].startswith("explicit")
+
+
+# ---- recipe=eval (lm-evaluation-harness) ----------------------------------------------------------------
+EVAL = ["recipe=eval"]
+
+
+def test_eval_scores_each_row_as_the_models_greedy_answer_and_writes_results_table_and_metrics(
+    partial_sft, run_recipe
+) -> None:
+    """On the session's partly trained demo model (some sums right, some wrong): lm-eval's exact match per row
+    is hydratune's own greedy answer (recipe=generate, unbatched) compared with the reference, so a broken
+    filter, template, stop sequence or model (the base instead of the run's) changes the score."""
+    from components.evaluation import normalise
+
+    ctx, scores = run_recipe(*EVAL, f"model.from_run={partial_sft}", "tracker=jsonl", name="eval")
+    gen, _ = run_recipe(
+        "recipe=generate",
+        f"model.from_run={partial_sft}",
+        "recipe.max_new_tokens=32",
+        "recipe.batch_size=1",
+        name="eval_gen",
+    )
+    run = ctx.run_dir.path
+    answers = read_jsonl(gen.run_dir.path / "generations.jsonl")
+    samples = sorted(read_jsonl(run / "lm_eval_samples.jsonl"), key=lambda s: s["doc_id"])
+    assert [s["doc_id"] for s in samples] == list(range(64)) and len(answers) == 64
+    for sample, answer in zip(samples, answers, strict=True):
+        assert (
+            sample["doc"]["prompt"][-1]["content"] == answer["prompt"]
+            and sample["target"] == answer["reference"]
+        )
+        assert sample["filtered_resps"] == [answer["completion"].split("\n")[0].strip()], answer
+        right = normalise(answer["completion"]) == normalise(answer["reference"])
+        assert sample["exact_match"] == float(right), (sample, answer)
+    score = sum(s["exact_match"] for s in samples) / 64
+    assert 0 < score < 1, "the partly trained model should get some sums right and some wrong"
+    key = "lm_eval/hydratune_prompts/exact_match/strip"
+    assert scores == {key: pytest.approx(score)}
+    results = json.loads((run / "lm_eval_results.json").read_text())
+    assert results["results"]["hydratune_prompts"]["exact_match,strip"] == pytest.approx(score)
+    assert results["n-samples"]["hydratune_prompts"]["effective"] == 64
+    summary = (run / "summary.md").read_text()
+    assert f"| hydratune_prompts | exact_match | strip | {score:.4g} |" in summary
+    logged = [r for r in read_jsonl(run / "metrics.jsonl") if key in r]
+    tracked = [r for r in read_jsonl(run / "tracker.jsonl") if key in r]
+    assert [r[key] for r in logged] == [r[key] for r in tracked] == [pytest.approx(score)]
+
+
+def test_eval_before_training_and_from_an_adapter_run(runs, run_recipe) -> None:
+    """``model=`` alone scores the configured model (the untrained tiny model: no sum right); an adapter run
+    is scored as trained (adapter on its rebuilt base, unmerged); ``recipe.limit`` caps the rows."""
+    from peft import PeftModel
+
+    from recipes.generate import load_model
+
+    _, before = run_recipe(*EVAL, "recipe.limit=8", name="eval_base")
+    assert before == {"lm_eval/hydratune_prompts/exact_match/strip": 0.0}
+    ctx, _ = run_recipe(*EVAL, f"model.from_run={runs['lora']}", "recipe.limit=0.0625", name="eval_lora")
+    assert isinstance(load_model(ctx.components, "cpu"), PeftModel)
+    results = json.loads((ctx.run_dir.path / "lm_eval_results.json").read_text())
+    assert results["n-samples"]["hydratune_prompts"] == {"original": 64, "effective": 4}
+
+
+def test_eval_refuses_what_it_cannot_do_before_load(compose_cfg, runs, tmp_path, monkeypatch) -> None:
+    import importlib.util
+
+    from components.checks import check_before_load
+    from components.model import CausalLM
+    from components.run import Components
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(CausalLM, "build", no_load)
+    monkeypatch.setattr(TrainedRun, "load", no_load)
+    cases = [
+        (["recipe.tasks=[hydratune_prompt]"], "recipe.tasks", "close: hydratune_prompts"),
+        (["recipe.include_path=/nonexistent/tasks"], "recipe.include_path", "not a folder"),
+        (["recipe.tasks=[]"], "recipe.tasks", "no task"),
+        (["recipe.limit=0"], "recipe.limit", "> 0"),
+        (["peft=lora"], "peft", "trains nothing"),
+        (["launcher.nproc_per_node=2"], "launcher.nproc_per_node", "one process"),
+        (["strategy=zero3"], "strategy", "one whole model"),
+        (["data=demo_dpo"], "data", "prompt/answer rows"),
+    ]
+    for overrides, key, needle in cases:
+        cfg = compose_cfg(*EVAL, f"model.from_run={runs['full']}", *overrides)
+        with pytest.raises(ConfigError) as err:
+            check_before_load(cfg, Components.from_config(cfg))
+        assert err.value.key == key and needle in str(err.value), str(err.value)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "lm_eval" else find_spec(n, *a)
+    )
+    cfg = compose_cfg(*EVAL)
+    with pytest.raises(ConfigError, match=r'pip install "hydratune\[lm-eval\]"') as err:
+        check_before_load(cfg, Components.from_config(cfg))
+    assert err.value.key == "recipe"
+    monkeypatch.undo()
+    # a task whose data cannot be had fails when the tasks are built, still before any weight is read
+    (tmp_path / "tasks").mkdir()
+    task = yaml_task("mine", {"test": str(tmp_path / "missing.jsonl")})
+    (tmp_path / "tasks" / "mine.yaml").write_text(task)
+    monkeypatch.setattr(CausalLM, "build", no_load)
+    with pytest.raises(ConfigError) as err:
+        _run_eval(compose_cfg, tmp_path, "recipe.tasks=[mine]", f"recipe.include_path={tmp_path / 'tasks'}")
+    assert err.value.key == "recipe.tasks" and "missing.jsonl" in str(err.value)
+    (tmp_path / "cli").mkdir()
+    bad = hydratune_cli(*EVAL, "recipe.include_path=/nonexistent/tasks", cwd=tmp_path / "cli")
+    assert bad.returncode == 2 and "[recipe.include_path]" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "cli" / "outputs").exists(), "the refused run left its run dir behind"
+
+
+def yaml_task(name: str, data_files: dict[str, str]) -> str:
+    return json.dumps(
+        {
+            "task": name,
+            "dataset_path": "json",
+            "dataset_kwargs": {"data_files": data_files},
+            "output_type": "generate_until",
+            "test_split": "test",
+            "doc_to_text": "{{ question }}",
+            "doc_to_target": "{{ answer }}",
+            "metric_list": [{"metric": "exact_match"}],
+        }
+    )
+
+
+def _run_eval(compose_cfg, root: Path, *overrides: str) -> None:
+    from tests.conftest import _run_in
+
+    _run_in(root, compose_cfg, *EVAL, *overrides, name="eval_refused")
 
 
 # ---- hydratune chat -------------------------------------------------------------------------------------

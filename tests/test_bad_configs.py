@@ -63,6 +63,8 @@ AFTER_COMPOSE = [
     (["recipe=ppo", "recipe.reward=null"], "recipe.reward"),
     (["recipe=grpo", "recipe.reward_funcs=[null]"], "recipe.reward_funcs"),
     (["recipe=grpo", "recipe.reward_funcs=null"], "recipe.reward_funcs"),
+    (["recipe=eval", "recipe.tasks=[no_such_lm_eval_task]"], "recipe.tasks"),
+    (["recipe=eval", "recipe.include_path=/nonexistent/tasks"], "recipe.include_path"),
     (["data.max_length=1"], "data.max_length"),
     (["data=jsonl_messages"], "data.path"),
     (["model.attn_implementation=flash_attention_2"], "model.attn_implementation"),

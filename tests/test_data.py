@@ -435,7 +435,7 @@ SHAPES = {
     "PreferenceDataset": (["prompt", "chosen", "rejected"],),
     "PromptDataset": (["prompt", "answer"], ["prompt"]),
 }
-INFERENCE_ONLY = {"demo_generate", "demo_best_of_n"}  # prompts to generate for: every row, no eval split
+INFERENCE_ONLY = {"demo_generate", "demo_best_of_n", "demo_eval"}  # every row is generated for / scored
 DATA_OPTIONS = sorted(p.stem for p in (ASSETS.parent.parent / "conf" / "data").glob("*.yaml"))
 
 

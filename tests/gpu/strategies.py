@@ -87,7 +87,7 @@ def summarise(run_dir: Path) -> dict:
         "falls": sum(losses[-5:]) / len(losses[-5:]) < losses[0],
         "live": result["run"].get("live strategy", "?"),
         "peak GiB": result["cost"]["peak memory (GiB)"],
-        "tokens/s": result["cost"]["tokens/s (train, non-pad)"],
+        "tokens/s": result["cost"].get("tokens/s (train, non-pad)"),
     }
 
 

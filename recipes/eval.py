@@ -1,0 +1,280 @@
+"""Evaluation with lm-evaluation-harness, on a trained run's model or any model.
+
+``hydratune recipe=eval model.from_run=<run dir> 'recipe.tasks=[hydratune_prompts,gsm8k]'`` loads the model
+as trained (full, merged, or an adapter on its base: recipe=generate's loader), wraps it in lm-eval's
+``HFLM`` (batched by ``recipe.batch_size``) and runs ``lm_eval.simple_evaluate`` with the model's chat
+template. The run dir gets lm-eval's results (``lm_eval_results.json``), every scored sample
+(``lm_eval_samples.jsonl``), a task / metric / value / stderr table in ``summary.md``, and the scores in
+``metrics.jsonl`` and the trackers. Without ``model.from_run`` it scores the configured model (before
+training). ``hydratune_prompts`` is hydratune's own task: the prompt/answer rows of ``data.path``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.util
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig
+
+from components.errors import ConfigError
+from components.registry import component
+from components.run import Components, RunContext
+
+#: hydratune's own lm-eval tasks (package data); each reads the rows of ``data.path``
+TASKS_DIR = Path(__file__).resolve().parent.parent / "components" / "assets" / "lm_eval_tasks"
+DATA_TASKS = {p.stem for p in TASKS_DIR.glob("*.yaml")}
+RESULTS, SAMPLES, DATA = "lm_eval_results.json", "lm_eval_samples.jsonl", "lm_eval_data.jsonl"
+INSTALL = 'pip install "hydratune[lm-eval]"'
+
+
+@component("recipe")
+@dataclass
+class Eval:
+    """Which lm-eval tasks, how many rows, shots and prompts per batch; the model comes from ``model``."""
+
+    #: checks: one whole model per process (no optimizer, no sharding); adapter runs load as trained
+    inference_only: ClassVar[bool] = True
+    periodic_eval: ClassVar[bool] = False  # no training, so no eval split to check
+
+    tasks: list[str] = field(default_factory=lambda: ["hydratune_prompts"])  # names, globs or YAML files
+    include_path: str | None = None  # a folder of your own task YAMLs
+    limit: float | None = None  # rows per task: N, or a fraction < 1 (null = every row)
+    num_fewshot: int | None = None  # null = each task's default (hydratune_prompts: 0)
+    batch_size: int = 16  # prompts per forward / generate() call
+    apply_chat_template: bool = True  # render prompts with the model's chat template (few-shot as turns)
+    _manager: Any = field(default=None, init=False, repr=False)  # lm-eval's task index, built once
+
+    def check(self, cfg: DictConfig, comps: Components) -> None:
+        from components.run import world_size
+        from components.strategy import Single
+
+        if importlib.util.find_spec("lm_eval") is None:
+            raise ConfigError(
+                "recipe=eval runs lm-evaluation-harness, which is not installed", key="recipe", hint=INSTALL
+            )
+        if not isinstance(comps.strategy, Single) or world_size(comps) > 1:
+            raise ConfigError(
+                "recipe=eval runs one whole model in one process",
+                key="strategy" if not isinstance(comps.strategy, Single) else "launcher.nproc_per_node",
+                hint="drop strategy and launcher.nproc_per_node (recipe.batch_size batches the prompts)",
+            )
+        if comps.peft.is_adapter or type(comps.peft).__name__ != "FullFineTune":
+            raise ConfigError(
+                "recipe=eval trains nothing: an adapter comes from the run it was trained in",
+                key="peft",
+                hint="drop peft and pass model.from_run=<the adapter run's dir>",
+            )
+        if not self.tasks:
+            raise ConfigError(
+                "no task to run", key="recipe.tasks", hint="e.g. 'recipe.tasks=[hydratune_prompts]'"
+            )
+        if self.batch_size < 1:
+            raise ConfigError(f"must be >= 1, got {self.batch_size}", key="recipe.batch_size")
+        if self.limit is not None and self.limit <= 0:
+            raise ConfigError(f"must be > 0 or null, got {self.limit}", key="recipe.limit")
+        if self.num_fewshot is not None and self.num_fewshot < 0:
+            raise ConfigError(f"must be >= 0 or null, got {self.num_fewshot}", key="recipe.num_fewshot")
+        if self.include_path and not Path(self.include_path).expanduser().is_dir():
+            raise ConfigError(
+                f"{self.include_path} is not a folder",
+                key="recipe.include_path",
+                hint="a folder of lm-eval task YAMLs (searched recursively), or null",
+            )
+        ours = DATA_TASKS & set(expand(self.task_manager(), self.tasks))  # unknown task names fail here
+        if ours and not (hasattr(comps.data, "prompts") or type(comps.data).__name__ == "PromptDataset"):
+            raise ConfigError(
+                f"{min(ours)} scores prompt/answer rows of data.path, got {type(comps.data).__name__}",
+                key="data",
+                hint="data=demo_eval, a prompt/answer file, or chat data whose last turn is the answer",
+            )
+
+    def task_manager(self) -> Any:
+        """lm-eval's ``TaskManager`` over hydratune's tasks and ``include_path``; lm-eval's own ~15k tasks
+        are indexed (~10 s) only when a name is not found there. Unknown names fail, naming close ones."""
+        if self._manager is not None:
+            return self._manager
+        paths = (str(TASKS_DIR), *([str(Path(self.include_path).expanduser())] if self.include_path else []))
+        manager = task_index(paths, with_lm_eval_tasks=False)
+        if unknown_tasks(manager, self.tasks):
+            manager = task_index(paths, with_lm_eval_tasks=True)
+        unknown = unknown_tasks(manager, self.tasks)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], manager.all_tasks, n=5, cutoff=0.6)
+            raise ConfigError(
+                f"unknown lm-eval task '{unknown[0]}'",
+                key="recipe.tasks",
+                hint=(f"close: {', '.join(close)}; " if close else "")
+                + "`lm_eval ls tasks` lists lm-eval's; recipe.include_path=<dir> adds your own YAMLs",
+            )
+        self._manager = manager
+        return manager
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        from components.session import Session
+
+        session = Session.start(ctx)
+        try:
+            return self.evaluate(ctx, session)
+        finally:
+            ctx.components.tracker.finish()
+
+    def evaluate(self, ctx: RunContext, session: Any) -> dict[str, Any]:
+        """Data for hydratune's tasks (before the model loads), the model, lm-eval, the run dir's files."""
+        import lm_eval
+        from lm_eval.models.huggingface import HFLM
+
+        from recipes.generate import load_model, write_jsonl
+
+        c, out = ctx.components, ctx.run_dir.path
+        specs: list[Any] = expand(self.task_manager(), self.tasks)
+        if DATA_TASKS & set(specs):
+            rows = task_rows(c.data)
+            write_jsonl(out / DATA, rows)
+            session.report["data"] = {"path": c.data.path, "rows": len(rows), "as read by lm-eval": DATA}
+            specs = [data_task(s, out / DATA) if s in DATA_TASKS else s for s in specs]
+        default = None
+        if self.apply_chat_template and not session.tokenizer.chat_template:
+            from components.chat_template import default_template
+
+            session.tokenizer.chat_template, default = default_template(session.tokenizer)
+        session.report_chat_template(default)
+        build_tasks(self.task_manager(), specs)  # a dataset that cannot be had fails before the model loads
+        model = load_model(c, ctx.device)
+        lm = HFLM(pretrained=model, tokenizer=session.tokenizer, batch_size=self.batch_size)
+        seed = ctx.cfg.train.seed
+        start = time.perf_counter()
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=specs,
+            num_fewshot=self.num_fewshot,
+            limit=int(self.limit) if self.limit and self.limit >= 1 else self.limit,
+            apply_chat_template=self.apply_chat_template,
+            fewshot_as_multiturn=self.apply_chat_template,
+            task_manager=self.task_manager(),
+            log_samples=True,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
+        seconds = time.perf_counter() - start
+        samples = results.pop("samples", {})
+        ctx.run_dir.write_json(RESULTS, json.loads(json.dumps(results, default=_plain)))
+        write_jsonl(out / SAMPLES, [{"task": t, **s} for t, rows in samples.items() for s in rows], _plain)
+        table = score_table(results)
+        scores = {f"lm_eval/{r['task']}/{r['metric']}/{r['filter']}": r["value"] for r in table}
+        session.log_metrics({"step": 0, **scores})
+        session.report["lm-eval"] = {
+            "tasks": ", ".join(self.tasks),
+            "limit": self.limit if self.limit is not None else "every row",
+            "chat template": "applied" if self.apply_chat_template else "not applied",
+            "batch size": self.batch_size,
+            "lm-eval": lm_eval.__version__,
+            "outputs": f"{RESULTS}, {SAMPLES}",
+        }
+        session.report["scores"] = table
+        session.write_report("Eval", {}, cost={"evaluation time (s)": round(seconds, 1)})
+        return scores
+
+
+@functools.cache
+def task_index(paths: tuple[str, ...], *, with_lm_eval_tasks: bool) -> Any:
+    """lm-eval's ``TaskManager`` over ``paths`` (and lm-eval's own tasks), built once per process."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(paths), include_defaults=with_lm_eval_tasks)
+
+
+def build_tasks(manager: Any, specs: list[Any]) -> None:
+    """Build every task once (lm-eval downloads or opens its dataset); ``simple_evaluate`` builds them
+    again from the datasets cache. A dataset neither cached nor reachable is a ConfigError."""
+    try:
+        manager.load(specs)
+    except (ConnectionError, FileNotFoundError) as err:
+        raise ConfigError(
+            f"lm-eval cannot load a task's dataset: {err}",
+            key="recipe.tasks",
+            hint="lm-eval tasks download their data from the Hugging Face hub: run once with network access "
+            "(the datasets cache keeps it), or use tasks with local data_files (recipe.include_path)",
+        ) from None
+
+
+def unknown_tasks(manager: Any, names: list[str]) -> list[str]:
+    """The names that are neither a task, group or tag ``manager`` knows (globs allowed) nor a YAML file."""
+    return [n for n in names if not expand(manager, [n])]
+
+
+def expand(manager: Any, names: list[str]) -> list[str]:
+    """Task names, globs matched against ``manager``'s index (as lm-eval's CLI does), YAML files as given."""
+    out: list[str] = []
+    for name in names:
+        if name in manager.all_tasks or (name.endswith(".yaml") and Path(name).is_file()):
+            out.append(name)
+        else:
+            out += [m for m in manager.match_tasks([name]) if m not in out]
+    return out
+
+
+def task_rows(data: Any) -> list[dict[str, Any]]:
+    """Every row of ``data.path`` in file order as ``{"prompt": turns, "answer": text}`` (what hydratune's
+    tasks read); rows without an answer cannot be scored."""
+    data.eval_fraction, data.eval_size, data.eval_path = 0.0, 0, None  # every row, in order
+    splits = data.load()
+    if hasattr(data, "prompts"):
+        pairs = data.prompts("train")
+    else:
+        table = splits["train"]
+        if "answer" not in table.column_names:
+            raise ConfigError(
+                f"{data.path} has no answer column: hydratune_prompts scores answers",
+                key="data.path",
+                hint="rows with a prompt and an answer, or data.columns='{answer: <your column>}'",
+            )
+        pairs = list(zip(table["prompt"], table["answer"], strict=True))
+    if not pairs:
+        raise ConfigError(f"no prompt/answer rows in {data.path}", key="data.path")
+    return [{"prompt": list(turns), "answer": answer} for turns, answer in pairs]
+
+
+def data_task(name: str, rows: Path) -> dict[str, Any]:
+    """Hydratune's task ``name`` as an lm-eval config dict whose test split is the file ``rows``."""
+    import yaml
+
+    config = yaml.safe_load((TASKS_DIR / f"{name}.yaml").read_text())
+    config["dataset_kwargs"] = {"data_files": {"test": str(rows)}}
+    return config
+
+
+def score_table(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per task and metric (with its filter) of lm-eval's results: value, stderr, shots, rows."""
+    rows = []
+    for task, metrics in results["results"].items():
+        for key, value in metrics.items():
+            metric, _, filt = key.partition(",")  # "exact_match,strip": metric and filter
+            if not filt or metric.endswith("_stderr") or not isinstance(value, (int, float)):
+                continue  # alias, sample_len, stderrs (beside their metric)
+            stderr = metrics.get(f"{metric}_stderr,{filt}")
+            rows.append(
+                {
+                    "task": task,
+                    "metric": metric,
+                    "filter": filt,
+                    "value": float(value),
+                    "stderr": float(stderr) if isinstance(stderr, (int, float)) else "",
+                    "shots": results.get("n-shot", {}).get(task, ""),
+                    "rows": results.get("n-samples", {}).get(task, {}).get("effective", ""),
+                }
+            )
+    return rows
+
+
+def _plain(value: Any) -> Any:
+    """What ``json`` cannot write: numpy scalars as numbers, anything else as text."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else str(value)
