@@ -38,7 +38,7 @@ class Components:
         Keys forced in with ``+group.key=…`` are rejected first, naming the key, instead of failing
         inside the component's constructor; so is any ``_target_`` that is not hydratune's own or a
         reward function (components/trust.py) — a replayed run dir or experiment file sets any key."""
-        from components.checks import check_known_keys
+        from components.registry import check_known_keys
         from components.tracker import Trackers
         from components.trust import check_targets
 
