@@ -44,7 +44,7 @@ def reward_model_dir(path: str, key: str = "recipe.reward.model") -> str:
     from pathlib import Path
 
     from components.errors import ConfigError
-    from components.model import final_model_dir
+    from components.trained import final_model_dir
 
     p = Path(path).expanduser()
     if (p / "config.json").is_file():

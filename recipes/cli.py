@@ -65,10 +65,9 @@ def execute(cfg: DictConfig) -> Any:
         print(f"# checks passed; device: {device}{host}; nothing was loaded (mode=plan)")
         return None
 
-    from components.hub import check_model_sources
     from components.resume import hydra_sweep_point, pin
 
-    check_model_sources(comps.model)  # a hub id neither cached nor reachable: one line, before anything
+    comps.model.check_sources()  # a hub id neither cached nor reachable: one line, before anything
     run_dir = hydra_run_dir()
     cfg = pin(cfg, run_dir, hydra_sweep_point())  # the checkpoint to continue, checked; workers get it too
     check_not_under_outside_launcher(comps)
