@@ -69,10 +69,11 @@ def execute(cfg: DictConfig) -> Any:
     check_not_under_outside_launcher(comps)
     if comps.launcher.spawns_workers():
         from components.launcher import WorkerFailed
+        from recipes.worker import run_worker
 
         (run_dir / FROZEN).write_text(OmegaConf.to_yaml(cfg, resolve=True))  # every rank reads this
         try:
-            result = comps.launcher.launch(run_dir)
+            result = comps.launcher.launch(run_dir, run_worker)  # each process: run_worker(run_dir)
         except WorkerFailed as err:
             print(f"hydratune: {err}", file=sys.stderr)
             sys.exit(err.exit_code)
