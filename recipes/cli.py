@@ -24,7 +24,7 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-import components
+import recipes
 from components.errors import ConfigError, print_error
 from components.resolvers import register_resolvers
 from components.startup import pause_gc, process_defaults, run_ends
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(args: list[str]) -> None:
     register_resolvers()
-    components.register_all()
+    recipes.register_all()
     try:
         if args and args[0] in ("ls", "list"):
             from components.catalog import render

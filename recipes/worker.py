@@ -19,7 +19,7 @@ from components.launcher import FROZEN, RANK_DONE
 
 def run_worker(run_dir: str) -> Any:
     """Run this rank's share of the job; returns the objective (rank 0) and records completion."""
-    import components
+    import recipes
     from components.errors import EXIT_INTERRUPTED, ConfigError, Interrupted, print_error
     from components.resolvers import register_resolvers
     from components.run import run_recipe
@@ -30,7 +30,7 @@ def run_worker(run_dir: str) -> Any:
     pause_gc()  # until training starts: see components/startup.py
     apply_thread_policy(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # before torch is imported
     register_resolvers()
-    components.register_all()
+    recipes.register_all()
     path = Path(run_dir)
     cfg = OmegaConf.load(path / FROZEN)
     rank = int(os.environ.get("RANK", 0))
