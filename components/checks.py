@@ -38,6 +38,27 @@ def check_train(cfg: DictConfig) -> None:
         )
 
 
+def require_preferences(recipe: str, comps: Components) -> None:
+    """Reward and DPO need prompt / chosen / rejected data (their ``check``)."""
+    if type(comps.data).__name__ != "PreferenceDataset":
+        raise ConfigError(
+            f"recipe={recipe} needs preference pairs, got {type(comps.data).__name__}",
+            key="data",
+            hint=f"use data=demo_{recipe} or a PreferenceDataset option with prompt/chosen/rejected columns",
+        )
+
+
+def require_prompts(recipe: str, comps: Components) -> None:
+    """On-policy RL (PPO, GRPO) samples its own responses: it needs prompts (and the columns its rewards
+    read)."""
+    if type(comps.data).__name__ != "PromptDataset":
+        raise ConfigError(
+            f"recipe={recipe} needs prompts, got {type(comps.data).__name__}",
+            key="data",
+            hint=f"use data=demo_{recipe} or a PromptDataset option with a prompt column",
+        )
+
+
 def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
     """Cross-group rules: what cannot work together, said with what to change."""
     comps.precision.resolve(device)  # raises for bf16/fp16/tf32 the device cannot do

@@ -18,9 +18,9 @@ from omegaconf import DictConfig
 
 from components.errors import ConfigError
 from components.registry import component
+from components.rewards import default_reward, reward_model_path
 from components.run import Components, RunContext
 from recipes.generate import Generate, write_jsonl
-from recipes.ppo import default_reward, reward_model_path
 
 
 @component("recipe")
