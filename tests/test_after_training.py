@@ -210,7 +210,7 @@ def test_generate_on_two_processes_equals_one_process(runs, greedy_one_process, 
 def test_generate_from_an_adapter_run_uses_the_adapter_unmerged_and_samples(runs, run_recipe) -> None:
     from peft import PeftModel
 
-    from recipes.generate import load_model
+    from components.inference import load_model
 
     ctx, metrics = run_recipe(
         *GEN,
