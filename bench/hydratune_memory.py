@@ -89,13 +89,13 @@ def estimated_peak(name: str) -> float:
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    import components
+    import recipes
     from components.estimate import estimate as estimate_spec
     from components.estimate import spec_from_config
     from components.resolvers import register_resolvers
 
     register_resolvers()
-    components.register_all()
+    recipes.register_all()
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="conf", version_base=None):
         cfg = compose(config_name="config", overrides=[*overrides(name), "estimate.num_gpus=1"])

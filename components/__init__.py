@@ -1,6 +1,7 @@
 """hydratune components: small typed builders, one module per config group.
 
-Importing this package registers every component's structured-config schema with Hydra. It must
+``register_all()`` imports every component module, which registers its structured-config schema with
+Hydra (``recipes.register_all()`` adds the recipes' on top: components never import recipes). It must
 stay cheap: component modules import torch / transformers / peft lazily, inside the functions that
 need them, so that composing and checking a config never pays for them.
 """
@@ -22,18 +23,10 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "components.scheduler",
     "components.tracker",
     "components.launcher",
-    "recipes.sft",
-    "recipes.reward",
-    "recipes.dpo",
-    "recipes.ppo",
-    "recipes.grpo",
-    "recipes.generate",
-    "recipes.best_of_n",
-    "recipes.eval",
 )
 
 
 def register_all() -> None:
-    """Import every module that registers a schema (idempotent)."""
+    """Import every component module that registers a schema (idempotent)."""
     for name in COMPONENT_MODULES:
         importlib.import_module(name)

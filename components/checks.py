@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from components.config import GROUPS
 from components.errors import ConfigError
-
-if TYPE_CHECKING:
-    from components.run import Components
-
-
-def check_known_keys(cfg: DictConfig) -> None:
-    """Keys forced in with ``+group.key=…`` that the option's schema does not know."""
-    nodes = [(group, cfg[group]) for group in (*GROUPS, "train", "estimate") if group != "tracker"]
-    nodes += [(f"tracker.{name}", node) for name, node in (cfg.tracker or {}).items()]
-    for path, node in nodes:
-        schema = OmegaConf.get_type(node)
-        if not dataclasses.is_dataclass(schema):
-            continue
-        known = {f.name for f in dataclasses.fields(schema)}
-        for key in node:
-            if key not in known:
-                allowed = ", ".join(sorted(k for k in known if k != "_target_"))
-                raise ConfigError(
-                    f"unknown key '{key}' for {path} option '{schema.__name__}'",
-                    key=f"{path}.{key}",
-                    hint=f"known keys: {allowed}",
-                )
+from components.registry import check_known_keys
+from components.run import Components, batch_plan, world_size
 
 
 def check_train(cfg: DictConfig) -> None:
@@ -58,6 +35,27 @@ def check_train(cfg: DictConfig) -> None:
             f"must be a finite number >= 0, got {t.max_grad_norm}",
             key="train.max_grad_norm",
             hint="train.max_grad_norm=1.0 (0 disables clipping)",
+        )
+
+
+def require_preferences(recipe: str, comps: Components) -> None:
+    """Reward and DPO need prompt / chosen / rejected data (their ``check``)."""
+    if type(comps.data).__name__ != "PreferenceDataset":
+        raise ConfigError(
+            f"recipe={recipe} needs preference pairs, got {type(comps.data).__name__}",
+            key="data",
+            hint=f"use data=demo_{recipe} or a PreferenceDataset option with prompt/chosen/rejected columns",
+        )
+
+
+def require_prompts(recipe: str, comps: Components) -> None:
+    """On-policy RL (PPO, GRPO) samples its own responses: it needs prompts (and the columns its rewards
+    read)."""
+    if type(comps.data).__name__ != "PromptDataset":
+        raise ConfigError(
+            f"recipe={recipe} needs prompts, got {type(comps.data).__name__}",
+            key="data",
+            hint=f"use data=demo_{recipe} or a PromptDataset option with a prompt column",
         )
 
 
@@ -116,7 +114,6 @@ def check_device(component: object, device: str) -> None:
 
 def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
     """What the chosen strategy cannot do with the launcher, device, precision or quantization."""
-    from components.run import world_size
     from components.strategy import FSDP, DeepSpeed, Single
 
     strategy, quant = comps.strategy, comps.quantization
@@ -179,8 +176,6 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
 
 def check_zero_partitions(cfg: DictConfig, comps: Components, device: str) -> None:
     """ZeRO++ hpZ's secondary partition must tile the world: whole groups of ranks (GPUs of a node)."""
-    from components.run import batch_plan
-
     plan = batch_plan(cfg, comps, device)
     hpz = comps.strategy.hpz_partition_size(plan)
     if hpz > 1 and plan.world_size % hpz:
@@ -237,7 +232,6 @@ def stale_accelerate_env() -> list[str]:
 
 def check_generated(cfg: DictConfig, comps: Components, device: str) -> None:
     """The generated DeepSpeed config, checked by DeepSpeed's own config class."""
-    from components.run import batch_plan
     from components.strategy import validate_deepspeed_config
 
     files = comps.strategy.files(batch_plan(cfg, comps, device), device)

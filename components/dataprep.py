@@ -87,10 +87,9 @@ def plan_data(comps: Any, eval_generations: int, every: int = 0) -> list[str]:
     policy, eval prompts, the recipe's own data check), as lines to print. Token-level checks need the
     tokenizer: without it (a hub id not cached and not reachable) they are skipped, and the lines say so."""
     from components.errors import ConfigError
-    from components.hub import check_model_sources
 
     try:
-        check_model_sources(comps.model)
+        comps.model.check_sources()
     except ConfigError as err:
         tokenizer, skipped = None, f"token lengths not checked: {err.args[0]}"
     else:

@@ -24,6 +24,16 @@ class ConfigError(Exception):
         return text
 
 
+def print_error(err: ConfigError) -> None:
+    """``err`` as one paragraph on stderr, no traceback (the CLI and every worker of a launched job)."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, highlight=False).print(
+        f"[bold red]hydratune: error:[/] {escape(str(err))}", soft_wrap=True
+    )
+
+
 #: exit code of a run stopped by a signal after checkpointing (EX_TEMPFAIL: "try again" — resume it)
 EXIT_INTERRUPTED = 75
 

@@ -6,12 +6,8 @@ from __future__ import annotations
 import os
 import urllib.error
 import urllib.request
-from typing import TYPE_CHECKING
 
 from components.errors import ConfigError
-
-if TYPE_CHECKING:
-    from components.model import CausalLM
 
 PROBE_TIMEOUT_S = 5.0
 
@@ -69,15 +65,3 @@ def check_available(name: str, *, key: str, filename: str, revision: str | None 
         hint=f"point {key} at a local model directory (e.g. one saved with save_pretrained or "
         "`huggingface-cli download`), or run where the hub is reachable",
     )
-
-
-def check_model_sources(model: CausalLM) -> None:
-    """The hub ids a training run will read: the tokenizer always, the weights (``init=pretrained``) or
-    the config (``init=random`` without shipped architecture numbers)."""
-    if model.init == "pretrained" or not model.architecture:
-        check_available(
-            model.name_or_path, key="model.name_or_path", filename="config.json", revision=model.revision
-        )
-    key = "model.tokenizer" if model.tokenizer else "model.name_or_path"
-    tokenizer = model.tokenizer or model.name_or_path
-    check_available(tokenizer, key=key, filename="tokenizer_config.json", revision=model.revision)

@@ -4,7 +4,8 @@
 the CLI composes and resolves the config once, writes it to the run dir (``frozen_config.yaml``), and
 every worker loads that file, so all ranks share one run dir and one config. ``slurm`` (via
 hydra-submitit-launcher) and ``deepspeed`` (hostfile) jobs start the processes from outside; each then
-reads its rank from the environment and runs as one of those workers.
+reads its rank from the environment and runs as one of those workers. The CLI hands ``launch`` the
+workers' entry point (``run_worker`` of recipes/worker.py): components never import recipes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import signal
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,8 +113,10 @@ class Local:
             signals_to_handle="SIGHUP,SIGQUIT",  # not TERM, INT, USR1: SignalRelay relays those
         )
 
-    def launch(self, run_dir: Path) -> Any:
-        """Start the workers on the frozen config in ``run_dir``; rank 0's result (the objective).
+    def launch(self, run_dir: Path, worker: Callable[[str], Any]) -> Any:
+        """Start the workers on the frozen config in ``run_dir``: each process calls ``worker(run_dir)``
+        (a module-level function, pickled by name for the spawned processes); rank 0's result (the
+        objective).
 
         A SIGTERM / SIGINT / SIGUSR1 to this process is relayed to the workers (components/interrupt.py):
         they finish the step, checkpoint together and exit 75, and so does this process (``Interrupted``)."""
@@ -120,7 +124,6 @@ class Local:
         from torch.distributed.launcher.api import elastic_launch
 
         from components.interrupt import SignalRelay
-        from recipes.worker import run_worker
 
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.nproc_per_node)))
         os.environ[RELAYS] = "1"
@@ -132,7 +135,7 @@ class Local:
             logger.addFilter(quiet)
         try:
             with relay:
-                results = elastic_launch(launch_config, run_worker)(str(run_dir))
+                results = elastic_launch(launch_config, worker)(str(run_dir))
         except ChildFailedError as err:
             done = finished_ranks(run_dir)
             local = range(self.node_rank * self.nproc_per_node, (self.node_rank + 1) * self.nproc_per_node)
@@ -257,8 +260,9 @@ class DeepSpeedLauncher(Local):
     def spawns_workers(self) -> bool:  # type: ignore[override]
         return not inside_launched_worker()
 
-    def command(self, run_dir: Path) -> list[str]:
-        """The ``deepspeed`` command (an argument list, no shell) running the frozen config's workers."""
+    def command(self, run_dir: Path, worker: Callable[[str], Any]) -> list[str]:
+        """The ``deepspeed`` command (an argument list, no shell) running the frozen config's workers: every
+        process runs ``worker``'s module (``python -m <module> <run dir>``)."""
         cmd = ["deepspeed"]
         if self.hostfile:
             cmd += ["--hostfile", self.hostfile]
@@ -267,12 +271,12 @@ class DeepSpeedLauncher(Local):
         if not self.hostfile:
             cmd += ["--num_nodes", "1", "--num_gpus", str(self.nproc_per_node)]
         cmd += ["--master_addr", self.master_addr, "--master_port", str(self.master_port), "--no_local_rank"]
-        return [*cmd, "--module", "recipes.worker", str(run_dir)]
+        return [*cmd, "--module", worker.__module__, str(run_dir)]
 
-    def launch(self, run_dir: Path) -> Any:
+    def launch(self, run_dir: Path, worker: Callable[[str], Any]) -> Any:
         import subprocess
 
-        proc = subprocess.run(self.command(run_dir), check=False)
+        proc = subprocess.run(self.command(run_dir, worker), check=False)
         done = finished_ranks(run_dir)
         if 0 in done:
             return done[0]

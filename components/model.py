@@ -60,13 +60,14 @@ class CausalLM:
         self.adapter: str | None = None  # from_run left an adapter alone: its dir (the base is rebuilt)
         if not self.from_run:
             return
+        from components.trained import TrainedRun, final_model_dir
+
         final = final_model_dir(self.from_run, adapter_ok=True)
         if (final / "config.json").is_file():
             self.name_or_path, self.init = str(final), "pretrained"
             self.gguf_file = None  # the run saved an ordinary model dir
             return
-        from components.trained import TrainedRun  # an adapter: its base is the run's own model node
-
+        # an adapter: its base is the run's own model node
         base = TrainedRun.open(self.from_run).base_component()
         for name in ("name_or_path", "gguf_file", "init", "architecture", "revision", "trust_remote_code"):
             setattr(self, name, getattr(base, name))
@@ -133,6 +134,20 @@ class CausalLM:
                 hint="model.attn_implementation=auto (or sdpa), or pip install flash-attn "
                 "--no-build-isolation on a CUDA machine",
             )
+
+    def check_sources(self) -> None:
+        """The hub ids a training run will read: the tokenizer always, the weights (``init=pretrained``) or
+        the config (``init=random`` without shipped architecture numbers); each is local, cached or served
+        by the hub, else one ConfigError naming its key (components/hub.py)."""
+        from components.hub import check_available
+
+        if self.init == "pretrained" or not self.architecture:
+            check_available(
+                self.name_or_path, key="model.name_or_path", filename="config.json", revision=self.revision
+            )
+        key = "model.tokenizer" if self.tokenizer else "model.name_or_path"
+        tokenizer = self.tokenizer or self.name_or_path
+        check_available(tokenizer, key=key, filename="tokenizer_config.json", revision=self.revision)
 
     @property
     def is_local(self) -> bool:
@@ -354,24 +369,3 @@ def _reload(auto: Any, model: PreTrainedModel, common: dict[str, Any], load_kwar
         del model
         common = {k: v for k, v in common.items() if k != "num_labels"}
         return auto.from_pretrained(tmp, **common, **load_kwargs)
-
-
-def final_model_dir(run: str, adapter_ok: bool = False) -> Path:
-    """The model a run left behind: ``final/merged`` when it merged an adapter, else ``final``; with
-    ``adapter_ok`` also ``final`` holding an adapter alone, if the run dir says what its base was."""
-    run_dir = Path(run).expanduser()
-    final = run_dir / "final"
-    if (final / "merged" / "config.json").is_file():
-        return final / "merged"
-    if (final / "config.json").is_file():
-        return final
-    if (final / "adapter_config.json").is_file():
-        if adapter_ok and (run_dir / ".hydra" / "config.yaml").is_file():
-            return final
-        raise ConfigError(
-            f"{final} holds only an adapter and {run_dir} has no .hydra/config.yaml naming its base",
-            key="model.from_run",
-            hint="re-run that recipe with merge=true (final/merged), or set model.name_or_path to the base "
-            "and load the adapter",
-        )
-    raise ConfigError(f"{run} has no final model (final/config.json)", key="model.from_run")

@@ -12,7 +12,8 @@ so a misspelt key or a value of the wrong type fails when the config is composed
 A knob typed as a dict (e.g. ``data.columns``) is the exception: its keys are the user's, so it is left
 open (not struct) and ``data.columns='{messages: conversations}'`` adds keys without Hydra's ``+``.
 The schema carries a ``_target_`` field that names the class itself, so ``hydra.utils.instantiate``
-on the composed node returns the component.
+on the composed node returns the component. Keys forced in past the schema with ``+group.key=…`` are
+refused by ``check_known_keys`` before anything is instantiated.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
+
+from components.config import GROUPS
+from components.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -101,3 +105,22 @@ def component(group: str) -> Callable[[type[T]], type[T]]:
 def field_names(cls: type) -> list[str]:
     """The config keys a component accepts (for error messages and key checks)."""
     return [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Keys forced in with ``+group.key=…`` that the option's schema does not know."""
+    nodes = [(group, cfg[group]) for group in (*GROUPS, "train", "estimate") if group != "tracker"]
+    nodes += [(f"tracker.{name}", node) for name, node in (cfg.tracker or {}).items()]
+    for path, node in nodes:
+        schema = OmegaConf.get_type(node)
+        if not dataclasses.is_dataclass(schema):
+            continue
+        known = {f.name for f in dataclasses.fields(schema)}
+        for key in node:
+            if key not in known:
+                allowed = ", ".join(sorted(k for k in known if k != "_target_"))
+                raise ConfigError(
+                    f"unknown key '{key}' for {path} option '{schema.__name__}'",
+                    key=f"{path}.{key}",
+                    hint=f"known keys: {allowed}",
+                )

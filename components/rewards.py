@@ -39,12 +39,28 @@ def length_penalty(
 
 
 # ---- reward models and config nodes -----------------------------------------------------------------
+def default_reward() -> dict[str, Any]:
+    """The ``recipe.reward`` node of PPO and Best-of-N: exact match, unless a reward model is named."""
+    return {"_target_": "components.rewards.exact_match", "_partial_": True, "model": None}
+
+
+def reward_model_path(spec: Any) -> str | None:
+    """The reward model named by the reward node, if any."""
+    import functools
+
+    if isinstance(spec, functools.partial):
+        return spec.keywords.get("model")
+    if isinstance(spec, dict):
+        return spec.get("model")
+    return None
+
+
 def reward_model_dir(path: str, key: str = "recipe.reward.model") -> str:
     """A model dir (holding config.json) or a run dir whose ``final/`` holds a trained reward model."""
     from pathlib import Path
 
     from components.errors import ConfigError
-    from components.model import final_model_dir
+    from components.trained import final_model_dir
 
     p = Path(path).expanduser()
     if (p / "config.json").is_file():

@@ -38,7 +38,7 @@ class Components:
         Keys forced in with ``+group.key=…`` are rejected first, naming the key, instead of failing
         inside the component's constructor; so is any ``_target_`` that is not hydratune's own or a
         reward function (components/trust.py) — a replayed run dir or experiment file sets any key."""
-        from components.checks import check_known_keys
+        from components.registry import check_known_keys
         from components.tracker import Trackers
         from components.trust import check_targets
 
@@ -240,6 +240,34 @@ class RunContext:
 
     def elapsed(self) -> float:
         return time.time() - self.start_time
+
+
+def run_recipe(
+    cfg: DictConfig, run_dir: Path, comps: Components | None = None, device: str | None = None
+) -> Any:
+    """Run the recipe in this process (one rank of the job, or the whole job); returns the objective."""
+    import os
+
+    from components.launcher import Slurm, single_process_env
+    from components.startup import run_ends
+
+    comps = comps or Components.from_config(cfg)
+    if isinstance(comps.launcher, Slurm):
+        comps.launcher.rank_env_from_slurm()
+    device = device or comps.strategy.resolve_device()
+    if comps.strategy.needs_process_group:
+        single_process_env()  # DeepSpeed and FSDP want a process group even for one process
+    if device == "cuda":
+        import torch
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    ctx = RunContext(cfg=cfg, components=comps, run_dir=RunDir(run_dir), device=device)
+    try:
+        metrics = comps.recipe.run(ctx)
+    finally:
+        run_ends()  # the run's objects collectable again (a sweep runs its jobs in this process)
+    objective = (metrics or {}).get(cfg.objective) if cfg.objective else None
+    return float(objective) if isinstance(objective, (int, float)) else metrics  # a scalar for Optuna & co
 
 
 def dataloader_args(num_workers: int | None, device: str) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from components.startup import training_starts
 
 log = logging.getLogger("hydratune")
 
+PROBE_PAIRS = 128  # training pairs scored before and after training (reward, DPO)
+
 
 @dataclass
 class Session:
@@ -388,3 +390,10 @@ def _tokens_per_second(ctx: RunContext) -> float | None:
         r["train_tokens_per_second"] for r in ctx.run_dir.read_metrics() if "train_tokens_per_second" in r
     ]
     return round(rates[-1], 1) if rates else None
+
+
+def training_pairs(trainer: Any) -> dict[str, Any]:
+    """Reward and DPO: the first ``PROBE_PAIRS`` training pairs, scored before and after training (the
+    ``probes`` of :meth:`Session.train_and_finish`)."""
+    rows = trainer.train_dataset
+    return {"training pairs": rows.select(range(min(PROBE_PAIRS, len(rows))))}

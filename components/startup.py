@@ -1,4 +1,5 @@
-"""Start-up without the garbage collector's full sweeps.
+"""Start-up of the command line and of every worker: process-wide defaults (:func:`process_defaults`), and
+no full sweeps of the garbage collector.
 
 Importing torch, transformers, TRL and datasets creates millions of long-lived objects, and each automatic
 full collection on the way re-scans all of them: seven such sweeps of about 0.2 s each before the tiny
@@ -18,6 +19,16 @@ import gc
 import os
 
 _state = "normal"  # normal | paused (collector off) | frozen (start-up objects in the permanent generation)
+
+
+def process_defaults() -> None:
+    """Set for the whole process, by the CLI as it is imported and by each worker as it starts: no
+    tokenizers fork warnings (``TOKENIZERS_PARALLELISM=false`` unless set), and no FutureWarnings (library
+    deprecation chatter, not the user's concern)."""
+    import warnings
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def pause_gc() -> None:

@@ -71,8 +71,6 @@ class TrainedRun:
 
     def model_dir(self) -> Path:
         """The folder a full model loads from: ``final/merged`` or ``final/`` (not for adapters)."""
-        from components.model import final_model_dir
-
         return final_model_dir(str(self.path))
 
     def base_component(self) -> Any:
@@ -137,3 +135,24 @@ class TrainedRun:
         """The command-line overrides the run was started with."""
         saved = self.path / ".hydra" / "overrides.yaml"
         return [str(o) for o in OmegaConf.load(saved)] if saved.is_file() else []
+
+
+def final_model_dir(run: str, adapter_ok: bool = False) -> Path:
+    """The model a run left behind: ``final/merged`` when it merged an adapter, else ``final``; with
+    ``adapter_ok`` also ``final`` holding an adapter alone, if the run dir says what its base was."""
+    run_dir = Path(run).expanduser()
+    final = run_dir / "final"
+    if (final / "merged" / "config.json").is_file():
+        return final / "merged"
+    if (final / "config.json").is_file():
+        return final
+    if (final / "adapter_config.json").is_file():
+        if adapter_ok and (run_dir / ".hydra" / "config.yaml").is_file():
+            return final
+        raise ConfigError(
+            f"{final} holds only an adapter and {run_dir} has no .hydra/config.yaml naming its base",
+            key="model.from_run",
+            hint="re-run that recipe with merge=true (final/merged), or set model.name_or_path to the base "
+            "and load the adapter",
+        )
+    raise ConfigError(f"{run} has no final model (final/config.json)", key="model.from_run")

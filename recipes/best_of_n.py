@@ -17,16 +17,16 @@ from typing import Any
 from omegaconf import DictConfig
 
 from components.errors import ConfigError
+from components.inference import BatchedGeneration, write_jsonl
 from components.registry import component
+from components.rewards import default_reward, reward_model_path
 from components.run import Components, RunContext
-from recipes.generate import Generate, write_jsonl
-from recipes.ppo import default_reward, reward_model_path
 
 
 @component("recipe")
 @dataclass
-class BestOfN(Generate):
-    """Generate's knobs (``num_return_sequences`` is N, sampled at ``temperature``) and the reward."""
+class BestOfN(BatchedGeneration):
+    """recipe=generate's knobs (``num_return_sequences`` is N, sampled at ``temperature``) and the reward."""
 
     num_return_sequences: int = 8
     temperature: float = 1.0

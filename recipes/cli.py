@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,12 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-import components
-from components.errors import ConfigError
+import recipes
+from components.errors import ConfigError, print_error
 from components.resolvers import register_resolvers
-from components.startup import pause_gc, run_ends
+from components.startup import pause_gc, process_defaults, run_ends
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-warnings.filterwarnings(
-    "ignore", category=FutureWarning
-)  # library deprecation chatter, not the user's concern
+process_defaults()  # TOKENIZERS_PARALLELISM=false, no FutureWarnings (components/startup.py)
 
 
 def execute(cfg: DictConfig) -> Any:
@@ -42,7 +38,7 @@ def execute(cfg: DictConfig) -> Any:
     from components.auto import maybe_resolve_auto
     from components.checks import check_before_load
     from components.launcher import FROZEN
-    from components.run import Components, hydra_run_dir
+    from components.run import Components, hydra_run_dir, run_recipe
     from components.threads import apply_thread_policy
 
     apply_thread_policy(int(cfg.launcher.get("nproc_per_node") or 1))  # before torch is imported
@@ -65,19 +61,19 @@ def execute(cfg: DictConfig) -> Any:
         print(f"# checks passed; device: {device}{host}; nothing was loaded (mode=plan)")
         return None
 
-    from components.hub import check_model_sources
     from components.resume import hydra_sweep_point, pin
 
-    check_model_sources(comps.model)  # a hub id neither cached nor reachable: one line, before anything
+    comps.model.check_sources()  # a hub id neither cached nor reachable: one line, before anything
     run_dir = hydra_run_dir()
     cfg = pin(cfg, run_dir, hydra_sweep_point())  # the checkpoint to continue, checked; workers get it too
     check_not_under_outside_launcher(comps)
     if comps.launcher.spawns_workers():
         from components.launcher import WorkerFailed
+        from recipes.worker import run_worker
 
         (run_dir / FROZEN).write_text(OmegaConf.to_yaml(cfg, resolve=True))  # every rank reads this
         try:
-            result = comps.launcher.launch(run_dir)
+            result = comps.launcher.launch(run_dir, run_worker)  # each process: run_worker(run_dir)
         except WorkerFailed as err:
             print(f"hydratune: {err}", file=sys.stderr)
             sys.exit(err.exit_code)
@@ -134,31 +130,6 @@ def check_not_under_outside_launcher(comps: Any) -> None:
             hint="run hydratune once with launcher.nproc_per_node=N (it starts the workers), or point "
             "the outside launcher at `python -m recipes.worker <run dir>`",
         )
-
-
-def run_recipe(cfg: DictConfig, run_dir: Path, comps: Any = None, device: str | None = None) -> Any:
-    """Run the recipe in this process (one rank of the job, or the whole job); returns the objective."""
-    from components.launcher import Slurm, single_process_env
-    from components.run import Components, RunContext
-    from components.rundir import RunDir
-
-    comps = comps or Components.from_config(cfg)
-    if isinstance(comps.launcher, Slurm):
-        comps.launcher.rank_env_from_slurm()
-    device = device or comps.strategy.resolve_device()
-    if comps.strategy.needs_process_group:
-        single_process_env()  # DeepSpeed and FSDP want a process group even for one process
-    if device == "cuda":
-        import torch
-
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    ctx = RunContext(cfg=cfg, components=comps, run_dir=RunDir(run_dir), device=device)
-    try:
-        metrics = comps.recipe.run(ctx)
-    finally:
-        run_ends()  # the run's objects collectable again (a sweep runs its jobs in this process)
-    objective = (metrics or {}).get(cfg.objective) if cfg.objective else None
-    return float(objective) if isinstance(objective, (int, float)) else metrics  # a scalar for Optuna & co
 
 
 @hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
@@ -243,16 +214,6 @@ def compose_error(err: Exception) -> ConfigError:
         lines += [line.strip() for line in str(cause).splitlines()[:1]]
     hint = "hydratune --cfg job prints the composed config and its keys; +key=value adds a new key"
     return ConfigError("; ".join(lines), key=key, hint=hint)
-
-
-def print_error(err: ConfigError) -> None:
-    """One paragraph on stderr, no traceback."""
-    from rich.console import Console
-    from rich.markup import escape
-
-    Console(stderr=True, highlight=False).print(
-        f"[bold red]hydratune: error:[/] {escape(str(err))}", soft_wrap=True
-    )
 
 
 def resumed_run(args: list[str]) -> Path | None:
@@ -352,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(args: list[str]) -> None:
     register_resolvers()
-    components.register_all()
+    recipes.register_all()
     try:
         if args and args[0] in ("ls", "list"):
             from components.catalog import render

@@ -14,10 +14,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from components.checks import require_preferences
 from components.errors import ConfigError
 from components.registry import component
 from components.run import Components, RunContext
-from recipes.reward import require_preferences, training_pairs
 
 LOSS_TYPES = (
     "sigmoid",
@@ -68,7 +68,7 @@ class DPO:
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import DPOConfig, DPOTrainer
 
-        from components.session import Session
+        from components.session import Session, training_pairs
 
         c = ctx.components
         session = Session.start(ctx)

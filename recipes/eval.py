@@ -129,7 +129,7 @@ class Eval:
         import lm_eval
         from lm_eval.models.huggingface import HFLM
 
-        from recipes.generate import load_model, write_jsonl
+        from components.inference import load_model, write_jsonl
 
         c, out = ctx.components, ctx.run_dir.path
         specs: list[Any] = expand(self.task_manager(), self.tasks)

@@ -13,10 +13,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from components.checks import require_prompts
 from components.errors import ConfigError
 from components.registry import component
 from components.run import Components, RunContext
-from recipes.ppo import require_prompts
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
 SCALE_REWARDS = ("group", "batch", "none")

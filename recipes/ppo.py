@@ -19,23 +19,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from components.checks import require_prompts
 from components.errors import ConfigError
 from components.registry import component
+from components.rewards import default_reward, reward_model_path
 from components.run import Components, RunContext
-
-
-def require_prompts(recipe: str, comps: Components) -> None:
-    """On-policy RL samples its own responses: it needs prompts (and the columns its rewards read)."""
-    if type(comps.data).__name__ != "PromptDataset":
-        raise ConfigError(
-            f"recipe={recipe} needs prompts, got {type(comps.data).__name__}",
-            key="data",
-            hint=f"use data=demo_{recipe} or a PromptDataset option with a prompt column",
-        )
-
-
-def default_reward() -> dict[str, Any]:
-    return {"_target_": "components.rewards.exact_match", "_partial_": True, "model": None}
 
 
 @component("recipe")
@@ -376,14 +364,3 @@ def check_reward(spec: Any) -> None:
         hint="recipe.reward._target_=<module.function> (default components.rewards.exact_match), or "
         "recipe.reward.model=<reward run dir or model dir>",
     )
-
-
-def reward_model_path(spec: Any) -> str | None:
-    """The reward model named by the reward node, if any."""
-    import functools
-
-    if isinstance(spec, functools.partial):
-        return spec.keywords.get("model")
-    if isinstance(spec, dict):
-        return spec.get("model")
-    return None

@@ -8,27 +8,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from components.errors import ConfigError
+from components.checks import require_preferences
 from components.registry import component
 from components.run import Components, RunContext
-
-PROBE_ROWS = 128  # training pairs scored before and after training
-
-
-def require_preferences(recipe: str, comps: Components) -> None:
-    """Reward and DPO need prompt / chosen / rejected data."""
-    if type(comps.data).__name__ != "PreferenceDataset":
-        raise ConfigError(
-            f"recipe={recipe} needs preference pairs, got {type(comps.data).__name__}",
-            key="data",
-            hint=f"use data=demo_{recipe} or a PreferenceDataset option with prompt/chosen/rejected columns",
-        )
-
-
-def training_pairs(trainer: Any) -> dict[str, Any]:
-    """The first ``PROBE_ROWS`` training pairs, scored before and after training."""
-    rows = trainer.train_dataset
-    return {"training pairs": rows.select(range(min(PROBE_ROWS, len(rows))))}
 
 
 @component("recipe")
@@ -44,7 +26,7 @@ class Reward:
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import RewardConfig, RewardTrainer
 
-        from components.session import Session
+        from components.session import Session, training_pairs
 
         c = ctx.components
         session = Session.start(ctx)

@@ -19,17 +19,18 @@ from components.launcher import FROZEN, RANK_DONE, RANK_STOPPED, RELAYS
 
 def run_worker(run_dir: str) -> Any:
     """Run this rank's share of the job; returns the objective (rank 0) and records completion."""
-    import components
-    from components.errors import EXIT_INTERRUPTED, ConfigError, Interrupted
+    import recipes
+    from components.errors import EXIT_INTERRUPTED, ConfigError, Interrupted, print_error
     from components.resolvers import register_resolvers
-    from components.startup import pause_gc, run_ends
+    from components.run import run_recipe
+    from components.startup import pause_gc, process_defaults, run_ends
     from components.threads import apply_thread_policy
-    from recipes.cli import print_error, run_recipe
 
+    process_defaults()  # as the CLI sets them (TOKENIZERS_PARALLELISM, no FutureWarnings)
     pause_gc()  # until training starts: see components/startup.py
     apply_thread_policy(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # before torch is imported
     register_resolvers()
-    components.register_all()
+    recipes.register_all()
     path = Path(run_dir)
     if os.environ.get(RELAYS):
         from components.interrupt import accept_relays

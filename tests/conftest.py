@@ -12,13 +12,13 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
-import components
+import recipes
 from components.resolvers import register_resolvers
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 register_resolvers()
-components.register_all()
+recipes.register_all()
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"

@@ -218,7 +218,7 @@ def test_generate_on_two_processes_equals_one_process(runs, greedy_one_process, 
 def test_generate_from_an_adapter_run_uses_the_adapter_unmerged_and_samples(runs, run_recipe) -> None:
     from peft import PeftModel
 
-    from recipes.generate import load_model
+    from components.inference import load_model
 
     ctx, metrics = run_recipe(
         *GEN,
@@ -349,7 +349,7 @@ def test_eval_before_training_and_from_an_adapter_run(runs, run_recipe) -> None:
     is scored as trained (adapter on its rebuilt base, unmerged); ``recipe.limit`` caps the rows."""
     from peft import PeftModel
 
-    from recipes.generate import load_model
+    from components.inference import load_model
 
     _, before = run_recipe(*EVAL, "recipe.limit=8", name="eval_base")
     assert before == {"lm_eval/hydratune_prompts/exact_match/strip": 0.0}

@@ -140,7 +140,7 @@ def test_replay_reproduces_the_losses(tmp_path: Path) -> None:
 def test_the_cli_does_not_import_the_heavy_libraries_up_front(tmp_path: Path) -> None:
     """Config errors must come back in well under a second or two: nothing heavy is imported to compose."""
     probe = (
-        "import sys, recipes.cli, components; components.register_all();"
+        "import sys, recipes.cli; recipes.register_all();"
         "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'trl', 'peft') if m in sys.modules))"
     )
     out = subprocess.run(

@@ -87,7 +87,7 @@ def test_unknown_option_lists_available(compose_cfg) -> None:
 
 
 def test_forced_unknown_key_is_caught_before_load(compose_cfg) -> None:
-    from components.checks import check_known_keys
+    from components.registry import check_known_keys
 
     cfg = compose_cfg("+optimizer.lrr=1")
     with pytest.raises(ConfigError) as info:
