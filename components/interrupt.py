@@ -26,6 +26,8 @@ RELAY = signal.SIGUSR2
 RELAY_FILE = ".interrupt"  # in the run dir: the name of the signal the launcher relays
 WORKERS_DIR = ".workers"  # in the run dir: <host>.<local rank>.pid of each worker, for the relay
 
+#: the launching process of this worker (``accept_relays``)
+_launcher: list[int] = []
 #: the signal relayed to this worker by its launcher (set by ``accept_relays``' handler), and the live handler
 _relayed: list[int] = []
 _active: list[GracefulInterrupt] = []
@@ -68,6 +70,8 @@ class GracefulInterrupt(TrainerCallback):
         if self.via_relay:  # the signal the launcher relayed, arriving itself too (Ctrl-C, SLURM): one signal
             self.via_relay = False
             return
+        if self.signum is not None and signum == signal.SIGINT and launcher_died():
+            return  # torch's parent-death SIGINT, sent again as the dead launcher's threads are reaped
         if self.signum is not None:  # second signal: no more grace
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
@@ -115,8 +119,9 @@ class GracefulInterrupt(TrainerCallback):
 def accept_relays(run_dir: Path) -> None:
     """In a worker of hydratune's launcher, before anything else: take ``RELAY`` as the signal named in
     ``RELAY_FILE``, and register this process for relays (``WORKERS_DIR``). A relay before training starts
-    is kept: the first step then ends with a checkpoint. (If the launcher dies, torch's spawn sends its
-    workers SIGINT: they checkpoint and stop too.)"""
+    is kept: the first step then ends with a checkpoint. (If the launcher dies, torch's spawn has the kernel
+    send its workers SIGINT, once per thread of the dead launcher: they checkpoint and stop, counting it
+    once.)"""
     import socket
 
     def handle(signum: int, frame: FrameType | None) -> None:
@@ -127,12 +132,18 @@ def accept_relays(run_dir: Path) -> None:
             handler.relayed(original)
 
     signal.signal(RELAY, handle)
+    _launcher[:] = [os.getppid()]
     workers = run_dir / WORKERS_DIR
     workers.mkdir(exist_ok=True)
     local_rank = os.environ.get("LOCAL_RANK", "0")
     (workers / f"{socket.gethostname()}.{local_rank}.pid").write_text(str(os.getpid()))
     if (run_dir / RELAY_FILE).is_file() and not _relayed:  # the launcher's signal came before we registered
         _relayed.append(_relay_signal(run_dir))
+
+
+def launcher_died() -> bool:
+    """In a worker of hydratune's launcher: that process is gone (this one was re-parented)."""
+    return bool(_launcher) and os.getppid() != _launcher[0]
 
 
 def _relay_signal(run_dir: Path) -> int:
