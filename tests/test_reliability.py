@@ -114,7 +114,7 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path: Path) ->
     assert covers.startswith(f"steps {stopped_at + 1} to 60 (resumed after step {stopped_at}"), covers
 
 
-DDP2 = ["strategy=ddp", "launcher.nproc_per_node=2"]
+DDP2 = ["strategy=ddp", "launcher.nproc_per_node=2", "train.max_steps=30"]
 
 
 def stopped_records(run: Path) -> list[dict]:
@@ -140,7 +140,7 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_resumes_exactly(tmp_path:
     assert first == second and first["signum"] == signal.SIGTERM
     (checkpoint,) = checkpoints_in(run)
     assert verify(checkpoint) is None and str(checkpoint) == first["checkpoint"]
-    assert 5 <= first["step"] < 60 and checkpoint.name == f"checkpoint-{first['step']}"
+    assert 5 <= first["step"] < 30 and checkpoint.name == f"checkpoint-{first['step']}"
     assert "stopped by SIGTERM" in (run / "summary.md").read_text()
 
     advice = re.search(r"Resume with: hydratune (resume=\S+)", err)
@@ -219,8 +219,9 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGUSR1])
-def test_sigint_and_sigusr1_checkpoint_like_sigterm(tmp_path: Path, signum: int) -> None:
+def test_ctrl_c_checkpoints_like_sigterm(tmp_path: Path) -> None:
+    """SIGINT on one process (SIGUSR1 goes the same way: to one worker in the test above)."""
+    signum = signal.SIGINT
     proc = start(tmp_path, *RUN)
     wait_for_step(tmp_path, 5, proc)
     proc.send_signal(signum)
