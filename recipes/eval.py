@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+from unittest import mock
 
 from omegaconf import DictConfig
 
@@ -149,20 +150,23 @@ class Eval:
         lm = HFLM(pretrained=model, tokenizer=session.tokenizer, batch_size=self.batch_size)
         seed = ctx.cfg.train.seed
         start = time.perf_counter()
-        results = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=specs,
-            num_fewshot=self.num_fewshot,
-            limit=int(self.limit) if self.limit and self.limit >= 1 else self.limit,
-            apply_chat_template=self.apply_chat_template,
-            fewshot_as_multiturn=self.apply_chat_template,
-            task_manager=self.task_manager(),
-            log_samples=True,
-            random_seed=seed,
-            numpy_random_seed=seed,
-            torch_random_seed=seed,
-            fewshot_random_seed=seed,
-        )
+        # lm-eval records the git hash of the working dir, and git prints "fatal: not a git repository"
+        # outside one; hydratune's own versions are in versions.json
+        with mock.patch("lm_eval.evaluator.get_git_commit_hash", return_value=None):
+            results = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=specs,
+                num_fewshot=self.num_fewshot,
+                limit=int(self.limit) if self.limit and self.limit >= 1 else self.limit,
+                apply_chat_template=self.apply_chat_template,
+                fewshot_as_multiturn=self.apply_chat_template,
+                task_manager=self.task_manager(),
+                log_samples=True,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
+            )
         seconds = time.perf_counter() - start
         samples = results.pop("samples", {})
         ctx.run_dir.write_json(RESULTS, json.loads(json.dumps(results, default=_plain)))
