@@ -23,6 +23,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("hydratune")
 
 
+def refuse_peft(recipe: str, comps: Components) -> None:
+    """An inference recipe trains nothing, so ``peft=`` would only add an untrained adapter: an adapter
+    comes from the run it was trained in (``model.from_run``)."""
+    if comps.peft.is_adapter or type(comps.peft).__name__ != "FullFineTune":
+        raise ConfigError(
+            f"recipe={recipe} trains nothing: an adapter comes from the run it was trained in",
+            key="peft",
+            hint="drop peft and pass model.from_run=<the adapter run's dir>",
+        )
+
+
 @dataclass
 class BatchedGeneration:
     """Sampling knobs; prompts come from ``data``, the model from ``model`` (``model.from_run``). The base
@@ -31,6 +42,7 @@ class BatchedGeneration:
     #: checks: one whole model per process (no optimizer, no sharding); adapter runs load as trained
     inference_only: ClassVar[bool] = True
     periodic_eval: ClassVar[bool] = False  # no training, so no eval split to check
+    name: ClassVar[str] = "generate"  # the recipe option, for messages
 
     max_new_tokens: int = 256
     temperature: float = 0.0  # 0 = greedy
@@ -45,19 +57,14 @@ class BatchedGeneration:
 
         if not isinstance(comps.strategy, (Single, DDP)):
             raise ConfigError(
-                f"recipe=generate runs one whole model per process, not {type(comps.strategy).__name__}",
+                f"recipe={self.name} runs one whole model per process, not {type(comps.strategy).__name__}",
                 key="strategy",
                 hint="drop strategy (launcher.nproc_per_node=N still deals the prompts to N processes)",
             )
-        if comps.peft.is_adapter or type(comps.peft).__name__ != "FullFineTune":
-            raise ConfigError(
-                "recipe=generate trains nothing: an adapter comes from the run it was trained in",
-                key="peft",
-                hint="drop peft and pass model.from_run=<the adapter run's dir>",
-            )
+        refuse_peft(self.name, comps)
         if not hasattr(comps.data, "prompts") and type(comps.data).__name__ != "PromptDataset":
             raise ConfigError(
-                f"recipe=generate reads prompts or chats, got {type(comps.data).__name__}",
+                f"recipe={self.name} reads prompts or chats, got {type(comps.data).__name__}",
                 key="data",
                 hint="data=demo_generate, data=jsonl_messages, or a file with a prompt column",
             )

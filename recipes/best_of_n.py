@@ -12,7 +12,7 @@ with the best of N.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
@@ -33,6 +33,7 @@ class BestOfN(BatchedGeneration):
     output: str = "samples.jsonl"  # every sample with its reward
     reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
     pairs: bool = False  # also write best/worst preference pairs (pairs.jsonl)
+    name: ClassVar[str] = "best_of_n"
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         super().check(cfg, comps)

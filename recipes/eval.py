@@ -52,6 +52,7 @@ class Eval:
     _manager: Any = field(default=None, init=False, repr=False)  # lm-eval's task index, built once
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
+        from components.inference import refuse_peft
         from components.run import world_size
         from components.strategy import Single
 
@@ -65,12 +66,7 @@ class Eval:
                 key="strategy" if not isinstance(comps.strategy, Single) else "launcher.nproc_per_node",
                 hint="drop strategy and launcher.nproc_per_node (recipe.batch_size batches the prompts)",
             )
-        if comps.peft.is_adapter or type(comps.peft).__name__ != "FullFineTune":
-            raise ConfigError(
-                "recipe=eval trains nothing: an adapter comes from the run it was trained in",
-                key="peft",
-                hint="drop peft and pass model.from_run=<the adapter run's dir>",
-            )
+        refuse_peft("eval", comps)
         if not self.tasks:
             raise ConfigError(
                 "no task to run", key="recipe.tasks", hint="e.g. 'recipe.tasks=[hydratune_prompts]'"
