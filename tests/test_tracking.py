@@ -30,6 +30,11 @@ def test_wandb_offline_run_holds_the_loss_series(run_recipe, monkeypatch) -> Non
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     ctx, _ = run_recipe(*SHORT, "tracker=wandb", name="wandb")
+    import wandb
+
+    # the W&B service process writes the file: wait until it has written everything (as the CLI's exit
+    # does); on a loaded machine run.finish() can time out first and the history rows come later
+    wandb.teardown()
     (run_file,) = (ctx.run_dir.path / "wandb").glob("offline-run-*/run-*.wandb")
     blob = run_file.read_bytes()
     assert blob.count(b"train/loss") >= 6  # one history row per logged step
