@@ -8,9 +8,10 @@ Unlike ``bench/memory.py`` (a hand-written loop), each configuration here is a `
 a fresh process: the bench's 0.5 B Llama shape as ``model=tiny`` with ``model.architecture`` numbers and
 random init, the bundled demo SFT data packed to ``data.max_length``, ``train.max_steps`` a few steps. The
 peak is the run's own record (``result.json`` -> cost -> peak memory, read from
-``torch.cuda.max_memory_allocated`` by components/run.py), and the estimate is ``spec_from_config`` of the
-same composed config. Every entry written to ``docs/memory.json`` carries its provenance: date, GPU, torch /
-transformers / deepspeed versions, the commit and the command. Without a CUDA GPU it says so and exits 0.
+``torch.cuda.max_memory_allocated`` by components/runtime/run.py), and the estimate is
+``spec_from_config`` of the same composed config. Every entry written to ``docs/memory.json`` carries its
+provenance: date, GPU, torch / transformers / deepspeed versions, the commit and the command. Without a CUDA
+GPU it says so and exits 0.
 
 Status: written for issue 16 item 3 and checked on CPU only (composition, estimates, the skip path);
 it has NOT been run on a GPU yet, so docs/memory.json holds no entry from it.
@@ -90,9 +91,9 @@ def estimated_peak(name: str) -> float:
     from hydra.core.global_hydra import GlobalHydra
 
     import recipes
-    from components.estimate import estimate as estimate_spec
-    from components.estimate import spec_from_config
-    from components.resolvers import register_resolvers
+    from components.config.resolvers import register_resolvers
+    from components.memory.estimate import estimate as estimate_spec
+    from components.memory.spec import spec_from_config
 
     register_resolvers()
     recipes.register_all()

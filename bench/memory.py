@@ -1,4 +1,5 @@
-"""Validate the memory estimate on a GPU: measured peak vs ``components.estimate`` for many configurations.
+"""Validate the memory estimate on a GPU: measured peak vs ``components.memory.estimate``, for many
+configurations.
 
     python bench/memory.py --out docs/memory.md            # every configuration (~5 min on an H100)
     python bench/memory.py --only full_bf16,lora_bf16      # a subset
@@ -33,16 +34,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from components.estimate import (  # noqa: E402 - the repo root goes on the path first
-    STRATEGY_SHAPES,
-    Arch,
-    Estimate,
-    GiB,
-    RunSpec,
-    estimate,
-    param_counts,
-    trainable_params,
-)
+from components.memory.arch import Arch, lora_params, param_counts  # noqa: E402 - repo root on the path first
+from components.memory.estimate import Estimate, GiB, RunSpec, estimate  # noqa: E402
+from components.memory.shapes import StrategyShape  # noqa: E402
 
 #: Llama-shaped, ~0.5 B parameters (GQA 16/8 heads, untied 32k vocab).
 ARCH = {
@@ -57,7 +51,12 @@ ARCH = {
     "tie_word_embeddings": False,
     "max_position_embeddings": 4096,
 }
-LORA = {"_target_": "components.peft.LoRA", "r": 16, "target_modules": "all-linear", "dropout": 0.05}
+LORA = {"r": 16, "target_modules": "all-linear", "dropout": 0.05}  # as peft=lora's defaults
+#: the shapes of the strategies measured here (what the strategy options' components declare)
+SHAPES = {
+    "single": StrategyShape("single"),
+    **{f"zero{stage}": StrategyShape("deepspeed", stage=stage) for stage in (0, 1, 2, 3)},
+}
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ def spec_for(cfg: BenchConfig) -> RunSpec:
     """The RunSpec the estimator sees for a bench configuration (the same numbers hydratune would pass)."""
     arch = Arch.from_dict(ARCH)
     full = cfg.peft == "full"
-    trainable = param_counts(arch).total if full else trainable_params(arch, LORA)
+    trainable = param_counts(arch).total if full else lora_params(arch, LORA["r"], LORA["target_modules"])
     lin = arch.linears()
     return RunSpec(
         arch=arch,
@@ -124,7 +123,7 @@ def spec_for(cfg: BenchConfig) -> RunSpec:
         seq_len=cfg.seq_len,
         gradient_checkpointing=cfg.gradient_checkpointing,
         attn_implementation=cfg.attn,
-        strategy=STRATEGY_SHAPES[cfg.strategy],
+        strategy=SHAPES[cfg.strategy],
         num_gpus=1,
         lora_inputs_per_layer=0 if full else sum(i for i, _, _ in lin.values()),
         lora_dropout=not full,

@@ -1,32 +1,31 @@
-"""hydratune components: small typed builders, one module per config group.
+"""hydratune components: small typed builders, one module per config group, and packages by concern.
 
-``register_all()`` imports every component module, which registers its structured-config schema with
-Hydra (``recipes.register_all()`` adds the recipes' on top: components never import recipes). It must
-stay cheap: component modules import torch / transformers / peft lazily, inside the functions that
-need them, so that composing and checking a config never pays for them.
+The top-level modules are the groups' components (the modules ``conf/`` names in ``_target_``, plus
+``recipe.py``, the recipe contract): ``register_all()`` imports every one of them, which registers their
+structured-config schemas with Hydra (``recipes.register_all()`` adds the recipes' on top: components never
+import recipes). It must stay cheap: component modules import torch / transformers / peft lazily, inside
+the functions that need them, so that composing and checking a config never pays for them. The packages
+(``config``, ``runtime``, ``text``, ``modeling``, ``distributed``, ``generation``, ``rl``, ``memory``,
+``commands``) hold what the components and recipes share; ARCHITECTURE.md draws the layout.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
-COMPONENT_MODULES: tuple[str, ...] = (
-    "components.config",
-    "components.model",
-    "components.data",
-    "components.peft",
-    "components.strategy",
-    "components.auto",
-    "components.precision",
-    "components.quantization",
-    "components.optimizer",
-    "components.scheduler",
-    "components.tracker",
-    "components.launcher",
-)
+
+def group_modules() -> list[str]:
+    """The top-level modules of this package (the config groups' components), by name."""
+    return sorted(
+        f"{__name__}.{m.name}"
+        for m in pkgutil.iter_modules(__path__)
+        if not m.ispkg and not m.name.startswith("_")
+    )
 
 
 def register_all() -> None:
-    """Import every component module that registers a schema (idempotent)."""
-    for name in COMPONENT_MODULES:
+    """Import every component module, registering its schemas (idempotent)."""
+    importlib.import_module("components.config.schema")  # the top-level schema (train:, estimate:)
+    for name in group_modules():
         importlib.import_module(name)

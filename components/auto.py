@@ -1,10 +1,11 @@
 """``strategy=auto``: pick the fastest strategy that fits, from the memory estimate, before anything loads.
 
-The choice walks the OOM ladder of :mod:`components.estimate` (fastest rung first in the ASSUMED,
-unmeasured order of ``SPEED``: single/DDP, ZeRO-0/1/2, FSDP, ZeRO++, ZeRO-3, ZeRO-2/3 with CPU offload,
-NVMe), takes the first (strategy, gradient
-checkpointing) rung whose micro-batch-1 run fits the GPU with the safety margin, then the largest
-micro-batch that still fits with gradient accumulation keeping the requested per-GPU batch. The chosen
+The choice walks the OOM ladder of :mod:`components.memory.ladder` over every strategy option in
+conf/strategy/ (each with the memory shape its component declares; fastest rung first in the ASSUMED,
+unmeasured order of ``components/memory/shapes.py``: single/DDP, ZeRO-0/1/2, FSDP, ZeRO++, ZeRO-3, CPU
+offload, NVMe), takes the first (strategy, gradient checkpointing) rung whose micro-batch-1 run fits the
+GPU with the safety margin, then the largest micro-batch that still fits with gradient accumulation
+keeping the requested per-GPU batch. The chosen
 option's composed node replaces ``strategy`` and the run dir's ``.hydra/config.yaml`` is rewritten, so
 ``hydratune replay <run dir>`` replays the decision without ``auto``.
 """
@@ -17,12 +18,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from components.errors import ConfigError
-from components.registry import component
+from components.config.errors import ConfigError
+from components.config.registry import component
+from components.memory.shapes import SINGLE, StrategyShape
 
 
 @component("strategy")
-@dataclass
+@dataclass(frozen=True)
 class Auto:
     """Chosen at launch from the memory estimate (``estimate.*`` says the hardware); never trains itself."""
 
@@ -31,15 +33,20 @@ class Auto:
     tune_micro_batch: bool = True  # also pick the largest micro-batch that fits (global batch kept)
 
     def validate(self) -> None:
-        from components.estimate import STRATEGY_SHAPES
+        from components.strategy import training_options
 
-        unknown = [c for c in self.candidates if c not in STRATEGY_SHAPES]
+        known = training_options()
+        unknown = [c for c in self.candidates if c not in known]
         if unknown:
             raise ConfigError(
                 f"unknown strategy candidates {unknown}",
                 key="strategy.candidates",
-                hint=f"choose from {', '.join(STRATEGY_SHAPES)}",
+                hint=f"choose from {', '.join(known)}",
             )
+
+    def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
+        """Undecided until launch: the estimate of the run as configured counts one process."""
+        return SINGLE
 
     def resolve_device(self) -> str:
         from components.strategy import detect_device
@@ -48,9 +55,9 @@ class Auto:
 
 
 def is_auto(cfg: Any) -> bool:
-    """True when the composed config's strategy is ``auto``."""
+    """True when the composed config's strategy is ``auto`` (its node names this module's ``Auto``)."""
     target = OmegaConf.select(cfg, "strategy._target_", default="") if isinstance(cfg, DictConfig) else ""
-    return str(target).rsplit(".", 1)[-1] == "Auto"
+    return str(target) == f"{Auto.__module__}.{Auto.__qualname__}"
 
 
 def compose_strategy_hydra(name: str) -> DictConfig:
@@ -78,7 +85,8 @@ def resolve_auto(
     cfg: DictConfig, compose_strategy: Callable[[str], DictConfig] | None = None
 ) -> tuple[DictConfig, str]:
     """(the config with ``strategy`` and the batch split chosen, the decision in words)."""
-    from components.estimate import _get, choose, gpu_memory_of, spec_from_config
+    from components.memory.ladder import choose
+    from components.memory.spec import get, gpu_memory_of, spec_from_config, strategy_shapes
 
     gpu_memory = gpu_memory_of(cfg)
     if gpu_memory is None:
@@ -90,20 +98,21 @@ def resolve_auto(
     margin = float(cfg.estimate.safety_margin)
     spec = spec_from_config(cfg)
     per_gpu = int(cfg.train.micro_batch_size) * int(cfg.train.gradient_accumulation_steps)
-    candidates = list(_get(cfg.strategy, "candidates", []) or []) or None
-    decision = choose(spec, gpu_memory, margin, per_gpu, candidates=candidates)
+    candidates = list(get(cfg.strategy, "candidates", []) or []) or None
+    shapes = strategy_shapes(spec.world_size, spec.num_gpus)
+    decision = choose(spec, shapes, gpu_memory, margin, per_gpu, candidates=candidates)
     text = decision.explain()
     if decision.strategy is None:
         raise ConfigError(f"no strategy fits:\n{text}", key="strategy", hint="see the table above")
     node = (compose_strategy or compose_strategy_hydra)(decision.strategy)
     new = cfg.copy()
     with open_dict(new):
-        device = _get(cfg.strategy, "device", "auto")
+        device = get(cfg.strategy, "device", "auto")
         new.strategy = node
         if "device" in new.strategy:
             new.strategy.device = device
         new.model.gradient_checkpointing = decision.gradient_checkpointing
-        if bool(_get(cfg.strategy, "tune_micro_batch", True)):
+        if bool(get(cfg.strategy, "tune_micro_batch", True)):
             new.train.micro_batch_size = decision.micro_batch
             new.train.gradient_accumulation_steps = decision.accumulation
     return new, text

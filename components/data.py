@@ -13,24 +13,28 @@ train/eval split (``Source.load_splits``). Rows are converted one by one, so an 
 line (JSON lines) or row, and the column. ``on_error=skip`` drops bad rows instead and counts them
 (``stats``, shown in the run's summary, with ``info``: the format used and where the eval rows came from).
 When the first rows all fail the same way, the error says the format or mapping does not fit the file.
+
+A component is its config: ``load()`` returns the splits as :class:`LoadedData`, which carries that load's
+report (the counts and how the data was read); nothing is kept on the component.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from components.errors import ConfigError
-from components.registry import component
+from components.config.errors import ConfigError
+from components.config.registry import component
 
 if TYPE_CHECKING:
-    from datasets import Dataset, DatasetDict
+    from datasets import Dataset
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 # Suffixes that mark a path as a file (so it must exist) even without ./ or / in front of it.
@@ -66,6 +70,43 @@ ON_ERROR = ("raise", "skip")
 ON_OVERLONG = ("truncate", "drop", "error")
 Messages = list[dict[str, str]]
 Row = dict[str, Any]
+Pair = tuple[Messages, "str | None"]  # (the prompt turns, the reference answer or None)
+
+
+@dataclass
+class LoadReport:
+    """What one load did, for the run's summary: rows dropped by reason (``stats``), how the data was read
+    (``info``: the format, where the eval rows came from), and the first skipped row's error."""
+
+    stats: dict[str, int] = field(default_factory=dict)
+    info: dict[str, str] = field(default_factory=dict)
+    first_skip: str | None = None
+
+
+class LoadedData(Mapping[str, "Dataset"]):
+    """The train/eval splits of one ``load()`` (``data["train"]``, ``data["eval"]``) and its report."""
+
+    def __init__(self, splits: dict[str, Dataset], report: LoadReport) -> None:
+        self.splits, self.report = dict(splits), report
+
+    def __getitem__(self, name: str) -> Dataset:
+        return self.splits[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.splits)
+
+    def __len__(self) -> int:
+        return len(self.splits)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Rows dropped, by reason."""
+        return self.report.stats
+
+    @property
+    def info(self) -> dict[str, str]:
+        """How the data was read: the format used, where the eval rows came from."""
+        return self.report.info
 
 
 class RowError(ValueError):
@@ -558,12 +599,14 @@ def check_max_length(max_length: int) -> None:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Source:
     """Where rows come from, how bad rows are handled and how train/eval are split (every data option)."""
 
     #: the canonical column names ``columns`` may map (each component sets its own)
     CANONICAL: ClassVar[tuple[str, ...]] = ()
+    #: what the rows hold (a recipe declares the kinds it reads: ``Recipe.data_kinds``)
+    kind: ClassVar[str] = ""
 
     path: str = "???"  # local jsonl/json/parquet/csv file, a directory of them, or a hub dataset name
     eval_path: str | None = None  # a separate eval set; else eval_size / eval_fraction rows are held out
@@ -609,16 +652,24 @@ class Source:
                 "e.g. data.roles='{bot: assistant, me: user}'",
             )
 
-    @property
-    def stats(self) -> dict[str, int]:
-        """What loading dropped, by reason (shown in the run's summary)."""
-        return self.__dict__.setdefault("_stats", {})
+    def whole(self) -> Source:
+        """This option reading every row of data.path in file order (no eval split held out): what the
+        inference recipes generate from."""
+        return dataclasses.replace(self, eval_fraction=0.0, eval_size=0, eval_path=None)
 
-    @property
-    def info(self) -> dict[str, str]:
-        """How the data was read: the format used and where the eval rows came from (shown in the run's
-        summary)."""
-        return self.__dict__.setdefault("_info", {})
+    def pairs(self, data: LoadedData, split: str) -> list[Pair] | None:
+        """(the prompt turns, the reference answer or None) per row of ``split``, for generation; None
+        when the rows hold no prompt to complete (raw text, preference pairs)."""
+        return None
+
+    def prompt_limit(self) -> tuple[int, str, str]:
+        """(the longest prompt in tokens, the key that sets it, what happens to longer ones) for the
+        prompts generated from."""
+        raise NotImplementedError
+
+    def enforce_length(self, data: LoadedData, tokenizer: Any) -> LoadedData:
+        """The length policy on loaded rows (here: none; the trainer truncates)."""
+        return data
 
     def messages(self, value: Any, role: str, column: str) -> Messages:
         """``as_messages`` with this option's ``roles``."""
@@ -630,7 +681,7 @@ class Source:
             f"map your columns to {', '.join(self.CANONICAL)}, e.g. data.columns='{{{self.CANONICAL[0]}: q}}'"
         )
 
-    def read(self, path: str, key: str, limit: int | None = None) -> list[Rows]:
+    def read(self, path: str, key: str, report: LoadReport, limit: int | None = None) -> list[Rows]:
         """The rows of ``path`` (at most ``limit``) with ``columns`` applied: each mapped column renamed to
         its canonical name. A mapped column the file lacks is an error listing the columns it has."""
         sources = read_sources(
@@ -640,7 +691,7 @@ class Source:
             subset=self.subset,
             limit=limit,
             skip=self.on_error == "skip",
-            stats=self.stats,
+            stats=report.stats,
         )
         mapping = {theirs: ours for ours, theirs in self.columns.items() if theirs != ours}
         targets = set(mapping.values())
@@ -675,7 +726,12 @@ class Source:
                 )
 
     def convert(
-        self, sources: list[Rows], fn: Callable[[Row], Row], columns: tuple[str, ...], key: str
+        self,
+        sources: list[Rows],
+        fn: Callable[[Row], Row],
+        columns: tuple[str, ...],
+        key: str,
+        report: LoadReport,
     ) -> Dataset:
         """Map every row with ``fn`` into a table of exactly ``columns``. A ``RowError`` names the file and
         line/row, or (``on_error=skip``) drops the row and counts it; when the first rows all fail alike,
@@ -691,8 +747,8 @@ class Source:
                     out.append(fn(row))
                 except RowError as err:
                     if self.on_error == "skip":
-                        _count(self.stats, "skipped rows")
-                        self.__dict__.setdefault("_first_skip", f"{source.where(i)}: {err}")
+                        _count(report.stats, "skipped rows")
+                        report.first_skip = report.first_skip or f"{source.where(i)}: {err}"
                         continue
                     raise ConfigError(
                         f"{source.where(i)}: {err}",
@@ -724,17 +780,21 @@ class Source:
             hint=first.hint or self.formats_hint(),
         )
 
-    def load_splits(self, build: Callable[[list[Rows], str, str], Dataset]) -> DatasetDict:
+    def load_splits(self, build: Callable[[list[Rows], str, str], Dataset], report: LoadReport) -> LoadedData:
         """Train and eval tables; ``build(rows, path, key)`` normalises each file's rows. Without
         ``eval_path``, ``eval_size`` (or ``eval_fraction``) rows of data.path are held out, seeded.
         ``info["eval rows from"]`` says which."""
-        from components.resolvers import is_demo_asset
+        from components.config.resolvers import is_demo_asset
 
-        train = build(self.read(self.path, "data.path", self.max_samples), self.path, "data.path")
+        train = build(self.read(self.path, "data.path", report, self.max_samples), self.path, "data.path")
         if self.eval_path:
-            evals = build(self.read(self.eval_path, "data.eval_path"), self.eval_path, "data.eval_path")
+            evals = build(
+                self.read(self.eval_path, "data.eval_path", report), self.eval_path, "data.eval_path"
+            )
             demo = is_demo_asset(self.eval_path)
-            self.info["eval rows from"] = "the demo eval file" if demo else f"data.eval_path={self.eval_path}"
+            report.info["eval rows from"] = (
+                "the demo eval file" if demo else f"data.eval_path={self.eval_path}"
+            )
         else:
             if self.eval_size:
                 n = self.eval_size
@@ -756,31 +816,28 @@ class Source:
             else:
                 evals = train.select([])
             share = f"data.eval_size={n}" if self.eval_size else f"{self.eval_fraction * 100:g}%"
-            self.info["eval rows from"] = (
+            report.info["eval rows from"] = (
                 f"{share} of data.path (seed {self.seed})" if n else "none (data.eval_fraction=0)"
             )
-        return self._finish({"train": train, "eval": evals})
+        return self._finish({"train": train, "eval": evals}, report)
 
-    def _finish(self, splits: dict[str, Dataset]) -> DatasetDict:
-        from datasets import DatasetDict
-
+    def _finish(self, splits: dict[str, Dataset], report: LoadReport) -> LoadedData:
         if len(splits["train"]) == 0:
-            first = self.__dict__.get("_first_skip")
+            first = report.first_skip
             raise ConfigError(
                 f"no training rows left in {self.path} after filtering"
                 + (f" (every row was skipped; the first: {first})" if first else ""),
                 key="data.path",
                 hint="see the skipped / dropped counts; fix the data or relax data.on_overlong",
             )
-        self._loaded = DatasetDict(splits)
-        return self._loaded
+        return LoadedData(splits, report)
 
 
 # ------------------------------------------------------------------------------------------- SFT data
 
 
 @component("data")
-@dataclass
+@dataclass(frozen=True)
 class ChatDataset(Source):
     """SFT data: chat ``messages``, ShareGPT ``conversations``, alpaca, prompt/completion or raw ``text``,
     loaded as ``messages`` + ``answer`` (conversational) or ``text`` (language modelling)."""
@@ -789,6 +846,7 @@ class ChatDataset(Source):
         *("messages", "conversations", "instruction", "input", "output", "prompt", "completion", "text"),
         "system",
     )
+    kind: ClassVar[str] = "chat"
 
     format: str = "auto"  # auto | messages | sharegpt | alpaca | prompt_completion | text
     system_prompt: str | None = None  # prepended as a system turn to rows that have none
@@ -823,14 +881,14 @@ class ChatDataset(Source):
             "data.columns='{messages: conversations}' or data.columns='{prompt: question, completion: reply}'"
         )
 
-    def detect(self, columns: list[str], path: str) -> str:
+    def detect(self, columns: list[str], path: str, report: LoadReport) -> str:
         """``format``, or (``auto``) the one format whose columns the file has."""
         if self.format != "auto":
-            self.info["format"] = self.format
+            report.info["format"] = self.format
             return self.format
         found = [name for name, needed in SIGNATURES.items() if all(c in columns for c in needed)]
         if len(found) == 1:
-            self.info["format"] = f"{found[0]} (detected)"
+            report.info["format"] = f"{found[0]} (detected)"
             return found[0]
         accepted = "; ".join(f"{name}: {' + '.join(cols)}" for name, cols in SIGNATURES.items())
         problem = f"is ambiguous: it fits formats {', '.join(found)}" if found else "matches no format"
@@ -841,20 +899,24 @@ class ChatDataset(Source):
             "or data.columns='{prompt: question, completion: reply}'",
         )
 
-    def load(self) -> DatasetDict:
+    def load(self) -> LoadedData:
         """Train/eval in the canonical shape: ``messages`` + ``answer``, or ``text``. The format is detected
         on data.path and applied to data.eval_path too."""
         fmt: str | None = None
+        report = LoadReport()
 
         def build(sources: list[Rows], path: str, key: str) -> Dataset:
             nonlocal fmt
-            kind = fmt = fmt or self.detect(sources[0].columns, path)
+            kind = fmt = fmt or self.detect(sources[0].columns, path, report)
             self.require(sources, SIGNATURES[kind], f"needed by format={kind}")
             if kind == "text":
-                return self.convert(sources, lambda row: {"text": text_of(row, "text")}, ("text",), key)
-            return self.convert(sources, lambda row: self.to_chat(row, kind), ("messages", "answer"), key)
+                return self.convert(
+                    sources, lambda row: {"text": text_of(row, "text")}, ("text",), key, report
+                )
+            columns = ("messages", "answer")
+            return self.convert(sources, lambda row: self.to_chat(row, kind), columns, key, report)
 
-        return self.load_splits(build)
+        return self.load_splits(build, report)
 
     def to_chat(self, row: Row, fmt: str) -> Row:
         """One row of format ``fmt`` as ``{"messages": [...], "answer": str}``. A ``system`` column, else
@@ -877,7 +939,7 @@ class ChatDataset(Source):
             messages = [{"role": "system", "content": system}, *messages]
         return {"messages": messages, "answer": messages[last_answer(messages)]["content"]}
 
-    def enforce_length(self, data: DatasetDict, tokenizer: Any) -> DatasetDict:
+    def enforce_length(self, data: LoadedData, tokenizer: Any) -> LoadedData:
         """Apply ``on_overlong`` to rows longer than ``max_length`` tokens (``truncate`` leaves them to the
         trainer, which cuts them; ``drop`` removes and counts them; ``error`` names the first)."""
         if self.on_overlong == "truncate":
@@ -902,17 +964,19 @@ class ChatDataset(Source):
                     hint="raise data.max_length, or set data.on_overlong=truncate or drop",
                 )
             if long:
-                _count(self.stats, "dropped (too long)", len(long))
+                _count(data.stats, "dropped (too long)", len(long))
             out[name] = table.select([i for i in range(len(table)) if i not in long]) if long else table
-        return self._finish(out)
+        return self._finish(out, data.report)
 
-    def prompts(self, split: str = "eval") -> list[tuple[Messages, str]]:
+    def prompt_limit(self) -> tuple[int, str, str]:
+        return self.max_length, "data.max_length", self.on_overlong
+
+    def pairs(self, data: LoadedData, split: str) -> list[Pair] | None:
         """(the conversation before the last assistant turn with content, that turn's content) per row of
-        ``split``, for generation-based eval; ``[]`` for raw-text data."""
-        data = self.__dict__.get("_loaded") or self.load()
+        ``split``; None for raw-text data."""
         if "messages" not in data[split].column_names:
-            return []
-        out = []
+            return None
+        out: list[Pair] = []
         for row in data[split]:
             messages = row["messages"]
             last = last_answer(messages)
@@ -924,7 +988,7 @@ class ChatDataset(Source):
 
 
 @component("data")
-@dataclass
+@dataclass(frozen=True)
 class PreferenceDataset(Source):
     """Preference pairs for reward modelling and DPO, loaded as ``prompt``, ``chosen``, ``rejected`` message
     lists. ``explicit``: a prompt column and the two responses (text becomes one user / assistant message).
@@ -934,9 +998,13 @@ class PreferenceDataset(Source):
     \\n\\nAssistant: ..."`` transcripts."""
 
     CANONICAL: ClassVar[tuple[str, ...]] = ("prompt", "chosen", "rejected")
+    kind: ClassVar[str] = "preference"
 
     format: str = "auto"  # auto | explicit | implicit (shared leading turns) | hh (Human:/Assistant: text)
     max_length: int = 1024  # tokens of prompt + response
+
+    def prompt_limit(self) -> tuple[int, str, str]:
+        return self.max_length, "data.max_length", "truncate"
 
     def validate(self) -> None:
         super().validate()
@@ -953,11 +1021,11 @@ class PreferenceDataset(Source):
             "data.columns='{prompt: question, chosen: good, rejected: bad}'"
         )
 
-    def detect(self, row: Row) -> str:
+    def detect(self, row: Row, report: LoadReport) -> str:
         """``format``, or (``auto``) what the first row of data.path holds: HH transcripts, conversations
         that start with a non-assistant turn (implicit), else responses to a prompt column (explicit)."""
         if self.format != "auto":
-            self.info["format"] = self.format
+            report.info["format"] = self.format
             return self.format
         chosen, fmt = row.get("chosen"), "explicit"
         if isinstance(chosen, str) and re.match(r"\s*Human:", chosen) and "\n\nAssistant:" in chosen:
@@ -968,7 +1036,7 @@ class PreferenceDataset(Source):
             except RowError:
                 first = "assistant"  # explicit's conversion names the problem
             fmt = "explicit" if first == "assistant" else "implicit"
-        self.info["format"] = f"{fmt} (detected)"
+        report.info["format"] = f"{fmt} (detected)"
         return fmt
 
     def to_pair(self, row: Row, fmt: str) -> Row:
@@ -988,30 +1056,32 @@ class PreferenceDataset(Source):
             self.messages(row.get("rejected"), "assistant", "rejected"),
         )
 
-    def load(self) -> DatasetDict:
+    def load(self) -> LoadedData:
         """Train/eval with ``prompt``, ``chosen`` and ``rejected``, each a list of messages. The format is
         detected on data.path and applied to data.eval_path too."""
         fmt: str | None = None
+        report = LoadReport()
 
         def build(sources: list[Rows], path: str, key: str) -> Dataset:
             nonlocal fmt
-            kind = fmt = fmt or self.detect(sources[0].rows[0])
+            kind = fmt = fmt or self.detect(sources[0].rows[0], report)
             needed = self.CANONICAL if kind == "explicit" else self.CANONICAL[1:]
             self.require(sources, needed, f"of a preference pair (format={kind})")
-            return self.convert(sources, lambda row: self.to_pair(row, kind), self.CANONICAL, key)
+            return self.convert(sources, lambda row: self.to_pair(row, kind), self.CANONICAL, key, report)
 
-        return self.load_splits(build)
+        return self.load_splits(build, report)
 
 
 # -------------------------------------------------------------------------------------- PPO/GRPO data
 
 
 @component("data")
-@dataclass
+@dataclass(frozen=True)
 class PromptDataset(Source):
     """Prompts for on-policy RL (PPO, GRPO): ``prompt`` messages and, when given, the reference ``answer``."""
 
     CANONICAL: ClassVar[tuple[str, ...]] = ("prompt", "answer")
+    kind: ClassVar[str] = "prompts"
 
     max_prompt_length: int = 256  # tokens
 
@@ -1020,9 +1090,19 @@ class PromptDataset(Source):
         if self.max_prompt_length < 1:
             raise ConfigError(f"must be >= 1, got {self.max_prompt_length}", key="data.max_prompt_length")
 
-    def load(self) -> DatasetDict:
+    def prompt_limit(self) -> tuple[int, str, str]:
+        return self.max_prompt_length, "data.max_prompt_length", "truncate"
+
+    def pairs(self, data: LoadedData, split: str) -> list[Pair] | None:
+        """(the prompt turns, the ``answer`` column's text, or None without that column) per row."""
+        table = data[split]
+        answers = table["answer"] if "answer" in table.column_names else [None] * len(table)
+        return list(zip(table["prompt"], answers, strict=True))
+
+    def load(self) -> LoadedData:
         """Train/eval with ``prompt`` (messages) and, if data.path has the column, ``answer`` (text)."""
         has_answer: bool | None = None  # decided on data.path, so both splits have the same columns
+        report = LoadReport()
 
         def to_prompt(row: Row) -> Row:
             out: Row = {"prompt": self.messages(row.get("prompt"), "user", "prompt")}
@@ -1035,6 +1115,7 @@ class PromptDataset(Source):
             self.require(sources, ("prompt",), "of a prompt dataset")
             if has_answer is None:
                 has_answer = all("answer" in s.columns for s in sources)
-            return self.convert(sources, to_prompt, ("prompt", "answer") if has_answer else ("prompt",), key)
+            columns = ("prompt", "answer") if has_answer else ("prompt",)
+            return self.convert(sources, to_prompt, columns, key, report)
 
-        return self.load_splits(build)
+        return self.load_splits(build, report)

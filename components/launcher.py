@@ -18,10 +18,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from components.errors import ConfigError
-from components.registry import component
+from components.config.errors import ConfigError
+from components.config.registry import component
 
 FROZEN = "frozen_config.yaml"
 RANK_DONE = ".rank{rank}.done.json"  # a worker wrote its result: its exit code no longer matters
@@ -53,7 +53,7 @@ def single_process_env() -> None:
 
 
 @component("launcher")
-@dataclass
+@dataclass(frozen=True)
 class Local:
     """Processes on this machine (``nproc_per_node``), optionally one node of a multi-node job.
 
@@ -81,9 +81,16 @@ class Local:
         if self.start_method not in ("spawn", "forkserver", "fork"):
             raise ConfigError(f"unknown start method '{self.start_method}'", key="launcher.start_method")
 
+    #: a scheduler starts every rank with this same command (srun): ranks come from its environment
+    started_per_rank: ClassVar[bool] = False
+
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
+
+    def rank_env(self) -> None:
+        """Set torch.distributed's RANK / WORLD_SIZE / MASTER_* from the scheduler's variables (nothing to
+        do here: the launcher that starts the workers sets them)."""
 
     def spawns_workers(self) -> bool:
         """Whether this process must start workers (more than one, and not already inside a launch)."""
@@ -118,12 +125,13 @@ class Local:
         (a module-level function, pickled by name for the spawned processes); rank 0's result (the
         objective).
 
-        A SIGTERM / SIGINT / SIGUSR1 to this process is relayed to the workers (components/interrupt.py):
-        they finish the step, checkpoint together and exit 75, and so does this process (``Interrupted``)."""
+        A SIGTERM / SIGINT / SIGUSR1 to this process is relayed to the workers
+        (components/distributed/interrupt.py): they finish the step, checkpoint together and exit 75, and so
+        does this process (``Interrupted``)."""
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
 
-        from components.interrupt import SignalRelay
+        from components.distributed.interrupt import SignalRelay
 
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.nproc_per_node)))
         os.environ[RELAYS] = "1"
@@ -177,7 +185,7 @@ def raise_if_stopped(run_dir: Path, failures: dict[int, Any], local: range) -> N
     75 that way: the run was interrupted, not broken."""
     import json
 
-    from components.errors import EXIT_INTERRUPTED, Interrupted
+    from components.config.errors import EXIT_INTERRUPTED, Interrupted
 
     stopped = {int(p.name.split(".")[1][4:]): p for p in run_dir.glob(RANK_STOPPED.format(rank="*"))}
     codes = {int(getattr(f, "exitcode", 1) or 1) for f in failures.values()}
@@ -220,17 +228,18 @@ def first_host(nodelist: str) -> str:
 
 
 @component("launcher")
-@dataclass
+@dataclass(frozen=True)
 class Slurm(Local):
     """A SLURM job per run (per multirun point) through hydra-submitit-launcher: ``hydra/launcher=
     submitit_slurm`` submits, SLURM starts ``tasks_per_node`` = GPUs per node processes on ``nodes``
     nodes, and each reads its rank from ``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NTASKS``."""
 
+    started_per_rank: ClassVar[bool] = True
+
     def spawns_workers(self) -> bool:
         return False  # SLURM started every process already
 
-    @staticmethod
-    def rank_env_from_slurm() -> None:
+    def rank_env(self) -> None:
         """Map SLURM's variables to torch.distributed's (the first node of the allocation is master)."""
         env = os.environ
         if "SLURM_PROCID" not in env:
@@ -244,7 +253,7 @@ class Slurm(Local):
 
 
 @component("launcher")
-@dataclass
+@dataclass(frozen=True)
 class DeepSpeedLauncher(Local):
     """Processes started by the ``deepspeed`` launcher from a hostfile (``hostfile`` lists ``host
     slots=N``); hydratune prints the command, and each process runs as a worker of the same run."""

@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.errors import ConfigError
-from components.registry import component
+from components.config.errors import ConfigError
+from components.config.registry import component
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-# auto = varlen_sdpa (components/attention.py) unless the model needs a feature it lacks
+# auto = varlen_sdpa (components/modeling/attention.py) unless the model needs a feature it lacks
 ATTN_IMPLEMENTATIONS = (
     "auto",
     "varlen_sdpa",
@@ -27,12 +27,13 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 
 
 @component("model")
-@dataclass
+@dataclass(frozen=True)
 class CausalLM:
     """A decoder-only language model and its tokenizer.
 
     ``name_or_path`` is a hub id or a local directory; with ``gguf_file`` it is the folder of that GGUF
-    checkpoint, converted once into a plain model dir that the run then uses (``components/gguf.py``).
+    checkpoint, converted once into a plain model dir that the run then uses
+    (``components/modeling/gguf.py``).
     ``init=random`` builds the architecture from ``name_or_path``'s config (plus ``architecture``
     overrides) with fresh weights; the shipped ``conf/model/*.yaml`` carry the architecture numbers of
     popular models so they compose offline.
@@ -54,24 +55,27 @@ class CausalLM:
     liger: bool | None = None  # Liger Triton kernels (RMSNorm, SwiGLU, RoPE); None = on CUDA if installed
     compile: bool = False  # torch.compile the model (the first steps pay the compile time)
     compile_mode: str = "default"  # default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
+    #: from_run left an adapter alone: its dir (the base is rebuilt from that run's model node); not a knob
+    adapter: str | None = field(default=None, init=False)
 
     # ---- checks (no weights touched) -------------------------------------------------------------
     def __post_init__(self) -> None:
-        self.adapter: str | None = None  # from_run left an adapter alone: its dir (the base is rebuilt)
+        """``from_run`` is resolved as the component is built (never later): it then names the model that
+        run left, a whole model dir or an adapter on the run's own base."""
         if not self.from_run:
             return
-        from components.trained import TrainedRun, final_model_dir
+        from components.modeling.trained import TrainedRun, final_model_dir
 
         final = final_model_dir(self.from_run, adapter_ok=True)
-        if (final / "config.json").is_file():
-            self.name_or_path, self.init = str(final), "pretrained"
-            self.gguf_file = None  # the run saved an ordinary model dir
-            return
-        # an adapter: its base is the run's own model node
-        base = TrainedRun.open(self.from_run).base_component()
-        for name in ("name_or_path", "gguf_file", "init", "architecture", "revision", "trust_remote_code"):
-            setattr(self, name, getattr(base, name))
-        self.tokenizer, self.adapter = str(final), str(final)  # the tokenizer as trained (chat template)
+        if (final / "config.json").is_file():  # the run saved an ordinary model dir
+            resolved = {"name_or_path": str(final), "init": "pretrained", "gguf_file": None}
+        else:  # an adapter: its base is the run's own model node, the tokenizer as trained (chat template)
+            base = TrainedRun.open(self.from_run).base_component()
+            names = ("name_or_path", "gguf_file", "init", "architecture", "revision", "trust_remote_code")
+            resolved = {name: getattr(base, name) for name in names}
+            resolved.update(tokenizer=str(final), adapter=str(final))
+        for name, value in resolved.items():
+            object.__setattr__(self, name, value)  # frozen: only construction sets fields
 
     def validate(self) -> None:
         """Cheap checks of the knobs themselves."""
@@ -96,13 +100,13 @@ class CausalLM:
                 hint=f"one of {', '.join(COMPILE_MODES)}",
             )
         if self.chat_template:
-            from components.chat_template import resolve_chat_template
+            from components.text.chat_template import resolve_chat_template
 
             resolve_chat_template(self.chat_template)  # an unknown name or a missing file fails here
         if self.padding_side not in ("left", "right"):
             raise ConfigError("padding_side must be left or right", key="model.padding_side")
         if self.gguf_file:
-            from components import gguf
+            from components.modeling import gguf
 
             gguf.gguf_path(self.name_or_path, self.gguf_file)  # folder, file, gguf package
         elif self.is_local:
@@ -138,8 +142,8 @@ class CausalLM:
     def check_sources(self) -> None:
         """The hub ids a training run will read: the tokenizer always, the weights (``init=pretrained``) or
         the config (``init=random`` without shipped architecture numbers); each is local, cached or served
-        by the hub, else one ConfigError naming its key (components/hub.py)."""
-        from components.hub import check_available
+        by the hub, else one ConfigError naming its key (components/modeling/hub.py)."""
+        from components.modeling.hub import check_available
 
         if self.init == "pretrained" or not self.architecture:
             check_available(
@@ -152,7 +156,7 @@ class CausalLM:
     @property
     def is_local(self) -> bool:
         """True when ``name_or_path`` names a local path rather than a hub id."""
-        from components.hub import is_local
+        from components.modeling.hub import is_local
 
         return is_local(self.name_or_path)
 
@@ -161,7 +165,7 @@ class CausalLM:
         model dir converted from it (converted now, once; later runs reuse the cached dir)."""
         if not self.gguf_file:
             return self.name_or_path
-        from components import gguf
+        from components.modeling import gguf
 
         return str(gguf.ensure_converted(gguf.gguf_path(self.name_or_path, self.gguf_file)))
 
@@ -171,7 +175,7 @@ class CausalLM:
 
         kwargs = {"revision": self.revision, "trust_remote_code": self.trust_remote_code}
         if self.gguf_file:  # the GGUF's metadata (or its cached conversion): no weight is dequantized
-            from components import gguf
+            from components.modeling import gguf
 
             config = gguf.read_config(gguf.gguf_path(self.name_or_path, self.gguf_file))
             for key, value in self.architecture.items():
@@ -242,7 +246,7 @@ class CausalLM:
     def resolved_attn_implementation(self) -> str:
         """What the model is built with: ``auto`` becomes ``varlen_sdpa`` (registered here, so worker
         processes have it too) or, for models needing what it lacks, the fallback it names."""
-        from components import attention
+        from components.modeling import attention
 
         if self.attn_implementation not in ("auto", attention.NAME):
             return self.attn_implementation
@@ -318,8 +322,8 @@ class CausalLM:
         """The tokenizer, set up for training: a pad token, right padding, the chat template.
         ``convert=False`` (``mode=plan``): a GGUF checkpoint not converted yet gives its tokenizer from the
         file itself, and no weight is dequantized."""
-        from components import gguf
-        from components.tokenizer import build_tokenizer
+        from components.modeling import gguf
+        from components.text.tokenizer import build_tokenizer
 
         source, gguf_file = self.tokenizer, None
         if source is None and self.gguf_file and not convert:
@@ -334,6 +338,13 @@ class CausalLM:
             chat_template=self.chat_template,
             padding_side=self.padding_side,
         )
+
+
+def base_loads_in_half(peft: Any, quantization: Any, strategy: Any) -> bool:
+    """Whether the base may load in bf16 under bf16 precision (``CausalLM.weight_dtype``'s ``frozen_base``):
+    the PEFT option freezes it, it is not quantized (bitsandbytes has its own storage) and the strategy does
+    not shard it one dtype per module (FSDP2). The memory estimate asks the same."""
+    return peft.freezes_base and not quantization.enabled and not strategy.one_dtype_per_shard
 
 
 def upcast_trainable(model: Any) -> int:

@@ -9,21 +9,33 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from components.errors import ConfigError
-from components.registry import component
+from components.config.errors import ConfigError
+from components.config.registry import component
 
 if TYPE_CHECKING:
     import torch
 
 
-@dataclass
+@dataclass(frozen=True)
 class Optimizer:
     """Base: learning rate and weight decay every optimizer shares."""
 
     lr: float = 1e-4
     weight_decay: float = 0.0
+
+    #: DeepSpeed's CPU Adam computes this optimizer's update: ZeRO offload on GPU may use it instead
+    deepspeed_cpu_adam: ClassVar[bool] = False
+
+    @property
+    def memory_kind(self) -> str:
+        """The estimate's name for its state size per parameter (``components/memory/estimate.py``'s
+        ``optimizer_bytes``): adamw | adamw_8bit | adafactor | sgd | sgd_momentum."""
+        return "adamw"
+
+    def check_device(self, device: str) -> None:
+        """Refuse a device this optimizer cannot run on (before any model loads)."""
 
     def validate(self) -> None:
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -48,13 +60,15 @@ class Optimizer:
 
 
 @component("optimizer")
-@dataclass
+@dataclass(frozen=True)
 class AdamW(Optimizer):
     """torch AdamW; ``fused: auto`` uses the fused kernel on CUDA and CPU when torch provides it."""
 
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     fused: bool | None = None  # None = auto
+
+    deepspeed_cpu_adam: ClassVar[bool] = True
 
     def validate(self) -> None:
         super().validate()
@@ -84,7 +98,7 @@ class AdamW(Optimizer):
 
 
 @component("optimizer")
-@dataclass
+@dataclass(frozen=True)
 class Adafactor(Optimizer):
     """Adafactor (factored second moments: far less optimizer memory than Adam) from transformers."""
 
@@ -95,6 +109,10 @@ class Adafactor(Optimizer):
     clip_threshold: float = 1.0
     decay_rate: float = -0.8
     beta1: float | None = None
+
+    @property
+    def memory_kind(self) -> str:
+        return "adafactor"
 
     def cls_and_kwargs(self, device: str) -> tuple[type, dict[str, Any]]:
         from transformers.optimization import Adafactor as HFAdafactor
@@ -113,13 +131,17 @@ class Adafactor(Optimizer):
 
 
 @component("optimizer")
-@dataclass
+@dataclass(frozen=True)
 class SGD(Optimizer):
     """Stochastic gradient descent with optional (Nesterov) momentum."""
 
     lr: float = 1e-2
     momentum: float = 0.9
     nesterov: bool = False
+
+    @property
+    def memory_kind(self) -> str:
+        return "sgd_momentum" if self.momentum > 0 else "sgd"
 
     def validate(self) -> None:
         super().validate()
@@ -139,7 +161,7 @@ class SGD(Optimizer):
 
 
 @component("optimizer")
-@dataclass
+@dataclass(frozen=True)
 class BnbAdamW(AdamW):
     """bitsandbytes AdamW: 8-bit states (``bits: 8``, ~75% less optimizer memory) and/or paged states
     (``paged: true``: spill to CPU under memory spikes instead of OOM). CUDA only."""
@@ -147,6 +169,12 @@ class BnbAdamW(AdamW):
     bits: int = 8  # 8 | 32
     paged: bool = False
     fused: bool | None = None  # unused (bitsandbytes kernels are fused already)
+
+    deepspeed_cpu_adam: ClassVar[bool] = False  # its 8-bit / paged states are not DeepSpeed's Adam
+
+    @property
+    def memory_kind(self) -> str:
+        return "adamw_8bit" if self.bits == 8 else "adamw"
 
     def validate(self) -> None:
         super().validate()

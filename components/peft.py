@@ -2,21 +2,31 @@
 
 Every option has ``validate()`` (field checks, no torch), ``check_targets(names)`` (run against the
 model built on the meta device, before weights load), ``apply(model) -> model`` (the model ready to
-train), ``peft_config()`` (the ``peft.PeftConfig``, or None) and ``is_adapter`` (saving writes the
-adapter only). Nothing here loads weights from a hub.
+train), ``peft_config()`` (the ``peft.PeftConfig``, or None), ``is_adapter`` (saving writes the
+adapter only) and ``trainable_params(arch)`` (what it trains, for the memory estimate). Nothing here
+loads weights from a hub.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from components.errors import ConfigError
-from components.registry import component
+from components.config.errors import ConfigError
+from components.config.registry import component
+from components.memory.arch import (
+    Arch,
+    extra_module_params,
+    lora_inputs,
+    lora_params,
+    param_counts,
+    targeted_linears,
+)
 
 if TYPE_CHECKING:
     from peft import PeftConfig
@@ -164,9 +174,31 @@ def _check_patterns(patterns: list[str], module_names: list[str], key: str) -> N
 
 
 # ---- components ----------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class Peft:
     """Base of every PEFT option: all parameters train, no adapter."""
+
+    #: a parameter-efficient method: only some parameters train (False only for full fine-tuning)
+    enabled: ClassVar[bool] = True
+    #: virtual tokens are prepended to every row (prompt learning): flattened rows would share them
+    adds_virtual_tokens: ClassVar[bool] = False
+
+    def trainable_params(self, arch: Arch) -> int:
+        """Parameters the optimizer updates on ``arch`` (the memory estimate's count; no model built)."""
+        return param_counts(arch).total
+
+    def adapter_inputs(self, arch: Arch) -> int:
+        """Input features summed over one layer's adapted linears: what LoRA keeps for backward."""
+        return 0
+
+    @property
+    def adapter_dropout(self) -> bool:
+        """The adapter applies dropout to its inputs (a mask per input element is kept)."""
+        return False
+
+    def for_task(self, task: str) -> Peft:
+        """This option for a model of ``task`` (``seq_cls``: a reward model's score head): itself here."""
+        return self
 
     @property
     def is_adapter(self) -> bool:
@@ -197,18 +229,24 @@ class Peft:
 
 
 @component("peft")
-@dataclass
+@dataclass(frozen=True)
 class FullFineTune(Peft):
     """Full fine-tuning: every parameter trains."""
 
+    enabled: ClassVar[bool] = False
+
 
 @component("peft")
-@dataclass
+@dataclass(frozen=True)
 class Freeze(Peft):
     """Freeze the model except its last ``last_n_layers`` decoder layers and the ``modules`` patterns."""
 
     last_n_layers: int = 1
     modules: list[str] = field(default_factory=list)  # glob patterns on parameter names, e.g. [lm_head, norm]
+
+    def trainable_params(self, arch: Arch) -> int:
+        layers = min(self.last_n_layers, arch.num_layers)
+        return layers * param_counts(arch).layer + extra_module_params(arch, self.modules)
 
     def validate(self) -> None:
         if self.last_n_layers < 0:
@@ -247,11 +285,15 @@ class Freeze(Peft):
 
 
 @component("peft")
-@dataclass
+@dataclass(frozen=True)
 class BitFit(Peft):
     """BitFit: train only the bias terms (plus ``extra_modules`` patterns). peft has no tuner for it."""
 
     extra_modules: list[str] = field(default_factory=list)  # glob patterns kept trainable, e.g. [lm_head]
+
+    def trainable_params(self, arch: Arch) -> int:
+        counts = param_counts(arch)
+        return counts.layer_bias * arch.num_layers + extra_module_params(arch, self.extra_modules)
 
     def check_targets(self, module_names: list[str]) -> None:
         _check_patterns(self.extra_modules, module_names, "peft.extra_modules")
@@ -272,7 +314,7 @@ class BitFit(Peft):
         return _set_trainable(model, keep, "peft=bitfit", "peft", "use peft=lora")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Adapter(Peft):
     """Base of the peft-library methods: ``task_type`` and the ``PeftModel`` wrapping."""
 
@@ -281,6 +323,10 @@ class Adapter(Peft):
     @property
     def is_adapter(self) -> bool:
         return True
+
+    def for_task(self, task: str) -> Peft:
+        """A sequence classifier's adapter is SEQ_CLS: peft then saves the fresh score head with it."""
+        return dataclasses.replace(self, task_type="SEQ_CLS") if task == "seq_cls" else self
 
     def validate(self) -> None:
         if self.task_type not in TASK_TYPES:
@@ -306,7 +352,7 @@ class Adapter(Peft):
             return get_peft_model(model, config)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TargetedAdapter(Adapter):
     """Adapters on named modules: ``target_modules`` is ``all-linear``, a list of names or a regex."""
 
@@ -374,7 +420,7 @@ class TargetedAdapter(Adapter):
 
 
 @component("peft")
-@dataclass
+@dataclass(frozen=True)
 class LoRA(TargetedAdapter):
     """Low-rank adapters (peft LoRA); ``use_dora=true`` makes them DoRA."""
 
@@ -385,6 +431,18 @@ class LoRA(TargetedAdapter):
     use_rslora: bool = False  # scale by alpha/sqrt(r) instead of alpha/r
     use_dora: bool = False
     init_lora_weights: Any = True  # true | false | gaussian | olora | pissa | pissa_niter_<n> | orthogonal
+
+    def trainable_params(self, arch: Arch) -> int:
+        return lora_params(
+            arch, self.r, self.target_modules, dora=self.use_dora, modules_to_save=self.modules_to_save
+        )
+
+    def adapter_inputs(self, arch: Arch) -> int:
+        return lora_inputs(arch, self.target_modules)
+
+    @property
+    def adapter_dropout(self) -> bool:
+        return self.dropout > 0
 
     def validate(self) -> None:
         super().validate()
@@ -432,7 +490,7 @@ class LoRA(TargetedAdapter):
 
 
 @component("peft")
-@dataclass
+@dataclass(frozen=True)
 class DoRA(LoRA):
     """Weight-decomposed low-rank adaptation: LoRA plus a learned magnitude per output feature."""
 
@@ -440,7 +498,7 @@ class DoRA(LoRA):
 
 
 @component("peft")
-@dataclass
+@dataclass(frozen=True)
 class IA3(TargetedAdapter):
     """(IA)^3: learned rescaling vectors on attention and feed-forward activations."""
 
@@ -450,6 +508,18 @@ class IA3(TargetedAdapter):
     def feedforward(self) -> str | list[str]:
         """``feedforward_modules`` normalised like ``targets()``."""
         return _as_targets(self.feedforward_modules)
+
+    def trainable_params(self, arch: Arch) -> int:
+        """One scale per input feature of a feed-forward module, per output feature of the others."""
+        pairs, _ = targeted_linears(arch, self.target_modules)
+        ff = self.feedforward_modules or []
+        lin = arch.linears()
+        per_layer = sum(
+            lin[k][0] if k.rsplit(".", 1)[-1] in ff else lin[k][1]
+            for k in lin
+            if (lin[k][0], lin[k][1]) in pairs
+        )
+        return per_layer * arch.num_layers
 
     def validate(self) -> None:
         super().validate()
@@ -472,11 +542,13 @@ class IA3(TargetedAdapter):
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class PromptLearning(Adapter):
     """Base of the virtual-token methods (they cannot be merged into the weights)."""
 
     num_virtual_tokens: int = 16
+
+    adds_virtual_tokens: ClassVar[bool] = True
 
     def validate(self) -> None:
         super().validate()
@@ -485,12 +557,15 @@ class PromptLearning(Adapter):
 
 
 @component("peft")
-@dataclass
+@dataclass(frozen=True)
 class PrefixTuning(PromptLearning):
     """Prefix tuning: trained key/value prefixes in every attention layer."""
 
     prefix_projection: bool = False  # reparameterise the prefixes through an MLP
     encoder_hidden_size: int | None = None  # that MLP's width (default: the key/value width)
+
+    def trainable_params(self, arch: Arch) -> int:
+        return self.num_virtual_tokens * 2 * arch.num_layers * arch.kv_dim
 
     def validate(self) -> None:
         super().validate()
@@ -509,12 +584,16 @@ class PrefixTuning(PromptLearning):
 
 
 @component("peft")
-@dataclass
+@dataclass(frozen=True)
 class PTuning(PromptLearning):
     """P-tuning (peft PromptEncoder): virtual tokens produced by a small trained MLP or LSTM."""
 
     encoder_hidden_size: int = 128
     encoder_reparameterization_type: str = "MLP"  # MLP | LSTM
+
+    def trainable_params(self, arch: Arch) -> int:
+        h, enc = arch.hidden_size, self.encoder_hidden_size
+        return self.num_virtual_tokens * h + 2 * h * enc + enc * enc
 
     def validate(self) -> None:
         super().validate()

@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from components.errors import ConfigError
-from components.registry import component
+from components.config.errors import ConfigError
+from components.config.registry import component
 
 DTYPES = ("fp32", "bf16", "fp16", "auto")
 
@@ -22,7 +22,7 @@ def device_supports_bf16(device: str) -> bool:
 
 
 @component("precision")
-@dataclass
+@dataclass(frozen=True)
 class Precision:
     """Mixed precision keeps fp32 master weights and autocasts compute to ``dtype``.
 
@@ -116,15 +116,3 @@ class Precision:
                 "overflow fp16's range (loss becomes nan). Prefer precision=bf16 on Ampere+ GPUs."
             )
         return None
-
-
-class LossScaling:
-    """Trainer mixin: accelerate's ``GradScaler`` gets the precision's fp16 knobs (``scaler_handlers``, set
-    on the class by ``Session.trainer``); transformers builds its ``Accelerator`` from these arguments."""
-
-    scaler_handlers: tuple[Any, ...] = ()
-
-    def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
-        args = super()._build_accelerator_args(**kwargs)  # type: ignore[misc]
-        args["kwargs_handlers"] = [*args.get("kwargs_handlers", []), *self.scaler_handlers]
-        return args

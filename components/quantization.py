@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from components.errors import ConfigError
-from components.registry import component
+from components.config.errors import ConfigError
+from components.config.registry import component
 
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @component("quantization")
-@dataclass
+@dataclass(frozen=True)
 class NoQuantization:
     """Weights stay in the model's dtype."""
 
@@ -32,6 +32,15 @@ class NoQuantization:
     def validate(self) -> None:
         """Nothing to check."""
 
+    def memory_format(self) -> tuple[int | None, str, bool]:
+        """(bits, 4-bit type, double quantization) of the stored base weights, for the memory estimate;
+        bits None: not quantized."""
+        return None, "nf4", False
+
+    def sharding_refusal(self, dtype: str, strategy: str) -> ConfigError | None:
+        """Why these weights cannot be sharded by ``strategy`` (ZeRO-3, FSDP) training in ``dtype``."""
+        return None
+
     def load_kwargs(self, compute_dtype: str, device: str = "cpu") -> dict[str, Any]:
         """Extra ``from_pretrained`` kwargs (a ``quantization_config`` for quantized loads)."""
         return {}
@@ -42,7 +51,7 @@ class NoQuantization:
 
 
 @component("quantization")
-@dataclass
+@dataclass(frozen=True)
 class BitsAndBytes(NoQuantization):
     """bitsandbytes k-bit weights: ``bits=8`` LLM.int8 (outlier threshold), ``bits=4`` NF4/FP4 (QLoRA)."""
 
@@ -61,6 +70,27 @@ class BitsAndBytes(NoQuantization):
     @property
     def needs_adapter(self) -> bool:
         return True
+
+    def memory_format(self) -> tuple[int | None, str, bool]:
+        return self.bits, self.quant_type or "nf4", self.double_quant
+
+    def sharding_refusal(self, dtype: str, strategy: str) -> ConfigError | None:
+        """8-bit weights cannot be sharded; 4-bit ones only stored in the training dtype (FSDP / ZeRO-3
+        flatten every parameter of a unit into one tensor of one dtype)."""
+        if self.bits == 8:
+            return ConfigError(
+                "8-bit (LLM.int8) weights cannot be sharded by ZeRO-3 / FSDP",
+                key="quantization",
+                hint="use quantization=nf4 with quantization.quant_storage=" + dtype + ", or strategy=zero2",
+            )
+        if self.quant_storage != dtype:
+            return ConfigError(
+                f"sharding 4-bit weights under {strategy} needs quantization.quant_storage to match the "
+                f"training dtype ({dtype}); it is {self.quant_storage}",
+                key="quantization.quant_storage",
+                hint=f"quantization.quant_storage={dtype}",
+            )
+        return None
 
     def validate(self) -> None:
         if self.bits not in (4, 8):

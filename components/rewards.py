@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.evaluation import normalise
+from components.generation.evaluation import normalise
 
 
 def text_of(completion: Any) -> str:
@@ -59,8 +59,8 @@ def reward_model_dir(path: str, key: str = "recipe.reward.model") -> str:
     """A model dir (holding config.json) or a run dir whose ``final/`` holds a trained reward model."""
     from pathlib import Path
 
-    from components.errors import ConfigError
-    from components.trained import final_model_dir
+    from components.config.errors import ConfigError
+    from components.modeling.trained import final_model_dir
 
     p = Path(path).expanduser()
     if (p / "config.json").is_file():

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from components.errors import ConfigError
-from components.registry import component
+from components.config.errors import ConfigError
+from components.config.registry import component
 
 if TYPE_CHECKING:
     import torch
@@ -15,7 +15,7 @@ KINDS = ("cosine", "linear", "constant")
 
 
 @component("scheduler")
-@dataclass
+@dataclass(frozen=True)
 class Schedule:
     """``kind`` with warmup: ``warmup_steps`` if > 0, else ``warmup_ratio`` of the total steps."""
 

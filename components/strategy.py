@@ -3,8 +3,8 @@
 ``single`` and ``ddp`` are plain accelerate; ``zero0``…``zero3pp`` generate a DeepSpeed config from the
 composed run (every ``"auto"`` resolved, see :meth:`DeepSpeed.deepspeed_config`); ``fsdp`` gives
 accelerate an FSDP2 plugin, and shards the modules of loops we own (PPO) with ``fully_shard`` itself
-(``components/fsdp.py``). After the trainer is built, :meth:`Strategy.verify` checks that accelerate
-really prepared what was asked for (it falls back silently in several setups) and refuses to train
+(``components/distributed/fsdp.py``). After the trainer is built, :meth:`Strategy.verify` checks that
+accelerate really prepared what was asked for (it falls back silently in several setups) and refuses to train
 otherwise; loops are checked by :meth:`Strategy.verify_loop`.
 """
 
@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
-from components.errors import ConfigError
-from components.registry import component
+from components.config.errors import ConfigError
+from components.config.registry import component
+from components.memory.shapes import SINGLE, StrategyShape, elements
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 OFFLOAD = ("none", "cpu", "nvme")
@@ -70,23 +73,76 @@ def _mixed(dtype: str) -> str:
     return "no" if dtype == "fp32" else dtype
 
 
+@dataclass
+class PreparedLoop:
+    """The trained modules of a loop we own after :meth:`Strategy.prepare_loop`, as the loop calls them, and
+    its optimizer; ``engine``: the one DeepSpeed engine around all of them (it scales, accumulates, clips
+    and steps by itself), else None."""
+
+    modules: dict[str, Any]
+    optimizer: Any
+    engine: Any = None
+
+
 def live_type(accelerator: Any) -> str:
     """accelerate's DistributedType name ('NO', 'MULTI_CPU', 'DEEPSPEED', 'FSDP', …)."""
     return str(accelerator.distributed_type).rsplit(".", 1)[-1]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Strategy:
-    """Base of every strategy: where it runs, what it adds to TrainingArguments, what it must produce."""
+    """Base of every strategy: where it runs, what it adds to TrainingArguments, what it must produce, and
+    what the rest of hydratune may ask of it (the class variables and the methods below) instead of its
+    class."""
 
     device: str = "auto"
 
     #: parameters live sharded across ranks (ZeRO-3, FSDP): saving needs a gather, generation all ranks
-    shards_parameters = False
+    shards_parameters: ClassVar[bool] = False
     #: needs torch.distributed set up even for a single process (DeepSpeed, FSDP)
-    needs_process_group = False
+    needs_process_group: ClassVar[bool] = False
     #: the model is built already partitioned over ranks (ZeRO-3's zero.Init): no copy of it can be made
-    partitions_at_load = False
+    partitions_at_load: ClassVar[bool] = False
+    #: the model goes into an engine or a sharding wrapper (DeepSpeed, FSDP): recipes that run a plain model
+    #: per process (generate, best_of_n, eval) cannot use it
+    wraps_model: ClassVar[bool] = False
+    #: at most this many processes (None: any number)
+    max_processes: ClassVar[int | None] = None
+    #: does its own fp16 loss scaling (DeepSpeed's config block): torch's GradScaler and its knobs are unused
+    scales_loss: ClassVar[bool] = False
+    #: each sharded module holds one dtype (FSDP2): a frozen base cannot load in bf16 beside fp32 adapters
+    one_dtype_per_shard: ClassVar[bool] = False
+    #: a loop we own trains one engine that scales, accumulates, clips and steps by itself (DeepSpeed)
+    loop_engine: ClassVar[bool] = False
+
+    @property
+    def label(self) -> str:
+        """How the summary names this strategy."""
+        return type(self).__name__
+
+    def applicable(self, world_size: int) -> bool:
+        """Whether this option makes sense for ``world_size`` ranks (the estimate's table, auto's ladder)."""
+        return True
+
+    def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
+        """What this strategy does to memory (``components/memory/estimate.py`` reads only this)."""
+        return SINGLE
+
+    def required_knobs(self) -> dict[str, str]:
+        """Knobs this option cannot go without (left null in its YAML), each with an example value."""
+        return {}
+
+    def device_refusal(self, device: str, dtype: str, owns_loop: bool) -> ConfigError | None:
+        """Why this strategy cannot train on ``device`` in ``dtype`` (None: it can). ``owns_loop``: the
+        recipe runs its own loop through the loop hooks below (PPO) rather than a Trainer."""
+        return None
+
+    def loop_refusal(self, dtype: str) -> ConfigError | None:
+        """What the loop hooks below cannot do with this option's knobs in ``dtype`` (None: nothing)."""
+        return None
+
+    def check(self, plan: BatchPlan, device: str) -> None:
+        """This strategy's own checks of the run before any model loads (packages, process layout)."""
 
     def validate(self) -> None:
         if self.device not in DEVICES:
@@ -104,8 +160,10 @@ class Strategy:
         """accelerate DistributedType names this strategy may legitimately end up with."""
         return {"NO"}
 
-    def before_model_load(self, ctx: Any) -> None:
-        """Runs right before the model is built (ZeRO-3 makes its config live here)."""
+    def before_model_load(self, ctx: Any) -> Any:
+        """Runs right before the model is built (ZeRO-3 makes its config live here); returns what the run
+        must keep alive while it trains (None: nothing)."""
+        return None
 
     def loop_accelerator(self, device: str, plan: BatchPlan) -> Any:
         """An ``Accelerator`` for recipes that own their loop (PPO), set up as this strategy asks."""
@@ -128,10 +186,18 @@ class Strategy:
         it; DeepSpeed and DDP wrap it in :meth:`prepare_loop`)."""
         return module
 
-    def prepare_loop(self, accelerator: Any, *objects: Any) -> tuple[Any, ...]:
-        """The trained modules and optimizer of a loop we own, through ``accelerator.prepare`` (the loop steps
-        its schedule itself: a prepared one would step once per process)."""
-        return tuple(accelerator.prepare(*objects))
+    def prepare_loop(
+        self,
+        accelerator: Any,
+        modules: dict[str, Any],
+        optimizer: Any,
+        combine: Callable[[dict[str, Any]], Any],
+    ) -> PreparedLoop:
+        """The trained ``modules`` and ``optimizer`` of a loop we own, through ``accelerator.prepare`` (the
+        loop steps its schedule itself: a prepared one would step once per process). ``combine`` makes one
+        module of them, for strategies that wrap exactly one (DeepSpeed)."""
+        *prepared, optimizer = accelerator.prepare(*modules.values(), optimizer)
+        return PreparedLoop(dict(zip(modules, prepared, strict=True)), optimizer)
 
     def generation(self, module: Any) -> contextlib.AbstractContextManager[None]:
         """Around sampling from a trained module of a loop we own (FSDP keeps the layers gathered)."""
@@ -208,13 +274,18 @@ class Strategy:
 
 
 @component("strategy")
-@dataclass
+@dataclass(frozen=True)
 class Single(Strategy):
     """One process on one device (GPU if present, else CPU)."""
 
+    max_processes: ClassVar[int | None] = 1
+
+    def applicable(self, world_size: int) -> bool:
+        return world_size == 1
+
 
 @component("strategy")
-@dataclass
+@dataclass(frozen=True)
 class DDP(Strategy):
     """torch DistributedDataParallel: one process per device, gradients all-reduced."""
 
@@ -241,9 +312,15 @@ class DDP(Strategy):
     def expected_distributed_types(self, world_size: int) -> set[str]:
         return {"NO"} if world_size == 1 else MULTI_PROCESS
 
+    def applicable(self, world_size: int) -> bool:
+        return world_size > 1  # on one rank it is strategy=single
+
+    def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
+        return StrategyShape("ddp")
+
 
 @component("strategy")
-@dataclass
+@dataclass(frozen=True)
 class FSDP(Strategy):
     """PyTorch FSDP2 (``fully_shard``): parameters, gradients and optimizer state sharded over ranks; one
     FSDP unit per transformer layer. Trainer-based recipes get it through accelerate's FSDP2 plugin (GPU
@@ -257,8 +334,51 @@ class FSDP(Strategy):
     state_dict_type: str = "FULL_STATE_DICT"  # checkpoint format; the final model is always gathered
     cpu_ram_efficient_loading: bool = True  # rank 0 loads the weights, the others get them broadcast
 
-    shards_parameters = True
-    needs_process_group = True
+    shards_parameters: ClassVar[bool] = True
+    needs_process_group: ClassVar[bool] = True
+    wraps_model: ClassVar[bool] = True
+    one_dtype_per_shard: ClassVar[bool] = True
+
+    def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
+        offload = "cpu" if self.cpu_offload else "none"
+        stage = 3 if self.reshard_after_forward else 2
+        return StrategyShape("fsdp", stage=stage, offload_optimizer=offload, offload_param=offload)
+
+    def device_refusal(self, device: str, dtype: str, owns_loop: bool) -> ConfigError | None:
+        if device == "cuda" or owns_loop:  # a loop we own shards with fully_shard itself, over gloo too
+            return None
+        return ConfigError(
+            f"FSDP needs GPUs: on {device} accelerate silently falls back to DDP",
+            key="strategy",
+            hint="use strategy=ddp or a DeepSpeed zero stage on CPU (recipe=ppo runs FSDP2 on CPU)",
+        )
+
+    def loop_refusal(self, dtype: str) -> ConfigError | None:
+        """What the loop hooks' own FSDP2 sharding does not do (rather than ignore the knob): fp16 (its loss
+        scaling would need a sharded gradient scaler), FSDP's activation checkpointing and sharded
+        checkpoints (accelerate's plugin only)."""
+        refused = {
+            "precision": (
+                dtype == "fp16",
+                "a loop we own (recipe=ppo) under FSDP trains in fp32 or bf16: fp16 loss scaling is not "
+                "wired into its FSDP2 sharding",
+                "precision=bf16 (FSDP2 computes in bf16 and reduces gradients in fp32)",
+            ),
+            "strategy.activation_checkpointing": (
+                self.activation_checkpointing,
+                "a loop we own (recipe=ppo) does not apply FSDP's activation checkpointing",
+                "strategy.activation_checkpointing=false, model.gradient_checkpointing=true (the model's)",
+            ),
+            "strategy.state_dict_type": (
+                self.state_dict_type != "FULL_STATE_DICT",
+                "a loop we own (recipe=ppo) checkpoints weights and optimizer state gathered whole on rank 0",
+                "strategy.state_dict_type=FULL_STATE_DICT",
+            ),
+        }
+        for key, (bad, message, hint) in refused.items():
+            if bad:
+                return ConfigError(message, key=key, hint=hint)
+        return None
 
     def validate(self) -> None:
         super().validate()
@@ -310,7 +430,7 @@ class FSDP(Strategy):
         """``module`` sharded with ``fully_shard`` as the knobs say: one unit per transformer layer, then
         its root; ``cpu_offload`` → ``CPUOffloadPolicy``; bf16/fp16 runs compute in that dtype and reduce
         gradients in fp32 (``MixedPrecisionPolicy``)."""
-        from components import fsdp
+        from components.distributed import fsdp
 
         return fsdp.shard(
             module,
@@ -325,18 +445,24 @@ class FSDP(Strategy):
         """A frozen model (PPO's reference, a reward model) sharded like the trained ones, for inference."""
         return self.shard_trained(accelerator, build().eval().requires_grad_(False))
 
-    def prepare_loop(self, accelerator: Any, *objects: Any) -> tuple[Any, ...]:
+    def prepare_loop(
+        self,
+        accelerator: Any,
+        modules: dict[str, Any],
+        optimizer: Any,
+        combine: Callable[[dict[str, Any]], Any],
+    ) -> PreparedLoop:
         """Nothing to prepare: the modules are sharded already (a DDP wrapper would all-reduce twice) and
         the loop steps its own optimizer and schedule."""
-        return objects
+        return PreparedLoop(dict(modules), optimizer)
 
     def generation(self, module: Any) -> contextlib.AbstractContextManager[None]:
-        from components import fsdp
+        from components.distributed import fsdp
 
         return fsdp.gathered(module, self.reshard_after_forward)
 
     def gather_loop_weights(self, accelerator: Any, module: Any) -> dict[str, Any] | None:
-        from components import fsdp
+        from components.distributed import fsdp
 
         return fsdp.full_state_dict(module) or None
 
@@ -345,7 +471,7 @@ class FSDP(Strategy):
         trained module really is an FSDP2 unit: no silent fallback to whole weights per rank."""
         import torch.distributed as dist
 
-        from components import fsdp
+        from components.distributed import fsdp
 
         self._verify_live(accelerator, {"NO", *MULTI_PROCESS}, world_size)  # one process: either
         whole = [type(m).__name__ for m in modules if not fsdp.is_sharded(m)]
@@ -364,7 +490,7 @@ class FSDP(Strategy):
         """Elements of each module's parameters held by this rank, next to the whole count."""
         import os
 
-        from components import fsdp
+        from components.distributed import fsdp
 
         rank = int(os.environ.get("RANK", 0))
         report: dict[str, Any] = {}
@@ -376,7 +502,7 @@ class FSDP(Strategy):
 
 
 @component("strategy")
-@dataclass
+@dataclass(frozen=True)
 class DeepSpeed(Strategy):
     """DeepSpeed ZeRO stage 0-3, with CPU/NVMe offload and ZeRO++ as options.
 
@@ -450,9 +576,7 @@ class DeepSpeed(Strategy):
                 key="strategy.communication_data_type",
                 hint="fp32, fp16, bf16 or null",
             )
-        hpz = self.zero_hpz_partition_size
-        zeropp = self.zero_quantized_weights or self.zero_quantized_gradients or hpz is None or hpz > 1
-        if zeropp and self.stage != 3:
+        if self.zeropp and self.stage != 3:
             raise ConfigError("ZeRO++ (qwZ / qgZ / hpZ) needs ZeRO stage 3", key="strategy.stage")
         unknown = set(self.aio) - AIO_KEYS
         if unknown:
@@ -468,7 +592,10 @@ class DeepSpeed(Strategy):
                 hint="auto, torch or deepspeed",
             )
 
-    needs_process_group = True
+    needs_process_group: ClassVar[bool] = True
+    wraps_model: ClassVar[bool] = True
+    scales_loss: ClassVar[bool] = True
+    loop_engine: ClassVar[bool] = True
 
     @property
     def shards_parameters(self) -> bool:  # type: ignore[override]
@@ -478,12 +605,91 @@ class DeepSpeed(Strategy):
     def partitions_at_load(self) -> bool:  # type: ignore[override]
         return self.stage == 3
 
+    @property
+    def label(self) -> str:
+        return f"DeepSpeed (ZeRO-{self.stage})"
+
+    @property
+    def zeropp(self) -> bool:
+        """ZeRO++: quantized weights or gradients (qwZ, qgZ), or a hierarchical partition (hpZ)."""
+        hpz = self.zero_hpz_partition_size
+        return self.zero_quantized_weights or self.zero_quantized_gradients or hpz is None or hpz > 1
+
+    def applicable(self, world_size: int) -> bool:
+        return world_size > 1 or not self.zeropp  # ZeRO++ cuts traffic between ranks: none on one
+
+    def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
+        hpz = self.zero_hpz_partition_size or (gpus_per_node if self.stage == 3 else 1)  # null: the node
+        return StrategyShape(
+            "deepspeed",
+            stage=self.stage,
+            offload_optimizer=self.offload_optimizer,
+            offload_param=self.offload_param,
+            reduce_bucket_size=elements(self.reduce_bucket_size),
+            allgather_bucket_size=elements(self.allgather_bucket_size),
+            prefetch_bucket_size=elements(self.stage3_prefetch_bucket_size),
+            max_live_parameters=elements(self.stage3_max_live_parameters) or 1e9,
+            overlap_comm=self.overlap_comm,
+            quantized_weights=self.zero_quantized_weights,
+            hpz_partition_size=int(hpz),
+            sub_group_size=elements(self.sub_group_size) or 1e9,
+        )
+
+    def required_knobs(self) -> dict[str, str]:
+        nvme = "nvme" in (self.offload_optimizer, self.offload_param)
+        return {"strategy.nvme_path": "/local_nvme"} if nvme and not self.nvme_path else {}
+
+    def device_refusal(self, device: str, dtype: str, owns_loop: bool) -> ConfigError | None:
+        if device == "cuda":
+            return None
+        if dtype != "fp32":
+            return ConfigError(
+                "DeepSpeed on CPU trains in fp32 only (no bf16/fp16 engine on CPU)",
+                key="precision",
+                hint="precision=fp32 on CPU, or run on GPUs",
+            )
+        for key in ("zero_quantized_weights", "zero_quantized_gradients"):
+            if getattr(self, key):
+                return ConfigError(
+                    f"ZeRO++ {key} needs DeepSpeed's CUDA quantizer kernels (no {device} implementation)",
+                    key=f"strategy.{key}",
+                    hint="run zero3pp on GPUs, or strategy=zero3 on this host",
+                )
+        return None
+
+    def loop_refusal(self, dtype: str) -> ConfigError | None:
+        if self.stage == 3 and not self.stage3_gather_16bit_weights_on_model_save:
+            return ConfigError(
+                "a loop we own (recipe=ppo) under ZeRO-3 gathers the final weights on rank 0",
+                key="strategy.stage3_gather_16bit_weights_on_model_save",
+                hint="leave it true",
+            )
+        return None
+
+    def check(self, plan: BatchPlan, device: str) -> None:
+        """DeepSpeed installed; ZeRO++ hpZ's secondary partition tiles the world (whole groups of ranks)."""
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError(
+                f"strategy {self.label} needs deepspeed, which is not installed",
+                key="strategy",
+                hint="pip install 'hydratune[deepspeed]'",
+            )
+        hpz = self.hpz_partition_size(plan)
+        if hpz > 1 and plan.world_size % hpz:
+            raise ConfigError(
+                f"ZeRO++ hpZ partition size {hpz} does not divide the {plan.world_size} process(es)",
+                key="strategy.zero_hpz_partition_size",
+                hint="null (= launcher.nproc_per_node, the GPUs per node) or a divisor of the world size",
+            )
+
     def uses_deepspeed_optimizer(self, device: str, optimizer: Any) -> bool:
         """DeepSpeed's own (CPU) Adam under optimizer offload on GPU: the torch optimizer would run the
         step on CPU tensors ~5x slower. On CPU-only hosts the torch optimizer avoids a 60 s JIT build."""
         if self.optimizer_impl != "auto":
             return self.optimizer_impl == "deepspeed"
-        return self.offload_optimizer != "none" and device == "cuda" and type(optimizer).__name__ == "AdamW"
+        return self.offload_optimizer != "none" and device == "cuda" and optimizer.deepspeed_cpu_adam
 
     def hpz_partition_size(self, plan: BatchPlan) -> int:
         """hpZ's secondary partition: the knob, or the processes per node (the copy stays in-node)."""
@@ -611,19 +817,19 @@ class DeepSpeed(Strategy):
     def expected_distributed_types(self, world_size: int) -> set[str]:
         return {"DEEPSPEED"}
 
-    def before_model_load(self, ctx: Any) -> None:
+    def before_model_load(self, ctx: Any) -> Any:
         """Under ZeRO-3, register the config with transformers first, so ``from_pretrained`` /
         ``from_config`` build the model inside ``deepspeed.zero.Init``: each rank then materialises
-        only its shard instead of a full copy in host RAM."""
-        if self.stage == 3:
-            import deepspeed
-            from transformers.integrations import HfDeepSpeedConfig
+        only its shard instead of a full copy in host RAM. Returns the registered config: transformers
+        keeps only a weak reference, so the run holds it while it trains."""
+        if self.stage != 3:
+            return None
+        import deepspeed
+        from transformers.integrations import HfDeepSpeedConfig
 
-            # zero.Init partitions over the process group, so it must exist before the model does
-            deepspeed.init_distributed(dist_backend="gloo" if ctx.device == "cpu" else None)
-
-            # transformers keeps only a weak reference: hold it for the whole run
-            self._hf_config = HfDeepSpeedConfig(self.deepspeed_config(ctx.plan, ctx.device))
+        # zero.Init partitions over the process group, so it must exist before the model does
+        deepspeed.init_distributed(dist_backend="gloo" if ctx.device == "cpu" else None)
+        return HfDeepSpeedConfig(self.deepspeed_config(ctx.plan, ctx.device))
 
     def files(self, plan: BatchPlan, device: str) -> dict[str, Any]:
         return {"deepspeed.json": self.deepspeed_config(plan, device)}
@@ -652,6 +858,18 @@ class DeepSpeed(Strategy):
 
         trained = [p for p in params if p.requires_grad]
         return DummyOptim(trained, lr=float(optimizer.lr), weight_decay=float(optimizer.weight_decay))
+
+    def prepare_loop(
+        self,
+        accelerator: Any,
+        modules: dict[str, Any],
+        optimizer: Any,
+        combine: Callable[[dict[str, Any]], Any],
+    ) -> PreparedLoop:
+        """DeepSpeed's engine wraps exactly one model: the ``combine``d modules (whose attributes are the
+        modules' names) become one engine, which scales, accumulates, clips and steps by itself."""
+        engine, optimizer = accelerator.prepare(combine(modules), optimizer)
+        return PreparedLoop({name: getattr(engine.module, name) for name in modules}, optimizer, engine)
 
     def inference_config(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
         """The config of frozen models' engines: the trained model's ZeRO stage and parameter offload,
@@ -736,3 +954,22 @@ def validate_deepspeed_config(config: dict[str, Any]) -> None:
         DeepSpeedConfig(checked)
     except Exception as err:  # DeepSpeed raises assorted types for bad configs
         raise ConfigError(f"DeepSpeed rejected the generated config: {err}", key="strategy") from err
+
+
+def training_options() -> dict[str, Strategy]:
+    """Every option of conf/strategy/ that trains, built (``auto``, which picks among these, is not one),
+    fastest first in the assumed order (then by name): the estimate's every-strategy table,
+    ``strategy=auto``'s ladder and the support matrix list these. Built once per conf/ (components are
+    frozen: sharing them is safe)."""
+    from components.config import options
+
+    return dict(_training_options(options.CONF))
+
+
+@functools.cache
+def _training_options(conf: Path) -> tuple[tuple[str, Strategy], ...]:
+    from components.config.options import options
+
+    built = {name: option.build() for name, option in options("strategy", conf).items()}
+    trains = [(name, strategy) for name, strategy in built.items() if isinstance(strategy, Strategy)]
+    return tuple(sorted(trains, key=lambda item: (-item[1].memory_shape().speed, item[0])))

@@ -2,9 +2,11 @@
 
 Several trackers can run at once: each option lives at ``tracker.<name>`` in the config, so
 ``tracker=[tensorboard,wandb]`` selects both. They reach the HF/TRL trainers as ``report_to`` names
-(the trainers' own integrations) or as callbacks; recipes that own their loop (PPO) call
-:meth:`Tracker.log` instead (through ``Session.log_metrics``). Secrets (API keys) stay in the environment: no
-tracker writes them to the config, the run dir or its params.
+(the trainers' own integrations) or as callbacks; recipes that own their loop (PPO) log through the
+:class:`TrackerRun` that :meth:`Tracker.start` returns (``Session.log_metrics``). A tracker component is its
+config: what a run opens (a W&B run, a TensorBoard writer) lives in that ``TrackerRun``, held by the
+run's Session. Secrets (API keys) stay in the environment: no tracker writes them to the config, the run
+dir or its params.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.errors import ConfigError
-from components.registry import component
+from components.config.errors import ConfigError
+from components.config.registry import component
 
 
 @dataclass
@@ -29,7 +31,34 @@ class RunInfo:
     config: dict[str, Any] = field(default_factory=dict)  # the resolved config
 
 
+class TrackerRun:
+    """A tracker's side of one run (rank 0), from :meth:`Tracker.start`: what it opened, and how to log
+    into it and close it."""
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """Record ``metrics`` at ``step`` directly, for recipes that own their loop (PPO). Trainer-based
+        recipes reach the tracker through ``report_to`` or its callbacks instead."""
+
+    def finish(self) -> None:
+        """After training (also after an interruption): flush and close."""
+
+
 @dataclass
+class Runs(TrackerRun):
+    """Several trackers' runs as one."""
+
+    runs: list[TrackerRun]
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for run in self.runs:
+            run.log(metrics, step)
+
+    def finish(self) -> None:
+        for run in self.runs:
+            run.finish()
+
+
+@dataclass(frozen=True)
 class Tracker:
     """Base: the hooks a tracker may use."""
 
@@ -39,18 +68,12 @@ class Tracker:
     def report_to(self) -> list[str]:
         return []
 
-    def setup(self, run: RunInfo) -> None:
-        """Before the trainer is built, on rank 0 only."""
+    def start(self, run: RunInfo) -> TrackerRun:
+        """Before the trainer is built, on rank 0 only: set the tracker up for ``run``."""
+        return TrackerRun()
 
     def callbacks(self, run: RunInfo) -> list[Any]:
         return []
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        """Record ``metrics`` at ``step`` directly, for recipes that own their loop (PPO); rank 0 only,
-        after :meth:`setup`. Trainer-based recipes reach the tracker through ``report_to`` instead."""
-
-    def finish(self) -> None:
-        """After training (also after an interruption): flush and close."""
 
 
 def _require(package: str, tracker: str, extra: str) -> None:
@@ -64,8 +87,29 @@ def _require(package: str, tracker: str, extra: str) -> None:
         )
 
 
-@component("tracker")
 @dataclass
+class _LazyRun(TrackerRun):
+    """A run opened at its first ``log`` (``open()``), written with ``write(handle, metrics, step)`` and
+    closed with ``close(handle)``: the trainers' own integrations log everywhere else."""
+
+    open: Any
+    write: Any
+    close: Any
+    handle: Any = None
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.handle is None:
+            self.handle = self.open()
+        self.write(self.handle, metrics, step)
+
+    def finish(self) -> None:
+        if self.handle is not None:
+            self.close(self.handle)
+            self.handle = None
+
+
+@component("tracker")
+@dataclass(frozen=True)
 class TensorBoard(Tracker):
     """TensorBoard event files under ``<run dir>/<subdir>`` (``tensorboard --logdir outputs``)."""
 
@@ -77,28 +121,25 @@ class TensorBoard(Tracker):
     def report_to(self) -> list[str]:
         return ["tensorboard"]
 
-    def setup(self, run: RunInfo) -> None:
+    def start(self, run: RunInfo) -> TrackerRun:
         # transformers 5 removed TrainingArguments.logging_dir; its TensorBoard callback reads this variable.
-        os.environ["TENSORBOARD_LOGGING_DIR"] = str(run.run_dir / self.subdir)
-        self._logdir = run.run_dir / self.subdir
+        logdir = str(run.run_dir / self.subdir)
+        os.environ["TENSORBOARD_LOGGING_DIR"] = logdir
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        if getattr(self, "_writer", None) is None:
+        def writer() -> Any:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(str(self._logdir))
-        for key, value in metrics.items():
-            self._writer.add_scalar(key, value, global_step=step)
+            return SummaryWriter(logdir)
 
-    def finish(self) -> None:
-        writer = getattr(self, "_writer", None)
-        if writer is not None:
-            writer.close()
-            self._writer = None
+        def write(writer: Any, metrics: dict[str, float], step: int) -> None:
+            for key, value in metrics.items():
+                writer.add_scalar(key, value, global_step=step)
+
+        return _LazyRun(writer, write, lambda writer: writer.close())
 
 
 @component("tracker")
-@dataclass
+@dataclass(frozen=True)
 class WandB(Tracker):
     """Weights & Biases. ``mode: offline`` (or ``WANDB_MODE=offline``) works with no network; the API key
     comes from ``WANDB_API_KEY`` / ``wandb login`` only."""
@@ -128,11 +169,11 @@ class WandB(Tracker):
     def report_to(self) -> list[str]:
         return ["wandb"]
 
-    def setup(self, run: RunInfo) -> None:
+    def start(self, run: RunInfo) -> TrackerRun:
         import wandb
 
         os.environ["WANDB_LOG_MODEL"] = "end" if self.log_model else "false"
-        self._run = wandb.init(
+        opened = wandb.init(
             project=self.project,
             entity=self.entity,
             group=self.group,
@@ -143,15 +184,9 @@ class WandB(Tracker):
             mode=self.mode,
             reinit="finish_previous",
         )  # the trainer's WandbCallback logs into this run
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        self._run.log(metrics, step=step)
-
-    def finish(self) -> None:
-        run = getattr(self, "_run", None)
-        if run is not None:
-            run.finish()
-            self._run = None
+        return _LazyRun(
+            lambda: opened, lambda r, metrics, step: r.log(metrics, step=step), lambda r: r.finish(), opened
+        )
 
 
 def wandb_api_key_found() -> bool:
@@ -189,7 +224,7 @@ def check_reachable(uri: str, key: str, timeout: float = 2.0) -> None:
 
 
 @component("tracker")
-@dataclass
+@dataclass(frozen=True)
 class MLflow(Tracker):
     """MLflow: a local file store in the run dir by default, or any ``tracking_uri``."""
 
@@ -207,7 +242,7 @@ class MLflow(Tracker):
     def uri(self, run_dir: Path) -> str:
         return self.tracking_uri or (run_dir / "mlruns").resolve().as_uri()
 
-    def setup(self, run: RunInfo) -> None:
+    def start(self, run: RunInfo) -> TrackerRun:
         os.environ["MLFLOW_TRACKING_URI"] = self.uri(run.run_dir)
         if self.tracking_uri is None:  # MLflow 3 keeps the file store behind an opt-in
             os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
@@ -219,22 +254,19 @@ class MLflow(Tracker):
         # (the final evaluation would otherwise land in a second, anonymous run).
         mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
         mlflow.set_experiment(self.experiment)
-        mlflow.start_run(run_name=run.name, tags={"hydratune.overrides": " ".join(run.tags)[:5000]})
+        opened = mlflow.start_run(run_name=run.name, tags={"hydratune.overrides": " ".join(run.tags)[:5000]})
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        import mlflow
+        def end(_: Any) -> None:
+            if mlflow.active_run() is not None:
+                mlflow.end_run()
 
-        mlflow.log_metrics(metrics, step=step)
-
-    def finish(self) -> None:
-        import mlflow
-
-        if mlflow.active_run() is not None:
-            mlflow.end_run()
+        return _LazyRun(
+            lambda: opened, lambda _, metrics, step: mlflow.log_metrics(metrics, step=step), end, opened
+        )
 
 
 @component("tracker")
-@dataclass
+@dataclass(frozen=True)
 class Aim(Tracker):
     """Aim (needs the ``aim`` package): a repo in the run dir by default."""
 
@@ -249,26 +281,23 @@ class Aim(Tracker):
 
         return [AimCallback(repo=self.repo or str(run.run_dir), experiment=self.experiment)]
 
-    def setup(self, run: RunInfo) -> None:
-        self._repo = self.repo or str(run.run_dir)
+    def start(self, run: RunInfo) -> TrackerRun:
+        repo = self.repo or str(run.run_dir)
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        if getattr(self, "_run", None) is None:
+        def opened() -> Any:
             import aim
 
-            self._run = aim.Run(repo=self._repo, experiment=self.experiment)
-        for key, value in metrics.items():
-            self._run.track(value, name=key, step=step)
+            return aim.Run(repo=repo, experiment=self.experiment)
 
-    def finish(self) -> None:
-        run = getattr(self, "_run", None)
-        if run is not None:
-            run.close()
-            self._run = None
+        def write(aim_run: Any, metrics: dict[str, float], step: int) -> None:
+            for key, value in metrics.items():
+                aim_run.track(value, name=key, step=step)
+
+        return _LazyRun(opened, write, lambda aim_run: aim_run.close())
 
 
 @component("tracker")
-@dataclass
+@dataclass(frozen=True)
 class Comet(Tracker):
     """Comet (needs ``comet_ml``; the API key from ``COMET_API_KEY``)."""
 
@@ -281,28 +310,22 @@ class Comet(Tracker):
     def report_to(self) -> list[str]:
         return ["comet_ml"]
 
-    def setup(self, run: RunInfo) -> None:
+    def start(self, run: RunInfo) -> TrackerRun:
         os.environ["COMET_PROJECT_NAME"] = self.project
         os.environ["COMET_MODE"] = self.mode
         if self.mode == "offline":
             os.environ["COMET_OFFLINE_DIRECTORY"] = str(run.run_dir / "comet")
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        if getattr(self, "_experiment", None) is None:
+        def opened() -> Any:
             import comet_ml
 
-            self._experiment = comet_ml.start(project_name=self.project, online=self.mode == "online")
-        self._experiment.log_metrics(metrics, step=step)
+            return comet_ml.start(project_name=self.project, online=self.mode == "online")
 
-    def finish(self) -> None:
-        experiment = getattr(self, "_experiment", None)
-        if experiment is not None:
-            experiment.end()
-            self._experiment = None
+        return _LazyRun(opened, lambda e, metrics, step: e.log_metrics(metrics, step=step), lambda e: e.end())
 
 
 @component("tracker")
-@dataclass
+@dataclass(frozen=True)
 class JsonlTracker(Tracker):
     """Append every logged record, tagged with the run, to one JSONL file: point several runs'
     ``tracker.jsonl.path`` at one file to follow them together (``tail -f``, log shippers)."""
@@ -328,11 +351,11 @@ class JsonlTracker(Tracker):
 
         return [_Append()]
 
-    def setup(self, run: RunInfo) -> None:
-        self._run = run
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        _append(self.file(self._run), self._run, step, metrics)
+    def start(self, run: RunInfo) -> TrackerRun:
+        path = self.file(run)
+        return _LazyRun(
+            lambda: path, lambda path, metrics, step: _append(path, run, step, metrics), lambda _: None
+        )
 
 
 def _append(path: Path, run: RunInfo, step: int, logs: dict[str, Any]) -> None:
@@ -342,7 +365,7 @@ def _append(path: Path, run: RunInfo, step: int, logs: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trackers(Tracker):
     """The selected trackers as one (``tracker=[tensorboard,wandb]``); none selected = run dir only."""
 
@@ -362,17 +385,8 @@ class Trackers(Tracker):
     def report_to(self) -> list[str]:
         return [name for m in self.members.values() for name in m.report_to()]
 
-    def setup(self, run: RunInfo) -> None:
-        for member in self.members.values():
-            member.setup(run)
+    def start(self, run: RunInfo) -> TrackerRun:
+        return Runs([member.start(run) for member in self.members.values()])
 
     def callbacks(self, run: RunInfo) -> list[Any]:
         return [cb for m in self.members.values() for cb in m.callbacks(run)]
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        for member in self.members.values():
-            member.log(metrics, step)
-
-    def finish(self) -> None:
-        for member in self.members.values():
-            member.finish()

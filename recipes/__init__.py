@@ -1,19 +1,22 @@
-"""hydratune recipes: one thin runner per pipeline (sft; reward, dpo, ppo, grpo build on the same parts)."""
+"""hydratune recipes: one thin runner per pipeline, one module each (`recipes/<name>.py` is `recipe=<name>`).
+
+A recipe registers itself with ``@recipe`` (components/recipe.py): ``register_all()`` imports every module of
+this package but the entry points, so a new recipe is its module alone.
+"""
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
-RECIPE_MODULES: tuple[str, ...] = (
-    "recipes.sft",
-    "recipes.reward",
-    "recipes.dpo",
-    "recipes.ppo",
-    "recipes.grpo",
-    "recipes.generate",
-    "recipes.best_of_n",
-    "recipes.eval",
-)
+#: the package's entry points, not recipes: the CLI, one rank of a launched job, ``python -m recipes``
+ENTRY_POINTS = ("cli", "worker", "__main__")
+
+
+def recipe_modules() -> list[str]:
+    """Every recipe module of this package, by name."""
+    found = (m.name for m in pkgutil.iter_modules(__path__) if not m.ispkg)
+    return sorted(f"{__name__}.{name}" for name in found if name not in ENTRY_POINTS)
 
 
 def register_all() -> None:
@@ -22,5 +25,5 @@ def register_all() -> None:
     import components
 
     components.register_all()
-    for name in RECIPE_MODULES:
+    for name in recipe_modules():
         importlib.import_module(name)

@@ -16,15 +16,15 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from components.errors import ConfigError
-from components.inference import BatchedGeneration, write_jsonl
-from components.registry import component
+from components.config.errors import ConfigError
+from components.recipe import recipe
 from components.rewards import default_reward, reward_model_path
-from components.run import Components, RunContext
+from components.runtime.inference import BatchedGeneration, write_jsonl
+from components.runtime.run import Components, RunContext
 
 
-@component("recipe")
-@dataclass
+@recipe
+@dataclass(frozen=True)
 class BestOfN(BatchedGeneration):
     """recipe=generate's knobs (``num_return_sequences`` is N, sampled at ``temperature``) and the reward."""
 
@@ -33,7 +33,8 @@ class BestOfN(BatchedGeneration):
     output: str = "samples.jsonl"  # every sample with its reward
     reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
     pairs: bool = False  # also write best/worst preference pairs (pairs.jsonl)
-    name: ClassVar[str] = "best_of_n"
+
+    title: ClassVar[str] = "Best-of-N"
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         super().check(cfg, comps)
@@ -80,7 +81,7 @@ class BestOfN(BatchedGeneration):
             "best_of_n.jsonl": f"recipe=sft data=jsonl_messages data.path={out / 'best_of_n.jsonl'}",
             **({"pairs.jsonl": f"recipe=dpo data.path={out / 'pairs.jsonl'}"} if self.pairs else {}),
         }
-        session.write_report("Best-of-N", metrics)
+        session.write_report(metrics)
         return metrics
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from components.checks import require_preferences
-from components.errors import ConfigError
-from components.registry import component
-from components.run import Components, RunContext
+from components.config.errors import ConfigError
+from components.recipe import Recipe, recipe
+from components.runtime.run import Components, RunContext
 
 LOSS_TYPES = (
     "sigmoid",
@@ -38,10 +37,13 @@ LOSS_TYPES = (
 )
 
 
-@component("recipe")
-@dataclass
-class DPO:
-    """Knobs of DPO: the KL strength ``beta``, the loss (or a weighted mix of losses), the reference."""
+@recipe
+@dataclass(frozen=True)
+class DPO(Recipe):
+    """DPO on TRL's DPOTrainer: the KL strength ``beta``, the loss (or a weighted mix of losses)."""
+
+    title: ClassVar[str] = "DPO"
+    data_kinds: ClassVar[tuple[str, ...]] = ("preference",)
 
     beta: float = 0.1
     loss_type: list[str] = field(default_factory=lambda: ["sigmoid"])
@@ -50,7 +52,6 @@ class DPO:
     precompute_ref_log_probs: bool = False
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
-        require_preferences("dpo", comps)
         unknown = [t for t in self.loss_type if t not in LOSS_TYPES]
         if unknown:
             raise ConfigError(
@@ -68,7 +69,7 @@ class DPO:
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import DPOConfig, DPOTrainer
 
-        from components.session import Session, training_pairs
+        from components.runtime.session import Session, training_pairs
 
         c = ctx.components
         session = Session.start(ctx)
@@ -93,4 +94,4 @@ class DPO:
             )
         )
         trainer = session.trainer(DPOTrainer, args, data, ref_model=reference)
-        return session.train_and_finish(trainer, title="DPO", probes=training_pairs(trainer))
+        return session.train_and_finish(trainer, probes=training_pairs(trainer))

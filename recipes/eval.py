@@ -23,9 +23,9 @@ from unittest import mock
 
 from omegaconf import DictConfig
 
-from components.errors import ConfigError
-from components.registry import component
-from components.run import Components, RunContext
+from components.config.errors import ConfigError
+from components.recipe import DATA_KINDS, Recipe, recipe
+from components.runtime.run import Components, RunContext
 
 #: hydratune's own lm-eval tasks (package data); each reads the rows of ``data.path``
 TASKS_DIR = Path(__file__).resolve().parent.parent / "components" / "assets" / "lm_eval_tasks"
@@ -34,14 +34,18 @@ RESULTS, SAMPLES, DATA = "lm_eval_results.json", "lm_eval_samples.jsonl", "lm_ev
 INSTALL = 'pip install "hydratune[lm-eval]"'
 
 
-@component("recipe")
-@dataclass
-class Eval:
-    """Which lm-eval tasks, how many rows, shots and prompts per batch; the model comes from ``model``."""
+@recipe
+@dataclass(frozen=True)
+class Eval(Recipe):
+    """lm-evaluation-harness on a run's model (model.from_run=<run dir>) or the configured model."""
 
-    #: checks: one whole model per process (no optimizer, no sharding); adapter runs load as trained
+    title: ClassVar[str] = "Eval"
+    #: lm-eval's own tasks read no data; hydratune_prompts needs prompt/answer rows (checked in ``check``)
+    data_kinds: ClassVar[tuple[str, ...]] = ("chat", "prompts", "preference")
+    #: one whole model per process (no optimizer, no sharding); adapter runs load as trained
     inference_only: ClassVar[bool] = True
     periodic_eval: ClassVar[bool] = False  # no training, so no eval split to check
+    produces_causal_lm: ClassVar[bool] = False  # it writes scores, not a model
 
     tasks: list[str] = field(default_factory=lambda: ["hydratune_prompts"])  # names, globs or YAML files
     include_path: str | None = None  # a folder of your own task YAMLs
@@ -49,21 +53,19 @@ class Eval:
     num_fewshot: int | None = None  # null = each task's default (hydratune_prompts: 0)
     batch_size: int = 16  # prompts per forward / generate() call
     apply_chat_template: bool = True  # render prompts with the model's chat template (few-shot as turns)
-    _manager: Any = field(default=None, init=False, repr=False)  # lm-eval's task index, built once
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
-        from components.inference import refuse_peft
-        from components.run import world_size
-        from components.strategy import Single
+        from components.runtime.inference import refuse_peft
+        from components.runtime.run import world_size
 
         if importlib.util.find_spec("lm_eval") is None:
             raise ConfigError(
                 "recipe=eval runs lm-evaluation-harness, which is not installed", key="recipe", hint=INSTALL
             )
-        if not isinstance(comps.strategy, Single) or world_size(comps) > 1:
+        if comps.strategy.wraps_model or world_size(comps) > 1:
             raise ConfigError(
                 "recipe=eval runs one whole model in one process",
-                key="strategy" if not isinstance(comps.strategy, Single) else "launcher.nproc_per_node",
+                key="strategy" if comps.strategy.wraps_model else "launcher.nproc_per_node",
                 hint="drop strategy and launcher.nproc_per_node (recipe.batch_size batches the prompts)",
             )
         refuse_peft("eval", comps)
@@ -84,9 +86,9 @@ class Eval:
                 hint="a folder of lm-eval task YAMLs (searched recursively), or null",
             )
         ours = DATA_TASKS & set(expand(self.task_manager(), self.tasks))  # unknown task names fail here
-        if ours and not (hasattr(comps.data, "prompts") or type(comps.data).__name__ == "PromptDataset"):
+        if ours and comps.data.kind not in ("chat", "prompts"):
             raise ConfigError(
-                f"{min(ours)} scores prompt/answer rows of data.path, got {type(comps.data).__name__}",
+                f"{min(ours)} scores prompt/answer rows of data.path, got {DATA_KINDS[comps.data.kind]}",
                 key="data",
                 hint="data=demo_eval, a prompt/answer file, or chat data whose last turn is the answer",
             )
@@ -94,39 +96,24 @@ class Eval:
     def task_manager(self) -> Any:
         """lm-eval's ``TaskManager`` over hydratune's tasks and ``include_path``; lm-eval's own ~15k tasks
         are indexed (~10 s) only when a name is not found there. Unknown names fail, naming close ones."""
-        if self._manager is not None:
-            return self._manager
         paths = (str(TASKS_DIR), *([str(Path(self.include_path).expanduser())] if self.include_path else []))
-        manager = task_index(paths, with_lm_eval_tasks=False)
-        if unknown_tasks(manager, self.tasks):
-            manager = task_index(paths, with_lm_eval_tasks=True)
-        unknown = unknown_tasks(manager, self.tasks)
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], manager.all_tasks, n=5, cutoff=0.6)
-            raise ConfigError(
-                f"unknown lm-eval task '{unknown[0]}'",
-                key="recipe.tasks",
-                hint=(f"close: {', '.join(close)}; " if close else "")
-                + "`lm_eval ls tasks` lists lm-eval's; recipe.include_path=<dir> adds your own YAMLs",
-            )
-        self._manager = manager
-        return manager
+        return task_manager_for(paths, tuple(self.tasks))
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from components.session import Session
+        from components.runtime.session import Session
 
         session = Session.start(ctx)
         try:
             return self.evaluate(ctx, session)
         finally:
-            ctx.components.tracker.finish()
+            session.finish_trackers()
 
     def evaluate(self, ctx: RunContext, session: Any) -> dict[str, Any]:
         """Data for hydratune's tasks (before the model loads), the model, lm-eval, the run dir's files."""
         import lm_eval
         from lm_eval.models.huggingface import HFLM
 
-        from components.inference import load_model, write_jsonl
+        from components.runtime.inference import load_model, write_jsonl
 
         c, out = ctx.components, ctx.run_dir.path
         specs: list[Any] = expand(self.task_manager(), self.tasks)
@@ -137,7 +124,7 @@ class Eval:
             specs = [data_task(s, out / DATA) if s in DATA_TASKS else s for s in specs]
         default = None
         if self.apply_chat_template and not session.tokenizer.chat_template:
-            from components.chat_template import default_template
+            from components.text.chat_template import default_template
 
             session.tokenizer.chat_template, default = default_template(session.tokenizer)
         session.report_chat_template(default)
@@ -179,8 +166,27 @@ class Eval:
             "outputs": f"{RESULTS}, {SAMPLES}",
         }
         session.report["scores"] = table
-        session.write_report("Eval", {}, cost={"evaluation time (s)": round(seconds, 1)})
+        session.write_report({}, cost={"evaluation time (s)": round(seconds, 1)})
         return scores
+
+
+@functools.cache
+def task_manager_for(paths: tuple[str, ...], tasks: tuple[str, ...]) -> Any:
+    """The ``TaskManager`` that knows ``tasks``: hydratune's and ``paths``' tasks, plus lm-eval's own only
+    when a name is not among those. Unknown names fail, naming close ones. Built once per process."""
+    manager = task_index(paths, with_lm_eval_tasks=False)
+    if unknown_tasks(manager, list(tasks)):
+        manager = task_index(paths, with_lm_eval_tasks=True)
+    unknown = unknown_tasks(manager, list(tasks))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], manager.all_tasks, n=5, cutoff=0.6)
+        raise ConfigError(
+            f"unknown lm-eval task '{unknown[0]}'",
+            key="recipe.tasks",
+            hint=(f"close: {', '.join(close)}; " if close else "")
+            + "`lm_eval ls tasks` lists lm-eval's; recipe.include_path=<dir> adds your own YAMLs",
+        )
+    return manager
 
 
 @functools.cache
@@ -224,19 +230,13 @@ def expand(manager: Any, names: list[str]) -> list[str]:
 def task_rows(data: Any) -> list[dict[str, Any]]:
     """Every row of ``data.path`` in file order as ``{"prompt": turns, "answer": text}`` (what hydratune's
     tasks read); rows without an answer cannot be scored."""
-    data.eval_fraction, data.eval_size, data.eval_path = 0.0, 0, None  # every row, in order
-    splits = data.load()
-    if hasattr(data, "prompts"):
-        pairs = data.prompts("train")
-    else:
-        table = splits["train"]
-        if "answer" not in table.column_names:
-            raise ConfigError(
-                f"{data.path} has no answer column: hydratune_prompts scores answers",
-                key="data.path",
-                hint="rows with a prompt and an answer, or data.columns='{answer: <your column>}'",
-            )
-        pairs = list(zip(table["prompt"], table["answer"], strict=True))
+    pairs = data.pairs(data.whole().load(), "train")  # every row, in order
+    if pairs and any(answer is None for _, answer in pairs):
+        raise ConfigError(
+            f"{data.path} has no answer column: hydratune_prompts scores answers",
+            key="data.path",
+            hint="rows with a prompt and an answer, or data.columns='{answer: <your column>}'",
+        )
     if not pairs:
         raise ConfigError(f"no prompt/answer rows in {data.path}", key="data.path")
     return [{"prompt": list(turns), "answer": answer} for turns, answer in pairs]

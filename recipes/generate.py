@@ -11,30 +11,32 @@ quantized or not); nothing is merged and nothing trains.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from components.inference import BatchedGeneration
-from components.registry import component
-from components.run import RunContext
+from components.recipe import recipe
+from components.runtime.inference import BatchedGeneration
+from components.runtime.run import RunContext
 
 
-@component("recipe")
-@dataclass
+@recipe
+@dataclass(frozen=True)
 class Generate(BatchedGeneration):
-    """Sampling knobs; prompts come from ``data``, the model from ``model`` (``model.from_run``)."""
+    """Batched generation over a file of prompts with a run's model (model.from_run=<run dir>)."""
+
+    title: ClassVar[str] = "Generate"
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         session, _, merged, seconds = self.generate_all(ctx)
         if not ctx.is_main_process:
             return {}
         metrics = summarize(merged, seconds)
-        session.write_report("Generate", metrics, cost={"generation time (s)": round(seconds, 3)})
+        session.write_report(metrics, cost={"generation time (s)": round(seconds, 3)})
         return metrics
 
 
 def summarize(records: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     """Counts, tokens/s, finish reasons, and greedy-style exact match where references exist."""
-    from components.evaluation import exact_match
+    from components.generation.evaluation import exact_match
 
     tokens = sum(r["tokens"] for r in records)
     metrics: dict[str, Any] = {

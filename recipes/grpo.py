@@ -9,14 +9,13 @@ The reference for the KL term (``beta`` > 0) is the adapter-free policy under PE
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from components.checks import require_prompts
-from components.errors import ConfigError
-from components.registry import component
-from components.run import Components, RunContext
+from components.config.errors import ConfigError
+from components.recipe import Recipe, recipe
+from components.runtime.run import Components, RunContext
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
 SCALE_REWARDS = ("group", "batch", "none")
@@ -26,10 +25,13 @@ def default_reward_funcs() -> list[Any]:
     return [{"_target_": "components.rewards.exact_match", "_partial_": True}]
 
 
-@component("recipe")
-@dataclass
-class GRPO:
-    """Knobs of GRPO; batch size, steps, optimizer, schedule and precision come from the other groups."""
+@recipe
+@dataclass(frozen=True)
+class GRPO(Recipe):
+    """GRPO on TRL's GRPOTrainer: critic-free, advantages relative to a group of sampled completions."""
+
+    title: ClassVar[str] = "GRPO"
+    data_kinds: ClassVar[tuple[str, ...]] = ("prompts",)
 
     steps: int | None = 100  # optimizer steps unless train.max_steps > 0; null = train.epochs
     num_generations: int = 8  # completions per prompt (the group)
@@ -48,7 +50,6 @@ class GRPO:
     reward_model: str | None = None  # a reward run dir / model dir, scored after reward_funcs
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
-        require_prompts("grpo", comps)
         if self.loss_type not in LOSS_TYPES:
             raise ConfigError(
                 f"unknown '{self.loss_type}'", key="recipe.loss_type", hint=f"one of {LOSS_TYPES}"
@@ -97,7 +98,7 @@ class GRPO:
         from trl import GRPOConfig, GRPOTrainer
 
         from components.rewards import RewardModel, resolve_reward
-        from components.session import Session
+        from components.runtime.session import Session
 
         c, t = ctx.components, ctx.train
         session = Session.start(ctx)
@@ -136,7 +137,7 @@ class GRPO:
             )
         )
         trainer = session.trainer(GRPOTrainer, args, data, reward_funcs=rewards)
-        return session.train_and_finish(trainer, title="GRPO")
+        return session.train_and_finish(trainer)
 
 
 def save_whole(model: Any, path: Any, ctx: RunContext) -> None:

@@ -4,29 +4,27 @@ rejected. The saved model (final/) is what ``recipe=ppo`` and ``recipe=grpo`` ta
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from omegaconf import DictConfig
-
-from components.checks import require_preferences
-from components.registry import component
-from components.run import Components, RunContext
+from components.recipe import Recipe, recipe
+from components.runtime.run import RunContext
 
 
-@component("recipe")
-@dataclass
-class Reward:
-    """Knobs of reward modelling; the score head is saved with the model (and with a LoRA adapter)."""
+@recipe
+@dataclass(frozen=True)
+class Reward(Recipe):
+    """Reward model on TRL's RewardTrainer; the score head is saved with the model (and a LoRA adapter)."""
+
+    title: ClassVar[str] = "Reward model"
+    data_kinds: ClassVar[tuple[str, ...]] = ("preference",)
+    produces_causal_lm: ClassVar[bool] = False  # a sequence classifier: PPO, GRPO and best_of_n score with it
 
     center_rewards_coefficient: float | None = None  # pushes mean rewards towards 0 (Eisenstein et al.)
-
-    def check(self, cfg: DictConfig, comps: Components) -> None:
-        require_preferences("reward", comps)
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import RewardConfig, RewardTrainer
 
-        from components.session import Session, training_pairs
+        from components.runtime.session import Session, training_pairs
 
         c = ctx.components
         session = Session.start(ctx)
@@ -40,4 +38,4 @@ class Reward:
             )
         )
         trainer = session.trainer(RewardTrainer, args, data)
-        return session.train_and_finish(trainer, title="Reward model", probes=training_pairs(trainer))
+        return session.train_and_finish(trainer, probes=training_pairs(trainer))

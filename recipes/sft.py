@@ -8,22 +8,25 @@ save → report. Everything but the trainer's own knobs comes from the shared co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from components.batching import check_padding_free, padding_free_collator, uses_padding_free
-from components.errors import ConfigError
-from components.registry import component
-from components.run import Components, RunContext
+from components.config.errors import ConfigError
+from components.recipe import Recipe, recipe
+from components.runtime.run import Components, RunContext
+from components.text.batching import check_padding_free, padding_free_collator, uses_padding_free
 
 LOSS_TYPES = ("nll", "dft")
 
 
-@component("recipe")
-@dataclass
-class SFT:
-    """Knobs of the SFT recipe; everything else comes from the other groups and ``train:``."""
+@recipe
+@dataclass(frozen=True)
+class SFT(Recipe):
+    """Supervised fine-tuning on TRL's SFTTrainer (chat, instruction, prompt/completion or text data)."""
+
+    title: ClassVar[str] = "SFT"
+    data_kinds: ClassVar[tuple[str, ...]] = ("chat",)
 
     assistant_only_loss: bool = True  # conversational data: loss on assistant turns only
     completion_only_loss: bool = True  # prompt/completion data: loss on the completion only
@@ -34,18 +37,12 @@ class SFT:
             raise ConfigError(
                 f"unknown '{self.loss_type}'", key="recipe.loss_type", hint=f"one of {LOSS_TYPES}"
             )
-        if not hasattr(comps.data, "prompts"):
-            raise ConfigError(
-                f"recipe=sft needs chat / instruction / text data, got {type(comps.data).__name__}",
-                key="data",
-                hint="use data=demo_sft or a ChatDataset option",
-            )
         check_padding_free(comps)
 
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """``mode=plan``: the assistant-only mask decided and checked as training will (a template that
         cannot be masked fails here too)."""
-        from components.chat_template import check_assistant_mask, label_for
+        from components.text.chat_template import check_assistant_mask, label_for
 
         if self.assistant_only_loss and "messages" in splits["train"].column_names:
             label = label_for(comps.model, tokenizer)
@@ -54,7 +51,7 @@ class SFT:
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import SFTConfig, SFTTrainer
 
-        from components.session import Session
+        from components.runtime.session import Session
 
         c = ctx.components
         session = Session.start(ctx)
@@ -67,7 +64,9 @@ class SFT:
         model = session.build_model()
         session.evaluate_generations("before")
         extra: dict[str, Any] = {}
-        if uses_padding_free(c):  # one flattened row per micro-batch; components.sync counts all its tokens
+        if uses_padding_free(
+            c
+        ):  # one flattened row per micro-batch; components/runtime/trainer_hooks.py counts all its tokens
             extra["data_collator"] = padding_free_collator(session.tokenizer, model)
 
         args = SFTConfig(
@@ -83,4 +82,4 @@ class SFT:
         )
         trainer = session.trainer(SFTTrainer, args, data, **extra)
         session.check_loss_mask(trainer.train_dataset, masked=masked)
-        return session.train_and_finish(trainer, title="SFT")
+        return session.train_and_finish(trainer)

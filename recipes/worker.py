@@ -20,20 +20,20 @@ from components.launcher import FROZEN, RANK_DONE, RANK_STOPPED, RELAYS
 def run_worker(run_dir: str) -> Any:
     """Run this rank's share of the job; returns the objective (rank 0) and records completion."""
     import recipes
-    from components.errors import EXIT_INTERRUPTED, ConfigError, Interrupted, print_error
-    from components.resolvers import register_resolvers
-    from components.run import run_recipe
-    from components.startup import pause_gc, process_defaults, run_ends
-    from components.threads import apply_thread_policy
+    from components.config.errors import EXIT_INTERRUPTED, ConfigError, Interrupted, print_error
+    from components.config.resolvers import register_resolvers
+    from components.runtime.run import run_recipe
+    from components.runtime.startup import pause_gc, process_defaults, run_ends
+    from components.runtime.threads import apply_thread_policy
 
     process_defaults()  # as the CLI sets them (TOKENIZERS_PARALLELISM, no FutureWarnings)
-    pause_gc()  # until training starts: see components/startup.py
+    pause_gc()  # until training starts: see components/runtime/startup.py
     apply_thread_policy(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # before torch is imported
     register_resolvers()
     recipes.register_all()
     path = Path(run_dir)
     if os.environ.get(RELAYS):
-        from components.interrupt import accept_relays
+        from components.distributed.interrupt import accept_relays
 
         accept_relays(path)  # first: the launcher may relay a signal at any time
     cfg = OmegaConf.load(path / FROZEN)

@@ -13,7 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 import recipes
-from components.resolvers import register_resolvers
+from components.config.resolvers import register_resolvers
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -51,10 +51,10 @@ def run_recipe(compose_cfg: Callable[..., DictConfig], tmp_path: Path) -> Callab
 
 def _run_in(root: Path, compose_fn: Callable[..., DictConfig], *overrides: str, name: str) -> tuple[Any, Any]:
     """Compose ``FAST + overrides``, check, and run the recipe in ``root/outputs/day/<name>``."""
-    from components.checks import check_before_load
-    from components.resume import pin
-    from components.run import Components, RunContext
-    from components.rundir import RunDir
+    from components.runtime.checks import check_before_load
+    from components.runtime.resume import pin
+    from components.runtime.run import Components, RunContext
+    from components.runtime.rundir import RunDir
 
     cfg = compose_fn(*FAST, *overrides)
     comps = Components.from_config(cfg)

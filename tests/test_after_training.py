@@ -13,9 +13,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from components.errors import ConfigError
-from components.export import export
-from components.trained import TrainedRun
+from components.commands.export import export
+from components.config.errors import ConfigError
+from components.modeling.trained import TrainedRun
 
 STEPS = ["train.max_steps=2", "train.eval_generations=0", "train.save_every=0", "train.eval_every=0"]
 
@@ -218,7 +218,7 @@ def test_generate_on_two_processes_equals_one_process(runs, greedy_one_process, 
 def test_generate_from_an_adapter_run_uses_the_adapter_unmerged_and_samples(runs, run_recipe) -> None:
     from peft import PeftModel
 
-    from components.inference import load_model
+    from components.runtime.inference import load_model
 
     ctx, metrics = run_recipe(
         *GEN,
@@ -236,8 +236,8 @@ def test_generate_from_an_adapter_run_uses_the_adapter_unmerged_and_samples(runs
 
 
 def test_generate_refuses_what_it_cannot_do_before_load(compose_cfg, runs) -> None:
-    from components.checks import check_before_load
-    from components.run import Components
+    from components.runtime.checks import check_before_load
+    from components.runtime.run import Components
 
     cases = [
         (["peft=lora"], "peft"),
@@ -262,7 +262,7 @@ def test_best_of_n_keeps_the_highest_reward_sample_and_writes_data_sft_and_dpo_r
     runs, run_recipe, compose_cfg
 ) -> None:
     from components.rewards import length_penalty
-    from components.run import Components
+    from components.runtime.run import Components
 
     ctx, metrics = run_recipe(
         "recipe=best_of_n",
@@ -295,7 +295,7 @@ def test_best_of_n_keeps_the_highest_reward_sample_and_writes_data_sft_and_dpo_r
     dpo = Components.from_config(compose_cfg("recipe=dpo", f"data.path={run / 'pairs.jsonl'}"))
     pairs = dpo.data.load()
     assert 0 < len(pairs["train"]) + len(pairs["eval"]) <= 12
-    assert dpo.data.info["format"].startswith("explicit")
+    assert pairs.info["format"].startswith("explicit")
 
 
 # ---- recipe=eval (lm-evaluation-harness) ----------------------------------------------------------------
@@ -308,7 +308,7 @@ def test_eval_scores_each_row_as_the_models_greedy_answer_and_writes_results_tab
     """On the session's partly trained demo model (some sums right, some wrong): lm-eval's exact match per row
     is hydratune's own greedy answer (recipe=generate, unbatched) compared with the reference, so a broken
     filter, template, stop sequence or model (the base instead of the run's) changes the score."""
-    from components.evaluation import normalise
+    from components.generation.evaluation import normalise
 
     ctx, scores = run_recipe(*EVAL, f"model.from_run={partial_sft}", "tracker=jsonl", name="eval")
     gen, _ = run_recipe(
@@ -349,7 +349,7 @@ def test_eval_before_training_and_from_an_adapter_run(runs, run_recipe) -> None:
     is scored as trained (adapter on its rebuilt base, unmerged); ``recipe.limit`` caps the rows."""
     from peft import PeftModel
 
-    from components.inference import load_model
+    from components.runtime.inference import load_model
 
     _, before = run_recipe(*EVAL, "recipe.limit=8", name="eval_base")
     assert before == {"lm_eval/hydratune_prompts/exact_match/strip": 0.0}
@@ -362,9 +362,9 @@ def test_eval_before_training_and_from_an_adapter_run(runs, run_recipe) -> None:
 def test_eval_refuses_what_it_cannot_do_before_load(compose_cfg, runs, tmp_path, monkeypatch) -> None:
     import importlib.util
 
-    from components.checks import check_before_load
     from components.model import CausalLM
-    from components.run import Components
+    from components.runtime.checks import check_before_load
+    from components.runtime.run import Components
 
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
@@ -475,7 +475,7 @@ def test_chat_streams_answers_keeps_the_conversation_and_resets(partial_sft, tmp
     answer under the chat template saved with the model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from components.masking import stop_token_ids
+    from components.text.masking import stop_token_ids
 
     final = partial_sft / "final"
     term = Terminal(str(final), "temperature=0", "max_new_tokens=8", "system=Add.", cwd=tmp_path)

@@ -12,8 +12,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from components import attention
-from components.errors import ConfigError
+from components.config.errors import ConfigError
+from components.modeling import attention
 from tests.conftest import REPO
 
 TINY = str(REPO / "components" / "assets" / "tiny")
@@ -200,8 +200,8 @@ def test_explicit_varlen_on_gemma2_is_a_config_error(compose_cfg) -> None:
 
 
 def test_padding_free_with_prompt_learning_is_refused_before_load(compose_cfg) -> None:
-    from components.checks import check_before_load
-    from components.run import Components
+    from components.runtime.checks import check_before_load
+    from components.runtime.run import Components
 
     cfg = compose_cfg("peft=prefix")
     with pytest.raises(ConfigError) as err:
@@ -212,8 +212,8 @@ def test_padding_free_with_prompt_learning_is_refused_before_load(compose_cfg) -
 
 
 def test_padding_free_with_plain_sdpa_warns(compose_cfg, caplog) -> None:
-    from components.checks import check_before_load
-    from components.run import Components
+    from components.runtime.checks import check_before_load
+    from components.runtime.run import Components
 
     for impl, warned in (("sdpa", True), ("auto", False)):
         caplog.clear()

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from components.checks import check_before_load
-from components.errors import ConfigError
-from components.run import Components
+from components.config.errors import ConfigError
+from components.runtime.checks import check_before_load
+from components.runtime.run import Components
 
 # (overrides, the key the error must name) — checked by components before a model is built
 AFTER_COMPOSE = [
@@ -123,7 +123,7 @@ def test_invalid_config_fails_before_model_load(
 def test_an_empty_eval_split_fails_when_the_data_is_read(
     compose_cfg, no_model_load, places, overrides: list[str], key: str
 ) -> None:
-    from components.dataprep import eval_every, prepare_data
+    from components.runtime.dataprep import eval_every, prepare_data
 
     cfg = compose_cfg(*(o.format(**places) for o in overrides))
     comps = Components.from_config(cfg)
@@ -172,7 +172,7 @@ def test_wandb_with_a_key_or_offline_passes(compose_cfg, places, monkeypatch) ->
 
 def test_a_bad_resume_path_fails_before_load(compose_cfg, no_model_load, tmp_path: Path) -> None:
     """The CLI's last step before loading (train mode): resume= resolved and checked."""
-    from components.resume import resolve
+    from components.runtime.resume import resolve
 
     cfg = compose_cfg("resume=/nonexistent/run")
     check_before_load(cfg, Components.from_config(cfg))
@@ -198,7 +198,7 @@ def test_matrix_has_at_least_thirty_cases() -> None:
 def test_fp16_on_a_model_trained_in_bf16_is_warned(compose_cfg, monkeypatch) -> None:
     from transformers import LlamaConfig
 
-    from components.checks import warnings_for
+    from components.runtime.checks import warnings_for
 
     cfg = compose_cfg("precision=fp16")
     comps = Components.from_config(cfg)

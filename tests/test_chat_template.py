@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from components.chat_template import (
+from components.config.errors import ConfigError
+from components.text.chat_template import (
     CHATML,
     HYDRATUNE,
     PLAIN,
@@ -25,7 +26,6 @@ from components.chat_template import (
     template_names,
     trl_template_files,
 )
-from components.errors import ConfigError
 
 TINY = Path(__file__).resolve().parent.parent / "components" / "assets" / "tiny"
 SMOLLM2_TEMPLATE = (
@@ -209,8 +209,8 @@ def test_named_templates_resolve(tmp_path: Path) -> None:
 
 
 def test_unknown_template_name_fails_before_load(compose_cfg) -> None:
-    from components.checks import check_before_load
-    from components.run import Components
+    from components.runtime.checks import check_before_load
+    from components.runtime.run import Components
 
     cfg = compose_cfg("model.chat_template=llama9")
     with pytest.raises(ConfigError) as info:
@@ -219,7 +219,7 @@ def test_unknown_template_name_fails_before_load(compose_cfg) -> None:
 
 
 def test_named_template_reaches_the_tokenizer() -> None:
-    from components.tokenizer import build_tokenizer
+    from components.text.tokenizer import build_tokenizer
 
     assert build_tokenizer(str(TINY), chat_template="chatml").chat_template == CHATML
     assert build_tokenizer(str(TINY), chat_template="qwen2_5").chat_template == (

@@ -62,7 +62,7 @@ def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
 
 
 def test_help_lists_usage_and_every_group_but_no_schemas(capsys) -> None:
-    from components.catalog import catalog
+    from components.commands.catalog import catalog
     from recipes.cli import main
 
     main(["--help"])

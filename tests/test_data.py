@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from components.config.errors import ConfigError
 from components.data import ChatDataset, PreferenceDataset, PromptDataset
-from components.errors import ConfigError
 
 ASSETS = Path(__file__).resolve().parent.parent / "components" / "assets"
 CHAT = [
@@ -76,14 +76,15 @@ def test_text_format_is_language_modelling(tmp_path: Path) -> None:
     data = ds.load()
     assert data["train"].column_names == ["text"] == data["eval"].column_names
     assert (len(data["train"]), len(data["eval"])) == (8, 2)
-    assert ds.prompts("eval") == []
+    assert ds.pairs(data, "eval") is None  # raw text: no prompt to complete
 
 
 def test_answer_is_last_assistant_turn_and_prompts_cut_before_it(tmp_path: Path) -> None:
     turns = [*QA, {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "6"}]
     ds = ChatDataset(path=write(tmp_path / "m.jsonl", [{"messages": turns}] * 2), eval_size=1)
-    assert ds.load()["eval"][0]["answer"] == "6"
-    [(prompt, answer)] = ds.prompts("eval")
+    data = ds.load()
+    assert data["eval"][0]["answer"] == "6"
+    [(prompt, answer)] = ds.pairs(data, "eval")
     assert prompt == turns[:3] and answer == "6"
 
 
@@ -120,10 +121,11 @@ def test_column_mapping_and_system_prompt(tmp_path: Path) -> None:
         system_prompt="be brief",
         eval_size=2,
     )
-    row = ds.load()["train"][0]
+    data = ds.load()
+    row = data["train"][0]
     assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant"]
     assert row["messages"][0]["content"] == "be brief" and row["answer"] == row["messages"][2]["content"]
-    prompts = ds.prompts("eval")
+    prompts = ds.pairs(data, "eval")
     assert len(prompts) == 2 and prompts[0][0][-1]["role"] == "user" and prompts[0][1].startswith("a")
 
 
@@ -356,8 +358,9 @@ def test_on_error_skip_drops_and_counts_bad_rows(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"mixed\.jsonl:2"):
         ChatDataset(path=str(path), eval_fraction=0.0).load()
     ds = ChatDataset(path=str(path), eval_fraction=0.0, on_error="skip")
-    assert len(ds.load()["train"]) == 2
-    assert ds.stats["skipped rows"] == 3
+    data = ds.load()
+    assert len(data["train"]) == 2
+    assert data.stats["skipped rows"] == 3
     all_bad = write(tmp_path / "bad.jsonl", [{"prompt": "q", "completion": ""}] * 2)
     err = error(ChatDataset(path=all_bad, on_error="skip").load)
     assert "no training rows left" in str(err)
@@ -397,8 +400,11 @@ def test_prompt_dataset_keeps_answers(tmp_path: Path) -> None:
     row = data["train"][0]
     assert row["prompt"][0]["role"] == "user" and row["answer"].isdigit()
     assert data["eval"].column_names == ["prompt", "answer"]
+    assert [answer for _, answer in ds.pairs(data, "eval")] == data["eval"]["answer"]
     bare = PromptDataset(path=write(tmp_path / "b.jsonl", [{"prompt": QA[:1]}] * 2), eval_fraction=0.0)
-    assert bare.load()["train"].column_names == ["prompt"] and not hasattr(bare, "prompts")
+    loaded = bare.load()
+    assert loaded["train"].column_names == ["prompt"]
+    assert bare.pairs(loaded, "train") == [(QA[:1], None)] * 2  # no reference answer to score against
     err = error(PromptDataset(path=numbered(tmp_path), max_prompt_length=0).validate)
     assert err.key == "data.max_prompt_length"
 
@@ -419,9 +425,10 @@ def test_overlong_policies(tmp_path: Path, tokenizer) -> None:
     keep = ChatDataset(path=path, eval_fraction=0.0, max_length=40)
     assert len(keep.enforce_length(keep.load(), tokenizer)["train"]) == 2  # truncate: the trainer cuts
     drop = ChatDataset(path=path, eval_fraction=0.0, max_length=40, on_overlong="drop")
-    assert len(drop.enforce_length(drop.load(), tokenizer)["train"]) == 1
-    assert drop.stats["dropped (too long)"] == 1
-    assert [answer for _, answer in drop.prompts("train")] == ["a"]  # prompts follow the filtered data
+    dropped = drop.enforce_length(drop.load(), tokenizer)
+    assert len(dropped["train"]) == 1
+    assert dropped.stats["dropped (too long)"] == 1
+    assert [answer for _, answer in drop.pairs(dropped, "train")] == ["a"]  # prompts follow the filtered data
     strict = ChatDataset(path=path, eval_fraction=0.0, max_length=40, on_overlong="error")
     with pytest.raises(ConfigError, match=r"row 1 has \d+ tokens > data.max_length=40"):
         strict.enforce_length(strict.load(), tokenizer)

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from components.config.errors import ConfigError
 from components.data import ChatDataset, PreferenceDataset, PromptDataset
-from components.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "components" / "assets" / "tiny"
@@ -107,11 +107,12 @@ def test_sharegpt_array_file_becomes_chat_messages(tmp_path: Path, fmt: str) -> 
     path = tmp_path / "glaive_toolcall_en_demo.json"
     path.write_text(json.dumps(SHAREGPT, indent=2, ensure_ascii=False), encoding="utf-8")
     ds = ChatDataset(path=str(path), format=fmt, eval_fraction=0.0)
-    train = ds.load()["train"]
+    data = ds.load()
+    train = data["train"]
     assert train.column_names == ["messages", "answer"]
     assert train["messages"] == SHAREGPT_MESSAGES
     assert train["answer"] == ["It is 18 °C and clear in Paris.", "6"]
-    assert ds.info["format"] == ("sharegpt (detected)" if fmt == "auto" else "sharegpt")
+    assert data.info["format"] == ("sharegpt (detected)" if fmt == "auto" else "sharegpt")
 
 
 def test_either_turn_shape_in_either_column(tmp_path: Path) -> None:
@@ -299,8 +300,9 @@ def dpo_token_ids(tokenizer: Any, row: dict[str, Any]) -> tuple[list[int], list[
 def test_ultrafeedback_rows_train_the_question_once(tmp_path: Path, tokenizer: Any) -> None:
     path = write_jsonl(tmp_path / "ultrafeedback.jsonl", [ultrafeedback_row(i) for i in range(6)])
     ds = PreferenceDataset(path=path, eval_fraction=0.0)
-    row = ds.load()["train"][0]
-    assert ds.info["format"] == "implicit (detected)"
+    data = ds.load()
+    row = data["train"][0]
+    assert data.info["format"] == "implicit (detected)"
     question = f"{QUESTION} (0)"
     assert row == {
         "prompt": [{"role": "user", "content": question}],
@@ -323,8 +325,9 @@ def test_ultrafeedback_rows_train_the_question_once(tmp_path: Path, tokenizer: A
 def test_hh_transcripts_split_into_prompt_turns_and_final_replies(tmp_path: Path, tokenizer: Any) -> None:
     path = write_jsonl(tmp_path / "hh.jsonl", [hh_row(i) for i in range(5)])
     ds = PreferenceDataset(path=path, eval_fraction=0.0)
-    row = ds.load()["train"][1]
-    assert ds.info["format"] == "hh (detected)"
+    data = ds.load()
+    row = data["train"][1]
+    assert data.info["format"] == "hh (detected)"
     assert row == {
         "prompt": [
             {"role": "user", "content": "What is 1 + 2?"},
@@ -471,7 +474,7 @@ def test_eval_rows_come_from_the_users_data(
     data = instantiate(compose_cfg(recipe_data, *overrides).data)
     data.validate()
     loaded = data.load()
-    assert data.info["eval rows from"] == eval_from.replace("EVAL", evals)
+    assert loaded.info["eval rows from"] == eval_from.replace("EVAL", evals)
     assert len(loaded["eval"]) == n_eval
     if "data.path=MINE" in extra and "data.eval_path=EVAL" not in extra:  # held out from mine: disjoint
         assert len(loaded["train"]) + n_eval == 40

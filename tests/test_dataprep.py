@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from components.errors import ConfigError
-from components.evaluation import eval_prompts
+from components.config.errors import ConfigError
+from components.generation.evaluation import eval_prompts
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from components.tokenizer import build_tokenizer
+    from components.text.tokenizer import build_tokenizer
 
     return build_tokenizer(str(REPO / "components" / "assets" / "tiny"))
 
@@ -61,11 +61,11 @@ def test_session_tokenizes_eval_prompts_within_max_length_before_any_model(
 ) -> None:
     """A 3,000-token eval row with data.max_length=96 (truncate): the prompt the model will see is cut
     while the data loads, and no model has been built at that point."""
-    from components.checks import check_before_load
     from components.model import CausalLM
-    from components.run import Components, RunContext
-    from components.rundir import RunDir
-    from components.session import Session
+    from components.runtime.checks import check_before_load
+    from components.runtime.run import Components, RunContext
+    from components.runtime.rundir import RunDir
+    from components.runtime.session import Session
 
     train = write_jsonl(tmp_path / "train.jsonl", [chat(f"{i}+1?", str(i + 1)) for i in range(8)])
     evals = write_jsonl(tmp_path / "eval.jsonl", [chat("1+1?", "2"), chat("x " * 3000 + "1+2?", "3")])
@@ -122,7 +122,7 @@ def test_plan_reads_the_data_as_training_would(tmp_path: Path) -> None:
 def test_plan_checks_the_chat_template_as_training_would(tmp_path: Path) -> None:
     """A template hydratune cannot mask (its generation prompt is not what the history renders) fails in
     plan mode, exit 2, as the training run would before its model loads; its fixed form passes."""
-    from components.chat_template import CHATML
+    from components.text.chat_template import CHATML
 
     broken = tmp_path / "r1_like.jinja"
     broken.write_text(
@@ -167,7 +167,7 @@ def test_uncached_unreachable_hub_id_fails_once_before_anything(
 
 
 def test_a_cached_hub_id_passes_without_the_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from components import hub
+    from components.modeling import hub
 
     monkeypatch.setattr(hub, "is_cached", lambda name, filename, revision=None: True)
     monkeypatch.setattr(hub, "probe", lambda *a: pytest.fail("probed the hub for a cached id"))

@@ -1,5 +1,5 @@
-"""The memory estimate (components/estimate.py), strategy=auto, `hydratune estimate` and the GPU bench's
-CPU side. Pure arithmetic except one meta-device build; no weights, no network, no GPU."""
+"""The memory estimate (components/memory/estimate.py), strategy=auto, `hydratune estimate` and the GPU
+bench's CPU side. Pure arithmetic except one meta-device build; no weights, no network, no GPU."""
 
 from __future__ import annotations
 
@@ -15,23 +15,33 @@ from pathlib import Path
 
 import pytest
 
-from components.estimate import (
+from components.memory.arch import Arch, lora_params, param_counts
+from components.memory.estimate import (
     GB,
-    STRATEGY_SHAPES,
-    Arch,
     GiB,
     RunSpec,
-    StrategyShape,
-    choose,
     estimate,
     model_state_bytes,
-    param_counts,
-    parse_memory,
     quantized_bytes_per_param,
-    shape_of,
-    spec_from_config,
-    trainable_params,
 )
+from components.memory.ladder import choose
+from components.memory.shapes import StrategyShape
+from components.memory.spec import parse_memory, spec_from_config, strategy_shapes
+from components.peft import LoRA
+
+#: every strategy option's shape on 8-GPU nodes (the components declare them: conf/strategy/ is the source)
+STRATEGY_SHAPES = strategy_shapes(gpus_per_node=8)
+
+
+def shapes_for(spec: RunSpec) -> dict[str, StrategyShape]:
+    """The ladder's rungs for ``spec``: the options that apply to its world size."""
+    return strategy_shapes(spec.world_size, spec.num_gpus)
+
+
+def trainable_params(arch: Arch, peft: dict) -> int:
+    """What a LoRA option trains, as the component counts it."""
+    return LoRA(**{k: v for k, v in peft.items() if k != "_target_"}).trainable_params(arch)
+
 
 REPO = Path(__file__).resolve().parent.parent
 LLAMA3_8B = {
@@ -118,6 +128,7 @@ def test_lora_trainable_parameters() -> None:
     assert trainable_params(a, lora) == 41_943_040  # peft's count for Llama-3.1-8B r=16 all-linear
     qv = trainable_params(a, {**lora, "target_modules": ["q_proj", "v_proj"]})
     assert qv == 16 * 32 * ((4096 + 4096) + (4096 + 1024))
+    assert lora_params(a, 16, ["q_proj", "v_proj"]) == qv  # the arithmetic the bench uses without Hydra
 
 
 def test_quantized_weight_bytes() -> None:
@@ -147,11 +158,9 @@ def test_parse_memory() -> None:
     ],
 )
 def test_optimizer_options_are_read(compose_cfg, option: str, kind: str) -> None:
-    from components.estimate import optimizer_kind
+    from hydra.utils import instantiate
 
-    if not (REPO / "conf" / "optimizer" / f"{option}.yaml").is_file():
-        pytest.skip(f"conf/optimizer/{option}.yaml is not there yet")
-    assert optimizer_kind(compose_cfg(f"optimizer={option}").optimizer) == kind
+    assert instantiate(compose_cfg(f"optimizer={option}").optimizer).memory_kind == kind
 
 
 def test_quantization_options_are_read(compose_cfg) -> None:
@@ -179,7 +188,7 @@ def test_more_gpus_never_raise_zero3_memory() -> None:
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize(("mb", "seq"), [(1, 512), (4, 2048), (16, 4096)])
 def test_checkpointing_never_raises_activations(attn: str, mb: int, seq: int) -> None:
-    for peft in (None, {"_target_": "x.LoRA", "r": 8}):
+    for peft in (None, {"r": 8}):
         spec = full_spec(LLAMA3_8B, micro_batch=mb, seq_len=seq, attn_implementation=attn)
         if peft:
             spec = replace(spec, trainable=trainable_params(spec.arch, peft), full_finetune=False)
@@ -190,7 +199,7 @@ def test_checkpointing_never_raises_activations(attn: str, mb: int, seq: int) ->
 
 def test_lora_and_qlora_need_less_than_full() -> None:
     full = full_spec(LLAMA3_8B, micro_batch=2, seq_len=2048)
-    lora = replace(full, trainable=trainable_params(full.arch, {"_target_": "x.LoRA"}), full_finetune=False)
+    lora = replace(full, trainable=trainable_params(full.arch, {}), full_finetune=False)
     qlora = replace(lora, quant_bits=4, double_quant=True)
     assert estimate(qlora).total < estimate(lora).total < estimate(full).total
 
@@ -202,29 +211,53 @@ def test_eager_attention_adds_the_s_squared_term() -> None:
 
 
 # ---- strategies and strategy=auto ---------------------------------------------------------------
-@pytest.mark.parametrize("option", sorted(STRATEGY_SHAPES))
-def test_shape_of_composed_option_matches_table(compose_cfg, option: str) -> None:
-    """The comparison table's shapes agree with the option YAMLs in conf/strategy/."""
-    if not (REPO / "conf" / "strategy" / f"{option}.yaml").is_file():
-        pytest.skip(f"conf/strategy/{option}.yaml is not there yet")
-    got, want = shape_of(compose_cfg(f"strategy={option}").strategy), STRATEGY_SHAPES[option]
-    assert (got.kind, got.stage, got.offload_optimizer, got.offload_param) == (
-        want.kind,
-        want.stage,
-        want.offload_optimizer,
-        want.offload_param,
-    )
+#: what each shipped option does to memory, written out by hand: the shapes the components declare must
+#: say the same (a component that misreports its offload or stage fails here)
+SHIPPED_SHAPES = {
+    "single": ("single", 0, "none", "none"),
+    "ddp": ("ddp", 0, "none", "none"),
+    "fsdp": ("fsdp", 3, "none", "none"),
+    "zero0": ("deepspeed", 0, "none", "none"),
+    "zero1": ("deepspeed", 1, "none", "none"),
+    "zero2": ("deepspeed", 2, "none", "none"),
+    "zero3": ("deepspeed", 3, "none", "none"),
+    "zero2_offload": ("deepspeed", 2, "cpu", "none"),
+    "zero3_offload": ("deepspeed", 3, "cpu", "cpu"),
+    "zero3_nvme": ("deepspeed", 3, "nvme", "nvme"),
+    "zero3pp": ("deepspeed", 3, "none", "none"),
+}
+
+
+@pytest.mark.parametrize("option", sorted(SHIPPED_SHAPES))
+def test_the_composed_option_declares_its_shape(compose_cfg, option: str) -> None:
+    """The comparison table's shapes come from the option YAMLs in conf/strategy/ as composed."""
+    from hydra.utils import instantiate
+
+    got = instantiate(compose_cfg(f"strategy={option}").strategy).memory_shape(8)
+    assert (got.kind, got.stage, got.offload_optimizer, got.offload_param) == SHIPPED_SHAPES[option]
+    assert STRATEGY_SHAPES[option] == got
+
+
+def test_assumed_speeds_keep_the_documented_order() -> None:
+    """single = ddp > zero0 > zero1 > zero2 > fsdp > zero3pp > zero3 > zero2_offload > zero3_offload >
+    zero3_nvme: strategy=auto walks this order (components/memory/shapes.py)."""
+    order = ["ddp", "zero0", "zero1", "zero2", "fsdp", "zero3pp", "zero3", "zero2_offload", "zero3_offload"]
+    speeds = [STRATEGY_SHAPES[name].speed for name in [*order, "zero3_nvme"]]
+    assert speeds == sorted(speeds, reverse=True) and len(set(speeds)) == len(speeds)
+    assert strategy_shapes(1)["single"].speed == STRATEGY_SHAPES["ddp"].speed == 1.0
 
 
 def test_auto_llama3_8b_full_on_one_80gb_gpu_needs_offload(compose_cfg) -> None:
     cfg = compose_cfg("model=llama3_8b", "precision=bf16", "data.max_length=2048", "estimate.num_gpus=1")
-    decision = choose(spec_from_config(cfg), 80 * GiB, 0.1, per_gpu_batch=8)
+    spec = spec_from_config(cfg)
+    decision = choose(spec, shapes_for(spec), 80 * GiB, 0.1, per_gpu_batch=8)
     assert decision.strategy in (None, "zero2_offload", "zero3_offload", "zero3_nvme"), decision.explain()
 
 
 def test_auto_llama3_70b_on_8x80gb_is_zero3(compose_cfg) -> None:
     cfg = compose_cfg("model=llama3_70b", "precision=bf16", "estimate.num_gpus=8")
-    decision = choose(spec_from_config(cfg), 80 * GiB, 0.1, per_gpu_batch=32)
+    spec = spec_from_config(cfg)
+    decision = choose(spec, shapes_for(spec), 80 * GiB, 0.1, per_gpu_batch=32)
     assert decision.strategy in ("zero3", "zero3_offload"), decision.explain()
     assert decision.micro_batch * decision.accumulation == 32
     assert decision.estimate is not None and decision.estimate.fits(80 * GiB, 0.1)
@@ -232,13 +265,14 @@ def test_auto_llama3_70b_on_8x80gb_is_zero3(compose_cfg) -> None:
 
 def test_auto_tiny_on_one_gpu_is_single(compose_cfg) -> None:
     cfg = compose_cfg("estimate.num_gpus=1")
-    decision = choose(spec_from_config(cfg), 24 * GiB, 0.1, per_gpu_batch=32)
+    spec = spec_from_config(cfg)
+    decision = choose(spec, shapes_for(spec), 24 * GiB, 0.1, per_gpu_batch=32)
     assert (decision.strategy, decision.micro_batch, decision.accumulation) == ("single", 32, 1)
 
 
 def test_auto_keeps_the_global_batch_and_takes_the_largest_micro_batch() -> None:
     spec = full_spec(LLAMA3_8B, seq_len=4096, num_gpus=8)
-    decision = choose(spec, 80 * GiB, 0.1, per_gpu_batch=64)
+    decision = choose(spec, shapes_for(spec), 80 * GiB, 0.1, per_gpu_batch=64)
     assert decision.strategy is not None and decision.micro_batch * decision.accumulation == 64
     if decision.micro_batch < 64:  # the next larger divisor would not fit
         bigger = next(d for d in range(decision.micro_batch + 1, 65) if 64 % d == 0)
@@ -518,7 +552,7 @@ def test_printed_rows_sum_to_peak_allocated(compose_cfg) -> None:
 
     from rich.console import Console
 
-    from components.estimate import render
+    from components.commands.estimate import render
 
     for overrides in (
         ("model=llama3_70b", "strategy=zero3", "estimate.num_gpus=8", "model.gradient_checkpointing=true"),
@@ -546,7 +580,7 @@ def test_printed_rows_sum_to_peak_allocated(compose_cfg) -> None:
 def test_acceptance_llama3_70b_zero3_offload_fits_8x24gb(compose_cfg) -> None:
     """Issue 16's command: 70B full fine-tune, ZeRO-3 + CPU offload, 8 x 24 GB fits, and strategy=auto
     for the same run picks an offload rung that the estimate says fits."""
-    from components.estimate import gpu_memory_of
+    from components.memory.spec import gpu_memory_of
 
     base = (
         "model=llama3_70b",
@@ -562,7 +596,8 @@ def test_acceptance_llama3_70b_zero3_offload_fits_8x24gb(compose_cfg) -> None:
     assert est.row("gradients") == 0 and est.fits(gpu_memory_of(cfg), 0.1), est.total / GiB
     assert 11 * GiB < est.total < 14 * GiB  # ≈ 12.7 GiB
     auto = compose_cfg(*base, "strategy=auto")
-    decision = choose(spec_from_config(auto), gpu_memory_of(auto), 0.1, per_gpu_batch=1)
+    spec = spec_from_config(auto)
+    decision = choose(spec, shapes_for(spec), gpu_memory_of(auto), 0.1, per_gpu_batch=1)
     assert decision.strategy is not None and "offload" in decision.strategy, decision.explain()
     assert decision.estimate is not None and decision.estimate.fits(24 * GiB, 0.1)
 
@@ -579,9 +614,6 @@ def test_estimate_table_is_not_cut_when_piped() -> None:
         timeout=60,
     )
     assert proc.returncode in (0, 1), proc.stderr
-    from components.estimate import applicable
-
-    for name in STRATEGY_SHAPES:
-        if applicable(name, 1):
-            assert f" {name} " in proc.stdout, name
+    for name in strategy_shapes(1):  # every option that applies to one GPU
+        assert f" {name} " in proc.stdout, name
     assert "…" not in proc.stdout

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.errors import ConfigError
-from components.estimate import ADAPTER_CLASSES, spec_from_config
+from components.config.errors import ConfigError
+from components.memory.spec import spec_from_config
 from components.model import CausalLM
-from components.run import dataloader_args
-from components.sync import DeferredTokenCount
+from components.runtime.run import dataloader_args
+from components.runtime.trainer_hooks import DeferredTokenCount
 
 SHORT = ["train.max_steps=4", "train.micro_batch_size=8", "data.max_samples=64", "train.eval_generations=0"]
 
@@ -55,12 +55,20 @@ def test_estimate_follows_the_weight_dtype_rule(compose_cfg) -> None:
     assert weight_bytes("peft=lora", "precision=bf16", "strategy=fsdp") == 4
 
 
-def test_adapter_classes_of_the_estimate_are_the_peft_adapters() -> None:
-    from components.peft import Adapter
-    from components.registry import REGISTRY
+def test_every_peft_option_gets_the_estimate_and_the_load_the_same_weight_dtype(compose_cfg) -> None:
+    """The estimate asks each PEFT option what ``Session`` asks before loading (``base_loads_in_half``): a
+    bf16 base exactly under the options that freeze it."""
+    from hydra.utils import instantiate
 
-    adapters = {name for name, cls in REGISTRY["peft"].items() if issubclass(cls, Adapter)}
-    assert adapters == set(ADAPTER_CLASSES)
+    from components.config.options import options
+
+    for name in options("peft"):
+        cfg = compose_cfg("model=llama3_2_1b", f"peft={name}", "precision=bf16")
+        frozen = instantiate(cfg.peft).freezes_base
+        assert spec_from_config(cfg).weight_bytes == (2 if frozen else 4), name
+        assert instantiate(cfg.model).weight_dtype("bf16", frozen_base=frozen) == (
+            "bfloat16" if frozen else "float32"
+        )
 
 
 # ---- token counting without a per-step sync --------------------------------------------------------
@@ -149,8 +157,8 @@ def test_a_nan_loss_stops_the_run_naming_the_key_before_saving(run_recipe, tmp_p
 
 
 def test_skip_nonfinite_loss_restores_hfs_filter(compose_cfg, tmp_path) -> None:
-    from components.run import Components, RunContext
-    from components.rundir import RunDir
+    from components.runtime.run import Components, RunContext
+    from components.runtime.rundir import RunDir
 
     for value, expected in (("false", False), ("true", True)):
         cfg = compose_cfg(f"train.skip_nonfinite_loss={value}")
@@ -210,7 +218,7 @@ def test_gradient_checkpointing_follows_the_model_config(run_recipe, on: bool) -
 def test_collector_pause_freeze_and_hand_back(monkeypatch) -> None:
     import gc
 
-    from components import startup
+    from components.runtime import startup
 
     monkeypatch.setenv("HYDRATUNE_PAUSE_GC", "0")  # the off switch
     startup.pause_gc()
@@ -236,7 +244,7 @@ def test_the_cli_runs_no_full_collection_before_training(tmp_path, monkeypatch) 
     leaves collection on and nothing frozen when the run is over."""
     import gc
 
-    import components.session
+    import components.runtime.session
     from recipes.cli import main
 
     full, seen = [], {}
@@ -250,8 +258,8 @@ def test_the_cli_runs_no_full_collection_before_training(tmp_path, monkeypatch) 
         original()
         seen["frozen"] = gc.get_freeze_count()
 
-    original = components.session.training_starts
-    monkeypatch.setattr(components.session, "training_starts", training_starts)
+    original = components.runtime.session.training_starts
+    monkeypatch.setattr(components.runtime.session, "training_starts", training_starts)
     gc.callbacks.append(on_gc)
     try:
         main([*SHORT, "train.write_plots=false", f"hydra.run.dir={tmp_path / 'run'}"])

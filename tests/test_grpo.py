@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from components.errors import ConfigError
+from components.config.errors import ConfigError
 
 # No eval split (the final evaluation would sample 8 completions for each of 64 eval prompts).
 FAST_GRPO = [
@@ -44,7 +44,7 @@ def test_grpo_raises_the_reward(run_recipe) -> None:
     assert last > first + 0.3, rewards
     run = ctx.run_dir.path
     assert (run / "final" / "model.safetensors").is_file()
-    assert json.loads((run / "result.json").read_text())["run"]["recipe"] == "GRPO"
+    assert json.loads((run / "result.json").read_text())["run"]["recipe"] == "grpo"
     assert ctx.trainer.ref_model is None  # beta = 0: no reference at all
 
 

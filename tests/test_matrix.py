@@ -1,5 +1,6 @@
-"""The support matrix (components/matrix.py): every cell through the real composition and the pre-load
-checks (no model is loaded) gives the verdict the table says; docs/matrix.md is the rendered table."""
+"""The support matrix (components/commands/matrix.py): every cell through the real composition and the
+pre-load checks (no model is loaded) gives the verdict the table says; docs/matrix.md is the rendered
+table."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from components import matrix
-from components.checks import check_before_load
-from components.errors import ConfigError
-from components.run import Components
+from components.commands import matrix
+from components.config.errors import ConfigError
+from components.runtime.checks import check_before_load
+from components.runtime.run import Components
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "matrix.md"
 
@@ -68,7 +69,7 @@ def observed(compose_cell, cell: matrix.Cell) -> matrix.Verdict:
         return matrix.Verdict("refused", key=err.key)
 
 
-@pytest.mark.parametrize("recipe", matrix.RECIPES)
+@pytest.mark.parametrize("recipe", list(matrix.recipes()))
 def test_every_cell_gets_the_verdict_the_table_gives(compose_cfg, monkeypatch, recipe: str) -> None:
     import components.model
 
@@ -87,14 +88,12 @@ def test_every_cell_gets_the_verdict_the_table_gives(compose_cfg, monkeypatch, r
 
 def test_the_covering_sample_trains_every_recipe_and_strategy_once() -> None:
     run = matrix.RUN_IN_TESTS
-    assert {c.recipe for c in run} == set(matrix.RECIPES)
+    assert {c.recipe for c in run} == set(matrix.recipes())
     assert all(matrix.verdict(c).kind == "cpu" for c in run)  # run in CI here: CPU cells only
-    untrained = set(matrix.STRATEGIES) - {c.strategy for c in run}
+    untrained = set(matrix.strategies()) - {c.strategy for c in run}
     # GPU-only strategies on this host: zero3pp (CUDA quantizer); zero0 and zero3_nvme are checked only
     assert untrained == {"zero0", "zero3_nvme", "zero3pp"}, untrained
 
 
 def test_docs_matrix_is_up_to_date() -> None:
-    assert DOCS.read_text() == matrix.markdown(), (
-        "run: python -m components.matrix --markdown > docs/matrix.md"
-    )
+    assert DOCS.read_text() == matrix.markdown(), "run: hydratune matrix --markdown > docs/matrix.md"

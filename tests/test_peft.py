@@ -14,7 +14,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
-from components.errors import ConfigError
+from components.config.errors import ConfigError
+from components.config.registry import REGISTRY, field_names
 from components.peft import (
     IA3,
     BitFit,
@@ -28,7 +29,6 @@ from components.peft import (
     merge_and_unload,
     trainable_summary,
 )
-from components.registry import REGISTRY, field_names
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = 128
@@ -187,7 +187,7 @@ def tiny_classifier() -> LlamaForSequenceClassification:
 
 @pytest.mark.parametrize("component", [LoRA(r=4), IA3()], ids=["LoRA", "IA3"])
 def test_adapters_on_reward_models_save_and_train_the_score_head(component: Peft) -> None:
-    component.task_type = "SEQ_CLS"
+    component = component.for_task("seq_cls")  # what Session.build_model(task="seq_cls") applies
     assert "score" in component.peft_config().modules_to_save
     model = component.apply(tiny_classifier())
     assert any(n.endswith("score.modules_to_save.default.weight") for n in trainable(model))

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from components import ppo
-from components.errors import ConfigError
+from components.config.errors import ConfigError
 from components.rewards import text_of
+from components.rl import ppo
 
 
 def brevity(prompts: list, completions: list, **_) -> list[float]:
@@ -136,8 +136,8 @@ def test_running_moments_match_the_batch_statistics() -> None:
 
 @pytest.fixture(scope="module")
 def tiny():
+    from components.config.resolvers import asset
     from components.model import CausalLM
-    from components.resolvers import asset
 
     torch.manual_seed(0)
     spec = CausalLM(name_or_path=asset("tiny"), init="random")
@@ -214,7 +214,7 @@ def test_ppo_raises_the_reward(run_recipe) -> None:
     assert (run / "final" / "model.safetensors").is_file() and (run / "final" / "value.safetensors").is_file()
     assert (run / "checkpoints" / "checkpoint-30" / "hydratune_complete.json").is_file()
     result = json.loads((run / "result.json").read_text())
-    assert result["run"]["recipe"] == "PPO" and "reward/mean" in result["final metrics"]
+    assert result["run"]["recipe"] == "ppo" and "reward/mean" in result["final metrics"]
     assert (run / "summary.md").is_file()
 
 
@@ -369,7 +369,7 @@ def test_ppo_refuses_the_wrong_data_and_bad_knobs_before_load(run_recipe, tmp_pa
             run_recipe("recipe=ppo", *overrides)
         assert info.value.key == key, overrides
     # a whole checkpoint of another recipe (a trainer's) is not one PPO can continue from
-    from components.checkpoint import mark_complete
+    from components.runtime.checkpoint import mark_complete
 
     other = tmp_path / "sft" / "checkpoints" / "checkpoint-1"
     other.mkdir(parents=True)
@@ -436,7 +436,7 @@ def test_ppo_interrupted_and_resumed_matches_an_uninterrupted_run(run_recipe, ex
     (weights, optimizer, cosine schedule, RNG states, KL controller, reward moments, prompt order)."""
     from safetensors.torch import load_file
 
-    from components.errors import Interrupted
+    from components.config.errors import Interrupted
 
     common = [*FAST_PPO, *extra, "recipe.num_iterations=4", "recipe.reward._target_=tests.test_ppo.brevity"]
     full, _ = run_recipe(*common, name="straight")
@@ -468,7 +468,7 @@ def test_ppo_interrupted_and_resumed_matches_an_uninterrupted_run(run_recipe, ex
 def test_frozen_models_under_zero3_offload_get_an_inference_config(compose_cfg) -> None:
     """The second DeepSpeed plugin (reference / reward model): ZeRO-3 with the trained model's parameter
     offload, but no optimizer, no optimizer offload, no accumulation; DeepSpeed accepts it."""
-    from components.run import Components, batch_plan
+    from components.runtime.run import Components, batch_plan
     from components.strategy import validate_deepspeed_config
 
     cfg = compose_cfg("recipe=ppo", "strategy=zero3_offload", "train.gradient_accumulation_steps=4")
@@ -494,8 +494,8 @@ def test_ppo_under_fsdp_passes_cpu_checks_and_refuses_what_its_loop_does_not_do(
     a GPU); what its loop does not do is refused, not ignored: fp16 (no sharded loss scaling), FSDP's
     activation checkpointing, sharded checkpoints."""
     import components.strategy
-    from components.checks import check_before_load
-    from components.run import Components
+    from components.runtime.checks import check_before_load
+    from components.runtime.run import Components
 
     cfg = compose_cfg("recipe=ppo", "strategy=fsdp", "launcher.nproc_per_node=2")
     assert check_before_load(cfg, Components.from_config(cfg)) == "cpu"
@@ -508,7 +508,7 @@ def test_ppo_under_fsdp_passes_cpu_checks_and_refuses_what_its_loop_does_not_do(
         cfg = compose_cfg("recipe=ppo", "strategy=fsdp", override)
         comps = Components.from_config(cfg)
         with pytest.raises(ConfigError) as info:
-            comps.recipe.check(cfg, comps)
+            check_before_load(cfg, comps, "cuda")  # the strategy's loop_refusal, for a recipe owning its loop
         assert info.value.key == key, override
 
 

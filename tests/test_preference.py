@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.errors import ConfigError
+from components.config.errors import ConfigError
 
 SHORT = ["train.micro_batch_size=16", "train.log_every=5", "train.eval_generations=0", "train.save_every=0"]
 

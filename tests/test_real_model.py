@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from components import gguf
-from components.checks import check_before_load
-from components.errors import ConfigError
-from components.resolvers import ASSETS, package_dir
-from components.run import Components
+from components.config.errors import ConfigError
+from components.config.resolvers import ASSETS, package_dir
+from components.modeling import gguf
+from components.runtime.checks import check_before_load
+from components.runtime.run import Components
 
 pytestmark = pytest.mark.real
 
@@ -54,7 +54,7 @@ def converted() -> Path:
 
 
 def greedy(model, tokenizer, messages: list[dict[str, str]], new_tokens: int = 16) -> str:
-    from components.evaluation import eval_prompts, generate
+    from components.generation.evaluation import eval_prompts, generate
 
     [prompt], _ = eval_prompts([(messages, "")], tokenizer, max_length=4096)
     return generate(model, tokenizer, [prompt.ids], max_new_tokens=new_tokens)[0]
@@ -151,7 +151,7 @@ def test_from_run_of_a_gguf_model_loads_the_saved_dir(compose_cfg, tmp_path) -> 
 
 @needs_real
 def test_plan_reads_the_gguf_metadata_without_converting(compose_cfg, tmp_path, monkeypatch) -> None:
-    from components.dataprep import plan_data
+    from components.runtime.dataprep import plan_data
 
     monkeypatch.setenv("HYDRATUNE_CACHE", str(tmp_path / "empty"))
 
@@ -291,7 +291,7 @@ def test_generate_and_export_a_lora_run_of_the_real_model(converted: Path, run_r
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from components.export import export
+    from components.commands.export import export
 
     ctx, _ = run_recipe(*CHAT, "peft=lora", "optimizer.lr=2e-4", "train.max_steps=2", name="lora_only")
     run = ctx.run_dir.path

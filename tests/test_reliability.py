@@ -16,9 +16,9 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from components.checkpoint import COMPLETE, checkpoints_in, resolve_resume, verify
-from components.errors import EXIT_INTERRUPTED, ConfigError
-from components.resume import resolve
+from components.config.errors import EXIT_INTERRUPTED, ConfigError
+from components.runtime.checkpoint import COMPLETE, checkpoints_in, resolve_resume, verify
+from components.runtime.resume import resolve
 
 RUN = [
     "train.max_steps=60",
@@ -238,7 +238,7 @@ def test_ctrl_c_checkpoints_like_sigterm(tmp_path: Path) -> None:
 def test_second_signal_exits_at_once() -> None:
     code = (
         "import os, signal\n"
-        "from components.interrupt import GracefulInterrupt\n"
+        "from components.distributed.interrupt import GracefulInterrupt\n"
         "g = GracefulInterrupt().install()\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "assert g.requested\n"
@@ -257,7 +257,7 @@ def test_a_relayed_signal_and_the_same_signal_itself_count_once() -> None:
     graceful stop, not the 'second signal' that kills; a later signal still kills."""
     code = (
         "import os, signal\n"
-        "from components.interrupt import GracefulInterrupt\n"
+        "from components.distributed.interrupt import GracefulInterrupt\n"
         "g = GracefulInterrupt().install()\n"
         "g.relayed(signal.SIGINT)\n"
         "os.kill(os.getpid(), signal.SIGINT)\n"

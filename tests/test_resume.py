@@ -1,6 +1,6 @@
 """``resume=`` continues the right run (configs compared key by key, multirun points kept apart), decided
 before any model loads; checkpoints and config ``_target_``s are checked before anything opens or builds
-them (components/resume.py, components/trust.py)."""
+them (components/runtime/resume.py, components/config/trust.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from components.checkpoint import checkpoints_in, mark_complete
-from components.errors import ConfigError
-from components.resume import point, resolve
+from components.config.errors import ConfigError
+from components.runtime.checkpoint import checkpoints_in, mark_complete
+from components.runtime.resume import point, resolve
 from tests.conftest import save_like_hydra
 
 
@@ -207,7 +207,7 @@ def test_a_planted_pickle_in_a_zero2_checkpoint_never_runs(tmp_path) -> None:
 
 
 def test_a_config_target_outside_hydratune_is_never_built(compose_cfg, tmp_path) -> None:
-    from components.run import Components
+    from components.runtime.run import Components
 
     marker = tmp_path / "marker"
     cfg = compose_cfg()
@@ -240,7 +240,7 @@ def test_replay_of_a_run_dir_with_a_foreign_target_runs_nothing(compose_cfg, tmp
 
 
 def test_an_experiment_file_cannot_have_hydra_build_a_foreign_callback(tmp_path, capsys) -> None:
-    from components.trust import check_file
+    from components.config.trust import check_file
     from tests.conftest import CONF
 
     marker = tmp_path / "marker"

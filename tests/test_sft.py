@@ -84,7 +84,7 @@ def test_freeze_changes_only_the_unfrozen_layers(run_recipe) -> None:
 
 
 def test_bitfit_on_a_model_without_biases_fails_clearly(run_recipe) -> None:
-    from components.errors import ConfigError
+    from components.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"(?i)bitfit"):
         run_recipe(*SHORT, "peft=bitfit", "+model.architecture.attention_bias=false", name="nobias")
@@ -122,11 +122,11 @@ def test_two_processes_started_together_get_different_run_dirs(compose_cfg) -> N
 
     from hydra import compose
 
-    from components.resolvers import run_tag
+    from components.config.resolvers import run_tag
 
     cfg = compose(config_name="config", return_hydra_config=True)
     assert cfg.hydra.run.dir.endswith(f"_sft_{run_tag()}")
-    probe = "from components.resolvers import run_tag; print(run_tag())"
+    probe = "from components.config.resolvers import run_tag; print(run_tag())"
     tags = {
         subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout for _ in range(3)
     }

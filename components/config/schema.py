@@ -1,0 +1,88 @@
+"""Top-level config schema: the groups, plus the plain ``train:`` node every recipe shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+GROUPS: tuple[str, ...] = (
+    "recipe",
+    "model",
+    "data",
+    "peft",
+    "strategy",
+    "precision",
+    "quantization",
+    "optimizer",
+    "scheduler",
+    "tracker",
+    "launcher",
+)
+
+
+@dataclass
+class TrainConfig:
+    """What every recipe shares: batch arithmetic, length of training, intervals, seed, outputs."""
+
+    micro_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    epochs: float = 1.0
+    max_steps: int = -1  # > 0 overrides epochs
+    max_grad_norm: float = 1.0
+    log_every: int = 5  # steps
+    eval_every: int = 200  # steps; 0 = evaluate at the end only
+    save_every: int = 500  # steps; 0 = save only the final model
+    keep_last: int = 2  # checkpoints kept on disk
+    seed: int = 42
+    data_seed: int | None = None  # defaults to seed
+    num_workers: int | None = None  # dataloader worker processes; None = auto: 2 on CUDA, 0 on CPU
+    count_tokens: bool = True  # num_input_tokens_seen, summed on the device and read at log steps only
+    skip_nonfinite_loss: bool = False  # HF's nan/inf loss filter: a device sync every step
+    eval_generations: int = 32  # eval prompts to generate from and score exact-match (0 = off)
+    max_new_tokens: int = 32
+    write_plots: bool = True
+    deterministic: bool = False
+
+
+@dataclass
+class EstimateConfig:
+    """``hydratune estimate`` / ``strategy=auto``: the hardware the memory estimate is checked against."""
+
+    gpu_memory: str = "auto"  # per GPU: "80GB", "24GiB", "80" (GiB); auto = the detected GPU's memory
+    num_gpus: int = 0  # GPUs per node; 0 = detect (1 when none is visible)
+    num_nodes: int = 1
+    safety_margin: float = 0.1  # fraction of gpu_memory kept free
+
+
+@dataclass
+class Config:
+    """The composed run. Groups are typed by their option's own schema (see components.config.registry)."""
+
+    recipe: Any = MISSING
+    model: Any = MISSING
+    data: Any = MISSING
+    peft: Any = MISSING
+    strategy: Any = MISSING
+    precision: Any = MISSING
+    quantization: Any = MISSING
+    optimizer: Any = MISSING
+    scheduler: Any = MISSING
+    tracker: Any = field(default_factory=dict)  # {name: tracker}: several can be selected at once
+    launcher: Any = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    estimate: EstimateConfig = field(default_factory=EstimateConfig)
+    mode: str = "train"  # train | plan (compose, check, print; no training)
+    resume: Any = False  # false | true (latest earlier run of this config) | <run dir or checkpoint dir>
+    merge: bool = False  # PEFT: also write a merged full model to final/merged
+    run_name: str = ""  # shown in summaries and trackers; defaults to the run dir's name
+    objective: str = "eval_loss"  # the metric a run returns to Hydra sweepers (Optuna minimises it)
+    trust_checkpoints: bool = (
+        False  # resume from checkpoints holding arbitrary pickles (components/config/trust.py)
+    )
+    trust_targets: bool = False  # build _target_s other than hydratune's own and reward functions
+
+
+ConfigStore.instance().store(name="hydratune_schema", node=Config)

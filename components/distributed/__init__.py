@@ -1,0 +1,1 @@
+"""Sharding code hydratune calls itself (FSDP2 fully_shard for loops it owns)."""

@@ -1,0 +1,125 @@
+"""Generation-based evaluation: greedy answers to eval prompts, scored by exact match.
+
+Eval prompts are tokenized once, before the model loads (``eval_prompts``), with the same length policy
+as the training rows, so one overlong eval row cannot allocate a 100k-token generation later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from components.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+Pair = tuple[list[dict[str, str]], str]  # (conversation up to the answer, reference answer)
+
+
+@dataclass(frozen=True)
+class EvalPrompt:
+    """One eval prompt, rendered with the generation prompt and tokenized; ``truncated`` when its start
+    was cut to fit the length limit."""
+
+    ids: list[int]
+    answer: str
+    question: str  # the last turn's text, shown in generations.jsonl
+    truncated: bool = False
+    conversation: list[dict[str, str]] | None = None  # the turns the prompt was rendered from
+
+
+def normalise(text: str) -> str:
+    """Compare answers modulo surrounding white space and case."""
+    return " ".join(text.strip().split()).lower()
+
+
+def eval_pairs(data_component: Any, splits: Any) -> list[Pair]:
+    """(conversation, answer) per eval row (the data component's ``pairs``); ``[]`` when the eval rows
+    have no prompt to complete or no reference answer."""
+    pairs = data_component.pairs(splits, "eval") or []
+    return [] if any(answer is None for _, answer in pairs) else pairs
+
+
+def eval_prompts(
+    pairs: list[Pair],
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    max_length: int,
+    on_overlong: str = "truncate",
+    key: str = "data.max_length",
+) -> tuple[list[EvalPrompt], dict[str, int]]:
+    """Tokenize ``pairs`` with the chat template's generation prompt and apply ``on_overlong`` to prompts
+    longer than ``max_length`` tokens: ``truncate`` keeps their last ``max_length`` tokens (the question
+    and the generation prompt, as PPO's rollouts do), ``drop`` leaves them out, ``error`` names the first.
+    Returns the prompts and the counts of what was cut or dropped (for the summary)."""
+    out: list[EvalPrompt] = []
+    counts: dict[str, int] = {}
+    for i, (conversation, answer) in enumerate(pairs):
+        text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        question = conversation[-1]["content"] if conversation else ""
+        if len(ids) <= max_length:
+            out.append(EvalPrompt(ids, answer, question, conversation=conversation))
+            continue
+        if on_overlong == "error":
+            raise ConfigError(
+                f"eval prompt {i} has {len(ids)} tokens > {key}={max_length}",
+                key=key,
+                hint=f"raise {key}, or set data.on_overlong=truncate or drop",
+            )
+        reason = "eval prompts dropped (too long)" if on_overlong == "drop" else "eval prompts truncated"
+        counts[reason] = counts.get(reason, 0) + 1
+        if on_overlong != "drop":
+            out.append(EvalPrompt(ids[-max_length:], answer, question, True, conversation))
+    return out, counts
+
+
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int = 32,
+    batch_size: int = 16,
+) -> list[str]:
+    """Greedy completions of tokenized prompts, left-padded, stopping at EOS or an end-of-turn token."""
+    from components.generation.sampling import Sampling, complete
+
+    was_training = model.training
+    model.eval()
+    greedy = Sampling(max_new_tokens=max_new_tokens)
+    outputs: list[str] = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            batch = complete(model, tokenizer, prompts[start : start + batch_size], greedy)
+            outputs += [done.text for [done] in batch]
+    finally:
+        model.train(was_training)
+    return outputs
+
+
+def exact_match(predictions: list[str], answers: list[str]) -> float:
+    """Fraction of predictions equal to their answer after ``normalise``."""
+    if not answers:
+        return 0.0
+    hits = sum(normalise(p) == normalise(a) for p, a in zip(predictions, answers, strict=True))
+    return hits / len(answers)
+
+
+def evaluate_generations(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[EvalPrompt],
+    *,
+    max_new_tokens: int = 32,
+) -> dict[str, Any]:
+    """Exact-match accuracy and the samples themselves (prompt, answer, prediction)."""
+    answers = [p.answer for p in prompts]
+    preds = generate(model, tokenizer, [p.ids for p in prompts], max_new_tokens=max_new_tokens)
+    samples = [
+        {"prompt": p.question, "answer": p.answer, "prediction": pred}
+        | ({"prompt_truncated": True} if p.truncated else {})
+        for p, pred in zip(prompts, preds, strict=True)
+    ]
+    return {"exact_match": exact_match(preds, answers), "samples": samples}

@@ -1,0 +1,211 @@
+"""A composed config as the estimate's numbers: the run's components say what they contribute.
+
+The bridge between a run's config and the pure arithmetic of ``components/memory/estimate.py``: the PEFT
+option counts its trainable parameters, the optimizer names its state size, the quantization its storage,
+the strategy its shape; the architecture comes from the model node (its numbers, or a local config.json).
+Nothing loads weights or imports torch; ``hydratune estimate``, ``strategy=auto`` and the GPU benches use it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from components.memory.arch import Arch
+from components.memory.estimate import DTYPE_BYTES, Estimate, GiB, KiB, MiB, RunSpec, estimate
+from components.memory.shapes import StrategyShape
+
+
+def get(obj: Any, key: str, default: Any = None) -> Any:
+    """``obj.key`` for dataclasses, dicts and DictConfigs alike."""
+    if obj is None:
+        return default
+    if isinstance(obj, Mapping) or (hasattr(obj, "keys") and hasattr(obj, "get")):
+        try:
+            value = obj.get(key, default)
+        except Exception:  # an interpolation that cannot resolve offline
+            return default
+        return default if value is None and default is not None else value
+    return getattr(obj, key, default)
+
+
+def arch_of_model(model: Any) -> Arch:
+    """The architecture of a ``model`` config node (or CausalLM): its ``architecture`` numbers, over the
+    local dir's config.json when ``name_or_path`` is one. No weights, no network, no transformers."""
+    arch = dict(get(model, "architecture", {}) or {})
+    name = str(get(model, "name_or_path", "") or "")
+    from_run = get(model, "from_run", None)
+    candidates = [
+        Path(str(from_run)).expanduser() / "final",
+        Path(str(from_run)).expanduser() / "final/merged",
+    ]
+    candidates = (candidates if from_run else []) + [Path(name).expanduser()]
+    for folder in candidates:
+        config = folder / "config.json"
+        if config.is_file():
+            arch = {**json.loads(config.read_text()), **arch}
+            break
+    needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    missing = [k for k in needed if k not in arch]
+    if missing:
+        from components.config.errors import ConfigError
+
+        raise ConfigError(
+            f"the estimate needs the architecture numbers of '{name}' and {', '.join(missing)} "
+            "are not in model.architecture (and it is not a local dir with config.json)",
+            key="model.architecture",
+            hint="use a shipped model (conf/model/), or pass model.architecture.<key>=… from its config.json",
+        )
+    return Arch.from_dict(arch)
+
+
+def parse_memory(text: Any) -> float | None:
+    """'80GB' / '80 GiB' / '24GiB' / '80' (GiB) / '512MB' -> bytes; 'auto' -> None."""
+    if text is None:
+        return None
+    if isinstance(text, (int, float)):
+        return float(text) * GiB
+    s = str(text).strip().replace(" ", "")
+    if s.lower() in ("auto", "", "0"):
+        return None
+    m = re.fullmatch(r"(?i)([0-9]*\.?[0-9]+)([kmgt]?i?b?)?", s)
+    if not m:
+        from components.config.errors import ConfigError
+
+        raise ConfigError(
+            f"cannot read a memory size from '{text}'",
+            key="estimate.gpu_memory",
+            hint="e.g. 80GB, 24GiB or 80 (GiB)",
+        )
+    value, unit = float(m.group(1)), (m.group(2) or "").lower()
+    # GPU memory is sold in GiB-ish "GB": an "80GB" H100 has 79.6 GiB usable; treat GB as GiB
+    scale = {
+        "": GiB,
+        "k": KiB,
+        "kb": KiB,
+        "kib": KiB,
+        "m": MiB,
+        "mb": MiB,
+        "mib": MiB,
+        "g": GiB,
+        "gb": GiB,
+        "gib": GiB,
+        "t": 1024 * GiB,
+        "tb": 1024 * GiB,
+        "tib": 1024 * GiB,
+    }[unit]
+    return value * scale
+
+
+def detect_gpus() -> tuple[int, float | None]:
+    """(visible GPUs, memory of the first) without importing torch when no GPU can be present."""
+    import os
+    import shutil
+
+    if not shutil.which("nvidia-smi") and not os.path.exists("/proc/driver/nvidia"):
+        return 1, None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.device_count(), float(torch.cuda.get_device_properties(0).total_memory)
+    except Exception:
+        pass
+    return 1, None
+
+
+def world_of(cfg: Any) -> tuple[int, int]:
+    """(GPUs per node, nodes) the estimate is for: ``estimate.*``, else the launcher's processes, else the
+    visible GPUs."""
+    est, launcher = get(cfg, "estimate", {}) or {}, get(cfg, "launcher", {}) or {}
+    num_gpus = int(get(est, "num_gpus", 0) or 0)
+    if num_gpus <= 0:  # the launcher's processes per node, else the visible GPUs
+        nproc = int(get(launcher, "nproc_per_node", 1) or 1)
+        num_gpus = nproc if nproc > 1 else detect_gpus()[0]
+    num_nodes = int(get(est, "num_nodes", 1) or 1)
+    if num_nodes == 1:
+        num_nodes = int(get(launcher, "nnodes", 1) or 1)
+    return num_gpus, num_nodes
+
+
+def built(node: Any) -> Any:
+    """A group's component from its config node (an instance passes through)."""
+    from omegaconf import DictConfig
+
+    if not isinstance(node, DictConfig):
+        return node
+    from hydra.utils import instantiate
+
+    return instantiate(node, _convert_="all")
+
+
+def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: Any) -> RunSpec:
+    """A RunSpec from a composed config: the peft, optimizer, quantization and strategy components say
+    their part (built from their nodes: no weights, no torch)."""
+    from components.model import base_loads_in_half
+
+    model, data, train = get(cfg, "model"), get(cfg, "data"), get(cfg, "train")
+    peft, optimizer, quant = (
+        built(get(cfg, "peft")),
+        built(get(cfg, "optimizer")),
+        built(get(cfg, "quantization")),
+    )
+    strategy_component = built(get(cfg, "strategy"))
+    arch = arch_of_model(model)
+    num_gpus, num_nodes = world_of(cfg)
+    precision = str(get(get(cfg, "precision"), "dtype", "fp32"))
+    compute = {"fp32": 4, "bf16": 2, "fp16": 2, "auto": 2}.get(precision, 2)
+    bits, quant_type, double_quant = quant.memory_format()
+    weight = DTYPE_BYTES.get(str(get(model, "dtype", "auto")), 4)
+    if str(get(model, "dtype", "auto")) == "auto" and precision in ("bf16", "auto"):
+        weight = 2 if base_loads_in_half(peft, quant, strategy_component) else weight  # CausalLM.weight_dtype
+    spec = RunSpec(
+        arch=arch,
+        trainable=peft.trainable_params(arch),
+        full_finetune=not peft.enabled,
+        weight_bytes=weight,
+        compute_bytes=compute,
+        optimizer=optimizer.memory_kind,
+        quant_bits=bits,
+        quant_type=quant_type,
+        double_quant=double_quant,
+        micro_batch=int(get(train, "micro_batch_size", 1)),
+        seq_len=int(get(data, "max_length", 1024) or 1024),
+        gradient_checkpointing=bool(get(model, "gradient_checkpointing", False)),
+        attn_implementation=str(get(model, "attn_implementation", "sdpa")),
+        strategy=strategy or strategy_component.memory_shape(num_gpus),
+        num_gpus=num_gpus,
+        num_nodes=num_nodes,
+        lora_inputs_per_layer=peft.adapter_inputs(arch),
+        lora_dropout=peft.adapter_dropout,
+    )
+    return replace(spec, **over) if over else spec
+
+
+def gpu_memory_of(cfg: Any) -> float | None:
+    """``estimate.gpu_memory`` in bytes, or the detected GPU's memory, or None (unknown)."""
+    value = parse_memory(get(get(cfg, "estimate", {}), "gpu_memory", "auto"))
+    return value if value is not None else detect_gpus()[1]
+
+
+def strategy_shapes(world_size: int | None = None, gpus_per_node: int = 8) -> dict[str, StrategyShape]:
+    """The memory shape of every strategy option (conf/strategy/), fastest first, as its component
+    declares it (``Strategy.memory_shape``); with ``world_size``, only those that apply to that many
+    ranks (``Strategy.applicable``)."""
+    from components.strategy import training_options
+
+    return {
+        name: strategy.memory_shape(gpus_per_node)
+        for name, strategy in training_options().items()
+        if world_size is None or strategy.applicable(world_size)
+    }
+
+
+def compare(spec: RunSpec) -> dict[str, Estimate]:
+    """The same run under every strategy option that applies to its world size."""
+    shapes = strategy_shapes(spec.world_size, spec.num_gpus)
+    return {name: estimate(replace(spec, strategy=shape)) for name, shape in shapes.items()}

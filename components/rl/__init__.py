@@ -1,0 +1,1 @@
+"""Reinforcement learning pieces hydratune writes itself: PPO's rollout, advantages and losses."""

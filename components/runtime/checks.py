@@ -1,0 +1,194 @@
+"""Checks of the composed config that run before any model is loaded (cheap; no weights)."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from omegaconf import DictConfig
+
+from components.config.errors import ConfigError
+from components.config.registry import check_known_keys
+from components.recipe import DATA_KINDS
+from components.runtime.run import Components, batch_plan, world_size
+
+
+def check_train(cfg: DictConfig) -> None:
+    """Ranges of the shared ``train:`` node."""
+    t = cfg.train
+    positive = ("micro_batch_size", "gradient_accumulation_steps", "log_every", "keep_last")
+    for key in positive:
+        if t[key] < 1:
+            raise ConfigError(f"must be >= 1, got {t[key]}", key=f"train.{key}")
+    if t.max_steps <= 0 and t.epochs <= 0:
+        raise ConfigError("nothing to train: epochs <= 0 and max_steps <= 0", key="train.epochs")
+    for key in ("eval_every", "save_every", "eval_generations", "num_workers"):
+        if t[key] is not None and t[key] < 0:
+            raise ConfigError(f"must be >= 0, got {t[key]}", key=f"train.{key}")
+    if t.max_steps < -1:
+        raise ConfigError(
+            f"must be -1 or > 0, got {t.max_steps}",
+            key="train.max_steps",
+            hint="train.max_steps=-1 trains for train.epochs; a positive number caps the optimizer steps",
+        )
+    if not math.isfinite(t.max_grad_norm) or t.max_grad_norm < 0:
+        raise ConfigError(
+            f"must be a finite number >= 0, got {t.max_grad_norm}",
+            key="train.max_grad_norm",
+            hint="train.max_grad_norm=1.0 (0 disables clipping)",
+        )
+
+
+def check_recipe_data(comps: Components) -> None:
+    """The data option must hold what the recipe reads (``Recipe.data_kinds`` vs the data's ``kind``)."""
+    recipe, data = comps.recipe, comps.data
+    if data.kind in recipe.data_kinds:
+        return
+    wanted = " or ".join(DATA_KINDS[kind] for kind in recipe.data_kinds)
+    raise ConfigError(
+        f"recipe={recipe.name} needs {wanted}, got {DATA_KINDS[data.kind]} ({type(data).__name__})",
+        key="data",
+        hint=f"use data={recipe.demo()}, or a data option of that kind with your data.path",
+    )
+
+
+def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
+    """Cross-group rules: what cannot work together, said with what to change."""
+    comps.precision.resolve(device)  # raises for bf16/fp16/tf32 the device cannot do
+    inference = comps.recipe.inference_only  # generates with the model, trains nothing
+    if comps.model.adapter and not inference:
+        raise ConfigError(
+            f"{comps.model.from_run} left an adapter alone: training starts from a whole model",
+            key="model.from_run",
+            hint=f"hydratune export {comps.model.from_run} (merges it into its base) and pass "
+            "model.name_or_path=<the export dir>, or re-run that recipe with merge=true",
+        )
+    if comps.quantization.needs_adapter and not comps.peft.is_adapter and not inference:
+        raise ConfigError(
+            "a quantized base model cannot be trained directly: QLoRA trains an adapter on top of it",
+            key="peft",
+            hint="add peft=lora (or dora / ia3), or drop quantization",
+        )
+    if cfg.merge and not comps.peft.is_adapter:
+        raise ConfigError(
+            "merge=true needs an adapter to merge", key="merge", hint="use peft=lora or drop merge"
+        )
+    if cfg.merge and comps.quantization.enabled:
+        raise ConfigError(
+            "merging an adapter into a quantized base loses precision",
+            key="merge",
+            hint="merge offline into the unquantized base, or drop merge=true",
+        )
+    comps.optimizer.check_device(device)
+    check_strategy(cfg, comps, device)
+    check_loss_scaling(comps, device)
+    weights = comps.model.dtype
+    if comps.precision.resolve(device) == "fp16" and weights == "bfloat16":
+        raise ConfigError(
+            "precision=fp16 with model.dtype=bfloat16: fp16 loss scaling cannot unscale bf16 gradients",
+            key="model.dtype",
+            hint="use precision=bf16, or model.dtype=auto",
+        )
+
+
+def check_loss_scaling(comps: Components, device: str) -> None:
+    """fp16 loss-scaling knobs: DeepSpeed's config takes them all, torch's GradScaler only some."""
+    if comps.precision.resolve(device) == "fp16" and not comps.strategy.scales_loss:
+        comps.precision.check_grad_scaler()
+
+
+def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
+    """What the chosen strategy cannot do with the launcher, device, precision, quantization or the
+    recipe's own loop; the strategy says its own part (``Strategy.check``, ``device_refusal``,
+    ``loop_refusal``)."""
+    strategy, quant, recipe = comps.strategy, comps.quantization, comps.recipe
+    world = world_size(comps)
+    limit = strategy.max_processes
+    if limit is not None and world > limit and not recipe.inference_only:  # inference: a model per process
+        runs = "one process" if limit == 1 else f"at most {limit} processes"
+        raise ConfigError(
+            f"strategy {strategy.label} runs {runs}, but the launcher asks for {world}",
+            key="strategy",
+            hint="use strategy=ddp (or zero1/zero2/zero3/fsdp) with several processes",
+        )
+    strategy.check(batch_plan(cfg, comps, device), device)
+    dtype = comps.precision.resolve(device)
+    refusal = strategy.device_refusal(device, dtype, recipe.owns_loop)
+    if refusal is not None:
+        raise refusal
+    if cfg.merge and strategy.shards_parameters:
+        raise ConfigError(
+            f"merge=true cannot fold an adapter into {strategy.label}-sharded weights in the training job",
+            key="merge",
+            hint="drop merge and merge the saved adapter afterwards (peft's merge_and_unload on one device)",
+        )
+    refusal = quant.sharding_refusal(dtype, strategy.label) if strategy.shards_parameters else None
+    if refusal is None and recipe.owns_loop:
+        refusal = strategy.loop_refusal(dtype)
+    if refusal is not None:
+        raise refusal
+
+
+def warnings_for(cfg: DictConfig, comps: Components, device: str = "cpu") -> list[str]:
+    """Legal but suspicious settings: said once at start, never fatal."""
+    notes = []
+    try:
+        config = comps.model.load_config()
+        trained = str(getattr(config, "dtype", None))  # transformers 5: torch_dtype is a deprecated alias
+    except Exception:  # no config reachable offline: nothing to compare with
+        trained = None
+    overflow = comps.precision.warn_model_dtype(trained, device)
+    if overflow:
+        notes.append(overflow)
+    if comps.model.init == "pretrained" and comps.optimizer.lr > 1e-3:
+        notes.append(
+            f"optimizer.lr={comps.optimizer.lr:g} is very high for a pretrained model (the default is "
+            "tuned for the tiny random-init demo): typical values are 1e-5..5e-5 (full), 1e-4..3e-4 (LoRA)"
+        )
+    return notes
+
+
+def stale_accelerate_env() -> list[str]:
+    """``ACCELERATE_*`` variables left over from ``accelerate launch`` / an old shell: they would silently
+    override the composed config (mixed precision, DeepSpeed, FSDP), so hydratune drops them."""
+    import os
+
+    keep = ("ACCELERATE_LOG_LEVEL", "ACCELERATE_DEBUG_MODE", "ACCELERATE_DISABLE_RICH")
+    stale = sorted(k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_")) and k not in keep)
+    for key in stale:
+        del os.environ[key]
+    return stale
+
+
+def check_generated(cfg: DictConfig, comps: Components, device: str) -> None:
+    """The generated DeepSpeed config, checked by DeepSpeed's own config class."""
+    from components.strategy import validate_deepspeed_config
+
+    files = comps.strategy.files(batch_plan(cfg, comps, device), device)
+    if "deepspeed.json" in files:
+        validate_deepspeed_config(files["deepspeed.json"])
+
+
+def check_before_load(cfg: DictConfig, comps: Components, device: str | None = None) -> str:
+    """Everything that can be checked before weights are touched, cheapest first; returns the device
+    (``device`` overrides detection: ``mode=plan`` plans for a GPU from a host without one)."""
+    check_known_keys(cfg)
+    if cfg.mode not in ("train", "plan"):
+        raise ConfigError(f"unknown mode '{cfg.mode}'", key="mode", hint="train or plan")
+    check_train(cfg)
+    for _, component in comps.items():
+        component.validate()
+    check_recipe_data(comps)
+    device = device or comps.strategy.resolve_device()  # first torch import
+    check_combinations(cfg, comps, device)
+    check_generated(cfg, comps, device)
+    comps.recipe.check(cfg, comps)
+    comps.peft.check_targets(comps.model.module_names())  # meta-device model: no weights, no memory
+    stale = stale_accelerate_env()
+    if stale:
+        logging.getLogger("hydratune").warning(
+            "ignoring %s: the composed config decides precision and strategy", ", ".join(stale)
+        )
+    for note in warnings_for(cfg, comps, device):
+        logging.getLogger("hydratune").warning(note)
+    return device

@@ -1,0 +1,215 @@
+"""What the inference-only recipes share (``recipe=generate``, ``recipe=best_of_n``): the sampling knobs and
+their checks, and every prompt of the data generated from the model as trained: length-sorted batches
+dealt to the processes (components/generation/sampling.py), the records merged in input order on rank 0."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from components.config.errors import ConfigError
+from components.generation.sampling import Sampling, complete, length_batches
+from components.recipe import Recipe
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from components.runtime.run import Components, RunContext
+
+log = logging.getLogger("hydratune")
+
+
+def refuse_peft(recipe: str, comps: Components) -> None:
+    """An inference recipe trains nothing, so ``peft=`` would only add an untrained adapter: an adapter
+    comes from the run it was trained in (``model.from_run``)."""
+    if comps.peft.enabled:
+        raise ConfigError(
+            f"recipe={recipe} trains nothing: an adapter comes from the run it was trained in",
+            key="peft",
+            hint="drop peft and pass model.from_run=<the adapter run's dir>",
+        )
+
+
+@dataclass(frozen=True)
+class BatchedGeneration(Recipe):
+    """Sampling knobs; prompts come from ``data``, the model from ``model`` (``model.from_run``). The base
+    of the inference-only recipes, which add their ``run``."""
+
+    #: one whole model per process (no optimizer, no sharding); adapter runs load as trained
+    inference_only: ClassVar[bool] = True
+    periodic_eval: ClassVar[bool] = False  # no training, so no eval split to check
+    produces_causal_lm: ClassVar[bool] = False  # it writes generations, not a model
+    data_kinds: ClassVar[tuple[str, ...]] = ("chat", "prompts")
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    num_return_sequences: int = 1
+    batch_size: int = 16  # prompts per generate() call (sorted by length: little padding)
+    output: str = "generations.jsonl"  # in the run dir
+
+    def check(self, cfg: DictConfig, comps: Components) -> None:
+        if comps.strategy.wraps_model:
+            raise ConfigError(
+                f"recipe={self.name} runs one whole model per process, not {comps.strategy.label}",
+                key="strategy",
+                hint="drop strategy (launcher.nproc_per_node=N still deals the prompts to N processes)",
+            )
+        refuse_peft(self.name, comps)
+        for key in ("max_new_tokens", "batch_size", "num_return_sequences"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"must be >= 1, got {getattr(self, key)}", key=f"recipe.{key}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            key = "temperature" if self.temperature < 0 else "top_p" if not 0 < self.top_p <= 1 else "top_k"
+            raise ConfigError("out of range", key=f"recipe.{key}")
+        if self.temperature == 0 and self.num_return_sequences > 1:
+            raise ConfigError(
+                "greedy decoding (temperature=0) gives the same completion every time",
+                key="recipe.num_return_sequences",
+                hint="set recipe.temperature>0 to sample several completions per prompt",
+            )
+        if "/" in self.output or not self.output.endswith(".jsonl"):
+            raise ConfigError("a .jsonl file name in the run dir", key="recipe.output")
+
+    def sampling(self) -> Sampling:
+        return Sampling(
+            self.max_new_tokens, self.temperature, self.top_p, self.top_k, self.num_return_sequences
+        )
+
+    def generate_all(self, ctx: RunContext) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], float]:
+        """(session, prompt rows, every record in input order on rank 0 (``[]`` elsewhere), seconds): the
+        length-sorted batches dealt to the processes, generated, merged and written to ``output``."""
+        from components.runtime.session import Session
+
+        c = ctx.components
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        session = Session.start(ctx)
+        rows, info = prompt_rows(c.data, session.tokenizer)
+        # every row is generated for (no eval split): the prompt count is in the final metrics
+        session.report["data"] = {"path": c.data.path, **info}
+        model = load_model(c, ctx.device)
+        sampling = self.sampling()
+        session.report["generation"] = {**vars(sampling), "output": self.output}  # processes: under run
+        batches = length_batches([len(r["ids"]) for r in rows], self.batch_size)[rank::world]
+        start, generated, records = time.perf_counter(), 0, []
+        for b, batch in enumerate(batches, 1):
+            ctx.seed_everything()  # each batch draws the same samples whichever process runs it
+            outs = complete(model, session.tokenizer, [rows[i]["ids"] for i in batch], sampling)
+            for i, completions in zip(batch, outs, strict=True):
+                for k, done in enumerate(completions):
+                    records.append(record(rows[i], i, k, done))
+                    generated += done.tokens
+            rate = generated / max(time.perf_counter() - start, 1e-9)
+            log.info(
+                "generate: batch %d/%d on rank %d, %d tokens, %.1f tokens/s",
+                b,
+                len(batches),
+                rank,
+                generated,
+                rate,
+            )
+        seconds = time.perf_counter() - start
+        return session, rows, merge_ranks(ctx, records, rank, world, self.output), seconds
+
+
+def prompt_rows(data: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every row of ``data.path`` in file order (no eval split): the prompt turns, tokenized with the
+    chat template's generation prompt under the data's length policy, and the reference if any; and how
+    the data was read (the format, what the length policy cut), for the summary."""
+    from components.generation.evaluation import eval_prompts
+
+    splits = data.whole().load()
+    pairs = data.pairs(splits, "train")
+    if not pairs:
+        raise ConfigError(
+            "raw text rows have no prompt to complete",
+            key="data.format",
+            hint="use chat, instruction or prompt data",
+        )
+    limit, key, policy = data.prompt_limit()
+    pairs = [(turns, answer or "") for turns, answer in pairs]
+    prompts, counts = eval_prompts(pairs, tokenizer, max_length=limit, on_overlong=policy, key=key)
+    info = {k: v for k, v in splits.info.items() if k != "eval rows from"}
+    return [
+        {
+            "ids": p.ids,
+            "prompt": p.question,
+            "reference": p.answer,
+            "truncated": p.truncated,
+            "conversation": p.conversation,
+        }
+        for p in prompts
+    ], {**info, **counts}
+
+
+def load_model(comps: Components, device: str) -> Any:
+    """The model as trained: an adapter run's adapter on its base (quantized if it was), else the model
+    dir (quantized on load if ``quantization`` asks)."""
+    from components.modeling.trained import TrainedRun
+
+    model, precision = comps.model, comps.precision.resolve(device)
+    if model.adapter:
+        loaded, _ = TrainedRun.open(model.from_run).load(dtype=model.weight_dtype(precision))
+    else:
+        quantized = comps.quantization.enabled
+        loaded = model.build(**(comps.quantization.load_kwargs(precision, device) if quantized else {}))
+    if not comps.quantization.enabled and not getattr(loaded, "is_quantized", False):
+        loaded = loaded.to(device)
+    return loaded.eval()
+
+
+def record(row: dict[str, Any], index: int, sample: int, done: Any) -> dict[str, Any]:
+    out = {
+        "index": index,
+        "sample": sample,
+        "prompt": row["prompt"],
+        "completion": done.text,
+        "tokens": done.tokens,
+        "finish_reason": done.finish_reason,
+    }
+    if row["reference"]:
+        out["reference"] = row["reference"]
+    if row["truncated"]:
+        out["prompt_truncated"] = True
+    return out
+
+
+def merge_ranks(ctx: RunContext, records: list[dict[str, Any]], rank: int, world: int, name: str) -> list:
+    """Every process's records in input order, written by rank 0 as ``name`` (atomically)."""
+    out = ctx.run_dir.path / name
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        shard = ctx.run_dir.path / f".{name}.rank{rank}"
+        shard.write_text("".join(json.dumps(r) + "\n" for r in records))
+        dist.barrier()
+        if rank == 0:
+            records = [
+                json.loads(line)
+                for r in range(world)
+                for line in (ctx.run_dir.path / f".{name}.rank{r}").read_text().splitlines()
+            ]
+        dist.barrier()
+        shard.unlink()
+        dist.destroy_process_group()
+    if rank != 0:
+        return []
+    records.sort(key=lambda r: (r["index"], r["sample"]))
+    write_jsonl(out, records)
+    return records
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]], default: Any = None) -> None:
+    """``rows`` as JSON lines, written atomically (a temporary file renamed into place); ``default``
+    converts what JSON cannot hold (``json.dumps``'s)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, default=default) + "\n" for r in rows))
+    tmp.replace(path)

@@ -1,0 +1,260 @@
+"""Which checkpoint ``resume=`` continues from, decided before any model loads.
+
+An earlier run is continued only when its saved config (``<run>/.hydra/config.yaml``) equals this run's
+in every key but the run-management ones (:data:`MANAGEMENT`): length and cadence of training, trackers,
+names. ``resume=true`` takes the latest such run (in a Hydra multirun: the same point — same overrides —
+of the latest earlier sweep); ``resume=<run dir or checkpoint dir>`` must match too. The chosen
+checkpoint's pickled files are then checked (components/config/trust.py) and the checkpoint dir is pinned into
+``cfg.resume``, so the recipe (and every launched worker) loads exactly that one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from components.config.errors import ConfigError
+from components.runtime.checkpoint import checkpoints_in, resolve_resume, verify
+
+log = logging.getLogger("hydratune")
+
+#: keys (and whole nodes) a resumed run may change: they manage the run, not what is trained
+MANAGEMENT: tuple[str, ...] = (
+    "resume",
+    "run_name",
+    "mode",
+    "objective",
+    "merge",  # only adds final/merged
+    "estimate",
+    "tracker",
+    "trust_checkpoints",
+    "trust_targets",
+    "train.max_steps",
+    "train.epochs",
+    "train.log_every",
+    "train.eval_every",
+    "train.save_every",
+    "train.keep_last",
+    "train.eval_generations",
+    "train.max_new_tokens",
+    "train.write_plots",
+    "train.num_workers",
+    "hydra",  # run/sweep dirs and the like (overrides only: the task config has no hydra node)
+)
+ABSENT = "<absent>"
+SHOWN = 3  # differing keys named per passed-over run
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One key whose value differs between an earlier run's config (``old``) and this one's (``new``)."""
+
+    key: str
+    old: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.old!r} → {self.new!r}"
+
+
+def is_management(key: str) -> bool:
+    """``key`` is (under) one of :data:`MANAGEMENT`."""
+    return any(key == m or key.startswith(m + ".") for m in MANAGEMENT)
+
+
+def flatten(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted key, leaf value)`` pairs of a nested dict; lists are leaves."""
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from flatten(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, node
+
+
+def plain(cfg: DictConfig) -> dict[str, Any]:
+    """``cfg`` as plain containers, interpolations resolved now (unresolved where one cannot be)."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except Exception:  # e.g. a resolver of a package not installed here: compare the text
+        return OmegaConf.to_container(cfg, resolve=False)  # type: ignore[return-value]
+
+
+def differences(old: DictConfig, new: DictConfig) -> list[Difference]:
+    """Keys outside :data:`MANAGEMENT` whose values differ, in ``new``'s key order."""
+    a, b = dict(flatten(plain(old))), dict(flatten(plain(new)))
+    keys = list(b) + [k for k in a if k not in b]
+    return [
+        Difference(k, a.get(k, ABSENT), b.get(k, ABSENT))
+        for k in keys
+        if not is_management(k) and a.get(k, ABSENT) != b.get(k, ABSENT)
+    ]
+
+
+def saved_config(run: Path) -> DictConfig | None:
+    """The config Hydra saved in ``run`` (None for a dir without one)."""
+    path = run / ".hydra" / "config.yaml"
+    return OmegaConf.load(path) if path.is_file() else None  # type: ignore[return-value]
+
+
+def point(overrides: list[str]) -> list[str]:
+    """A sweep point's identity: its overrides minus the run-management ones, parsed (``1e-3`` is
+    ``0.001``, as Hydra writes a sweep's values) and sorted."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return sorted(f"{o.get_key_element()}={o.value()!r}" for o in parsed if not is_management(o.key_or_group))
+
+
+def saved_point(run: Path) -> list[str] | None:
+    path = run / ".hydra" / "overrides.yaml"
+    return point(list(OmegaConf.load(path))) if path.is_file() else None  # type: ignore[arg-type]
+
+
+def candidates(root: Path, exclude: Path) -> list[Path]:
+    """Run dirs under ``root`` (but not under ``exclude``) with a whole checkpoint, newest first."""
+    runs = {ckpt.parent.parent for ckpt in root.glob("**/checkpoints/checkpoint-*")}
+    runs = {r for r in runs if not r.resolve().is_relative_to(exclude.resolve())}
+    return sorted((r for r in runs if checkpoints_in(r)), key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def why_not(run: Path, cfg: DictConfig, sweep_point: list[str] | None) -> list[Difference] | str:
+    """Why ``run`` cannot be continued by this run ([] = it can): differing keys, or a sentence."""
+    saved = saved_config(run)
+    if saved is None:
+        return "no saved config (.hydra/config.yaml)"
+    if sweep_point is not None and saved_point(run) != sweep_point:
+        return f"another sweep point ({' '.join(saved_point(run) or []) or 'no overrides'})"
+    return differences(saved, cfg)
+
+
+def describe(reason: list[Difference] | str) -> str:
+    if isinstance(reason, str):
+        return reason
+    more = f" (+{len(reason) - SHOWN} more)" if len(reason) > SHOWN else ""
+    return "; ".join(map(str, reason[:SHOWN])) + more
+
+
+def latest_matching(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None) -> Path:
+    """``resume=true``: the newest earlier run this one can continue; every one passed over is logged."""
+    # run dirs are <outputs>/<date>/<time…>, sweep points <multirun>/<date>/<time…>/<n>
+    sweep = sweep_point is not None
+    root = run_dir.parent.parent.parent if sweep else run_dir.parent.parent
+    exclude = run_dir.parent if sweep else run_dir  # never a point of this same sweep
+    passed: list[tuple[Path, list[Difference] | str]] = []
+    for run in candidates(root, exclude):
+        reason = why_not(run, cfg, sweep_point)
+        if not reason:
+            run = same_job(run, run_dir, cfg, sweep_point) if sweep else run
+            log.info("resume=true: continuing %s (its config matches)", run)
+            return run
+        log.info("resume=true: passing over %s: %s", run, describe(reason))
+        passed.append((run, reason))
+    raise no_match(root, passed)
+
+
+def same_job(run: Path, run_dir: Path, cfg: DictConfig, sweep_point: list[str] | None) -> Path:
+    """In ``run``'s sweep, the point with this job's number when it matches too: points that differ in
+    run-management keys only (a sweep over ``train.max_steps``) share config and overrides."""
+    twin = run.parent / run_dir.name
+    matches = twin != run and bool(checkpoints_in(twin)) and not why_not(twin, cfg, sweep_point)
+    return twin if matches else run
+
+
+def no_match(root: Path, passed: list[tuple[Path, list[Difference] | str]]) -> ConfigError:
+    """The error for ``resume=true`` with nothing to continue, naming the closest candidate's keys."""
+    if not passed:
+        return ConfigError(
+            f"resume=true but no earlier run under {root} has a complete checkpoint",
+            key="resume",
+            hint="set train.save_every>0 so runs write checkpoints, or pass resume=<run dir>",
+        )
+    compared = [(run, r) for run, r in passed if not isinstance(r, str)]
+    run, reason = min(compared, key=lambda p: len(p[1])) if compared else passed[0]
+    return ConfigError(
+        f"resume=true: none of the {len(passed)} earlier run(s) with a checkpoint under {root} was "
+        f"trained with this config; the closest, {run}, differs in {describe(reason)}",
+        key="resume",
+        hint=f"to continue it: {fix(reason) if isinstance(reason, list) else 'its overrides'}; "
+        "or drop resume to start afresh",
+    )
+
+
+def check_explicit(checkpoint: Path, cfg: DictConfig) -> None:
+    """``resume=<dir>``: that run's config must match this one outside :data:`MANAGEMENT`."""
+    run = checkpoint.parent.parent
+    saved = saved_config(run)
+    if saved is None:
+        log.warning("resume: %s has no saved config (.hydra/config.yaml): it cannot be compared", run)
+        return
+    diff = differences(saved, cfg)
+    if diff:
+        raise ConfigError(
+            f"{run} was trained with a different config: {describe(diff)}",
+            key="resume",
+            hint=f"resume with that run's values ({fix(diff)}), or drop resume to start afresh",
+        )
+
+
+def fix(diff: list[Difference]) -> str:
+    """The overrides that give back an earlier run's values (a changed class: its group's option)."""
+    groups = sorted({d.key.rsplit(".", 1)[0] for d in diff if d.key.endswith("._target_")})
+    values = [f"{d.key}={d.old}" for d in diff if d.old != ABSENT and d.key.rsplit(".", 1)[0] not in groups]
+    return ", ".join([*(f"the same {g} option" for g in groups), *values[:SHOWN]]) or "its config"
+
+
+def resolve(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None) -> str | None:
+    """The checkpoint dir ``cfg.resume`` names for a run in ``run_dir``, checked; None = no resume.
+
+    ``sweep_point``: this job's :func:`point` inside a Hydra multirun (None for a single run)."""
+    from components.config.trust import check_checkpoint
+
+    resume = cfg.resume
+    if resume in (False, None, "false", "False"):
+        return None
+    if resume in (True, "true", "True", "latest"):
+        checkpoint = str(checkpoints_in(latest_matching(cfg, run_dir, sweep_point), warn=True)[-1])
+    else:
+        checkpoint = resolve_resume(resume)  # a bad path fails here
+        assert checkpoint is not None
+        check_explicit(Path(checkpoint), cfg)
+    check_checkpoint(Path(checkpoint), trusted=bool(cfg.get("trust_checkpoints", False)))
+    log.info("resuming from %s", checkpoint)
+    return checkpoint
+
+
+def hydra_sweep_point() -> list[str] | None:
+    """This job's :func:`point` when it runs inside a Hydra multirun, else None."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return point(list(HydraConfig.get().overrides.task))
+
+
+def pin(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None) -> DictConfig:
+    """``cfg`` with ``resume`` resolved to the checkpoint dir to load (or false): what recipes read."""
+    checkpoint = resolve(cfg, run_dir, sweep_point)
+    with read_write(cfg), open_dict(cfg):
+        cfg.resume = checkpoint or False
+    return cfg
+
+
+def pinned(cfg: DictConfig) -> str | None:
+    """The checkpoint :func:`pin` chose (None = no resume); a recipe calls this right before loading it."""
+    resume = cfg.resume
+    if resume in (False, None, "false", "False"):
+        return None
+    path = Path(str(resume))
+    if resume in (True, "true", "True", "latest") or verify(path) is not None:
+        raise ConfigError(
+            f"resume={resume} was not resolved to a whole checkpoint before the model loaded",
+            key="resume",
+            hint="run through the hydratune command (it resolves resume before loading anything)",
+        )
+    return str(path)

@@ -1,0 +1,315 @@
+"""What every recipe does around its trainer: instantiate the groups, seed, assemble trainer args."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from components.config.schema import GROUPS
+from components.runtime.rundir import RunDir
+
+
+@dataclass
+class Components:
+    """The instantiated config groups of one run."""
+
+    recipe: Any
+    model: Any
+    data: Any
+    peft: Any
+    strategy: Any
+    precision: Any
+    quantization: Any
+    optimizer: Any
+    scheduler: Any
+    tracker: Any
+    launcher: Any
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> Components:
+        """``hydra.utils.instantiate`` each group node (``_target_`` names the component class).
+
+        Keys forced in with ``+group.key=…`` are rejected first, naming the key, instead of failing
+        inside the component's constructor; so is any ``_target_`` that is not hydratune's own or a
+        reward function (components/config/trust.py) — a replayed run dir or experiment file sets any key."""
+        from components.config.registry import check_known_keys
+        from components.config.trust import check_targets
+        from components.tracker import Trackers
+
+        check_targets(cfg, trusted=bool(cfg.get("trust_targets", False)))
+        check_known_keys(cfg)
+        built = {g: _instantiate(cfg, g) for g in GROUPS}
+        built["tracker"] = Trackers.of(built["tracker"])
+        return cls(**built)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+
+def _instantiate(cfg: DictConfig, group: str) -> Any:
+    """Instantiate one group; a ConfigError raised while building it surfaces as itself."""
+    from hydra.errors import InstantiationException
+    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+
+    from components.config.errors import ConfigError
+
+    try:
+        return instantiate(cfg[group], _convert_="all")
+    except MissingMandatoryValue as err:
+        raise missing_value(str(err.full_key or group)) from None
+    except (InstantiationException, InterpolationResolutionError) as err:
+        # omegaconf chains a resolver's exception as __context__, Hydra's as __cause__
+        cause = err.__cause__ or err.__context__
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise cause from None
+        raise
+
+
+#: what to pass for a mandatory key (``???`` in its option) left unset
+REQUIRED_HINTS = {
+    "data.path": "data.path=<a .jsonl/.json/.parquet/.csv file, a folder of them, or a hub dataset id>",
+    "model.name_or_path": "model.name_or_path=<a hub id or a local model dir>",
+}
+
+
+def missing_value(key: str) -> Exception:
+    """The ConfigError for a mandatory key the composed config leaves unset."""
+    from components.config.errors import ConfigError
+
+    return ConfigError(
+        f"{key} is required: the selected option has no default for it",
+        key=key,
+        hint="pass " + REQUIRED_HINTS.get(key, f"{key}=<value>"),
+    )
+
+
+def world_size(comps: Components) -> int:
+    """Processes in the job: the external launcher's WORLD_SIZE, else the launcher group's."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE") or comps.launcher.world_size)
+
+
+def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
+    """The one resolved source of batch arithmetic, clipping and precision that the trainer's arguments
+    and the generated DeepSpeed config are both built from."""
+    import os
+
+    from components.strategy import BatchPlan
+
+    try:
+        config = comps.model.load_config()
+        hidden = int(config.hidden_size)
+        wide = max(
+            int(getattr(config, "vocab_size", 0) or 0), int(getattr(config, "intermediate_size", 0) or 0)
+        )
+        largest = hidden * wide or None  # the embedding / lm head (or an MLP projection)
+    except Exception:  # no config reachable offline: DeepSpeed's default bucket sizes
+        hidden = largest = None
+    t = cfg.train
+    return BatchPlan(
+        micro_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        world_size=world_size(comps),
+        max_grad_norm=t.max_grad_norm,
+        dtype=comps.precision.resolve(device),
+        precision=comps.precision,
+        optimizer=comps.optimizer,
+        hidden_size=hidden,
+        largest_param=largest,
+        # a worker knows its node's process count (SLURM sets it per node); else the launcher's
+        gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or comps.launcher.nproc_per_node),
+    )
+
+
+@dataclass
+class RunContext:
+    """One run: its config, components, device and run dir."""
+
+    cfg: DictConfig
+    components: Components
+    run_dir: RunDir
+    device: str
+    start_time: float = dataclasses.field(default_factory=time.time)
+    model: Any = None  # the model being trained, once the recipe has built it
+    trainer: Any = None  # the trainer driving it
+    _plan: Any = None
+
+    @property
+    def train(self) -> Any:
+        return self.cfg.train
+
+    @property
+    def run_name(self) -> str:
+        return self.cfg.run_name or self.run_dir.path.name
+
+    def seed_everything(self) -> None:
+        """Seed python, numpy and torch (all devices) from ``train.seed``."""
+        from transformers import set_seed
+
+        set_seed(self.cfg.train.seed, deterministic=self.cfg.train.deterministic)
+
+    @property
+    def is_main_process(self) -> bool:
+        """Rank 0 of the job (the only rank that writes the run dir and talks to trackers)."""
+        import os
+
+        return int(os.environ.get("RANK", 0)) == 0
+
+    def record_rank_weights(self, model: Any) -> None:
+        """Each rank of a multi-process job notes a fingerprint of its weights (unsharded strategies), so
+        'identical weights on every rank' can be checked after the run."""
+        import json
+        import os
+
+        if self.plan.world_size == 1 or self.components.strategy.shards_parameters:
+            return
+        rank = int(os.environ.get("RANK", 0))
+        path = self.run_dir.path / f".rank{rank}.weights.json"
+        path.write_text(json.dumps(weights_fingerprint(model)))
+
+    @property
+    def plan(self) -> Any:
+        """This run's ``BatchPlan`` (computed once)."""
+        if self._plan is None:
+            self._plan = batch_plan(self.cfg, self.components, self.device)
+        return self._plan
+
+    def training_args(self, **recipe_args: Any) -> dict[str, Any]:
+        """TrainingArguments fields from ``train:`` and every component, then the recipe's own."""
+        t, c = self.cfg.train, self.components
+        every = {"eval": t.eval_every, "save": t.save_every}
+        args: dict[str, Any] = {
+            "output_dir": str(self.run_dir.checkpoints),
+            "run_name": self.run_name,
+            "per_device_train_batch_size": t.micro_batch_size,
+            "per_device_eval_batch_size": t.micro_batch_size,
+            "gradient_accumulation_steps": t.gradient_accumulation_steps,
+            "num_train_epochs": t.epochs,
+            "max_steps": t.max_steps,
+            "max_grad_norm": t.max_grad_norm,
+            "logging_steps": t.log_every,
+            "logging_first_step": True,
+            "eval_strategy": "steps" if every["eval"] > 0 else "no",
+            "eval_steps": every["eval"] or None,
+            "save_strategy": "steps" if every["save"] > 0 else "no",
+            "save_steps": every["save"] or None,
+            "save_total_limit": t.keep_last,
+            "seed": t.seed,
+            "data_seed": t.data_seed if t.data_seed is not None else t.seed,
+            **dataloader_args(t.num_workers, self.device),
+            "report_to": c.tracker.report_to(),
+            "disable_tqdm": True,
+            "include_num_input_tokens_seen": "non_padding" if t.count_tokens else "no",
+            "logging_nan_inf_filter": t.skip_nonfinite_loss,
+            "average_tokens_across_devices": True,
+            **c.model.training_args(self.device),
+            **c.strategy.training_args(self.device, self.plan),
+            **c.precision.training_args(self.device),
+            **c.optimizer.training_args(self.device),
+            **c.scheduler.training_args(),
+        }
+        args.update(recipe_args)
+        return args
+
+    def resolved_config(self) -> dict[str, Any]:
+        return OmegaConf.to_container(self.cfg, resolve=True)  # type: ignore[return-value]
+
+    def overrides(self) -> list[str]:
+        """The command-line overrides of this run (empty outside a Hydra job)."""
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return list(HydraConfig.get().overrides.task)
+        saved = self.run_dir.path / ".hydra" / "overrides.yaml"  # a worker of a launched job
+        return list(OmegaConf.load(saved)) if saved.is_file() else []
+
+    def run_info(self) -> Any:
+        """What trackers are told: run dir, name, the overrides as tags, the resolved config."""
+        from components.tracker import RunInfo
+
+        return RunInfo(self.run_dir.path, self.run_name, self.overrides(), self.resolved_config())
+
+    def elapsed(self) -> float:
+        return time.time() - self.start_time
+
+
+def run_recipe(
+    cfg: DictConfig, run_dir: Path, comps: Components | None = None, device: str | None = None
+) -> Any:
+    """Run the recipe in this process (one rank of the job, or the whole job); returns the objective."""
+    import os
+
+    from components.launcher import single_process_env
+    from components.runtime.startup import run_ends
+
+    comps = comps or Components.from_config(cfg)
+    comps.launcher.rank_env()  # a scheduler's variables (SLURM) as torch.distributed's
+    device = device or comps.strategy.resolve_device()
+    if comps.strategy.needs_process_group:
+        single_process_env()  # DeepSpeed and FSDP want a process group even for one process
+    if device == "cuda":
+        import torch
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    ctx = RunContext(cfg=cfg, components=comps, run_dir=RunDir(run_dir), device=device)
+    try:
+        metrics = comps.recipe.run(ctx)
+    finally:
+        run_ends()  # the run's objects collectable again (a sweep runs its jobs in this process)
+    objective = (metrics or {}).get(cfg.objective) if cfg.objective else None
+    return float(objective) if isinstance(objective, (int, float)) else metrics  # a scalar for Optuna & co
+
+
+def dataloader_args(num_workers: int | None, device: str) -> dict[str, Any]:
+    """DataLoader settings: ``num_workers`` (None = 2 on CUDA, where collation then overlaps the GPU's
+    work, and 0 on CPU, where workers would compete with the training threads), pinned memory on CUDA,
+    workers kept alive across epochs."""
+    workers = (2 if device == "cuda" else 0) if num_workers is None else num_workers
+    return {
+        "dataloader_num_workers": workers,
+        "dataloader_pin_memory": device == "cuda",
+        "dataloader_persistent_workers": workers > 0,
+    }
+
+
+def peak_memory_gb(device: str) -> float:
+    """Peak accelerator memory (GiB) on GPU; peak resident set size of this process on CPU."""
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def weights_fingerprint(model: Any) -> dict[str, Any]:
+    """A sha256 of every parameter's bytes (in name order) and their float64 sum."""
+    import hashlib
+
+    import torch
+
+    digest, total = hashlib.sha256(), 0.0
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            tensor = param.detach().float().cpu().contiguous()
+            digest.update(name.encode())
+            digest.update(tensor.numpy().tobytes())
+            total += float(tensor.double().sum())
+    return {"sha256": digest.hexdigest(), "sum": total}
+
+
+def hydra_run_dir() -> Path:
+    """Hydra's output dir for the running job (the run dir)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir)

@@ -1,0 +1,409 @@
+"""The lifecycle every trainer-based recipe shares, so recipes stay one screen long.
+
+``Session.start`` seeds, prepares the run dir and the tokenizer; ``build_model`` applies quantization
+and PEFT; ``train_and_finish`` checks the live strategy, trains or resumes (stopping cleanly on
+SIGTERM/SIGINT), evaluates, saves and reports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.config.errors import Interrupted
+from components.distributed.interrupt import GracefulInterrupt
+from components.generation.evaluation import EvalPrompt, evaluate_generations
+from components.model import base_loads_in_half, describe_dtypes, upcast_trainable
+from components.peft import trainable_summary
+from components.runtime.callbacks import (
+    FirstStepTimer,
+    MetricsCallback,
+    NonFiniteLossGuard,
+    progress_callback,
+)
+from components.runtime.checkpoint import checkpoints_in, save_final
+from components.runtime.dataprep import eval_every, prepare_data
+from components.runtime.resume import pinned
+from components.runtime.run import RunContext, peak_memory_gb
+from components.runtime.startup import training_starts
+from components.text.chat_template import (
+    HYDRATUNE,
+    check_assistant_mask,
+    label_for,
+    mask_segments,
+    pretokenize,
+)
+from components.text.masking import check_label_mask, label_mask_stats, stop_token_ids
+from components.tracker import TrackerRun
+
+log = logging.getLogger("hydratune")
+
+PROBE_PAIRS = 128  # training pairs scored before and after training (reward, DPO)
+
+
+@dataclass
+class Session:
+    """One run's live state around its trainer: what the run derives from its components (which stay as
+    configured) lives here."""
+
+    ctx: RunContext
+    tokenizer: Any
+    model: Any = None
+    report: dict[str, dict[str, Any]] = field(default_factory=dict)
+    eval_prompts: list[EvalPrompt] = field(default_factory=list)  # tokenized in load_data, pre-model
+    interrupt: GracefulInterrupt = field(default_factory=GracefulInterrupt)
+    first_step: FirstStepTimer = field(default_factory=FirstStepTimer)
+    trackers: TrackerRun = field(default_factory=TrackerRun)  # rank 0: what the trackers opened
+    keep_alive: list[Any] = field(default_factory=list)  # e.g. ZeRO-3's config, weakly held by transformers
+
+    @classmethod
+    def start(cls, ctx: RunContext) -> Session:
+        """Seed, write versions.json, set up trackers, build the tokenizer (no model yet: data first)."""
+        import datasets
+        from transformers.utils import logging as hf_logging
+
+        datasets.disable_progress_bars()
+        hf_logging.disable_progress_bar()
+        c = ctx.components
+        ctx.seed_everything()
+        trackers = TrackerRun()
+        if ctx.is_main_process:  # one writer per shared run dir; one tracker run per job
+            ctx.run_dir.write_versions({"device": ctx.device, "world_size": ctx.plan.world_size})
+            for name, content in c.strategy.files(ctx.plan, ctx.device).items():
+                ctx.run_dir.write_json(name, content)  # e.g. the generated deepspeed.json
+            trackers = c.tracker.start(ctx.run_info())
+        session = cls(ctx, c.model.build_tokenizer(), trackers=trackers)
+        session.report["run"] = {
+            "recipe": c.recipe.name,
+            "model": c.model.name_or_path,
+            "peft": type(c.peft).__name__,
+            "strategy": c.strategy.label,
+            "processes": ctx.plan.world_size,
+            # a recipe that generates or scores has no batch arithmetic
+            **({} if c.recipe.inference_only else {"global batch": ctx.plan.global_batch_size}),
+            "precision": c.precision.resolve(ctx.device),
+            "device": ctx.device,
+            "run dir": str(ctx.run_dir.path),
+            "overrides": " ".join(ctx.overrides()) or "(none)",
+        }
+        return session
+
+    def load_data(self) -> Any:
+        """The data component's train/eval splits, length policy applied, and the eval prompts for
+        generation tokenized under the same policy; bad or empty data fails here, before any model loads.
+        A tokenizer without a chat template gets the documented default for conversational data."""
+        c, train = self.ctx.components, self.ctx.train
+        prepared = prepare_data(c.data, self.tokenizer, train.eval_generations, eval_every(c, train))
+        self.eval_prompts = prepared.prompts
+        self.report["data"] = prepared.notes
+        self.report_chat_template(prepared.default_template)
+        return prepared.splits
+
+    def report_chat_template(self, default: str | None) -> None:
+        """Name the chat template in the summary; warn when it is the default (the tokenizer had none)."""
+        if default:
+            log.warning(
+                "the tokenizer of %s has no chat template: using %s (set model.chat_template to choose)",
+                self.ctx.components.model.name_or_path,
+                default,
+            )
+            self.report["run"]["chat template"] = f"{default} (default: the tokenizer has none)"
+        elif self.tokenizer.chat_template:
+            self.report["run"]["chat template"] = label_for(self.ctx.components.model, self.tokenizer)
+
+    def mask_assistant_turns(self, data: Any) -> tuple[Any, bool]:
+        """Assistant-only loss, decided before the model loads: ``(data, whether TRL masks it)``.
+
+        TRL masks when the template has ``{% generation %}`` markers or TRL patches it; otherwise the splits
+        become pre-tokenized ``input_ids`` + ``assistant_masks`` rows from hydratune's turn-by-turn mask,
+        which fails here (ConfigError) for a template that is not prefix-preserving."""
+        label = label_for(self.ctx.components.model, self.tokenizer)
+        method = check_assistant_mask(self.tokenizer, data["train"][:8]["messages"], label)
+        self.report.setdefault("loss mask", {})["method"] = method
+        if method != HYDRATUNE:
+            return data, True
+        log.info("assistant-only loss: %s (template: %s)", method, label)
+        return {name: pretokenize(split, self.tokenizer, label=label) for name, split in data.items()}, False
+
+    def build_model(self, task: str = "causal_lm") -> Any:
+        """The model with quantization and PEFT applied, no KV cache while training.
+
+        ``task="seq_cls"`` builds a one-logit score head (reward models); PEFT adapters then save it."""
+        c, ctx = self.ctx.components, self.ctx
+        ctx.seed_everything()  # the init does not depend on what ran before
+        live = c.strategy.before_model_load(ctx)  # ZeRO-3: zero.Init must be live before the weights exist
+        if live is not None:
+            self.keep_alive.append(live)  # for the whole run
+        loaded = self._load(task)
+        if c.strategy.partitions_at_load:  # proof that zero.Init was live: no rank built the whole model
+            from components.strategy import partition_at_load
+
+            self.report["run"]["zero.Init"] = partition_at_load(loaded)
+        model = c.quantization.prepare(loaded, c.model.gradient_checkpointing)
+        if task == "seq_cls":
+            model.config.pad_token_id = (
+                self.tokenizer.pad_token_id
+            )  # the score is read at the last real token
+        model = c.peft.for_task(task).apply(model)  # a SEQ_CLS adapter saves the score head with it
+        upcast_trainable(model)  # a half-precision frozen base keeps fp32 trained weights
+        self.report["run"]["weights"] = describe_dtypes(model)
+        # No KV cache while training: besides wasting memory, a cache makes transformers skip the
+        # packed-sequence mask, so padding-free packed examples would attend across boundaries.
+        model.config.use_cache = False
+        self.model = ctx.model = model
+        self.report["run"]["trainable"] = trainable_summary(model)
+        return model
+
+    def build_frozen(self, task: str = "causal_lm") -> Any:
+        """The configured model as loaded, frozen, without PEFT (PPO's reference under ZeRO-3, where the
+        policy's sharded weights cannot be copied); seeded like ``build_model`` so a random init matches."""
+        self.ctx.seed_everything()
+        return self._load(task).eval().requires_grad_(False)
+
+    def _load(self, task: str) -> Any:
+        """The configured model in its load dtype (bf16 frozen base under an adapter), quantized if asked."""
+        c, device = self.ctx.components, self.ctx.device
+        precision = c.precision.resolve(device)
+        frozen_base = base_loads_in_half(c.peft, c.quantization, c.strategy)
+        dtype = c.model.weight_dtype(precision, frozen_base=frozen_base)
+        return c.model.build(task=task, dtype=dtype, **c.quantization.load_kwargs(precision, device))
+
+    def callbacks(self) -> list[Any]:
+        c = self.ctx.components
+        return [
+            MetricsCallback(self.ctx.run_dir),
+            NonFiniteLossGuard(),
+            progress_callback(c.recipe.name),
+            self.interrupt,
+            self.first_step,
+            *c.tracker.callbacks(self.ctx.run_info()),
+        ]
+
+    def trainer(self, trainer_cls: type, args: Any, data: Any, **extra: Any) -> Any:
+        """``trainer_cls`` (atomic checkpoints, token count read at log steps only) on this session's model,
+        tokenizer, data and callbacks."""
+        from components.runtime.trainer_hooks import hydratune_trainer
+
+        c = self.ctx.components
+        # fp16 outside DeepSpeed (whose config carries them): the loss-scaling knobs reach torch's GradScaler
+        handlers = () if c.strategy.scales_loss else tuple(c.precision.scaler_handlers(self.ctx.plan.dtype))
+        return hydratune_trainer(trainer_cls, handlers)(
+            model=self.model,
+            args=args,
+            train_dataset=data["train"],
+            eval_dataset=data["eval"] if len(data["eval"]) else None,
+            processing_class=self.tokenizer,
+            callbacks=self.callbacks(),
+            **extra,
+        )
+
+    def evaluate_generations(self, when: str) -> None:
+        """Exact-match accuracy of greedy answers to the eval prompts (see ``load_data``), for the summary."""
+        if not self.eval_prompts:
+            return
+        if self.ctx.components.strategy.shards_parameters:  # each rank holds a shard: no lone generate()
+            self.report.setdefault("eval accuracy (exact match)", {})[when] = "skipped (sharded parameters)"
+            return
+        result = evaluate_generations(
+            self.model, self.tokenizer, self.eval_prompts, max_new_tokens=self.ctx.train.max_new_tokens
+        )
+        self.report.setdefault("eval accuracy (exact match)", {})[when] = result["exact_match"]
+        if when == "after":
+            path = self.ctx.run_dir.path / "generations.jsonl"
+            path.write_text("".join(json.dumps(s) + "\n" for s in result["samples"]))
+
+    def check_loss_mask(self, dataset: Any, *, masked: bool) -> None:
+        """Fail on a mask that trains nothing, everything or never the stop token; report its stats and the
+        first training example as trained / untrained segments."""
+        stats = label_mask_stats(dataset, stop_token_ids(self.tokenizer))
+        check_label_mask(stats, masked=masked)
+        self.report.setdefault("loss mask", {}).update(stats)
+        if len(dataset) and "labels" in dataset.column_names:
+            first = dataset[0]
+            self.report["loss mask: first training example"] = mask_segments(
+                self.tokenizer, first["input_ids"], first["labels"]
+            )
+
+    def probe(self, trainer: Any, probes: dict[str, Any], when: str) -> None:
+        """Evaluate the trainer on extra datasets (e.g. training pairs) and keep the metrics."""
+        for name, dataset in probes.items():
+            metrics = trainer.evaluate(eval_dataset=dataset, metric_key_prefix="probe")
+            kept = {
+                k.removeprefix("probe_"): v
+                for k, v in metrics.items()
+                if not k.endswith(("runtime", "per_second"))
+            }
+            self.report.setdefault(f"{name} ({when})", {}).update(kept)
+
+    def probe_before(self, trainer: Any, probes: dict[str, Any]) -> None:
+        """:meth:`probe` before training, except under DeepSpeed: an ``evaluate()`` before ``train()`` leaves
+        the model wrapped in an inference engine that ``train()`` frees and does not rebuild (transformers
+        5), so the first backward finds no engine."""
+        if probes and getattr(trainer, "is_deepspeed_enabled", False):
+            for name in probes:
+                self.report[f"{name} (before)"] = {"skipped": "DeepSpeed: no evaluation before train()"}
+            return
+        self.probe(trainer, probes, "before")
+
+    def train_and_finish(self, trainer: Any, *, probes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``_train_and_finish``, then close the trackers whatever happened."""
+        try:
+            return self._train_and_finish(trainer, probes=probes or {})
+        finally:
+            self.finish_trackers()
+
+    def finish_trackers(self) -> None:
+        """Flush and close what the trackers opened (rank 0; a no-op elsewhere)."""
+        self.trackers.finish()
+
+    def _train_and_finish(self, trainer: Any, *, probes: dict[str, Any]) -> dict[str, Any]:
+        """Verify the strategy, train (resuming if asked), evaluate, save ``final/``, write the summary.
+
+        On SIGTERM/SIGINT/SIGUSR1 the current step finishes, a checkpoint is written, the summary says
+        how to resume, and ``Interrupted`` is raised (the CLI exits with code 75).
+        """
+        from transformers import PrinterCallback
+
+        ctx, c = self.ctx, self.ctx.components
+        ctx.trainer = trainer
+        trainer.remove_callback(PrinterCallback)
+        trainer.optimizer_cls_and_kwargs = c.optimizer.cls_and_kwargs(
+            ctx.device
+        )  # every trainer, same optimizer
+        c.strategy.verify(trainer.accelerator, ctx.plan.world_size)
+        self.report["run"]["live strategy"] = c.strategy.live_description(trainer.accelerator)
+        if not ctx.cfg.resume:
+            self.probe_before(trainer, probes)
+        resume = pinned(
+            ctx.cfg
+        )  # resolved and checked before the model loaded (components/runtime/resume.py)
+        if resume:
+            self.report["run"]["resumed from"] = resume
+        self.interrupt.install()
+        training_starts()  # everything is built: the collector's start-up pause ends here
+        try:
+            result = trainer.train(resume_from_checkpoint=resume)
+        finally:
+            self.interrupt.uninstall()
+        self.report_loss_span(trainer, resume)
+        if self.interrupt.requested:
+            saved = checkpoints_in(ctx.run_dir.path)
+            checkpoint = str(saved[-1]) if saved else None
+            raise self.stopped(trainer.state.global_step, checkpoint, dict(result.metrics))
+        metrics: dict[str, Any] = dict(result.metrics)
+        if trainer.eval_dataset is not None:
+            metrics.update(trainer.evaluate())
+        state_dict = c.strategy.gather_state_dict(trainer)  # collective: every rank takes part
+        ctx.record_rank_weights(trainer.model)
+        self.probe(trainer, probes, "after")  # evaluate() is collective (ZeRO-3 gathers): every rank
+        if not trainer.is_world_process_zero():
+            return metrics
+        self.evaluate_generations("after")
+        self.report["outputs"] = save_final(
+            trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge, state_dict=state_dict
+        )
+        self.write_report(metrics)
+        return metrics
+
+    def stopped(self, step: int, checkpoint: str | None, metrics: dict[str, Any]) -> Interrupted:
+        """After a signal and its checkpoint: the summary (rank 0) says where the run stopped and how to
+        resume; returns the ``Interrupted`` to raise (the CLI exits 75)."""
+        assert self.interrupt.signum is not None
+        stop = Interrupted(self.interrupt.signum, step, checkpoint)
+        if self.ctx.is_main_process:
+            self.report["interrupted"] = {
+                "reason": str(stop),
+                "resume with": f"hydratune resume={self.ctx.run_dir.path}",
+            }
+            self.write_report(metrics)
+        return stop
+
+    def report_loss_span(self, trainer: Any, resume: str | None) -> None:
+        """Which optimizer steps the trainer's ``train_loss`` averages: a resumed run's covers only the steps
+        it ran itself (the earlier ones are in the run it continued)."""
+        first, last = getattr(trainer, "_initial_global_step", 0) + 1, trainer.state.global_step
+        span = f"steps {first} to {last}" if last >= first else "no step (nothing left to train)"
+        if resume:
+            span += f" (resumed after step {first - 1} from {resume}; steps 1 to {first - 1} are in that run)"
+        self.report["run"]["train_loss covers"] = span
+
+    def log_metrics(self, record: dict[str, Any]) -> None:
+        """One record of a recipe that owns its loop (PPO): appended to ``metrics.jsonl`` and sent to every
+        configured tracker at ``record["step"]`` (numbers only; ``time`` stays in the run dir). Rank 0."""
+        if not self.ctx.is_main_process:
+            return
+        self.ctx.run_dir.append_metrics(record)
+        values = {
+            k: float(v)
+            for k, v in record.items()
+            if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        self.trackers.log(values, int(record["step"]))
+
+    def finish_loop(
+        self,
+        model: Any,
+        *,
+        metrics: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+        gathered: dict[str, dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """The end of a recipe that owns its loop (PPO): evaluate, save ``final/`` (plus ``extra``
+        modules, e.g. a value head, as ``final/<name>.safetensors``), write summary.md and result.json.
+        ``gathered``: state dicts gathered from sharded weights (``"model"`` and each ``extra`` name)."""
+        from safetensors.torch import save_file
+
+        self.model = self.ctx.model = model
+        self.ctx.record_rank_weights(model)
+        if not self.ctx.is_main_process:  # rank 0 writes the run dir
+            return metrics
+        self.evaluate_generations("after")
+        gathered = gathered or {}
+        self.report["outputs"] = save_final(
+            model,
+            self.tokenizer,
+            self.ctx.run_dir.final,
+            merge=self.ctx.cfg.merge,
+            state_dict=gathered.get("model"),
+        )
+        for name, module in (extra or {}).items():
+            state = gathered.get(name) or module.state_dict()
+            state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+            save_file(state, str(self.ctx.run_dir.final / f"{name}.safetensors"))
+        self.write_report(metrics)
+        return metrics
+
+    def write_report(self, metrics: dict[str, Any], cost: dict[str, Any] | None = None) -> None:
+        """summary.md and result.json: the report's sections, the numeric ``metrics`` and the cost (wall
+        time, peak memory, the training figures a run has, and the recipe's own ``cost`` rows)."""
+        ctx = self.ctx
+        self.report["final metrics"] = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        rows = {
+            "wall time (s)": round(ctx.elapsed(), 1),
+            "train time (s)": metrics.get("train_runtime"),
+            "tokens/s (train, non-pad)": _tokens_per_second(ctx),
+            **(cost or {}),
+            "peak memory (GiB)": round(peak_memory_gb(ctx.device), 3),
+            "command to first step (s)": self.first_step.seconds,
+        }
+        self.report["cost"] = {k: v for k, v in rows.items() if v is not None}  # none: not measured here
+        if ctx.train.write_plots:
+            ctx.run_dir.plot_losses()
+        ctx.run_dir.write_summary(f"{ctx.components.recipe.title}: {ctx.run_name}", self.report.items())
+        ctx.run_dir.write_json("result.json", self.report)
+
+
+def _tokens_per_second(ctx: RunContext) -> float | None:
+    rates = [
+        r["train_tokens_per_second"] for r in ctx.run_dir.read_metrics() if "train_tokens_per_second" in r
+    ]
+    return round(rates[-1], 1) if rates else None
+
+
+def training_pairs(trainer: Any) -> dict[str, Any]:
+    """Reward and DPO: the first ``PROBE_PAIRS`` training pairs, scored before and after training (the
+    ``probes`` of :meth:`Session.train_and_finish`)."""
+    rows = trainer.train_dataset
+    return {"training pairs": rows.select(range(min(PROBE_PAIRS, len(rows))))}

@@ -1,0 +1,133 @@
+"""Every override of a transformers ``Trainer`` method, in one module: the mixins hydratune's trainers are
+assembled from (:func:`hydratune_trainer`).
+
+Three of the hooks are private methods that transformers offers no public alternative for; each is listed
+in :data:`PRIVATE_OVERRIDES` with the signature it was written against, and ``tests/test_trainer_hooks.py``
+fails loudly when the installed transformers changes a signature or stops calling one of them (an override
+that silently stops being called would lose atomic checkpoints, token counts or the fp16 scaler knobs):
+
+- ``_save_checkpoint(model, trial)``: the whole checkpoint (weights, optimizer, schedule, RNG, trainer
+  state) is written into a staging dir and renamed into place when whole (``TrainerCallback.on_save``
+  runs only after the files are written in place);
+- ``_track_num_input_tokens(inputs)``: the token count stays on the device and is read back at log and
+  save steps only (upstream ``.item()``s it every micro-batch, a host sync per step);
+- ``_build_accelerator_args(**kwargs)``: accelerate's ``GradScalerKwargs`` handler carries the precision
+  group's fp16 loss-scaling knobs (TrainingArguments has no field for them; upstream sets
+  ``kwargs_handlers`` to its DDP handler alone).
+
+``log(logs, ...)`` is public (transformers documents it for overriding); it flushes the token count.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+#: the private Trainer methods overridden here -> the parameters (after ``self``) they were written against
+PRIVATE_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "_save_checkpoint": ("model", "trial"),
+    "_track_num_input_tokens": ("inputs",),
+    "_build_accelerator_args": ("kwargs",),
+}
+
+
+class DeferredTokenCount:
+    """``num_input_tokens_seen`` summed on the device, gathered at log and save time only: HF's Trainer
+    gathers and ``.item()``s the count of every micro-batch, which stalls the host until the GPU has caught
+    up; here the host can queue the next steps."""
+
+    _pending_tokens: Any = None
+
+    def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
+        mode = self.args.include_num_input_tokens_seen  # type: ignore[attr-defined]
+        if mode == "no" or "input_ids" not in inputs:
+            return
+        count = count_tokens(inputs, self.processing_class, non_padding=mode == "non_padding")  # type: ignore[attr-defined]
+        self._pending_tokens = count if self._pending_tokens is None else self._pending_tokens + count
+
+    def flush_token_count(self) -> None:
+        """Add the tokens counted since the last flush, summed over ranks (a collective: every rank calls)."""
+        if self._pending_tokens is None:
+            return
+        pending, self._pending_tokens = self._pending_tokens, None
+        self.state.num_input_tokens_seen += int(self.accelerator.gather(pending).sum().item())  # type: ignore[attr-defined]
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        self.flush_token_count()
+        super().log(logs, *args, **kwargs)  # type: ignore[misc]
+
+    def _save_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        self.flush_token_count()
+        return super()._save_checkpoint(*args, **kwargs)  # type: ignore[misc]
+
+
+def count_tokens(inputs: dict[str, Any], tokenizer: Any, *, non_padding: bool) -> Any:
+    """Tokens of a micro-batch as a 0-d int64 tensor on its device (no sync): the attention mask's ones;
+    a padding-free row (position_ids, no mask) is all real tokens; else tokens that are not padding."""
+    import torch
+
+    ids = inputs["input_ids"]
+    if not non_padding:
+        return torch.tensor(ids.numel(), device=ids.device, dtype=torch.int64)
+    if inputs.get("attention_mask") is not None:
+        return inputs["attention_mask"].sum().to(torch.int64)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if "position_ids" in inputs or pad is None:  # padding-free batches carry no padding at all
+        return torch.tensor(ids.numel(), device=ids.device, dtype=torch.int64)
+    return (ids != pad).sum().to(torch.int64)
+
+
+class AtomicCheckpoints:
+    """Each checkpoint is written into ``checkpoints/.staging`` and renamed into place only when whole, with
+    a completion marker; keep-last-K then only ever counts whole checkpoints."""
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        from transformers.trainer_utils import rotate_checkpoints
+
+        from components.runtime.checkpoint import mark_complete
+
+        root = Path(self.args.output_dir)  # type: ignore[attr-defined]
+        staging = root / ".staging"
+        name = f"checkpoint-{self.state.global_step}"  # type: ignore[attr-defined]
+        if self.args.should_save:  # type: ignore[attr-defined]
+            shutil.rmtree(staging, ignore_errors=True)
+        self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
+        self.args.output_dir = str(staging)  # type: ignore[attr-defined]
+        try:
+            super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        finally:
+            self.args.output_dir = str(root)  # type: ignore[attr-defined]
+        self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]  # every rank's shards are written
+        if self.args.should_save:  # type: ignore[attr-defined]
+            mark_complete(staging / name, self.state.global_step)  # type: ignore[attr-defined]
+            target = root / name
+            if target.exists():
+                shutil.rmtree(target)
+            (staging / name).rename(target)
+            shutil.rmtree(staging, ignore_errors=True)
+            rotate_checkpoints(
+                output_dir=str(root),
+                save_total_limit=self.args.save_total_limit,  # type: ignore[attr-defined]
+                use_mtime=True,
+            )
+        self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
+
+
+class LossScaling:
+    """accelerate's ``GradScaler`` gets the precision's fp16 knobs (``scaler_handlers``, set on the class
+    by :func:`hydratune_trainer`); transformers builds its ``Accelerator`` from these arguments."""
+
+    scaler_handlers: tuple[Any, ...] = ()
+
+    def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
+        args = super()._build_accelerator_args(**kwargs)  # type: ignore[misc]
+        args["kwargs_handlers"] = [*args.get("kwargs_handlers", []), *self.scaler_handlers]
+        return args
+
+
+def hydratune_trainer(trainer_cls: type, scaler_handlers: tuple[Any, ...] = ()) -> type:
+    """``trainer_cls`` (TRL's SFTTrainer, DPOTrainer, ...) with the hooks above: atomic checkpoints, the
+    token count read at log steps only, the fp16 scaler knobs."""
+    mixins = (DeferredTokenCount, AtomicCheckpoints, LossScaling, trainer_cls)
+    return type(f"Hydratune{trainer_cls.__name__}", mixins, {"scaler_handlers": tuple(scaler_handlers)})

@@ -1,0 +1,396 @@
+"""Chat templates: named choices, a default for tokenizers without one, and assistant-only loss masks for
+ANY prefix-preserving template.
+
+TRL masks assistant tokens through ``{% generation %}`` markers, and patches only the templates it knows
+byte for byte. Everything else is masked here, turn by turn: each assistant turn is trained on exactly the
+characters it adds to the rendering (its content and end-of-turn token; not its role header, not the
+trailing newline, not the next role's header), mapped to tokens with the fast tokenizer's offsets.
+``check_template`` runs the same logic on a few conversations without any model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from components.config.errors import ConfigError
+
+log = logging.getLogger("hydratune")
+
+Messages = list[dict[str, Any]]
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# For base models without special chat tokens: every turn ends with the tokenizer's EOS, so the model learns
+# to stop after its answer.
+PLAIN = (
+    "{% for message in messages %}{{ (message['role'] | capitalize) + ':\\n' + message['content'] + "
+    "eos_token + '\\n\\n' }}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:\\n' }}{% endif %}"
+)
+BUILTIN = {"chatml": CHATML, "plain": PLAIN}
+
+HYDRATUNE = "hydratune turn-by-turn mask"
+TRL_MARKERS = "TRL (template's {% generation %} markers)"
+TRL_PATCHED = "TRL (TRL's training template)"
+KEY = "model.chat_template"
+WAY_OUT = (
+    "set model.chat_template to a prefix-preserving template (a name such as chatml, a .jinja path or the "
+    "template text), or recipe.assistant_only_loss=false"
+)
+
+
+def is_conversational(row: dict[str, Any]) -> bool:
+    """A row holding a list of chat messages (``messages``, or a conversational ``prompt`` / ``chosen``)."""
+    return any(isinstance(v, list) and v and isinstance(v[0], dict) and "role" in v[0] for v in row.values())
+
+
+# ---- named templates -----------------------------------------------------------------------------
+def trl_template_dir() -> Path | None:
+    """``trl/chat_templates`` of the installed TRL, found without importing TRL."""
+    spec = importlib.util.find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(spec.submodule_search_locations[0]) / "chat_templates"
+    return folder if folder.is_dir() else None
+
+
+def trl_template_files() -> dict[str, Path]:
+    """TRL's original (non-training) templates by file stem, e.g. ``llama3_2``, ``qwen2_5``."""
+    folder = trl_template_dir()
+    if folder is None:
+        return {}
+    return {p.stem: p for p in sorted(folder.glob("*.jinja")) if not p.stem.endswith("_training")}
+
+
+def template_names() -> list[str]:
+    """Every name ``model.chat_template`` accepts."""
+    return sorted({*BUILTIN, *trl_template_files()})
+
+
+def is_template_text(value: str) -> bool:
+    return "{{" in value or "{%" in value
+
+
+def resolve_chat_template(value: str) -> tuple[str, str]:
+    """``(template text, label)`` for a name, a ``.jinja`` path or template text; ConfigError otherwise."""
+    if is_template_text(value):
+        return value, "model.chat_template (template text)"
+    if value.endswith(".jinja") or "/" in value:
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ConfigError(
+                f"chat template file not found: {value}", key=KEY, hint="a .jinja file, a name, or the text"
+            )
+        return path.read_text(encoding="utf-8"), path.name
+    if value in BUILTIN:
+        return BUILTIN[value], value
+    files = trl_template_files()
+    if value in files:
+        return files[value].read_text(encoding="utf-8"), value
+    raise ConfigError(
+        f"unknown chat template name '{value}'",
+        key=KEY,
+        hint=f"one of {', '.join(template_names())}; or a .jinja path, or the template text",
+    )
+
+
+def template_label(template: str | dict[str, str] | None, model: str = "") -> str:
+    """A name for error messages and the summary: the known name the text matches, else its first line."""
+    if isinstance(template, dict):  # named variants: the default one is used
+        template = template.get("default")
+    if not template:
+        return "none"
+    for name, text in BUILTIN.items():
+        if template == text:
+            return name
+    for name, path in trl_template_files().items():
+        if template == path.read_text(encoding="utf-8"):
+            return name
+    first = next((line.strip() for line in template.splitlines() if line.strip()), "")
+    first = first if len(first) <= 60 else first[:57] + "..."
+    return f"{model + ' ' if model else ''}template starting {first!r}"
+
+
+def default_template(tokenizer: Any) -> tuple[str, str]:
+    """For a tokenizer without a chat template: ChatML when its tokens are single tokens of the vocabulary,
+    else ``plain`` (turns end with EOS). ConfigError when neither fits."""
+    vocab = tokenizer.get_vocab()
+    if "<|im_start|>" in vocab and "<|im_end|>" in vocab:
+        return CHATML, "chatml"
+    if tokenizer.eos_token is None:
+        raise ConfigError(
+            "the tokenizer has no chat template and no EOS token: no default template can teach the model "
+            "to stop",
+            key=KEY,
+            hint=f"set model.chat_template (one of {', '.join(template_names())}, a .jinja path or text)",
+        )
+    return PLAIN, "plain"
+
+
+# ---- turn-by-turn masks --------------------------------------------------------------------------
+@dataclass
+class Masked:
+    """One conversation rendered and masked: the rendering, its assistant character spans, the tokens."""
+
+    text: str
+    spans: list[tuple[int, int]]
+    input_ids: list[int]
+    assistant_masks: list[int]
+    aligned: bool  # every span starts and ends on a token boundary
+
+
+def _render(tokenizer: Any, messages: Messages, label: str, generation: bool, tools: Any) -> str:
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation, tools=tools
+        )
+    except Exception as err:  # jinja's TemplateError, raise_exception(), TypeError on odd content, ...
+        raise ConfigError(
+            f"the chat template ({label}) cannot render this conversation: {err}",
+            key=KEY,
+            hint="fix the data (e.g. roles must alternate, a system turn the template rejects) or " + WAY_OUT,
+        ) from None
+
+
+def _divergence(expected: str, rendered: str) -> str:
+    at = next(
+        (i for i, (a, b) in enumerate(zip(expected, rendered, strict=False)) if a != b),
+        min(len(expected), len(rendered)),
+    )
+    return f"at character {at}: expected {expected[at : at + 40]!r}, rendered {rendered[at : at + 40]!r}"
+
+
+def assistant_spans(
+    tokenizer: Any, messages: Messages, *, label: str = "", tools: Any = None
+) -> tuple[str, list[tuple[int, int]]]:
+    """The full rendering and, per assistant turn, the character span it adds (content + end-of-turn,
+    trailing whitespace excluded). ConfigError when a partial rendering is not a prefix of the next one."""
+    label = label or template_label(tokenizer.chat_template)
+    full = _render(tokenizer, messages, label, False, tools)
+    spans = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        header = _render(tokenizer, messages[:i], label, True, tools)
+        turn = _render(tokenizer, messages[: i + 1], label, False, tools)
+        checks = (
+            (
+                header,
+                turn,
+                f"the generation prompt before assistant turn {i} is not a prefix of the "
+                "conversation rendered through that turn",
+            ),
+            (
+                turn,
+                full,
+                f"the conversation rendered through assistant turn {i} is not a prefix of the "
+                "whole conversation's rendering",
+            ),
+        )
+        for shorter, longer, what in checks:
+            if not longer.startswith(shorter):
+                raise ConfigError(
+                    f"the chat template ({label}) is not prefix-preserving: {what} "
+                    f"({_divergence(shorter, longer)}); it renders turns differently once more follow (e.g. "
+                    "drops reasoning or tool calls, or renders the last assistant turn differently), so the "
+                    "tokens each assistant turn adds are not defined",
+                    key=KEY,
+                    hint=WAY_OUT,
+                )
+        added = turn[len(header) :].rstrip()
+        content = message.get("content")
+        if isinstance(content, str) and content.strip() not in added:
+            raise ConfigError(
+                f"the chat template ({label}) does not render assistant turn {i}'s text content (renders "
+                f"{added[:60]!r}): it expects other inputs (e.g. a vision template's content blocks)",
+                key=KEY,
+                hint=WAY_OUT,
+            )
+        if added:
+            spans.append((len(header), len(header) + len(added)))
+    return full, spans
+
+
+def token_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    """1 for tokens inside a span: overlapping it, or (empty offsets) starting in it."""
+    mask = []
+    for start, end in offsets:
+        if end > start:
+            hit = any(start < b and end > a for a, b in spans)
+        else:
+            hit = any(a <= start < b for a, b in spans)
+        mask.append(int(hit))
+    return mask
+
+
+def _check_stops(
+    tokenizer: Any, ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]], label: str
+) -> None:
+    """Each assistant span must end with a special (end-of-turn) token, or the model never learns to stop."""
+    special = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
+    for a, b in spans:
+        last = [t for t, (s, e) in zip(ids, offsets, strict=True) if s < b and e > a and e <= b + 1]
+        if last and last[-1] not in special:
+            raise ConfigError(
+                f"the chat template ({label}) ends an assistant turn with no end-of-turn token (the turn "
+                f"ends with {tokenizer.decode(last[-3:])!r}; the next role's header ends it instead): the "
+                "model would not learn to stop",
+                key=KEY,
+                hint=WAY_OUT,
+            )
+
+
+def mask_conversation(tokenizer: Any, messages: Messages, *, label: str = "", tools: Any = None) -> Masked:
+    """``input_ids`` (tokenized as ``apply_chat_template`` does: no added special tokens) and
+    ``assistant_masks``."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError(
+            f"assistant-only loss with this chat template needs a fast tokenizer (offsets); "
+            f"{type(tokenizer).__name__} is not",
+            key="recipe.assistant_only_loss",
+            hint="use a fast tokenizer, or " + WAY_OUT,
+        )
+    text, spans = assistant_spans(tokenizer, messages, label=label, tools=tools)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    starts = {s for s, _ in offsets} | {0}
+    ends = {e for _, e in offsets}
+    aligned = all(a in starts and b in ends for a, b in spans)
+    label = label or template_label(tokenizer.chat_template)
+    _check_stops(tokenizer, enc["input_ids"], offsets, spans, label)
+    return Masked(text, spans, list(enc["input_ids"]), token_mask(offsets, spans), aligned)
+
+
+def check_template(tokenizer: Any, conversations: list[Messages], *, label: str = "") -> dict[str, Any]:
+    """Mask ``conversations`` with the tokenizer's template, no model needed (``mode=plan`` can call this).
+
+    Raises ConfigError for a template that is not prefix-preserving or fails to render; returns counts and
+    the trained text of the first conversation."""
+    label = label or template_label(tokenizer.chat_template)
+    masked = [mask_conversation(tokenizer, c, label=label) for c in conversations]
+    first = masked[0] if masked else None
+    return {
+        "template": label,
+        "conversations": len(masked),
+        "assistant turns": sum(len(m.spans) for m in masked),
+        "unaligned spans": sum(not m.aligned for m in masked),
+        "first trained text": ("".join(first.text[a:b] for a, b in first.spans) if first is not None else ""),
+    }
+
+
+def pretokenize(dataset: Any, tokenizer: Any, *, label: str) -> Any:
+    """``dataset`` (a ``messages`` column) as pre-tokenized rows ``input_ids`` + ``assistant_masks``, which
+    TRL's SFTTrainer neither re-tokenizes nor fails to fold into ``labels``."""
+    from datasets import Dataset, Features, Sequence, Value
+
+    has_tools = "tools" in dataset.column_names
+    ids, masks = [], []
+    unaligned = 0
+    for row, example in enumerate(dataset):
+        try:
+            m = mask_conversation(
+                tokenizer, example["messages"], label=label, tools=example["tools"] if has_tools else None
+            )
+        except ConfigError as err:
+            raise ConfigError(f"row {row}: {err.args[0]}", key=err.key, hint=err.hint) from None
+        ids.append(m.input_ids)
+        masks.append(m.assistant_masks)
+        unaligned += not m.aligned
+    if unaligned:
+        log.warning(
+            "%d of %d conversations have an assistant turn whose first or last token also holds template "
+            "text (a token spans the boundary); that token is trained",
+            unaligned,
+            len(ids),
+        )
+    features = Features({"input_ids": Sequence(Value("int64")), "assistant_masks": Sequence(Value("int8"))})
+    return Dataset.from_dict({"input_ids": ids, "assistant_masks": masks}, features=features)
+
+
+def choose_method(tokenizer: Any) -> tuple[str, str | None]:
+    """How assistant-only loss is computed: ``(method, TRL's training template or None)``.
+
+    TRL's own path when the template has ``{% generation %}`` markers or TRL knows how to patch it; otherwise
+    hydratune's turn-by-turn mask."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    template = tokenizer.chat_template
+    if isinstance(template, str) and has_generation_markers(template):
+        return TRL_MARKERS, None
+    try:
+        patched = get_training_chat_template(tokenizer)
+    except Exception:  # ValueError: not patchable; templates failing TRL's probe renders likewise
+        return HYDRATUNE, None
+    return (TRL_PATCHED, patched) if patched else (TRL_MARKERS, None)
+
+
+def preflight_trl(tokenizer: Any, conversations: list[Messages], template: str | None, label: str) -> None:
+    """Render a few conversations the way TRL will, so a template error is a ConfigError before the model
+    loads rather than a traceback from inside the trainer."""
+    for messages in conversations:
+        try:
+            tokenizer.apply_chat_template(
+                messages,
+                tokenize=True,
+                return_dict=True,
+                return_assistant_tokens_mask=True,
+                chat_template=template,
+            )
+        except Exception as err:
+            raise ConfigError(
+                f"the chat template ({label}) cannot render this conversation: {err}", key=KEY, hint=WAY_OUT
+            ) from None
+
+
+def check_assistant_mask(tokenizer: Any, conversations: list[Messages], label: str) -> str:
+    """How training will mask assistant turns with this tokenizer's template, checked on ``conversations``
+    (a ConfigError for a template that cannot be masked): decided once, before the model loads, by the SFT
+    recipe and by ``mode=plan`` alike. Returns the method."""
+    method, trl_template = choose_method(tokenizer)
+    if method == HYDRATUNE:
+        check_template(tokenizer, conversations, label=label)
+    else:
+        preflight_trl(tokenizer, conversations, trl_template, label)
+    return method
+
+
+def label_for(model: Any, tokenizer: Any) -> str:
+    """The template as the user named it (``model.chat_template``), else by its known name or first line."""
+    if model.chat_template:
+        return resolve_chat_template(model.chat_template)[1]
+    return template_label(tokenizer.chat_template, model.name_or_path)
+
+
+# ---- the summary's view of one example -----------------------------------------------------------
+def mask_segments(
+    tokenizer: Any, input_ids: list[int], labels: list[int], *, max_segments: int = 24, max_chars: int = 100
+) -> list[dict[str, Any]]:
+    """Consecutive runs of trained / untrained tokens, decoded, newlines escaped, long runs shortened."""
+    runs: list[tuple[bool, list[int]]] = []
+    for token, label in zip(input_ids, labels, strict=True):
+        trained = label != -100
+        if runs and runs[-1][0] == trained:
+            runs[-1][1].append(token)
+        else:
+            runs.append((trained, [token]))
+    rows = []
+    for i, (trained, tokens) in enumerate(runs[:max_segments]):
+        text = tokenizer.decode(tokens, skip_special_tokens=False)
+        text = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+        if len(text) > max_chars:
+            half = (max_chars - 5) // 2
+            text = f"{text[:half]} ... {text[-half:]}"
+        text = f"`` {text} ``" if "`" in text else f"`{text}`"  # as code: markers such as <s> stay visible
+        rows.append({"#": i + 1, "trained": "yes" if trained else "no", "tokens": len(tokens), "text": text})
+    if len(runs) > max_segments:
+        rest = runs[max_segments:]
+        rows.append(
+            {"#": "...", "trained": "", "tokens": sum(len(t) for _, t in rest), "text": f"{len(rest)} more"}
+        )
+    return rows

@@ -1,0 +1,49 @@
+"""Tokenizer set-up for training: pad token, padding side and chat template, done once and correctly."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from components.config.errors import ConfigError
+from components.text.chat_template import resolve_chat_template
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def build_tokenizer(
+    name_or_path: str,
+    *,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    chat_template: str | None = None,
+    padding_side: str = "right",
+    gguf_file: str | None = None,
+) -> PreTrainedTokenizerBase:
+    """Load a tokenizer and make it safe to train with.
+
+    - A pad token always exists: the tokenizer's own, else a dedicated pad-like special token from its
+      vocabulary, else EOS (labels of padding are masked by length, so EOS is still learned).
+    - ``padding_side`` is right for training; generation code switches to left locally.
+    - ``chat_template`` (a name such as ``chatml`` or ``llama3_2``, a .jinja path or the template text; see
+      ``components.text.chat_template``) replaces the tokenizer's and is saved with it.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            name_or_path, revision=revision, trust_remote_code=trust_remote_code, gguf_file=gguf_file
+        )
+    except OSError as err:
+        raise ConfigError(
+            f"cannot load the tokenizer of '{name_or_path}' ({err.__class__.__name__})",
+            key="model.tokenizer",
+            hint="point model.tokenizer (or model.name_or_path) at a local dir holding tokenizer files",
+        ) from None
+    if chat_template:
+        tok.chat_template = resolve_chat_template(chat_template)[0]
+    if tok.pad_token is None:
+        candidates = [t for t in ("<|pad|>", "<pad>", "<|finetune_right_pad_id|>") if t in tok.get_vocab()]
+        tok.pad_token = candidates[0] if candidates else tok.eos_token
+    tok.padding_side = padding_side
+    return tok
