@@ -124,3 +124,25 @@ def test_bad_values_fail_before_model_load(compose_cfg, monkeypatch, overrides: 
     with pytest.raises(ConfigError) as info:
         check_before_load(cfg, Components.from_config(cfg))
     assert info.value.key == key, str(info.value)
+
+
+def test_components_still_equal_their_config_after_a_run(run_recipe) -> None:
+    """A component is its config: after training (SFT with an adapter, a tracker) and after generating from
+    that run (which reads every row of its data), each group's component equals one built afresh from the
+    run's config. Frozen dataclasses refuse assignment; this catches a list or dict changed in place."""
+    import dataclasses
+
+    from components.config.registry import REGISTRY
+
+    assert all(c.__dataclass_params__.frozen for classes in REGISTRY.values() for c in classes.values())
+    sft, _ = run_recipe("peft=lora", "tracker=jsonl", "train.max_steps=2", "merge=true", name="sft")
+    generate, _ = run_recipe(
+        "recipe=generate", f"model.from_run={sft.run_dir.path}", "recipe.max_new_tokens=2",
+        "data.max_samples=8", name="generate",
+    )  # fmt: skip
+    for ctx in (sft, generate):
+        fresh = Components.from_config(ctx.cfg)
+        for (group, component), (_, again) in zip(ctx.components.items(), fresh.items(), strict=True):
+            assert component == again, group
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                setattr(component, next(iter(vars(component)), "x"), None)

@@ -250,8 +250,12 @@ def test_assumed_speeds_keep_the_documented_order() -> None:
 def test_auto_llama3_8b_full_on_one_80gb_gpu_needs_offload(compose_cfg) -> None:
     cfg = compose_cfg("model=llama3_8b", "precision=bf16", "data.max_length=2048", "estimate.num_gpus=1")
     spec = spec_from_config(cfg)
-    decision = choose(spec, shapes_for(spec), 80 * GiB, 0.1, per_gpu_batch=8)
-    assert decision.strategy in (None, "zero2_offload", "zero3_offload", "zero3_nvme"), decision.explain()
+    shapes = shapes_for(spec)
+    decision = choose(spec, shapes, 80 * GiB, 0.1, per_gpu_batch=8)
+    # nothing fits, or a rung that moves the optimizer states off the GPU (whichever options offer one)
+    chosen = shapes.get(decision.strategy or "")
+    assert chosen is None or chosen.offload_optimizer != "none", decision.explain()
+    assert decision.strategy is not None  # zero2_offload among today's options
 
 
 def test_auto_llama3_70b_on_8x80gb_is_zero3(compose_cfg) -> None:
