@@ -1,1 +1,2 @@
-"""Sharding code hydratune calls itself (FSDP2 fully_shard for loops it owns)."""
+"""What spans processes and that hydratune does itself: FSDP2 fully_shard for loops it owns, and signals
+relayed from the launcher to its workers (every rank stops after the same step)."""

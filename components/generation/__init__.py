@@ -1,2 +1,1 @@
-"""Generation from a model: length-sorted batched sampling, the exact-match eval of generations, and
-what the inference-only recipes share."""
+"""Generation from a model: length-sorted batched sampling and the exact-match eval of generations."""

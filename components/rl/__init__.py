@@ -1,1 +1,1 @@
-"""Reinforcement learning pieces hydratune writes itself: PPO's rollout, advantages and losses."""
+"""Reinforcement learning hydratune writes itself: PPO's pieces (rollout, advantages, losses) and its loop."""
