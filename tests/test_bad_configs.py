@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,6 +12,21 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from components.config.errors import ConfigError
 from components.runtime.checks import check_before_load
 from components.runtime.run import Components
+
+
+@dataclasses.dataclass
+class NotARecipe:
+    """Takes recipe=sft's knobs, but is no ``@recipe``."""
+
+    assistant_only_loss: bool = True
+    completion_only_loss: bool = True
+    loss_type: str = "nll"
+
+
+@dataclasses.dataclass
+class NoKnobs:
+    """Takes none of recipe=sft's knobs."""
+
 
 # (overrides, the key the error must name) — checked by components before a model is built
 AFTER_COMPOSE = [
@@ -37,6 +53,9 @@ AFTER_COMPOSE = [
     (["merge=true"], "merge"),
     (["peft=prefix", "merge=false", "peft.num_virtual_tokens=4", "model.dtype=float8"], "model.dtype"),
     (["model.attn_implementation=flash"], "model.attn_implementation"),
+    (["peft._target_=components.peft.LoRAX"], "peft._target_"),  # a class path that is not there
+    (["recipe._target_=tests.test_bad_configs.NotARecipe", "trust_targets=true"], "recipe._target_"),
+    (["recipe._target_=tests.test_bad_configs.NoKnobs", "trust_targets=true"], "recipe._target_"),
     (["model.init=scratch"], "model.init"),
     (["model.name_or_path=/no/such/model"], "model.name_or_path"),
     (["model.padding_side=middle"], "model.padding_side"),

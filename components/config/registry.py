@@ -154,3 +154,15 @@ def recipe_name(saved: str) -> str:
 def recipe_class(saved: str) -> Any:
     """The registered recipe class a saved name, class name or ``_target_`` denotes (None: not registered)."""
     return RECIPES.get(recipe_name(saved))
+
+
+def check_recipe(component: Any) -> None:
+    """The built ``recipe`` node must be a registered recipe (an ``@recipe`` class, which extends
+    ``components.recipe.Recipe``): the rest of hydratune reads its declarations. A ``recipe._target_`` of
+    your own (``trust_targets=true``) registers as its module is imported."""
+    if type(component) not in RECIPES.values():
+        raise ConfigError(
+            f"recipe._target_ builds a {type(component).__name__}, which is not a hydratune recipe",
+            key="recipe._target_",
+            hint="extend components.recipe.Recipe and decorate the class with @recipe (see ARCHITECTURE.md)",
+        )

@@ -38,13 +38,14 @@ class Components:
         Keys forced in with ``+group.key=…`` are rejected first, naming the key, instead of failing
         inside the component's constructor; so is any ``_target_`` that is not hydratune's own or a
         reward function (components/config/trust.py) — a replayed run dir or experiment file sets any key."""
-        from components.config.registry import check_known_keys
+        from components.config.registry import check_known_keys, check_recipe
         from components.config.trust import check_targets
         from components.tracker import Trackers
 
         check_targets(cfg, trusted=bool(cfg.get("trust_targets", False)))
         check_known_keys(cfg)
         built = {g: _instantiate(cfg, g) for g in GROUPS}
+        check_recipe(built["recipe"])  # everything after reads the recipe's declarations
         built["tracker"] = Trackers.of(built["tracker"])
         return cls(**built)
 
@@ -66,11 +67,33 @@ def _instantiate(cfg: DictConfig, group: str) -> Any:
     except (InstantiationException, InterpolationResolutionError) as err:
         # omegaconf chains a resolver's exception as __context__, Hydra's as __cause__
         cause = err.__cause__ or err.__context__
+        first = cause
         while cause is not None and not isinstance(cause, ConfigError):
             cause = cause.__cause__ or cause.__context__
         if cause is not None:
             raise cause from None
+        if "Error locating target" in str(err):
+            raise ConfigError(
+                f"cannot build {group}: {first or err}",
+                key=f"{group}._target_",
+                hint=f"pick an option (hydratune ls lists the {group} options) or fix the class path",
+            ) from None
+        if refused_keys(first):
+            raise ConfigError(
+                f"cannot build {group}: {first}",
+                key=f"{group}._target_",
+                hint=f"hydratune --cfg job prints the {group} node; its keys must be the _target_'s fields",
+            ) from None
         raise
+
+
+def refused_keys(cause: BaseException | None) -> bool:
+    """The ``_target_``'s constructor refused the node's keys (not a failure inside a component, which
+    stays a traceback)."""
+    text = str(cause or "")
+    return isinstance(cause, TypeError) and (
+        "unexpected keyword argument" in text or "required positional argument" in text
+    )
 
 
 #: what to pass for a mandatory key (``???`` in its option) left unset
