@@ -21,7 +21,10 @@ report (the counts and how the data was read); nothing is kept on the component.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import io
 import json
+import logging
 import math
 import os
 import re
@@ -33,16 +36,32 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from components.config.errors import ConfigError
 from components.config.registry import component
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from datasets import Dataset
 
-BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+# compressed text files (``x.jsonl.gz``): the suffix -> how to decompress (``zstd`` needs ``zstandard``,
+# as it does for ``datasets``)
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": "zstd"}
+COMPRESSIBLE = (".jsonl", ".json", ".csv")
+# files a hub dataset or a save_to_disk folder carries beside its data (never read as rows)
+METADATA_FILES = {"dataset_info.json", "dataset_infos.json", "dataset_dict.json", "state.json", "config.json"}
 # Suffixes that mark a path as a file (so it must exist) even without ./ or / in front of it.
 FILE_SUFFIXES = {
     *BUILDERS,
-    *(".txt", ".tsv", ".md", ".yaml", ".yml", ".xml", ".html", ".arrow", ".feather", ".orc", ".avro"),
-    *(".xls", ".xlsx", ".pkl", ".pickle", ".npy", ".npz", ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar"),
+    *(".txt", ".tsv", ".md", ".yaml", ".yml", ".xml", ".html", ".feather", ".orc", ".avro"),
+    *(".xls", ".xlsx", ".pkl", ".pickle", ".npy", ".npz", *COMPRESSIONS, ".zip", ".tar"),
 }
+SPLIT_KEYWORDS = {  # the hub's split names in file and folder names (datasets.data_files.SPLIT_KEYWORDS)
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "dev", "val"),
+    "test": ("test", "testing", "eval", "evaluation"),
+}
+SEP = "-._ 0-9"  # what may stand beside a split keyword in a name (datasets.data_files.NON_WORDS_CHARS)
+SHARDED = re.compile(r"^data/(\w+(?:\.\w+)*)-\d{5}-of-\d{5}[^/]*\.[^/]*$")  # data/<split>-00000-of-00002.*
+EVAL_SPLITS = ("validation", "test")  # the eval set of a folder split by name, in order of preference
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # name or org/name
 FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text")
 SIGNATURES = {  # the columns that identify each format (alpaca's ``input`` and ``system`` are optional)
@@ -131,16 +150,243 @@ def looks_local(path: str) -> bool:
     )
 
 
-def data_files(path: Path) -> list[Path]:
-    """The loadable files of a local file or directory (recursively, hidden ones skipped), sorted."""
+def file_type(path: Path) -> tuple[str, str | None] | None:
+    """(the data suffix, the compression or None) of a file the loader reads, by its name; else None."""
+    last = path.suffix.lower()
+    if last in COMPRESSIONS:
+        inner = Path(path.stem).suffix.lower()
+        return (inner, COMPRESSIONS[last]) if inner in COMPRESSIBLE else None
+    return (last, None) if last in BUILDERS else None
+
+
+def data_suffix(path: Path) -> str:
+    """``.jsonl`` for ``x.jsonl`` and ``x.jsonl.gz`` alike; a file of no known type: its last suffix."""
+    kind = file_type(path)
+    return kind[0] if kind else path.suffix.lower()
+
+
+READ_TYPES = f"{', '.join(BUILDERS)} (the text ones also {'/'.join(COMPRESSIONS)} compressed)"
+
+
+def unread_reason(path: Path) -> str | None:
+    """Why a file is not read as rows, or None when it is."""
+    if path.name in METADATA_FILES:
+        return "metadata, not rows"
+    kind = file_type(path)
+    if kind is None:
+        return "not a data file type"
+    if kind[1] == "zstd" and importlib.util.find_spec("zstandard") is None:
+        return "zstd-compressed, and the zstandard package is not installed"
+    return None
+
+
+@dataclass(frozen=True)
+class Part:
+    """One unit of rows: a file, a save_to_disk folder, or one split of a save_to_disk DatasetDict."""
+
+    path: Path
+    split: str | None = None  # the DatasetDict split (save_to_disk folders only)
+
+    def name(self, root: Path) -> str:
+        if self.split is not None:
+            return f"the '{self.split}' split (save_to_disk)"
+        return "the save_to_disk Dataset" if self.path == root else self.path.relative_to(root).as_posix()
+
+
+@dataclass
+class Layout:
+    """What a local data path is read as: the parts for train and for eval (a folder's validation/test
+    split), and every file not read with why."""
+
+    root: Path
+    train: list[Part]
+    eval: list[Part] = field(default_factory=list)
+    eval_split: str | None = None
+    ignored: dict[str, str] = field(default_factory=dict)  # relative path -> why it is not read
+    rule: str = ""  # how the splits were told apart ("" when the names carry none)
+
+    def info(self, role: str = "train") -> dict[str, str]:
+        """The summary's lines for a folder read as ``role`` (``train``, or ``eval`` for data.eval_path):
+        what is read for train and eval, and what is not and why."""
+        if self.root.is_file():
+            return {}
+
+        def listing(parts: list[Part]) -> str:
+            names = [p.name(self.root) for p in parts]
+            shown = names if len(names) <= 6 else [*names[:3], "...", *names[-2:]]
+            return (f"{len(names)} files: " if len(names) > 1 else "") + ", ".join(shown)
+
+        out = {f"{role} files": listing(self.train) + (f" (splits from {self.rule})" if self.rule else "")}
+        if self.eval:
+            out["eval files"] = listing(self.eval)
+        if self.ignored:
+            where = "files not read" + ("" if role == "train" else f" ({role})")
+            out[where] = "; ".join(f"{f} ({why})" for f, why in self.ignored.items())
+        return out
+
+
+def _names_split(name: str, split: str) -> bool:
+    return any(re.fullmatch(rf"(.*[{SEP}])?{kw}([{SEP}].*)?", name) for kw in SPLIT_KEYWORDS[split])
+
+
+def _split_of(names: list[str]) -> str | None:
+    """The first hub split (train, validation, test) any of ``names`` carries."""
+    return next((s for s in SPLIT_KEYWORDS if any(_names_split(n, s) for n in names)), None)
+
+
+def split_files(files: list[str]) -> tuple[dict[str, list[str]], dict[str, str], str]:
+    """Files (relative paths, ``/``-separated) by split as the hub assigns them (``datasets.data_files``):
+    the ``data/<split>-NNNNN-of-NNNNN`` shards, else split names in folder names, else in file names, else
+    all ``train``. Returns (split -> files, file -> why it is in no split, how the splits were found)."""
+    sharded = {f: m.group(1) for f in files if (m := SHARDED.match(f))}
+    if sharded:
+        by, rule = sharded, "the hub's data/<split>-NNNNN-of-NNNNN shards"
+        why = "not a data/<split>-NNNNN-of-NNNNN shard like the other files"
+    else:
+        by, rule = {f: _split_of(f.split("/")[:-1]) for f in files}, "folder names"
+        why = "no split (train, validation, test) in its folder names"
+        if not any(by.values()):
+            by, rule = {f: _split_of([f.rsplit("/", 1)[-1]]) for f in files}, "file names"
+            why = "no split (train, validation, test) in its name"
+        if not any(by.values()):
+            return {"train": files}, {}, ""
+    splits: dict[str, list[str]] = {}
+    for f in files:
+        if by.get(f):
+            splits.setdefault(str(by[f]), []).append(f)
+    known = list(SPLIT_KEYWORDS)  # the hub's order: train, validation, test, then the others by name
+    ordered = sorted(splits, key=lambda s: (known.index(s) if s in known else len(known), s))
+    return {s: splits[s] for s in ordered}, {f: why for f in files if not by.get(f)}, rule
+
+
+def _eval_only(root: Path, splits: dict[str, list[Part]], rule: str, key: str) -> Layout:
+    """A folder given as data.eval_path: its validation (else test) split, or every file when no name
+    marks a split (in ``Layout.train``: the parts to read)."""
+    if not rule:
+        return Layout(root, splits["train"])
+    held = next((s for s in EVAL_SPLITS if s in splits), None)
+    if held is None:
+        raise ConfigError(
+            f"{root} has no validation or test split (splits from {rule}: {', '.join(splits)})",
+            key=key,
+            hint="point data.eval_path at the eval file itself",
+        )
+    ignored = {
+        part.name(root): f"the {name} split: data.eval_path reads its {held} split"
+        for name, parts in splits.items()
+        if name != held
+        for part in parts
+    }
+    return Layout(root, splits[held], eval_split=held, ignored=ignored, rule=rule)
+
+
+def _choose(
+    root: Path, splits: dict[str, list[Part]], rule: str, split: str | None, key: str, separate_eval: bool
+) -> Layout:
+    """Train on ``split``; the folder's validation (else test) split, or for ``train_x`` its
+    ``validation_x``/``test_x``, is the eval set unless data.eval_path is given; other splits are named.
+    ``split=None``: the folder is data.eval_path (``_eval_only``)."""
+    if split is None:
+        return _eval_only(root, splits, rule, key)
+    if not rule and split != "train":
+        raise ConfigError(
+            f"data.split={split}, but no name in {root} marks a split (every file is read as one set)",
+            key="data.split",
+            hint="data.split=train, or name the files by split (train.jsonl, test.jsonl or data/<split>-*)",
+        )
+    if split not in splits:
+        raise ConfigError(
+            f"{root} has no '{split}' split (splits from {rule}: {', '.join(splits)})",
+            key="data.split",
+            hint=f"data.split={next(iter(splits))} (or one of: {', '.join(splits)})",
+        )
+    wanted = [split.replace("train", s) for s in EVAL_SPLITS if "train" in split] + list(EVAL_SPLITS)
+    held = next((s for s in wanted if s in splits and s != split), None)
+    if separate_eval:
+        why = "data.eval_path is the eval set"
+    else:
+        why = f"eval reads the {held} split" if held else "neither data.split nor a validation/test split"
+    ignored: dict[str, str] = {}
+    for name, parts in splits.items():
+        if name == split or (name == held and not separate_eval):
+            continue
+        for part in parts:
+            ignored[part.name(root)] = f"the {name} split: {why}"
+    evals = [] if separate_eval or held is None else splits[held]
+    return Layout(root, splits[split], evals, None if not evals else held, ignored, rule)
+
+
+def _disk_layout(root: Path, split: str | None, key: str, separate_eval: bool) -> Layout:
+    """A ``save_to_disk`` folder: a ``DatasetDict`` (``dataset_dict.json`` lists its splits) or a
+    ``Dataset``."""
+    index = root / "dataset_dict.json"
+    if not index.is_file():
+        return _choose(root, {"train": [Part(root)]}, "", split, key, separate_eval)
+    try:
+        names = json.loads(index.read_text(encoding="utf-8"))["splits"]
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"{index} is not a save_to_disk index (no 'splits' list)",
+            key=key,
+            hint="point at a folder written by Dataset.save_to_disk or DatasetDict.save_to_disk",
+        ) from None
+    splits = {str(s): [Part(root, str(s))] for s in names}
+    return _choose(root, splits, "its dataset_dict.json", split, key, separate_eval)
+
+
+def is_disk_folder(path: Path) -> bool:
+    """A folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``."""
+    return (path / "dataset_dict.json").is_file() or (
+        (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+    )
+
+
+def local_layout(
+    path: Path, split: str | None = "train", key: str = "data.path", separate_eval: bool = False
+) -> Layout:
+    """How a local file or folder is read (no ``datasets`` import): a file alone; a save_to_disk folder;
+    else its data files (recursively, hidden ones skipped) split by their names as the hub does, training
+    on ``split`` and evaluating on the validation/test split (unless ``separate_eval``: data.eval_path;
+    ``split=None`` lays out data.eval_path itself). Files not read are named in ``ignored``; a data file
+    that cannot be read refuses the run."""
     if path.is_file():
-        return [path]
-    files = (f for f in path.rglob("*") if f.is_file() and f.suffix in BUILDERS)
-    return sorted(f for f in files if not any(p.startswith(".") for p in f.relative_to(path).parts))
+        why = unread_reason(path)
+        if why:
+            raise ConfigError(
+                f"{path} is not read: {why}",
+                key=key,
+                hint=f"use a file of one of {READ_TYPES}, a directory of them, a save_to_disk folder or a "
+                "hub dataset name",
+            )
+        return Layout(path, [Part(path)])
+    if is_disk_folder(path):
+        return _disk_layout(path, split, key, separate_eval)
+    files, ignored = [], {}
+    for file in sorted(path.rglob("*")):
+        rel = file.relative_to(path).as_posix()
+        if not file.is_file() or any(p.startswith(".") for p in rel.split("/")):
+            continue
+        why = unread_reason(file)
+        if why and "zstandard" in why:
+            raise ConfigError(
+                f"{file} is {why}", key=key, hint="pip install zstandard, or decompress it (zstd -d)"
+            )
+        if why:
+            ignored[rel] = why
+        else:
+            files.append(rel)
+    if not files:
+        raise ConfigError(f"no data files ({READ_TYPES}) in directory {path}", key=key)
+    splits, unsplit, rule = split_files(files)
+    parts = {name: [Part(path / f) for f in names] for name, names in splits.items()}
+    layout = _choose(path, parts, rule, split, key, separate_eval)
+    layout.ignored = dict(sorted((ignored | unsplit | layout.ignored).items()))
+    return layout
 
 
-def check_path(path: str, key: str) -> None:
-    """A local path must exist and be (or hold) files of a supported type; a hub id is left to ``load``."""
+def check_path(path: str, key: str, split: str | None = "train", separate_eval: bool = False) -> None:
+    """A local path must exist and be (or hold) files of a supported type, laid out so that ``split`` can
+    be read (``local_layout``); a hub id is left to ``load``."""
     if not path or path == "???":
         raise ConfigError("no dataset given", key=key, hint=f"set {key}=<file, directory or hub dataset>")
     if not looks_local(path):
@@ -152,14 +398,7 @@ def check_path(path: str, key: str) -> None:
             key=key,
             hint="check the path (relative paths are relative to the directory you launch from)",
         )
-    if p.is_file() and p.suffix not in BUILDERS:
-        raise ConfigError(
-            f"unsupported file type '{p.suffix}' for {path}",
-            key=key,
-            hint=f"use one of {', '.join(BUILDERS)} (or a directory of them, or a hub dataset name)",
-        )
-    if p.is_dir() and not data_files(p):
-        raise ConfigError(f"no {', '.join(BUILDERS)} files in directory {path}", key=key)
+    local_layout(p, split, key, separate_eval)
 
 
 # -------------------------------------------------------------------------------------------- reading
@@ -219,6 +458,10 @@ def _check_first_lines(path: Path, raw: bytes, key: str) -> None:
     JSON lines at all: say so instead of offering to skip (which would drop every line)."""
     head = [line for line in raw.splitlines() if line.strip()][:PROBE_ROWS]
     if head and not any(_json_object(line) for line in head):
+        try:
+            raw[: raw.index(head[-1]) + len(head[-1])].decode("utf-8")
+        except UnicodeDecodeError as err:  # e.g. latin-1: say so, not "not JSON lines"
+            raise _not_utf8(path, raw, err, key) from None
         which = "the only line is" if len(head) == 1 else f"none of the first {len(head)} lines is"
         raise ConfigError(
             f"{path}: {which} a JSON object, so this is not JSON lines (one {{...}} object per line); "
@@ -295,15 +538,40 @@ def _one_document(raw: bytes) -> bool:
 
 def _not_utf8(path: Path, raw: bytes, err: UnicodeDecodeError, key: str) -> ConfigError:
     line = raw.count(b"\n", 0, err.start) + 1
-    return ConfigError(f"{path}:{line}: not UTF-8 text", key=key, hint="re-encode the file as UTF-8")
+    return ConfigError(
+        f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}; latin-1 or cp1252 perhaps)",
+        key=key,
+        hint="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 in.jsonl > out.jsonl)",
+    )
+
+
+def file_bytes(path: Path, key: str) -> bytes:
+    """The bytes of a file, decompressed when its name says so (``.gz``, ``.bz2``, ``.xz``, ``.zst``)."""
+    raw = path.read_bytes()
+    kind = file_type(path)
+    compression = kind[1] if kind else None
+    if compression is None:
+        return raw
+    try:
+        if compression == "zstd":
+            import zstandard
+
+            return zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)).read()
+        return importlib.import_module(compression).decompress(raw)
+    except Exception as err:  # each library raises its own error for a damaged or mislabelled file
+        raise ConfigError(
+            f"{path} is not a valid {compression} file ({_first_line(err)})",
+            key=key,
+            hint=f"check the file, or rename it without '{path.suffix}' if it is not compressed",
+        ) from None
 
 
 def read_json(path: Path, *, key: str, skip: bool, stats: dict[str, int]) -> Rows:
     """A ``.jsonl`` file, or a ``.json`` file holding a list of objects, a dict of equal-length columns, a
     dict with one list of objects (``{"data": [...]}``) or, despite its name, JSON lines. A UTF-8 BOM is
     skipped; a ``.jsonl`` file that is one JSON document (e.g. a pretty-printed array) is read as one."""
-    raw = without_bom(path, path.read_bytes(), key)
-    if path.suffix == ".jsonl" and not _one_document(raw):
+    raw = without_bom(path, file_bytes(path, key), key)
+    if data_suffix(path) == ".jsonl" and not _one_document(raw):
         return read_json_lines(path, raw, key=key, skip=skip, stats=stats)
     try:
         text = raw.decode("utf-8")
@@ -355,14 +623,16 @@ def _to_rows(table: Dataset, limit: int | None) -> list[Row]:
 
 
 def read_table(path: Path, *, key: str, limit: int | None = None) -> Rows:
-    """A ``.csv`` or ``.parquet`` file through ``datasets.load_dataset`` (a csv's UTF-8 is checked first, so
-    a bad byte is reported with its line). Quoted csv fields may span lines; a BOM is skipped, and in a
-    file with CRLF line ends the line breaks inside fields become ``\\n`` too."""
+    """A ``.csv`` (or compressed ``.csv.gz``...) or ``.parquet`` file through ``datasets.load_dataset`` (a
+    csv's UTF-8 is checked first, so a bad byte is reported with its line). Quoted csv fields may span
+    lines; a BOM is skipped, and in a file with CRLF line ends the line breaks inside fields become ``\\n``
+    too."""
     import datasets
 
     crlf = False
-    if path.suffix == ".csv":
-        raw = without_bom(path, path.read_bytes(), key)
+    suffix = data_suffix(path)
+    if suffix == ".csv":
+        raw = without_bom(path, file_bytes(path, key), key)
         crlf = b"\r\n" in raw
         try:
             raw.decode("utf-8")
@@ -371,7 +641,7 @@ def read_table(path: Path, *, key: str, limit: int | None = None) -> Rows:
         if not raw.strip():
             return Rows(str(path), [])
     try:
-        table = datasets.load_dataset(BUILDERS[path.suffix], data_files=[str(path)], split="train")
+        table = datasets.load_dataset(BUILDERS[suffix], data_files=[str(path)], split="train")
     except Exception as err:
         chain = _chain(err)
         if "corresponds to no data" in str(err) or any(type(e).__name__ == "EmptyDataError" for e in chain):
@@ -379,12 +649,44 @@ def read_table(path: Path, *, key: str, limit: int | None = None) -> Rows:
         raise ConfigError(
             f"cannot read {path}: {_first_line(chain[-1])}",
             key=key,
-            hint=f"check that it is a valid {path.suffix[1:]} file",
+            hint=f"check that it is a valid {suffix[1:]} file",
         ) from None
     rows = _to_rows(table, limit)
     if crlf:
         rows = [{k: v.replace("\r\n", "\n") if isinstance(v, str) else v for k, v in r.items()} for r in rows]
     return Rows(str(path), rows)
+
+
+def read_arrow(part: Part, *, key: str, limit: int | None = None) -> Rows:
+    """An ``.arrow`` file (``Dataset.from_file``), a ``save_to_disk`` folder or one split of one
+    (``datasets.load_from_disk``)."""
+    import datasets
+
+    source = str(part.path) + (f"[{part.split}]" if part.split is not None else "")
+    try:
+        if part.path.is_file():
+            table = datasets.Dataset.from_file(str(part.path))
+        else:
+            table = datasets.load_from_disk(str(part.path))
+            table = table[part.split] if isinstance(table, datasets.DatasetDict) else table
+    except Exception as err:
+        what = "an Arrow file" if part.path.is_file() else "a save_to_disk folder"
+        raise ConfigError(
+            f"cannot read {source} as {what}: {_first_line(_chain(err)[-1])}",
+            key=key,
+            hint="write it with Dataset.save_to_disk (a folder) or point at the .arrow file of one",
+        ) from None
+    return Rows(source, _to_rows(table, limit))
+
+
+def read_part(part: Part, *, key: str, limit: int | None, skip: bool, stats: dict[str, int]) -> Rows:
+    """The rows of one file, save_to_disk folder or save_to_disk split, at most ``limit``."""
+    suffix = data_suffix(part.path)
+    if part.path.is_dir() or suffix == ".arrow":
+        return read_arrow(part, key=key, limit=limit)
+    if BUILDERS[suffix] == "json":
+        return read_json(part.path, key=key, skip=skip, stats=stats).head(limit)
+    return read_table(part.path, key=key, limit=limit)
 
 
 def read_hub(name: str, *, split: str, subset: str | None, key: str, limit: int | None = None) -> Rows:
@@ -414,21 +716,21 @@ def read_sources(
     limit: int | None = None,
     skip: bool = False,
     stats: dict[str, int] | None = None,
+    parts: list[Part] | None = None,
 ) -> list[Rows]:
-    """The rows of a local file, a directory (one ``Rows`` per file) or a hub dataset; at most ``limit``
-    rows in all. No rows at all is an error naming the path."""
+    """The rows of a local file, a directory (one ``Rows`` per file; ``parts``, else the ``split`` files of
+    its ``local_layout``), a save_to_disk folder or a hub dataset; at most ``limit`` rows in all. No rows
+    at all is an error naming the path."""
     stats = {} if stats is None else stats
-    check_path(path, key)
+    if parts is None:
+        check_path(path, key, split)
     sources: list[Rows] = []
     if looks_local(path):
         left = limit
-        for file in data_files(Path(path).expanduser()):
+        for part in parts if parts is not None else local_layout(Path(path).expanduser(), split, key).train:
             if left is not None and left <= 0:
                 break
-            if BUILDERS[file.suffix] == "json":
-                source = read_json(file, key=key, skip=skip, stats=stats).head(left)
-            else:
-                source = read_table(file, key=key, limit=left)
+            source = read_part(part, key=key, limit=left, skip=skip, stats=stats)
             sources.append(source)
             left = None if left is None else left - len(source.rows)
     else:
@@ -610,7 +912,8 @@ class Source:
 
     path: str = "???"  # local jsonl/json/parquet/csv file, a directory of them, or a hub dataset name
     eval_path: str | None = None  # a separate eval set; else eval_size / eval_fraction rows are held out
-    split: str = "train"  # hub datasets: the split to load
+    # the split to read: a hub dataset's, a save_to_disk DatasetDict's or a folder's split-named files
+    split: str = "train"
     subset: str | None = None  # hub datasets: the config (subset) name
     columns: dict[str, str] = field(default_factory=dict)  # canonical name -> the file's column name
     eval_fraction: float = 0.05
@@ -624,9 +927,9 @@ class Source:
 
     def validate(self) -> None:
         """Cheap checks (no ``datasets`` import): paths, ranges, enums, column-mapping keys."""
-        check_path(self.path, "data.path")
+        check_path(self.path, "data.path", self.split, separate_eval=bool(self.eval_path))
         if self.eval_path:
-            check_path(self.eval_path, "data.eval_path")
+            check_path(self.eval_path, "data.eval_path", None)
         if not 0 <= self.eval_fraction < 1:
             raise ConfigError(f"must be in [0, 1), got {self.eval_fraction}", key="data.eval_fraction")
         if self.eval_size is not None and self.eval_size < 0:
@@ -681,9 +984,17 @@ class Source:
             f"map your columns to {', '.join(self.CANONICAL)}, e.g. data.columns='{{{self.CANONICAL[0]}: q}}'"
         )
 
-    def read(self, path: str, key: str, report: LoadReport, limit: int | None = None) -> list[Rows]:
-        """The rows of ``path`` (at most ``limit``) with ``columns`` applied: each mapped column renamed to
-        its canonical name. A mapped column the file lacks is an error listing the columns it has."""
+    def read(
+        self,
+        path: str,
+        key: str,
+        report: LoadReport,
+        limit: int | None = None,
+        parts: list[Part] | None = None,
+    ) -> list[Rows]:
+        """The rows of ``path`` (at most ``limit``; of ``parts`` when given: a local layout's) with
+        ``columns`` applied: each mapped column renamed to its canonical name. A mapped column the file
+        lacks is an error listing the columns it has."""
         sources = read_sources(
             path,
             key=key,
@@ -692,6 +1003,7 @@ class Source:
             limit=limit,
             skip=self.on_error == "skip",
             stats=report.stats,
+            parts=parts,
         )
         mapping = {theirs: ours for ours, theirs in self.columns.items() if theirs != ours}
         targets = set(mapping.values())
@@ -786,15 +1098,28 @@ class Source:
         ``info["eval rows from"]`` says which."""
         from components.config.resolvers import is_demo_asset
 
-        train = build(self.read(self.path, "data.path", report, self.max_samples), self.path, "data.path")
+        layout = self.layout(self.path, self.split)
+        parts = layout.train if layout else None
+        train = build(
+            self.read(self.path, "data.path", report, self.max_samples, parts), self.path, "data.path"
+        )
         if self.eval_path:
+            apart = self.layout(self.eval_path, None)
             evals = build(
-                self.read(self.eval_path, "data.eval_path", report), self.eval_path, "data.eval_path"
+                self.read(self.eval_path, "data.eval_path", report, parts=apart.train if apart else None),
+                self.eval_path,
+                "data.eval_path",
             )
             demo = is_demo_asset(self.eval_path)
             report.info["eval rows from"] = (
                 "the demo eval file" if demo else f"data.eval_path={self.eval_path}"
             )
+            report.info.update(apart.info("eval") if apart else {})
+        elif layout and layout.eval:
+            evals = build(
+                self.read(self.path, "data.path", report, parts=layout.eval), self.path, "data.path"
+            )
+            report.info["eval rows from"] = f"the {layout.eval_split} split of data.path"
         else:
             if self.eval_size:
                 n = self.eval_size
@@ -819,7 +1144,18 @@ class Source:
             report.info["eval rows from"] = (
                 f"{share} of data.path (seed {self.seed})" if n else "none (data.eval_fraction=0)"
             )
+        report.info.update(layout.info() if layout else {})
+        if layout and layout.ignored:
+            log.warning("data: files not read in %s: %s", self.path, report.info["files not read"])
         return self._finish({"train": train, "eval": evals}, report)
+
+    def layout(self, path: str, split: str | None) -> Layout | None:
+        """How local ``path`` is read (``local_layout``; ``split=None``: as data.eval_path); None for a hub
+        dataset."""
+        if not looks_local(path):
+            return None
+        key = "data.path" if split is not None else "data.eval_path"
+        return local_layout(Path(path).expanduser(), split, key, separate_eval=bool(self.eval_path))
 
     def _finish(self, splits: dict[str, Dataset], report: LoadReport) -> LoadedData:
         if len(splits["train"]) == 0:
