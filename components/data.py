@@ -352,8 +352,9 @@ def local_layout(
     if path.is_file():
         why = unread_reason(path)
         if why:
+            what = f"unsupported file type '{path.suffix}'" if why == "not a data file type" else why
             raise ConfigError(
-                f"{path} is not read: {why}",
+                f"{what} for {path}",
                 key=key,
                 hint=f"use a file of one of {READ_TYPES}, a directory of them, a save_to_disk folder or a "
                 "hub dataset name",
