@@ -148,6 +148,19 @@ def test_data_split_and_eval_path_choose_the_folders_files(tmp_path: Path) -> No
     assert "(the validation split: data.eval_path is the eval set)" in given.info["files not read"]
     assert len(given["train"]) == 4
 
+    held_out = tmp_path.parent / "held_out"
+    put(held_out, "test.jsonl", jsonl(rows("held", 3)))
+    put(held_out, "train.jsonl", jsonl(rows("not me", 3)))
+    folder = ChatDataset(path=str(tmp_path), eval_path=str(held_out)).load()  # its test split
+    assert prompts(folder["eval"]) == sorted(r["prompt"] for r in rows("held", 3))
+    assert (
+        folder.info["files not read (eval)"]
+        == "train.jsonl (the train split: data.eval_path reads its test split)"
+    )
+    (held_out / "test.jsonl").unlink()
+    err = error(ChatDataset(path=str(tmp_path), eval_path=str(held_out)).validate)
+    assert err.key == "data.eval_path" and "has no validation or test split" in str(err)
+
     err = error(ChatDataset(path=str(tmp_path), split="dev").validate)
     assert err.key == "data.split" and "train, validation, test" in str(err)
 
