@@ -52,6 +52,14 @@ SIGNATURES = {  # the columns that identify each format (alpaca's ``input`` and 
     "prompt_completion": ("prompt", "completion"),
     "text": ("text",),
 }
+# every column each format reads (``system`` becomes the leading system turn; ``tools`` go with messages)
+FORMAT_COLUMNS = {
+    "messages": ("messages", "system", "tools"),
+    "sharegpt": ("conversations", "system", "tools"),
+    "alpaca": ("instruction", "input", "output", "system"),
+    "prompt_completion": ("prompt", "completion", "system"),
+    "text": ("text",),
+}
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT's and LLaMA-Factory's role names (a function call is the assistant's text, its result a tool
 # turn); data.roles adds or overrides names
@@ -64,6 +72,28 @@ PREFERENCE_SIGNATURES = {
     "hh": "chosen + rejected transcripts as '\\n\\nHuman: ... \\n\\nAssistant: ...' text",
 }
 HH_TURN = re.compile(r"(?:^|\n\n)(Human|Assistant):[ \t]?")
+# Columns that mark rows for another task: (what the rows are, what to do instead). A run whose data option
+# does not read one stops before the model loads, unless data.ignore_columns names it (``task_columns``).
+TASK_COLUMNS = {
+    "label": (
+        "unpaired preference feedback (KTO: a completion and whether it is good), which would train every "
+        "completion, the label=false ones too",
+        "use recipe=kto",
+    ),
+    "tools": (
+        "tool definitions, which only chat messages (a messages or conversations column) carry to the template",
+        "put the tools beside a messages column",
+    ),
+    "chosen": ("preference pairs", "use recipe=dpo or recipe=reward"),
+    "rejected": ("preference pairs", "use recipe=dpo or recipe=reward"),
+    **dict.fromkeys(
+        ("score", "scores", "rating", "ratings"),
+        (
+            "scored or rated responses (reward / ranking data), whose scores nothing would read",
+            "pair the better and worse responses as chosen/rejected for recipe=reward or recipe=dpo",
+        ),
+    ),
+}
 PROBE_ROWS = 5  # when this many first rows (or all, if fewer) fail alike, the format or mapping is wrong
 PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped")
 ON_ERROR = ("raise", "skip")
@@ -81,6 +111,15 @@ class LoadReport:
     stats: dict[str, int] = field(default_factory=dict)
     info: dict[str, str] = field(default_factory=dict)
     first_skip: str | None = None
+    used: dict[str, None] = field(default_factory=dict)  # the columns read, as the files name them
+    ignored: dict[str, None] = field(default_factory=dict)  # the columns not read, and why
+
+    def account(self, used: list[str], ignored: list[str]) -> None:
+        """Add one file's used and ignored columns; ``info`` lists them all (the summary, ``mode=plan``)."""
+        self.used.update(dict.fromkeys(used))
+        self.ignored.update(dict.fromkeys(ignored))
+        self.info["columns used"] = ", ".join(self.used) or "none"
+        self.info["columns ignored"] = ", ".join(self.ignored) or "none"
 
 
 class LoadedData(Mapping[str, "Dataset"]):
@@ -621,6 +660,9 @@ class Source:
     # your turns' role names -> system | user | assistant | tool, e.g. '{bot: assistant, me: user}'
     # (ShareGPT's human, gpt, observation and function_call are known already)
     roles: dict[str, str] = field(default_factory=dict)
+    # your columns this run does not read, on purpose: a column that marks another task (label beside
+    # prompt/completion, tools without messages, score/rating, chosen/rejected) stops the run otherwise
+    ignore_columns: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         """Cheap checks (no ``datasets`` import): paths, ranges, enums, column-mapping keys."""
@@ -642,6 +684,13 @@ class Source:
                 key="data.columns",
                 hint=f"map from the canonical names ({', '.join(self.CANONICAL)}) to your file's columns, "
                 f"e.g. data.columns='{{{self.CANONICAL[0]}: my_column}}'",
+            )
+        mapped = next((c for c in self.ignore_columns if c in self.columns.values()), None)
+        if mapped:
+            raise ConfigError(
+                f"'{mapped}' is both mapped (data.columns) and ignored",
+                key="data.ignore_columns",
+                hint=f"drop '{mapped}' from data.ignore_columns, or its mapping from data.columns",
             )
         bad = next(((k, v) for k, v in self.roles.items() if v not in ROLES), None)
         if bad:
@@ -693,6 +742,7 @@ class Source:
             skip=self.on_error == "skip",
             stats=report.stats,
         )
+        self.drop_ignored(sources, key, report)
         mapping = {theirs: ours for ours, theirs in self.columns.items() if theirs != ours}
         targets = set(mapping.values())
         for source in sources if mapping else []:
@@ -705,12 +755,64 @@ class Source:
                     key="data.columns",
                     hint=f"map {ours} to one of those: data.columns='{{{ours}: <your column>}}'",
                 )
+            replaced = [c for c in present if c in targets]
+            report.account([], [f"{c} (replaced by data.columns)" for c in replaced])
             source.rows = [
                 {k: v for k, v in row.items() if k not in targets and k not in mapping}
                 | {ours: row[theirs] for theirs, ours in mapping.items() if theirs in row}
                 for row in source.rows
             ]
+        for source in sources:
+            self.task_columns(source)
         return sources
+
+    def drop_ignored(self, sources: list[Rows], key: str, report: LoadReport) -> None:
+        """Remove ``ignore_columns`` from every row (before the mapping and format detection). A name that
+        no file of data.path has is an error (a typo would leave the column it meant in use)."""
+        if not self.ignore_columns:
+            return
+        present = {c for source in sources for c in source.columns}
+        missing = [c for c in self.ignore_columns if c not in present]
+        if missing and key == "data.path":
+            raise ConfigError(
+                f"data.ignore_columns names '{missing[0]}', which {self.path} does not have "
+                f"(columns: {', '.join(dict.fromkeys(c for s in sources for c in s.columns))})",
+                key="data.ignore_columns",
+                hint="name columns of the file, e.g. data.ignore_columns=[label]",
+            )
+        drop = set(self.ignore_columns)
+        for source in sources:
+            source.rows = [{k: v for k, v in row.items() if k not in drop} for row in source.rows]
+        report.account([], [f"{c} (data.ignore_columns)" for c in self.ignore_columns if c in present])
+
+    def reads_task_columns(self, columns: list[str]) -> set[str]:
+        """The ``TASK_COLUMNS`` this option reads from a file with ``columns`` (here: its canonical ones)."""
+        return set(self.CANONICAL)
+
+    def task_columns(self, source: Rows) -> None:
+        """Stop on a column that marks the rows for another task and that this option would not read
+        (``TASK_COLUMNS``; ``label`` only beside a ``completion``): the run would train as if it were not
+        there. ``data.ignore_columns`` (dropped before this) says it is meant."""
+        present = source.columns
+        read = self.reads_task_columns(present)
+        found = [
+            c
+            for c in present
+            if c in TASK_COLUMNS and c not in read and (c != "label" or "completion" in present)
+        ]
+        if not found:
+            return
+        what, instead = TASK_COLUMNS[found[0]]
+        names = [c for c in found if TASK_COLUMNS[c] == TASK_COLUMNS[found[0]]]
+        quoted = ", ".join(f"'{c}'" for c in names)
+        raise ConfigError(
+            f"{source.source} has the column{'s' if len(names) > 1 else ''} {quoted}: {what}; "
+            f"{type(self).__name__} ({self.kind} data) does not read {'them' if len(names) > 1 else 'it'} "
+            f"(columns: {', '.join(present)})",
+            key="data.ignore_columns",
+            hint=f"{instead}, or data.ignore_columns=[{', '.join(names)}] to run without "
+            + ("them" if len(names) > 1 else "it"),
+        )
 
     def require(self, sources: list[Rows], needed: tuple[str, ...], why: str) -> None:
         """Every file must have the ``needed`` columns (a row may still lack a value: that is a row error)."""
@@ -732,12 +834,16 @@ class Source:
         columns: tuple[str, ...],
         key: str,
         report: LoadReport,
+        used: tuple[str, ...] | None = None,
     ) -> Dataset:
         """Map every row with ``fn`` into a table of exactly ``columns``. A ``RowError`` names the file and
         line/row, or (``on_error=skip``) drops the row and counts it; when the first rows all fail alike,
-        the error says the format or mapping does not fit (skipping would drop every row)."""
+        the error says the format or mapping does not fit (skipping would drop every row). ``used``: the
+        canonical columns ``fn`` reads (default: ``CANONICAL``), for the report's used / ignored lists."""
         from datasets import Dataset
 
+        for source in sources:
+            self.account(source, used or self.CANONICAL, report)
         if self.on_error == "raise":
             self.check_first_rows(sources[0], fn)
         out = []
@@ -757,6 +863,14 @@ class Source:
                         + "fix the row, or set data.on_error=skip to drop bad rows and count them",
                     ) from None
         return Dataset.from_list(out) if out else Dataset.from_dict({c: [] for c in columns})
+
+    def account(self, source: Rows, used: tuple[str, ...], report: LoadReport) -> None:
+        """Report which of ``source``'s columns are read (named as the file names them) and which not."""
+        theirs = {ours: f"{mine} (as {ours})" for ours, mine in self.columns.items() if mine != ours}
+        present = source.columns
+        report.account(
+            [theirs.get(c, c) for c in present if c in used], [c for c in present if c not in used]
+        )
 
     def check_first_rows(self, source: Rows, fn: Callable[[Row], Row]) -> None:
         """If the first ``PROBE_ROWS`` rows (all, if fewer) fail with the same error, the file does not fit
@@ -899,6 +1013,10 @@ class ChatDataset(Source):
             "or data.columns='{prompt: question, completion: reply}'",
         )
 
+    def reads_task_columns(self, columns: list[str]) -> set[str]:
+        """``tools``, beside chat messages (``messages`` or ShareGPT ``conversations``)."""
+        return {"tools"} if {"messages", "conversations"} & set(columns) else set()
+
     def load(self) -> LoadedData:
         """Train/eval in the canonical shape: ``messages`` + ``answer``, or ``text``. The format is detected
         on data.path and applied to data.eval_path too."""
@@ -909,12 +1027,13 @@ class ChatDataset(Source):
             nonlocal fmt
             kind = fmt = fmt or self.detect(sources[0].columns, path, report)
             self.require(sources, SIGNATURES[kind], f"needed by format={kind}")
+            used = FORMAT_COLUMNS[kind]
             if kind == "text":
                 return self.convert(
-                    sources, lambda row: {"text": text_of(row, "text")}, ("text",), key, report
+                    sources, lambda row: {"text": text_of(row, "text")}, ("text",), key, report, used
                 )
             columns = ("messages", "answer")
-            return self.convert(sources, lambda row: self.to_chat(row, kind), columns, key, report)
+            return self.convert(sources, lambda row: self.to_chat(row, kind), columns, key, report, used)
 
         return self.load_splits(build, report)
 
@@ -1067,7 +1186,8 @@ class PreferenceDataset(Source):
             kind = fmt = fmt or self.detect(sources[0].rows[0], report)
             needed = self.CANONICAL if kind == "explicit" else self.CANONICAL[1:]
             self.require(sources, needed, f"of a preference pair (format={kind})")
-            return self.convert(sources, lambda row: self.to_pair(row, kind), self.CANONICAL, key, report)
+            pair = self.to_pair
+            return self.convert(sources, lambda row: pair(row, kind), self.CANONICAL, key, report, needed)
 
         return self.load_splits(build, report)
 
