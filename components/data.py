@@ -60,6 +60,9 @@ FORMAT_COLUMNS = {
     "prompt_completion": ("prompt", "completion", "system"),
     "text": ("text",),
 }
+# the formats whose rows are a prompt and its completion: their rows also carry ``completion_turns`` (how many
+# of the last turns are the completion), which recipe.completion_only_loss trains alone
+COMPLETION_FORMATS = ("alpaca", "prompt_completion")
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT's and LLaMA-Factory's role names (a function call is the assistant's text, its result a tool
 # turn); data.roles adds or overrides names
@@ -81,7 +84,7 @@ TASK_COLUMNS = {
         "use recipe=kto",
     ),
     "tools": (
-        "tool definitions, which only chat messages (a messages or conversations column) carry to the template",
+        "tool definitions, which only chat messages (a messages or conversations column) take along",
         "put the tools beside a messages column",
     ),
     "chosen": ("preference pairs", "use recipe=dpo or recipe=reward"),
@@ -1032,31 +1035,35 @@ class ChatDataset(Source):
                 return self.convert(
                     sources, lambda row: {"text": text_of(row, "text")}, ("text",), key, report, used
                 )
-            columns = ("messages", "answer")
+            columns = ("messages", "answer", *(("completion_turns",) if kind in COMPLETION_FORMATS else ()))
             return self.convert(sources, lambda row: self.to_chat(row, kind), columns, key, report, used)
 
         return self.load_splits(build, report)
 
     def to_chat(self, row: Row, fmt: str) -> Row:
-        """One row of format ``fmt`` as ``{"messages": [...], "answer": str}``. A ``system`` column, else
-        ``system_prompt``, becomes a leading system turn unless the messages already start with one."""
+        """One row of format ``fmt`` as ``{"messages": [...], "answer": str}``, plus ``completion_turns``
+        (the number of last turns that are the completion) for prompt/completion formats. A ``system``
+        column, else ``system_prompt``, becomes a leading system turn unless the messages start with one."""
+        completion: Messages = []
         if fmt in ("messages", "sharegpt"):
             column = SIGNATURES[fmt][0]
             messages = parse_messages(row.get(column), column, self.roles)
         elif fmt == "alpaca":
             user = text_of(row, "instruction")
             extra = text_of(row, "input", required=False)
-            messages = [
-                {"role": "user", "content": f"{user}\n\n{extra}" if extra.strip() else user},
-                {"role": "assistant", "content": text_of(row, "output")},
-            ]
+            completion = [{"role": "assistant", "content": text_of(row, "output")}]
+            messages = [{"role": "user", "content": f"{user}\n\n{extra}" if extra.strip() else user}]
+            messages += completion
         else:
-            messages = self.messages(row.get("prompt"), "user", "prompt")
-            messages += self.messages(row.get("completion"), "assistant", "completion")
+            completion = self.messages(row.get("completion"), "assistant", "completion")
+            messages = self.messages(row.get("prompt"), "user", "prompt") + completion
         system = text_of(row, "system", required=False) or self.system_prompt
         if system and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": system}, *messages]
-        return {"messages": messages, "answer": messages[last_answer(messages)]["content"]}
+        out: Row = {"messages": messages, "answer": messages[last_answer(messages)]["content"]}
+        if fmt in COMPLETION_FORMATS:
+            out["completion_turns"] = len(completion)
+        return out
 
     def enforce_length(self, data: LoadedData, tokenizer: Any) -> LoadedData:
         """Apply ``on_overlong`` to rows longer than ``max_length`` tokens (``truncate`` leaves them to the
