@@ -2,7 +2,8 @@
 
 - ``ChatDataset`` (SFT): ``messages`` (a list of ``{"role", "content"}`` turns) plus ``answer`` (the content
   of the last assistant turn), or ``text`` alone (language modelling). ShareGPT ``conversations``
-  (``{"from", "value"}`` turns), alpaca and prompt/completion rows become the same turns.
+  (``{"from", "value"}`` turns), alpaca and prompt/completion rows become the same turns (these two also
+  carry ``completion_turns``: how many last turns are the completion, for ``completion_only_loss``).
 - ``PreferenceDataset`` (reward, DPO): ``prompt``/``chosen``/``rejected`` as message lists, from explicit
   pairs, from two conversations that share their leading turns (UltraFeedback) or from Anthropic HH
   transcripts; the shared turns become the prompt, so no token is in both the prompt and a response.
@@ -13,6 +14,8 @@ train/eval split (``Source.load_splits``). Rows are converted one by one, so an 
 line (JSON lines) or row, and the column. ``on_error=skip`` drops bad rows instead and counts them
 (``stats``, shown in the run's summary, with ``info``: the format used and where the eval rows came from).
 When the first rows all fail the same way, the error says the format or mapping does not fit the file.
+Every column is accounted for: ``info`` lists the columns read and those ignored, and a column that marks
+another task (``TASK_COLUMNS``) stops the load unless the option reads it or ``ignore_columns`` names it.
 
 A component is its config: ``load()`` returns the splits as :class:`LoadedData`, which carries that load's
 report (the counts and how the data was read); nothing is kept on the component.
