@@ -2,7 +2,8 @@
 
 - ``ChatDataset`` (SFT): ``messages`` (a list of ``{"role", "content"}`` turns) plus ``answer`` (the content
   of the last assistant turn), or ``text`` alone (language modelling). ShareGPT ``conversations``
-  (``{"from", "value"}`` turns), alpaca and prompt/completion rows become the same turns.
+  (``{"from", "value"}`` turns), alpaca and prompt/completion rows become the same turns (these two also
+  carry ``completion_turns``: how many last turns are the completion, for ``completion_only_loss``).
 - ``PreferenceDataset`` (reward, DPO): ``prompt``/``chosen``/``rejected`` as message lists, from explicit
   pairs, from two conversations that share their leading turns (UltraFeedback) or from Anthropic HH
   transcripts; the shared turns become the prompt, so no token is in both the prompt and a response.
@@ -13,6 +14,8 @@ train/eval split (``Source.load_splits``). Rows are converted one by one, so an 
 line (JSON lines) or row, and the column. ``on_error=skip`` drops bad rows instead and counts them
 (``stats``, shown in the run's summary, with ``info``: the format used and where the eval rows came from).
 When the first rows all fail the same way, the error says the format or mapping does not fit the file.
+Every column is accounted for: ``info`` lists the columns read and those ignored, and a column that marks
+another task (``TASK_COLUMNS``) stops the load unless the option reads it or ``ignore_columns`` names it.
 
 A component is its config: ``load()`` returns the splits as :class:`LoadedData`, which carries that load's
 report (the counts and how the data was read); nothing is kept on the component.
@@ -71,6 +74,17 @@ SIGNATURES = {  # the columns that identify each format (alpaca's ``input`` and 
     "prompt_completion": ("prompt", "completion"),
     "text": ("text",),
 }
+# every column each format reads (``system`` becomes the leading system turn; ``tools`` go with messages)
+FORMAT_COLUMNS = {
+    "messages": ("messages", "system", "tools"),
+    "sharegpt": ("conversations", "system", "tools"),
+    "alpaca": ("instruction", "input", "output", "system"),
+    "prompt_completion": ("prompt", "completion", "system"),
+    "text": ("text",),
+}
+# the formats whose rows are a prompt and its completion: their rows also carry ``completion_turns`` (how many
+# of the last turns are the completion), which recipe.completion_only_loss trains alone
+COMPLETION_FORMATS = ("alpaca", "prompt_completion")
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT's and LLaMA-Factory's role names (a function call is the assistant's text, its result a tool
 # turn); data.roles adds or overrides names
@@ -83,6 +97,28 @@ PREFERENCE_SIGNATURES = {
     "hh": "chosen + rejected transcripts as '\\n\\nHuman: ... \\n\\nAssistant: ...' text",
 }
 HH_TURN = re.compile(r"(?:^|\n\n)(Human|Assistant):[ \t]?")
+# Columns that mark rows for another task: (what the rows are, what to do instead). A run whose data option
+# does not read one stops before the model loads, unless data.ignore_columns names it (``task_columns``).
+TASK_COLUMNS = {
+    "label": (
+        "unpaired preference feedback (KTO: a completion and whether it is good), which would train every "
+        "completion, the label=false ones too",
+        "use recipe=kto",
+    ),
+    "tools": (
+        "tool definitions, which only chat messages (a messages or conversations column) take along",
+        "put the tools beside a messages column",
+    ),
+    "chosen": ("preference pairs", "use recipe=dpo or recipe=reward"),
+    "rejected": ("preference pairs", "use recipe=dpo or recipe=reward"),
+    **dict.fromkeys(
+        ("score", "scores", "rating", "ratings"),
+        (
+            "scored or rated responses (reward / ranking data), whose scores nothing would read",
+            "pair the better and worse responses as chosen/rejected for recipe=reward or recipe=dpo",
+        ),
+    ),
+}
 PROBE_ROWS = 5  # when this many first rows (or all, if fewer) fail alike, the format or mapping is wrong
 PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped")
 ON_ERROR = ("raise", "skip")
@@ -100,6 +136,15 @@ class LoadReport:
     stats: dict[str, int] = field(default_factory=dict)
     info: dict[str, str] = field(default_factory=dict)
     first_skip: str | None = None
+    used: dict[str, None] = field(default_factory=dict)  # the columns read, as the files name them
+    ignored: dict[str, None] = field(default_factory=dict)  # the columns not read, and why
+
+    def account(self, used: list[str], ignored: list[str]) -> None:
+        """Add one file's used and ignored columns; ``info`` lists them all (the summary, ``mode=plan``)."""
+        self.used.update(dict.fromkeys(used))
+        self.ignored.update(dict.fromkeys(ignored))
+        self.info["columns used"] = ", ".join(self.used) or "none"
+        self.info["columns ignored"] = ", ".join(self.ignored) or "none"
 
 
 class LoadedData(Mapping[str, "Dataset"]):
@@ -925,6 +970,9 @@ class Source:
     # your turns' role names -> system | user | assistant | tool, e.g. '{bot: assistant, me: user}'
     # (ShareGPT's human, gpt, observation and function_call are known already)
     roles: dict[str, str] = field(default_factory=dict)
+    # your columns this run does not read, on purpose: a column that marks another task (label beside
+    # prompt/completion, tools without messages, score/rating, chosen/rejected) stops the run otherwise
+    ignore_columns: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         """Cheap checks (no ``datasets`` import): paths, ranges, enums, column-mapping keys."""
@@ -946,6 +994,13 @@ class Source:
                 key="data.columns",
                 hint=f"map from the canonical names ({', '.join(self.CANONICAL)}) to your file's columns, "
                 f"e.g. data.columns='{{{self.CANONICAL[0]}: my_column}}'",
+            )
+        mapped = next((c for c in self.ignore_columns if c in self.columns.values()), None)
+        if mapped:
+            raise ConfigError(
+                f"'{mapped}' is both mapped (data.columns) and ignored",
+                key="data.ignore_columns",
+                hint=f"drop '{mapped}' from data.ignore_columns, or its mapping from data.columns",
             )
         bad = next(((k, v) for k, v in self.roles.items() if v not in ROLES), None)
         if bad:
@@ -1006,6 +1061,7 @@ class Source:
             stats=report.stats,
             parts=parts,
         )
+        self.drop_ignored(sources, key, report)
         mapping = {theirs: ours for ours, theirs in self.columns.items() if theirs != ours}
         targets = set(mapping.values())
         for source in sources if mapping else []:
@@ -1018,12 +1074,64 @@ class Source:
                     key="data.columns",
                     hint=f"map {ours} to one of those: data.columns='{{{ours}: <your column>}}'",
                 )
+            replaced = [c for c in present if c in targets]
+            report.account([], [f"{c} (replaced by data.columns)" for c in replaced])
             source.rows = [
                 {k: v for k, v in row.items() if k not in targets and k not in mapping}
                 | {ours: row[theirs] for theirs, ours in mapping.items() if theirs in row}
                 for row in source.rows
             ]
+        for source in sources:
+            self.task_columns(source)
         return sources
+
+    def drop_ignored(self, sources: list[Rows], key: str, report: LoadReport) -> None:
+        """Remove ``ignore_columns`` from every row (before the mapping and format detection). A name that
+        no file of data.path has is an error (a typo would leave the column it meant in use)."""
+        if not self.ignore_columns:
+            return
+        present = {c for source in sources for c in source.columns}
+        missing = [c for c in self.ignore_columns if c not in present]
+        if missing and key == "data.path":
+            raise ConfigError(
+                f"data.ignore_columns names '{missing[0]}', which {self.path} does not have "
+                f"(columns: {', '.join(dict.fromkeys(c for s in sources for c in s.columns))})",
+                key="data.ignore_columns",
+                hint="name columns of the file, e.g. data.ignore_columns=[label]",
+            )
+        drop = set(self.ignore_columns)
+        for source in sources:
+            source.rows = [{k: v for k, v in row.items() if k not in drop} for row in source.rows]
+        report.account([], [f"{c} (data.ignore_columns)" for c in self.ignore_columns if c in present])
+
+    def reads_task_columns(self, columns: list[str]) -> set[str]:
+        """The ``TASK_COLUMNS`` this option reads from a file with ``columns`` (here: its canonical ones)."""
+        return set(self.CANONICAL)
+
+    def task_columns(self, source: Rows) -> None:
+        """Stop on a column that marks the rows for another task and that this option would not read
+        (``TASK_COLUMNS``; ``label`` only beside a ``completion``): the run would train as if it were not
+        there. ``data.ignore_columns`` (dropped before this) says it is meant."""
+        present = source.columns
+        read = self.reads_task_columns(present)
+        found = [
+            c
+            for c in present
+            if c in TASK_COLUMNS and c not in read and (c != "label" or "completion" in present)
+        ]
+        if not found:
+            return
+        what, instead = TASK_COLUMNS[found[0]]
+        names = [c for c in found if TASK_COLUMNS[c] == TASK_COLUMNS[found[0]]]
+        quoted = ", ".join(f"'{c}'" for c in names)
+        raise ConfigError(
+            f"{source.source} has the column{'s' if len(names) > 1 else ''} {quoted}: {what}; "
+            f"{type(self).__name__} ({self.kind} data) does not read {'them' if len(names) > 1 else 'it'} "
+            f"(columns: {', '.join(present)})",
+            key="data.ignore_columns",
+            hint=f"{instead}, or data.ignore_columns=[{', '.join(names)}] to run without "
+            + ("them" if len(names) > 1 else "it"),
+        )
 
     def require(self, sources: list[Rows], needed: tuple[str, ...], why: str) -> None:
         """Every file must have the ``needed`` columns (a row may still lack a value: that is a row error)."""
@@ -1045,12 +1153,16 @@ class Source:
         columns: tuple[str, ...],
         key: str,
         report: LoadReport,
+        used: tuple[str, ...] | None = None,
     ) -> Dataset:
         """Map every row with ``fn`` into a table of exactly ``columns``. A ``RowError`` names the file and
         line/row, or (``on_error=skip``) drops the row and counts it; when the first rows all fail alike,
-        the error says the format or mapping does not fit (skipping would drop every row)."""
+        the error says the format or mapping does not fit (skipping would drop every row). ``used``: the
+        canonical columns ``fn`` reads (default: ``CANONICAL``), for the report's used / ignored lists."""
         from datasets import Dataset
 
+        for source in sources:
+            self.account(source, used or self.CANONICAL, report)
         if self.on_error == "raise":
             self.check_first_rows(sources[0], fn)
         out = []
@@ -1070,6 +1182,14 @@ class Source:
                         + "fix the row, or set data.on_error=skip to drop bad rows and count them",
                     ) from None
         return Dataset.from_list(out) if out else Dataset.from_dict({c: [] for c in columns})
+
+    def account(self, source: Rows, used: tuple[str, ...], report: LoadReport) -> None:
+        """Report which of ``source``'s columns are read (named as the file names them) and which not."""
+        theirs = {ours: f"{mine} (as {ours})" for ours, mine in self.columns.items() if mine != ours}
+        present = source.columns
+        report.account(
+            [theirs.get(c, c) for c in present if c in used], [c for c in present if c not in used]
+        )
 
     def check_first_rows(self, source: Rows, fn: Callable[[Row], Row]) -> None:
         """If the first ``PROBE_ROWS`` rows (all, if fewer) fail with the same error, the file does not fit
@@ -1236,6 +1356,10 @@ class ChatDataset(Source):
             "or data.columns='{prompt: question, completion: reply}'",
         )
 
+    def reads_task_columns(self, columns: list[str]) -> set[str]:
+        """``tools``, beside chat messages (``messages`` or ShareGPT ``conversations``)."""
+        return {"tools"} if {"messages", "conversations"} & set(columns) else set()
+
     def load(self) -> LoadedData:
         """Train/eval in the canonical shape: ``messages`` + ``answer``, or ``text``. The format is detected
         on data.path and applied to data.eval_path too."""
@@ -1246,35 +1370,40 @@ class ChatDataset(Source):
             nonlocal fmt
             kind = fmt = fmt or self.detect(sources[0].columns, path, report)
             self.require(sources, SIGNATURES[kind], f"needed by format={kind}")
+            used = FORMAT_COLUMNS[kind]
             if kind == "text":
                 return self.convert(
-                    sources, lambda row: {"text": text_of(row, "text")}, ("text",), key, report
+                    sources, lambda row: {"text": text_of(row, "text")}, ("text",), key, report, used
                 )
-            columns = ("messages", "answer")
-            return self.convert(sources, lambda row: self.to_chat(row, kind), columns, key, report)
+            columns = ("messages", "answer", *(("completion_turns",) if kind in COMPLETION_FORMATS else ()))
+            return self.convert(sources, lambda row: self.to_chat(row, kind), columns, key, report, used)
 
         return self.load_splits(build, report)
 
     def to_chat(self, row: Row, fmt: str) -> Row:
-        """One row of format ``fmt`` as ``{"messages": [...], "answer": str}``. A ``system`` column, else
-        ``system_prompt``, becomes a leading system turn unless the messages already start with one."""
+        """One row of format ``fmt`` as ``{"messages": [...], "answer": str}``, plus ``completion_turns``
+        (the number of last turns that are the completion) for prompt/completion formats. A ``system``
+        column, else ``system_prompt``, becomes a leading system turn unless the messages start with one."""
+        completion: Messages = []
         if fmt in ("messages", "sharegpt"):
             column = SIGNATURES[fmt][0]
             messages = parse_messages(row.get(column), column, self.roles)
         elif fmt == "alpaca":
             user = text_of(row, "instruction")
             extra = text_of(row, "input", required=False)
-            messages = [
-                {"role": "user", "content": f"{user}\n\n{extra}" if extra.strip() else user},
-                {"role": "assistant", "content": text_of(row, "output")},
-            ]
+            completion = [{"role": "assistant", "content": text_of(row, "output")}]
+            messages = [{"role": "user", "content": f"{user}\n\n{extra}" if extra.strip() else user}]
+            messages += completion
         else:
-            messages = self.messages(row.get("prompt"), "user", "prompt")
-            messages += self.messages(row.get("completion"), "assistant", "completion")
+            completion = self.messages(row.get("completion"), "assistant", "completion")
+            messages = self.messages(row.get("prompt"), "user", "prompt") + completion
         system = text_of(row, "system", required=False) or self.system_prompt
         if system and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": system}, *messages]
-        return {"messages": messages, "answer": messages[last_answer(messages)]["content"]}
+        out: Row = {"messages": messages, "answer": messages[last_answer(messages)]["content"]}
+        if fmt in COMPLETION_FORMATS:
+            out["completion_turns"] = len(completion)
+        return out
 
     def enforce_length(self, data: LoadedData, tokenizer: Any) -> LoadedData:
         """Apply ``on_overlong`` to rows longer than ``max_length`` tokens (``truncate`` leaves them to the
@@ -1404,7 +1533,8 @@ class PreferenceDataset(Source):
             kind = fmt = fmt or self.detect(sources[0].rows[0], report)
             needed = self.CANONICAL if kind == "explicit" else self.CANONICAL[1:]
             self.require(sources, needed, f"of a preference pair (format={kind})")
-            return self.convert(sources, lambda row: self.to_pair(row, kind), self.CANONICAL, key, report)
+            pair = self.to_pair
+            return self.convert(sources, lambda row: pair(row, kind), self.CANONICAL, key, report, needed)
 
         return self.load_splits(build, report)
 

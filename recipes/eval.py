@@ -118,9 +118,10 @@ class Eval(Recipe):
         c, out = ctx.components, ctx.run_dir.path
         specs: list[Any] = expand(self.task_manager(), self.tasks)
         if DATA_TASKS & set(specs):
-            rows = task_rows(c.data)
+            rows, info = task_rows(c.data)
             write_jsonl(out / DATA, rows)
-            session.report["data"] = {"path": c.data.path, "rows": len(rows), "as read by lm-eval": DATA}
+            report = {"path": c.data.path, "rows": len(rows), **info, "as read by lm-eval": DATA}
+            session.report["data"] = report
             specs = [data_task(s, out / DATA) if s in DATA_TASKS else s for s in specs]
         default = None
         if self.apply_chat_template and not session.tokenizer.chat_template:
@@ -227,10 +228,12 @@ def expand(manager: Any, names: list[str]) -> list[str]:
     return out
 
 
-def task_rows(data: Any) -> list[dict[str, Any]]:
+def task_rows(data: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Every row of ``data.path`` in file order as ``{"prompt": turns, "answer": text}`` (what hydratune's
-    tasks read); rows without an answer cannot be scored."""
-    pairs = data.pairs(data.whole().load(), "train")  # every row, in order
+    tasks read: the whole conversation before the answer, system prompt included), and how the load read
+    the file (format, columns used and ignored); rows without an answer cannot be scored."""
+    loaded = data.whole().load()
+    pairs = data.pairs(loaded, "train")  # every row, in order
     if pairs and any(answer is None for _, answer in pairs):
         raise ConfigError(
             f"{data.path} has no answer column: hydratune_prompts scores answers",
@@ -239,16 +242,75 @@ def task_rows(data: Any) -> list[dict[str, Any]]:
         )
     if not pairs:
         raise ConfigError(f"no prompt/answer rows in {data.path}", key="data.path")
-    return [{"prompt": list(turns), "answer": answer} for turns, answer in pairs]
+    return [{"prompt": list(turns), "answer": answer} for turns, answer in pairs], dict(loaded.info)
 
 
 def data_task(name: str, rows: Path) -> dict[str, Any]:
-    """Hydratune's task ``name`` as an lm-eval config dict whose test split is the file ``rows``."""
+    """Hydratune's task ``name`` as an lm-eval config dict whose test split is the file ``rows``, each row's
+    prompt rendered as the whole conversation (``conversation_task``)."""
     import yaml
 
     config = yaml.safe_load((TASKS_DIR / f"{name}.yaml").read_text())
     config["dataset_kwargs"] = {"data_files": {"test": str(rows)}}
+    config["class"] = conversation_task()
     return config
+
+
+def with_history(messages: list[dict[str, Any]], turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """lm-eval's chat ``messages`` (its system message, few-shot turns, the question) with a row's earlier
+    ``turns``: their system turns joined at the front of the system message, the rest before the question."""
+    system = "\n\n".join(t["content"] for t in turns if t["role"] == "system")
+    history = [{"role": t["role"], "content": t["content"]} for t in turns if t["role"] != "system"]
+    out = [*messages[:-1], *history, messages[-1]]
+    if system and out[0]["role"] == "system":
+        out[0] = {"role": "system", "content": f"{system}\n\n{out[0]['content']}"}
+    elif system:
+        out.insert(0, {"role": "system", "content": system})
+    return out
+
+
+@functools.cache
+def conversation_task() -> type:
+    """lm-eval's ``ConfigurableTask`` whose prompt is the row's whole conversation: the task's
+    ``doc_to_text`` is the last turn, and the turns before it (the system prompt, earlier exchanges) go
+    into the chat history (without a chat template: before the question, as text)."""
+    from lm_eval.api.task import ConfigurableTask
+
+    class ConversationTask(ConfigurableTask):  # type: ignore[misc]
+        def __init__(self, config: dict[str, Any], **kwargs: Any) -> None:
+            super().__init__(config={k: v for k, v in config.items() if k != "class"}, **kwargs)
+
+        def fewshot_context(  # type: ignore[override]
+            self,
+            doc: dict[str, Any],
+            num_fewshot: int,
+            system_instruction: str | None = None,
+            apply_chat_template: bool = False,
+            fewshot_as_multiturn: bool = False,
+            chat_template: Any = None,
+            gen_prefix: str | None = None,
+        ) -> Any:
+            turns = list(doc["prompt"])[:-1]
+            if turns and apply_chat_template and chat_template:
+                render = chat_template
+
+                def chat_template(messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+                    return render(with_history(messages, turns), **kwargs)
+
+            elif turns:
+                text = "\n\n".join(t["content"] for t in turns)
+                system_instruction = f"{system_instruction}\n\n{text}" if system_instruction else text
+            return super().fewshot_context(
+                doc,
+                num_fewshot,
+                system_instruction=system_instruction,
+                apply_chat_template=apply_chat_template,
+                fewshot_as_multiturn=fewshot_as_multiturn,
+                chat_template=chat_template,
+                gen_prefix=gen_prefix,
+            )
+
+    return ConversationTask
 
 
 def score_table(results: dict[str, Any]) -> list[dict[str, Any]]:

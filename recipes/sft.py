@@ -16,6 +16,7 @@ from components.config.errors import ConfigError
 from components.recipe import Recipe, recipe
 from components.runtime.run import Components, RunContext
 from components.text.batching import check_padding_free, padding_free_collator, uses_padding_free
+from components.text.masking import as_prompt_completion
 
 LOSS_TYPES = ("nll", "dft")
 
@@ -29,7 +30,9 @@ class SFT(Recipe):
     data_kinds: ClassVar[tuple[str, ...]] = ("chat",)
 
     assistant_only_loss: bool = True  # conversational data: loss on assistant turns only
-    completion_only_loss: bool = True  # prompt/completion data: loss on the completion only
+    # prompt/completion data (formats prompt_completion, alpaca): loss on the completion only, whatever
+    # assistant_only_loss says (both on: the completion's assistant turns); no effect on messages data
+    completion_only_loss: bool = True
     loss_type: str = "nll"  # nll | dft
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
@@ -56,11 +59,17 @@ class SFT(Recipe):
         c = ctx.components
         session = Session.start(ctx)
         data = session.load_data()
-        conversational = "messages" in data["train"].column_names
-        masked = self.assistant_only_loss and conversational
+        columns = data["train"].column_names
+        assistant_only = self.assistant_only_loss and "messages" in columns
+        completion_only = self.completion_only_loss and "completion_turns" in columns
+        masked = assistant_only or completion_only
         # TRL's {% generation %} masks, or hydratune's turn-by-turn mask for any other template (pre-tokenized
         # rows whose assistant_masks TRL folds into labels): decided, and failed if need be, before the model
-        data, trl_masks = session.mask_assistant_turns(data) if masked else (data, False)
+        trl_masks = False
+        if assistant_only:
+            data, trl_masks = session.mask_assistant_turns(data, completion_only=completion_only)
+        if completion_only and (trl_masks or not assistant_only):  # TRL masks the prompt
+            data = {name: as_prompt_completion(split) for name, split in data.items()}
         model = session.build_model()
         session.evaluate_generations("before")
         extra: dict[str, Any] = {}
@@ -72,7 +81,7 @@ class SFT(Recipe):
         args = SFTConfig(
             **ctx.training_args(
                 assistant_only_loss=trl_masks,
-                completion_only_loss=self.completion_only_loss,
+                completion_only_loss=completion_only,
                 loss_type=self.loss_type,
                 max_length=c.data.max_length,
                 packing=c.data.packing,

@@ -64,10 +64,12 @@ def test_formats_become_canonical_messages(
 ) -> None:
     path = write(tmp_path / "d.jsonl", [row] * 3)
     data = ChatDataset(path=path, format=fmt if declared else "auto", eval_fraction=0.0).load()
-    assert data["train"].column_names == ["messages", "answer"]
-    assert data["train"][0] == {"messages": messages, "answer": "4"}
+    # prompt/completion rows also say how many last turns are the completion (completion_only_loss)
+    completion = {"completion_turns": 1} if fmt in ("alpaca", "prompt_completion") else {}
+    assert data["train"].column_names == ["messages", "answer", *completion]
+    assert data["train"][0] == {"messages": messages, "answer": "4", **completion}
     assert len(data["train"]) == 3 and len(data["eval"]) == 0
-    assert data["eval"].column_names == ["messages", "answer"]
+    assert data["eval"].column_names == data["train"].column_names
 
 
 def test_text_format_is_language_modelling(tmp_path: Path) -> None:
@@ -438,7 +440,7 @@ def test_overlong_policies(tmp_path: Path, tokenizer) -> None:
 
 
 SHAPES = {
-    "ChatDataset": (["messages", "answer"], ["text"]),
+    "ChatDataset": (["messages", "answer"], ["messages", "answer", "completion_turns"], ["text"]),
     "PreferenceDataset": (["prompt", "chosen", "rejected"],),
     "PromptDataset": (["prompt", "answer"], ["prompt"]),
 }

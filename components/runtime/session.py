@@ -113,19 +113,23 @@ class Session:
         elif self.tokenizer.chat_template:
             self.report["run"]["chat template"] = label_for(self.ctx.components.model, self.tokenizer)
 
-    def mask_assistant_turns(self, data: Any) -> tuple[Any, bool]:
+    def mask_assistant_turns(self, data: Any, *, completion_only: bool = False) -> tuple[Any, bool]:
         """Assistant-only loss, decided before the model loads: ``(data, whether TRL masks it)``.
 
         TRL masks when the template has ``{% generation %}`` markers or TRL patches it; otherwise the splits
-        become pre-tokenized ``input_ids`` + ``assistant_masks`` rows from hydratune's turn-by-turn mask,
-        which fails here (ConfigError) for a template that is not prefix-preserving."""
+        become pre-tokenized ``input_ids`` + ``assistant_masks`` rows from hydratune's turn-by-turn mask
+        (``completion_only``: of the completion's assistant turns only), which fails here (ConfigError) for
+        a template that is not prefix-preserving."""
         label = label_for(self.ctx.components.model, self.tokenizer)
         method = check_assistant_mask(self.tokenizer, data["train"][:8]["messages"], label)
         self.report.setdefault("loss mask", {})["method"] = method
         if method != HYDRATUNE:
             return data, True
         log.info("assistant-only loss: %s (template: %s)", method, label)
-        return {name: pretokenize(split, self.tokenizer, label=label) for name, split in data.items()}, False
+        return {
+            name: pretokenize(split, self.tokenizer, label=label, completion_only=completion_only)
+            for name, split in data.items()
+        }, False
 
     def build_model(self, task: str = "causal_lm") -> Any:
         """The model with quantization and PEFT applied, no KV cache while training.

@@ -167,15 +167,16 @@ def _divergence(expected: str, rendered: str) -> str:
 
 
 def assistant_spans(
-    tokenizer: Any, messages: Messages, *, label: str = "", tools: Any = None
+    tokenizer: Any, messages: Messages, *, label: str = "", tools: Any = None, first: int = 0
 ) -> tuple[str, list[tuple[int, int]]]:
-    """The full rendering and, per assistant turn, the character span it adds (content + end-of-turn,
-    trailing whitespace excluded). ConfigError when a partial rendering is not a prefix of the next one."""
+    """The full rendering and, per assistant turn from turn ``first`` on (a completion's), the character
+    span it adds (content + end-of-turn, trailing whitespace excluded). ConfigError when a partial rendering
+    is not a prefix of the next one."""
     label = label or template_label(tokenizer.chat_template)
     full = _render(tokenizer, messages, label, False, tools)
     spans = []
     for i, message in enumerate(messages):
-        if message.get("role") != "assistant":
+        if message.get("role") != "assistant" or i < first:
             continue
         header = _render(tokenizer, messages[:i], label, True, tools)
         turn = _render(tokenizer, messages[: i + 1], label, False, tools)
@@ -246,9 +247,11 @@ def _check_stops(
             )
 
 
-def mask_conversation(tokenizer: Any, messages: Messages, *, label: str = "", tools: Any = None) -> Masked:
+def mask_conversation(
+    tokenizer: Any, messages: Messages, *, label: str = "", tools: Any = None, first: int = 0
+) -> Masked:
     """``input_ids`` (tokenized as ``apply_chat_template`` does: no added special tokens) and
-    ``assistant_masks``."""
+    ``assistant_masks`` (the assistant turns from turn ``first`` on)."""
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(
             f"assistant-only loss with this chat template needs a fast tokenizer (offsets); "
@@ -256,7 +259,7 @@ def mask_conversation(tokenizer: Any, messages: Messages, *, label: str = "", to
             key="recipe.assistant_only_loss",
             hint="use a fast tokenizer, or " + WAY_OUT,
         )
-    text, spans = assistant_spans(tokenizer, messages, label=label, tools=tools)
+    text, spans = assistant_spans(tokenizer, messages, label=label, tools=tools, first=first)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     offsets = [tuple(o) for o in enc["offset_mapping"]]
     starts = {s for s, _ in offsets} | {0}
@@ -284,19 +287,22 @@ def check_template(tokenizer: Any, conversations: list[Messages], *, label: str 
     }
 
 
-def pretokenize(dataset: Any, tokenizer: Any, *, label: str) -> Any:
+def pretokenize(dataset: Any, tokenizer: Any, *, label: str, completion_only: bool = False) -> Any:
     """``dataset`` (a ``messages`` column) as pre-tokenized rows ``input_ids`` + ``assistant_masks``, which
-    TRL's SFTTrainer neither re-tokenizes nor fails to fold into ``labels``."""
+    TRL's SFTTrainer neither re-tokenizes nor fails to fold into ``labels``. ``completion_only``: only the
+    assistant turns among each row's last ``completion_turns`` (prompt/completion data) are trained."""
     from datasets import Dataset, Features, Sequence, Value
 
     has_tools = "tools" in dataset.column_names
+    completion_only = completion_only and "completion_turns" in dataset.column_names
     ids, masks = [], []
     unaligned = 0
     for row, example in enumerate(dataset):
         try:
-            m = mask_conversation(
-                tokenizer, example["messages"], label=label, tools=example["tools"] if has_tools else None
-            )
+            messages = example["messages"]
+            first = len(messages) - example["completion_turns"] if completion_only else 0
+            tools = example["tools"] if has_tools else None
+            m = mask_conversation(tokenizer, messages, label=label, tools=tools, first=first)
         except ConfigError as err:
             raise ConfigError(f"row {row}: {err.args[0]}", key=err.key, hint=err.hint) from None
         ids.append(m.input_ids)

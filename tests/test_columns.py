@@ -1,0 +1,211 @@
+"""What users bring, nothing dropped in silence: every column of the data is read or reported as ignored
+(the summary's data section, ``mode=plan``); a column that marks another task (KTO's ``label``, ``tools``
+without messages, ``score`` / ``rating``, preference pairs given to chat or prompt data) stops the run before
+the model loads unless ``data.ignore_columns`` names it; ``recipe.completion_only_loss`` trains the
+completion of prompt/completion rows; ``recipe=eval`` renders the whole conversation, system prompt
+included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.config.errors import ConfigError
+from components.data import ChatDataset, PreferenceDataset, PromptDataset, Source
+from tests.test_dataprep import hydratune
+
+# TRL's unpaired preference format (KTO): a completion and whether it is good
+KTO = [
+    {"prompt": "What is 2 + 2?", "completion": "4", "label": True},
+    {"prompt": "What is 2 + 3?", "completion": "7", "label": False},
+    {"prompt": "What is 3 + 3?", "completion": "6", "label": True},
+]
+PAIR = {"prompt": "What is 2 + 2?", "chosen": "4", "rejected": "5"}
+CHAT = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+
+
+def write(path: Path, rows: list[dict[str, Any]]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def refusal(data: Source) -> ConfigError:
+    with pytest.raises(ConfigError) as err:
+        data.load()
+    return err.value
+
+
+def test_unpaired_feedback_stops_sft_until_the_label_is_ignored(tmp_path: Path) -> None:
+    """KTO's {prompt, completion, label} loaded as SFT data trained the label=false completions too."""
+    path = write(tmp_path / "kto.jsonl", KTO)
+    err = refusal(ChatDataset(path=path, eval_fraction=0.0))
+    assert err.key == "data.ignore_columns" and "'label'" in str(err)
+    assert "recipe=kto" in err.hint and "data.ignore_columns=[label]" in err.hint
+
+    loaded = ChatDataset(path=path, eval_fraction=0.0, ignore_columns=["label"]).load()
+    assert len(loaded["train"]) == 3
+    assert loaded.info["columns used"] == "prompt, completion"
+    assert loaded.info["columns ignored"] == "label (data.ignore_columns)"
+
+
+@pytest.mark.parametrize(
+    ("cls", "rows", "column", "instead"),
+    [
+        (ChatDataset, [{"prompt": "2 + 2?", "completion": "4", "tools": TOOLS}] * 3, "tools", "messages"),
+        (ChatDataset, [{"messages": CHAT, "score": 0.9}] * 3, "score", "recipe=reward"),
+        (ChatDataset, [{"messages": CHAT, "rating": 4}] * 3, "rating", "recipe=reward"),
+        (ChatDataset, [{"messages": CHAT, **PAIR}] * 3, "chosen", "recipe=dpo"),
+        (PromptDataset, [PAIR] * 3, "chosen", "recipe=dpo"),
+        (PromptDataset, KTO, "label", "recipe=kto"),
+        (PromptDataset, [{"prompt": "2 + 2?", "answer": "4", "tools": TOOLS}] * 3, "tools", "messages"),
+        (PreferenceDataset, [{**PAIR, "score": 1.0}] * 3, "score", "recipe=reward"),
+        (PreferenceDataset, KTO, "label", "recipe=kto"),
+    ],
+)
+def test_a_column_of_another_task_stops_every_data_kind(
+    tmp_path: Path, cls: type[Source], rows: list[dict[str, Any]], column: str, instead: str
+) -> None:
+    path = write(tmp_path / "d.jsonl", rows)
+    err = refusal(cls(path=path, eval_fraction=0.0))
+    assert err.key == "data.ignore_columns" and f"'{column}'" in str(err), str(err)
+    assert instead in err.hint and "data.ignore_columns=[" in err.hint and column in err.hint
+    names = ["chosen", "rejected"] if column == "chosen" else [column]
+    ignored = cls(path=path, eval_fraction=0.0, ignore_columns=names)
+    if cls is PreferenceDataset and column == "label":  # no pair to fall back on: the next error says so
+        assert "'chosen'" in str(refusal(ignored))
+    else:
+        ignored.load()  # the way out works
+
+
+def test_tools_beside_messages_are_read_and_a_label_without_completion_is_only_reported(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path / "tools.jsonl", [{"messages": CHAT, "tools": TOOLS, "label": "math"}] * 3)
+    loaded = ChatDataset(path=path, eval_fraction=0.0).load()
+    assert loaded.info["columns used"] == "messages, tools"
+    assert loaded.info["columns ignored"] == "label"
+
+
+def test_every_column_is_reported_read_or_ignored(tmp_path: Path) -> None:
+    """Mapped columns are named as the file names them; a column a mapping replaces, the prompt column of
+    implicit pairs and unknown columns are listed as ignored, for train and eval files together."""
+    train = write(
+        tmp_path / "t.jsonl", [{"id": i, "question": "2+2?", "prompt": "x", "reply": "4"} for i in range(3)]
+    )
+    evals = write(tmp_path / "e.jsonl", [{"question": "2+2?", "reply": "4", "source": "web"}])
+    chat = ChatDataset(
+        path=train, eval_path=evals, columns={"prompt": "question", "completion": "reply"}
+    ).load()
+    assert chat.info["columns used"] == "question (as prompt), reply (as completion)"
+    assert chat.info["columns ignored"] == "prompt (replaced by data.columns), id, source"
+
+    convo = [{"role": "user", "content": "2+2?"}]
+    pair = {
+        "prompt": "2+2?",
+        "chosen": [*convo, CHAT[1]],
+        "rejected": [*convo, {"role": "assistant", "content": "5"}],
+    }
+    implicit = PreferenceDataset(path=write(tmp_path / "p.jsonl", [pair] * 3), eval_fraction=0.0).load()
+    assert implicit.info["format"] == "implicit (detected)"
+    assert (implicit.info["columns used"], implicit.info["columns ignored"]) == ("chosen, rejected", "prompt")
+
+    prompts = PromptDataset(path=write(tmp_path / "q.jsonl", [{"prompt": "2+2?", "id": 1}] * 3)).load()
+    assert (prompts.info["columns used"], prompts.info["columns ignored"]) == ("prompt", "id")
+
+
+def test_ignore_columns_must_name_columns_of_the_file_and_not_mapped_ones(tmp_path: Path) -> None:
+    path = write(tmp_path / "kto.jsonl", KTO)
+    err = refusal(ChatDataset(path=path, ignore_columns=["lable"]))
+    assert err.key == "data.ignore_columns" and "'lable'" in str(err) and "label" in str(err)
+    with pytest.raises(ConfigError) as mapped:
+        ChatDataset(path=path, columns={"completion": "label"}, ignore_columns=["label"]).validate()
+    assert mapped.value.key == "data.ignore_columns"
+
+
+def test_plan_stops_on_unpaired_feedback_and_lists_the_columns(tmp_path: Path) -> None:
+    path = write(tmp_path / "kto.jsonl", [{**r, "id": i} for i, r in enumerate(KTO * 4)])
+    stopped = hydratune("mode=plan", "data=jsonl_messages", f"data.path={path}", cwd=tmp_path)
+    assert stopped.returncode == 2 and "Traceback" not in stopped.stderr
+    assert "[data.ignore_columns]" in stopped.stderr and "recipe=kto" in stopped.stderr
+    ok = hydratune(
+        "mode=plan", "data=jsonl_messages", f"data.path={path}", "data.ignore_columns=[label]", cwd=tmp_path
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "# data: columns used: prompt, completion" in ok.stdout
+    assert "# data: columns ignored: label (data.ignore_columns), id" in ok.stdout
+
+
+# ------------------------------------------------------------------------------ completion-only loss
+
+
+def test_completion_only_masks_a_conversational_prompt_with_any_template(tmp_path: Path) -> None:
+    """hydratune's turn-by-turn mask (chatml here) trains only the completion's assistant turns: not the
+    assistant turn inside a conversational prompt, which assistant-only loss alone would train."""
+    from transformers import AutoTokenizer
+
+    from components.text.chat_template import CHATML, pretokenize
+    from components.text.masking import as_prompt_completion
+
+    shot = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "two"}]
+    row = {"prompt": [*shot, {"role": "user", "content": "2+2?"}], "completion": "four"}
+    data = ChatDataset(path=write(tmp_path / "pc.jsonl", [row] * 3), eval_fraction=0.0).load()["train"]
+    assert data[0]["completion_turns"] == 1
+    tok = AutoTokenizer.from_pretrained(
+        str(Path(__file__).resolve().parent.parent / "components/assets/tiny")
+    )
+    tok.chat_template = CHATML
+
+    def trained(completion_only: bool) -> str:
+        row = pretokenize(data, tok, label="chatml", completion_only=completion_only)[0]
+        return tok.decode([t for t, m in zip(row["input_ids"], row["assistant_masks"], strict=True) if m])
+
+    assert "two" in trained(False) and "four" in trained(False)
+    assert "two" not in trained(True) and "four" in trained(True)
+    shaped = as_prompt_completion(data)
+    assert shaped.column_names == ["prompt", "completion"]
+    assert shaped[0]["completion"] == [{"role": "assistant", "content": "four"}]
+    assert shaped[0]["prompt"][-1] == {"role": "user", "content": "2+2?"}
+
+
+def test_completion_only_loss_without_assistant_only_loss_masks_the_prompt(
+    run_recipe, tmp_path: Path
+) -> None:
+    """recipe.completion_only_loss did nothing: with recipe.assistant_only_loss=false, prompt/completion rows
+    trained the prompt (trained fraction 1.0). One short run; its summary also lists the columns."""
+    rows = [{"id": i, "prompt": f"What is {i} + 1?", "completion": str(i + 1)} for i in range(12)]
+    path = write(tmp_path / "pc.jsonl", rows)
+    ctx, _ = run_recipe(
+        "data=jsonl_messages", f"data.path={path}", "recipe.assistant_only_loss=false", "train.max_steps=1"
+    )
+    summary = (ctx.run_dir.path / "summary.md").read_text()
+    assert "| rows_fully_trained | 0 |" in summary
+    fraction = float(summary.split("| trained_token_fraction | ")[1].split(" ")[0])
+    assert 0 < fraction < 0.5
+    assert "| columns used | prompt, completion |" in summary and "| columns ignored | id |" in summary
+
+
+# ------------------------------------------------------------------------------------------ recipe=eval
+
+
+def test_eval_renders_the_whole_conversation_system_prompt_included(run_recipe, tmp_path: Path) -> None:
+    """recipe=eval kept the system prompt in 0 of 30 prompts (lm-eval rendered the last turn alone)."""
+    system = {"role": "system", "content": "Answer with digits only."}
+    history = [{"role": "user", "content": "What is 1 + 1?"}, {"role": "assistant", "content": "2"}]
+    rows = [
+        {"prompt": [system, *history, {"role": "user", "content": f"And {i} + 1?"}], "answer": str(i + 1)}
+        for i in range(4)
+    ]
+    path = write(tmp_path / "sys.jsonl", rows)
+    ctx, _ = run_recipe("recipe=eval", "data=demo_eval", f"data.path={path}", name="eval")
+    samples = [json.loads(line) for line in (ctx.run_dir.path / "lm_eval_samples.jsonl").open()]
+    prompts = [s["arguments"][0][0] for s in samples]
+    assert len(prompts) == 4
+    for i, prompt in enumerate(sorted(prompts, key=lambda p: p[-40:])):
+        at = [prompt.index(text) for text in ("Answer with digits only.", "What is 1 + 1?", f"And {i} + 1?")]
+        assert at == sorted(at), prompt
+    summary = (ctx.run_dir.path / "summary.md").read_text()
+    assert "| columns used | prompt, answer |" in summary
