@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -138,6 +139,7 @@ class LoadReport:
     first_skip: str | None = None
     used: dict[str, None] = field(default_factory=dict)  # the columns read, as the files name them
     ignored: dict[str, None] = field(default_factory=dict)  # the columns not read, and why
+    mixture: dict[str, int] = field(default_factory=dict)  # data.mixture[i] -> the train rows it gave
 
     def account(self, used: list[str], ignored: list[str]) -> None:
         """Add one file's used and ignored columns; ``info`` lists them all (the summary, ``mode=plan``)."""
@@ -973,10 +975,16 @@ class Source:
     # your columns this run does not read, on purpose: a column that marks another task (label beside
     # prompt/completion, tools without messages, score/rating, chosen/rejected) stops the run otherwise
     ignore_columns: list[str] = field(default_factory=list)
+    # several sources in one train set, each {path, weight (a fraction of its rows) or rows (a count), and
+    # any of PER_SOURCE}, e.g. [{path: a.jsonl, weight: 0.7}, {path: b.json, rows: 500, format: alpaca}]
+    mixture: list[dict[str, Any]] = field(default_factory=list)
 
     def validate(self) -> None:
         """Cheap checks (no ``datasets`` import): paths, ranges, enums, column-mapping keys."""
-        check_path(self.path, "data.path", self.split, separate_eval=bool(self.eval_path))
+        if self.mixture:
+            mixture_entries(self)  # each entry's path and knobs, checked as data.mixture[i].<knob>
+        else:
+            check_path(self.path, "data.path", self.split, separate_eval=bool(self.eval_path))
         if self.eval_path:
             check_path(self.eval_path, "data.eval_path", None)
         if not 0 <= self.eval_fraction < 1:
@@ -1014,7 +1022,8 @@ class Source:
     def whole(self) -> Source:
         """This option reading every row of data.path in file order (no eval split held out): what the
         inference recipes generate from."""
-        return dataclasses.replace(self, eval_fraction=0.0, eval_size=0, eval_path=None)
+        mixture = [{k: v for k, v in e.items() if k not in EVAL_KNOBS} for e in self.mixture]
+        return dataclasses.replace(self, eval_fraction=0.0, eval_size=0, eval_path=None, mixture=mixture)
 
     def pairs(self, data: LoadedData, split: str) -> list[Pair] | None:
         """(the prompt turns, the reference answer or None) per row of ``split``, for generation; None
@@ -1216,9 +1225,11 @@ class Source:
     def load_splits(self, build: Callable[[list[Rows], str, str], Dataset], report: LoadReport) -> LoadedData:
         """Train and eval tables; ``build(rows, path, key)`` normalises each file's rows. Without
         ``eval_path``, ``eval_size`` (or ``eval_fraction``) rows of data.path are held out, seeded.
-        ``info["eval rows from"]`` says which."""
+        ``info["eval rows from"]`` says which. With ``mixture``: each source loaded so, then mixed."""
         from components.config.resolvers import is_demo_asset
 
+        if self.mixture:
+            return load_mixture(self)
         layout = self.layout(self.path, self.split)
         parts = layout.train if layout else None
         train = build(
@@ -1288,6 +1299,166 @@ class Source:
                 hint="see the skipped / dropped counts; fix the data or relax data.on_overlong",
             )
         return LoadedData(splits, report)
+
+
+# ------------------------------------------------------------------------------------------- mixtures
+
+#: the knobs a data.mixture entry may set for its own source (those its data option has); the others
+#: (lengths, packing, the seed) are the mixture's, set as data.<knob>
+PER_SOURCE = (
+    *("path", "eval_path", "split", "subset", "columns", "eval_fraction", "eval_size", "max_samples"),
+    *("on_error", "roles", "format", "system_prompt", "ignore_columns"),
+)
+EVAL_KNOBS = ("eval_path", "eval_fraction", "eval_size")
+SHARES = ("weight", "rows")  # how much of a source goes in: a fraction of its train rows, or a count
+
+
+@dataclass(frozen=True)
+class MixtureEntry:
+    """One source of ``data.mixture``: the data option with the entry's knobs (``data``), and how many of
+    its train rows go in: ``weight`` (a fraction of them) or ``rows`` (exactly so many)."""
+
+    index: int
+    data: Source
+    weight: float | None = None
+    rows: int | None = None
+
+    @property
+    def key(self) -> str:
+        return f"data.mixture[{self.index}]"
+
+    def share(self) -> str:
+        return f"weight {self.weight:g}" if self.weight is not None else f"rows={self.rows}"
+
+    def take(self, available: int) -> int:
+        """How many of ``available`` train rows this source gives (a weight: at least one)."""
+        if self.weight is not None:
+            return max(1, round(self.weight * available))
+        if self.rows is not None and self.rows > available:
+            raise ConfigError(
+                f"rows={self.rows}, but {self.data.path} has {available} train rows",
+                key=f"{self.key}.rows",
+                hint=f"rows={available} or fewer, or a weight (a fraction of its rows), e.g. weight: 1.0",
+            )
+        return int(self.rows or 0)
+
+
+def local(text: str, key: str) -> str:
+    """``text`` with its ``data.<knob>`` names (of PER_SOURCE knobs) made mixture entry ``key``'s."""
+    return re.sub(rf"\bdata\.({'|'.join(PER_SOURCE)})\b", lambda m: f"{key}.{m.group(1)}", text)
+
+
+def in_entry(err: ConfigError, key: str) -> ConfigError:
+    """``err`` raised for one mixture source, its knobs named as that entry's."""
+    return ConfigError(
+        local(str(err.args[0]), key),
+        key=err.key and local(err.key, key),
+        hint=err.hint and local(err.hint, key),
+    )
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _entry(data: Source, i: int, raw: Any, knobs: list[str]) -> MixtureEntry:
+    """Entry ``i`` of data.mixture checked (its keys, share and path) and built as a data option."""
+    key = f"data.mixture[{i}]"
+    example = "data.mixture='[{path: a.jsonl, weight: 0.7}, {path: b.jsonl, rows: 500}]'"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"should be a mapping like {{path: a.jsonl, weight: 0.7}}, got {raw!r}", key=key)
+    unknown = [k for k in raw if k not in (*knobs, *SHARES)]
+    if unknown:
+        raise ConfigError(
+            f"unknown key '{unknown[0]}' in a mixture entry of {type(data).__name__}",
+            key=f"{key}.{unknown[0]}",
+            hint=f"an entry takes path, weight or rows, and its own {', '.join(knobs[1:])}; the other "
+            f"knobs are the whole mixture's: data.{unknown[0]}=...",
+        )
+    if not raw.get("path"):
+        raise ConfigError("no path", key=f"{key}.path", hint=f"each entry names its source, e.g. {example}")
+    weight, rows = raw.get("weight"), raw.get("rows")
+    if (weight is None) == (rows is None):
+        raise ConfigError(
+            "give weight (a fraction of this source's train rows) or rows (how many), one of the two",
+            key=key,
+            hint=example,
+        )
+    if weight is not None and not (_number(weight) and 0 < weight <= 1):
+        raise ConfigError(f"must be in (0, 1], got {weight!r}", key=f"{key}.weight", hint=example)
+    if rows is not None and not (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1):
+        raise ConfigError(f"must be a whole number >= 1, got {rows!r}", key=f"{key}.rows", hint=example)
+    source = dataclasses.replace(data, mixture=[], **{k: v for k, v in raw.items() if k not in SHARES})
+    try:
+        source.validate()
+    except ConfigError as err:
+        raise in_entry(err, key) from None
+    return MixtureEntry(i, source, None if weight is None else float(weight), rows)
+
+
+def mixture_entries(data: Source) -> list[MixtureEntry]:
+    """data.mixture's entries, each checked before load: its keys, its weight or rows, its path and its
+    knobs (as the data option checks its own). data.path and data.eval_path must be unset: each source
+    names its own."""
+    for knob in ("path", "eval_path"):
+        value = getattr(data, knob)
+        if value and value != "???":
+            raise ConfigError(
+                f"data.mixture names the sources, and data.{knob}={value} is set too",
+                key=f"data.{knob}",
+                hint=f"data.{knob}='' (or a data option without one, e.g. data=jsonl_messages), and give "
+                f"each source its own {knob} in data.mixture",
+            )
+    knobs = [k for k in PER_SOURCE if k in {f.name for f in dataclasses.fields(data)}]
+    return [_entry(data, i, raw, knobs) for i, raw in enumerate(data.mixture)]
+
+
+def _mixed(tables: list[Dataset], rng: random.Random) -> Dataset:
+    """The rows of ``tables`` together, shuffled with ``rng``."""
+    from datasets import Dataset
+
+    rows = [row for table in tables for row in table]
+    rng.shuffle(rows)
+    return Dataset.from_list(rows) if rows else tables[0].select([])
+
+
+def load_mixture(data: Source) -> LoadedData:
+    """Each source of data.mixture loaded as its data option alone would (its format, columns and eval
+    split), its train rows sampled (``weight`` or ``rows``, seeded with data.seed), then all together and
+    shuffled; eval is every source's eval rows. The report gives each source's rows (``mixture``, and a
+    line in ``info``) and sums the rows dropped."""
+    report, rng = LoadReport(), random.Random(data.seed)
+    trains: list[Dataset] = []
+    evals: list[Dataset] = []
+    for entry in mixture_entries(data):
+        try:
+            loaded = entry.data.load()
+            taken = entry.take(len(loaded["train"]))
+        except ConfigError as err:
+            raise in_entry(err, entry.key) from None
+        ours, first = loaded["train"].column_names, trains[0].column_names if trains else None
+        if first is not None and ours != first:
+            raise ConfigError(
+                f"{entry.data.path} gives rows of {', '.join(ours)}, data.mixture[0] of {', '.join(first)}: "
+                "a mixture's sources must give the same kind of rows",
+                key=f"{entry.key}.format",
+                hint="mix conversations with conversations (not raw text); prompts all with an answer column "
+                "or all without",
+            )
+        picked = sorted(rng.sample(range(len(loaded["train"])), taken))
+        trains.append(loaded["train"].select(picked))
+        evals.append(loaded["eval"])
+        report.mixture[entry.key] = taken
+        for reason, n in loaded.stats.items():
+            _count(report.stats, reason, n)
+        report.first_skip = report.first_skip or loaded.report.first_skip
+        how = local("; ".join(f"{k}: {v}" for k, v in loaded.info.items()), entry.key)
+        report.info[f"{entry.key} {entry.data.path}"] = (
+            f"{taken} of {len(loaded['train'])} train rows ({entry.share()}), {len(loaded['eval'])} eval "
+            f"rows; {how}"
+        )
+    report.info["eval rows from"] = f"each source's own (seed {data.seed}), all of them"
+    return data._finish({"train": _mixed(trains, rng), "eval": _mixed(evals, rng)}, report)
 
 
 # ------------------------------------------------------------------------------------------- SFT data

@@ -147,7 +147,14 @@ def hh_jsonl() -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
+def alpaca_json() -> str:
+    """Alpaca: a JSON array of ``{"instruction", "input", "output"}``."""
+    rows = [{"instruction": "Add the numbers.", "input": q, "output": str(a)} for q, a, _ in _sums()]
+    return json.dumps(rows, indent=1)
+
+
 FILES: dict[str, Callable[[], str]] = {
+    "alpaca.json": alpaca_json,
     "my_chats.jsonl": messages_jsonl,
     "chats.jsonl": messages_jsonl,
     "chat.jsonl": messages_jsonl,
@@ -375,22 +382,27 @@ def prepare(command: Command, cwd: Path) -> list[str]:
         args = [a.replace("=" + prefix, "=" + str(cwd / local) + "/") for a in args]
     for arg in args:
         key, _, value = arg.partition("=")
-        if (
-            key.lstrip("+~") in FILE_KEYS
-            and value
-            and not value.startswith("${")
-            and not Path(value).is_absolute()
-        ):
-            if value not in FILES:
-                raise MissingFixture(
-                    f"{command.id}: {key}={value} names a user file the test has no fixture for: add a "
-                    f"generator for '{value}' to FILES in {__file__}"
-                )
-            (cwd / value).parent.mkdir(parents=True, exist_ok=True)
-            (cwd / value).write_text(FILES[value]())
+        values = [value]
+        if key.lstrip("+~") == "data.mixture":  # each entry's path: [{path: a.jsonl, weight: 0.7}, ...]
+            key, values = "data.path", re.findall(r"\bpath:\s*([^,}\s]+)", value)
+        for value in values:
+            write_user_file(command, cwd, key, value)
     extra = {"plan": PLAN, "replay": PLAN, "few_steps": FEW_STEPS}.get(kind(command.args), ())
     ours = {a.partition("=")[0] for a in extra}
     return [a for a in args if a.partition("=")[0] not in ours] + list(extra)
+
+
+def write_user_file(command: Command, cwd: Path, key: str, value: str) -> None:
+    """The fixture for a user file named as ``key=value`` (a FILE_KEYS key), written into ``cwd``."""
+    if key.lstrip("+~") not in FILE_KEYS or not value or value.startswith("${") or Path(value).is_absolute():
+        return
+    if value not in FILES:
+        raise MissingFixture(
+            f"{command.id}: {key}={value} names a user file the test has no fixture for: add a "
+            f"generator for '{value}' to FILES in {__file__}"
+        )
+    (cwd / value).parent.mkdir(parents=True, exist_ok=True)
+    (cwd / value).write_text(FILES[value]())
 
 
 # --- running ---------------------------------------------------------------------------------------------

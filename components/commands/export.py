@@ -132,7 +132,7 @@ def model_card(run: TrainedRun, model: Any, dtype: str) -> str:
         "recipe": run.recipe,
         "base model": base,
         "method": run_info.get("peft", run.cfg.peft.get("_target_", "").rsplit(".", 1)[-1]),
-        "data": run.cfg.data.get("path"),
+        "data": run.cfg.data.get("path") or ", ".join(e["path"] for e in run.cfg.data.get("mixture") or []),
         "data format": report.get("data", {}).get("format"),
         "train rows": report.get("data", {}).get("train rows"),
         "precision": run_info.get("precision"),

@@ -60,8 +60,10 @@ def _instantiate(cfg: DictConfig, group: str) -> Any:
 
     from components.config.errors import ConfigError
 
+    # a data.mixture names its own paths: data.path may be left unset (``???`` in data=jsonl_messages)
+    unset = group == "data" and cfg.data.get("mixture") and OmegaConf.is_missing(cfg.data, "path")
     try:
-        return instantiate(cfg[group], _convert_="all")
+        return instantiate(cfg[group], _convert_="all", **({"path": ""} if unset else {}))
     except MissingMandatoryValue as err:
         raise missing_value(str(err.full_key or group)) from None
     except (InstantiationException, InterpolationResolutionError) as err:
