@@ -1436,7 +1436,7 @@ def load_mixture(data: Source) -> LoadedData:
             taken = entry.take(len(loaded["train"]))
         except ConfigError as err:
             raise in_entry(err, entry.key) from None
-        ours, first = loaded["train"].column_names, trains[0].column_names if trains else None
+        ours, first = _kind(loaded["train"]), _kind(trains[0]) if trains else None
         if first is not None and ours != first:
             raise ConfigError(
                 f"{entry.data.path} gives rows of {', '.join(ours)}, data.mixture[0] of {', '.join(first)}: "
@@ -1458,7 +1458,22 @@ def load_mixture(data: Source) -> LoadedData:
             f"rows; {how}"
         )
     report.info["eval rows from"] = f"each source's own (seed {data.seed}), all of them"
+    if any("completion_turns" in t.column_names for t in trains):
+        trains, evals = [_whole_completion(t) for t in trains], [_whole_completion(e) for e in evals]
     return data._finish({"train": _mixed(trains, rng), "eval": _mixed(evals, rng)}, report)
+
+
+def _kind(rows: Dataset) -> list[str]:
+    """The columns that make a source's rows of one kind (``completion_turns`` is not one: see below)."""
+    return [c for c in rows.column_names if c != "completion_turns"]
+
+
+def _whole_completion(rows: Dataset) -> Dataset:
+    """A conversation source mixed with prompt/completion ones: its rows get ``completion_turns`` = every
+    turn, so ``completion_only_loss`` leaves them to ``assistant_only_loss``, as it does unmixed."""
+    if "completion_turns" in rows.column_names or "messages" not in rows.column_names:
+        return rows
+    return rows.add_column("completion_turns", [len(m) for m in rows["messages"]])
 
 
 # ------------------------------------------------------------------------------------------- SFT data
