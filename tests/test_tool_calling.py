@@ -15,7 +15,6 @@ from components.data import ChatDataset, parse_messages
 from components.text.chat_template import (
     HYDRATUNE,
     choose_method,
-    fold_system,
     mask_conversation,
     trl_template_files,
 )
@@ -244,6 +243,8 @@ def test_a_template_without_a_system_role_gets_the_system_prompt_folded(
     with pytest.raises(ConfigError, match=r"\(gemma\) has no system role, and 9 train rows") as info:
         plan(compose_cfg, *overrides, "data.fold_system=false")
     assert info.value.key == "data.fold_system"
+    from components.text.chat_template import fold_system
+
     folded = fold_system([{"role": "system", "content": "Be brief."}, *chat("2+2?", "4")["messages"]])
     assert folded == [{"role": "user", "content": "Be brief.\n\n2+2?"}, {"role": "assistant", "content": "4"}]
 
