@@ -87,16 +87,18 @@ FORMAT_COLUMNS = {
 # of the last turns are the completion), which recipe.completion_only_loss trains alone
 COMPLETION_FORMATS = ("alpaca", "prompt_completion")
 ROLES = ("system", "user", "assistant", "tool")
-# ShareGPT's and LLaMA-Factory's role names (a function call is the assistant's text, its result a tool
-# turn); data.roles adds or overrides names
+# ShareGPT's and LLaMA-Factory's role names (a function_call turn is the assistant's tool call, its
+# observation a tool turn); data.roles adds or overrides names
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "observation": "tool", "function_call": "assistant"}
 TURN_KEYS = (("role", "content"), ("from", "value"))  # OpenAI-style and ShareGPT-style turns
+TOOL_TURN_KEYS = ("tool_call_id", "name")  # kept on tool turns (which call each result answers)
 PREFERENCE_FORMATS = ("auto", "explicit", "implicit", "hh")
 PREFERENCE_SIGNATURES = {
     "explicit": "prompt + chosen + rejected (responses: text or assistant messages)",
     "implicit": "chosen + rejected message lists that start with the same turns (the prompt)",
     "hh": "chosen + rejected transcripts as '\\n\\nHuman: ... \\n\\nAssistant: ...' text",
 }
+CHAT_TOOLS_COLUMN = "tools"  # chat data: the tool schemas (JSON) rendered with the conversation
 HH_TURN = re.compile(r"(?:^|\n\n)(Human|Assistant):[ \t]?")
 # Columns that mark rows for another task: (what the rows are, what to do instead). A run whose data option
 # does not read one stops before the model loads, unless data.ignore_columns names it (``task_columns``).
@@ -124,7 +126,7 @@ PROBE_ROWS = 5  # when this many first rows (or all, if fewer) fail alike, the f
 PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped")
 ON_ERROR = ("raise", "skip")
 ON_OVERLONG = ("truncate", "drop", "error")
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]
 Row = dict[str, Any]
 Pair = tuple[Messages, "str | None"]  # (the prompt turns, the reference answer or None)
 
@@ -814,10 +816,89 @@ def role_names(roles: dict[str, str] | None = None) -> dict[str, str]:
     return {r: r for r in ROLES} | ROLE_ALIASES | dict(roles or {})
 
 
-def parse_turn(message: Any, i: int, column: str, names: dict[str, str]) -> dict[str, str]:
-    """One ``{"role", "content"}`` or ShareGPT ``{"from", "value"}`` turn as ``{"role", "content"}``."""
+def _content_text(value: Any, i: int, column: str) -> str:
+    """A turn's content as text: a string (numbers become strings, null ""), or OpenAI content parts
+    (``[{"type": "text", "text": ...}, ...]``, plain strings allowed) joined without separator. A non-text
+    part (image, audio, file) is a ``RowError``: a text model cannot train on it."""
+    if not isinstance(value, list):
+        return text_of({"content": value}, "content", required=False)
+    texts = []
+    for j, part in enumerate(value):
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        kind = part.get("type", "text") if isinstance(part, dict) else type(part).__name__
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise RowError(
+                f"message {i} in column '{column}' has a '{kind}' content part (part {j}): only text parts "
+                "can be trained",
+                key="data.path",
+                hint="drop the non-text parts (images, audio, files) from the data, or set "
+                "data.on_error=skip to drop such rows and count them",
+            )
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _tool_call(call: Any, where: str) -> dict[str, Any]:
+    """One tool call in OpenAI's shape ``{"id"?, "type": "function", "function": {"name", "arguments"}}``,
+    from that shape or a bare ``{"name", "arguments"}``; JSON-text arguments become an object (what chat
+    templates render with ``tojson``)."""
+    function = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise RowError(f"{where} needs a function name ({{'function': {{'name', 'arguments'}}}})")
+    arguments = function.get("arguments", function.get("parameters"))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as err:
+            raise RowError(f"{where}: arguments are not valid JSON ({err.msg})") from None
+    out: dict[str, Any] = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+    if call.get("id") is not None:
+        out = {"id": str(call["id"]), **out}
+    return out
+
+
+def parse_tool_calls(value: Any, i: int, column: str) -> list[dict[str, Any]]:
+    """A turn's ``tool_calls`` (a list, one call, or a JSON string of either) in OpenAI's shape."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise RowError(
+                f"message {i} in column '{column}': tool calls are not valid JSON ({err.msg})"
+            ) from None
+    calls = value if isinstance(value, list) else [value]
+    return [
+        _tool_call(call, f"message {i} in column '{column}', tool call {j}") for j, call in enumerate(calls)
+    ]
+
+
+def _sharegpt_call(text: str) -> list[dict[str, Any]] | None:
+    """A ShareGPT ``function_call`` turn's value as tool calls when it is JSON ``{"name", "arguments"}`` (or
+    a list of them); None for other text (kept as the assistant's text)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    calls = value if isinstance(value, list) else [value]
+    functions = [c.get("function", c) if isinstance(c, dict) else None for c in calls]
+    named = all(isinstance(f, dict) and isinstance(f.get("name"), str) for f in functions)
+    return value if calls and named else None
+
+
+def parse_turn(message: Any, i: int, column: str, names: dict[str, str]) -> dict[str, Any]:
+    """One ``{"role", "content"}`` or ShareGPT ``{"from", "value"}`` turn as ``{"role", "content"}`` (content
+    text), plus what tool calling needs: an assistant turn's ``tool_calls`` (OpenAI's shape; also from a
+    legacy ``function_call`` key or a ShareGPT ``function_call`` turn), a tool turn's ``tool_call_id`` and
+    ``name``."""
     keys = next(
-        (k for k in TURN_KEYS if isinstance(message, dict) and k[0] in message and k[1] in message), None
+        (
+            k
+            for k in TURN_KEYS
+            if isinstance(message, dict) and k[0] in message and (k[1] in message or "tool_calls" in message)
+        ),
+        None,
     )
     if keys is None:
         found = ", ".join(map(str, message)) if isinstance(message, dict) else type(message).__name__
@@ -835,12 +916,24 @@ def parse_turn(message: Any, i: int, column: str, names: dict[str, str]) -> dict
             hint=f"map your role names with data.roles='{{{name}: <user|assistant|system|tool>}}', "
             "e.g. data.roles='{bot: assistant, me: user}'",
         )
-    return {"role": names[name], "content": text_of(message, keys[1], required=False)}
+    turn: dict[str, Any] = {"role": names[name], "content": _content_text(message.get(keys[1]), i, column)}
+    calls = message.get("tool_calls") or message.get("function_call")
+    if name == "function_call" and turn["role"] == "assistant" and not calls:
+        calls = _sharegpt_call(turn["content"])
+        turn["content"] = "" if calls else turn["content"]
+    if calls:
+        if turn["role"] != "assistant":
+            raise RowError(f"message {i} in column '{column}' is a {turn['role']} turn with tool calls")
+        turn["tool_calls"] = parse_tool_calls(calls, i, column)
+    if turn["role"] == "tool":
+        turn |= {k: str(message[k]) for k in TOOL_TURN_KEYS if message.get(k) is not None}
+    return turn
 
 
 def parse_messages(value: Any, column: str, roles: dict[str, str] | None = None) -> Messages:
     """A list of ``{"role", "content"}`` (or ShareGPT ``{"from", "value"}``) turns (a JSON string of one is
-    parsed), reduced to ``role`` and ``content``, roles mapped to ours (``role_names``), content text."""
+    parsed), reduced to ``role`` and ``content`` (text) and the tool-calling keys (``parse_turn``), roles
+    mapped to ours (``role_names``)."""
     if isinstance(value, str) and value.lstrip().startswith("["):  # e.g. a csv cell holding JSON
         try:
             value = json.loads(value)
@@ -855,6 +948,29 @@ def parse_messages(value: Any, column: str, roles: dict[str, str] | None = None)
         )
     names = role_names(roles)
     return [parse_turn(message, i, column, names) for i, message in enumerate(value)]
+
+
+def parse_tools(value: Any) -> str | None:
+    """A ``tools`` cell (a list of JSON schemas, one schema, or a JSON string of either) as JSON text of a
+    list (what TRL and ``apply_chat_template(tools=...)`` read); None when blank."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value in ("", []):
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise RowError(f"column 'tools' holds malformed JSON ({err.msg})") from None
+    tools = [value] if isinstance(value, dict) else value
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise RowError(f"column 'tools' should be a list of JSON schemas, got {type(value).__name__}")
+    return json.dumps(tools, ensure_ascii=False) if tools else None
+
+
+def turn_text(message: dict[str, Any]) -> str:
+    """What an assistant turn says: its content, else its tool calls as JSON."""
+    if message["content"].strip() or not message.get("tool_calls"):
+        return message["content"]
+    return json.dumps([c["function"] for c in message["tool_calls"]], ensure_ascii=False)
 
 
 def json_turns(value: Any) -> list[Any] | None:
@@ -925,9 +1041,9 @@ def split_shared(chosen: Messages, rejected: Messages) -> Row:
 
 
 def last_answer(messages: Messages) -> int:
-    """Index of the last assistant turn with content; a ``RowError`` if there is none."""
+    """Index of the last assistant turn with content (or tool calls); a ``RowError`` if there is none."""
     for i in range(len(messages) - 1, -1, -1):
-        if messages[i]["role"] == "assistant" and messages[i]["content"].strip():
+        if messages[i]["role"] == "assistant" and turn_text(messages[i]).strip():
             return i
     raise RowError("no assistant turn with content (nothing to train on)")
 
@@ -937,6 +1053,36 @@ def last_answer(messages: Messages) -> int:
 
 #: the shortest data.max_length that holds a chat-formatted prompt and an answer
 MIN_MAX_LENGTH = 16
+
+
+def message_features(rows: list[Row]) -> Any:
+    """Column types for converted rows whose turns carry keys beyond role and content (tool calls): each
+    turn stored as JSON, so it reads back with exactly its own keys (Arrow's struct would give every turn
+    every key, ``None`` where absent, which templates such as ``'tool_calls' in message`` misread, and
+    would merge the argument keys of different calls); None (inferred types) otherwise."""
+    from datasets import Features, Json, List, Value
+
+    def extra(value: Any) -> bool:
+        return isinstance(value, list) and any(
+            isinstance(m, dict) and m.keys() - {"role", "content"} for m in value
+        )
+
+    first = rows[0]
+    lists = {k for k, v in first.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
+    if not any(extra(row[k]) for row in rows for k in lists):
+        return None
+    return Features({k: List(Json()) if k in lists else Value("string") for k in first})
+
+
+def note_unanswered(sources: list[Rows], rows: list[Row], key: str, report: LoadReport) -> None:
+    """Count the conversations whose last turn is not the assistant's (that turn is not trained) and name
+    the first, in the load's report (the summary and ``mode=plan`` show it)."""
+    if not rows:
+        return
+    first = rows[0]
+    where = next((s.where(i) for s in sources for i, r in enumerate(s.rows) if r is first), key)
+    name = f"conversations ending after the last assistant turn ({key})"
+    report.info[name] = f"{len(rows)} (the turns after it are not trained; the first: {where})"
 
 
 def check_max_length(max_length: int) -> None:
@@ -1190,7 +1336,9 @@ class Source:
                         hint=(f"{err.hint}; or " if err.hint else "")
                         + "fix the row, or set data.on_error=skip to drop bad rows and count them",
                     ) from None
-        return Dataset.from_list(out) if out else Dataset.from_dict({c: [] for c in columns})
+        if not out:
+            return Dataset.from_dict({c: [] for c in columns})
+        return Dataset.from_list(out, features=message_features(out))
 
     def account(self, source: Rows, used: tuple[str, ...], report: LoadReport) -> None:
         """Report which of ``source``'s columns are read (named as the file names them) and which not."""
@@ -1488,11 +1636,15 @@ class ChatDataset(Source):
     CANONICAL: ClassVar[tuple[str, ...]] = (
         *("messages", "conversations", "instruction", "input", "output", "prompt", "completion", "text"),
         "system",
+        "tools",  # CHAT_TOOLS_COLUMN: the tool schemas a row's conversation may call
     )
     kind: ClassVar[str] = "chat"
 
     format: str = "auto"  # auto | messages | sharegpt | alpaca | prompt_completion | text
     system_prompt: str | None = None  # prepended as a system turn to rows that have none
+    # a chat template without a system role (Gemma): true folds the system turn into the first user turn,
+    # false refuses such rows before load
+    fold_system: bool = True
     max_length: int = 1024  # tokens per example (the trainer truncates; see on_overlong)
     on_overlong: str = "truncate"  # truncate | drop | error: rows longer than max_length tokens
     packing: bool = False
@@ -1550,10 +1702,11 @@ class ChatDataset(Source):
         """Train/eval in the canonical shape: ``messages`` + ``answer``, or ``text``. The format is detected
         on data.path and applied to data.eval_path too."""
         fmt: str | None = None
+        tools: bool | None = None  # decided on data.path, so both splits have the same columns
         report = LoadReport()
 
         def build(sources: list[Rows], path: str, key: str) -> Dataset:
-            nonlocal fmt
+            nonlocal fmt, tools
             kind = fmt = fmt or self.detect(sources[0].columns, path, report)
             self.require(sources, SIGNATURES[kind], f"needed by format={kind}")
             used = FORMAT_COLUMNS[kind]
@@ -1561,15 +1714,29 @@ class ChatDataset(Source):
                 return self.convert(
                     sources, lambda row: {"text": text_of(row, "text")}, ("text",), key, report, used
                 )
+            if tools is None:
+                tools = any(CHAT_TOOLS_COLUMN in s.columns for s in sources)
             columns = ("messages", "answer", *(("completion_turns",) if kind in COMPLETION_FORMATS else ()))
-            return self.convert(sources, lambda row: self.to_chat(row, kind), columns, key, report, used)
+            columns += (CHAT_TOOLS_COLUMN,) if tools else ()
+            unanswered: list[Row] = []
+
+            def convert_row(row: Row) -> Row:
+                out = self.to_chat(row, kind, tools=bool(tools))
+                if out["messages"][-1]["role"] != "assistant":
+                    unanswered.append(row)
+                return out
+
+            table = self.convert(sources, convert_row, columns, key, report, used)
+            note_unanswered(sources, unanswered, key, report)
+            return table
 
         return self.load_splits(build, report)
 
-    def to_chat(self, row: Row, fmt: str) -> Row:
+    def to_chat(self, row: Row, fmt: str, *, tools: bool = False) -> Row:
         """One row of format ``fmt`` as ``{"messages": [...], "answer": str}``, plus ``completion_turns``
-        (the number of last turns that are the completion) for prompt/completion formats. A ``system``
-        column, else ``system_prompt``, becomes a leading system turn unless the messages start with one."""
+        (the number of last turns that are the completion) for prompt/completion formats and ``tools`` (JSON
+        text of the row's tool schemas, or None) when the data has them. A ``system`` column, else
+        ``system_prompt``, becomes a leading system turn unless the messages already start with one."""
         completion: Messages = []
         if fmt in ("messages", "sharegpt"):
             column = SIGNATURES[fmt][0]
@@ -1586,9 +1753,11 @@ class ChatDataset(Source):
         system = text_of(row, "system", required=False) or self.system_prompt
         if system and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": system}, *messages]
-        out: Row = {"messages": messages, "answer": messages[last_answer(messages)]["content"]}
+        out: Row = {"messages": messages, "answer": turn_text(messages[last_answer(messages)])}
         if fmt in COMPLETION_FORMATS:
             out["completion_turns"] = len(completion)
+        if tools:
+            out[CHAT_TOOLS_COLUMN] = parse_tools(row.get(CHAT_TOOLS_COLUMN))
         return out
 
     def enforce_length(self, data: LoadedData, tokenizer: Any) -> LoadedData:
@@ -1599,7 +1768,10 @@ class ChatDataset(Source):
 
         def length(row: Row) -> int:
             if "messages" in row:
-                ids = tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True)
+                tools = json.loads(row[CHAT_TOOLS_COLUMN]) if row.get(CHAT_TOOLS_COLUMN) else None
+                ids = tokenizer.apply_chat_template(
+                    row["messages"], tools=tools, tokenize=True, return_dict=True
+                )
                 return len(ids["input_ids"])
             return len(tokenizer(row["text"])["input_ids"])
 
@@ -1632,7 +1804,7 @@ class ChatDataset(Source):
         for row in data[split]:
             messages = row["messages"]
             last = last_answer(messages)
-            out.append((messages[:last], messages[last]["content"]))
+            out.append((messages[:last], turn_text(messages[last])))
         return out
 
 

@@ -43,13 +43,12 @@ class SFT(Recipe):
         check_padding_free(comps)
 
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
-        """``mode=plan``: the assistant-only mask decided and checked as training will (a template that
-        cannot be masked fails here too)."""
-        from components.text.chat_template import check_assistant_mask, label_for
+        """``mode=plan``: the assistant-only mask decided and checked on every row as training will (a
+        template that cannot mask or render a row fails here too, naming it)."""
+        from components.text.chat_template import check_splits, label_for
 
         if self.assistant_only_loss and "messages" in splits["train"].column_names:
-            label = label_for(comps.model, tokenizer)
-            check_assistant_mask(tokenizer, splits["train"][:8]["messages"], label)
+            check_splits(tokenizer, splits, label_for(comps.model, tokenizer))
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import SFTConfig, SFTTrainer

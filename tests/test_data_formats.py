@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "components" / "assets" / "tiny"
 
 # LLaMA-Factory's ShareGPT layout (data/glaive_toolcall_en_demo.json): a JSON array, indent 2, a system
-# column and a tools column next to the conversation.
+# column and a tools column next to the conversation (function_call / observation: a tool call, its result).
 SHAREGPT = [
     {
         "conversations": [
@@ -49,7 +49,13 @@ SHAREGPT_MESSAGES = [
     [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "What's the weather in Paris?"},
-        {"role": "assistant", "content": '{"name": "get_weather", "arguments": {"city": "Paris"}}'},
+        {  # a function_call turn is the assistant's tool call, in OpenAI's shape
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+            ],
+        },
         {"role": "tool", "content": '{"temperature": 18, "sky": "clear"}'},
         {"role": "assistant", "content": "It is 18 °C and clear in Paris."},
     ],
@@ -109,8 +115,9 @@ def test_sharegpt_array_file_becomes_chat_messages(tmp_path: Path, fmt: str) -> 
     ds = ChatDataset(path=str(path), format=fmt, eval_fraction=0.0)
     data = ds.load()
     train = data["train"]
-    assert train.column_names == ["messages", "answer"]
+    assert train.column_names == ["messages", "answer", "tools"]  # the tools column reaches the template
     assert train["messages"] == SHAREGPT_MESSAGES
+    assert [json.loads(t) if t else t for t in train["tools"]] == [json.loads(SHAREGPT[0]["tools"]), None]
     assert train["answer"] == ["It is 18 °C and clear in Paris.", "6"]
     assert data.info["format"] == ("sharegpt (detected)" if fmt == "auto" else "sharegpt")
 

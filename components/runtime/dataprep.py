@@ -33,6 +33,8 @@ def prepare_data(
     defaulted = None
     if tokenizer is not None and not tokenizer.chat_template and is_conversational(data["train"][0]):
         tokenizer.chat_template, defaulted = default_template(tokenizer)
+    if tokenizer is not None and is_conversational(data["train"][0]):
+        data = fit_template(data_component, data, tokenizer)
     if tokenizer is not None:
         data = data_component.enforce_length(data, tokenizer)
     check_eval_split(data_component, len(data["eval"]), eval_every)
@@ -48,6 +50,71 @@ def prepare_data(
         )
         notes.update(counts)
     return prepared
+
+
+def fit_template(data_component: Any, data: Any, tokenizer: Any) -> Any:
+    """The conversations as the chat template can render them, checked on every row before anything renders
+    them: a leading system turn folded into the first user turn when the template has no system role
+    (``data.fold_system``; false refuses such rows by name), and tool calls or tool schemas the template
+    would silently drop refused (a ConfigError naming the template and the first such row)."""
+    from components.config.errors import ConfigError
+    from components.data import LoadedData
+    from components.text.chat_template import (
+        check_tools_rendered,
+        fold_system,
+        is_conversational,
+        rejects_system,
+        row_tools,
+        template_label,
+    )
+
+    label = template_label(tokenizer.chat_template)
+    splits = dict(data.items())
+    if rejects_system(tokenizer):
+        folded = 0
+        for name, split in splits.items():
+            first = split[0] if len(split) else {}
+            whole = split[:]  # one read of the whole split
+            columns = {c: whole[c] for c in first if is_conversational({c: first[c]})}
+            rows = [i for i in range(len(split)) if any(_leading_system(v[i]) for v in columns.values())]
+            if rows and not getattr(data_component, "fold_system", True):
+                raise ConfigError(
+                    f"the chat template ({label}) has no system role, and {len(rows)} {name} rows start "
+                    f"with a system turn (the first: {name} row {rows[0]})",
+                    key="data.fold_system",
+                    hint="data.fold_system=true folds the system prompt into the first user turn; or drop "
+                    "the system turns (and data.system_prompt), or set model.chat_template to one with a "
+                    "system role",
+                )
+            if rows:
+                folded += len(rows)
+                whole |= {c: [fold_system(m) for m in values] for c, values in columns.items()}
+                splits[name] = type(split).from_dict(whole, features=split.features)
+        if folded:
+            data.report.info["system turns"] = (
+                f"{folded} folded into the first user turn (the chat template has no system role; "
+                "data.fold_system=false refuses them instead)"
+            )
+    for name, split in splits.items():  # whether the template renders them is the template's property
+        if "messages" not in split.column_names:
+            continue
+        whole = split[:]
+        tools = whole.get("tools", [None] * len(split))
+        rows = list(zip(whole["messages"], tools, strict=True))
+        calls = next(
+            ((i, m, t) for i, (m, t) in enumerate(rows) if any(x.get("tool_calls") for x in m)), None
+        )
+        schemas = next(((i, m, t) for i, (m, t) in enumerate(rows) if t), None)
+        for i, messages, row_schemas in {id(x): x for x in (calls, schemas) if x}.values():
+            try:
+                check_tools_rendered(tokenizer, messages, row_tools(row_schemas), label)
+            except ConfigError as err:
+                raise ConfigError(f"{name} row {i}: {err.args[0]}", key=err.key, hint=err.hint) from None
+    return LoadedData(splits, data.report)
+
+
+def _leading_system(messages: Any) -> bool:
+    return bool(messages) and messages[0].get("role") == "system"
 
 
 def check_eval_split(data_component: Any, eval_rows: int, eval_every: int) -> None:

@@ -30,7 +30,8 @@ from components.runtime.run import RunContext, peak_memory_gb
 from components.runtime.startup import training_starts
 from components.text.chat_template import (
     HYDRATUNE,
-    check_assistant_mask,
+    check_splits,
+    choose_method,
     label_for,
     mask_segments,
     pretokenize,
@@ -121,15 +122,18 @@ class Session:
         (``completion_only``: of the completion's assistant turns only), which fails here (ConfigError) for
         a template that is not prefix-preserving."""
         label = label_for(self.ctx.components.model, self.tokenizer)
-        method = check_assistant_mask(self.tokenizer, data["train"][:8]["messages"], label)
+        method = choose_method(self.tokenizer)[0]
         self.report.setdefault("loss mask", {})["method"] = method
         if method != HYDRATUNE:
+            check_splits(self.tokenizer, data, label)  # every row, as TRL will render it
             return data, True
         log.info("assistant-only loss: %s (template: %s)", method, label)
-        return {
-            name: pretokenize(split, self.tokenizer, label=label, completion_only=completion_only)
+        # masking every row checks every row (an error names the split and row)
+        masked = {
+            name: pretokenize(split, self.tokenizer, label=label, completion_only=completion_only, where=name)
             for name, split in data.items()
-        }, False
+        }
+        return masked, False
 
     def build_model(self, task: str = "causal_lm") -> Any:
         """The model with quantization and PEFT applied, no KV cache while training.

@@ -11,7 +11,9 @@ trailing newline, not the next role's header), mapped to tokens with the fast to
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +45,34 @@ WAY_OUT = (
     "set model.chat_template to a prefix-preserving template (a name such as chatml, a .jinja path or the "
     "template text), or recipe.assistant_only_loss=false"
 )
+TOOLS_WAY_OUT = (
+    "set model.chat_template to a template that renders tools and tool calls (e.g. qwen2_5, qwen3, "
+    "llama3_1), or drop the tool calls and the tools column from the data"
+)
+# a special-token-like marker at the end of a turn, e.g. <|eot_id|>, <end_of_turn>, </s>
+END_MARKER = re.compile(r"(<\|[^|<>\s]{1,40}\|>|</?[A-Za-z_]{1,30}>|<[a-z_]+\|>|<\|[a-z_]+>)\s*$")
+CHECK_BATCH = 512  # conversations tokenized per call when every row is checked
 
 
 def is_conversational(row: dict[str, Any]) -> bool:
     """A row holding a list of chat messages (``messages``, or a conversational ``prompt`` / ``chosen``)."""
     return any(isinstance(v, list) and v and isinstance(v[0], dict) and "role" in v[0] for v in row.values())
+
+
+def row_tools(value: Any) -> list[dict[str, Any]] | None:
+    """A row's ``tools`` cell (JSON text as the data component stores it, or a list) as
+    ``apply_chat_template``'s ``tools``; None when blank."""
+    if isinstance(value, str):
+        return json.loads(value) if value.strip() else None
+    return value or None
+
+
+def split_rows(split: Any) -> tuple[list[Messages], list[Any]]:
+    """The ``messages`` and ``tools`` (None per row without the column) of a dataset split."""
+    rows = split[:]  # one read of the whole split (a column's rows read one by one are slow)
+    messages = rows["messages"]
+    tools = rows["tools"] if "tools" in rows else [None] * len(messages)
+    return messages, [row_tools(t) for t in tools]
 
 
 # ---- named templates -----------------------------------------------------------------------------
@@ -145,10 +170,12 @@ class Masked:
     aligned: bool  # every span starts and ends on a token boundary
 
 
-def _render(tokenizer: Any, messages: Messages, label: str, generation: bool, tools: Any) -> str:
+def _render(
+    tokenizer: Any, messages: Messages, label: str, generation: bool, tools: Any, template: Any = None
+) -> str:
     try:
         return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation, tools=tools
+            messages, tokenize=False, add_generation_prompt=generation, tools=tools, chat_template=template
         )
     except Exception as err:  # jinja's TemplateError, raise_exception(), TypeError on odd content, ...
         raise ConfigError(
@@ -213,6 +240,15 @@ def assistant_spans(
                 key=KEY,
                 hint=WAY_OUT,
             )
+        missing = [c["function"]["name"] for c in message.get("tool_calls") or []]
+        missing = [name for name in missing if name not in added]
+        if missing:
+            raise ConfigError(
+                f"the chat template ({label}) does not render assistant turn {i}'s tool call "
+                f"'{missing[0]}' in that turn (it renders {added[:60]!r})",
+                key=KEY,
+                hint=TOOLS_WAY_OUT,
+            )
         if added:
             spans.append((len(header), len(header) + len(added)))
     return full, spans
@@ -230,14 +266,40 @@ def token_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> 
     return mask
 
 
+def _missing_marker(tokenizer: Any, turn: str, label: str) -> ConfigError | None:
+    """A turn ending with a marker such as ``<|eot_id|>`` that the tokenizer splits into pieces: the
+    template is another model family's (its special tokens are not this tokenizer's)."""
+    found = END_MARKER.search(turn)
+    if found is None or found.group(1) in tokenizer.get_vocab():
+        return None
+    marker = found.group(1)
+    pieces = len(tokenizer(marker, add_special_tokens=False)["input_ids"])
+    return ConfigError(
+        f"the chat template ({label}) ends assistant turns with {marker!r}, which is not a token of this "
+        f"tokenizer (it splits into {pieces} pieces): the template is written for another model family's "
+        "special tokens, and the model would not learn to stop",
+        key=KEY,
+        hint="use the model's own template (unset model.chat_template) or one built on its special tokens "
+        "(e.g. chatml for <|im_start|>/<|im_end|> models)",
+    )
+
+
 def _check_stops(
-    tokenizer: Any, ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]], label: str
+    tokenizer: Any,
+    ids: list[int],
+    offsets: list[tuple[int, int]],
+    spans: list[tuple[int, int]],
+    label: str,
+    text: str = "",
 ) -> None:
     """Each assistant span must end with a special (end-of-turn) token, or the model never learns to stop."""
     special = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
     for a, b in spans:
         last = [t for t, (s, e) in zip(ids, offsets, strict=True) if s < b and e > a and e <= b + 1]
         if last and last[-1] not in special:
+            missing = _missing_marker(tokenizer, text[a:b], label)
+            if missing is not None:
+                raise missing
             raise ConfigError(
                 f"the chat template ({label}) ends an assistant turn with no end-of-turn token (the turn "
                 f"ends with {tokenizer.decode(last[-3:])!r}; the next role's header ends it instead): the "
@@ -247,11 +309,23 @@ def _check_stops(
             )
 
 
-def mask_conversation(
-    tokenizer: Any, messages: Messages, *, label: str = "", tools: Any = None, first: int = 0
-) -> Masked:
+def _row_error(err: ConfigError, row: int, where: str) -> ConfigError:
+    return ConfigError(f"{where} row {row}: {err.args[0]}".lstrip(), key=err.key, hint=err.hint)
+
+
+def mask_conversations(
+    tokenizer: Any,
+    conversations: list[Messages],
+    *,
+    label: str = "",
+    tools: list[Any] | None = None,
+    firsts: list[int] | None = None,
+    where: str = "",
+) -> list[Masked]:
     """``input_ids`` (tokenized as ``apply_chat_template`` does: no added special tokens) and
-    ``assistant_masks`` (the assistant turns from turn ``first`` on)."""
+    ``assistant_masks`` of every conversation (``tools[i]``: row i's tool schemas; only the assistant turns
+    from turn ``firsts[i]`` on are trained). Rendered one by one, tokenized in batches; an error names the
+    row (``where``: e.g. the split)."""
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(
             f"assistant-only loss with this chat template needs a fast tokenizer (offsets); "
@@ -259,24 +333,84 @@ def mask_conversation(
             key="recipe.assistant_only_loss",
             hint="use a fast tokenizer, or " + WAY_OUT,
         )
-    text, spans = assistant_spans(tokenizer, messages, label=label, tools=tools, first=first)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = [tuple(o) for o in enc["offset_mapping"]]
-    starts = {s for s, _ in offsets} | {0}
-    ends = {e for _, e in offsets}
-    aligned = all(a in starts and b in ends for a, b in spans)
     label = label or template_label(tokenizer.chat_template)
-    _check_stops(tokenizer, enc["input_ids"], offsets, spans, label)
-    return Masked(text, spans, list(enc["input_ids"]), token_mask(offsets, spans), aligned)
+    tools = tools or [None] * len(conversations)
+    firsts = firsts or [0] * len(conversations)
+    out: list[Masked] = []
+    for start in range(0, len(conversations), CHECK_BATCH):
+        rendered = []
+        for row in range(start, min(start + CHECK_BATCH, len(conversations))):
+            try:
+                rendered.append(
+                    assistant_spans(
+                        tokenizer, conversations[row], label=label, tools=tools[row], first=firsts[row]
+                    )
+                )
+            except ConfigError as err:
+                raise _row_error(err, row, where) from None
+        enc = tokenizer([t for t, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
+        for i, ((text, spans), ids, offsets) in enumerate(
+            zip(rendered, enc["input_ids"], enc["offset_mapping"], strict=True)
+        ):
+            offsets = [tuple(o) for o in offsets]
+            starts = {s for s, _ in offsets} | {0}
+            ends = {e for _, e in offsets}
+            try:
+                _check_stops(tokenizer, ids, offsets, spans, label, text)
+            except ConfigError as err:
+                raise _row_error(err, start + i, where) from None
+            aligned = all(a in starts and b in ends for a, b in spans)
+            out.append(Masked(text, spans, list(ids), token_mask(offsets, spans), aligned))
+    return out
 
 
-def check_template(tokenizer: Any, conversations: list[Messages], *, label: str = "") -> dict[str, Any]:
+def mask_conversation(
+    tokenizer: Any, messages: Messages, *, label: str = "", tools: Any = None, first: int = 0
+) -> Masked:
+    """One conversation's ``mask_conversations``."""
+    try:
+        return mask_conversations(tokenizer, [messages], label=label, tools=[tools], firsts=[first])[0]
+    except ConfigError as err:
+        raise ConfigError(err.args[0].removeprefix("row 0: "), key=err.key, hint=err.hint) from None
+
+
+def check_tools_rendered(
+    tokenizer: Any, messages: Messages, tools: Any, label: str, template: Any = None
+) -> None:
+    """A conversation with tool calls (or a ``tools`` column) must render differently without them: a
+    template that ignores them trains a tool-calling turn as an empty reply. ConfigError naming the
+    template otherwise."""
+    calls = any(m.get("tool_calls") for m in messages)
+    if not calls and not tools:
+        return
+
+    def render(turns: Messages, schemas: Any) -> str:
+        return _render(tokenizer, turns, label, False, schemas, template)
+
+    full = render(messages, tools)
+    what = None
+    if calls and render([{k: v for k, v in m.items() if k != "tool_calls"} for m in messages], tools) == full:
+        what = "the assistant turns' tool_calls (a tool-calling turn would be trained as an empty reply)"
+    elif tools and render(messages, None) == full:
+        what = "the tools column's schemas (the model would call tools it was never shown)"
+    if what:
+        raise ConfigError(f"the chat template ({label}) does not render {what}", key=KEY, hint=TOOLS_WAY_OUT)
+
+
+def check_template(
+    tokenizer: Any,
+    conversations: list[Messages],
+    *,
+    label: str = "",
+    tools: list[Any] | None = None,
+    where: str = "",
+) -> dict[str, Any]:
     """Mask ``conversations`` with the tokenizer's template, no model needed (``mode=plan`` can call this).
 
-    Raises ConfigError for a template that is not prefix-preserving or fails to render; returns counts and
-    the trained text of the first conversation."""
+    Raises ConfigError (naming the row) for a template that is not prefix-preserving or fails to render;
+    returns counts and the trained text of the first conversation."""
     label = label or template_label(tokenizer.chat_template)
-    masked = [mask_conversation(tokenizer, c, label=label) for c in conversations]
+    masked = mask_conversations(tokenizer, conversations, label=label, tools=tools, where=where)
     first = masked[0] if masked else None
     return {
         "template": label,
@@ -287,27 +421,24 @@ def check_template(tokenizer: Any, conversations: list[Messages], *, label: str 
     }
 
 
-def pretokenize(dataset: Any, tokenizer: Any, *, label: str, completion_only: bool = False) -> Any:
+def pretokenize(
+    dataset: Any, tokenizer: Any, *, label: str, completion_only: bool = False, where: str = ""
+) -> Any:
     """``dataset`` (a ``messages`` column) as pre-tokenized rows ``input_ids`` + ``assistant_masks``, which
     TRL's SFTTrainer neither re-tokenizes nor fails to fold into ``labels``. ``completion_only``: only the
     assistant turns among each row's last ``completion_turns`` (prompt/completion data) are trained."""
     from datasets import Dataset, Features, Sequence, Value
 
-    has_tools = "tools" in dataset.column_names
-    completion_only = completion_only and "completion_turns" in dataset.column_names
-    ids, masks = [], []
-    unaligned = 0
-    for row, example in enumerate(dataset):
-        try:
-            messages = example["messages"]
-            first = len(messages) - example["completion_turns"] if completion_only else 0
-            tools = example["tools"] if has_tools else None
-            m = mask_conversation(tokenizer, messages, label=label, tools=tools, first=first)
-        except ConfigError as err:
-            raise ConfigError(f"row {row}: {err.args[0]}", key=err.key, hint=err.hint) from None
-        ids.append(m.input_ids)
-        masks.append(m.assistant_masks)
-        unaligned += not m.aligned
+    conversations, tools = split_rows(dataset)
+    firsts = None
+    if completion_only and "completion_turns" in dataset.column_names:
+        firsts = [len(c) - n for c, n in zip(conversations, dataset["completion_turns"], strict=True)]
+    masked = mask_conversations(
+        tokenizer, conversations, label=label, tools=tools, firsts=firsts, where=where
+    )
+    ids = [m.input_ids for m in masked]
+    masks = [m.assistant_masks for m in masked]
+    unaligned = sum(not m.aligned for m in masked)
     if unaligned:
         log.warning(
             "%d of %d conversations have an assistant turn whose first or last token also holds template "
@@ -336,34 +467,123 @@ def choose_method(tokenizer: Any) -> tuple[str, str | None]:
     return (TRL_PATCHED, patched) if patched else (TRL_MARKERS, None)
 
 
-def preflight_trl(tokenizer: Any, conversations: list[Messages], template: str | None, label: str) -> None:
-    """Render a few conversations the way TRL will, so a template error is a ConfigError before the model
-    loads rather than a traceback from inside the trainer."""
-    for messages in conversations:
+def _trl_spans(tokenizer: Any, conversations: list[Messages], template: str | None, tools: Any) -> list[Any]:
+    """Each conversation rendered as TRL will (``apply_chat_template``'s rendering: None-valued keys
+    dropped, the special tokens as template variables), as its ``{% generation %}`` character spans; no
+    tokenizing, so every row can be checked quickly."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    plain = [[{k: v for k, v in m.items() if v is not None} for m in c] for c in conversations]
+    return render_jinja_template(
+        conversations=plain,
+        tools=tools,
+        chat_template=tokenizer.get_chat_template(template, tools),
+        return_assistant_tokens_mask=True,
+        **tokenizer.special_tokens_map,
+    )[1]
+
+
+def preflight_trl(
+    tokenizer: Any,
+    conversations: list[Messages],
+    template: str | None,
+    label: str,
+    *,
+    tools: list[Any] | None = None,
+    where: str = "",
+) -> None:
+    """Render every conversation the way TRL will, in batches of rows with the same tools (a failing batch
+    is retried row by row to name the row), so a template error or a row whose ``{% generation %}`` blocks
+    hold nothing is a ConfigError before the model loads rather than an error inside the trainer."""
+    tools = tools or [None] * len(conversations)
+    groups: dict[str, list[int]] = {}
+    for row, schemas in enumerate(tools):
+        groups.setdefault(json.dumps(schemas, sort_keys=True), []).append(row)
+    spans: dict[int, Any] = {}
+    for rows in groups.values():
+        for start in range(0, len(rows), CHECK_BATCH):
+            batch = rows[start : start + CHECK_BATCH]
+            try:
+                found = _trl_spans(tokenizer, [conversations[i] for i in batch], template, tools[batch[0]])
+            except Exception:  # retried row by row below, which names the row and the error
+                continue
+            spans.update(zip(batch, found, strict=True))
+    for row, messages in enumerate(conversations):
         try:
-            tokenizer.apply_chat_template(
-                messages,
-                tokenize=True,
-                return_dict=True,
-                return_assistant_tokens_mask=True,
-                chat_template=template,
-            )
-        except Exception as err:
-            raise ConfigError(
-                f"the chat template ({label}) cannot render this conversation: {err}", key=KEY, hint=WAY_OUT
-            ) from None
+            if row not in spans:
+                try:
+                    spans[row] = _trl_spans(tokenizer, [messages], template, tools[row])[0]
+                except Exception as err:
+                    raise ConfigError(
+                        f"the chat template ({label}) cannot render this conversation: {err}",
+                        key=KEY,
+                        hint=WAY_OUT,
+                    ) from None
+            if not any(b > a for a, b in spans[row]):
+                raise ConfigError(
+                    f"the chat template ({label}) marks no assistant text in this conversation (its "
+                    "{% generation %} blocks hold nothing), so it would train nothing",
+                    key=KEY,
+                    hint=WAY_OUT,
+                )
+        except ConfigError as err:
+            raise _row_error(err, row, where) from None
 
 
-def check_assistant_mask(tokenizer: Any, conversations: list[Messages], label: str) -> str:
-    """How training will mask assistant turns with this tokenizer's template, checked on ``conversations``
-    (a ConfigError for a template that cannot be masked): decided once, before the model loads, by the SFT
-    recipe and by ``mode=plan`` alike. Returns the method."""
+def check_assistant_mask(
+    tokenizer: Any,
+    conversations: list[Messages],
+    label: str,
+    *,
+    tools: list[Any] | None = None,
+    where: str = "",
+) -> str:
+    """How training will mask assistant turns with this tokenizer's template, checked on every one of
+    ``conversations`` (a ConfigError naming the row for a template that cannot mask or render one):
+    decided before the model loads, by the SFT recipe and by ``mode=plan`` alike. Returns the method."""
     method, trl_template = choose_method(tokenizer)
     if method == HYDRATUNE:
-        check_template(tokenizer, conversations, label=label)
+        check_template(tokenizer, conversations, label=label, tools=tools, where=where)
     else:
-        preflight_trl(tokenizer, conversations, trl_template, label)
+        preflight_trl(tokenizer, conversations, trl_template, label, tools=tools, where=where)
     return method
+
+
+def check_splits(tokenizer: Any, splits: Any, label: str) -> str:
+    """``check_assistant_mask`` on every row of every split (errors say ``train row N`` / ``eval row N``)."""
+    method = choose_method(tokenizer)[0]
+    for name, split in splits.items():
+        if len(split):
+            conversations, tools = split_rows(split)
+            method = check_assistant_mask(tokenizer, conversations, label, tools=tools, where=name)
+    return method
+
+
+# ---- a template without a system role --------------------------------------------------------------
+def rejects_system(tokenizer: Any) -> bool:
+    """Whether the chat template refuses a system turn (Gemma's raises) that it renders without."""
+    user = {"role": "user", "content": "hi"}
+    try:
+        tokenizer.apply_chat_template([user], tokenize=False)
+    except Exception:  # a template that fails anyway is named by the later checks
+        return False
+    try:
+        tokenizer.apply_chat_template([{"role": "system", "content": "be brief"}, user], tokenize=False)
+    except Exception:  # jinja's TemplateError from raise_exception()
+        return True
+    return False
+
+
+def fold_system(messages: Messages) -> Messages:
+    """A leading system turn folded into the first user turn (``system + "\n\n" + user``); unchanged
+    without one, or without a user turn after it."""
+    if not messages or messages[0].get("role") != "system":
+        return messages
+    user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+    if user is None:
+        return messages
+    folded = dict(messages[user], content=f"{messages[0]['content']}\n\n{messages[user]['content']}")
+    return [*messages[1:user], folded, *messages[user + 1 :]]
 
 
 def label_for(model: Any, tokenizer: Any) -> str:
