@@ -112,9 +112,6 @@ class GracefulInterrupt(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.uninstall()
-
 
 def accept_relays(run_dir: Path) -> None:
     """In a worker of hydratune's launcher, before anything else: take ``RELAY`` as the signal named in
