@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import time
@@ -34,6 +35,18 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def sha256s(paths: list[Path]) -> list[str]:
+    """:func:`file_sha256` of each path, files hashed in parallel threads (hashlib releases the GIL): a
+    checkpoint of many shards is hashed at the disk's speed rather than one core's (~0.35-1 GB/s)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = max(1, min(8, len(paths), os.cpu_count() or 1))
+    if workers == 1:
+        return [file_sha256(p) for p in paths]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(file_sha256, paths))
+
+
 def mark_complete(checkpoint: Path, step: int, run_dir: Path | None = None) -> None:
     """Record that ``checkpoint`` is whole: the size and sha256 of every file in it (read back right after
     they were written, so from the page cache), and the data fingerprint of ``run_dir`` when it has one.
@@ -44,7 +57,7 @@ def mark_complete(checkpoint: Path, step: int, run_dir: Path | None = None) -> N
         "step": step,
         "time": time.time(),
         "files": {n: p.stat().st_size for n, p in zip(names, paths, strict=True)},
-        "sha256": {n: file_sha256(p) for n, p in zip(names, paths, strict=True)},
+        "sha256": dict(zip(names, sha256s(paths), strict=True)),
     }
     fingerprint = run_dir / DATA_FINGERPRINT if run_dir is not None else None
     if fingerprint is not None and fingerprint.is_file():
@@ -77,9 +90,10 @@ def verify(checkpoint: Path, *, content: bool = False) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != size:
             return f"{name} has {path.stat().st_size} bytes, {size} were written"
-    sums = record.get("sha256") or {}
-    for name in sums if content else ():
-        if file_sha256(checkpoint / name) != sums[name]:
+    sums = (record.get("sha256") or {}) if content else {}
+    names = list(sums)
+    for name, digest in zip(names, sha256s([checkpoint / n for n in names]), strict=True):
+        if digest != sums[name]:
             return f"{name} does not match the sha256 recorded when it was written (its bytes changed)"
     return None
 
