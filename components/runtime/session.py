@@ -300,6 +300,7 @@ class Session:
         done) skips what is left of the evaluation and finishes the save and the summary; a second one stops
         at once."""
         ctx = self.ctx
+        self.interrupt.finishing = True
         if trainer.eval_dataset is not None and not self.interrupt.agreed():
             metrics.update(trainer.evaluate())
         state_dict = ctx.components.strategy.gather_state_dict(trainer)  # collective: every rank takes part
