@@ -231,7 +231,8 @@ def test_latest_is_the_run_recorded_last_not_the_dir_touched_last(compose_cfg, t
         result = run.parent.parent / "result.json"
         result.write_text(json.dumps({"run": {"recipe": "sft", "finished at": finished}}))
         (run.parent.parent / "final").mkdir()
-        os.utime(result, (1_700_000_000 + mtime, 1_700_000_000 + mtime))
+        for path in (result, run.parent.parent):  # the older run's dir and file written last (exported)
+            os.utime(path, (1_700_000_000 + mtime, 1_700_000_000 + mtime))
     monkeypatch.chdir(tmp_path)
     assert latest_run("sft") == str(newer.parent.parent.relative_to(tmp_path))
 
