@@ -248,3 +248,25 @@ def test_a_resumed_launch_clears_the_stale_markers(tmp_path) -> None:
         (tmp_path / name.format(rank=0)).write_text("{}")
     clear_markers(tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_killed_sweep_resumes_every_point_from_its_own_run(compose_cfg, tmp_path, monkeypatch) -> None:
+    """SIGKILL during point 1 of three: -m ... resume=true continues points 0 and 1 from their own
+    checkpoints and starts point 2, which never ran, afresh (instead of refusing the whole sweep)."""
+    from recipes.sft import SFT
+    from tests.test_resume import fake_run
+
+    killed = tmp_path / "multirun" / "day" / "t1"
+    lrs = ("1e-3", "2e-3", "3e-3")
+    for num, lr in enumerate(lrs[:2]):
+        fake_run(killed / str(num), compose_cfg(f"optimizer.lr={lr}"), [f"optimizer.lr={lr}"], age=10 - num)
+    resumed: dict[str, Any] = {}
+    monkeypatch.setattr(SFT, "run", lambda self, ctx: resumed.update({ctx.run_dir.path.name: ctx.cfg.resume}))
+    cli(
+        "-m",
+        f"optimizer.lr={','.join(lrs)}",
+        "resume=true",
+        f"hydra.sweep.dir={tmp_path / 'multirun' / 'day' / 't2'}",
+    )
+    own = {n: str(killed / n / "checkpoints" / "checkpoint-2") for n in ("0", "1")}
+    assert resumed == {"0": own["0"], "1": own["1"], "2": False}

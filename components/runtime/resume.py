@@ -50,6 +50,7 @@ MANAGEMENT: tuple[str, ...] = (
     "hydra",  # run/sweep dirs and the like (overrides only: the task config has no hydra node)
 )
 ABSENT = "<absent>"
+OTHER_POINT = "another sweep point"
 #: what a run leaves in its run dir once it trained (Hydra's .hydra/ alone is not a run: every node of a
 #: multi-node job writes it into the one pinned run dir)
 RUN_OUTPUTS = ("checkpoints", "final", "metrics.jsonl", "result.json", "summary.md")
@@ -144,7 +145,7 @@ def why_not(run: Path, cfg: DictConfig, sweep_point: list[str] | None) -> list[D
     if saved is None:
         return "no saved config (.hydra/config.yaml)"
     if sweep_point is not None and saved_point(run) != sweep_point:
-        return f"another sweep point ({' '.join(saved_point(run) or []) or 'no overrides'})"
+        return f"{OTHER_POINT} ({' '.join(saved_point(run) or []) or 'no overrides'})"
     return differences(saved, cfg)
 
 
@@ -155,8 +156,9 @@ def describe(reason: list[Difference] | str) -> str:
     return "; ".join(map(str, reason[:SHOWN])) + more
 
 
-def latest_matching(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None) -> Path:
-    """``resume=true``: the newest earlier run this one can continue; every one passed over is logged."""
+def latest_matching(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None) -> Path | None:
+    """``resume=true``: the newest earlier run this one can continue; every one passed over is logged.
+    None: a sweep point no earlier sweep got to (a sweep killed before it): it starts afresh."""
     # run dirs are <outputs>/<date>/<time…>, sweep points <multirun>/<date>/<time…>/<n>
     sweep = sweep_point is not None
     root = run_dir.parent.parent.parent if sweep else run_dir.parent.parent
@@ -170,6 +172,11 @@ def latest_matching(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | Non
             return run
         log.info("resume=true: passing over %s: %s", run, describe(reason))
         passed.append((run, reason))
+    if sweep and passed and all(isinstance(r, str) and r.startswith(OTHER_POINT) for _, r in passed):
+        log.warning(
+            "resume=true: no earlier sweep ran this point (%s): it starts afresh", " ".join(sweep_point)
+        )
+        return None
     raise no_match(root, passed)
 
 
@@ -233,7 +240,10 @@ def resolve(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None
     if resume in (False, None, "false", "False"):
         return None
     if resume in (True, "true", "True", "latest"):
-        checkpoint = resolve_resume(str(latest_matching(cfg, run_dir, sweep_point)))
+        run = latest_matching(cfg, run_dir, sweep_point)
+        if run is None:
+            return None
+        checkpoint = resolve_resume(str(run))
     else:
         checkpoint = resolve_resume(resume)  # a bad path fails here
         assert checkpoint is not None
