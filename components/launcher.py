@@ -135,6 +135,7 @@ class Local:
 
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.nproc_per_node)))
         os.environ[RELAYS] = "1"
+        clear_markers(run_dir)
         launch_config = self.launch_config(run_id=f"hydratune-{uuid.uuid4().hex[:8]}")
         relay = SignalRelay(run_dir)
         quiet = QuietStop(relay)
@@ -160,6 +161,18 @@ class Local:
             for logger in loggers:
                 logger.removeFilter(quiet)
         return (results or {}).get(0)
+
+
+def clear_markers(run_dir: Path) -> None:
+    """Before the workers start: remove what an earlier launch into this run dir left (the relayed signal's
+    name, this host's worker pid files, the ranks' done / stopped records), so a run resumed into its own
+    run dir neither stops at once on a stale signal nor reports a stale result."""
+    from components.distributed.interrupt import RELAY_FILE, WORKERS_DIR
+
+    stale = [run_dir / RELAY_FILE, *(run_dir / WORKERS_DIR).glob(f"{socket.gethostname()}.*.pid")]
+    stale += [p for pattern in (RANK_DONE, RANK_STOPPED) for p in run_dir.glob(pattern.format(rank="*"))]
+    for path in stale:
+        path.unlink(missing_ok=True)
 
 
 class QuietStop(logging.Filter):
@@ -285,6 +298,7 @@ class DeepSpeedLauncher(Local):
     def launch(self, run_dir: Path, worker: Callable[[str], Any]) -> Any:
         import subprocess
 
+        clear_markers(run_dir)
         proc = subprocess.run(self.command(run_dir, worker), check=False)
         done = finished_ranks(run_dir)
         if 0 in done:

@@ -50,6 +50,9 @@ def execute(cfg: DictConfig) -> Any:
     comps = Components.from_config(cfg)
     device = check_before_load(cfg, comps, plan_device(cfg, comps))
     if cfg.mode == "plan":
+        from components.runtime.resume import hydra_sweep_point, resolve
+
+        resolve(cfg, hydra_run_dir(), hydra_sweep_point())  # resume's checks: path, config, checksums, data
         from components.runtime.run import batch_plan
 
         print(OmegaConf.to_yaml(cfg, resolve=True))
@@ -152,7 +155,16 @@ def _hydra_app(cfg: DictConfig) -> Any:
 CHECKED_RUN_DIR: list[Path] = []
 
 #: what a run dir holds before anything of value is written: Hydra's config and log, the start-up files
-STARTUP_FILES = (".hydra", "versions.json", "frozen_config.yaml")
+STARTUP_FILES = (
+    ".hydra",
+    "versions.json",
+    "frozen_config.yaml",
+    "data_fingerprint.json",
+    "deepspeed.json",
+    "fsdp.json",
+    ".workers",
+    ".interrupt",
+)
 
 
 def remove_unused_run_dir() -> None:
@@ -246,6 +258,7 @@ def replay_argv(args: list[str], label: str = "replay") -> list[str]:
     saved = Path(args[0]).expanduser().resolve() / ".hydra"
     if not (saved / "config.yaml").is_file():
         raise ConfigError(f"{saved / 'config.yaml'} not found: not a run dir", key="replay")
+    refuse_group_options(args[1:], label)
     from components.config.trust import check_file
 
     # a hydra: node in it too: Hydra builds its callbacks before hydratune runs
@@ -261,12 +274,42 @@ def replay_argv(args: list[str], label: str = "replay") -> list[str]:
     ]
 
 
+def refuse_group_options(overrides: list[str], label: str) -> None:
+    """A saved config has no config groups left to choose from: ``peft=lora`` on top of it cannot pick an
+    option (Hydra would put the string "lora" where the peft node was)."""
+    from components.config.schema import GROUPS
+
+    chosen = [o for o in overrides if "=" in o and o.split("=", 1)[0].lstrip("+~") in GROUPS]
+    if not chosen:
+        return
+    group = chosen[0].split("=", 1)[0].lstrip("+~")
+    hint = (
+        f"continue it with the {group} it was trained with (drop {chosen[0]}), or start a new run "
+        "without resume="
+        if label == "resume"
+        else f"set that option's keys ({group}.<key>=…), or compose a new run: hydratune {chosen[0]}"
+    )
+    raise ConfigError(
+        f"{label} composes the run's saved config, whose groups are chosen already: {chosen[0]} cannot "
+        "pick another option there",
+        key=group,
+        hint=hint,
+    )
+
+
 class RunDirCheck(Callback):
     """Hydra callback (``hydra.callbacks`` in conf/config.yaml): fail early, naming the key, when the run
     or sweep dir cannot be created (Hydra would crash with a traceback while creating it). It sees the
     config Hydra composed for the job, so checking costs no composition of its own."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from components.runtime.resume import check_run_dir
+
+        try:
+            check_run_dir(Path(config.hydra.run.dir), config.get("resume"))  # before Hydra writes .hydra/
+        except ConfigError as err:
+            print_error(err)
+            sys.exit(2)
         exit_unless_writable(Path(config.hydra.run.dir), "hydra.run.dir")
         CHECKED_RUN_DIR.append(Path(config.hydra.run.dir).resolve())
 
@@ -293,17 +336,38 @@ def exit_unless_writable(run_dir: Path, key: str) -> None:
         sys.exit(2)  # SystemExit passes through Hydra's error reporting, which catches Exceptions only
 
 
+class StartupSignal(KeyboardInterrupt):
+    """SIGTERM / SIGUSR1 before training set up its own handler: stop like Ctrl-C, leaving no run dir."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def stop_at_startup(signum: int, frame: Any) -> None:
+    raise StartupSignal(signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (``hydratune`` and ``python -m recipes``)."""
+    import signal
+
     args = list(sys.argv[1:] if argv is None else argv)
     pause_gc()  # until training starts: see components/runtime/startup.py
+    previous = {s: signal.signal(s, stop_at_startup) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
         _main(args)
-    except KeyboardInterrupt:  # also when it lands in Hydra's own start-up, outside _hydra_app
+    except KeyboardInterrupt as stop:  # also when it lands in Hydra's own start-up, outside _hydra_app
         remove_unused_run_dir()
+        if isinstance(stop, StartupSignal):
+            name = signal.Signals(stop.signum).name
+            print(f"hydratune: {name} before training started: stopped, nothing to resume", file=sys.stderr)
+            sys.exit(128 + stop.signum)
         print("hydratune: interrupted (Ctrl-C)", file=sys.stderr)
         sys.exit(130)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         run_ends()
 
 

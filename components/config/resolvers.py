@@ -44,12 +44,12 @@ def latest_run(recipe: str, outputs: str = "outputs") -> str:
     from components.config.registry import recipe_name
 
     wanted = recipe_name(recipe)
-    runs = []
+    runs: dict[Path, float] = {}
     for result in Path(outputs).glob("**/result.json"):  # written when a run finishes
-        ran = json.loads(result.read_text()).get("run", {}).get("recipe", "")
+        run = json.loads(result.read_text()).get("run", {})
         # older runs recorded the class name (SFT, BestOfN): recipe_name maps it to the option name
-        if recipe_name(str(ran)) == wanted and (result.parent / "final").is_dir():
-            runs.append(result.parent)
+        if recipe_name(str(run.get("recipe", ""))) == wanted and (result.parent / "final").is_dir():
+            runs[result.parent] = finished_at(run, result)
     if not runs:
         from components.config.errors import ConfigError
 
@@ -58,7 +58,18 @@ def latest_run(recipe: str, outputs: str = "outputs") -> str:
             key="model.from_run",
             hint=f"run hydratune recipe={recipe} first, or pass model.from_run=<run dir>",
         )
-    return str(max(runs, key=lambda p: p.stat().st_mtime))
+    return str(max(runs, key=lambda p: runs[p]))
+
+
+def finished_at(run: dict[str, Any], result: Path) -> float:
+    """When a run finished: the time its result.json records (``run.finished at``, ISO 8601), else the
+    file's mtime (runs of older hydratune). Never the run dir's mtime: exporting a run writes into it."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(run["finished at"])).timestamp()
+    except (KeyError, ValueError):
+        return result.stat().st_mtime
 
 
 #: how to install the packages ``${package_dir:…}`` names (an extra cannot pass --no-deps)

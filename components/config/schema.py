@@ -83,6 +83,7 @@ class Config:
         False  # resume from checkpoints holding arbitrary pickles (components/config/trust.py)
     )
     trust_targets: bool = False  # build _target_s other than hydratune's own and reward functions
+    resume_allow_data_change: bool = False  # resume although the data files changed since the checkpoint
 
 
 ConfigStore.instance().store(name="hydratune_schema", node=Config)

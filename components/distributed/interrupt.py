@@ -33,11 +33,14 @@ _relayed: list[int] = []
 _active: list[GracefulInterrupt] = []
 
 
-def announce(signum: int, who: str = "") -> None:
+STOPPING = "finishing this step and writing a checkpoint"
+FINISHING = "finishing final/ and the summary (training is done)"
+
+
+def announce(signum: int, who: str = "", doing: str = STOPPING) -> None:
     name = signal.Signals(signum).name
     print(
-        f"\nhydratune: {name} received{who}: finishing this step and writing a checkpoint "
-        f"(send {name} again to stop at once)",
+        f"\nhydratune: {name} received{who}: {doing} (send {name} again to stop at once)",
         file=sys.stderr,
         flush=True,
     )
@@ -49,6 +52,7 @@ class GracefulInterrupt(TrainerCallback):
     def __init__(self) -> None:
         self.signum: int | None = None
         self.via_relay = False  # the stop came from the launcher's relay: the direct signal may follow it
+        self.finishing = False  # training is over: a signal now finishes final/ (Session._finish)
         self._previous: dict[int, Any] = {}
 
     def install(self) -> GracefulInterrupt:
@@ -77,14 +81,14 @@ class GracefulInterrupt(TrainerCallback):
             os.kill(os.getpid(), signum)
             return
         self.signum = signum
-        announce(signum)
+        announce(signum, doing=FINISHING if self.finishing else STOPPING)
 
     def relayed(self, signum: int) -> None:
         """The launcher relayed ``signum``: the same as receiving it, unless a signal came already (the
         launcher's second signal kills the workers itself)."""
         if self.signum is None:
             self.signum, self.via_relay = signum, True
-            announce(signum, " (relayed by the launcher)")
+            announce(signum, " (relayed by the launcher)", FINISHING if self.finishing else STOPPING)
 
     @property
     def requested(self) -> bool:
@@ -111,9 +115,6 @@ class GracefulInterrupt(TrainerCallback):
         if self.agreed():
             control.should_save = True
             control.should_training_stop = True
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.uninstall()
 
 
 def accept_relays(run_dir: Path) -> None:

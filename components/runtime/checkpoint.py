@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import time
@@ -16,42 +18,94 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _STEP = re.compile(r"checkpoint-(\d+)$")
-COMPLETE = "hydratune_complete.json"  # written last, lists every file with its size
+COMPLETE = "hydratune_complete.json"  # written last: every file's size and sha256, the data fingerprint
+DATA_FINGERPRINT = (
+    "data_fingerprint.json"  # in the run dir: what the run trains on (components/runtime/datafp.py)
+)
+CHUNK = 1 << 20
 log = logging.getLogger("hydratune")
 
 
-def mark_complete(checkpoint: Path, step: int) -> None:
-    """Record that ``checkpoint`` is whole: the size of every file in it."""
-    files = {
-        str(p.relative_to(checkpoint)): p.stat().st_size
-        for p in sorted(checkpoint.rglob("*"))
-        if p.is_file() and p.name != COMPLETE
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256s(paths: list[Path]) -> list[str]:
+    """:func:`file_sha256` of each path, files hashed in parallel threads (hashlib releases the GIL): a
+    checkpoint of many shards is hashed at the disk's speed rather than one core's (~0.35-1 GB/s)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = max(1, min(8, len(paths), os.cpu_count() or 1))
+    if workers == 1:
+        return [file_sha256(p) for p in paths]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(file_sha256, paths))
+
+
+def mark_complete(checkpoint: Path, step: int, run_dir: Path | None = None) -> None:
+    """Record that ``checkpoint`` is whole: the size and sha256 of every file in it (read back right after
+    they were written, so from the page cache), and the data fingerprint of ``run_dir`` when it has one.
+    Called by rank 0 after every rank saved its part (DeepSpeed's ``global_step*`` shards included)."""
+    paths = [p for p in sorted(checkpoint.rglob("*")) if p.is_file() and p.name != COMPLETE]
+    names = [str(p.relative_to(checkpoint)) for p in paths]
+    record: dict[str, Any] = {
+        "step": step,
+        "time": time.time(),
+        "files": {n: p.stat().st_size for n, p in zip(names, paths, strict=True)},
+        "sha256": dict(zip(names, sha256s(paths), strict=True)),
     }
+    fingerprint = run_dir / DATA_FINGERPRINT if run_dir is not None else None
+    if fingerprint is not None and fingerprint.is_file():
+        record["data"] = json.loads(fingerprint.read_text())
     tmp = checkpoint / (COMPLETE + ".tmp")
-    tmp.write_text(json.dumps({"step": step, "time": time.time(), "files": files}, indent=1))
+    tmp.write_text(json.dumps(record, indent=1))
     tmp.replace(checkpoint / COMPLETE)
 
 
-def verify(checkpoint: Path) -> str | None:
-    """None when ``checkpoint`` is whole, else what is wrong with it."""
-    marker = checkpoint / COMPLETE
-    if not marker.is_file():
-        return "no completion marker (the save did not finish)"
+def manifest(checkpoint: Path) -> dict[str, Any] | None:
+    """What :func:`mark_complete` recorded (None: no marker or an unreadable one)."""
     try:
-        files = json.loads(marker.read_text())["files"]
-    except (ValueError, KeyError):
+        record = json.loads((checkpoint / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("files"), dict) else None
+
+
+def verify(checkpoint: Path, *, content: bool = False) -> str | None:
+    """None when ``checkpoint`` is whole, else what is wrong with it: every listed file present with its
+    size; ``content``: and its sha256 (a checkpoint written before checksums is checked by size only)."""
+    if not (checkpoint / COMPLETE).is_file():
+        return "no completion marker (the save did not finish)"
+    record = manifest(checkpoint)
+    if record is None:
         return "unreadable completion marker"
-    for name, size in files.items():
+    for name, size in record["files"].items():
         path = checkpoint / name
         if not path.is_file():
             return f"{name} is missing"
         if path.stat().st_size != size:
             return f"{name} has {path.stat().st_size} bytes, {size} were written"
+    sums = (record.get("sha256") or {}) if content else {}
+    names = list(sums)
+    for name, digest in zip(names, sha256s([checkpoint / n for n in names]), strict=True):
+        if digest != sums[name]:
+            return f"{name} does not match the sha256 recorded when it was written (its bytes changed)"
     return None
 
 
+def has_checksums(checkpoint: Path) -> bool:
+    """Whether the checkpoint's marker records a sha256 per file (checkpoints of older hydratune do not)."""
+    return bool((manifest(checkpoint) or {}).get("sha256"))
+
+
 def checkpoints_in(run_dir: Path, *, warn: bool = False) -> list[Path]:
-    """Whole checkpoints of a run dir, oldest step first; broken ones are skipped (with a warning)."""
+    """Checkpoints of a run dir whose files are all there with their sizes, oldest step first; broken ones
+    are skipped (with a warning). Cheap: the content checks are :func:`newest_whole`'s."""
     found = []
     for path in (run_dir / "checkpoints").glob("checkpoint-*"):
         m = _STEP.search(path.name)
@@ -65,10 +119,28 @@ def checkpoints_in(run_dir: Path, *, warn: bool = False) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def resolve_resume(resume: Any) -> str | None:
-    """``resume``: false → None; a run dir → its last whole checkpoint; a checkpoint dir → itself.
+def whole(checkpoint: Path) -> bool:
+    """``checkpoint`` passes every check, content included (a warning names what fails; a note says when
+    it predates checksums and only sizes could be checked)."""
+    problem = verify(checkpoint, content=True)
+    if problem is not None:
+        log.warning("skipping checkpoint %s: %s; trying the previous one", checkpoint, problem)
+        return False
+    if not has_checksums(checkpoint):
+        log.warning("checkpoint %s predates checksums: only its files' sizes were checked", checkpoint)
+    return True
 
-    A checkpoint that is incomplete or damaged is skipped, with a warning, for the previous whole one.
+
+def newest_whole(run_dir: Path) -> Path | None:
+    """The newest checkpoint of ``run_dir`` that passes every check (None when none does)."""
+    return next((p for p in reversed(checkpoints_in(run_dir, warn=True)) if whole(p)), None)
+
+
+def resolve_resume(resume: Any) -> str | None:
+    """``resume``: false → None; a run dir → its newest whole checkpoint; a checkpoint dir → itself.
+
+    A checkpoint that is incomplete or damaged (a file missing, truncated, or with other bytes than were
+    written) is skipped, with a warning naming the file, for the previous whole one of its run.
     ``resume=true`` (which earlier run?) is components/runtime/resume.py's to decide.
     """
     if resume in (False, None, "false", "False"):
@@ -77,16 +149,14 @@ def resolve_resume(resume: Any) -> str | None:
         raise ValueError("resume=true names no path: components.runtime.resume.resolve picks the run")
     path = Path(str(resume)).expanduser()
     if path.is_dir() and _STEP.search(path.name):
-        problem = verify(path)
-        if problem is None:
+        if whole(path):
             return str(path)
-        log.warning("skipping checkpoint %s: %s", path, problem)
         path = path.parent.parent
-    good = checkpoints_in(path, warn=True) if path.is_dir() else []
-    if good:
-        return str(good[-1])
+    good = newest_whole(path) if path.is_dir() else None
+    if good is not None:
+        return str(good)
     raise ConfigError(
-        f"nothing to resume from at {path}: no complete checkpoint there",
+        f"nothing to resume from at {path}: no whole checkpoint there",
         key="resume",
         hint="pass a run dir (outputs/<date>/<time…>) or one of its checkpoints/checkpoint-N dirs",
     )
@@ -263,7 +333,7 @@ def save_loop_checkpoint(
     accelerator.wait_for_everyone()
     target = run_dir.checkpoints / staging.name
     if main:
-        mark_complete(staging, step)
+        mark_complete(staging, step, run_dir.path)
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
         shutil.rmtree(staging.parent, ignore_errors=True)

@@ -11,6 +11,7 @@ checkpoint's pickled files are then checked (components/config/trust.py) and the
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from components.config.errors import ConfigError
-from components.runtime.checkpoint import checkpoints_in, resolve_resume, verify
+from components.runtime import datafp
+from components.runtime.checkpoint import checkpoints_in, manifest, resolve_resume, verify
 
 log = logging.getLogger("hydratune")
 
@@ -34,6 +36,7 @@ MANAGEMENT: tuple[str, ...] = (
     "tracker",
     "trust_checkpoints",
     "trust_targets",
+    "resume_allow_data_change",
     "train.max_steps",
     "train.epochs",
     "train.log_every",
@@ -47,6 +50,12 @@ MANAGEMENT: tuple[str, ...] = (
     "hydra",  # run/sweep dirs and the like (overrides only: the task config has no hydra node)
 )
 ABSENT = "<absent>"
+OTHER_POINT = "another sweep point"
+#: what a run leaves in its run dir once it trained (Hydra's .hydra/ alone is not a run: every node of a
+#: multi-node job writes it into the one pinned run dir)
+RUN_OUTPUTS = ("checkpoints", "final", "metrics.jsonl", "result.json", "summary.md")
+NO_RESUME = (False, None, "false", "False")
+LATEST = (True, "true", "True", "latest")
 SHOWN = 3  # differing keys named per passed-over run
 
 
@@ -116,10 +125,18 @@ def saved_point(run: Path) -> list[str] | None:
 
 
 def candidates(root: Path, exclude: Path) -> list[Path]:
-    """Run dirs under ``root`` (but not under ``exclude``) with a whole checkpoint, newest first."""
+    """Run dirs under ``root`` (but not under ``exclude``) with a checkpoint, newest first: by the time
+    their newest checkpoint recorded (a dir's mtime changes whenever anything writes into it)."""
     runs = {ckpt.parent.parent for ckpt in root.glob("**/checkpoints/checkpoint-*")}
     runs = {r for r in runs if not r.resolve().is_relative_to(exclude.resolve())}
-    return sorted((r for r in runs if checkpoints_in(r)), key=lambda p: p.stat().st_mtime, reverse=True)
+    return sorted((r for r in runs if checkpoints_in(r)), key=saved_at, reverse=True)
+
+
+def saved_at(run: Path) -> float:
+    """When ``run``'s newest checkpoint was written, as its completion marker recorded it."""
+    newest = checkpoints_in(run)[-1]
+    recorded = (manifest(newest) or {}).get("time")
+    return float(recorded) if isinstance(recorded, (int, float)) else newest.stat().st_mtime
 
 
 def why_not(run: Path, cfg: DictConfig, sweep_point: list[str] | None) -> list[Difference] | str:
@@ -128,7 +145,7 @@ def why_not(run: Path, cfg: DictConfig, sweep_point: list[str] | None) -> list[D
     if saved is None:
         return "no saved config (.hydra/config.yaml)"
     if sweep_point is not None and saved_point(run) != sweep_point:
-        return f"another sweep point ({' '.join(saved_point(run) or []) or 'no overrides'})"
+        return f"{OTHER_POINT} ({' '.join(saved_point(run) or []) or 'no overrides'})"
     return differences(saved, cfg)
 
 
@@ -139,8 +156,9 @@ def describe(reason: list[Difference] | str) -> str:
     return "; ".join(map(str, reason[:SHOWN])) + more
 
 
-def latest_matching(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None) -> Path:
-    """``resume=true``: the newest earlier run this one can continue; every one passed over is logged."""
+def latest_matching(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None) -> Path | None:
+    """``resume=true``: the newest earlier run this one can continue; every one passed over is logged.
+    None: a sweep point no earlier sweep got to (a sweep killed before it): it starts afresh."""
     # run dirs are <outputs>/<date>/<time…>, sweep points <multirun>/<date>/<time…>/<n>
     sweep = sweep_point is not None
     root = run_dir.parent.parent.parent if sweep else run_dir.parent.parent
@@ -154,6 +172,11 @@ def latest_matching(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | Non
             return run
         log.info("resume=true: passing over %s: %s", run, describe(reason))
         passed.append((run, reason))
+    if sweep and passed and all(isinstance(r, str) and r.startswith(OTHER_POINT) for _, r in passed):
+        log.warning(
+            "resume=true: no earlier sweep ran this point (%s): it starts afresh", " ".join(sweep_point)
+        )
+        return None
     raise no_match(root, passed)
 
 
@@ -217,11 +240,16 @@ def resolve(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None
     if resume in (False, None, "false", "False"):
         return None
     if resume in (True, "true", "True", "latest"):
-        checkpoint = str(checkpoints_in(latest_matching(cfg, run_dir, sweep_point), warn=True)[-1])
+        run = latest_matching(cfg, run_dir, sweep_point)
+        if run is None:
+            return None
+        checkpoint = resolve_resume(str(run))
     else:
         checkpoint = resolve_resume(resume)  # a bad path fails here
         assert checkpoint is not None
         check_explicit(Path(checkpoint), cfg)
+    assert checkpoint is not None
+    datafp.check(Path(checkpoint), cfg)
     check_checkpoint(Path(checkpoint), trusted=bool(cfg.get("trust_checkpoints", False)))
     log.info("resuming from %s", checkpoint)
     return checkpoint
@@ -238,8 +266,11 @@ def hydra_sweep_point() -> list[str] | None:
 
 
 def pin(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None) -> DictConfig:
-    """``cfg`` with ``resume`` resolved to the checkpoint dir to load (or false): what recipes read."""
+    """``cfg`` with ``resume`` resolved to the checkpoint dir to load (or false): what recipes read. A run
+    that will write checkpoints records its data fingerprint first (they carry it)."""
     checkpoint = resolve(cfg, run_dir, sweep_point)
+    if cfg.train.get("save_every", 0) and int(os.environ.get("RANK", 0)) == 0:
+        datafp.write(cfg, run_dir)
     with read_write(cfg), open_dict(cfg):
         cfg.resume = checkpoint or False
     return cfg
@@ -258,3 +289,26 @@ def pinned(cfg: DictConfig) -> str | None:
             hint="run through the hydratune command (it resolves resume before loading anything)",
         )
     return str(path)
+
+
+def holds_a_run(run_dir: Path) -> bool:
+    """``run_dir`` holds what a run that trained leaves behind (:data:`RUN_OUTPUTS`)."""
+    return any((run_dir / name).exists() for name in RUN_OUTPUTS)
+
+
+def check_run_dir(run_dir: Path, resume: Any, key: str = "hydra.run.dir") -> None:
+    """Never write over a run: a run dir that holds one is used only to continue it (``resume=`` that dir
+    or one of its checkpoints). Checked before Hydra writes its ``.hydra/`` files into the dir."""
+    if not holds_a_run(run_dir):
+        return
+    run_dir = run_dir.resolve()
+    if resume not in NO_RESUME and resume not in LATEST:
+        target = Path(str(resume)).expanduser().resolve()
+        if target == run_dir or run_dir in target.parents:
+            return
+    raise ConfigError(
+        f"{run_dir} holds a run already ({', '.join(n for n in RUN_OUTPUTS if (run_dir / n).exists())}): "
+        "a new run there would write over its files",
+        key=key,
+        hint=f"continue that run with resume={run_dir}, or choose another {key}",
+    )

@@ -270,7 +270,8 @@ class Session:
         """Verify the strategy, train (resuming if asked), evaluate, save ``final/``, write the summary.
 
         On SIGTERM/SIGINT/SIGUSR1 the current step finishes, a checkpoint is written, the summary says
-        how to resume, and ``Interrupted`` is raised (the CLI exits with code 75).
+        how to resume, and ``Interrupted`` is raised (the CLI exits with code 75); after the last step, the
+        final save is finished instead (:meth:`_finish`).
         """
         from transformers import PrinterCallback
 
@@ -289,31 +290,55 @@ class Session:
         )  # resolved and checked before the model loaded (components/runtime/resume.py)
         if resume:
             self.report["run"]["resumed from"] = resume
-        self.interrupt.install()
+        self.interrupt.install()  # through the final save too: a signal then finishes it (see _finish)
         training_starts()  # everything is built: the collector's start-up pause ends here
         try:
             result = trainer.train(resume_from_checkpoint=resume)
+            self.report_loss_span(trainer, resume)
+            if self.interrupt.requested and trainer.state.global_step < trainer.state.max_steps:
+                saved = checkpoints_in(ctx.run_dir.path)
+                checkpoint = str(saved[-1]) if saved else None
+                raise self.stopped(trainer.state.global_step, checkpoint, dict(result.metrics))
+            return self._finish(trainer, dict(result.metrics), probes)
         finally:
             self.interrupt.uninstall()
-        self.report_loss_span(trainer, resume)
-        if self.interrupt.requested:
-            saved = checkpoints_in(ctx.run_dir.path)
-            checkpoint = str(saved[-1]) if saved else None
-            raise self.stopped(trainer.state.global_step, checkpoint, dict(result.metrics))
-        metrics: dict[str, Any] = dict(result.metrics)
-        if trainer.eval_dataset is not None:
+
+    def _finish(self, trainer: Any, metrics: dict[str, Any], probes: dict[str, Any]) -> dict[str, Any]:
+        """After the last step: evaluate, save ``final/``, write the summary. A signal now (training is
+        done) skips what is left of the evaluation and finishes the save and the summary; a second one stops
+        at once."""
+        ctx = self.ctx
+        self.interrupt.finishing = True
+        if trainer.eval_dataset is not None and not self.interrupt.agreed():
             metrics.update(trainer.evaluate())
-        state_dict = c.strategy.gather_state_dict(trainer)  # collective: every rank takes part
+        state_dict = ctx.components.strategy.gather_state_dict(trainer)  # collective: every rank takes part
         ctx.record_rank_weights(trainer.model)
-        self.probe(trainer, probes, "after")  # evaluate() is collective (ZeRO-3 gathers): every rank
+        if not self.interrupt.agreed():
+            self.probe(trainer, probes, "after")  # evaluate() is collective (ZeRO-3 gathers): every rank
         if not trainer.is_world_process_zero():
             return metrics
-        self.evaluate_generations("after")
+        if not self.interrupt.requested:
+            self.evaluate_generations("after")
         self.report["outputs"] = save_final(
             trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge, state_dict=state_dict
         )
+        self.note_late_signal()
         self.write_report(metrics)
         return metrics
+
+    def note_late_signal(self) -> None:
+        """A signal after the last training step: say that final/ was finished and what was skipped."""
+        if self.interrupt.signum is None:
+            return
+        import signal
+        import sys
+
+        name = signal.Signals(self.interrupt.signum).name
+        note = (
+            f"{name} after the last training step: final/ and the summary were finished, evaluation skipped"
+        )
+        self.report["run"]["signal"] = note
+        print(f"hydratune: {note}", file=sys.stderr, flush=True)
 
     def stopped(self, step: int, checkpoint: str | None, metrics: dict[str, Any]) -> Interrupted:
         """After a signal and its checkpoint: the summary (rank 0) says where the run stopped and how to
@@ -386,7 +411,12 @@ class Session:
     def write_report(self, metrics: dict[str, Any], cost: dict[str, Any] | None = None) -> None:
         """summary.md and result.json: the report's sections, the numeric ``metrics`` and the cost (wall
         time, peak memory, the training figures a run has, and the recipe's own ``cost`` rows)."""
+        from datetime import datetime, timezone
+
         ctx = self.ctx
+        self.report.setdefault("run", {})["finished at"] = datetime.now(timezone.utc).isoformat(
+            timespec="milliseconds"
+        )
         self.report["final metrics"] = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         rows = {
             "wall time (s)": round(ctx.elapsed(), 1),

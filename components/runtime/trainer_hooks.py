@@ -16,6 +16,7 @@ that silently stops being called would lose atomic checkpoints, token counts or 
   ``kwargs_handlers`` to its DDP handler alone).
 
 ``log(logs, ...)`` is public (transformers documents it for overriding); it flushes the token count.
+``get_batch_samples(...)`` is public too: it draws no batch once ``max_steps`` steps are done.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class AtomicCheckpoints:
             self.args.output_dir = str(root)  # type: ignore[attr-defined]
         self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]  # every rank's shards are written
         if self.args.should_save:  # type: ignore[attr-defined]
-            mark_complete(staging / name, self.state.global_step)  # type: ignore[attr-defined]
+            mark_complete(staging / name, self.state.global_step, root.parent)  # type: ignore[attr-defined]
             target = root / name
             if target.exists():
                 shutil.rmtree(target)
@@ -112,6 +113,17 @@ class AtomicCheckpoints:
                 use_mtime=True,
             )
         self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
+
+
+class NoStepPastTheEnd:
+    """No batch is drawn once ``max_steps`` optimizer steps are done: a run resumed from the checkpoint of its
+    last step trains nothing (the Trainer's loop would otherwise run one more step before it checks)."""
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list, Any]:
+        state = self.state  # type: ignore[attr-defined]
+        if state.max_steps > 0 and state.global_step >= state.max_steps:
+            return [], None
+        return super().get_batch_samples(epoch_iterator, num_batches, device)  # type: ignore[misc]
 
 
 class LossScaling:
@@ -128,6 +140,6 @@ class LossScaling:
 
 def hydratune_trainer(trainer_cls: type, scaler_handlers: tuple[Any, ...] = ()) -> type:
     """``trainer_cls`` (TRL's SFTTrainer, DPOTrainer, ...) with the hooks above: atomic checkpoints, the
-    token count read at log steps only, the fp16 scaler knobs."""
-    mixins = (DeferredTokenCount, AtomicCheckpoints, LossScaling, trainer_cls)
+    token count read at log steps only, no step past ``max_steps``, the fp16 scaler knobs."""
+    mixins = (DeferredTokenCount, AtomicCheckpoints, NoStepPastTheEnd, LossScaling, trainer_cls)
     return type(f"Hydratune{trainer_cls.__name__}", mixins, {"scaler_handlers": tuple(scaler_handlers)})

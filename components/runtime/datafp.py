@@ -1,0 +1,80 @@
+"""What a run trains on, as a fingerprint: the sha256 of every local data file (``data.path``,
+``data.eval_path``; a folder: each of its data files) and of the data config. Written into the run dir
+before training (``data_fingerprint.json``), copied into every checkpoint's completion marker, and
+compared on resume, so a run never continues silently on data edited since it was interrupted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from components.config.errors import ConfigError
+from components.runtime.checkpoint import DATA_FINGERPRINT, file_sha256, manifest
+
+log = logging.getLogger("hydratune")
+
+#: the switch that accepts resuming on changed data
+ALLOW = "resume_allow_data_change"
+
+
+def fingerprint(cfg: DictConfig) -> dict[str, Any]:
+    """``{"config": sha256 of the data node, "files": {path: sha256}}``; a hub dataset: named only."""
+    from components.data import data_files, looks_local
+
+    node = OmegaConf.to_container(cfg.data, resolve=True)
+    files: dict[str, str] = {}
+    for key in ("path", "eval_path"):
+        given = cfg.data.get(key)
+        if not given or given == "???":
+            continue
+        path = Path(str(given)).expanduser()
+        if not (looks_local(str(given)) and path.exists()):
+            files[str(given)] = "hub dataset (not hashed)"
+            continue
+        for file in data_files(path):
+            files[str(file.resolve())] = file_sha256(file)
+    config = hashlib.sha256(json.dumps(node, sort_keys=True, default=str).encode()).hexdigest()
+    return {"config": config, "files": files}
+
+
+def write(cfg: DictConfig, run_dir: Path) -> None:
+    """``data_fingerprint.json`` in ``run_dir``, for the checkpoints this run will write."""
+    (run_dir / DATA_FINGERPRINT).write_text(json.dumps(fingerprint(cfg), indent=1))
+
+
+def changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two fingerprints: the data files whose bytes changed, appeared or went, and
+    the data config."""
+    a, b = old.get("files", {}), new.get("files", {})
+    problems = [f"{p} changed" for p in sorted(a) if p in b and a[p] != b[p]]
+    problems += [f"{p} is new" for p in sorted(b) if p not in a]
+    problems += [f"{p} is gone" for p in sorted(a) if p not in b]
+    if old.get("config") != new.get("config"):
+        problems.append("the data config changed")
+    return problems
+
+
+def check(checkpoint: Path, cfg: DictConfig) -> None:
+    """Refuse to resume ``checkpoint`` on other data than it was trained on (unless :data:`ALLOW`)."""
+    recorded = (manifest(checkpoint) or {}).get("data")
+    if recorded is None:
+        log.warning(
+            "checkpoint %s records no data fingerprint (older hydratune): data not compared", checkpoint
+        )
+        return
+    problems = changed(recorded, fingerprint(cfg))
+    if not problems:
+        return
+    if cfg.get(ALLOW, False):
+        log.warning("resuming %s on changed data (%s=true): %s", checkpoint, ALLOW, "; ".join(problems))
+        return
+    raise ConfigError(
+        f"the data differs from what {checkpoint} was trained on: {'; '.join(problems)}",
+        key="data.path",
+        hint=f"restore the data it was trained on, or pass {ALLOW}=true to continue on the new data",
+    )
