@@ -292,34 +292,50 @@ def test_a_real_file_size_limit_during_a_save_is_a_named_error(tmp_path: Path, w
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
-def test_disk_full_during_training_checkpoint(compose_cfg, monkeypatch, tmp_path: Path) -> None:
-    """A real tiny run: the first checkpoint is written, the second runs out of space while torch saves
-    the optimizer; the run stops with DiskFull naming the first checkpoint to resume from."""
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("write", "no space left on the device writing"),  # torch.save of checkpoint-2 runs out
+        ("room", "the next checkpoint needs about"),  # the check before checkpoint-2 sees no room
+        ("final", "the final model needs about"),  # the check before final/ sees no room
+    ],
+)
+def test_disk_full_during_a_tiny_run(
+    compose_cfg, monkeypatch, tmp_path: Path, fault: str, message: str
+) -> None:
+    """A real tiny run through ``run_recipe``: checkpoint-1 is written, then the disk runs out (a write
+    raising ENOSPC, or no room left before the next save); DiskFull names checkpoint-1 to resume from."""
     import torch
 
+    from components.runtime import diskspace
     from components.runtime.checks import check_before_load
-    from components.runtime.diskspace import DiskFull
     from components.runtime.run import Components, run_recipe
 
     cfg = compose_cfg(
-        "train.max_steps=2", "train.save_every=1", "train.eval_every=0", "train.eval_generations=0",
-        "train.write_plots=false", "data.max_samples=64",
+        "train.max_steps=2", f"train.save_every={2 if fault == 'final' else 1}", "train.eval_every=0",
+        "train.eval_generations=0", "train.write_plots=false", "data.max_samples=32",
     )  # fmt: skip
     comps = Components.from_config(cfg)
     device = check_before_load(cfg, comps)
-    real_save, calls = torch.save, []
+    run_dir = tmp_path / "run"
+    first = run_dir / "checkpoints" / ("checkpoint-2" if fault == "final" else "checkpoint-1")
+    real_save, real_free = torch.save, diskspace.free_bytes
 
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-        if "checkpoint-2" in str(f):
-            calls.append(f)
+        if fault == "write" and first.is_dir():
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
         real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", save)
-    with pytest.raises(DiskFull) as info:
-        run_recipe(cfg, tmp_path / "run", comps=comps, device=device)
-    assert calls and "no space left" in str(info.value)
-    assert f"last whole checkpoint is {tmp_path / 'run' / 'checkpoints' / 'checkpoint-1'}" in str(info.value)
+    full = fault != "write"
+    monkeypatch.setattr(
+        diskspace, "free_bytes", lambda path: 0 if full and first.is_dir() else real_free(path)
+    )
+    with pytest.raises(diskspace.DiskFull) as info:
+        run_recipe(cfg, run_dir, comps=comps, device=device)
+    assert message in str(info.value), str(info.value)
+    assert f"last whole checkpoint is {first}" in str(info.value)
+    assert not (run_dir / "final").exists()
 
 
 # ---- the CLI: exit 2, one paragraph, no traceback (mode=plan: nothing is loaded) ------------------------

@@ -1,6 +1,6 @@
 """``hydratune report <multirun dir>``: one row per sweep point (overrides, final / best metrics; a point
-whose config was refused is a row too, status ``refused``) as
-markdown and CSV, and a PNG overlaying the points' loss curves."""
+whose config was refused is a row too, status ``refused``, with its error) as markdown and CSV, and a PNG
+overlaying the points' loss curves."""
 
 from __future__ import annotations
 
