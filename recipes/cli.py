@@ -38,6 +38,8 @@ def execute(cfg: DictConfig) -> Any:
     """Instantiate the groups, check them before any model is loaded, then run the recipe: here, or in
     the launcher's worker processes on the config frozen into the run dir."""
     from components.auto import maybe_resolve_auto
+    from components.config.ranges import check_values
+    from components.config.resolvers import check_resolves
     from components.launcher import FROZEN
     from components.runtime.checks import check_before_load
     from components.runtime.run import Components, hydra_run_dir, run_recipe
@@ -46,6 +48,8 @@ def execute(cfg: DictConfig) -> Any:
     apply_thread_policy(int(cfg.launcher.get("nproc_per_node") or 1))  # before torch is imported
     if cfg.mode == "plan":
         refuse_plan_under_an_optimizing_sweeper()
+    check_resolves(cfg)
+    check_values(cfg)  # before strategy=auto's estimate reads them (Components.from_config checks again)
     cfg = maybe_resolve_auto(cfg)  # strategy=auto: choose from the memory estimate, save the choice
     comps = Components.from_config(cfg)
     device = check_before_load(cfg, comps, plan_device(cfg, comps))

@@ -355,8 +355,12 @@ def hydratune(*args: str, cwd: Path, prefix: str = "") -> subprocess.CompletedPr
         (["+lr=1e-5"], "did you mean optimizer.lr"),
         (["--config-dir", "mine", "optimizer=bad"], "optimizer/bad.yaml, line 4"),
         (["--config-dir", "mine", "+experiment=bad"], "malformed YAML in mine/experiment/bad.yaml, line 4"),
+        (  # checked before strategy=auto's estimate reads it ("nothing fits" before)
+            ["strategy=auto", "estimate.gpu_memory=80GB", "estimate.safety_margin=nan"],
+            "[estimate.safety_margin] must be",
+        ),
     ],
-    ids=["plus-lr", "yaml-option", "yaml-experiment"],
+    ids=["plus-lr", "yaml-option", "yaml-experiment", "auto-nan"],
 )
 def test_cli_probe_is_refused_before_load(tmp_path: Path, args: list[str], needle: str) -> None:
     """Through a real Hydra job: the job's own config groups (``+lr`` is none of them), a malformed option
@@ -400,3 +404,13 @@ def test_report_lists_a_refused_sweep_point(tmp_path: Path) -> None:
     markdown, rows = write_report(sweep)
     assert [r["status"] for r in rows] == ["refused", "failed"]  # plan mode saves no final/
     assert "[train.max_steps] must be" in rows[0]["error"] and "points failed" in markdown
+
+
+def test_hydra_writing_the_run_dir_on_a_full_disk_is_a_named_error() -> None:
+    """What Hydra raises itself (outside the job: its .hydra/ files) reaches the CLI's startup_error."""
+    from components.runtime.diskspace import DiskFull
+    from recipes.cli import startup_error
+
+    full = startup_error(OSError(errno.ENOSPC, "No space left on device", "outputs/x/.hydra/config.yaml"))
+    assert isinstance(full, DiskFull) and "outputs/x/.hydra/config.yaml" in str(full)
+    assert startup_error(OSError(errno.EACCES, "Permission denied")) is None
