@@ -499,7 +499,7 @@ def _bad_line(path: Path, line: int, problem: str, key: str, skip: bool, stats: 
 def _json_object(line: bytes) -> bool:
     try:
         return isinstance(json.loads(line), dict)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: brackets nested deeper than json parses
         return False
 
 
@@ -559,6 +559,9 @@ def read_json_lines(path: Path, raw: bytes, *, key: str, skip: bool, stats: dict
         except json.JSONDecodeError as err:
             _bad_line(path, number, f"malformed JSON ({err.msg}, column {err.colno})", key, skip, stats)
             continue
+        except RecursionError:  # json's parser recurses once per nested bracket
+            _bad_line(path, number, "JSON nested too deeply to parse", key, skip, stats)
+            continue
         if not isinstance(row, dict):
             _bad_line(path, number, f"expected a JSON object, got {type(row).__name__}", key, skip, stats)
             continue
@@ -577,11 +580,11 @@ def _one_document(raw: bytes) -> bool:
         try:
             json.loads(lines[0])
             return False  # a complete object on line 1: JSON lines
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
     try:
         json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return True
 
@@ -637,6 +640,8 @@ def read_json(path: Path, *, key: str, skip: bool, stats: dict[str, int]) -> Row
         raise ConfigError(
             f"{path}:{err.lineno}: malformed JSON ({err.msg}, column {err.colno})", key=key
         ) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply to parse", key=key) from None
     if isinstance(data, dict):
         lists = [v for v in data.values() if isinstance(v, list)]
         if len(lists) == 1 and all(isinstance(r, dict) for r in lists[0]):

@@ -38,6 +38,8 @@ def execute(cfg: DictConfig) -> Any:
     """Instantiate the groups, check them before any model is loaded, then run the recipe: here, or in
     the launcher's worker processes on the config frozen into the run dir."""
     from components.auto import maybe_resolve_auto
+    from components.config.ranges import check_values
+    from components.config.resolvers import check_resolves
     from components.launcher import FROZEN
     from components.runtime.checks import check_before_load
     from components.runtime.run import Components, hydra_run_dir, run_recipe
@@ -46,6 +48,8 @@ def execute(cfg: DictConfig) -> Any:
     apply_thread_policy(int(cfg.launcher.get("nproc_per_node") or 1))  # before torch is imported
     if cfg.mode == "plan":
         refuse_plan_under_an_optimizing_sweeper()
+    check_resolves(cfg)
+    check_values(cfg)  # before strategy=auto's estimate reads them (Components.from_config checks again)
     cfg = maybe_resolve_auto(cfg)  # strategy=auto: choose from the memory estimate, save the choice
     comps = Components.from_config(cfg)
     device = check_before_load(cfg, comps, plan_device(cfg, comps))
@@ -139,6 +143,8 @@ def _hydra_app(cfg: DictConfig) -> Any:
         return execute(cfg)
     except ConfigError as err:
         print_error(err)
+        if keep_refused_point(err):
+            return None  # the basic sweeper goes on with the next point; the CLI exits 2 at the end
         remove_unused_run_dir()
         sys.exit(2)
     except KeyboardInterrupt:
@@ -149,6 +155,28 @@ def _hydra_app(cfg: DictConfig) -> Any:
 
         print(f"hydratune: {stop}. Resume with: hydratune resume={hydra_run_dir()}", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
+
+
+#: the sweep points refused with a ConfigError (a multirun goes on without them, then exits 2)
+REFUSED: list[str] = []
+#: the file a refused sweep point leaves in its run dir (``hydratune report`` lists the point as refused)
+REFUSED_FILE = "refused.txt"
+
+
+def keep_refused_point(err: ConfigError) -> bool:
+    """In a multirun, a refused point keeps its run dir with ``refused.txt`` (the error), so the sweep's
+    report lists it. True when the sweep can go on (Hydra's basic sweeper: every point is independent);
+    an optimizing sweeper needs every point's objective, so the sweep stops there (exit 2)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return False
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / REFUSED_FILE).write_text(f"{err}\n")
+    REFUSED.append(f"{HydraConfig.get().job.num}: {str(err).splitlines()[0]}")
+    return str(HydraConfig.get().sweeper.get("_target_", "")).endswith(".BasicSweeper")
 
 
 #: the run dir RunDirCheck created (before Hydra's job has its HydraConfig), for cleanup after an early Ctrl-C
@@ -419,6 +447,19 @@ def _main(args: list[str]) -> None:
     run_hydra_app()
 
 
+def startup_error(err: Exception) -> ConfigError | None:
+    """An error Hydra raises while composing or setting up a job that has a name: a malformed YAML file
+    (file and line), a disk that is full or a file size limit reached while writing the run dir."""
+    import yaml
+
+    from components.config.errors import yaml_error
+    from components.runtime.diskspace import as_disk_full
+
+    if isinstance(err, yaml.YAMLError):
+        return yaml_error(err)
+    return as_disk_full(err, None)
+
+
 def run_hydra_app() -> None:
     """Hydra's app, its composition errors exiting 2 with one paragraph like every ConfigError.
 
@@ -430,10 +471,20 @@ def run_hydra_app() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         _hydra_app()
+        if REFUSED:
+            points = "\n  ".join(REFUSED)
+            print(f"hydratune: {len(REFUSED)} sweep point(s) refused:\n  {points}", file=sys.stderr)
+            sys.exit(2)
     except CompactHydraException as err:
         if isinstance(err, InstantiationException) or previous == "1":
             raise
         print_error(compose_error(err))
+        sys.exit(2)
+    except Exception as err:  # raised by Hydra itself, outside the job: a YAML file, a full disk
+        named = startup_error(err)
+        if named is None:
+            raise
+        print_error(named)
         sys.exit(2)
     finally:
         if previous is None:

@@ -1,5 +1,6 @@
-"""``hydratune report <multirun dir>``: one row per sweep point (overrides, final / best metrics) as
-markdown and CSV, and a PNG overlaying the points' loss curves."""
+"""``hydratune report <multirun dir>``: one row per sweep point (overrides, final / best metrics; a point
+whose config was refused is a row too, status ``refused``, with its error) as markdown and CSV, and a PNG
+overlaying the points' loss curves."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ COLUMNS = (
     "eval accuracy",
     "wall time (s)",
     "tokens/s",
+    "error",
 )
+#: left in a sweep point's run dir by the CLI when its config was refused (recipes/cli.py)
+REFUSED_FILE = "refused.txt"
 
 
 def _metrics(job: Path) -> list[dict[str, Any]]:
@@ -36,7 +40,10 @@ def job_row(job: Path, sweep_dir: Path) -> dict[str, Any]:
     losses = [r["loss"] for r in records if "loss" in r]
     evals = [r["eval_loss"] for r in records if "eval_loss" in r]
     result = json.loads((job / "result.json").read_text()) if (job / "result.json").is_file() else {}
+    refused = job / REFUSED_FILE
+    error = refused.read_text().splitlines()[0] if refused.is_file() else None
     status = "interrupted" if "interrupted" in result else "ok" if (job / "final").is_dir() else "failed"
+    status = "refused" if error else status
     accuracy = result.get("eval accuracy (exact match)", {}).get("after")
     cost = result.get("cost", {})
     return {
@@ -48,6 +55,7 @@ def job_row(job: Path, sweep_dir: Path) -> dict[str, Any]:
         "eval accuracy": accuracy,
         "wall time (s)": cost.get("wall time (s)"),
         "tokens/s": cost.get("tokens/s (train, non-pad)"),
+        "error": error,
     }
 
 
@@ -99,6 +107,13 @@ def write_report(sweep_dir: Path) -> tuple[str, list[dict[str, Any]]]:
         )
     rows = [job_row(job, sweep_dir) for job in jobs]
     markdown = to_markdown(rows)
+    failed = [r for r in rows if r["status"] in ("failed", "refused")]
+    if failed:
+        markdown += (
+            f"\n{len(failed)} of {len(rows)} points failed: "
+            + ", ".join(f"{r['job']} ({r['status']})" for r in failed)
+            + "\n"
+        )
     (sweep_dir / "report.md").write_text(f"# Sweep {sweep_dir}\n\n{markdown}")
     with (sweep_dir / "report.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)

@@ -68,3 +68,17 @@ class Diverged(ConfigError):
             hint="; ".join(fixes) + " (train.skip_nonfinite_loss=true skips single bad steps instead)",
         )
         self.step = step
+
+
+def yaml_error(err: Exception, path: object = None) -> ConfigError:
+    """A YAML syntax error (``yaml.MarkedYAMLError``) as a ConfigError naming the file and the line."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = str(path or getattr(mark, "name", "") or "a config file")
+    line = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    return ConfigError(
+        f"malformed YAML in {where}{line}: {f'{context}: ' if context else ''}{problem}",
+        key=where,
+        hint="fix the YAML there (quote values holding ':', '[' or '{'; indent with spaces)",
+    )

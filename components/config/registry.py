@@ -122,23 +122,80 @@ def field_names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
 
 
-def check_known_keys(cfg: DictConfig) -> None:
-    """Keys forced in with ``+group.key=…`` that the option's schema does not know."""
+def _structured_nodes(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
+    """(path, node) of the groups, ``train``, ``estimate`` and each selected tracker."""
     nodes = [(group, cfg[group]) for group in (*GROUPS, "train", "estimate") if group != "tracker"]
-    nodes += [(f"tracker.{name}", node) for name, node in (cfg.tracker or {}).items()]
-    for path, node in nodes:
+    return nodes + [(f"tracker.{name}", node) for name, node in (cfg.tracker or {}).items()]
+
+
+def known_keys(cfg: DictConfig) -> list[str]:
+    """Every key the composed config's schemas know, as a dotted path (``optimizer.lr``)."""
+    from components.config.schema import Config
+
+    paths = [f.name for f in dataclasses.fields(Config)]
+    for path, node in _structured_nodes(cfg):
+        schema = OmegaConf.get_type(node)
+        if dataclasses.is_dataclass(schema):
+            paths += [f"{path}.{f.name}" for f in dataclasses.fields(schema) if f.name != "_target_"]
+    return paths
+
+
+def close_keys(key: str, known: list[str]) -> list[str]:
+    """Known keys ``key`` was probably meant as: close as a whole path, or by its last part
+    (``lr`` -> ``optimizer.lr``)."""
+    import difflib
+
+    leaves: dict[str, list[str]] = {}
+    for path in known:
+        leaves.setdefault(path.rsplit(".", 1)[-1], []).append(path)
+    leaf = key.rsplit(".", 1)[-1]
+    found = difflib.get_close_matches(key, known, n=3, cutoff=0.75)
+    for name in difflib.get_close_matches(leaf, list(leaves), n=3, cutoff=0.75):
+        found += [p for p in leaves[name] if p not in found]
+    return found[:5]
+
+
+def _unknown_key(key: str, where: str, known: list[str], allowed: str) -> ConfigError:
+    close = close_keys(key, known)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    return ConfigError(f"unknown key '{key}' {where}", key=key, hint=hint + allowed)
+
+
+def user_groups() -> set[str]:
+    """Top-level config groups of this Hydra job's defaults list (``+mygroup=x`` from a user's config dir
+    composes a ``mygroup`` node); empty outside a Hydra job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return set()
+    return {str(group).split("/", 1)[0] for group in HydraConfig.get().runtime.choices}
+
+
+def check_known_keys(cfg: DictConfig, extra_groups: set[str] | None = None) -> None:
+    """Keys forced in with ``+key=…`` / ``+group.key=…`` that no schema knows: refused, with the known
+    keys closest to it. A top-level key is allowed when it is a config group of the job's defaults list
+    (``extra_groups``; default: :func:`user_groups`)."""
+    from components.config.schema import Config
+
+    known = known_keys(cfg)
+    top = {f.name for f in dataclasses.fields(Config)} | (
+        user_groups() if extra_groups is None else extra_groups
+    )
+    for key in cfg:
+        if key not in top:
+            raise _unknown_key(
+                str(key), "at the top level of the config", known, "hydratune --cfg job lists the keys"
+            )
+    for path, node in _structured_nodes(cfg):
         schema = OmegaConf.get_type(node)
         if not dataclasses.is_dataclass(schema):
             continue
-        known = {f.name for f in dataclasses.fields(schema)}
+        fields = {f.name for f in dataclasses.fields(schema)}
         for key in node:
-            if key not in known:
-                allowed = ", ".join(sorted(k for k in known if k != "_target_"))
-                raise ConfigError(
-                    f"unknown key '{key}' for {path} option '{schema.__name__}'",
-                    key=f"{path}.{key}",
-                    hint=f"known keys: {allowed}",
-                )
+            if key not in fields:
+                allowed = ", ".join(sorted(k for k in fields if k != "_target_"))
+                where = f"for {path} option '{schema.__name__}'"
+                raise _unknown_key(f"{path}.{key}", where, known, f"known keys: {allowed}")
 
 
 def recipe_name(saved: str) -> str:

@@ -105,3 +105,24 @@ def register_resolvers() -> None:
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn, use_cache=True)
+
+
+def check_resolves(cfg: Any) -> None:
+    """Every interpolation of the composed config resolves (``${oc.env:VAR}`` of an unset variable, a
+    ``${key}`` that names nothing): refused naming the key, before anything is built."""
+    from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
+
+    from components.config.errors import ConfigError
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except (InterpolationResolutionError, InterpolationKeyError) as err:
+        cause = err.__cause__ or err.__context__
+        if isinstance(cause, ConfigError):  # a hydratune resolver's own refusal
+            raise cause from None
+        reason = str(err).splitlines()[0].split("while resolving interpolation:")[-1].strip(' "')
+        raise ConfigError(
+            f"cannot resolve {err.full_key}: {reason}",
+            key=str(err.full_key) or None,
+            hint="set the environment variable it reads, or pass the key a value",
+        ) from None

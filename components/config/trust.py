@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from components.config.errors import ConfigError
+from components.config.errors import ConfigError, yaml_error
 
 PICKLED = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")  # torch.save / pickle output
 # never unpickled on resume: transformers saves the TrainingArguments here but does not load them
@@ -130,11 +130,16 @@ def check_file(path: Path, *, trusted: bool) -> None:
     """A config file's ``_target_``s, read without composing: the task part as :func:`check_targets`,
     its ``hydra:`` node (callbacks, launcher, sweeper: built by Hydra before hydratune runs) hydratune's
     own or installed Hydra plugins only."""
-    if trusted:
-        return
+    import yaml
     from omegaconf import OmegaConf
 
-    config = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    try:
+        loaded = OmegaConf.load(path)  # trusted or not: a malformed file is named with its line
+    except yaml.YAMLError as err:
+        raise yaml_error(err, path) from None
+    if trusted:
+        return
+    config = OmegaConf.to_container(loaded, resolve=False)
     if not isinstance(config, dict):
         return
     hydra = config.pop("hydra", None)

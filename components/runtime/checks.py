@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from components.config.errors import ConfigError
 from components.config.registry import check_known_keys
 from components.recipe import DATA_KINDS
+from components.runtime.diskspace import DiskFull, check_room_before_load, planned_run_dir
 from components.runtime.run import Components, batch_plan, world_size
 
 
@@ -145,7 +146,21 @@ def warnings_for(cfg: DictConfig, comps: Components, device: str = "cpu") -> lis
             f"optimizer.lr={comps.optimizer.lr:g} is very high for a pretrained model (the default is "
             "tuned for the tiny random-init demo): typical values are 1e-5..5e-5 (full), 1e-4..3e-4 (LoRA)"
         )
+    notes += schedule_warnings(cfg, comps)
     return notes
+
+
+def schedule_warnings(cfg: DictConfig, comps: Components) -> list[str]:
+    """A warmup as long as the whole run (known before load when ``train.max_steps`` caps it): the
+    learning rate never reaches optimizer.lr."""
+    steps, warmup = int(cfg.train.max_steps), int(comps.scheduler.warmup_steps)
+    if steps <= 0 or warmup < steps:
+        return []
+    return [
+        f"scheduler.warmup_steps={warmup} >= train.max_steps={steps}: the learning rate is still warming "
+        f"up when training ends and never reaches optimizer.lr={comps.optimizer.lr:g} "
+        "(lower scheduler.warmup_steps, or use scheduler.warmup_ratio)"
+    ]
 
 
 def stale_accelerate_env() -> list[str]:
@@ -169,9 +184,21 @@ def check_generated(cfg: DictConfig, comps: Components, device: str) -> None:
         validate_deepspeed_config(files["deepspeed.json"])
 
 
+def check_disk(cfg: DictConfig, comps: Components, *, planned_elsewhere: bool) -> None:
+    """A checkpoint and the final model fit the run dir's disk (runtime/diskspace.py). A plan for another
+    host (``mode=plan`` of a GPU setup on a host without one) says so as a warning: its disk is elsewhere."""
+    try:
+        check_room_before_load(cfg, comps, planned_run_dir())
+    except DiskFull as err:
+        if not planned_elsewhere:
+            raise
+        logging.getLogger("hydratune").warning("%s (this host; check the GPU host's disk)", err)
+
+
 def check_before_load(cfg: DictConfig, comps: Components, device: str | None = None) -> str:
     """Everything that can be checked before weights are touched, cheapest first; returns the device
     (``device`` overrides detection: ``mode=plan`` plans for a GPU from a host without one)."""
+    device_given = device is not None
     check_known_keys(cfg)
     if cfg.mode not in ("train", "plan"):
         raise ConfigError(f"unknown mode '{cfg.mode}'", key="mode", hint="train or plan")
@@ -184,6 +211,7 @@ def check_before_load(cfg: DictConfig, comps: Components, device: str | None = N
     check_generated(cfg, comps, device)
     comps.recipe.check(cfg, comps)
     comps.peft.check_targets(comps.model.module_names())  # meta-device model: no weights, no memory
+    check_disk(cfg, comps, planned_elsewhere=device_given)
     stale = stale_accelerate_env()
     if stale:
         logging.getLogger("hydratune").warning(

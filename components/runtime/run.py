@@ -35,15 +35,20 @@ class Components:
     def from_config(cls, cfg: DictConfig) -> Components:
         """``hydra.utils.instantiate`` each group node (``_target_`` names the component class).
 
-        Keys forced in with ``+group.key=…`` are rejected first, naming the key, instead of failing
-        inside the component's constructor; so is any ``_target_`` that is not hydratune's own or a
+        Keys forced in with ``+group.key=…`` and numbers out of their range (config/ranges.py) are
+        rejected first, naming the key, instead of failing inside the component's constructor; so is
+        any ``_target_`` that is not hydratune's own or a
         reward function (components/config/trust.py) — a replayed run dir or experiment file sets any key."""
+        from components.config.ranges import check_values
         from components.config.registry import check_known_keys, check_recipe
+        from components.config.resolvers import check_resolves
         from components.config.trust import check_targets
         from components.tracker import Trackers
 
+        check_resolves(cfg)  # ${oc.env:UNSET} and the like, naming the key
         check_targets(cfg, trusted=bool(cfg.get("trust_targets", False)))
         check_known_keys(cfg)
+        check_values(cfg)  # every numeric knob finite and in its declared range (config/ranges.py)
         built = {g: _instantiate(cfg, g) for g in GROUPS}
         check_recipe(built["recipe"])  # everything after reads the recipe's declarations
         built["tracker"] = Trackers.of(built["tracker"])
@@ -274,6 +279,7 @@ def run_recipe(
     import os
 
     from components.launcher import single_process_env
+    from components.runtime.diskspace import disk_errors
     from components.runtime.startup import run_ends
 
     comps = comps or Components.from_config(cfg)
@@ -287,7 +293,8 @@ def run_recipe(
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     ctx = RunContext(cfg=cfg, components=comps, run_dir=RunDir(run_dir), device=device)
     try:
-        metrics = comps.recipe.run(ctx)
+        with disk_errors(run_dir):  # ENOSPC / EFBIG while writing: a named error (runtime/diskspace.py)
+            metrics = comps.recipe.run(ctx)
     finally:
         run_ends()  # the run's objects collectable again (a sweep runs its jobs in this process)
     objective = (metrics or {}).get(cfg.objective) if cfg.objective else None

@@ -25,6 +25,7 @@ from components.runtime.callbacks import (
 )
 from components.runtime.checkpoint import checkpoints_in, save_final
 from components.runtime.dataprep import eval_every, prepare_data
+from components.runtime.diskspace import ensure_room_for_final
 from components.runtime.resume import pinned
 from components.runtime.run import RunContext, peak_memory_gb
 from components.runtime.startup import training_starts
@@ -319,6 +320,7 @@ class Session:
             return metrics
         if not self.interrupt.requested:
             self.evaluate_generations("after")
+        ensure_room_for_final(trainer.model, ctx.run_dir.final, ctx.cfg.merge)
         self.report["outputs"] = save_final(
             trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge, state_dict=state_dict
         )
@@ -394,6 +396,7 @@ class Session:
             return metrics
         self.evaluate_generations("after")
         gathered = gathered or {}
+        ensure_room_for_final(model, self.ctx.run_dir.final, self.ctx.cfg.merge)
         self.report["outputs"] = save_final(
             model,
             self.tokenizer,

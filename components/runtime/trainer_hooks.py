@@ -87,12 +87,14 @@ class AtomicCheckpoints:
         from transformers.trainer_utils import rotate_checkpoints
 
         from components.runtime.checkpoint import mark_complete
+        from components.runtime.diskspace import ensure_room_for_checkpoint
 
         root = Path(self.args.output_dir)  # type: ignore[attr-defined]
         staging = root / ".staging"
         name = f"checkpoint-{self.state.global_step}"  # type: ignore[attr-defined]
         if self.args.should_save:  # type: ignore[attr-defined]
             shutil.rmtree(staging, ignore_errors=True)
+            ensure_room_for_checkpoint(model, root, root.parent)  # named error, not a half-written save
         self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
         self.args.output_dir = str(staging)  # type: ignore[attr-defined]
         try:

@@ -1,0 +1,416 @@
+"""Adversarial value probes (issue 24, classes 4 and 5): each refused before load, exit 2, by name.
+
+Every numeric knob of every schema is probed with nan / inf / a value below its range by calling the check
+itself (no subprocess per knob); the rest probe one entry point each, ``mode=plan`` where a subprocess is
+needed, in-process otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.config.errors import ConfigError
+
+
+def schemas() -> Iterator[tuple[str, type]]:
+    """(group, schema) of the shared nodes, every registered component and every recipe."""
+    import recipes
+    from components.config.options import groups, options
+    from components.config.registry import RECIPES, REGISTRY
+    from components.config.schema import EstimateConfig, TrainConfig
+
+    recipes.register_all()
+    for group in groups():
+        options(group)  # imports every component module conf/ names
+    yield "train", TrainConfig
+    yield "estimate", EstimateConfig
+    for group, classes in REGISTRY.items():
+        for cls in classes.values():
+            yield group, cls.__schema__
+    for cls in RECIPES.values():
+        yield "recipe", cls
+
+
+def knobs() -> list[tuple[str, str, Any]]:
+    from components.config.ranges import numeric_fields
+
+    found = {(g, n): h for g, s in schemas() for n, h in numeric_fields(s)}
+    return sorted((g, n, h) for (g, n), h in found.items())
+
+
+KNOBS = knobs()
+IDS = [f"{g}.{n}" for g, n, _ in KNOBS]
+
+
+def floats(hint: Any) -> bool:
+    return "float" in str(hint)
+
+
+@pytest.mark.parametrize(("group", "name", "hint"), KNOBS, ids=IDS)
+def test_every_numeric_knob_has_a_declared_range(group: str, name: str, hint: Any) -> None:
+    from components.config.ranges import range_of
+
+    assert range_of(group, name) is not None, f"declare {group}.{name} in components/config/ranges.RANGES"
+
+
+@pytest.mark.parametrize(("group", "name", "hint"), KNOBS, ids=IDS)
+def test_non_finite_and_below_range_refused(group: str, name: str, hint: Any) -> None:
+    """nan / ±inf for a float knob, a value just below the range for any knob: a ConfigError naming it."""
+    from components.config.ranges import check_value, range_of
+
+    allowed = range_of(group, name)
+    bad: list[float] = [math.nan, math.inf, -math.inf] if floats(hint) else []
+    if allowed is not None and allowed.low is not None:
+        below = allowed.low if allowed.low_open else allowed.low - (0.5 if floats(hint) else 1)
+        bad += [v for v in (below, -1) if v not in allowed.also and (v < allowed.low or v == below)]
+    for value in bad:
+        with pytest.raises(ConfigError) as info:
+            check_value(group, name, value)
+        assert info.value.key == f"{group}.{name}" and "must be" in str(info.value), value
+
+
+@pytest.mark.parametrize(("group", "name", "hint"), KNOBS, ids=IDS)
+def test_defaults_are_in_range(group: str, name: str, hint: Any) -> None:
+    from components.config.ranges import check_value
+
+    for of, schema in schemas():
+        for f in dataclasses.fields(schema):
+            if of == group and f.name == name and f.default is not dataclasses.MISSING:
+                check_value(group, name, f.default)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "train.epochs=nan",
+        "train.epochs=inf",
+        "optimizer.weight_decay=nan",
+        "optimizer.eps=-1",
+        "train.seed=-1",
+        "train.max_steps=0",
+        "scheduler.min_lr_ratio=nan",
+    ],
+)
+def test_reported_values_refused_before_build(compose_cfg, override: str) -> None:
+    """The reported probes, through the composed config and ``Components.from_config`` (before any
+    component is built, so before any model)."""
+    from components.runtime.run import Components
+
+    cfg = compose_cfg(override)
+    with pytest.raises(ConfigError) as info:
+        Components.from_config(cfg)
+    assert info.value.key == override.split("=")[0]
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "suggested"),
+    [
+        ("+lr=1e-5", "lr", "optimizer.lr"),
+        ("+unknown.key=1", "unknown", None),
+        ("+optimizer.learning_rat=1", "optimizer.learning_rat", None),
+        ("+train.max_step=3", "train.max_step", "train.max_steps"),
+    ],
+)
+def test_unknown_forced_keys_refused_with_close_matches(
+    compose_cfg, override: str, key: str, suggested: str | None
+) -> None:
+    from components.config.registry import check_known_keys
+
+    with pytest.raises(ConfigError) as info:
+        check_known_keys(compose_cfg(override), set())
+    assert info.value.key == key
+    if suggested:
+        assert f"did you mean {suggested}" in str(info.value)
+
+
+def test_a_group_the_user_added_is_allowed(compose_cfg) -> None:
+    """A top-level node composed from a config group of the job (``+mygroup=x`` from a --config-dir)."""
+    from components.config.registry import check_known_keys
+
+    check_known_keys(compose_cfg("+mygroup.knob=1"), {"mygroup"})
+
+
+def test_warmup_longer_than_the_run_is_warned(compose_cfg) -> None:
+    from components.runtime.checks import schedule_warnings
+    from components.runtime.run import Components
+
+    cfg = compose_cfg("train.max_steps=3", "scheduler.warmup_steps=100000")
+    (note,) = schedule_warnings(cfg, Components.from_config(cfg))
+    assert "scheduler.warmup_steps=100000 >= train.max_steps=3" in note
+    cfg = compose_cfg("train.max_steps=300", "scheduler.warmup_steps=10")
+    assert schedule_warnings(cfg, Components.from_config(cfg)) == []
+
+
+# ---- files: JSON nested too deeply, malformed YAML ----------------------------------------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+ROW = json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [[ROW, DEEP, ROW], [ROW, '{"messages": ' + DEEP + "}", ROW], [DEEP, ROW]],
+    ids=["bare", "in", "first"],
+)
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_brackets_nested_too_deep_are_a_named_row_error(
+    tmp_path: Path, lines: list[str], suffix: str
+) -> None:
+    from components.data import read_json
+
+    path = tmp_path / f"deep{suffix}"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as info:
+        read_json(path, key="data.path", skip=False, stats={})
+    assert "nested too deeply" in str(info.value) and info.value.key == "data.path"
+
+
+def test_brackets_nested_too_deep_skipped_with_on_error_skip(tmp_path: Path) -> None:
+    from components.data import read_json
+
+    path = tmp_path / "deep.jsonl"
+    path.write_text("\n".join([ROW, DEEP, ROW]) + "\n")
+    stats: dict[str, int] = {}
+    assert len(read_json(path, key="data.path", skip=True, stats=stats).rows) == 2
+    assert stats == {"skipped rows": 1}
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:
+    from components.config.trust import check_file
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("# @package _global_\noptimizer:\n  lr: [1e-5\n  foo: 2\n")
+    for trusted in (False, True):
+        with pytest.raises(ConfigError) as info:
+            check_file(path, trusted=trusted)
+        assert f"malformed YAML in {path}, line 4" in str(info.value)
+
+
+# ---- disk space: before load, before each save, a write that runs out anyway ---------------------------
+
+
+def test_disk_full_before_load(compose_cfg, monkeypatch, tmp_path: Path) -> None:
+    from components.runtime import diskspace
+    from components.runtime.checks import check_before_load
+    from components.runtime.run import Components
+
+    cfg = compose_cfg()
+    comps = Components.from_config(cfg)
+    total, _ = diskspace.planned_bytes(cfg, comps)
+    monkeypatch.setattr(diskspace, "free_bytes", lambda path: total - 1)
+    with pytest.raises(diskspace.DiskFull) as info:
+        check_before_load(cfg, comps)
+    assert "checkpoint and final model needs about" in str(info.value)
+    monkeypatch.setattr(diskspace, "free_bytes", lambda path: total)
+    diskspace.check_room_before_load(cfg, comps, tmp_path)
+
+
+def test_file_size_limit_before_load(compose_cfg, monkeypatch) -> None:
+    from components.runtime import diskspace
+    from components.runtime.run import Components
+
+    cfg = compose_cfg()
+    comps = Components.from_config(cfg)
+    _, largest = diskspace.planned_bytes(cfg, comps)
+    monkeypatch.setattr(diskspace, "file_size_limit", lambda: largest - 1)
+    with pytest.raises(diskspace.DiskFull, match="ulimit -f"):
+        diskspace.check_room_before_load(cfg, comps, Path.cwd())
+
+
+def test_disk_full_before_a_checkpoint_and_the_final_save(monkeypatch, tmp_path: Path) -> None:
+    import torch
+
+    from components.runtime import diskspace
+
+    model = torch.nn.Linear(64, 64)  # 4,160 fp32 parameters: 16,640 bytes (x3 with Adam; x2 merged)
+    monkeypatch.setattr(diskspace, "free_bytes", lambda path: 30_000)
+    with pytest.raises(diskspace.DiskFull, match="the next checkpoint needs about"):
+        diskspace.ensure_room_for_checkpoint(model, tmp_path / "checkpoints", tmp_path)
+    diskspace.ensure_room_for_final(model, tmp_path / "final")
+    with pytest.raises(diskspace.DiskFull, match="the final model needs about"):
+        diskspace.ensure_room_for_final(model, tmp_path / "final", merge=True)
+
+
+def whole_checkpoint(run_dir: Path, step: int) -> Path:
+    from components.runtime.checkpoint import mark_complete
+
+    checkpoint = run_dir / "checkpoints" / f"checkpoint-{step}"
+    checkpoint.mkdir(parents=True)
+    mark_complete(checkpoint, step)
+    return checkpoint
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EFBIG, errno.EDQUOT])
+def test_a_write_that_runs_out_is_a_named_error(monkeypatch, tmp_path: Path, code: int) -> None:
+    from components.runtime.diskspace import DiskFull, disk_errors
+
+    checkpoint = whole_checkpoint(tmp_path, 3)
+
+    def full(self: Path, data: bytes) -> int:
+        raise OSError(code, os.strerror(code), str(self))
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with pytest.raises(DiskFull) as info, disk_errors(tmp_path):
+        (tmp_path / "checkpoints" / "checkpoint-4" / "model.safetensors").write_bytes(b"x")
+    text = str(info.value)
+    assert "checkpoint-4/model.safetensors" in text and f"last whole checkpoint is {checkpoint}" in text
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "safetensors", "open"])
+def test_a_real_file_size_limit_during_a_save_is_a_named_error(tmp_path: Path, writer: str) -> None:
+    """``ulimit -f`` for real (this process, a moment): each writer's own error becomes DiskFull."""
+    import resource
+
+    import torch
+    from safetensors.torch import save_file
+
+    from components.runtime.diskspace import DiskFull, disk_errors
+
+    tensor = torch.zeros(1 << 18)  # 1 MiB
+    write = {
+        "torch.save": lambda: torch.save({"t": tensor}, tmp_path / "a.pt"),
+        "safetensors": lambda: save_file({"t": tensor}, str(tmp_path / "a.safetensors")),
+        "open": lambda: (tmp_path / "a.bin").write_bytes(bytes(1 << 20)),
+    }[writer]
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, hard))
+    try:
+        with pytest.raises(DiskFull, match=r"ulimit -f|no space"), disk_errors(tmp_path):
+            write()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("write", "no space left on the device writing"),  # torch.save of checkpoint-2 runs out
+        ("room", "the next checkpoint needs about"),  # the check before checkpoint-2 sees no room
+        ("final", "the final model needs about"),  # the check before final/ sees no room
+    ],
+)
+def test_disk_full_during_a_tiny_run(
+    compose_cfg, monkeypatch, tmp_path: Path, fault: str, message: str
+) -> None:
+    """A real tiny run through ``run_recipe``: checkpoint-1 is written, then the disk runs out (a write
+    raising ENOSPC, or no room left before the next save); DiskFull names checkpoint-1 to resume from."""
+    import torch
+
+    from components.runtime import diskspace
+    from components.runtime.checks import check_before_load
+    from components.runtime.run import Components, run_recipe
+
+    cfg = compose_cfg(
+        "train.max_steps=2", f"train.save_every={2 if fault == 'final' else 1}", "train.eval_every=0",
+        "train.eval_generations=0", "train.write_plots=false", "data.max_samples=32",
+    )  # fmt: skip
+    comps = Components.from_config(cfg)
+    device = check_before_load(cfg, comps)
+    run_dir = tmp_path / "run"
+    first = run_dir / "checkpoints" / ("checkpoint-2" if fault == "final" else "checkpoint-1")
+    real_save, real_free = torch.save, diskspace.free_bytes
+
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if fault == "write" and first.is_dir():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    full = fault != "write"
+    monkeypatch.setattr(
+        diskspace, "free_bytes", lambda path: 0 if full and first.is_dir() else real_free(path)
+    )
+    with pytest.raises(diskspace.DiskFull) as info:
+        run_recipe(cfg, run_dir, comps=comps, device=device)
+    assert message in str(info.value), str(info.value)
+    assert f"last whole checkpoint is {first}" in str(info.value)
+    assert not (run_dir / "final").exists()
+
+
+# ---- the CLI: exit 2, one paragraph, no traceback (mode=plan: nothing is loaded) ------------------------
+
+
+def hydratune(*args: str, cwd: Path, prefix: str = "") -> subprocess.CompletedProcess[str]:
+    command = " ".join([prefix, f"'{sys.executable}'", "-m", "recipes", *(f"'{a}'" for a in args)])
+    env = {k: v for k, v in os.environ.items() if k != "HT_PROBE_UNSET"}
+    return subprocess.run(
+        ["bash", "-c", command], cwd=cwd, capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["+lr=1e-5"], "did you mean optimizer.lr"),
+        (["--config-dir", "mine", "optimizer=bad"], "optimizer/bad.yaml, line 4"),
+        (["--config-dir", "mine", "+experiment=bad"], "malformed YAML in mine/experiment/bad.yaml, line 4"),
+        (  # checked before strategy=auto's estimate reads it ("nothing fits" before)
+            ["strategy=auto", "estimate.gpu_memory=80GB", "estimate.safety_margin=nan"],
+            "[estimate.safety_margin] must be",
+        ),
+    ],
+    ids=["plus-lr", "yaml-option", "yaml-experiment", "auto-nan"],
+)
+def test_cli_probe_is_refused_before_load(tmp_path: Path, args: list[str], needle: str) -> None:
+    """Through a real Hydra job: the job's own config groups (``+lr`` is none of them), a malformed option
+    file Hydra itself reads, an experiment file hydratune reads before Hydra."""
+    bad = "# @package _global_\noptimizer:\n  lr: [1\n  x: 2\n"
+    for group in ("experiment", "optimizer"):
+        (tmp_path / "mine" / group).mkdir(parents=True)
+        (tmp_path / "mine" / group / "bad.yaml").write_text(bad)
+    proc = hydratune(*args, "mode=plan", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert needle in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_unset_environment_variable_refused_before_build(compose_cfg, monkeypatch) -> None:
+    from components.runtime.run import Components
+
+    monkeypatch.delenv("HT_PROBE_UNSET", raising=False)
+    with pytest.raises(ConfigError) as info:
+        Components.from_config(compose_cfg("run_name=${oc.env:HT_PROBE_UNSET}"))
+    assert info.value.key == "run_name" and "Environment variable 'HT_PROBE_UNSET' not found" in str(
+        info.value
+    )
+
+
+def test_cli_file_size_limit_is_refused_before_load(tmp_path: Path) -> None:
+    """``ulimit -f 1024`` (1 MiB): the tiny model's checkpoint has larger files; refused in mode=plan."""
+    proc = hydratune("mode=plan", cwd=tmp_path, prefix="ulimit -f 1024;")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "per-file size limit (ulimit -f)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_report_lists_a_refused_sweep_point(tmp_path: Path) -> None:
+    """A basic sweep goes on past a refused point, exits 2, and the report has a row saying why."""
+    from components.commands.report import write_report
+
+    proc = hydratune("-m", "train.max_steps=0,3", "mode=plan", cwd=tmp_path)
+    assert proc.returncode == 2 and "1 sweep point(s) refused" in proc.stderr, proc.stderr[-2000:]
+    assert "checks passed" in proc.stdout  # the second point was planned
+    (sweep,) = tmp_path.glob("multirun/*/*")
+    markdown, rows = write_report(sweep)
+    assert [r["status"] for r in rows] == ["refused", "failed"]  # plan mode saves no final/
+    assert "[train.max_steps] must be" in rows[0]["error"] and "points failed" in markdown
+
+
+def test_hydra_writing_the_run_dir_on_a_full_disk_is_a_named_error() -> None:
+    """What Hydra raises itself (outside the job: its .hydra/ files) reaches the CLI's startup_error."""
+    from components.runtime.diskspace import DiskFull
+    from recipes.cli import startup_error
+
+    full = startup_error(OSError(errno.ENOSPC, "No space left on device", "outputs/x/.hydra/config.yaml"))
+    assert isinstance(full, DiskFull) and "outputs/x/.hydra/config.yaml" in str(full)
+    assert startup_error(OSError(errno.EACCES, "Permission denied")) is None
