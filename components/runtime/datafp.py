@@ -24,22 +24,34 @@ ALLOW = "resume_allow_data_change"
 
 def fingerprint(cfg: DictConfig) -> dict[str, Any]:
     """``{"config": sha256 of the data node, "files": {path: sha256}}``; a hub dataset: named only."""
-    from components.data import data_files, looks_local
+    from components.data import looks_local
 
     node = OmegaConf.to_container(cfg.data, resolve=True)
     files: dict[str, str] = {}
-    for key in ("path", "eval_path"):
-        given = cfg.data.get(key)
+    given_paths = [cfg.data.get(key) for key in ("path", "eval_path")]
+    given_paths += [entry.get(k) for entry in cfg.data.get("mixture") or [] for k in ("path", "eval_path")]
+    for given in given_paths:
         if not given or given == "???":
             continue
         path = Path(str(given)).expanduser()
         if not (looks_local(str(given)) and path.exists()):
             files[str(given)] = "hub dataset (not hashed)"
             continue
-        for file in data_files(path):
+        for file in files_under(path):
             files[str(file.resolve())] = file_sha256(file)
     config = hashlib.sha256(json.dumps(node, sort_keys=True, default=str).encode()).hexdigest()
     return {"config": config, "files": files}
+
+
+def files_under(path: Path) -> list[Path]:
+    """``path`` itself, or every file under the folder (hidden ones skipped): whatever of it a run reads."""
+    if path.is_file():
+        return [path]
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
 
 
 def write(cfg: DictConfig, run_dir: Path) -> None:
