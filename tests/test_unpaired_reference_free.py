@@ -328,3 +328,35 @@ def test_bad_knobs_fail_before_load_naming_the_key(compose_cfg, recipe, override
     with pytest.raises(ConfigError) as info:
         check_before_load(cfg, Components.from_config(cfg), "cpu")
     assert info.value.key == key
+
+
+# ---- one short run per recipe: train, checkpoint, resume, export -------------------------------------
+
+RUN = [
+    *("data.max_samples=16", "data.eval_path=null", "data.eval_fraction=0"),  # 16 rows, no eval split
+    *("train.micro_batch_size=4", "train.eval_generations=0", "train.eval_every=0", "train.log_every=1"),
+]
+#: what each recipe's trainer must be running (the loss it was asked for)
+TRAINER_FACTS = {
+    "kto": lambda t: t.loss_type == "kto" and t.calculate_KL and t.ref_model is not None,
+    "orpo": lambda t: type(t).__name__ == "HydratuneORPOTrainer" and t.beta == 0.1,
+    "simpo": lambda t: t.loss_type == "simpo" and t.cpo_alpha == 0.0 and t.simpo_gamma == 1.0,
+}
+
+
+@pytest.mark.parametrize("recipe", list(TRAINER_FACTS))
+def test_each_recipe_trains_checkpoints_resumes_and_exports(run_recipe, tmp_path, recipe) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from components.commands.export import export
+
+    first, _ = run_recipe(f"recipe={recipe}", *RUN, "train.max_steps=2", "train.save_every=2", name="a")
+    assert TRAINER_FACTS[recipe](first.trainer)
+    steps = "train.max_steps=3", "train.save_every=2", "resume=true"
+    resumed, _ = run_recipe(f"recipe={recipe}", *RUN, *steps, name="b")
+    assert resumed.cfg.resume.endswith("checkpoint-2")
+    assert [r["step"] for r in resumed.run_dir.read_metrics() if "loss" in r] == [3]
+    report = (resumed.run_dir.path / "summary.md").read_text()
+    assert "training pairs (after)" in report and "rewards/margins" in report
+    model = AutoModelForCausalLM.from_pretrained(export(resumed.run_dir.path, tmp_path / "exported"))
+    assert model.config.vocab_size > 0
