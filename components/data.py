@@ -7,9 +7,10 @@
 - ``PreferenceDataset`` (reward, DPO): ``prompt``/``chosen``/``rejected`` as message lists, from explicit
   pairs, from two conversations that share their leading turns (UltraFeedback) or from Anthropic HH
   transcripts; the shared turns become the prompt, so no token is in both the prompt and a response.
+- ``UnpairedPreferenceDataset`` (KTO): ``prompt``/``completion`` as message lists and a boolean ``label``.
 - ``PromptDataset`` (PPO, GRPO): ``prompt`` as a message list, plus ``answer`` when the file has one.
 
-All three share one loader (``read_sources``), one column mapping (``Source.read``) and one seeded
+All of them share one loader (``read_sources``), one column mapping (``Source.read``) and one seeded
 train/eval split (``Source.load_splits``). Rows are converted one by one, so an error names the file, the
 line (JSON lines) or row, and the column. ``on_error=skip`` drops bad rows instead and counts them
 (``stats``, shown in the run's summary, with ``info``: the format used and where the eval rows came from).
@@ -1898,6 +1899,52 @@ class PreferenceDataset(Source):
             self.require(sources, needed, f"of a preference pair (format={kind})")
             pair = self.to_pair
             return self.convert(sources, lambda row: pair(row, kind), self.CANONICAL, key, report, needed)
+
+        return self.load_splits(build, report)
+
+
+@component("data")
+@dataclass(frozen=True)
+class UnpairedPreferenceDataset(Source):
+    """Unpaired preference data for KTO: one ``completion`` to a ``prompt`` per row and its ``label``
+    (``true``: desirable, ``false``: undesirable), loaded as ``prompt`` / ``completion`` message lists
+    and ``label``. Text becomes one user / assistant message; message lists are taken as they are. A
+    label that is not a JSON boolean is a row error (``"yes"``, ``1`` and ``null`` are refused)."""
+
+    CANONICAL: ClassVar[tuple[str, ...]] = ("prompt", "completion", "label")
+    kind: ClassVar[str] = "unpaired"
+
+    max_length: int = 1024  # tokens of prompt + completion
+
+    def prompt_limit(self) -> tuple[int, str, str]:
+        return self.max_length, "data.max_length", "truncate"
+
+    def validate(self) -> None:
+        super().validate()
+        check_max_length(self.max_length)
+
+    def to_row(self, row: Row) -> Row:
+        """One row as ``prompt`` / ``completion`` message lists and a boolean ``label``."""
+        label = row.get("label")
+        if not isinstance(label, bool):
+            raise RowError(
+                f"column 'label' should be true or false, got {label!r} ({type(label).__name__})",
+                key="data.columns",
+                hint="write the label as a JSON boolean: true (desirable) or false (undesirable)",
+            )
+        return {
+            "prompt": self.messages(row.get("prompt"), "user", "prompt"),
+            "completion": self.messages(row.get("completion"), "assistant", "completion"),
+            "label": label,
+        }
+
+    def load(self) -> LoadedData:
+        """Train/eval with ``prompt`` and ``completion`` (lists of messages) and ``label`` (bool)."""
+        report = LoadReport()
+
+        def build(sources: list[Rows], path: str, key: str) -> Dataset:
+            self.require(sources, self.CANONICAL, "of an unpaired preference row")
+            return self.convert(sources, self.to_row, self.CANONICAL, key, report)
 
         return self.load_splits(build, report)
 

@@ -29,6 +29,7 @@ R = TypeVar("R", bound=type)
 DATA_KINDS = {
     "chat": "chat / instruction / text data",
     "preference": "preference pairs (prompt, chosen, rejected)",
+    "unpaired": "unpaired preference rows (prompt, completion, label: true/false)",
     "prompts": "prompts (and reference answers)",
 }
 

@@ -8,7 +8,6 @@ reference log-probs computed once up front (``recipe.precompute_ref_log_probs``)
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -74,15 +73,9 @@ class DPO(Recipe):
         c = ctx.components
         session = Session.start(ctx)
         data = session.load_data()
-        model = session.build_model()
-        reference = None
-        if not (c.peft.is_adapter or self.precompute_ref_log_probs):
-            # ZeRO-3 partitions the policy as it loads (a copy would hold empty shards): the reference is
-            # loaded again, seeded alike, under the same zero.Init, and TRL makes it an inference engine
-            if c.strategy.partitions_at_load:
-                reference = session.build_frozen()
-            else:
-                reference = copy.deepcopy(model).eval().requires_grad_(False)
+        session.build_model()
+        adapter_or_precomputed = c.peft.is_adapter or self.precompute_ref_log_probs
+        reference = None if adapter_or_precomputed else session.frozen_reference()
         args = DPOConfig(
             **ctx.training_args(
                 beta=self.beta,

@@ -62,6 +62,15 @@ def wrong_answer(a: int, b: int, rng: random.Random) -> str:
     return str(right)[::-1]
 
 
+def unpaired(pairs: list[dict]) -> list[dict]:
+    """KTO's demo: the chosen answer of every even pair (desirable), the rejected one of every odd pair
+    (undesirable): balanced, and no prompt twice, so the KL estimate's shifted pairs are mismatched."""
+    return [
+        {"prompt": p["prompt"], "completion": p["rejected" if i % 2 else "chosen"], "label": not i % 2}
+        for i, p in enumerate(pairs)
+    ]
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -90,8 +99,12 @@ def make_datasets() -> list[tuple[int, int]]:
     def preference(a: int, b: int) -> dict:
         return {"prompt": f"What is {a} + {b}?", "chosen": str(a + b), "rejected": wrong_answer(a, b, rng)}
 
-    write_jsonl(DEMO / "preference_train.jsonl", [preference(a, b) for a, b in train_pairs[:512]])
-    write_jsonl(DEMO / "preference_eval.jsonl", [preference(a, b) for a, b in eval_pairs])
+    train_prefs = [preference(a, b) for a, b in train_pairs[:512]]
+    eval_prefs = [preference(a, b) for a, b in eval_pairs]
+    write_jsonl(DEMO / "preference_train.jsonl", train_prefs)
+    write_jsonl(DEMO / "preference_eval.jsonl", eval_prefs)
+    write_jsonl(DEMO / "unpaired_train.jsonl", unpaired(train_prefs))
+    write_jsonl(DEMO / "unpaired_eval.jsonl", unpaired(eval_prefs))
     write_jsonl(
         DEMO / "preference_messages.jsonl",
         [

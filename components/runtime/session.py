@@ -7,6 +7,7 @@ SIGTERM/SIGINT), evaluates, saves and reports.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from dataclasses import dataclass, field
@@ -170,6 +171,15 @@ class Session:
         policy's sharded weights cannot be copied); seeded like ``build_model`` so a random init matches."""
         self.ctx.seed_everything()
         return self._load(task).eval().requires_grad_(False)
+
+    def frozen_reference(self) -> Any:
+        """The reference of a preference loss (DPO, KTO) when the policy has no adapter to switch off: a
+        frozen copy of the policy; under ZeRO-3, whose policy is partitioned as it loads (a copy would hold
+        empty shards), the model loaded again, seeded alike, under the same zero.Init (TRL then makes it an
+        inference engine)."""
+        if self.ctx.components.strategy.partitions_at_load:
+            return self.build_frozen()
+        return copy.deepcopy(self.model).eval().requires_grad_(False)
 
     def _load(self, task: str) -> Any:
         """The configured model in its load dtype (bf16 frozen base under an adapter), quantized if asked."""

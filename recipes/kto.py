@@ -1,0 +1,89 @@
+"""Kahneman-Tversky optimisation (Ethayarajh et al. 2024) on TRL's KTOTrainer: unpaired data.
+
+Each row is one completion labelled desirable or not. The loss per row is
+``w_D (1 - sigmoid(beta (r - z)))`` for a desirable completion and ``w_U (1 - sigmoid(beta (z - r)))``
+for an undesirable one: ``r`` the log-ratio of policy to reference, ``z`` the batch's KL estimate (the
+same completions paired with other prompts, so ``train.micro_batch_size`` must be at least 2). The
+reference is DPO's: the adapter-free policy under PEFT, else a frozen copy (ZeRO-3: loaded again), or
+log-probs computed once up front.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig
+
+from components.config.errors import ConfigError
+from components.recipe import Recipe, recipe
+from components.runtime.run import Components, RunContext
+
+LOSS_TYPES = ("kto", "apo_zero_unpaired")
+
+
+@recipe
+@dataclass(frozen=True)
+class KTO(Recipe):
+    """KTO on TRL's KTOTrainer: unpaired rows (prompt, completion, label), desirable / undesirable weights."""
+
+    title: ClassVar[str] = "KTO"
+    data_kinds: ClassVar[tuple[str, ...]] = ("unpaired", "preference")  # pairs are split into two rows
+
+    beta: float = 0.1
+    desirable_weight: float = 1.0  # lambda_D: raise it when desirable rows are the fewer
+    undesirable_weight: float = 1.0  # lambda_U
+    loss_type: str = "kto"  # kto | apo_zero_unpaired (no KL estimate)
+    precompute_ref_log_probs: bool = False
+
+    def trainer_args(self, max_length: int) -> dict[str, Any]:
+        """KTOConfig's fields this recipe sets."""
+        return {
+            "beta": self.beta,
+            "desirable_weight": self.desirable_weight,
+            "undesirable_weight": self.undesirable_weight,
+            "loss_type": self.loss_type,
+            "precompute_ref_log_probs": self.precompute_ref_log_probs,
+            "max_length": max_length,
+        }
+
+    def check(self, cfg: DictConfig, comps: Components) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ConfigError(
+                f"unknown loss {self.loss_type!r}", key="recipe.loss_type", hint=f"one of {LOSS_TYPES}"
+            )
+        if self.beta <= 0:
+            raise ConfigError(
+                f"beta must be > 0, got {self.beta}", key="recipe.beta", hint="typical: 0.01-0.5"
+            )
+        for key in ("desirable_weight", "undesirable_weight"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(
+                    f"must be > 0, got {getattr(self, key)}",
+                    key=f"recipe.{key}",
+                    hint="weigh the rarer label up (the paper: w_D n_D / (w_U n_U) in [1, 4/3])",
+                )
+        if self.loss_type == "kto" and cfg.train.micro_batch_size < 2:
+            raise ConfigError(
+                f"KTO's KL estimate pairs each completion with another row's prompt in the same micro-batch, "
+                f"so it needs at least 2 rows per micro-batch (got {cfg.train.micro_batch_size})",
+                key="train.micro_batch_size",
+                hint="set train.micro_batch_size=2 or more, or recipe.loss_type=apo_zero_unpaired (no KL)",
+            )
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        from trl import KTOConfig, KTOTrainer
+
+        from components.runtime.session import Session, training_pairs
+
+        c = ctx.components
+        session = Session.start(ctx)
+        data = session.load_data()
+        session.build_model()
+        adapter_or_precomputed = c.peft.is_adapter or self.precompute_ref_log_probs
+        reference = None if adapter_or_precomputed else session.frozen_reference()
+        args = KTOConfig(**ctx.training_args(**self.trainer_args(c.data.max_length)))
+        trainer = session.trainer(KTOTrainer, args, data, ref_model=reference)
+        # with log-probs precomputed and no reference kept, TRL cannot score new rows after training
+        probes = {} if self.precompute_ref_log_probs and reference is None else training_pairs(trainer)
+        return session.train_and_finish(trainer, probes=probes)

@@ -1,0 +1,53 @@
+"""Odds-ratio preference optimisation (Hong et al. 2024) on TRL's ORPOTrainer (``trl.experimental``,
+pinned: ``components/runtime/trl_experimental.py``): no reference model.
+
+The loss is the chosen sequence's NLL minus
+``lambda * log sigmoid(log odds(chosen) - log odds(rejected))``, the odds of a response ``p / (1 - p)``
+with ``p`` its length-normalised likelihood ``exp(mean log p)``. TRL's NLL runs over the chosen prompt and
+response, as the paper's reference implementation does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig
+
+from components.config.errors import ConfigError
+from components.recipe import Recipe, recipe
+from components.runtime.run import Components, RunContext
+
+
+@recipe
+@dataclass(frozen=True)
+class ORPO(Recipe):
+    """ORPO on TRL's ORPOTrainer: SFT and an odds-ratio preference term in one loss, no reference model."""
+
+    title: ClassVar[str] = "ORPO"
+    data_kinds: ClassVar[tuple[str, ...]] = ("preference",)
+    demo_data: ClassVar[str] = "demo_dpo"
+
+    beta: float = 0.1  # the paper's lambda: the weight of the odds-ratio term against the NLL
+
+    def trainer_args(self, max_length: int) -> dict[str, Any]:
+        """ORPOConfig's fields this recipe sets."""
+        return {"beta": self.beta, "max_length": max_length}
+
+    def check(self, cfg: DictConfig, comps: Components) -> None:
+        if self.beta <= 0:
+            raise ConfigError(
+                f"beta must be > 0, got {self.beta}", key="recipe.beta", hint="the paper: 0.1-0.25"
+            )
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        from components.runtime.session import Session, training_pairs
+        from components.runtime.trl_experimental import experimental
+
+        config_cls, trainer_cls = experimental("orpo", "ORPOConfig", "ORPOTrainer")
+        session = Session.start(ctx)
+        data = session.load_data()
+        session.build_model()
+        args = config_cls(**ctx.training_args(**self.trainer_args(ctx.components.data.max_length)))
+        trainer = session.trainer(trainer_cls, args, data)
+        return session.train_and_finish(trainer, probes=training_pairs(trainer))

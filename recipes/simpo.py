@@ -1,0 +1,66 @@
+"""Simple preference optimisation (Meng et al. 2024) on TRL's CPOTrainer with ``loss_type="simpo"``
+(``trl.experimental``, pinned: ``components/runtime/trl_experimental.py``): no reference model.
+
+The loss is ``-log sigmoid(beta/|y_w| log pi(y_w|x) - beta/|y_l| log pi(y_l|x) - gamma)``: the
+length-normalised log-likelihoods are the rewards, ``gamma`` the target margin. ``sft_weight`` > 0 adds the
+chosen response's NLL (CPO's behaviour-cloning term; the paper's SimPO has none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig
+
+from components.config.errors import ConfigError
+from components.recipe import Recipe, recipe
+from components.runtime.run import Components, RunContext
+
+
+@recipe
+@dataclass(frozen=True)
+class SimPO(Recipe):
+    """SimPO on TRL's CPOTrainer: a length-normalised reward margin with a target gamma, no reference."""
+
+    title: ClassVar[str] = "SimPO"
+    data_kinds: ClassVar[tuple[str, ...]] = ("preference",)
+    demo_data: ClassVar[str] = "demo_dpo"
+
+    beta: float = 2.0  # the reward scale (the paper: 2.0-2.5)
+    gamma: float = 1.0  # the target reward margin (the paper: gamma / beta around 0.5)
+    sft_weight: float = 0.0  # CPO's NLL term on the chosen response (0: SimPO as published)
+
+    def trainer_args(self, max_length: int) -> dict[str, Any]:
+        """CPOConfig's fields this recipe sets."""
+        return {
+            "loss_type": "simpo",
+            "beta": self.beta,
+            "simpo_gamma": self.gamma,
+            "cpo_alpha": self.sft_weight,
+            "max_length": max_length,
+        }
+
+    def check(self, cfg: DictConfig, comps: Components) -> None:
+        if self.beta <= 0:
+            raise ConfigError(
+                f"beta must be > 0, got {self.beta}", key="recipe.beta", hint="the paper: 2.0-2.5"
+            )
+        if self.gamma < 0:
+            raise ConfigError(
+                f"must be >= 0, got {self.gamma}", key="recipe.gamma", hint="the paper: 0.5-1.6"
+            )
+        if self.sft_weight < 0:
+            raise ConfigError(f"must be >= 0, got {self.sft_weight}", key="recipe.sft_weight")
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        from components.runtime.session import Session, training_pairs
+        from components.runtime.trl_experimental import experimental
+
+        config_cls, trainer_cls = experimental("cpo", "CPOConfig", "CPOTrainer")
+        session = Session.start(ctx)
+        data = session.load_data()
+        session.build_model()
+        args = config_cls(**ctx.training_args(**self.trainer_args(ctx.components.data.max_length)))
+        trainer = session.trainer(trainer_cls, args, data)
+        return session.train_and_finish(trainer, probes=training_pairs(trainer))
