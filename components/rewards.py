@@ -249,7 +249,9 @@ def check_trusted(function: Any, key: str) -> None:
 
     from components.config.errors import ConfigError
 
-    hint = "a plain def in your own module (or components.rewards); if you trust the config: trust_targets=true"
+    hint = (
+        "a plain def in your own module (or components.rewards); if you trust the config: trust_targets=true"
+    )
     bound = function.keywords if isinstance(function, functools.partial) else {}
     if isinstance(function, functools.partial):
         if function.args or any(callable(v) for v in bound.values()):

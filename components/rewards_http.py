@@ -16,13 +16,20 @@ import math
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
-from components.rewards import CALL_KEYWORDS, check_reward, resolve_reward, reward_model_path, text_of
+from components.rewards import (
+    CALL_KEYWORDS,
+    check_reward,
+    default_reward,
+    resolve_reward,
+    reward_model_path,
+    text_of,
+)
 
 
 class RewardServerError(RuntimeError):
@@ -53,7 +60,7 @@ class HttpReward:
         ok = isinstance(scores, list) and len(scores) == n
         if not ok or not all(isinstance(s, (int, float)) and math.isfinite(s) for s in scores):
             raise RewardServerError(
-                f"{self.url} answered {str(answer)[:200]!r}: expected {{\"scores\": [{n} numbers]}}"
+                f'{self.url} answered {str(answer)[:200]!r}: expected {{"scores": [{n} numbers]}}'
             )
         return [float(s) for s in scores]
 
@@ -92,7 +99,7 @@ class HttpReward:
             raise ConfigError(
                 f"the reward server does not answer: {err}",
                 key=key,
-                hint="start the server (it must answer POST {\"prompts\": [], \"completions\": []} with "
+                hint='start the server (it must answer POST {"prompts": [], "completions": []} with '
                 '{"scores": []}), or fix the URL',
             ) from None
 
@@ -117,7 +124,9 @@ class RewardURL:
             return
         if not str(self.reward_url).startswith(("http://", "https://")):
             raise ConfigError(
-                f"'{self.reward_url}' is not an http(s) URL", key="recipe.reward_url", hint="http://host:port/path"
+                f"'{self.reward_url}' is not an http(s) URL",
+                key="recipe.reward_url",
+                hint="http://host:port/path",
             )
         if not self.reward_timeout > 0:
             raise ConfigError("must be > 0 seconds", key="recipe.reward_timeout")
@@ -132,9 +141,11 @@ class RewardURL:
 class OneReward(RewardURL):
     """``recipe.reward`` (a function or a reward model) or ``recipe.reward_url``: PPO's and Best-of-N's."""
 
+    reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
+
     def check_one_reward(self, cfg: DictConfig) -> None:
         """Before load: the reward resolves (user modules, trust) or the server answers; not both."""
-        spec = getattr(self, "reward")
+        spec = self.reward
         if self.reward_url is not None:
             if reward_model_path(spec):
                 raise ConfigError(
@@ -148,12 +159,12 @@ class OneReward(RewardURL):
 
     def reward_function(self, device: str = "cpu") -> Any:
         """The reward that scores completions: the server, else ``recipe.reward`` resolved."""
-        return self.http_reward() or resolve_reward(getattr(self, "reward"), device)
+        return self.http_reward() or resolve_reward(self.reward, device)
 
     def check_columns(self, comps: Any, splits: Any) -> None:
         """Before load: the reward function reads only columns the rows have (``answer`` for exact_match)."""
         from components.rewards import check_columns
 
-        if self.reward_url is None and not reward_model_path(getattr(self, "reward")):
-            function = resolve_reward(getattr(self, "reward"))
+        if self.reward_url is None and not reward_model_path(self.reward):
+            function = resolve_reward(self.reward)
             check_columns([("recipe.reward", function)], splits["train"].column_names, str(comps.data.path))

@@ -11,14 +11,14 @@ with the best of N.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
 from components.recipe import recipe
-from components.rewards import default_reward, reward_model_path
+from components.rewards import reward_model_path
 from components.rewards_http import OneReward
 from components.runtime.inference import BatchedGeneration, write_jsonl
 from components.runtime.run import Components, RunContext
@@ -32,7 +32,6 @@ class BestOfN(BatchedGeneration, OneReward):
     num_return_sequences: int = 8
     temperature: float = 1.0
     output: str = "samples.jsonl"  # every sample with its reward
-    reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
     pairs: bool = False  # also write best/worst preference pairs (pairs.jsonl)
 
     title: ClassVar[str] = "Best-of-N"

@@ -13,14 +13,14 @@ continue at the next iteration.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
 from components.recipe import Recipe, recipe
-from components.rewards import default_reward, reward_model_path
+from components.rewards import reward_model_path
 from components.rewards_http import OneReward
 from components.runtime.run import Components, RunContext
 
@@ -59,7 +59,6 @@ class PPO(Recipe, OneReward):
     reward_clip: float = 10.0
     missing_eos_penalty: float | None = -1.0  # added to the score of responses cut off before EOS
     value_model: str = "head"  # head (on the policy's trunk) | separate (critic from reward model / policy)
-    reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         rules = {
