@@ -114,8 +114,6 @@ def copy_run(source: Path, to: Path, **model: str | None) -> Path:
 def test_an_export_is_fit_for_a_hub(runs, tmp_path) -> None:
     import os
 
-    from components.commands.export import base_model_id, gguf_repo_id, model_card
-
     out = export(runs["full"], tmp_path / "hub")
     umask = os.umask(0)
     os.umask(umask)
@@ -128,6 +126,8 @@ def test_an_export_is_fit_for_a_hub(runs, tmp_path) -> None:
     assert "base_model" not in front  # a random-init local model has no hub id
     for local in (str(runs["full"].parent), str(Path(__file__).parent.parent)):
         assert local not in card, local
+    from components.commands.export import base_model_id, gguf_repo_id, model_card
+
     hub_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
     hub = copy_run(runs["full"], tmp_path / "from_hub", name_or_path=hub_id, init="pretrained")
     child = copy_run(runs["full"], tmp_path / "child", from_run=str(hub))  # through model.from_run

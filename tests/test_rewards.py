@@ -127,7 +127,7 @@ def hydratune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_a_reward_module_in_the_working_directory_resolves_before_load(
     compose_cfg, tmp_path, monkeypatch, user_dirs
 ) -> None:
-    from components.rewards import import_reward, resolve_reward
+    from components.rewards import resolve_reward
 
     (tmp_path / "cwd_rewards_a.py").write_text(USER_REWARDS)
     monkeypatch.chdir(tmp_path)  # the working directory is not on sys.path (a console script's isn't)
@@ -136,6 +136,8 @@ def test_a_reward_module_in_the_working_directory_resolves_before_load(
     with pytest.raises(ConfigError) as info:
         checked(compose_cfg, "recipe=grpo", "recipe.reward_funcs=[cwd_rewards_a.corect]")
     assert info.value.key == "recipe.reward_funcs[0]" and "did you mean correct" in str(info.value)
+    from components.rewards import import_reward
+
     for spec, near in [
         ("cwd_rewardz_a.correct", "did you mean cwd_rewards_a"),
         ("components.rewards.exact_mach", "did you mean exact_match"),
