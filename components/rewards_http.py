@@ -132,9 +132,7 @@ class RewardURL:
             raise ConfigError("must be > 0 seconds", key="recipe.reward_timeout")
         if self.reward_retries < 0:
             raise ConfigError("must be >= 0", key="recipe.reward_retries")
-        served = self.http_reward()
-        assert served is not None
-        served.probe("recipe.reward_url")
+        HttpReward(self.reward_url, self.reward_timeout, self.reward_retries).probe("recipe.reward_url")
 
 
 @dataclass(frozen=True)
