@@ -1984,7 +1984,7 @@ class PromptDataset(Source):
         def to_prompt(row: Row) -> Row:
             out: Row = {"prompt": self.messages(row.get("prompt"), "user", "prompt")}
             if has_answer:
-                out["answer"] = text_of(row, "answer", required=False)
+                out["answer"] = text_of(row, "answer")  # a blank / NaN reference is no reference
             return out
 
         def build(sources: list[Rows], path: str, key: str) -> Dataset:

@@ -4,10 +4,19 @@ A reward function takes the prompts, the completions and every other column of t
 lists (``answer=[...]``) and returns one float per completion. Name one in a config with
 ``recipe.reward._target_=components.rewards.exact_match`` (PPO) or in ``recipe.reward_funcs`` (GRPO).
 Completions arrive as text (PPO) or as assistant messages (GRPO on chat data); both are accepted.
+
+User functions resolve before any model loads (:func:`check_reward`): a module in the working directory or
+next to the experiment file imports without ``PYTHONPATH``; a misspelt name is a ``ConfigError`` with the
+close matches. Unless ``trust_targets=true`` a reward must be a plain function of hydratune's or of the
+user's own modules (not of an installed package or the standard library, e.g. ``torch.hub.load``), and its
+bound keywords plain data (no callables).
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from components.generation.evaluation import normalise
@@ -22,12 +31,8 @@ def text_of(completion: Any) -> str:
     return str(completion)
 
 
-def exact_match(
-    prompts: list[Any], completions: list[Any], answer: list[str] | None = None, **_: Any
-) -> list[float]:
+def exact_match(prompts: list[Any], completions: list[Any], answer: list[str], **_: Any) -> list[float]:
     """1.0 where the completion equals the row's ``answer`` (modulo white space and case), else 0.0."""
-    if answer is None:
-        raise ValueError("exact_match needs an 'answer' column in the prompt data")
     return [float(normalise(text_of(c)) == normalise(a)) for c, a in zip(completions, answer, strict=True)]
 
 
@@ -132,9 +137,186 @@ def resolve_reward(spec: Any, device: str = "cpu") -> Any:
             kwargs = {k: v for k, v in spec.items() if not k.startswith("_") and k != "model"}
             return functools.partial(get_method(target), **kwargs)
     if isinstance(spec, str):
-        from pathlib import Path
-
-        return RewardModel(spec, device) if Path(spec).expanduser().exists() else get_method(spec)
+        return RewardModel(spec, device) if Path(spec).expanduser().exists() else import_reward(spec)
     if callable(spec):
         return spec
     raise ValueError(f"cannot make a reward function of {spec!r}")
+
+
+# ---- resolving user functions before load ----------------------------------------------------------------
+#: keywords TRL passes to a reward function that are not columns of the rows
+CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+
+
+def user_module_dirs(args: Sequence[str] = ()) -> list[Path]:
+    """Where a user's reward module may sit: the working directory, and next to each experiment file the
+    command line names (``+experiment=x`` in conf/ or a ``--config-dir``)."""
+    from components.config.trust import experiment_files
+
+    return [Path.cwd(), *(f.parent for f in experiment_files(list(args)))]
+
+
+def add_user_module_dirs(args: Sequence[str] = ()) -> None:
+    """Append :func:`user_module_dirs` to ``sys.path`` (after installed packages: a user module shadows
+    nothing) and to ``PYTHONPATH`` (launched worker processes import the same modules)."""
+    import os
+
+    for folder in user_module_dirs(args):
+        path = str(folder.resolve())
+        if path not in sys.path:
+            sys.path.append(path)
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if path not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([*paths, path])
+
+
+def close_matches(word: str, candidates: Sequence[str]) -> str:
+    """``"; did you mean a, b?"`` for the candidates close to ``word``, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(set(candidates)), n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def module_names(parent: str) -> list[str]:
+    """The importable modules beside a missing one: ``parent``'s submodules, or the top-level ones."""
+    import importlib
+    import pkgutil
+
+    if not parent:
+        return [m.name for m in pkgutil.iter_modules()]
+    try:
+        package = importlib.import_module(parent)
+    except ImportError:
+        return []
+    found = pkgutil.iter_modules(getattr(package, "__path__", []))
+    return [f"{parent}.{m.name}" for m in found]
+
+
+def import_reward(dotted: str, key: str = "recipe.reward_funcs") -> Callable[..., Any]:
+    """The function ``module.function`` names: the module imported from the working directory, next to the
+    experiment file or the installed packages; a missing module or function is a ConfigError naming the
+    close matches."""
+    import importlib
+
+    from components.config.errors import ConfigError
+
+    add_user_module_dirs(sys.argv[1:])
+    module_name, _, name = dotted.rpartition(".")
+    where = "the working directory, next to the experiment file, or an installed package"
+    fix = f"put {module_name or '<module>'}.py holding def {name}(prompts, completions, **columns) in {where}"
+    if not module_name:
+        raise ConfigError(f"'{dotted}' is not module.function", key=key, hint=fix)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if not err.name or not (module_name + ".").startswith(err.name + "."):
+            raise ConfigError(f"importing {module_name} failed: {err}", key=key) from None
+        parent = module_name.rpartition(".")[0]
+        near = close_matches(module_name, module_names(parent))
+        raise ConfigError(f"no module '{module_name}' in {where}{near}", key=key, hint=fix) from None
+    except Exception as err:  # the user's module itself fails to import: say so before load
+        raise ConfigError(f"importing {module_name} failed: {type(err).__name__}: {err}", key=key) from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        public = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+        near = close_matches(name, public)
+        raise ConfigError(f"{module_name} has no function '{name}'{near}", key=key, hint=fix)
+    return function
+
+
+def installed_module(module_name: str) -> bool:
+    """Whether ``module_name`` comes from the standard library or an installed package (site-packages)."""
+    import sysconfig
+
+    if module_name.startswith(("components.", "recipes.")):
+        return False  # hydratune's own, installed or not
+    module = sys.modules.get(module_name)
+    origin = getattr(module, "__file__", None)
+    if origin is None:
+        return True  # builtins and namespace oddities: not a user's file
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    resolved = Path(origin).resolve()
+    return any(resolved.is_relative_to(Path(root).resolve()) for root in roots)
+
+
+def check_trusted(function: Any, key: str) -> None:
+    """Refuse (without ``trust_targets=true``) what a shared config could turn into code it should not
+    run: a reward that is not a plain function of hydratune's or the user's own modules, or a partial
+    binding a callable."""
+    import functools
+    import inspect
+
+    from components.config.errors import ConfigError
+
+    hint = (
+        "a plain def in your own module (or components.rewards); if you trust the config: trust_targets=true"
+    )
+    bound = function.keywords if isinstance(function, functools.partial) else {}
+    if isinstance(function, functools.partial):
+        if function.args or any(callable(v) for v in bound.values()):
+            raise ConfigError(
+                f"reward {function.func!r} binds arguments that are calls, not data", key=key, hint=hint
+            )
+        function = function.func
+    qualified = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)}"
+    if not inspect.isfunction(function):
+        raise ConfigError(f"reward {qualified} is not a plain function", key=key, hint=hint)
+    if installed_module(function.__module__):
+        raise ConfigError(
+            f"reward {qualified} comes from an installed package or the standard library, not from your code",
+            key=key,
+            hint=hint,
+        )
+
+
+def check_reward(spec: Any, key: str, *, trusted: bool) -> Callable[..., Any] | None:
+    """Before load: the reward function ``spec`` names (a dotted path is imported), checked as
+    :func:`check_trusted` says; None for a reward model (checked as a directory elsewhere)."""
+    if reward_model_path(spec) or (isinstance(spec, str) and Path(spec).expanduser().exists()):
+        return None
+    if isinstance(spec, str):
+        function: Any = import_reward(spec, key)
+    elif isinstance(spec, dict) and spec.get("_target_"):
+        import_reward(str(spec["_target_"]), f"{key}._target_")
+        function = resolve_reward(spec)
+    else:
+        function = spec
+    if not trusted:
+        check_trusted(function, key)
+    return function
+
+
+def required_columns(function: Any) -> list[str]:
+    """The columns a reward function cannot do without: its keyword parameters with no default, beyond
+    the prompts and completions (``exact_match`` needs ``answer``)."""
+    import functools
+    import inspect
+
+    bound = function.keywords if isinstance(function, functools.partial) else {}
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        p.name
+        for p in parameters
+        if p.kind in kinds and p.default is p.empty and p.name not in (*CALL_KEYWORDS, *bound)
+    ]
+
+
+def check_columns(functions: Sequence[tuple[str, Any]], columns: Sequence[str], path: str) -> None:
+    """Before load: every reward function's required columns are in the loaded rows of ``path``."""
+    from components.config.errors import ConfigError
+
+    for key, function in functions:
+        missing = [c for c in required_columns(function) if c not in columns]
+        if missing:
+            name = getattr(function, "__name__", None) or getattr(function, "func", function).__name__
+            raise ConfigError(
+                f"reward {name} reads column '{missing[0]}', which {path} does not have (columns: "
+                f"{', '.join(columns)})",
+                key=key,
+                hint=f"add a '{missing[0]}' column to the data, or name a reward that does not read it",
+            )

@@ -11,27 +11,27 @@ with the best of N.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
 from components.recipe import recipe
-from components.rewards import default_reward, reward_model_path
+from components.rewards import reward_model_path
+from components.rewards_http import OneReward
 from components.runtime.inference import BatchedGeneration, write_jsonl
 from components.runtime.run import Components, RunContext
 
 
 @recipe
 @dataclass(frozen=True)
-class BestOfN(BatchedGeneration):
+class BestOfN(BatchedGeneration, OneReward):
     """recipe=generate's knobs (``num_return_sequences`` is N, sampled at ``temperature``) and the reward."""
 
     num_return_sequences: int = 8
     temperature: float = 1.0
     output: str = "samples.jsonl"  # every sample with its reward
-    reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
     pairs: bool = False  # also write best/worst preference pairs (pairs.jsonl)
 
     title: ClassVar[str] = "Best-of-N"
@@ -42,20 +42,19 @@ class BestOfN(BatchedGeneration):
             raise ConfigError("best of N needs N >= 2 samples", key="recipe.num_return_sequences")
         if self.temperature == 0:
             raise ConfigError("greedy samples are all the same", key="recipe.temperature", hint="e.g. 1.0")
-        if not self.reward:
+        if not self.reward and self.reward_url is None:
             raise ConfigError("no reward", key="recipe.reward", hint="recipe.reward.model=<reward run dir>")
+        self.check_one_reward(cfg)
         if reward_model_path(self.reward):
             from components.rewards import reward_model_dir
 
             reward_model_dir(reward_model_path(self.reward))  # raises naming recipe.reward.model
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from components.rewards import resolve_reward
-
         session, rows, records, seconds = self.generate_all(ctx)
         if not ctx.is_main_process:
             return {}
-        reward = resolve_reward(self.reward, ctx.device)
+        reward = self.reward_function(ctx.device)  # recipe.reward_url, else recipe.reward
         scores = score(reward, rows, records)
         for r, s in zip(records, scores, strict=True):
             r["reward"] = s

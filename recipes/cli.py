@@ -440,6 +440,9 @@ def _main(args: list[str]) -> None:
         from components.config.trust import check_command
 
         check_command(args)  # experiment files' hydra: nodes (callbacks) act before composition
+        from components.rewards import add_user_module_dirs
+
+        add_user_module_dirs(args)  # reward modules in the working dir / beside the experiment file
     except ConfigError as err:
         print_error(err)
         sys.exit(2)

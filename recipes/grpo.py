@@ -2,7 +2,8 @@
 
 For every prompt ``num_generations`` completions are sampled; each one's advantage is its reward minus
 its group's mean (divided by the group's std with ``scale_rewards=group``). Rewards come from Python
-functions (``recipe.reward_funcs``) and optionally a trained reward model (``recipe.reward_model``).
+functions (``recipe.reward_funcs``, resolved before load), a server (``recipe.reward_url``) and a trained
+reward model (``recipe.reward_model``), in that order.
 The reference for the KL term (``beta`` > 0) is the adapter-free policy under PEFT, else a frozen copy.
 """
 
@@ -15,6 +16,7 @@ from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
 from components.recipe import Recipe, recipe
+from components.rewards_http import RewardURL
 from components.runtime.run import Components, RunContext
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
@@ -27,7 +29,7 @@ def default_reward_funcs() -> list[Any]:
 
 @recipe
 @dataclass(frozen=True)
-class GRPO(Recipe):
+class GRPO(Recipe, RewardURL):
     """GRPO on TRL's GRPOTrainer: critic-free, advantages relative to a group of sampled completions."""
 
     title: ClassVar[str] = "GRPO"
@@ -46,7 +48,7 @@ class GRPO(Recipe):
     reward_funcs: list[Any] = field(
         default_factory=default_reward_funcs
     )  # _target_ callables or dotted paths
-    reward_weights: list[float] | None = None  # one per reward (reward_funcs, then reward_model)
+    reward_weights: list[float] | None = None  # one per reward (reward_funcs, reward_url, reward_model)
     reward_model: str | None = None  # a reward run dir / model dir, scored after reward_funcs
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
@@ -73,11 +75,12 @@ class GRPO(Recipe):
         if self.temperature <= 0 or self.beta < 0 or not 0 < self.epsilon < 1:
             key = "temperature" if self.temperature <= 0 else "beta" if self.beta < 0 else "epsilon"
             raise ConfigError("out of range", key=f"recipe.{key}")
-        if not self.reward_funcs and not self.reward_model:
+        if not self.reward_funcs and not self.reward_model and not self.reward_url:
             raise ConfigError(
-                "no reward: give reward_funcs or reward_model",
+                "no reward: give reward_funcs, reward_url or reward_model",
                 key="recipe.reward_funcs",
-                hint="recipe.reward_funcs=[components.rewards.exact_match], or recipe.reward_model=<run dir>",
+                hint="recipe.reward_funcs=[components.rewards.exact_match], recipe.reward_url=http://…, or "
+                "recipe.reward_model=<run dir>",
             )
         for i, spec in enumerate(self.reward_funcs or []):
             if not spec:
@@ -86,13 +89,30 @@ class GRPO(Recipe):
                     key="recipe.reward_funcs",
                     hint="each entry a function: a dotted path or a _target_ node with _partial_: true",
                 )
-        n_rewards = len(self.reward_funcs) + bool(self.reward_model)
+        self.reward_functions(trusted=bool(cfg.get("trust_targets", False)))  # imported and checked
+        self.check_reward_url()
+        n_rewards = len(self.reward_funcs) + bool(self.reward_url) + bool(self.reward_model)
         if self.reward_weights is not None and len(self.reward_weights) != n_rewards:
             raise ConfigError(f"one weight per reward ({n_rewards})", key="recipe.reward_weights")
         if self.reward_model:
             from components.rewards import reward_model_dir
 
             reward_model_dir(self.reward_model, key="recipe.reward_model")
+
+    def reward_functions(self, *, trusted: bool = True) -> list[tuple[str, Any]]:
+        """``(key, function)`` of every reward function, resolved and checked (before load)."""
+        from components.rewards import check_reward
+
+        keyed = [(f"recipe.reward_funcs[{i}]", spec) for i, spec in enumerate(self.reward_funcs or [])]
+        functions = [(key, check_reward(spec, key, trusted=trusted)) for key, spec in keyed]
+        return [(key, f) for key, f in functions if f is not None]
+
+    def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
+        """The columns the reward functions read are in the rows (``answer`` for exact_match)."""
+        from components.rewards import check_columns
+
+        columns = splits["train"].column_names
+        check_columns(self.reward_functions(), columns, str(comps.data.path))
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import GRPOConfig, GRPOTrainer
@@ -103,9 +123,12 @@ class GRPO(Recipe):
         c, t = ctx.components, ctx.train
         session = Session.start(ctx)
         data = session.load_data()
+        self.check_data(c, data, None)  # before the model loads
         model = session.build_model()
         session.evaluate_generations("before")
         rewards = [resolve_reward(spec) for spec in self.reward_funcs]
+        if self.reward_url:
+            rewards.append(self.http_reward())
         if self.reward_model:
             rewards.append(RewardModel(self.reward_model, ctx.device))
         if self.beta > 0 and not c.peft.is_adapter and c.model.init == "random":

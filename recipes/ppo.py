@@ -13,20 +13,21 @@ continue at the next iteration.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
 from components.recipe import Recipe, recipe
-from components.rewards import default_reward, reward_model_path
+from components.rewards import reward_model_path
+from components.rewards_http import OneReward
 from components.runtime.run import Components, RunContext
 
 
 @recipe
 @dataclass(frozen=True)
-class PPO(Recipe):
+class PPO(Recipe, OneReward):
     """PPO with a value function, our own loop on accelerate: rollouts, reward - KL, GAE, clipped updates."""
 
     title: ClassVar[str] = "PPO"
@@ -58,7 +59,6 @@ class PPO(Recipe):
     reward_clip: float = 10.0
     missing_eos_penalty: float | None = -1.0  # added to the score of responses cut off before EOS
     value_model: str = "head"  # head (on the policy's trunk) | separate (critic from reward model / policy)
-    reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         rules = {
@@ -102,11 +102,16 @@ class PPO(Recipe):
                     key="recipe.mini_batch_size",
                     hint=f"a multiple of train.micro_batch_size={cfg.train.micro_batch_size}",
                 )
-        check_reward(self.reward)
+        if self.reward_url is None:
+            check_reward(self.reward)
+        self.check_one_reward(cfg)
         if reward_model_path(self.reward):
             from components.rewards import reward_model_dir
 
             reward_model_dir(reward_model_path(self.reward))  # raises naming recipe.reward.model
+
+    def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
+        self.check_columns(comps, splits)
 
     def micro_batch_size(self, micro: int) -> int:
         """Sequences per forward/backward: ``train.micro_batch_size``, at most one mini-batch."""
@@ -120,7 +125,9 @@ class PPO(Recipe):
 
         session = Session.start(ctx)
         resume = pinned(ctx.cfg)  # resolved and checked before load (components/runtime/resume.py)
-        data = session.load_data()["train"]
+        splits = session.load_data()
+        self.check_columns(ctx.components, splits)  # before the model loads
+        data = splits["train"]
         policy = session.build_model()
         session.evaluate_generations("before")
         loop = PPOLoop.build(self, ctx, session, policy, data)

@@ -77,7 +77,7 @@ def test_export_of_a_full_run_loads_with_its_logits_template_and_stops(runs, tmp
     )
     assert trained_tok.eos_token_id in stops and generation.pad_token_id == trained_tok.pad_token_id
     card = (out / "README.md").read_text()
-    assert "hydratune optimizer.lr=1e-5" in card and f"hydratune replay {runs['full']}" in card
+    assert "hydratune optimizer.lr=1e-5" in card and "hydratune replay <run dir>/full" in card
     assert "library_name: transformers" in card
     assert not list(tmp_path.glob("*.tmp")), "the staging dir was left behind"
 
@@ -97,7 +97,58 @@ def test_export_merges_an_adapter_into_its_base_with_the_adapters_logits(runs, t
         "the adapter did nothing"
     )
     torch.testing.assert_close(logits(merged, ids), logits(adapter_model, ids), atol=1e-4, rtol=1e-4)
-    assert f"`{runs['full']}`" in (out / "README.md").read_text()  # the base model is named
+    card = (out / "README.md").read_text()
+    assert "`<local>/full`" in card and str(runs["full"]) not in card  # the base is named, not its path
+
+
+def copy_run(source: Path, to: Path, **model: str | None) -> Path:
+    """A run dir whose model node differs from ``source``'s by ``model`` (its final/ linked, not copied)."""
+    (to / ".hydra").mkdir(parents=True)
+    (to / "final").symlink_to(source / "final")
+    cfg = OmegaConf.load(source / ".hydra" / "config.yaml")
+    cfg.model.update(model)
+    OmegaConf.save(cfg, to / ".hydra" / "config.yaml")
+    return to
+
+
+def test_an_export_is_fit_for_a_hub(runs, tmp_path) -> None:
+    import os
+
+    out = export(runs["full"], tmp_path / "hub")
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert set(modes.values()) == {0o666 & ~umask}, modes  # 0644 under umask 022, weights included
+    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert not {"local_files_only", "is_local"} & set(tokenizer_config), tokenizer_config
+    card = (out / "README.md").read_text()
+    front = card.split("---")[1]
+    assert "base_model" not in front  # a random-init local model has no hub id
+    for local in (str(runs["full"].parent), str(Path(__file__).parent.parent)):
+        assert local not in card, local
+    from components.commands.export import base_model_id, gguf_repo_id, model_card
+
+    hub_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    hub = copy_run(runs["full"], tmp_path / "from_hub", name_or_path=hub_id, init="pretrained")
+    child = copy_run(runs["full"], tmp_path / "child", from_run=str(hub))  # through model.from_run
+    local = tmp_path / "downloaded"
+    local.mkdir()
+    (local / "README.md").write_text(f"---\nbase_model:\n- {hub_id}\nlicense: mit\n---\n# a card\n")
+    from_local = copy_run(runs["full"], tmp_path / "from_local", name_or_path=str(local), init="pretrained")
+    for run_dir in (hub, child, from_local):
+        assert base_model_id(TrainedRun.open(run_dir)) == hub_id
+    card = model_card(TrainedRun.open(child), torch.nn.Linear(2, 2), "float32")
+    assert f"base_model: {hub_id}" in card.split("---")[1] and str(tmp_path) not in card
+    from gguf import GGUFWriter
+
+    gguf = tmp_path / "model.gguf"
+    writer = GGUFWriter(str(gguf), "llama")
+    writer.add_string("general.base_model.0.repo_url", f"https://huggingface.co/{hub_id}")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf_repo_id(gguf) == hub_id
 
 
 def test_export_refusals_come_before_any_weight_is_read(runs, tmp_path, monkeypatch) -> None:

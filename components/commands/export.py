@@ -4,11 +4,18 @@ Merged safetensors (an adapter folded into its full-precision base; refused for 
 rounding the merge would bake in), the tokenizer with its chat template, a ``generation_config.json`` that
 stops at the template's end-of-turn token, and a model card (``README.md``) with the base model, data,
 recipe, metrics, the resolved config and the command that reproduces the run.
+
+Fit for a hub: the card's ``base_model:`` is the hub id the run started from (through ``model.from_run``
+chains; for a local dir or a GGUF the id its metadata records, if any); no local path appears in it (a
+path is shown as ``<local>/<name>``); ``tokenizer_config.json`` drops the loading flags of this machine
+(``local_files_only``, ``is_local``); every file is world-readable as the umask allows (0644 under 022).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -80,9 +87,35 @@ def export(run_dir: Path, out: Path | None = None, dtype: str = "float32") -> Pa
     model.generation_config = generation_config(model, tokenizer)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    drop_machine_keys(tmp / "tokenizer_config.json")
     (tmp / "README.md").write_text(model_card(run, model, dtype))
+    publish_modes(tmp)
     tmp.rename(out)
     return out
+
+
+#: loading flags of the machine that exported, which transformers writes into tokenizer_config.json
+MACHINE_KEYS = ("local_files_only", "is_local", "cache_dir", "name_or_path", "_name_or_path")
+
+
+def drop_machine_keys(path: Path) -> None:
+    """Remove :data:`MACHINE_KEYS` from a saved JSON config (a hub user's load would inherit them)."""
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text())
+    kept = {k: v for k, v in config.items() if k not in MACHINE_KEYS}
+    if kept != config:
+        path.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n")
+
+
+def publish_modes(folder: Path) -> None:
+    """Every file readable as a plain ``open(…, "w")`` makes it (0644 under umask 022): some writers
+    (safetensors' shard writer) create private 0600 temporary files and rename them into place."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 def generation_config(model: Any, tokenizer: Any) -> Any:
@@ -105,13 +138,17 @@ def model_card(run: TrainedRun, model: Any, dtype: str) -> str:
     """``README.md`` with Hugging Face metadata: what the model is, how it was trained, how to redo it."""
     report = _report(run.path)
     what = "full model" if run.kind == "full" else "adapter merged into the base"
-    base = _base_name(run)
+    base = base_model_id(run) or local_name(_base_name(run))
     params = sum(p.numel() for p in model.parameters())
     overrides = run.overrides()
+    overrides = [
+        f"{k}={local_name(v)}" if "=" in o else o for o in overrides for k, _, v in [o.partition("=")]
+    ]
     command = "hydratune " + " ".join(shlex.quote(o) for o in overrides) if overrides else "hydratune"
-    front = {"library_name": "transformers", "tags": ["hydratune", run.recipe]}
-    if not Path(base).is_absolute():
-        front["base_model"] = base
+    front: dict[str, Any] = {"library_name": "transformers", "tags": ["hydratune", run.recipe]}
+    hub_id = base_model_id(run)
+    if hub_id:
+        front["base_model"] = hub_id
     lines = [
         "---",
         yaml.safe_dump(front, sort_keys=False).strip(),
@@ -132,7 +169,8 @@ def model_card(run: TrainedRun, model: Any, dtype: str) -> str:
         "recipe": run.recipe,
         "base model": base,
         "method": run_info.get("peft", run.cfg.peft.get("_target_", "").rsplit(".", 1)[-1]),
-        "data": run.cfg.data.get("path") or ", ".join(e["path"] for e in run.cfg.data.get("mixture") or []),
+        "data": local_name(run.cfg.data.get("path"))
+        or ", ".join(local_name(e["path"]) for e in run.cfg.data.get("mixture") or []),
         "data format": report.get("data", {}).get("format"),
         "train rows": report.get("data", {}).get("train rows"),
         "precision": run_info.get("precision"),
@@ -158,7 +196,7 @@ def model_card(run: TrainedRun, model: Any, dtype: str) -> str:
         "",
         "```bash",
         command,
-        f"hydratune replay {run.path}   # the exact resolved config below, from the run dir",
+        f"hydratune replay <run dir>/{run.path.name}   # the exact resolved config below, from the run dir",
         "```",
         "",
         "## Use",
@@ -172,7 +210,9 @@ def model_card(run: TrainedRun, model: Any, dtype: str) -> str:
         "## Config",
         "",
         "```yaml",
-        OmegaConf.to_yaml(run.cfg).strip(),
+        yaml.safe_dump(
+            without_paths(OmegaConf.to_container(run.cfg, resolve=False)), sort_keys=False
+        ).strip(),
         "```",
         "",
     ]
@@ -182,6 +222,91 @@ def model_card(run: TrainedRun, model: Any, dtype: str) -> str:
 def _report(path: Path) -> dict[str, Any]:
     result = path / "result.json"
     return json.loads(result.read_text()) if result.is_file() else {}
+
+
+def is_local_path(value: Any) -> bool:
+    """A string naming a file or folder of this machine (absolute, home-relative, or one that exists)."""
+    if not isinstance(value, str) or not value or "${" in value:
+        return False
+    return value.startswith(("/", "~", "./", "../")) or re.match(r"^[A-Za-z]:[\\/]", value) is not None
+
+
+def local_name(value: Any) -> Any:
+    """``<local>/<name>`` for a local path (its folder stays on this machine), else ``value``."""
+    return f"<local>/{Path(value).expanduser().name}" if is_local_path(value) else value
+
+
+def without_paths(node: Any) -> Any:
+    """A config container with every local path shown as :func:`local_name`."""
+    if isinstance(node, dict):
+        return {k: without_paths(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [without_paths(v) for v in node]
+    return local_name(node)
+
+
+def base_model_id(run: TrainedRun, depth: int = 0) -> str | None:
+    """The hub id the run's weights descend from: ``model.name_or_path`` when it is one, through
+    ``model.from_run`` to the run it continued; for a local dir or a GGUF the id its metadata records."""
+    model = run.cfg.model
+    if model.get("from_run") and depth < 16:
+        try:
+            return base_model_id(TrainedRun.open(str(model.from_run)), depth + 1)
+        except ConfigError:  # the earlier run dir is gone: nothing recorded here
+            return None
+    name = str(model.get("name_or_path") or "")
+    folder = Path(name).expanduser()
+    if model.get("gguf_file"):
+        return gguf_repo_id(folder / str(model.gguf_file))
+    if is_local_path(name) or folder.exists():
+        return recorded_id(folder)
+    return name or None
+
+
+def hub_id(value: Any) -> str | None:
+    """``org/name`` of a hub id or a ``https://huggingface.co/org/name`` URL; None for anything else."""
+    text = str(value or "").strip().removeprefix("https://huggingface.co/").strip("/")
+    return text if re.fullmatch(r"[\w.-]+/[\w.-]+", text) else None
+
+
+def recorded_id(folder: Path) -> str | None:
+    """The hub id a local model dir records: its model card's ``base_model:`` (a hub download or an
+    export), else a hub id in ``config.json``'s ``_name_or_path``."""
+    card = folder / "README.md"
+    if card.is_file():
+        match = re.match(r"---\n(.*?)\n---", card.read_text(errors="replace"), re.S)
+        front = yaml.safe_load(match.group(1)) if match else None
+        base = front.get("base_model") if isinstance(front, dict) else None
+        base = base[0] if isinstance(base, list) and base else base
+        if hub_id(base):
+            return hub_id(base)
+    config = folder / "config.json"
+    if config.is_file():
+        return hub_id(json.loads(config.read_text()).get("_name_or_path"))
+    return None
+
+
+#: GGUF metadata keys that may hold the repository a GGUF was converted from (llama.cpp's convention)
+GGUF_ID_KEYS = (
+    "general.base_model.0.repo_url",
+    "general.source.huggingface.repository",
+    "general.source.repo_url",
+    "general.repo_url",
+)
+
+
+def gguf_repo_id(path: Path) -> str | None:
+    """The hub id a GGUF's metadata records (:data:`GGUF_ID_KEYS`), if any."""
+    try:
+        from gguf import GGUFReader
+
+        fields = GGUFReader(path).fields
+    except Exception:  # no gguf package, or not a readable GGUF: nothing recorded
+        return None
+    for key in GGUF_ID_KEYS:
+        if key in fields and hub_id(fields[key].contents()):
+            return hub_id(fields[key].contents())
+    return None
 
 
 def _base_name(run: TrainedRun) -> str:

@@ -45,13 +45,13 @@ class PPOLoop:
     def build(cls, knobs: Any, ctx: Any, session: Any, policy: Any, data: Any) -> PPOLoop:
         """The value function (a head on the policy's trunk or a separate critic), the accelerator, the
         optimizer and schedule, the reference and the reward, all as the strategy shapes them."""
-        from components.rewards import RewardModel, resolve_reward, reward_model_path
+        from components.rewards import RewardModel, reward_model_path
 
         c, t, tok = ctx.components, ctx.train, session.tokenizer
         texts = [
             tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in data["prompt"]
         ]
-        reward = resolve_reward(knobs.reward, ctx.device)
+        reward = knobs.reward_function(ctx.device)  # recipe.reward_url, else recipe.reward
         ppo.disable_dropout(policy)
         # the reference: None under PEFT (the adapter-free policy), else a frozen copy, or where the
         # policy is sharded its own sharded model (built below)

@@ -1,0 +1,168 @@
+"""A reward served over HTTP (``recipe.reward_url``, for GRPO, PPO and Best-of-N): stdlib ``urllib`` only.
+
+The contract (README, "Rewards"): one ``POST <reward_url>`` per scored batch, ``Content-Type:
+application/json``, body ``{"prompts": [...], "completions": [...], "<column>": [...], ...}`` (one entry per
+completion: the prompt as text or chat messages, the completion's text, each other column of the rows, e.g.
+``answer``); the answer ``{"scores": [<float>, ...]}``, one number per completion. A request that fails to
+connect, times out (``recipe.reward_timeout`` seconds) or gets a 5xx is retried ``recipe.reward_retries``
+times (0.5 s, 1 s, 2 s ... apart); a 4xx or a malformed answer is not. Before any model loads (``mode=plan``
+too) the URL is probed with an empty batch, which must be answered ``{"scores": []}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig
+
+from components.config.errors import ConfigError
+from components.rewards import (
+    CALL_KEYWORDS,
+    check_reward,
+    default_reward,
+    resolve_reward,
+    reward_model_path,
+    text_of,
+)
+
+
+class RewardServerError(RuntimeError):
+    """The reward server did not answer, or answered outside the contract."""
+
+
+@dataclass(frozen=True)
+class HttpReward:
+    """A reward function that asks ``url`` for the scores (see the module's contract)."""
+
+    url: str
+    timeout: float = 30.0
+    retries: int = 2
+
+    __name__: ClassVar[str] = "reward_url"  # TRL logs each reward function under its __name__
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
+        payload = {
+            "prompts": list(prompts),
+            "completions": [text_of(c) for c in completions],
+            **{k: list(v) for k, v in columns.items() if k not in CALL_KEYWORDS and v is not None},
+        }
+        return self.scores(self.post(payload), len(completions))
+
+    def scores(self, answer: Any, n: int) -> list[float]:
+        """The ``scores`` of an answer: ``n`` finite numbers, else a RewardServerError saying what came."""
+        scores = answer.get("scores") if isinstance(answer, dict) else None
+        ok = isinstance(scores, list) and len(scores) == n
+        if not ok or not all(isinstance(s, (int, float)) and math.isfinite(s) for s in scores):
+            raise RewardServerError(
+                f'{self.url} answered {str(answer)[:200]!r}: expected {{"scores": [{n} numbers]}}'
+            )
+        return [float(s) for s in scores]
+
+    def post(self, payload: dict[str, Any]) -> Any:
+        """POST ``payload`` as JSON; retried on connection errors, timeouts and 5xx."""
+        body = json.dumps(payload, default=str).encode()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
+            request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    text = response.read()
+            except urllib.error.HTTPError as err:
+                if err.code < 500:
+                    raise RewardServerError(f"{self.url} refused the request: HTTP {err.code}") from None
+                last = err
+                continue
+            except (urllib.error.URLError, OSError) as err:  # refused, unreachable, timed out
+                last = err
+                continue
+            try:
+                return json.loads(text)
+            except ValueError:
+                raise RewardServerError(f"{self.url} answered no JSON: {text[:200]!r}") from None
+        tries = self.retries + 1
+        raise RewardServerError(f"{self.url} did not answer ({tries} tries, {self.timeout:g} s each): {last}")
+
+    def probe(self, key: str) -> None:
+        """Before load: the server answers an empty batch with ``{"scores": []}``, else a ConfigError."""
+        try:
+            self.scores(self.post({"prompts": [], "completions": []}), 0)
+        except RewardServerError as err:
+            raise ConfigError(
+                f"the reward server does not answer: {err}",
+                key=key,
+                hint='start the server (it must answer POST {"prompts": [], "completions": []} with '
+                '{"scores": []}), or fix the URL',
+            ) from None
+
+
+@dataclass(frozen=True)
+class RewardURL:
+    """The knobs of a reward served over HTTP, shared by the recipes that score completions."""
+
+    reward_url: str | None = None  # POST JSON {prompts, completions, <columns>} -> {scores}; see README
+    reward_timeout: float = 30.0  # seconds per request
+    reward_retries: int = 2  # further tries after a connection error, timeout or 5xx
+
+    def http_reward(self) -> HttpReward | None:
+        """The served reward, if ``reward_url`` names one."""
+        if not self.reward_url:
+            return None
+        return HttpReward(self.reward_url, self.reward_timeout, self.reward_retries)
+
+    def check_reward_url(self) -> None:
+        """Before load (``mode=plan`` too): the knobs' ranges, then the server answers the probe."""
+        if self.reward_url is None:
+            return
+        if not str(self.reward_url).startswith(("http://", "https://")):
+            raise ConfigError(
+                f"'{self.reward_url}' is not an http(s) URL",
+                key="recipe.reward_url",
+                hint="http://host:port/path",
+            )
+        if not self.reward_timeout > 0:
+            raise ConfigError("must be > 0 seconds", key="recipe.reward_timeout")
+        if self.reward_retries < 0:
+            raise ConfigError("must be >= 0", key="recipe.reward_retries")
+        HttpReward(self.reward_url, self.reward_timeout, self.reward_retries).probe("recipe.reward_url")
+
+
+@dataclass(frozen=True)
+class OneReward(RewardURL):
+    """``recipe.reward`` (a function or a reward model) or ``recipe.reward_url``: PPO's and Best-of-N's."""
+
+    reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
+
+    def check_one_reward(self, cfg: DictConfig) -> None:
+        """Before load: the reward resolves (user modules, trust) or the server answers; not both."""
+        spec = self.reward
+        if self.reward_url is not None:
+            if reward_model_path(spec):
+                raise ConfigError(
+                    "two rewards: recipe.reward.model and recipe.reward_url",
+                    key="recipe.reward_url",
+                    hint="drop one of them",
+                )
+            self.check_reward_url()
+            return
+        check_reward(spec, "recipe.reward", trusted=bool(cfg.get("trust_targets", False)))
+
+    def reward_function(self, device: str = "cpu") -> Any:
+        """The reward that scores completions: the server, else ``recipe.reward`` resolved."""
+        return self.http_reward() or resolve_reward(self.reward, device)
+
+    def check_columns(self, comps: Any, splits: Any) -> None:
+        """Before load: the reward function reads only columns the rows have (``answer`` for exact_match)."""
+        from components.rewards import check_columns
+
+        if self.reward_url is None and not reward_model_path(self.reward):
+            function = resolve_reward(self.reward)
+            check_columns([("recipe.reward", function)], splits["train"].column_names, str(comps.data.path))
