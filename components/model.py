@@ -70,7 +70,7 @@ class CausalLM:
         if (final / "config.json").is_file():  # the run saved an ordinary model dir
             resolved = {"name_or_path": str(final), "init": "pretrained", "gguf_file": None}
         else:  # an adapter: its base is the run's own model node, the tokenizer as trained (chat template)
-            base = TrainedRun.open(self.from_run).base_component()
+            base = TrainedRun.open(self.from_run, trust_remote_code=self.trust_remote_code).base_component()
             names = ("name_or_path", "gguf_file", "init", "architecture", "revision", "trust_remote_code")
             resolved = {name: getattr(base, name) for name in names}
             resolved.update(tokenizer=str(final), adapter=str(final))

@@ -287,10 +287,6 @@ def replay_argv(args: list[str], label: str = "replay") -> list[str]:
     if not (saved / "config.yaml").is_file():
         raise ConfigError(f"{saved / 'config.yaml'} not found: not a run dir", key="replay")
     refuse_group_options(args[1:], label)
-    from components.config.trust import check_file
-
-    # a hydra: node in it too: Hydra builds its callbacks before hydratune runs
-    check_file(saved / "config.yaml", trusted="trust_targets=true" in args[1:])
     return [
         "--config-path",
         str(saved),
@@ -402,6 +398,19 @@ def main(argv: list[str] | None = None) -> None:
 def _main(args: list[str]) -> None:
     register_resolvers()
     recipes.register_all()
+    if "--cfg" in args or "-c" in args:  # prints the config, runs nothing: no callback, logging or env_set
+        _commands(args)
+        return
+    from components.config.trust import grants, guarded_compositions
+
+    # every composition below (the run, each sweep point, estimate's) is checked as Hydra composes it:
+    # only this command line grants trust (components/config/trust.py)
+    with guarded_compositions(grants(args)):
+        _commands(args)
+
+
+def _commands(args: list[str]) -> None:
+    """The subcommand ``args`` name, or a Hydra run of them."""
     try:
         if args and args[0] in ("ls", "list"):
             from components.commands.catalog import render
@@ -438,9 +447,9 @@ def _main(args: list[str]) -> None:
         elif run := resumed_run(args):
             args = resume_argv(run, args)
         from components.config.trust import check_command
-
-        check_command(args)  # experiment files' hydra: nodes (callbacks) act before composition
         from components.rewards import add_user_module_dirs
+
+        check_command(args)  # a malformed experiment file is named with its line
 
         add_user_module_dirs(args)  # reward modules in the working dir / beside the experiment file
     except ConfigError as err:
@@ -478,6 +487,9 @@ def run_hydra_app() -> None:
             points = "\n  ".join(REFUSED)
             print(f"hydratune: {len(REFUSED)} sweep point(s) refused:\n  {points}", file=sys.stderr)
             sys.exit(2)
+    except ConfigError as err:  # refused as Hydra composed it (components/config/trust.py)
+        print_error(err)
+        sys.exit(2)
     except CompactHydraException as err:
         if isinstance(err, InstantiationException) or previous == "1":
             raise

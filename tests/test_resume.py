@@ -240,9 +240,6 @@ def test_replay_of_a_run_dir_with_a_foreign_target_runs_nothing(compose_cfg, tmp
 
 
 def test_an_experiment_file_cannot_have_hydra_build_a_foreign_callback(tmp_path, capsys) -> None:
-    from components.config.trust import check_file
-    from tests.conftest import CONF
-
     marker = tmp_path / "marker"
     (tmp_path / "experiment").mkdir()
     evil = {"hydra": {"callbacks": {"evil": {"_target_": "os.system", "_args_": [f"touch {marker}"]}}}}
@@ -252,5 +249,3 @@ def test_an_experiment_file_cannot_have_hydra_build_a_foreign_callback(tmp_path,
         cli("--config-dir", str(tmp_path), "+experiment=shared", "mode=plan")
     assert code.value.code == 2 and "hydra.callbacks.evil._target_" in capsys.readouterr().err
     assert not marker.exists()
-    for shipped in (CONF / "experiment").glob("*.yaml"):  # hydratune's own experiments pass
-        check_file(shipped, trusted=False)

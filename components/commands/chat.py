@@ -14,7 +14,9 @@ from components.config.errors import ConfigError
 
 USAGE = (
     "hydratune chat <run dir | model dir> [system=<text>] [max_new_tokens=256] [temperature=0.7] [top_p=0.9]"
+    " [model.trust_remote_code=true]"
 )
+REMOTE_CODE = "model.trust_remote_code=true"  # an adapter run's base may load its model dir's code
 HELP = "commands: /system <text>, /history, /reset, /exit (or Ctrl-D)"
 
 
@@ -46,12 +48,12 @@ def parse_args(args: list[str]) -> tuple[Path, dict[str, Any]]:
     return path, options
 
 
-def load(path: Path) -> tuple[Any, Any]:
+def load(path: Path, remote_code: bool = False) -> tuple[Any, Any]:
     """(model, tokenizer): a run dir's model as trained (an adapter on its base), or a model dir."""
     if (path / ".hydra" / "config.yaml").is_file():
         from components.modeling.trained import TrainedRun
 
-        return TrainedRun.open(path, key="chat").load()
+        return TrainedRun.open(path, key="chat", trust_remote_code=remote_code).load()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -115,8 +117,8 @@ def loop(model: Any, tokenizer: Any, options: dict[str, Any]) -> None:
 
 def cli(args: list[str]) -> int:
     """Entry of ``hydratune chat``; errors are ConfigErrors the caller prints (exit 2)."""
-    path, options = parse_args(args)
-    model, tokenizer = load(path)
+    path, options = parse_args([a for a in args if a != REMOTE_CODE])
+    model, tokenizer = load(path, REMOTE_CODE in args)
     print(f"chatting with {path}", flush=True)
     loop(model, tokenizer, options)
     return 0

@@ -28,7 +28,9 @@ from components.config.errors import ConfigError
 from components.modeling.trained import TrainedRun
 
 DTYPES = ("float32", "bfloat16", "float16")
-USAGE = "hydratune export <run dir> [out=<dir>] [dtype=float32|bfloat16|float16]"
+USAGE = (
+    "hydratune export <run dir> [out=<dir>] [dtype=float32|bfloat16|float16] [model.trust_remote_code=true]"
+)
 
 
 def parse_args(args: list[str]) -> tuple[Path, Path | None, str]:
@@ -36,7 +38,8 @@ def parse_args(args: list[str]) -> tuple[Path, Path | None, str]:
     if not args or "=" in args[0]:
         raise ConfigError("export needs a run dir", key="export", hint=USAGE)
     options = dict(arg.split("=", 1) for arg in args[1:] if "=" in arg)
-    unknown = [arg for arg in args[1:] if "=" not in arg] + [k for k in options if k not in ("out", "dtype")]
+    known = ("out", "dtype", "model.trust_remote_code")
+    unknown = [arg for arg in args[1:] if "=" not in arg] + [k for k in options if k not in known]
     if unknown:
         raise ConfigError(f"unknown argument '{unknown[0]}'", key="export", hint=USAGE)
     dtype = options.get("dtype", "float32")
@@ -73,11 +76,12 @@ def check(run: TrainedRun, out: Path) -> None:
         run.base_component()  # a random-init base cannot be rebuilt: refused here, before loading
 
 
-def export(run_dir: Path, out: Path | None = None, dtype: str = "float32") -> Path:
-    """Write the export folder (atomically: into ``<out>.tmp``, then renamed) and return it."""
+def export(run_dir: Path, out: Path | None = None, dtype: str = "float32", remote_code: bool = False) -> Path:
+    """Write the export folder (atomically: into ``<out>.tmp``, then renamed) and return it; ``remote_code``:
+    the command line granted ``model.trust_remote_code=true`` (an adapter's base may load its dir's code)."""
     import torch
 
-    run = TrainedRun.open(run_dir, key="export")
+    run = TrainedRun.open(run_dir, key="export", trust_remote_code=remote_code)
     out = (out or run.path / "export").resolve()
     check(run, out)
     model, tokenizer = run.load(merge=True)
@@ -316,7 +320,9 @@ def _base_name(run: TrainedRun) -> str:
 
 def cli(args: list[str]) -> int:
     """Entry of ``hydratune export``; errors are ConfigErrors the caller prints (exit 2)."""
+    from components.config.trust import grants
+
     run_dir, out, dtype = parse_args(args)
-    written = export(run_dir, out, dtype)
+    written = export(run_dir, out, dtype, grants(args).allows("model.trust_remote_code"))
     print(f"exported {run_dir} to {written} (load with AutoModelForCausalLM.from_pretrained)")
     return 0

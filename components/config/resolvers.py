@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import secrets
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
+from omegaconf._utils import _DEFAULT_MARKER_
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -94,8 +97,31 @@ def package_dir(package: str) -> str:
     return str(next(iter(spec.submodule_search_locations)))
 
 
+def env(key: str, default: Any = _DEFAULT_MARKER_, *, _node_: Any = None) -> Any:
+    """``${oc.env:VAR}`` / ``${oc.env:VAR,default}``: OmegaConf's, except that a secret (a variable named
+    like one, or holding one's value: components/config/trust.py) resolves to ``<redacted>``: the resolved
+    config is written into the run dir (summary.md, training_args.bin, the tracker's files). Trackers read
+    their keys from the environment themselves."""
+    from omegaconf.resolvers.oc import env as oc_env
+
+    from components.config.trust import REDACTED, is_secret
+
+    value = oc_env(key, default)
+    if not is_secret(key, value):
+        return value
+    where = _node_._get_full_key(None) if _node_ is not None else "a config value"
+    _warn_redacted(f"{where} reads the secret ${key}: resolved as {REDACTED}, never written to the run dir")
+    return REDACTED
+
+
+@functools.cache
+def _warn_redacted(message: str) -> None:
+    logging.getLogger("hydratune").warning(message)
+
+
 def register_resolvers() -> None:
-    """Register hydratune's resolvers once per process."""
+    """Register hydratune's resolvers once per process (``oc.env`` replaced: secrets are redacted)."""
+    OmegaConf.register_new_resolver("oc.env", env, replace=True, use_cache=False)
     for name, fn in {
         "asset": asset,
         "if_demo": if_demo,

@@ -27,9 +27,13 @@ class TrainedRun:
     path: Path
     cfg: DictConfig
     key: str = "model.from_run"  # the config key (or subcommand) errors name
+    #: the command line granted model.trust_remote_code=true: the saved model node may load code
+    trust_remote_code: bool = False
 
     @classmethod
-    def open(cls, run: str | Path, key: str = "model.from_run") -> TrainedRun:
+    def open(
+        cls, run: str | Path, key: str = "model.from_run", trust_remote_code: bool = False
+    ) -> TrainedRun:
         """Check that ``run`` is a finished run dir and read its config (no weights)."""
         path = Path(run).expanduser().resolve()
         saved = path / ".hydra" / "config.yaml"
@@ -39,7 +43,7 @@ class TrainedRun:
                 key=key,
                 hint="pass a run dir, e.g. outputs/<date>/<time>_sft_<tag>",
             )
-        trained = cls(path, OmegaConf.load(saved), key)  # type: ignore[arg-type]
+        trained = cls(path, OmegaConf.load(saved), key, trust_remote_code)  # type: ignore[arg-type]
         if trained.kind == "none":
             interrupted = " (it was interrupted: resume it first)" if (path / "checkpoints").is_dir() else ""
             raise ConfigError(f"{path} has no final model in final/{interrupted}", key=key)
@@ -92,11 +96,22 @@ class TrainedRun:
                 key=self.key,
                 hint="use a run dir written by hydratune",
             )
+        self.check_node("quantization")
         return instantiate(node, _convert_="all")
 
     def model_dir(self) -> Path:
         """The folder a full model loads from: ``final/merged`` or ``final/`` (not for adapters)."""
         return final_model_dir(str(self.path))
+
+    def check_node(self, group: str) -> None:
+        """The saved ``group:`` node may build nothing but hydratune's own components (nested ones too) and
+        may load the model dir's code only when the command line grants it (components/config/trust.py)."""
+        from components.config.trust import check_saved_node
+
+        node = OmegaConf.to_container(self.cfg[group], resolve=False)
+        check_saved_node(
+            group, node, self.path / ".hydra" / "config.yaml", remote_code=self.trust_remote_code
+        )
 
     def base_component(self) -> Any:
         """The run's ``model:`` node instantiated (it names the adapter's base); only hydratune's own model
@@ -111,6 +126,7 @@ class TrainedRun:
                 key=self.key,
                 hint="use a run dir written by hydratune",
             )
+        self.check_node("model")
         model = instantiate(node, _convert_="all")
         if model.init == "random":
             raise ConfigError(

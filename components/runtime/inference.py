@@ -155,7 +155,8 @@ def load_model(comps: Components, device: str) -> Any:
 
     model, precision = comps.model, comps.precision.resolve(device)
     if model.adapter:
-        loaded, _ = TrainedRun.open(model.from_run).load(dtype=model.weight_dtype(precision))
+        run = TrainedRun.open(model.from_run, trust_remote_code=model.trust_remote_code)
+        loaded, _ = run.load(dtype=model.weight_dtype(precision))
     else:
         quantized = comps.quantization.enabled
         loaded = model.build(**(comps.quantization.load_kwargs(precision, device) if quantized else {}))
