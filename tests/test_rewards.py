@@ -191,7 +191,7 @@ def test_a_misspelt_reward_beside_the_experiment_file_and_a_dead_url_exit_2_in_p
 def test_a_reward_from_an_installed_package_or_binding_a_call_is_refused(compose_cfg, overrides, key) -> None:
     with pytest.raises(ConfigError) as info:
         checked(compose_cfg, *overrides)
-    assert info.value.key == key and "trust_targets=true" in (info.value.hint or ""), str(info.value)
+    assert info.value.key.startswith(key) and "trust_targets=true" in (info.value.hint or ""), str(info.value)
     if "torch.hub.load" in overrides[-1] and "+" not in overrides[-1]:
         checked(compose_cfg, *overrides, "trust_targets=true")  # the user vouches for the config
 

@@ -160,6 +160,11 @@ RANGES: dict[str, Range] = {
     "mini_batch_size": AT_LEAST_ONE,
     "response_length": AT_LEAST_ONE,
     "gamma": UNIT,
+    "desirable_weight": NON_NEGATIVE,  # KTO's weight of the desirable rows' loss
+    "undesirable_weight": NON_NEGATIVE,
+    "sft_weight": NON_NEGATIVE,  # SimPO's NLL term (TRL's cpo_alpha)
+    "reward_timeout": Range(low=0, low_open=True),  # seconds a reward_url call may take
+    "reward_retries": Range(low=0),
     "lam": UNIT,
     "clip_ratio": POSITIVE,
     "value_clip": POSITIVE,

@@ -186,8 +186,9 @@ def reward_refusal(target: str) -> str | None:
 
     try:
         fn = get_method(target)
-    except Exception as err:  # not importable: Hydra's own message
-        return f"cannot be imported ({str(err).splitlines()[0][:160]})"
+    except Exception:  # not importable here: the recipe's check resolves it (the user's module dirs added,
+        return None  # close matches named) and refuses what is not the user's own plain function
+
     if not inspect.isfunction(fn):
         return f"is a {type(fn).__name__}, not a plain Python function"
     names = [p.name for p in inspect.signature(fn).parameters.values()][:2]
