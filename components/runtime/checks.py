@@ -195,6 +195,14 @@ def check_disk(cfg: DictConfig, comps: Components, *, planned_elsewhere: bool) -
         logging.getLogger("hydratune").warning("%s (this host; check the GPU host's disk)", err)
 
 
+def planned_for_gpus(cfg: DictConfig, device: str) -> bool:
+    """``mode=plan`` of a GPU setup (``estimate.num_gpus`` / ``estimate.gpu_memory`` given) on a host that
+    has none: the run's disk is the GPU host's."""
+    estimate = cfg.get("estimate") or {}
+    gpus_given = estimate.get("num_gpus", 0) or str(estimate.get("gpu_memory", "auto")) != "auto"
+    return cfg.mode == "plan" and bool(gpus_given) and device == "cpu"
+
+
 def check_before_load(cfg: DictConfig, comps: Components, device: str | None = None) -> str:
     """Everything that can be checked before weights are touched, cheapest first; returns the device
     (``device`` overrides detection: ``mode=plan`` plans for a GPU from a host without one)."""
@@ -211,7 +219,7 @@ def check_before_load(cfg: DictConfig, comps: Components, device: str | None = N
     check_generated(cfg, comps, device)
     comps.recipe.check(cfg, comps)
     comps.peft.check_targets(comps.model.module_names())  # meta-device model: no weights, no memory
-    check_disk(cfg, comps, planned_elsewhere=device_given)
+    check_disk(cfg, comps, planned_elsewhere=device_given or planned_for_gpus(cfg, device))
     stale = stale_accelerate_env()
     if stale:
         logging.getLogger("hydratune").warning(
