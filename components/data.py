@@ -1624,10 +1624,17 @@ def _kind(rows: Dataset) -> list[str]:
 
 def _whole_completion(rows: Dataset) -> Dataset:
     """A conversation source mixed with prompt/completion ones: its rows get ``completion_turns`` = every
-    turn, so ``completion_only_loss`` leaves them to ``assistant_only_loss``, as it does unmixed."""
+    turn after the first user turn (the prompt TRL needs is the system prompt and that turn), so every
+    assistant turn stays trained, as it does unmixed."""
     if "completion_turns" in rows.column_names or "messages" not in rows.column_names:
         return rows
-    return rows.add_column("completion_turns", [len(m) for m in rows["messages"]])
+    return rows.add_column("completion_turns", [_after_first_user(m) for m in rows["messages"]])
+
+
+def _after_first_user(messages: Messages) -> int:
+    """How many turns follow the first user turn (at least one turn is left as the prompt)."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "user"), 0)
+    return len(messages) - first - 1
 
 
 # ------------------------------------------------------------------------------------------- SFT data

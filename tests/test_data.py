@@ -443,6 +443,7 @@ SHAPES = {
     "ChatDataset": (["messages", "answer"], ["messages", "answer", "completion_turns"], ["text"]),
     "PreferenceDataset": (["prompt", "chosen", "rejected"],),
     "PromptDataset": (["prompt", "answer"], ["prompt"]),
+    "UnpairedPreferenceDataset": (["prompt", "completion", "label"],),
 }
 INFERENCE_ONLY = {"demo_generate", "demo_best_of_n", "demo_eval"}  # every row is generated for / scored
 DATA_OPTIONS = sorted(p.stem for p in (ASSETS.parent.parent / "conf" / "data").glob("*.yaml"))
