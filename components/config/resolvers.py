@@ -143,9 +143,11 @@ def check_resolves(cfg: Any) -> None:
     try:
         OmegaConf.to_container(cfg, resolve=True)
     except (InterpolationResolutionError, InterpolationKeyError) as err:
-        cause = err.__cause__ or err.__context__
-        if isinstance(cause, ConfigError):  # a hydratune resolver's own refusal
-            raise cause from None
+        cause: BaseException | None = err
+        while cause is not None:  # a hydratune resolver's own refusal, however deep OmegaConf wrapped it
+            if isinstance(cause, ConfigError):
+                raise cause from None
+            cause = cause.__cause__ or cause.__context__
         reason = str(err).splitlines()[0].split("while resolving interpolation:")[-1].strip(' "')
         raise ConfigError(
             f"cannot resolve {err.full_key}: {reason}",
