@@ -41,13 +41,8 @@ class ORPO(Recipe):
             )
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from components.runtime.session import Session, training_pairs
+        from components.runtime.session import train_on_pairs
         from components.runtime.trl_experimental import experimental
 
         config_cls, trainer_cls = experimental("orpo", "ORPOConfig", "ORPOTrainer")
-        session = Session.start(ctx)
-        data = session.load_data()
-        session.build_model()
-        args = config_cls(**ctx.training_args(**self.trainer_args(ctx.components.data.max_length)))
-        trainer = session.trainer(trainer_cls, args, data)
-        return session.train_and_finish(trainer, probes=training_pairs(trainer))
+        return train_on_pairs(ctx, config_cls, trainer_cls, self.trainer_args(ctx.components.data.max_length))

@@ -453,6 +453,18 @@ def _tokens_per_second(ctx: RunContext) -> float | None:
     return round(rates[-1], 1) if rates else None
 
 
+def train_on_pairs(
+    ctx: RunContext, config_cls: Any, trainer_cls: Any, trainer_args: dict[str, Any]
+) -> dict[str, Any]:
+    """A reference-free preference trainer (ORPO, SimPO) through the shared lifecycle: load, build, train
+    with ``trainer_args``, probe the first training pairs before and after."""
+    session = Session.start(ctx)
+    data = session.load_data()
+    session.build_model()
+    trainer = session.trainer(trainer_cls, config_cls(**ctx.training_args(**trainer_args)), data)
+    return session.train_and_finish(trainer, probes=training_pairs(trainer))
+
+
 def training_pairs(trainer: Any) -> dict[str, Any]:
     """Reward and DPO: the first ``PROBE_PAIRS`` training pairs, scored before and after training (the
     ``probes`` of :meth:`Session.train_and_finish`)."""
