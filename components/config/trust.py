@@ -437,9 +437,10 @@ def experiment_files(args: list[str]) -> list[Path]:
     return [f for f in found if f.is_file()]
 
 
-def check_file(path: Path, *, trusted: bool = False) -> None:
-    """A config file parses as YAML (trusted or not): a malformed one is named with its line. What it may
-    run is checked once Hydra has composed it (:func:`guarded_compositions`)."""
+def check_file(path: Path) -> None:
+    """A config file parses as YAML (trusted or not: trust_targets=true does not skip it): a malformed one
+    is named with its line. What it may run is checked once Hydra has composed it
+    (:func:`guarded_compositions`)."""
     import yaml
     from omegaconf import OmegaConf
 
@@ -452,4 +453,4 @@ def check_file(path: Path, *, trusted: bool = False) -> None:
 def check_command(args: list[str]) -> None:
     """The experiment files a command line names parse (before Hydra reads them)."""
     for path in experiment_files(args):
-        check_file(path, trusted="trust_targets=true" in args)
+        check_file(path)
