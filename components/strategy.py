@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from components.config.errors import ConfigError
 from components.config.registry import component
+from components.distributed.mesh import Mesh
 from components.memory.shapes import SINGLE, StrategyShape, elements
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -63,10 +64,16 @@ class BatchPlan:
     hidden_size: int | None = None  # sizes the ZeRO buckets; None = DeepSpeed's defaults
     largest_param: int | None = None  # elements of the biggest weight (vocab x hidden): NVMe swap buffers
     gpus_per_node: int = 1  # processes per node: ZeRO++ hpZ's default secondary partition
+    mesh: Mesh | None = None  # the strategy's split of world_size (None: data parallel only)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Replicas that each see their own micro-batches: world / (tp x sp x pp)."""
+        return self.mesh.dp if self.mesh is not None else self.world_size
 
     @property
     def global_batch_size(self) -> int:
-        return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.data_parallel_size
 
 
 def _mixed(dtype: str) -> str:
@@ -127,6 +134,11 @@ class Strategy:
     def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
         """What this strategy does to memory (``components/memory/estimate.py`` reads only this)."""
         return SINGLE
+
+    def mesh(self, world_size: int) -> Mesh:
+        """How ``world_size`` processes split into dp x tp x sp x pp under this strategy (data parallel only
+        unless a strategy says otherwise)."""
+        return Mesh(world_size)
 
     def required_knobs(self) -> dict[str, str]:
         """Knobs this option cannot go without (left null in its YAML), each with an example value."""

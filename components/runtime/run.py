@@ -145,10 +145,11 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
     except Exception:  # no config reachable offline: DeepSpeed's default bucket sizes
         hidden = largest = None
     t = cfg.train
+    world = world_size(comps)
     return BatchPlan(
         micro_batch_size=t.micro_batch_size,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
-        world_size=world_size(comps),
+        world_size=world,
         max_grad_norm=t.max_grad_norm,
         dtype=comps.precision.resolve(device),
         precision=comps.precision,
@@ -157,6 +158,7 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
         largest_param=largest,
         # a worker knows its node's process count (SLURM sets it per node); else the launcher's
         gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or comps.launcher.nproc_per_node),
+        mesh=comps.strategy.mesh(world),
     )
 
 
