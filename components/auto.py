@@ -89,14 +89,33 @@ def compose_strategy_hydra(choice: list[str]) -> DictConfig:
     return node
 
 
+def decide(cfg: Any, spec: Any, gpu_memory: float, margin: float) -> Any:
+    """The ladder's :class:`~components.memory.ladder.Decision` for the composed ``cfg`` (``spec``: its
+    estimate's RunSpec): the per-GPU batch to keep, ``strategy.candidates`` and ``tune_micro_batch``."""
+    from components.memory.ladder import choose
+    from components.memory.spec import get, strategy_rungs
+
+    train, strategy = get(cfg, "train"), get(cfg, "strategy")
+    micro = int(get(train, "micro_batch_size", 1))
+    tune = bool(get(strategy, "tune_micro_batch", True))
+    return choose(
+        spec,
+        strategy_rungs(spec),
+        gpu_memory,
+        margin,
+        micro * int(get(train, "gradient_accumulation_steps", 1)),
+        candidates=list(get(strategy, "candidates", []) or []) or None,
+        micro_batch=None if tune else micro,
+    )
+
+
 def resolve_auto(
     cfg: DictConfig, compose_strategy: Callable[[list[str]], DictConfig] | None = None
 ) -> tuple[DictConfig, str]:
     """(the config with ``strategy`` and the batch split chosen, the decision in words). The strategy node
     is what the chosen overrides compose to (``strategy=zero1 strategy.tp_size=4``): the run dir replays
     it."""
-    from components.memory.ladder import choose
-    from components.memory.spec import get, gpu_memory_of, spec_from_config, strategy_rungs
+    from components.memory.spec import get, gpu_memory_of, spec_from_config
 
     gpu_memory = gpu_memory_of(cfg)
     if gpu_memory is None:
@@ -105,20 +124,7 @@ def resolve_auto(
             key="estimate.gpu_memory",
             hint="pass estimate.gpu_memory=80GB (and estimate.num_gpus=8), or pick a strategy",
         )
-    margin = float(cfg.estimate.safety_margin)
-    spec = spec_from_config(cfg)
-    per_gpu = int(cfg.train.micro_batch_size) * int(cfg.train.gradient_accumulation_steps)
-    candidates = list(get(cfg.strategy, "candidates", []) or []) or None
-    tune = bool(get(cfg.strategy, "tune_micro_batch", True))
-    decision = choose(
-        spec,
-        strategy_rungs(spec),
-        gpu_memory,
-        margin,
-        per_gpu,
-        candidates=candidates,
-        micro_batch=None if tune else int(cfg.train.micro_batch_size),
-    )
+    decision = decide(cfg, spec_from_config(cfg), gpu_memory, float(cfg.estimate.safety_margin))
     text = decision.explain()
     if decision.strategy is None:
         raise ConfigError(f"no strategy fits:\n{text}", key="strategy", hint="see the table above")

@@ -31,29 +31,16 @@ from components.memory.parallel import bubble_fraction, in_flight, slices, stage
 from components.memory.shapes import StrategyShape
 from components.memory.spec import spec_from_config, strategy_rungs
 from components.strategy import DeepSpeed, Strategy
+from tests.test_estimate import LLAMA3_8B
 
 ARCH = {
-    "llama3_8b": {
-        "model_type": "llama",
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "vocab_size": 128256,
-        "tie_word_embeddings": False,
-        "head_dim": 128,
-    },
+    "llama3_8b": LLAMA3_8B,
     "llama3_70b": {
-        "model_type": "llama",
+        **LLAMA3_8B,
         "hidden_size": 8192,
         "intermediate_size": 28672,
         "num_hidden_layers": 80,
         "num_attention_heads": 64,
-        "num_key_value_heads": 8,
-        "vocab_size": 128256,
-        "tie_word_embeddings": False,
-        "head_dim": 128,
     },
 }
 ZERO1, ZERO2, ZERO3 = (StrategyShape("deepspeed", stage=s) for s in (1, 2, 3))
@@ -470,6 +457,23 @@ def test_auto_emits_the_tp_overrides_and_keeps_the_global_batch(compose_cfg, mon
     assert "tensor/sequence/pipeline parallel" in text
     dp = 8 // 2
     assert new.train.micro_batch_size * new.train.gradient_accumulation_steps * dp == 2 * 2 * 8
+
+
+def test_auto_keeps_the_micro_batch_when_told(compose_cfg) -> None:
+    """``strategy.tune_micro_batch=false``: the rung must fit at the configured micro-batch, which stays; only
+    the accumulation may change (to keep the global batch)."""
+    from components.auto import resolve_auto
+
+    cfg = compose_cfg(
+        "strategy=auto",
+        "strategy.tune_micro_batch=false",
+        "estimate.gpu_memory=80GB",
+        "estimate.num_gpus=1",
+        "train.micro_batch_size=4",
+        "train.gradient_accumulation_steps=8",
+    )
+    new, _ = resolve_auto(cfg, compose_strategy=lambda choice: compose_cfg(*choice).strategy)
+    assert (new.train.micro_batch_size, new.train.gradient_accumulation_steps) == (4, 8)
 
 
 def test_auto_picks_sequence_parallel_for_a_long_context() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from components.auto import is_auto
+from components.auto import decide, is_auto
 from components.distributed.mesh import Mesh
 from components.memory.estimate import CUDA_CONTEXT_BYTES, FRAGMENTATION, Estimate, GiB, RunSpec, estimate
 from components.memory.ladder import choose
@@ -110,15 +110,7 @@ def render(cfg: Any, console: Any = None) -> bool:
         )
         return True
     if auto:
-        per_gpu = spec.micro_batch * int(get(get(cfg, "train"), "gradient_accumulation_steps", 1))
-        decision = choose(
-            spec,
-            strategy_rungs(spec),
-            gpu_memory,
-            margin,
-            per_gpu,
-            candidates=get(get(cfg, "strategy"), "candidates", None) or None,
-        )
+        decision = decide(cfg, spec, gpu_memory, margin)
         console.print(decision.explain())
         return decision.strategy is not None
     fits = est.fits(gpu_memory, margin)
