@@ -121,6 +121,9 @@ class Strategy:
     one_dtype_per_shard: ClassVar[bool] = False
     #: a loop we own trains one engine that scales, accumulates, clips and steps by itself (DeepSpeed)
     loop_engine: ClassVar[bool] = False
+    #: the mesh dimensions ("tp", "sp", "pp") this option splits the model along, each set by its
+    #: ``strategy.<dim>_size`` knob and read back through :meth:`mesh`: strategy=auto tries their sizes
+    parallel_dims: ClassVar[tuple[str, ...]] = ()
 
     @property
     def label(self) -> str:
