@@ -49,6 +49,19 @@ class NonFiniteLossGuard(TrainerCallback):
         raise Diverged(state.global_step, loss, self.last_finite, args.learning_rate, args.max_grad_norm)
 
 
+class LayoutCheck(TrainerCallback):
+    """When training begins (the engine is built by then: DeepSpeed's AutoTP has split the layers, Ulysses has
+    made its groups): the strategy reads back what was built (:meth:`Strategy.verify_built`) and refuses a
+    mismatch before the first step; each rank records what it holds in ``layout``, which the run writes
+    into ``.rank<r>.layout.json``."""
+
+    def __init__(self, strategy: Any, mesh: Any, layout: dict[str, Any]) -> None:
+        self.strategy, self.mesh, self.layout = strategy, mesh, layout
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self.layout.update(self.strategy.verify_built(model, self.mesh))
+
+
 class RichProgressCallback(TrainerCallback):
     """A rich progress bar (rank 0) with loss, learning rate, tokens/s and ETA; replaces tqdm."""
 

@@ -20,6 +20,7 @@ from components.model import base_loads_in_half, describe_dtypes, upcast_trainab
 from components.peft import trainable_summary
 from components.runtime.callbacks import (
     FirstStepTimer,
+    LayoutCheck,
     MetricsCallback,
     NonFiniteLossGuard,
     progress_callback,
@@ -60,6 +61,9 @@ class Session:
     first_step: FirstStepTimer = field(default_factory=FirstStepTimer)
     trackers: TrackerRun = field(default_factory=TrackerRun)  # rank 0: what the trackers opened
     keep_alive: list[Any] = field(default_factory=list)  # e.g. ZeRO-3's config, weakly held by transformers
+    layout: dict[str, Any] = field(
+        default_factory=dict
+    )  # what this rank holds of a split model (LayoutCheck)
 
     @classmethod
     def start(cls, ctx: RunContext) -> Session:
@@ -84,6 +88,11 @@ class Session:
             "peft": type(c.peft).__name__,
             "strategy": c.strategy.label,
             "processes": ctx.plan.world_size,
+            **(
+                {}
+                if ctx.plan.mesh is None or ctx.plan.mesh.is_data_parallel_only
+                else {"mesh": ctx.plan.mesh.describe()}
+            ),
             # a recipe that generates or scores has no batch arithmetic
             **({} if c.recipe.inference_only else {"global batch": ctx.plan.global_batch_size}),
             "precision": c.precision.resolve(ctx.device),
@@ -187,11 +196,19 @@ class Session:
         precision = c.precision.resolve(device)
         frozen_base = base_loads_in_half(c.peft, c.quantization, c.strategy)
         dtype = c.model.weight_dtype(precision, frozen_base=frozen_base)
-        return c.model.build(task=task, dtype=dtype, **c.quantization.load_kwargs(precision, device))
+        load = {
+            **c.quantization.load_kwargs(precision, device),
+            **c.strategy.model_load_kwargs(self.ctx.plan),
+        }
+        return c.model.build(task=task, dtype=dtype, **load)
 
     def callbacks(self) -> list[Any]:
-        c = self.ctx.components
+        c, mesh = self.ctx.components, self.ctx.plan.mesh
+        split = (
+            [] if mesh is None or mesh.is_data_parallel_only else [LayoutCheck(c.strategy, mesh, self.layout)]
+        )
         return [
+            *split,
             MetricsCallback(self.ctx.run_dir),
             NonFiniteLossGuard(),
             progress_callback(c.recipe.name),
@@ -208,7 +225,8 @@ class Session:
         c = self.ctx.components
         # fp16 outside DeepSpeed (whose config carries them): the loss-scaling knobs reach torch's GradScaler
         handlers = () if c.strategy.scales_loss else tuple(c.precision.scaler_handlers(self.ctx.plan.dtype))
-        return hydratune_trainer(trainer_cls, handlers)(
+        replicas = self.ctx.plan.mesh.tp if self.ctx.plan.mesh is not None else 1
+        return hydratune_trainer(trainer_cls, handlers, token_replicas=replicas)(
             model=self.model,
             args=args,
             train_dataset=data["train"],
@@ -222,14 +240,15 @@ class Session:
         """Exact-match accuracy of greedy answers to the eval prompts (see ``load_data``), for the summary."""
         if not self.eval_prompts:
             return
-        if self.ctx.components.strategy.shards_parameters:  # each rank holds a shard: no lone generate()
+        strategy = self.ctx.components.strategy
+        if strategy.shards_parameters and not strategy.generates_together:  # no lone generate() on a shard
             self.report.setdefault("eval accuracy (exact match)", {})[when] = "skipped (sharded parameters)"
             return
         result = evaluate_generations(
             self.model, self.tokenizer, self.eval_prompts, max_new_tokens=self.ctx.train.max_new_tokens
         )
         self.report.setdefault("eval accuracy (exact match)", {})[when] = result["exact_match"]
-        if when == "after":
+        if when == "after" and self.ctx.is_main_process:
             path = self.ctx.run_dir.path / "generations.jsonl"
             path.write_text("".join(json.dumps(s) + "\n" for s in result["samples"]))
 
@@ -324,11 +343,15 @@ class Session:
             metrics.update(trainer.evaluate())
         state_dict = ctx.components.strategy.gather_state_dict(trainer)  # collective: every rank takes part
         ctx.record_rank_weights(trainer.model)
+        self.record_layout(trainer)
         if not self.interrupt.agreed():
             self.probe(trainer, probes, "after")  # evaluate() is collective (ZeRO-3 gathers): every rank
+        together = ctx.components.strategy.generates_together  # tensor parallel: every rank generates
+        if together and not self.interrupt.agreed():
+            self.evaluate_generations("after")
         if not trainer.is_world_process_zero():
             return metrics
-        if not self.interrupt.requested:
+        if not self.interrupt.requested and not together:
             self.evaluate_generations("after")
         ensure_room_for_final(trainer.model, ctx.run_dir.final, ctx.cfg.merge)
         self.report["outputs"] = save_final(
@@ -337,6 +360,21 @@ class Session:
         self.note_late_signal()
         self.write_report(metrics)
         return metrics
+
+    def record_layout(self, trainer: Any) -> None:
+        """What this rank held of a split model (its shards, groups, token split) into
+        ``.rank<r>.layout.json``, and rank 0's into the summary."""
+        split = getattr(trainer, "sequence_split", None)
+        if split:
+            self.layout["sequence split"] = split
+        if not self.layout:
+            return
+        import os
+
+        rank = int(os.environ.get("RANK", 0))
+        self.ctx.run_dir.write_json(f".rank{rank}.layout.json", self.layout)
+        if rank == 0:
+            self.report["mesh (live, rank 0)"] = dict(self.layout)
 
     def note_late_signal(self) -> None:
         """A signal after the last training step: say that final/ was finished and what was skipped."""
