@@ -1033,6 +1033,9 @@ class DeepSpeed(Strategy):
             args["parallelism_config"] = model_parallel.ulysses_config(
                 self.sp_size, plan.data_parallel_size, plan.attention
             )
+            # on resume the Trainer's batch skip cannot take Ulysses' data loader: runtime/callbacks.py's
+            # ResumeSplitRows fast-forwards it instead
+            args["ignore_data_skip"] = True
         return args
 
     def expected_distributed_types(self, world_size: int) -> set[str]:
@@ -1135,7 +1138,12 @@ class DeepSpeed(Strategy):
         return {ZERO_CHECKPOINT: str(out)}
 
     def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
-        return {**super().describe(plan, device), "deepspeed.json": self.deepspeed_config(plan, device)}
+        described = super().describe(plan, device)
+        if self.tp_size * self.sp_size > 1:
+            described["batch"]["deepspeed train_batch_size"] = (
+                "left out: DeepSpeed derives it from its own process groups (micro x accumulation x ranks)"
+            )
+        return {**described, "deepspeed.json": self.deepspeed_config(plan, device)}
 
     def verify(self, accelerator: Any, world_size: int | None = None) -> None:
         super().verify(accelerator, world_size)

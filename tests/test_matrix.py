@@ -107,7 +107,8 @@ def test_every_split_layout_gets_the_verdict_the_table_gives(compose_cfg, monkey
     logging.getLogger("hydratune").setLevel(logging.ERROR)
     wrong = []
     for split in matrix.SPLITS:
-        got = observed(lambda _: compose_cfg(*split.overrides, "launcher.nproc_per_node=2"), None)
+        cfg = compose_cfg(*split.overrides, "launcher.nproc_per_node=2")
+        got = observed(lambda _, cfg=cfg: copy.deepcopy(cfg), None)
         if (split.kind, split.key) != (got.kind, got.key):
             wrong.append(f"{' '.join(split.overrides)}: table {split.kind} {split.key}, checks {got}")
     assert not wrong, "\n".join(wrong)

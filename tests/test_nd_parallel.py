@@ -1,6 +1,7 @@
 """Tensor parallel (DeepSpeed AutoTP) and sequence parallel (DeepSpeed Ulysses), each with ZeRO-1, on 2 CPU
-ranks over gloo, against one process training the same global batch (micro-batch 32: both layouts have one
-data-parallel replica).
+ranks over gloo, against one process training the same global batch (micro-batch 36: both layouts have one
+data-parallel replica; 936 demo rows are 26 whole micro-batches, so no epoch ends in a partial one, which
+accelerate completes with the epoch's first rows when it shards over 2 ranks, as SP's loader does).
 
 One layout = two launches of the real CLI: a run stopped by a real SIGTERM to its launcher after step 4, and
 a run resumed from that run's step-3 checkpoint to the end. Checked on them: the losses of every step and
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.slow
 STEPS = 40
 TRAIN = [
     f"train.max_steps={STEPS}",
+    "train.micro_batch_size=36",
     "train.save_every=3",
     "train.keep_last=20",
     "train.eval_every=0",

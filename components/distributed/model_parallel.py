@@ -175,20 +175,27 @@ def ulysses_attention(model: Any) -> str:
     return f"Ulysses around {impl}"
 
 
-def gloo_equal_length(batch: dict[str, Any], pad: dict[str, int]) -> dict[str, Any]:
-    """Pad ``batch``'s ``[rows, tokens]`` tensors on the right to the longest batch of any rank (a MAX
-    all-reduce over the world): DeepSpeed's Ulysses data loader all-gathers the SP group's batches, and
-    gloo's all-gather takes equal shapes only (NCCL takes uneven ones). ``pad``: each key's padding value."""
-    import torch
-    import torch.distributed as dist
+def fast_forward_ulysses(loader: Any, epoch: int, micro_batches: int) -> bool:
+    """Put DeepSpeed's Ulysses data loader (``UlyssesSPDataLoaderAdapter``) where an uninterrupted run was
+    after ``epoch`` whole epochs and ``micro_batches`` of the next: the Trainer's own skip on resume
+    (accelerate's ``skip_first_batches``) cannot take the adapter (it has no ``dataset``), and the adapter
+    has no ``set_epoch``. Every rank of the group calls this alike (each refill is collective). False when
+    ``loader`` is not that adapter (nothing done)."""
+    inner = getattr(loader, "dl", None)
+    if inner is None or not hasattr(loader, "refill"):
+        return False
+    if hasattr(inner, "set_epoch"):
+        inner.set_epoch(epoch)  # the wrapped loader's shuffle of that epoch
+    loader.iter = iter(inner)
+    loader.micro_batches.clear()
+    for _ in range(micro_batches):
+        next(loader)
+    return True
 
-    if not dist.is_initialized():
-        return batch
-    length = torch.tensor([batch["input_ids"].shape[1]])
-    dist.all_reduce(length, op=dist.ReduceOp.MAX)
-    extra = int(length) - batch["input_ids"].shape[1]
-    if extra:
-        for key, value in pad.items():
-            if key in batch:
-                batch[key] = torch.nn.functional.pad(batch[key], (0, extra), value=value)
-    return batch
+
+def whole_last_batches(splits: dict[str, int], micro_batch: int, world: int) -> bool:
+    """Whether every split's batches (``rows`` over ``micro_batch``, the last one possibly partial) fall in
+    equal numbers on the ``world`` ranks accelerate shards them over: then the last batch can stay as one
+    process has it (``even_batches`` off); else accelerate must complete the last ones with the first rows
+    of the epoch, or a rank would run out of batches while the others gather from it."""
+    return all(-(-rows // micro_batch) % world == 0 for rows in splits.values() if rows)

@@ -217,7 +217,22 @@ def warnings_for(cfg: DictConfig, comps: Components, device: str = "cpu") -> lis
             "tuned for the tiny random-init demo): typical values are 1e-5..5e-5 (full), 1e-4..3e-4 (LoRA)"
         )
     notes += schedule_warnings(cfg, comps)
+    notes += split_warnings(cfg, comps)
     return notes
+
+
+def split_warnings(cfg: DictConfig, comps: Components) -> list[str]:
+    """Ulysses' loss weights each micro-batch of a sequence-parallel group alike: with accumulation or
+    several data-parallel replicas that is not one process's token-weighted mean over the global batch."""
+    mesh = comps.strategy.mesh(world_size(comps))
+    if mesh.sp == 1 or (cfg.train.gradient_accumulation_steps == 1 and mesh.dp == 1):
+        return []
+    return [
+        f"strategy.sp_size={mesh.sp} with {cfg.train.gradient_accumulation_steps} accumulation step(s) x "
+        f"{mesh.dp} data-parallel replica(s): the Trainer's Ulysses loss averages the micro-batches' "
+        "token means, where one process averages every label token of the global batch alike (equal when "
+        "micro-batches hold as many label tokens; docs/nd_parallel.md)"
+    ]
 
 
 def schedule_warnings(cfg: DictConfig, comps: Components) -> list[str]:

@@ -23,6 +23,7 @@ from components.runtime.callbacks import (
     LayoutCheck,
     MetricsCallback,
     NonFiniteLossGuard,
+    ResumeSplitRows,
     progress_callback,
 )
 from components.runtime.checkpoint import checkpoints_in, save_final
@@ -61,9 +62,8 @@ class Session:
     first_step: FirstStepTimer = field(default_factory=FirstStepTimer)
     trackers: TrackerRun = field(default_factory=TrackerRun)  # rank 0: what the trackers opened
     keep_alive: list[Any] = field(default_factory=list)  # e.g. ZeRO-3's config, weakly held by transformers
-    layout: dict[str, Any] = field(
-        default_factory=dict
-    )  # what this rank holds of a split model (LayoutCheck)
+    #: what this rank holds of a split model (``LayoutCheck``), written to ``.rank<r>.layout.json``
+    layout: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def start(cls, ctx: RunContext) -> Session:
@@ -88,11 +88,7 @@ class Session:
             "peft": type(c.peft).__name__,
             "strategy": c.strategy.label,
             "processes": ctx.plan.world_size,
-            **(
-                {}
-                if ctx.plan.mesh is None or ctx.plan.mesh.is_data_parallel_only
-                else {"mesh": ctx.plan.mesh.describe()}
-            ),
+            **({"mesh": ctx.plan.mesh.describe()} if split(ctx.plan.mesh) else {}),
             # a recipe that generates or scores has no batch arithmetic
             **({} if c.recipe.inference_only else {"global batch": ctx.plan.global_batch_size}),
             "precision": c.precision.resolve(ctx.device),
@@ -204,11 +200,13 @@ class Session:
 
     def callbacks(self) -> list[Any]:
         c, mesh = self.ctx.components, self.ctx.plan.mesh
-        split = (
-            [] if mesh is None or mesh.is_data_parallel_only else [LayoutCheck(c.strategy, mesh, self.layout)]
-        )
+        engine: list[Any] = []
+        if split(mesh):
+            engine.append(LayoutCheck(c.strategy, mesh, self.layout))  # what the engine built, before step 1
+        if c.strategy.splits_sequences:
+            engine.append(ResumeSplitRows())  # Ulysses' data loader where the resumed run left it
         return [
-            *split,
+            *engine,
             MetricsCallback(self.ctx.run_dir),
             NonFiniteLossGuard(),
             progress_callback(c.recipe.name),
@@ -226,7 +224,7 @@ class Session:
         # fp16 outside DeepSpeed (whose config carries them): the loss-scaling knobs reach torch's GradScaler
         handlers = () if c.strategy.scales_loss else tuple(c.precision.scaler_handlers(self.ctx.plan.dtype))
         replicas = self.ctx.plan.mesh.tp if self.ctx.plan.mesh is not None else 1
-        return hydratune_trainer(trainer_cls, handlers, token_replicas=replicas)(
+        trainer = hydratune_trainer(trainer_cls, handlers, token_replicas=replicas)(
             model=self.model,
             args=args,
             train_dataset=data["train"],
@@ -234,6 +232,26 @@ class Session:
             processing_class=self.tokenizer,
             callbacks=self.callbacks(),
             **extra,
+        )
+        if c.strategy.splits_sequences:
+            self.keep_last_batches(trainer)
+        return trainer
+
+    def keep_last_batches(self, trainer: Any) -> None:
+        """Under a sequence split the data is sharded over every rank (Ulysses' loader reads one batch per
+        rank of the group): the epoch's last batch stays as one process has it when the batches fall
+        evenly on the ranks; otherwise accelerate completes the last ones with the epoch's first rows, which
+        the summary says."""
+        from components.distributed.model_parallel import whole_last_batches
+
+        plan = self.ctx.plan
+        rows = {"train": len(trainer.train_dataset), "eval": len(trainer.eval_dataset or [])}
+        if whole_last_batches(rows, plan.micro_batch_size, plan.world_size):
+            trainer.accelerator.even_batches = False
+            return
+        self.report["data"]["last batches"] = (
+            f"{rows} rows in batches of {plan.micro_batch_size} do not fall evenly on {plan.world_size} "
+            "ranks: each epoch's last batches are completed with its first rows (accelerate's even_batches)"
         )
 
     def evaluate_generations(self, when: str) -> None:
@@ -482,6 +500,11 @@ class Session:
             ctx.run_dir.plot_losses()
         ctx.run_dir.write_summary(f"{ctx.components.recipe.title}: {ctx.run_name}", self.report.items())
         ctx.run_dir.write_json("result.json", self.report)
+
+
+def split(mesh: Any) -> bool:
+    """The run splits the model over ranks (tensor / sequence parallel), not only the data."""
+    return mesh is not None and not mesh.is_data_parallel_only
 
 
 def _tokens_per_second(ctx: RunContext) -> float | None:

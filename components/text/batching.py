@@ -48,8 +48,6 @@ def split_rows_collator(tokenizer: Any, multiple: int, *, equal_across_ranks: bo
     the longest of the step (a collective: the collator must run in the training process)."""
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from components.distributed.model_parallel import gloo_equal_length
-
     pad = {"input_ids": tokenizer.pad_token_id, "labels": -100, "position_ids": 0, "attention_mask": 0}
 
     class SplitRows(DataCollatorForLanguageModeling):
@@ -96,3 +94,22 @@ def padding_free_collator(tokenizer: Any, model: Any) -> Any:
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id, padding_free=True)
+
+
+def gloo_equal_length(batch: dict[str, Any], pad: dict[str, int]) -> dict[str, Any]:
+    """Pad ``batch``'s ``[rows, tokens]`` tensors on the right to the longest batch of any rank (a MAX
+    all-reduce over the world): DeepSpeed's Ulysses data loader all-gathers the SP group's batches, and
+    gloo's all-gather takes equal shapes only (NCCL takes uneven ones). ``pad``: each key's padding value."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return batch
+    length = torch.tensor([batch["input_ids"].shape[1]])
+    dist.all_reduce(length, op=dist.ReduceOp.MAX)
+    extra = int(length) - batch["input_ids"].shape[1]
+    if extra:
+        for key, value in pad.items():
+            if key in batch:
+                batch[key] = torch.nn.functional.pad(batch[key], (0, extra), value=value)
+    return batch
