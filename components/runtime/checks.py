@@ -157,27 +157,32 @@ def check_split(cfg: DictConfig, comps: Components, device: str) -> None:
     refusal = strategy.split_refusal(device, comps.precision.resolve(device))
     if refusal is not None:
         raise refusal
-    if comps.quantization.enabled:
-        raise ConfigError(
-            f"{what} with a quantized base: the engines split torch Linear layers, not bitsandbytes' "
-            "quantized ones",
-            key="quantization",
-            hint=f"quantization=none, or {drop}",
-        )
-    if mesh.tp > 1 and comps.peft.enabled:
-        raise ConfigError(
-            f"tensor parallel with peft={type(comps.peft).__name__}: DeepSpeed AutoTP splits the base layers "
-            "and leaves an adapter's layers whole beside them (not supported)",
-            key="peft",
-            hint="peft=none (full fine-tuning), or strategy.sp_size for long sequences with an adapter",
-        )
-    if mesh.sp > 1 and comps.peft.adds_virtual_tokens:
-        raise ConfigError(
-            f"sequence parallel with {type(comps.peft).__name__}: its virtual tokens are prepended to every "
-            "row, so the ranks' slices of a row would not be the row",
-            key="peft",
-            hint="peft=lora, or drop strategy.sp_size",
-        )
+    peft = type(comps.peft).__name__
+    refused = [  # (refused, key, why, fix)
+        (
+            comps.quantization.enabled,
+            "quantization",
+            f"{what} with a quantized base: the engines split torch Linear layers, not bitsandbytes' ones",
+            f"quantization=none, or {drop}",
+        ),
+        (
+            mesh.tp > 1 and comps.peft.enabled,
+            "peft",
+            f"tensor parallel with peft={peft}: DeepSpeed AutoTP splits the base layers and leaves an "
+            "adapter's layers whole beside them (not supported)",
+            "peft=none (full fine-tuning), or strategy.sp_size for long sequences with an adapter",
+        ),
+        (
+            mesh.sp > 1 and comps.peft.adds_virtual_tokens,
+            "peft",
+            f"sequence parallel with {peft}: its virtual tokens are prepended to every row, so the ranks' "
+            "slices of a row would not be the row",
+            "peft=lora, or drop strategy.sp_size",
+        ),
+    ]
+    for bad, key, why, fix in refused:
+        if bad:
+            raise ConfigError(why, key=key, hint=fix)
     check_model(mesh, ModelDims.from_config(comps.model.load_config()))
     if mesh.sp > 1:
         check_sequence_split(cfg, comps, device)

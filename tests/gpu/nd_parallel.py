@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: run as a script
+from tests.gpu.strategies import hydratune
+from tests.test_nd_parallel import QUIET, SGD
 
 ARCH = [
     "+model.architecture.hidden_size=512",
@@ -36,15 +38,8 @@ COMMON = [
     "train.micro_batch_size=8",
     "train.max_steps=10",
     "train.save_every=0",
-    "train.eval_every=0",
-    "train.eval_generations=0",
-    "train.log_every=1",
-    "train.write_plots=false",
-    "optimizer=sgd",
-    "optimizer.lr=0.05",
-    "scheduler=constant",
-    "scheduler.warmup_ratio=0",
-    "train.max_grad_norm=0",
+    *QUIET,
+    *SGD,
 ]
 TWO = "launcher.nproc_per_node=2"
 #: name -> (overrides, the single-GPU run it must equal: same engine, so the same init)
@@ -64,27 +59,16 @@ LAYOUTS: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
-def hydratune(args: list[str], run_dir: Path, timeout: int = 600) -> tuple[int, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "recipes", *args, f"hydra.run.dir={run_dir}"],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    return proc.returncode, (proc.stdout + proc.stderr)[-2000:]
-
-
 def losses(run: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").open()) if "loss" in r]
 
 
 def check(name: str, tol: float, root: Path) -> dict:
     split, single = LAYOUTS[name]
-    code, tail = hydratune([*COMMON, *single], root / f"{name}_one")
+    code, _, tail = hydratune([*COMMON, *single], root / f"{name}_one")
     if code:
         return {"layout": name, "status": f"single-GPU run failed: {tail[-400:]}"}
-    code, tail = hydratune([*COMMON, *split], root / name)
+    code, _, tail = hydratune([*COMMON, *split], root / name)
     if code:
         return {"layout": name, "status": f"FAILED rc={code}: {tail[-600:]}"}
     want, got = losses(root / f"{name}_one"), losses(root / name)
