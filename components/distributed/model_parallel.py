@@ -193,9 +193,7 @@ def fast_forward_ulysses(loader: Any, epoch: int, micro_batches: int) -> bool:
     return True
 
 
-def whole_last_batches(splits: dict[str, int], micro_batch: int, world: int) -> bool:
-    """Whether every split's batches (``rows`` over ``micro_batch``, the last one possibly partial) fall in
-    equal numbers on the ``world`` ranks accelerate shards them over: then the last batch can stay as one
-    process has it (``even_batches`` off); else accelerate must complete the last ones with the first rows
-    of the epoch, or a rank would run out of batches while the others gather from it."""
-    return all(-(-rows // micro_batch) % world == 0 for rows in splits.values() if rows)
+def whole_last_batches(rows: int, micro_batch: int, world: int) -> bool:
+    """Whether ``rows`` fill whole batches of ``micro_batch`` in equal numbers on the ``world`` ranks
+    accelerate shards them over (else it completes the last ones with the epoch's first rows)."""
+    return rows % micro_batch == 0 and (rows // micro_batch) % world == 0

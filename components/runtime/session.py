@@ -234,25 +234,24 @@ class Session:
             **extra,
         )
         if c.strategy.splits_sequences:
-            self.keep_last_batches(trainer)
+            self.note_last_batches(trainer)
         return trainer
 
-    def keep_last_batches(self, trainer: Any) -> None:
-        """Under a sequence split the data is sharded over every rank (Ulysses' loader reads one batch per
-        rank of the group): the epoch's last batch stays as one process has it when the batches fall
-        evenly on the ranks; otherwise accelerate completes the last ones with the epoch's first rows, which
-        the summary says."""
+    def note_last_batches(self, trainer: Any) -> None:
+        """Under a sequence split every micro-batch is whole (Ulysses' attention is built for
+        ``micro_batch_size`` rows, and its loader gathers as many rows from every rank of the group): when
+        the train rows do not fill whole batches on every rank, accelerate completes the epoch's last ones
+        with its first rows, which one process would not; the summary says so."""
         from components.distributed.model_parallel import whole_last_batches
 
-        plan = self.ctx.plan
-        rows = {"train": len(trainer.train_dataset), "eval": len(trainer.eval_dataset or [])}
-        if whole_last_batches(rows, plan.micro_batch_size, plan.world_size):
-            trainer.accelerator.even_batches = False
-            return
-        self.report["data"]["last batches"] = (
-            f"{rows} rows in batches of {plan.micro_batch_size} do not fall evenly on {plan.world_size} "
-            "ranks: each epoch's last batches are completed with its first rows (accelerate's even_batches)"
-        )
+        plan, rows = self.ctx.plan, len(trainer.train_dataset)
+        if not whole_last_batches(rows, plan.micro_batch_size, plan.world_size):
+            self.report["data"]["last batches"] = (
+                f"{rows} train rows do not fill whole batches of {plan.micro_batch_size} on "
+                f"{plan.world_size} ranks: each epoch's last batches are completed with its first rows "
+                "(accelerate's even_batches; Ulysses needs whole micro-batches), where one process trains a "
+                "smaller one"
+            )
 
     def evaluate_generations(self, when: str) -> None:
         """Exact-match accuracy of greedy answers to the eval prompts (see ``load_data``), for the summary."""
