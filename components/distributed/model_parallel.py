@@ -16,6 +16,8 @@ rank's parameter shapes, and refuses to train on anything but what was asked for
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from components.config.errors import ConfigError
@@ -197,3 +199,28 @@ def whole_last_batches(rows: int, micro_batch: int, world: int) -> bool:
     """Whether ``rows`` fill whole batches of ``micro_batch`` in equal numbers on the ``world`` ranks
     accelerate shards them over (else it completes the last ones with the epoch's first rows)."""
     return rows % micro_batch == 0 and (rows // micro_batch) % world == 0
+
+
+def attention_function(name: str | None) -> Any:
+    """transformers' attention function registered as ``name`` now (None: not registered)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS.get(name) if name else None
+
+
+@contextlib.contextmanager
+def unwrapped_attention(name: str | None, original: Any) -> Iterator[None]:
+    """The model's own attention function back in place of DeepSpeed's Ulysses wrapper while this runs. The
+    wrapper drops every attention mask, in eval too (where it skips Ulysses): generation pads prompts on the
+    left, so without the mask the answers attended to padding (the demo's exact match 0.45 against 1.0)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    wrapped = attention_function(name)
+    if wrapped is None or original is None or wrapped is original:
+        yield
+        return
+    ALL_ATTENTION_FUNCTIONS[name] = original
+    try:
+        yield
+    finally:
+        ALL_ATTENTION_FUNCTIONS[name] = wrapped

@@ -64,6 +64,8 @@ class Session:
     keep_alive: list[Any] = field(default_factory=list)  # e.g. ZeRO-3's config, weakly held by transformers
     #: what this rank holds of a split model (``LayoutCheck``), written to ``.rank<r>.layout.json``
     layout: dict[str, Any] = field(default_factory=dict)
+    #: the model's attention function before Ulysses wrapped it (generation runs with it)
+    attention: Any = None
 
     @classmethod
     def start(cls, ctx: RunContext) -> Session:
@@ -234,6 +236,9 @@ class Session:
             **extra,
         )
         if c.strategy.splits_sequences:
+            from components.distributed.model_parallel import attention_function
+
+            self.attention = attention_function(self.ctx.plan.attention)  # before train() wraps it
             self.note_last_batches(trainer)
         return trainer
 
@@ -261,9 +266,12 @@ class Session:
         if strategy.shards_parameters and not strategy.generates_together:  # no lone generate() on a shard
             self.report.setdefault("eval accuracy (exact match)", {})[when] = "skipped (sharded parameters)"
             return
-        result = evaluate_generations(
-            self.model, self.tokenizer, self.eval_prompts, max_new_tokens=self.ctx.train.max_new_tokens
-        )
+        from components.distributed.model_parallel import unwrapped_attention
+
+        with unwrapped_attention(self.ctx.plan.attention, self.attention):  # Ulysses' wrapper drops masks
+            result = evaluate_generations(
+                self.model, self.tokenizer, self.eval_prompts, max_new_tokens=self.ctx.train.max_new_tokens
+            )
         self.report.setdefault("eval accuracy (exact match)", {})[when] = result["exact_match"]
         if when == "after" and self.ctx.is_main_process:
             path = self.ctx.run_dir.path / "generations.jsonl"

@@ -16,7 +16,8 @@ that silently stops being called would lose atomic checkpoints, token counts or 
   ``kwargs_handlers`` to its DDP handler alone).
 
 ``log(logs, ...)`` is public (transformers documents it for overriding); it flushes the token count.
-``get_batch_samples(...)`` is public too: it draws no batch once ``max_steps`` steps are done.
+``get_batch_samples(...)`` is public too: it draws no batch once ``max_steps`` steps are done, and runs
+Ulysses' data loader on across epochs (:class:`ContinuousEpochs`).
 ``compute_loss(...)`` is public: under DeepSpeed Ulysses it keeps the loss and divides its gradient by the
 sequence-parallel size (:class:`SequenceParallelLoss`).
 """
@@ -133,6 +134,36 @@ class NoStepPastTheEnd:
         return super().get_batch_samples(epoch_iterator, num_batches, device)  # type: ignore[misc]
 
 
+class ContinuousEpochs:
+    """DeepSpeed's Ulysses data loader (``UlyssesSPDataLoaderAdapter``) restarts its wrapped loader (the next
+    epoch's shuffle) only by raising ``StopIteration`` once, at the first draw after the last batch: the
+    Trainer then lost one optimizer step per epoch (an epochs-based run of the demo trained 1162 of its 1200
+    steps). Here a ``StopIteration`` from that loader is followed by one more draw, so the micro-batches run
+    on across epochs as one process's do; a resumed run's first epoch, fast-forwarded by
+    ``ResumeSplitRows``, runs on into the next alike."""
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list, Any]:
+        if hasattr(epoch_iterator, "refill"):  # the Ulysses adapter
+            epoch_iterator = _DrawOnce(epoch_iterator)
+        return super().get_batch_samples(epoch_iterator, num_batches, device)  # type: ignore[misc]
+
+
+class _DrawOnce:
+    """An iterator that answers its source's ``StopIteration`` with one more draw (the source restarted)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __iter__(self) -> _DrawOnce:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self.source)
+        except StopIteration:
+            return next(self.source)
+
+
 class LossScaling:
     """accelerate's ``GradScaler`` gets the precision's fp16 knobs (``scaler_handlers``, set on the class
     by :func:`hydratune_trainer`); transformers builds its ``Accelerator`` from these arguments."""
@@ -183,7 +214,14 @@ def hydratune_trainer(
     """``trainer_cls`` (TRL's SFTTrainer, DPOTrainer, ...) with the hooks above: atomic checkpoints, the
     token count read at log steps only (divided by ``token_replicas``, the ranks that see the same tokens),
     no step past ``max_steps``, the fp16 scaler knobs, Ulysses' gradient."""
-    mixins = (DeferredTokenCount, AtomicCheckpoints, NoStepPastTheEnd, LossScaling, SequenceParallelLoss)
+    mixins = (
+        DeferredTokenCount,
+        AtomicCheckpoints,
+        NoStepPastTheEnd,
+        ContinuousEpochs,
+        LossScaling,
+        SequenceParallelLoss,
+    )
     attrs = {
         "scaler_handlers": tuple(scaler_handlers),
         "token_replicas": token_replicas,
