@@ -125,3 +125,47 @@ def test_resume_on_another_tp_size_is_refused_naming_both(compose_cfg, tmp_path)
     with pytest.raises(ConfigError) as err:
         resolve(cfg, tmp_path / "outputs" / "day" / "new")
     assert err.value.key == "resume" and "strategy.tp_size: 2 → 1" in str(err.value)
+
+
+def test_generation_runs_with_the_attention_ulysses_wrapped() -> None:
+    """DeepSpeed's Ulysses wrapper drops the attention mask in eval too; the eval generations run with the
+    model's own attention function in its place, and the wrapper is back afterwards."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from components.distributed.model_parallel import attention_function, unwrapped_attention
+
+    def original(*args, **kwargs):
+        return "own"
+
+    def uattn_wrapper(*args, **kwargs):
+        return "wrapped"
+
+    ALL_ATTENTION_FUNCTIONS["test_ulysses"] = original
+    saved = attention_function("test_ulysses")
+    ALL_ATTENTION_FUNCTIONS["test_ulysses"] = uattn_wrapper  # what register_with_transformers does
+    with unwrapped_attention("test_ulysses", saved):
+        assert ALL_ATTENTION_FUNCTIONS["test_ulysses"]() == "own"
+    assert ALL_ATTENTION_FUNCTIONS["test_ulysses"]() == "wrapped"
+
+
+def test_ulysses_loader_runs_on_across_epochs() -> None:
+    """The Ulysses loader's restart (one StopIteration at an epoch's end) is not an empty optimizer step."""
+    from components.runtime.trainer_hooks import _DrawOnce
+
+    class Restarting:  # two epochs of two micro-batches, restarting like UlyssesSPDataLoaderAdapter
+        def __init__(self) -> None:
+            self.items, self.done = iter([1, 2]), False
+
+        def refill(self) -> None: ...
+
+        def __next__(self) -> int:
+            try:
+                return next(self.items)
+            except StopIteration:
+                if self.done:
+                    raise
+                self.items, self.done = iter([3, 4]), True
+                raise
+
+    draws = _DrawOnce(Restarting())
+    assert [next(draws) for _ in range(4)] == [1, 2, 3, 4]
