@@ -55,6 +55,9 @@ class Recipe:
     #: runs its own loop on accelerate through the strategy's loop hooks (FSDP2 by ``fully_shard``, so on
     #: CPU too) instead of a transformers Trainer
     owns_loop: ClassVar[bool] = False
+    #: trains through a Trainer on token rows (``input_ids``, ``labels``) that tensor / sequence parallel
+    #: engines can split (``strategy.tp_size`` / ``strategy.sp_size`` > 1); others refuse a split model
+    splits_model: ClassVar[bool] = False
 
     @classmethod
     def demo(cls) -> str:

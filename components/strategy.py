@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from components.config.errors import ConfigError
 from components.config.registry import component
+from components.distributed import model_parallel
 from components.distributed.mesh import Mesh
 from components.memory.shapes import SINGLE, StrategyShape, elements
 
@@ -31,6 +32,8 @@ ZERO_CHECKPOINT = "__zero_checkpoint__"  # gather_state_dict's answer when the w
 TRAINED, FROZEN = "trained", "frozen"  # accelerate's DeepSpeed plugins of a loop we own (PPO)
 AIO_KEYS = {"block_size", "queue_depth", "intra_op_parallelism", "single_submit", "overlap_events", "use_gds"}
 MULTI_PROCESS = {"MULTI_GPU", "MULTI_CPU", "MULTI_MPS", "MULTI_XPU"}  # plain multi-process (DDP) types
+#: AutoTP under ZeRO-3 through the HF Trainer matched one process (see docs/matrix.md); False refuses it
+TP_ZERO3 = True
 
 
 def detect_device(requested: str = "auto") -> str:
@@ -65,6 +68,7 @@ class BatchPlan:
     largest_param: int | None = None  # elements of the biggest weight (vocab x hidden): NVMe swap buffers
     gpus_per_node: int = 1  # processes per node: ZeRO++ hpZ's default secondary partition
     mesh: Mesh | None = None  # the strategy's split of world_size (None: data parallel only)
+    attention: str | None = None  # the model's resolved attn implementation (Ulysses wraps it)
 
     @property
     def data_parallel_size(self) -> int:
@@ -124,6 +128,10 @@ class Strategy:
     #: the mesh dimensions ("tp", "sp", "pp") this option splits the model along, each set by its
     #: ``strategy.<dim>_size`` knob and read back through :meth:`mesh`: strategy=auto tries their sizes
     parallel_dims: ClassVar[tuple[str, ...]] = ()
+    #: tensor / sequence parallel ranks: knobs (``strategy.tp_size``, ``strategy.sp_size``) of the strategies
+    #: whose engines split the model that way (DeepSpeed, FSDP); 1 elsewhere
+    tp_size: ClassVar[int] = 1
+    sp_size: ClassVar[int] = 1
 
     @property
     def label(self) -> str:
@@ -141,7 +149,39 @@ class Strategy:
     def mesh(self, world_size: int) -> Mesh:
         """How ``world_size`` processes split into dp x tp x sp x pp under this strategy (data parallel only
         unless a strategy says otherwise)."""
-        return Mesh(world_size)
+        return Mesh(world_size, tp=self.tp_size, sp=self.sp_size)
+
+    @property
+    def splits_sequences(self) -> bool:
+        """Each micro-batch's tokens are split over ranks (Ulysses SP, context parallel): rows must keep a
+        ``[micro_batch, tokens]`` shape whose token count the ranks divide."""
+        return self.sp_size > 1
+
+    @property
+    def generates_together(self) -> bool:
+        """Every rank takes part in each ``generate()`` (tensor-parallel layers all-reduce inside forward):
+        the eval generations run on all ranks at once, rank 0 records them."""
+        return False
+
+    def model_load_kwargs(self, plan: BatchPlan) -> dict[str, Any]:
+        """What ``from_pretrained`` gets from the strategy (FSDP x TP: ``DistributedConfig``)."""
+        return {}
+
+    def split_refusal(self, device: str, dtype: str) -> ConfigError | None:
+        """What this strategy's engines cannot do with its ``tp_size`` / ``sp_size`` on ``device`` and with
+        its other knobs (None: they can). The model's own numbers are checked by ``mesh.check_model``."""
+        return None
+
+    def sequence_refusal(self, attention: str, packed: bool) -> ConfigError | None:
+        """Why this strategy's sequence split cannot run the model's ``attention`` implementation, on rows
+        holding several documents when ``packed`` (None: it can)."""
+        return None
+
+    def verify_built(self, model: Any, mesh: Mesh) -> dict[str, Any]:
+        """Once the trainer has built its engine (the first thing ``train()`` does): what it really built of
+        ``mesh`` (process groups, this rank's shards), for the report; a ConfigError on any mismatch. {}:
+        nothing split, nothing to check beyond :meth:`verify`."""
+        return {}
 
     def required_knobs(self) -> dict[str, str]:
         """Knobs this option cannot go without (left null in its YAML), each with an example value."""
@@ -243,16 +283,33 @@ class Strategy:
         return {}
 
     def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
-        """What ``mode=plan`` prints besides the config: the batch arithmetic and generated settings."""
-        return {
-            "batch": {
-                "micro_batch_size": plan.micro_batch_size,
-                "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-                "world_size": plan.world_size,
-                "global_batch_size": f"{plan.micro_batch_size} x {plan.gradient_accumulation_steps} x "
-                f"{plan.world_size} = {plan.global_batch_size}",
-            }
+        """What ``mode=plan`` prints besides the config: the mesh, the batch arithmetic and generated
+        settings."""
+        split = plan.mesh is not None and not plan.mesh.is_data_parallel_only
+        batch: dict[str, Any] = {
+            "micro_batch_size": plan.micro_batch_size,
+            "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+            "world_size": plan.world_size,
+            "global_batch_size": f"{plan.micro_batch_size} x {plan.gradient_accumulation_steps} x "
+            f"{plan.data_parallel_size}{' data-parallel replicas' if split else ''} "
+            f"= {plan.global_batch_size}",
         }
+        if plan.mesh is None or plan.mesh.is_data_parallel_only:
+            return {"batch": batch}
+        mesh = plan.mesh
+        if mesh.tp > 1:
+            batch["each rank"] = (
+                f"the {mesh.tp} ranks of a tensor-parallel group read the same micro-batch of "
+                f"{plan.micro_batch_size} rows, each holding 1/{mesh.tp} of every attention and MLP weight"
+            )
+        if mesh.sp > 1:
+            batch["each rank"] = (
+                f"each micro-batch of {plan.micro_batch_size} rows is split along its tokens over the "
+                f"{mesh.sp} ranks of a sequence-parallel group (rows padded to a multiple of {mesh.sp} "
+                "tokens)"
+            )
+        nodes = max(1, plan.world_size // max(1, plan.gpus_per_node))
+        return {"mesh": f"{mesh.describe()}; {mesh.per_node(nodes)}", "batch": batch}
 
     def verify(self, accelerator: Any, world_size: int | None = None) -> None:
         """Refuse to train when accelerate silently fell back to something else."""
@@ -348,6 +405,9 @@ class FSDP(Strategy):
     transformer_layer_cls_to_wrap: list[str] | None = None  # None = the model's _no_split_modules
     state_dict_type: str = "FULL_STATE_DICT"  # checkpoint format; the final model is always gathered
     cpu_ram_efficient_loading: bool = True  # rank 0 loads the weights, the others get them broadcast
+    parallel_dims: ClassVar[tuple[str, ...]] = ("tp",)
+    tp_size: int = 1  # tensor parallel ranks (transformers' tp_plan at load, FSDP2 over the rest; GPU only)
+    sp_size: int = 1  # context parallel ranks (accelerate's cp_size: ring attention; GPU only)
 
     shards_parameters: ClassVar[bool] = True
     needs_process_group: ClassVar[bool] = True
@@ -360,6 +420,16 @@ class FSDP(Strategy):
         return StrategyShape("fsdp", stage=stage, offload_optimizer=offload, offload_param=offload)
 
     def device_refusal(self, device: str, dtype: str, owns_loop: bool) -> ConfigError | None:
+        if device != "cuda" and (self.tp_size > 1 or self.sp_size > 1):
+            what = "tensor parallel" if self.tp_size > 1 else "context parallel"
+            return ConfigError(
+                f"FSDP2 x {what} needs GPUs: accelerate's ParallelismConfig refuses a split model on "
+                f"{device} (it takes FSDP2, multi-GPU or DeepSpeed only), and its ring attention is "
+                "CUDA-only",
+                key="strategy.tp_size" if self.tp_size > 1 else "strategy.sp_size",
+                hint="on CPU: strategy=zero1 with strategy.tp_size / strategy.sp_size (DeepSpeed AutoTP / "
+                "Ulysses run over gloo)",
+            )
         if device == "cuda" or owns_loop:  # a loop we own shards with fully_shard itself, over gloo too
             return None
         return ConfigError(
@@ -397,6 +467,7 @@ class FSDP(Strategy):
 
     def validate(self) -> None:
         super().validate()
+        check_split_sizes(self)
         if self.state_dict_type not in STATE_DICT_TYPES:
             raise ConfigError(
                 f"unknown state dict type '{self.state_dict_type}'",
@@ -421,10 +492,44 @@ class FSDP(Strategy):
 
     def training_args(self, device: str, plan: BatchPlan | None = None) -> dict[str, Any]:
         args = super().training_args(device, plan)
+        if (
+            self.tp_size > 1
+        ):  # sharded as it loaded (model_load_kwargs): the Trainer sets its parallelism config
+            return args
         args.update(fsdp=True, fsdp_config=self.fsdp_config())
+        if self.sp_size > 1 and plan is not None:
+            args["parallelism_config"] = model_parallel.context_parallel_config(
+                self.sp_size, plan.data_parallel_size
+            )
         return args
 
+    def sequence_refusal(self, attention: str, packed: bool) -> ConfigError | None:
+        """Context parallel (ring attention) runs SDPA only, and on rows of one document (a causal mask)."""
+        if attention != "sdpa":
+            return ConfigError(
+                f"context parallel (FSDP2 strategy.sp_size) runs SDPA only, not {attention}",
+                key="model.attn_implementation",
+                hint="model.attn_implementation=sdpa",
+            )
+        if packed:
+            return ConfigError(
+                "context parallel (ring attention) takes causal rows of one document: not packed rows",
+                key="data.packing",
+                hint="data.packing=false",
+            )
+        return None
+
+    def model_load_kwargs(self, plan: BatchPlan) -> dict[str, Any]:
+        """Tensor parallel: the model loads split by its ``tp_plan`` and FSDP2-sharded over the rest."""
+        if self.tp_size == 1:
+            return {}
+        return {
+            "distributed_config": model_parallel.distributed_config(self.tp_size, plan.data_parallel_size)
+        }
+
     def expected_distributed_types(self, world_size: int) -> set[str]:
+        if self.tp_size > 1:  # no FSDP plugin: the model was sharded as it loaded
+            return {"FSDP", *MULTI_PROCESS}
         return {"FSDP"}
 
     def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
@@ -435,9 +540,30 @@ class FSDP(Strategy):
 
     def verify(self, accelerator: Any, world_size: int | None = None) -> None:
         super().verify(accelerator, world_size)
+        if self.tp_size > 1:
+            return  # sharded at load: verify_built reads the model's own mesh
         version = getattr(accelerator.state.fsdp_plugin, "fsdp_version", None)
         if version != 2:
             raise ConfigError(f"expected FSDP2, accelerate prepared FSDP{version}", key="strategy")
+        config = getattr(accelerator, "parallelism_config", None)
+        live_cp = config.cp_size if config is not None else 1
+        if live_cp != self.sp_size:
+            raise ConfigError(
+                f"asked for context parallel over {self.sp_size} ranks but accelerate set up {live_cp}",
+                key="strategy.sp_size",
+            )
+
+    def verify_built(self, model: Any, mesh: Mesh) -> dict[str, Any]:
+        """Tensor parallel: the model's own tp size (transformers records it at load) is the mesh's."""
+        if self.tp_size == 1:
+            return {}
+        live = getattr(model, "tp_size", None) or getattr(getattr(model, "base_model", None), "tp_size", None)
+        if live != self.tp_size:
+            raise ConfigError(
+                f"asked for tensor parallel over {self.tp_size} ranks; the model loaded with tp_size {live}",
+                key="strategy.tp_size",
+            )
+        return {"tensor parallel (transformers tp_plan)": live, "fsdp2 shards": mesh.dp}
 
     # ---- loops we own: the inherited plain multi-process loop_accelerator (the process group, device
     # and autocast; not accelerate's FSDP plugin) and fully_shard on the modules themselves ----------
@@ -548,6 +674,9 @@ class DeepSpeed(Strategy):
     zero_hpz_partition_size: int | None = 1  # ZeRO++ hpZ: secondary partition size; null = GPUs per node
     offload_param_buffer_size: float | None = None  # NVMe param swap buffer (elements); null = largest shard
     optimizer_impl: str = "auto"  # auto | torch | deepspeed (DeepSpeed's CPU Adam under offload)
+    parallel_dims: ClassVar[tuple[str, ...]] = ("tp", "sp")
+    tp_size: int = 1  # tensor parallel ranks (DeepSpeed AutoTP); data parallel = world / (tp x sp)
+    sp_size: int = 1  # sequence parallel ranks (DeepSpeed Ulysses)
     aio: dict[str, Any] = field(
         default_factory=lambda: {
             "block_size": 1048576,
@@ -606,6 +735,7 @@ class DeepSpeed(Strategy):
                 key="strategy.optimizer_impl",
                 hint="auto, torch or deepspeed",
             )
+        check_split_sizes(self)
 
     needs_process_group: ClassVar[bool] = True
     wraps_model: ClassVar[bool] = True
@@ -614,7 +744,11 @@ class DeepSpeed(Strategy):
 
     @property
     def shards_parameters(self) -> bool:  # type: ignore[override]
-        return self.stage == 3
+        return self.stage == 3 or self.tp_size > 1
+
+    @property
+    def generates_together(self) -> bool:
+        return self.tp_size > 1
 
     @property
     def partitions_at_load(self) -> bool:  # type: ignore[override]
@@ -622,7 +756,9 @@ class DeepSpeed(Strategy):
 
     @property
     def label(self) -> str:
-        return f"DeepSpeed (ZeRO-{self.stage})"
+        split = f", AutoTP {self.tp_size}" if self.tp_size > 1 else ""
+        split += f", Ulysses SP {self.sp_size}" if self.sp_size > 1 else ""
+        return f"DeepSpeed (ZeRO-{self.stage}{split})"
 
     @property
     def zeropp(self) -> bool:
@@ -678,6 +814,66 @@ class DeepSpeed(Strategy):
                 "a loop we own (recipe=ppo) under ZeRO-3 gathers the final weights on rank 0",
                 key="strategy.stage3_gather_16bit_weights_on_model_save",
                 hint="leave it true",
+            )
+        return None
+
+    def split_refusal(self, device: str, dtype: str) -> ConfigError | None:
+        """What AutoTP / Ulysses are not run with here: offload and ZeRO++ (not measured with a split
+        model); ZeRO-3 with tensor parallel unless ``TP_ZERO3`` (measured equal to ZeRO-3 on one process);
+        Ulysses under ZeRO-3 (measured different, whichever ``reduce_scatter``)."""
+        if self.tp_size == 1 and self.sp_size == 1:
+            return None
+        knob = "strategy.tp_size" if self.tp_size > 1 else "strategy.sp_size"
+        what = "tensor parallel (AutoTP)" if self.tp_size > 1 else "sequence parallel (Ulysses)"
+        if self.offload_optimizer != "none" or self.offload_param != "none":
+            return ConfigError(
+                f"{what} with ZeRO offload is not supported here (not verified against one process)",
+                key="strategy.offload_optimizer"
+                if self.offload_optimizer != "none"
+                else "strategy.offload_param",
+                hint=f"strategy=zero1 / zero2 / zero3 {knob}=..., or drop {knob}",
+            )
+        if self.zeropp:
+            return ConfigError(
+                f"{what} with ZeRO++ is not supported here", key=knob, hint=f"strategy=zero3 {knob}=..."
+            )
+        if self.stage == 3 and self.tp_size > 1 and not TP_ZERO3:
+            return ConfigError(
+                "tensor parallel (AutoTP) under ZeRO-3 is not supported here",
+                key="strategy.stage",
+                hint="strategy=zero1 or zero2 with strategy.tp_size (the optimizer state is sharded over the "
+                "data-parallel replicas)",
+            )
+        if self.stage == 3 and self.sp_size > 1:
+            return ConfigError(
+                "sequence parallel (Ulysses) under ZeRO-3 does not train like one process through the HF "
+                "Trainer: measured with SGD, the step-2 loss 5.6829 (reduce_scatter=true) or 5.7046 (false) "
+                "against 5.5573 for ZeRO-3 on one process, and another gradient norm from step 1",
+                key="strategy.stage",
+                hint="strategy=zero1 or zero2 with strategy.sp_size (ZeRO-2 shards gradients and optimizer "
+                "states over all ranks of the group)",
+            )
+        return None
+
+    def sequence_refusal(self, attention: str, packed: bool) -> ConfigError | None:
+        """Ulysses gathers each layer's queries, keys and values over the SP group and calls the model's own
+        attention on the whole sequence with the mask dropped and the position ids gathered: eager (a dense
+        mask) is refused by DeepSpeed; packed rows keep their documents apart only with an attention that
+        reads the position ids (varlen_sdpa, FlashAttention); sdpa / flex would attend across them."""
+        if attention == "eager":
+            return ConfigError(
+                "sequence parallel (Ulysses) cannot wrap eager attention (it needs a dense [tokens, "
+                "tokens] mask)",
+                key="model.attn_implementation",
+                hint="model.attn_implementation=auto (or sdpa / flash_attention_2)",
+            )
+        if packed and attention not in ("varlen_sdpa", "flash_attention_2", "flash_attention_3"):
+            return ConfigError(
+                f"sequence parallel with data.packing=true and {attention} attention: Ulysses drops the "
+                f"mask, so {attention} would attend across the documents packed into a row",
+                key="data.packing",
+                hint="model.attn_implementation=auto (varlen_sdpa keeps documents apart by their position "
+                "ids), or data.packing=false",
             )
         return None
 
@@ -743,6 +939,10 @@ class DeepSpeed(Strategy):
             return int(derived) if derived else int(default)
 
         zero: dict[str, Any] = {"stage": self.stage}
+        if (
+            self.tp_size > 1
+        ):  # the final save gathers the tensor-parallel shards (accelerate's get_state_dict)
+            zero["stage3_gather_16bit_weights_on_model_save"] = True
         if self.stage == 0:
             return zero
         zero.update(
@@ -806,6 +1006,12 @@ class DeepSpeed(Strategy):
                 hysteresis=int(p.hysteresis),
                 min_loss_scale=float(p.min_loss_scale),
             )
+        if self.tp_size > 1:
+            config["tensor_parallel"] = model_parallel.autotp_block(self.tp_size)
+        if self.tp_size * self.sp_size > 1:
+            # DeepSpeed derives it (micro x accumulation x its own count of ranks); a value here would have to
+            # be world-based for the HF Trainer's check and data-parallel based for DeepSpeed's, both at once
+            del config["train_batch_size"]
         if self.communication_data_type:
             config["communication_data_type"] = self.communication_data_type
         if "nvme" in (self.offload_optimizer, self.offload_param):
@@ -827,7 +1033,15 @@ class DeepSpeed(Strategy):
         if plan is None:
             raise ValueError("DeepSpeed.training_args needs the run's BatchPlan")
         # DeepSpeed on a CPU host runs over gloo with use_cpu + no autocast flags; see platform notes.
-        return {**super().training_args(device, plan), "deepspeed": self.deepspeed_config(plan, device)}
+        args = {**super().training_args(device, plan), "deepspeed": self.deepspeed_config(plan, device)}
+        if self.sp_size > 1:
+            args["parallelism_config"] = model_parallel.ulysses_config(
+                self.sp_size, plan.data_parallel_size, plan.attention
+            )
+            # on resume the Trainer's batch skip cannot take Ulysses' data loader: runtime/callbacks.py's
+            # ResumeSplitRows fast-forwards it instead
+            args["ignore_data_skip"] = True
+        return args
 
     def expected_distributed_types(self, world_size: int) -> set[str]:
         return {"DEEPSPEED"}
@@ -836,14 +1050,17 @@ class DeepSpeed(Strategy):
         """Under ZeRO-3, register the config with transformers first, so ``from_pretrained`` /
         ``from_config`` build the model inside ``deepspeed.zero.Init``: each rank then materialises
         only its shard instead of a full copy in host RAM. Returns the registered config: transformers
-        keeps only a weak reference, so the run holds it while it trains."""
-        if self.stage != 3:
+        keeps only a weak reference, so the run holds it while it trains. Ulysses (and ZeRO-3) make their
+        process groups through DeepSpeed's comm layer, which is brought up here first."""
+        if self.stage != 3 and self.sp_size == 1:
             return None
         import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo" if ctx.device == "cpu" else None)
+        if self.stage != 3:
+            return None
         from transformers.integrations import HfDeepSpeedConfig
 
-        # zero.Init partitions over the process group, so it must exist before the model does
-        deepspeed.init_distributed(dist_backend="gloo" if ctx.device == "cpu" else None)
         return HfDeepSpeedConfig(self.deepspeed_config(ctx.plan, ctx.device))
 
     def files(self, plan: BatchPlan, device: str) -> dict[str, Any]:
@@ -911,7 +1128,10 @@ class DeepSpeed(Strategy):
 
     def gather_state_dict(self, trainer: Any) -> dict[str, Any] | None:
         """ZeRO-3: the 16-bit weights gathered on rank 0, or, with gathering turned off, a DeepSpeed
-        checkpoint in ``final_zero/`` to consolidate offline (see ``ZERO_CHECKPOINT``)."""
+        checkpoint in ``final_zero/`` to consolidate offline (see ``ZERO_CHECKPOINT``). Tensor parallel:
+        the shards gathered into whole weights (in the training dtype)."""
+        if self.tp_size > 1:
+            return trainer.accelerator.get_state_dict(trainer.model_wrapped)
         if self.stage != 3:
             return None
         if self.stage3_gather_16bit_weights_on_model_save:
@@ -923,7 +1143,12 @@ class DeepSpeed(Strategy):
         return {ZERO_CHECKPOINT: str(out)}
 
     def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
-        return {**super().describe(plan, device), "deepspeed.json": self.deepspeed_config(plan, device)}
+        described = super().describe(plan, device)
+        if self.tp_size * self.sp_size > 1:
+            described["batch"]["deepspeed train_batch_size"] = (
+                "left out: DeepSpeed derives it from its own process groups (micro x accumulation x ranks)"
+            )
+        return {**described, "deepspeed.json": self.deepspeed_config(plan, device)}
 
     def verify(self, accelerator: Any, world_size: int | None = None) -> None:
         super().verify(accelerator, world_size)
@@ -935,6 +1160,38 @@ class DeepSpeed(Strategy):
                 key="strategy.stage",
                 hint="a stale ACCELERATE_DEEPSPEED_* variable or accelerate config file may override it",
             )
+        config = getattr(accelerator, "parallelism_config", None)
+        live_sp = config.sp_size if config is not None and config.sp_backend == "deepspeed" else 1
+        if live_sp != self.sp_size:
+            raise ConfigError(
+                f"asked for sequence parallel over {self.sp_size} ranks but accelerate set up {live_sp}",
+                key="strategy.sp_size",
+                hint="a stale PARALLELISM_CONFIG_* variable may override it",
+            )
+
+    def verify_built(self, model: Any, mesh: Mesh) -> dict[str, Any]:
+        """The TP / SP groups DeepSpeed made and this rank's shards (``model_parallel.deepspeed_layout``)."""
+        if mesh.is_data_parallel_only:
+            return {}
+        from components.distributed import model_parallel
+
+        return model_parallel.deepspeed_layout(model, mesh)
+
+
+def check_split_sizes(strategy: Strategy) -> None:
+    """``tp_size`` and ``sp_size`` are at least 1, and not both above 1: the engines do not compose them
+    through the Trainer (DeepSpeed's AutoTP and Ulysses each make the groups the other would need)."""
+    for key in ("tp_size", "sp_size"):
+        if getattr(strategy, key) < 1:
+            raise ConfigError(f"must be >= 1, got {getattr(strategy, key)}", key=f"strategy.{key}")
+    if strategy.tp_size > 1 and strategy.sp_size > 1:
+        raise ConfigError(
+            f"tensor parallel (tp_size={strategy.tp_size}) and sequence parallel "
+            f"(sp_size={strategy.sp_size}) together are not supported: the engines do not compose them "
+            "through the Trainer",
+            key="strategy.sp_size",
+            hint="use one of them (tp_size for weights that do not fit, sp_size for sequences that do not)",
+        )
 
 
 def partition_at_load(model: Any) -> dict[str, Any]:

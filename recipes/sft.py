@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from components.config.errors import ConfigError
 from components.recipe import Recipe, recipe
 from components.runtime.run import Components, RunContext
-from components.text.batching import check_padding_free, padding_free_collator, uses_padding_free
+from components.text.batching import SPLIT_ROWS, check_padding_free, collator_for
 from components.text.masking import as_prompt_completion
 
 LOSS_TYPES = ("nll", "dft")
@@ -28,6 +28,7 @@ class SFT(Recipe):
 
     title: ClassVar[str] = "SFT"
     data_kinds: ClassVar[tuple[str, ...]] = ("chat",)
+    splits_model: ClassVar[bool] = True
 
     assistant_only_loss: bool = True  # conversational data: loss on assistant turns only
     # prompt/completion data (formats prompt_completion, alpaca): loss on the completion only, whatever
@@ -72,10 +73,12 @@ class SFT(Recipe):
         model = session.build_model()
         session.evaluate_generations("before")
         extra: dict[str, Any] = {}
-        if uses_padding_free(
-            c
-        ):  # one flattened row per micro-batch; components/runtime/trainer_hooks.py counts all its tokens
-            extra["data_collator"] = padding_free_collator(session.tokenizer, model)
+        # padding-free: one flattened row per micro-batch; a sequence split: padded rows the engine splits
+        collator = collator_for(c, session.tokenizer, model, ctx.device)
+        if collator is not None:
+            extra["data_collator"] = collator
+        if c.strategy.splits_sequences:
+            session.report["data"]["batches"] = SPLIT_ROWS
 
         args = SFTConfig(
             **ctx.training_args(

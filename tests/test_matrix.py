@@ -97,3 +97,18 @@ def test_the_covering_sample_trains_every_recipe_and_strategy_once() -> None:
 
 def test_docs_matrix_is_up_to_date() -> None:
     assert DOCS.read_text() == matrix.markdown(), "run: hydratune matrix --markdown > docs/matrix.md"
+
+
+def test_every_split_layout_gets_the_verdict_the_table_gives(compose_cfg, monkeypatch) -> None:
+    """The tensor / sequence parallel layouts docs/matrix.md lists, through the same checks."""
+    import components.model
+
+    monkeypatch.setattr(components.model.CausalLM, "build", lambda *a, **k: pytest.fail("a model was loaded"))
+    logging.getLogger("hydratune").setLevel(logging.ERROR)
+    wrong = []
+    for split in matrix.SPLITS:
+        cfg = compose_cfg(*split.overrides, "launcher.nproc_per_node=2")
+        got = observed(lambda _, cfg=cfg: copy.deepcopy(cfg), None)
+        if (split.kind, split.key) != (got.kind, got.key):
+            wrong.append(f"{' '.join(split.overrides)}: table {split.kind} {split.key}, checks {got}")
+    assert not wrong, "\n".join(wrong)

@@ -138,6 +138,52 @@ RUN_IN_TESTS: dict[Cell, str] = {
 }
 
 
+@dataclass(frozen=True)
+class Split:
+    """A split model (``strategy.tp_size`` / ``strategy.sp_size``) of recipe=sft on 2 processes: its
+    overrides, the verdict the pre-load checks give (``tests/test_matrix.py`` walks each), and where it was
+    trained and compared with one process."""
+
+    overrides: tuple[str, ...]
+    kind: str  # cpu | gpu | refused
+    key: str | None = None  # refused: the config key the error names
+    trained: str = "checked, not run"
+
+
+ONE_PROCESS = "equal to one process"
+#: the split layouts documented in docs/matrix.md (the knobs are not options: each layout is listed)
+SPLITS: tuple[Split, ...] = (
+    Split(("strategy=zero1", "strategy.tp_size=2"), "cpu", None, f"test_nd_parallel.py ({ONE_PROCESS})"),
+    Split(("strategy=zero1", "strategy.sp_size=2"), "cpu", None, f"test_nd_parallel.py ({ONE_PROCESS})"),
+    Split(("strategy=zero0", "strategy.tp_size=2"), "cpu"),
+    Split(("strategy=zero2", "strategy.tp_size=2"), "cpu"),
+    Split(("strategy=zero2", "strategy.sp_size=2"), "cpu"),
+    Split(
+        ("strategy=zero3", "strategy.tp_size=2"),
+        "cpu",
+        None,
+        "by hand, 5 SGD steps: losses equal to ZeRO-3 on one process (docs/nd_parallel.md)",
+    ),
+    Split(("strategy=zero3", "strategy.sp_size=2"), "refused", "strategy.stage"),
+    Split(("strategy=zero2_offload", "strategy.tp_size=2"), "refused", "strategy.offload_optimizer"),
+    Split(("strategy=zero1", "strategy.sp_size=2", "peft=lora"), "cpu"),
+    Split(("strategy=zero1", "strategy.tp_size=2", "peft=lora"), "refused", "peft"),
+    Split(("strategy=zero1", "strategy.sp_size=2", "data.packing=true"), "cpu"),
+    Split(
+        ("strategy=zero1", "strategy.sp_size=2", "data.packing=true", "model.attn_implementation=sdpa"),
+        "refused",
+        "data.packing",
+    ),
+    Split(("strategy=fsdp", "strategy.tp_size=2"), "gpu", None, "tests/gpu/nd_parallel.py (not run yet)"),
+    Split(
+        ("strategy=fsdp", "strategy.sp_size=2", "model.attn_implementation=sdpa"),
+        "gpu",
+        None,
+        "tests/gpu/nd_parallel.py (not run yet)",
+    ),
+)
+
+
 def cells() -> Iterator[Cell]:
     for combo in itertools.product(recipes(), strategies(), PEFTS, QUANTIZATIONS, PRECISIONS):
         yield Cell(*combo)
@@ -202,6 +248,11 @@ def markdown() -> str:
     for v in reasons():
         label = f"✗ `{v.key}`" if v.kind == "refused" else v.kind.upper()
         out.append(f"- {label}: {v.why}")
+    out += ["", "## Tensor and sequence parallel (recipe=sft, 2 processes)", ""]
+    out += ["| overrides | verdict | trained |", "|---|---|---|"]
+    for split in SPLITS:
+        mark = "✗ `" + str(split.key) + "`" if split.kind == "refused" else split.kind.upper()
+        out.append(f"| `{' '.join(split.overrides)}` | {mark} | {split.trained} |")
     out += ["", "## Trained in tests", ""]
     for cell, test in RUN_IN_TESTS.items():
         out.append(f"- `{' '.join(cell.overrides()[:5])}`: `{test}`")

@@ -96,6 +96,8 @@ RANGES: dict[str, Range] = {
     "sub_group_size": POSITIVE,
     "zero_hpz_partition_size": AT_LEAST_ONE,
     "offload_param_buffer_size": POSITIVE,
+    "tp_size": AT_LEAST_ONE,  # tensor parallel ranks; the mesh check wants it to divide the world
+    "sp_size": AT_LEAST_ONE,  # sequence / context parallel ranks
     # data
     "eval_fraction": FRACTION,
     "eval_size": NON_NEGATIVE,

@@ -51,3 +51,73 @@ class Mesh:
         """``dp 1 x tp 2 x sp 1 x pp 1 = 2 processes``."""
         sizes = " x ".join(f"{dim} {getattr(self, dim)}" for dim in ("dp", "tp", "sp", "pp"))
         return f"{sizes} = {self.world} process{'es' if self.world != 1 else ''}"
+
+    def per_node(self, nnodes: int) -> str:
+        """``1 node x 2 processes``: how the world sits on the nodes."""
+        return f"{nnodes} node{'s' if nnodes != 1 else ''} x {self.world // max(1, nnodes)} processes"
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The numbers of a model that a mesh must divide (config.json's keys, read before any weight)."""
+
+    heads: int
+    kv_heads: int
+    hidden: int
+    intermediate: int
+    layers: int
+
+    @classmethod
+    def from_config(cls, config: object) -> ModelDims:
+        """From a transformers config (its text config for multimodal ones)."""
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        heads = int(text.num_attention_heads)
+        return cls(
+            heads=heads,
+            kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+            hidden=int(text.hidden_size),
+            intermediate=int(getattr(text, "intermediate_size", None) or 4 * int(text.hidden_size)),
+            layers=int(text.num_hidden_layers),
+        )
+
+
+def check_model(mesh: Mesh, dims: ModelDims) -> None:
+    """What each parallel dimension splits must divide evenly, before any weight is read.
+
+    Tensor parallel (Megatron-style column/row splits, as DeepSpeed AutoTP and transformers' tp_plan do)
+    splits the attention heads, the key/value heads and the MLP's hidden size over ``tp`` ranks. Sequence
+    parallel (Ulysses) trades the sequence split for a head split inside attention: the heads over ``sp``
+    ranks, and the key/value heads too (or, with fewer of them, each replicated to ``sp / kv_heads``
+    ranks). The pipeline dimension's own checks (layers per stage) belong here as well."""
+    tp, sp = mesh.tp, mesh.sp
+    fits = {
+        ("tp", "attention heads"): dims.heads % tp == 0,
+        ("tp", "key/value heads"): dims.kv_heads % tp == 0,
+        ("tp", "MLP hidden size (intermediate_size)"): dims.intermediate % tp == 0,
+        ("sp", "attention heads"): dims.heads % sp == 0,
+        ("sp", "key/value heads"): dims.kv_heads % sp == 0 or sp % dims.kv_heads == 0,
+    }
+    counts = {
+        "attention heads": dims.heads,
+        "key/value heads": dims.kv_heads,
+        "MLP hidden size (intermediate_size)": dims.intermediate,
+    }
+    for (dim, what), ok in fits.items():
+        if ok:
+            continue
+        size = getattr(mesh, dim)
+        sizes = [d for d in range(2, 65) if _fits(dims, dim, d)]
+        relation = "a multiple or divisor of" if (dim, what) == ("sp", "key/value heads") else "divisible by"
+        fix = f"strategy.{dim}_size={sizes[0]} (sizes this model takes: {sizes[:8]})" if sizes else "none"
+        raise ConfigError(
+            f"the model's {counts[what]} {what} are not {relation} {dim}_size={size}: "
+            f"{'tensor' if dim == 'tp' else 'sequence'} parallel splits them evenly over the {dim} ranks",
+            key=f"strategy.{dim}_size",
+            hint=fix if sizes else f"this model cannot be split that way: drop strategy.{dim}_size",
+        )
+
+
+def _fits(dims: ModelDims, dim: str, size: int) -> bool:
+    if dim == "tp":
+        return dims.heads % size == 0 and dims.kv_heads % size == 0 and dims.intermediate % size == 0
+    return dims.heads % size == 0 and (dims.kv_heads % size == 0 or size % dims.kv_heads == 0)

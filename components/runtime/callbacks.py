@@ -49,6 +49,39 @@ class NonFiniteLossGuard(TrainerCallback):
         raise Diverged(state.global_step, loss, self.last_finite, args.learning_rate, args.max_grad_norm)
 
 
+class LayoutCheck(TrainerCallback):
+    """When training begins (the engine is built by then: DeepSpeed's AutoTP has split the layers, Ulysses has
+    made its groups): the strategy reads back what was built (:meth:`Strategy.verify_built`) and refuses a
+    mismatch before the first step; each rank records what it holds in ``layout``, which the run writes
+    into ``.rank<r>.layout.json``."""
+
+    def __init__(self, strategy: Any, mesh: Any, layout: dict[str, Any]) -> None:
+        self.strategy, self.mesh, self.layout = strategy, mesh, layout
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self.layout.update(self.strategy.verify_built(model, self.mesh))
+
+
+class ResumeSplitRows(TrainerCallback):
+    """Resuming under DeepSpeed Ulysses: the Trainer runs with ``ignore_data_skip`` (its skip would crash on
+    Ulysses' data loader) and this puts the loader where the interrupted run was instead, in the epoch and
+    after the micro-batches the Trainer itself would have skipped (``fast_forward_ulysses``)."""
+
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any
+    ) -> None:
+        import math
+
+        from components.distributed.model_parallel import fast_forward_ulysses
+
+        if not state.global_step or train_dataloader is None:
+            return
+        accumulation = args.gradient_accumulation_steps
+        per_epoch = max(math.ceil(len(train_dataloader) / accumulation), 1)  # the Trainer's own count
+        epoch, done = divmod(state.global_step, per_epoch)
+        fast_forward_ulysses(train_dataloader, epoch, done * accumulation)
+
+
 class RichProgressCallback(TrainerCallback):
     """A rich progress bar (rank 0) with loss, learning rate, tokens/s and ETA; replaces tqdm."""
 

@@ -123,11 +123,86 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
             key="merge",
             hint="drop merge and merge the saved adapter afterwards (peft's merge_and_unload on one device)",
         )
+    check_split(cfg, comps, device)
     refusal = quant.sharding_refusal(dtype, strategy.label) if strategy.shards_parameters else None
     if refusal is None and recipe.owns_loop:
         refusal = strategy.loop_refusal(dtype)
     if refusal is not None:
         raise refusal
+
+
+def check_split(cfg: DictConfig, comps: Components, device: str) -> None:
+    """A model split over ranks (``strategy.tp_size`` / ``strategy.sp_size``): the mesh divides the world,
+    the model's heads and sizes divide by it, and nothing it cannot go with is asked for (the recipe, the
+    engine's knobs, quantization, PEFT, the attention on packed rows), each refused with its fix."""
+    from components.distributed.mesh import ModelDims, check_model
+
+    strategy, recipe = comps.strategy, comps.recipe
+    mesh = strategy.mesh(world_size(comps))
+    if mesh.is_data_parallel_only:
+        return
+    knob = "strategy.tp_size" if mesh.tp > 1 else "strategy.sp_size"
+    what = "tensor parallel" if mesh.tp > 1 else "sequence parallel"
+    drop = f"drop {knob} (or set it to 1)"
+    mesh.check()
+    if recipe.inference_only or recipe.owns_loop or not recipe.splits_model:
+        why = (
+            "trains nothing (one whole model per process)"
+            if recipe.inference_only
+            else "runs its own loop, which does not split a model"
+            if recipe.owns_loop
+            else "is not one the split engines are verified with (recipe=sft is)"
+        )
+        raise ConfigError(f"{what} ({knob}): recipe={recipe.name} {why}", key=knob, hint=drop)
+    refusal = strategy.split_refusal(device, comps.precision.resolve(device))
+    if refusal is not None:
+        raise refusal
+    peft = type(comps.peft).__name__
+    refused = [  # (refused, key, why, fix)
+        (
+            comps.quantization.enabled,
+            "quantization",
+            f"{what} with a quantized base: the engines split torch Linear layers, not bitsandbytes' ones",
+            f"quantization=none, or {drop}",
+        ),
+        (
+            mesh.tp > 1 and comps.peft.enabled,
+            "peft",
+            f"tensor parallel with peft={peft}: DeepSpeed AutoTP splits the base layers and leaves an "
+            "adapter's layers whole beside them (not supported)",
+            "peft=none (full fine-tuning), or strategy.sp_size for long sequences with an adapter",
+        ),
+        (
+            mesh.sp > 1 and comps.peft.adds_virtual_tokens,
+            "peft",
+            f"sequence parallel with {peft}: its virtual tokens are prepended to every row, so the ranks' "
+            "slices of a row would not be the row",
+            "peft=lora, or drop strategy.sp_size",
+        ),
+    ]
+    for bad, key, why, fix in refused:
+        if bad:
+            raise ConfigError(why, key=key, hint=fix)
+    check_model(mesh, ModelDims.from_config(comps.model.load_config()))
+    if mesh.sp > 1:
+        check_sequence_split(cfg, comps, device)
+
+
+def check_sequence_split(cfg: DictConfig, comps: Components, device: str) -> None:
+    """The attention the model is built with keeps documents apart on the rows the engine splits (packed
+    rows need one that reads the position ids), and on gloo the collator's collective runs in the
+    training process."""
+    packed = comps.data.kind == "chat" and comps.data.packing
+    refusal = comps.strategy.sequence_refusal(comps.model.resolved_attn_implementation(), packed)
+    if refusal is not None:
+        raise refusal
+    if device == "cpu" and cfg.train.num_workers:
+        raise ConfigError(
+            "sequence parallel on CPU pads every rank's batch to the longest of the step (gloo's all-gather "
+            "takes equal shapes): a collective the data collator runs, so not in dataloader workers",
+            key="train.num_workers",
+            hint="train.num_workers=0 (the default on CPU)",
+        )
 
 
 def warnings_for(cfg: DictConfig, comps: Components, device: str = "cpu") -> list[str]:
@@ -147,7 +222,22 @@ def warnings_for(cfg: DictConfig, comps: Components, device: str = "cpu") -> lis
             "tuned for the tiny random-init demo): typical values are 1e-5..5e-5 (full), 1e-4..3e-4 (LoRA)"
         )
     notes += schedule_warnings(cfg, comps)
+    notes += split_warnings(cfg, comps)
     return notes
+
+
+def split_warnings(cfg: DictConfig, comps: Components) -> list[str]:
+    """Ulysses' loss weights each micro-batch of a sequence-parallel group alike: with accumulation or
+    several data-parallel replicas that is not one process's token-weighted mean over the global batch."""
+    mesh = comps.strategy.mesh(world_size(comps))
+    if mesh.sp == 1 or (cfg.train.gradient_accumulation_steps == 1 and mesh.dp == 1):
+        return []
+    return [
+        f"strategy.sp_size={mesh.sp} with {cfg.train.gradient_accumulation_steps} accumulation step(s) x "
+        f"{mesh.dp} data-parallel replica(s): the Trainer's Ulysses loss averages the micro-batches' "
+        "token means, where one process averages every label token of the global batch alike (equal when "
+        "micro-batches hold as many label tokens; docs/nd_parallel.md)"
+    ]
 
 
 def schedule_warnings(cfg: DictConfig, comps: Components) -> list[str]:

@@ -159,6 +159,8 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
         # a worker knows its node's process count (SLURM sets it per node); else the launcher's
         gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or comps.launcher.nproc_per_node),
         mesh=comps.strategy.mesh(world),
+        # Ulysses wraps the attention the model is built with (and must be told which)
+        attention=comps.model.resolved_attn_implementation() if comps.strategy.splits_sequences else None,
     )
 
 

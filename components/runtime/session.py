@@ -20,8 +20,10 @@ from components.model import base_loads_in_half, describe_dtypes, upcast_trainab
 from components.peft import trainable_summary
 from components.runtime.callbacks import (
     FirstStepTimer,
+    LayoutCheck,
     MetricsCallback,
     NonFiniteLossGuard,
+    ResumeSplitRows,
     progress_callback,
 )
 from components.runtime.checkpoint import checkpoints_in, save_final
@@ -60,6 +62,10 @@ class Session:
     first_step: FirstStepTimer = field(default_factory=FirstStepTimer)
     trackers: TrackerRun = field(default_factory=TrackerRun)  # rank 0: what the trackers opened
     keep_alive: list[Any] = field(default_factory=list)  # e.g. ZeRO-3's config, weakly held by transformers
+    #: what this rank holds of a split model (``LayoutCheck``), written to ``.rank<r>.layout.json``
+    layout: dict[str, Any] = field(default_factory=dict)
+    #: the model's attention function before Ulysses wrapped it (generation runs with it)
+    attention: Any = None
 
     @classmethod
     def start(cls, ctx: RunContext) -> Session:
@@ -84,6 +90,7 @@ class Session:
             "peft": type(c.peft).__name__,
             "strategy": c.strategy.label,
             "processes": ctx.plan.world_size,
+            **({"mesh": ctx.plan.mesh.describe()} if split(ctx.plan.mesh) else {}),
             # a recipe that generates or scores has no batch arithmetic
             **({} if c.recipe.inference_only else {"global batch": ctx.plan.global_batch_size}),
             "precision": c.precision.resolve(ctx.device),
@@ -187,11 +194,21 @@ class Session:
         precision = c.precision.resolve(device)
         frozen_base = base_loads_in_half(c.peft, c.quantization, c.strategy)
         dtype = c.model.weight_dtype(precision, frozen_base=frozen_base)
-        return c.model.build(task=task, dtype=dtype, **c.quantization.load_kwargs(precision, device))
+        load = {
+            **c.quantization.load_kwargs(precision, device),
+            **c.strategy.model_load_kwargs(self.ctx.plan),
+        }
+        return c.model.build(task=task, dtype=dtype, **load)
 
     def callbacks(self) -> list[Any]:
-        c = self.ctx.components
+        c, mesh = self.ctx.components, self.ctx.plan.mesh
+        engine: list[Any] = []
+        if split(mesh):
+            engine.append(LayoutCheck(c.strategy, mesh, self.layout))  # what the engine built, before step 1
+        if c.strategy.splits_sequences:
+            engine.append(ResumeSplitRows())  # Ulysses' data loader where the resumed run left it
         return [
+            *engine,
             MetricsCallback(self.ctx.run_dir),
             NonFiniteLossGuard(),
             progress_callback(c.recipe.name),
@@ -208,7 +225,8 @@ class Session:
         c = self.ctx.components
         # fp16 outside DeepSpeed (whose config carries them): the loss-scaling knobs reach torch's GradScaler
         handlers = () if c.strategy.scales_loss else tuple(c.precision.scaler_handlers(self.ctx.plan.dtype))
-        return hydratune_trainer(trainer_cls, handlers)(
+        replicas = self.ctx.plan.mesh.tp if self.ctx.plan.mesh is not None else 1
+        trainer = hydratune_trainer(trainer_cls, handlers, token_replicas=replicas)(
             model=self.model,
             args=args,
             train_dataset=data["train"],
@@ -217,19 +235,45 @@ class Session:
             callbacks=self.callbacks(),
             **extra,
         )
+        if c.strategy.splits_sequences:
+            from components.distributed.model_parallel import attention_function
+
+            self.attention = attention_function(self.ctx.plan.attention)  # before train() wraps it
+            self.note_last_batches(trainer)
+        return trainer
+
+    def note_last_batches(self, trainer: Any) -> None:
+        """Under a sequence split every micro-batch is whole (Ulysses' attention is built for
+        ``micro_batch_size`` rows, and its loader gathers as many rows from every rank of the group): when
+        the train rows do not fill whole batches on every rank, accelerate completes the epoch's last ones
+        with its first rows, which one process would not; the summary says so."""
+        from components.distributed.model_parallel import whole_last_batches
+
+        plan, rows = self.ctx.plan, len(trainer.train_dataset)
+        if not whole_last_batches(rows, plan.micro_batch_size, plan.world_size):
+            self.report["data"]["last batches"] = (
+                f"{rows} train rows do not fill whole batches of {plan.micro_batch_size} on "
+                f"{plan.world_size} ranks: each epoch's last batches are completed with its first rows "
+                "(accelerate's even_batches; Ulysses needs whole micro-batches), where one process trains a "
+                "smaller one"
+            )
 
     def evaluate_generations(self, when: str) -> None:
         """Exact-match accuracy of greedy answers to the eval prompts (see ``load_data``), for the summary."""
         if not self.eval_prompts:
             return
-        if self.ctx.components.strategy.shards_parameters:  # each rank holds a shard: no lone generate()
+        strategy = self.ctx.components.strategy
+        if strategy.shards_parameters and not strategy.generates_together:  # no lone generate() on a shard
             self.report.setdefault("eval accuracy (exact match)", {})[when] = "skipped (sharded parameters)"
             return
-        result = evaluate_generations(
-            self.model, self.tokenizer, self.eval_prompts, max_new_tokens=self.ctx.train.max_new_tokens
-        )
+        from components.distributed.model_parallel import unwrapped_attention
+
+        with unwrapped_attention(self.ctx.plan.attention, self.attention):  # Ulysses' wrapper drops masks
+            result = evaluate_generations(
+                self.model, self.tokenizer, self.eval_prompts, max_new_tokens=self.ctx.train.max_new_tokens
+            )
         self.report.setdefault("eval accuracy (exact match)", {})[when] = result["exact_match"]
-        if when == "after":
+        if when == "after" and self.ctx.is_main_process:
             path = self.ctx.run_dir.path / "generations.jsonl"
             path.write_text("".join(json.dumps(s) + "\n" for s in result["samples"]))
 
@@ -324,11 +368,15 @@ class Session:
             metrics.update(trainer.evaluate())
         state_dict = ctx.components.strategy.gather_state_dict(trainer)  # collective: every rank takes part
         ctx.record_rank_weights(trainer.model)
+        self.record_layout(trainer)
         if not self.interrupt.agreed():
             self.probe(trainer, probes, "after")  # evaluate() is collective (ZeRO-3 gathers): every rank
+        together = ctx.components.strategy.generates_together  # tensor parallel: every rank generates
+        if together and not self.interrupt.agreed():
+            self.evaluate_generations("after")
         if not trainer.is_world_process_zero():
             return metrics
-        if not self.interrupt.requested:
+        if not self.interrupt.requested and not together:
             self.evaluate_generations("after")
         ensure_room_for_final(trainer.model, ctx.run_dir.final, ctx.cfg.merge)
         self.report["outputs"] = save_final(
@@ -337,6 +385,21 @@ class Session:
         self.note_late_signal()
         self.write_report(metrics)
         return metrics
+
+    def record_layout(self, trainer: Any) -> None:
+        """What this rank held of a split model (its shards, groups, token split) into
+        ``.rank<r>.layout.json``, and rank 0's into the summary."""
+        split = getattr(trainer, "sequence_split", None)
+        if split:
+            self.layout["sequence split"] = split
+        if not self.layout:
+            return
+        import os
+
+        rank = int(os.environ.get("RANK", 0))
+        self.ctx.run_dir.write_json(f".rank{rank}.layout.json", self.layout)
+        if rank == 0:
+            self.report["mesh (live, rank 0)"] = dict(self.layout)
 
     def note_late_signal(self) -> None:
         """A signal after the last training step: say that final/ was finished and what was skipped."""
@@ -444,6 +507,11 @@ class Session:
             ctx.run_dir.plot_losses()
         ctx.run_dir.write_summary(f"{ctx.components.recipe.title}: {ctx.run_name}", self.report.items())
         ctx.run_dir.write_json("result.json", self.report)
+
+
+def split(mesh: Any) -> bool:
+    """The run splits the model over ranks (tensor / sequence parallel), not only the data."""
+    return mesh is not None and not mesh.is_data_parallel_only
 
 
 def _tokens_per_second(ctx: RunContext) -> float | None:

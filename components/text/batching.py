@@ -16,8 +16,48 @@ if TYPE_CHECKING:
 
 
 def uses_padding_free(comps: Components) -> bool:
-    """Padding-free micro-batches: ``data.padding_free`` without ``data.packing`` (packing decides then)."""
-    return comps.data.kind == "chat" and comps.data.padding_free and not comps.data.packing
+    """Padding-free micro-batches: ``data.padding_free`` without ``data.packing`` (packing decides then), and
+    not under a strategy that splits each row's tokens (it needs ``[micro_batch, tokens]`` rows)."""
+    chat = comps.data.kind == "chat" and comps.data.padding_free and not comps.data.packing
+    return chat and not comps.strategy.splits_sequences
+
+
+#: the summary's note on the batches of a sequence-split strategy
+SPLIT_ROWS = (
+    "right-padded [micro_batch, tokens] rows, tokens a multiple of strategy.sp_size, position ids "
+    "restarting at each document: the engine splits every row's tokens over the sequence-parallel ranks "
+    "(data.padding_free does not apply: it flattens a micro-batch into one row)"
+)
+
+
+def collator_for(comps: Components, tokenizer: Any, model: Any, device: str) -> Any | None:
+    """The SFT data collator the components ask for (None: TRL's own)."""
+    strategy = comps.strategy
+    if strategy.splits_sequences:
+        return split_rows_collator(tokenizer, strategy.sp_size, equal_across_ranks=device == "cpu")
+    if uses_padding_free(comps):
+        return padding_free_collator(tokenizer, model)
+    return None
+
+
+def split_rows_collator(tokenizer: Any, multiple: int, *, equal_across_ranks: bool) -> Any:
+    """TRL's collator for rows whose tokens a sequence-parallel engine splits: right-padded to a multiple
+    of ``multiple`` tokens (labels -100 on padding), with ``position_ids`` (restarting at each document of a
+    packed row: the attention keeps documents apart by them, the engines drop the mask). With
+    ``equal_across_ranks`` (gloo, whose all-gather takes equal shapes only) every rank's batch is padded to
+    the longest of the step (a collective: the collator must run in the training process)."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    pad = {"input_ids": tokenizer.pad_token_id, "labels": -100, "position_ids": 0, "attention_mask": 0}
+
+    class SplitRows(DataCollatorForLanguageModeling):
+        def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+            batch = super().torch_call(examples)
+            return gloo_equal_length(batch, pad) if equal_across_ranks else batch
+
+    return SplitRows(
+        pad_token_id=tokenizer.pad_token_id, return_position_ids=True, pad_to_multiple_of=multiple
+    )
 
 
 def check_padding_free(comps: Components) -> None:
@@ -54,3 +94,22 @@ def padding_free_collator(tokenizer: Any, model: Any) -> Any:
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id, padding_free=True)
+
+
+def gloo_equal_length(batch: dict[str, Any], pad: dict[str, int]) -> dict[str, Any]:
+    """Pad ``batch``'s ``[rows, tokens]`` tensors on the right to the longest batch of any rank (a MAX
+    all-reduce over the world): DeepSpeed's Ulysses data loader all-gathers the SP group's batches, and
+    gloo's all-gather takes equal shapes only (NCCL takes uneven ones). ``pad``: each key's padding value."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return batch
+    length = torch.tensor([batch["input_ids"].shape[1]])
+    dist.all_reduce(length, op=dist.ReduceOp.MAX)
+    extra = int(length) - batch["input_ids"].shape[1]
+    if extra:
+        for key, value in pad.items():
+            if key in batch:
+                batch[key] = torch.nn.functional.pad(batch[key], (0, extra), value=value)
+    return batch
