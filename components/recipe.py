@@ -55,6 +55,9 @@ class Recipe:
     #: runs its own loop on accelerate through the strategy's loop hooks (FSDP2 by ``fully_shard``, so on
     #: CPU too) instead of a transformers Trainer
     owns_loop: ClassVar[bool] = False
+    #: its trainer's loss is the causal-LM cross-entropy on the labels of its prepared data, so a strategy
+    #: that cuts the model into pipeline stages (``splits_layers``) can train it with its own loop
+    trains_in_stages: ClassVar[bool] = False
 
     @classmethod
     def demo(cls) -> str:

@@ -65,6 +65,7 @@ class BatchPlan:
     largest_param: int | None = None  # elements of the biggest weight (vocab x hidden): NVMe swap buffers
     gpus_per_node: int = 1  # processes per node: ZeRO++ hpZ's default secondary partition
     mesh: Mesh | None = None  # the strategy's split of world_size (None: data parallel only)
+    architecture: Any = None  # the model's config (None: not readable here): the pipeline's stage split
 
     @property
     def data_parallel_size(self) -> int:
@@ -121,6 +122,9 @@ class Strategy:
     one_dtype_per_shard: ClassVar[bool] = False
     #: a loop we own trains one engine that scales, accumulates, clips and steps by itself (DeepSpeed)
     loop_engine: ClassVar[bool] = False
+    #: the model is built whole, then cut into pipeline stages, one part per rank: a recipe trains through
+    #: the pipeline's own loop (``components/runtime/pipeline.py``) when it declares ``trains_in_stages``
+    splits_layers: ClassVar[bool] = False
 
     @property
     def label(self) -> str:
@@ -151,6 +155,13 @@ class Strategy:
 
     def loop_refusal(self, dtype: str) -> ConfigError | None:
         """What the loop hooks below cannot do with this option's knobs in ``dtype`` (None: nothing)."""
+        return None
+
+    def combination_refusal(
+        self, recipe: Any, peft: Any, quantization: Any, dtype: str, data: Any = None
+    ) -> ConfigError | None:
+        """Why this strategy cannot train ``recipe`` (its class: the declared capabilities) with this adapter,
+        quantization, dtype and data (None: it can). The pre-load checks and the support matrix ask it."""
         return None
 
     def check(self, plan: BatchPlan, device: str) -> None:
@@ -932,6 +943,171 @@ class DeepSpeed(Strategy):
                 key="strategy.stage",
                 hint="a stale ACCELERATE_DEEPSPEED_* variable or accelerate config file may override it",
             )
+
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+
+
+@component("strategy")
+@dataclass(frozen=True)
+class Pipeline(Strategy):
+    """Pipeline parallel (``torch.distributed.pipelining``): the decoder layers cut into ``pp_size`` stages
+    (x ``stages_per_rank`` under an interleaved schedule), each rank holding only its stages, micro-batches
+    (``train.gradient_accumulation_steps`` per step) flowing through them on a GPipe, 1F1B or interleaved 1F1B
+    schedule; ``world / pp_size`` data-parallel replicas, each with its own data, gradients summed over them.
+    Trained by our own loop (``components/runtime/pipeline.py``); CPU (gloo) and GPU."""
+
+    pp_size: int = 2  # pipeline ranks; world / pp_size data-parallel replicas
+    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b
+    stages_per_rank: int = 1  # > 1: interleaved_1f1b (virtual stages, a smaller bubble)
+    split: list[int] = field(default_factory=list)  # the first layer of stages 1..N-1; [] = balanced
+
+    shards_parameters: ClassVar[bool] = True  # no rank holds the whole model: saving gathers it
+    needs_process_group: ClassVar[bool] = True
+    wraps_model: ClassVar[bool] = True
+    splits_layers: ClassVar[bool] = True
+
+    @property
+    def label(self) -> str:
+        return f"Pipeline (pp {self.pp_size}, {self.schedule})"
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp_size * self.stages_per_rank
+
+    def mesh(self, world_size: int) -> Mesh:
+        return Mesh(world_size, pp=self.pp_size)
+
+    def applicable(self, world_size: int) -> bool:
+        return world_size >= self.pp_size and world_size % self.pp_size == 0
+
+    def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
+        return StrategyShape("ddp")  # each replica's stages whole; mesh() says how the layers split
+
+    def validate(self) -> None:
+        super().validate()
+        if self.schedule not in PIPELINE_SCHEDULES:
+            raise ConfigError(
+                f"unknown schedule '{self.schedule}'",
+                key="strategy.schedule",
+                hint=f"one of {PIPELINE_SCHEDULES}",
+            )
+        if self.schedule == "interleaved_1f1b" and self.stages_per_rank < 2:
+            raise ConfigError(
+                "interleaved_1f1b runs several stages per rank",
+                key="strategy.stages_per_rank",
+                hint="strategy.stages_per_rank=2 (or more), or strategy.schedule=1f1b",
+            )
+        if self.schedule != "interleaved_1f1b" and self.stages_per_rank != 1:
+            raise ConfigError(
+                f"{self.schedule} runs one stage per rank",
+                key="strategy.stages_per_rank",
+                hint="strategy.stages_per_rank=1, or strategy.schedule=interleaved_1f1b",
+            )
+
+    def combination_refusal(
+        self, recipe: Any, peft: Any, quantization: Any, dtype: str, data: Any = None
+    ) -> ConfigError | None:
+        refused = {
+            "recipe": (
+                not recipe.trains_in_stages,
+                f"recipe={recipe.name} does not train through the pipeline loop (its loss is not the "
+                "causal-LM cross-entropy on its data's labels that the stages compute)",
+                "recipe=sft, or strategy=fsdp / a DeepSpeed zero stage for this recipe",
+            ),
+            "quantization": (
+                quantization.enabled,
+                "a quantized base is not cut into pipeline stages",
+                "quantization=none (or strategy=ddp / zero2 for QLoRA)",
+            ),
+            "peft": (
+                peft.enabled,
+                "adapters are not trained through pipeline stages yet: strategy=pipeline trains every weight",
+                "peft=none, or strategy=fsdp / a DeepSpeed zero stage for an adapter",
+            ),
+            "precision": (
+                dtype == "fp16",
+                "fp16 loss scaling is not wired across pipeline stages",
+                "precision=bf16 (or fp32)",
+            ),
+            "data.packing": (
+                data is not None and bool(getattr(data, "packing", False)),
+                "packed rows are not split into pipeline micro-batches: the stages pad rows to one length",
+                "data.packing=false",
+            ),
+        }
+        for key, (bad, message, hint) in refused.items():
+            if bad:
+                return ConfigError(message, key=key, hint=hint)
+        return None
+
+    def training_args(self, device: str, plan: BatchPlan | None = None) -> dict[str, Any]:
+        """The trainer only prepares data, optimizer and schedule here: nothing of its own training loop
+        applies (no Liger patching, no torch.compile of the cut model)."""
+        return {**super().training_args(device, plan), "use_liger_kernel": False, "torch_compile": False}
+
+    def check(self, plan: BatchPlan, device: str) -> None:
+        """The mesh (pp_size divides the world), the model (a family cut here, enough layers, a valid
+        split) and the schedule (1F1B with fewer micro-batches than stages)."""
+        self.mesh(plan.world_size).check()
+        self.stage_plan(plan)
+        if self.schedule == "1f1b" and plan.gradient_accumulation_steps < self.num_stages:
+            import logging
+
+            logging.getLogger("hydratune").warning(
+                "strategy=pipeline: %d micro-batch(es) per step for %d stages: the stages take turns "
+                "(bubble %.0f%%) and 1F1B runs as GPipe; raise train.gradient_accumulation_steps (a smaller "
+                "train.micro_batch_size keeps the global batch)",
+                plan.gradient_accumulation_steps, self.num_stages, 100 * self.bubble(plan),
+            )  # fmt: skip
+
+    def stage_plan(self, plan: BatchPlan) -> Any:
+        """The split of the model into stages (``components/distributed/stages.py``), or a ConfigError."""
+        from components.distributed import stages
+
+        if plan.architecture is None:
+            raise ConfigError(
+                "strategy=pipeline needs the model's architecture to plan its stages, and it cannot be read",
+                key="model.name_or_path",
+                hint="a local model dir, a cached hub model, or the architecture numbers in the model YAML",
+            )
+        why = stages.refusal(plan.architecture)
+        if why is not None:
+            raise ConfigError(
+                f"strategy=pipeline cannot cut this model into stages: {why}",
+                key="strategy",
+                hint="use strategy=fsdp or a DeepSpeed zero stage (zero3) for this model",
+            )
+        return stages.plan_stages(
+            stages.meta_model(plan.architecture), self.num_stages, self.pp_size, self.split
+        )
+
+    def bubble(self, plan: BatchPlan) -> float:
+        from components.distributed.pipeline import theoretical_bubble
+
+        return theoretical_bubble(
+            self.schedule, self.pp_size, plan.gradient_accumulation_steps, self.stages_per_rank
+        )
+
+    def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
+        stage_plan = self.stage_plan(plan)
+        m, dp = plan.gradient_accumulation_steps, self.mesh(plan.world_size).dp
+        described = super().describe(plan, device)
+        described["batch"]["global_batch_size"] = (
+            f"{plan.micro_batch_size} x {m} x {dp} (data-parallel replicas) = {plan.global_batch_size}"
+        )
+        described["pipeline"] = {
+            "mesh": self.mesh(plan.world_size).describe(),
+            "schedule": f"{self.schedule}: {self.num_stages} stages, {self.stages_per_rank} per rank",
+            "micro-batches per step": f"{m} (train.gradient_accumulation_steps), each of "
+            f"train.micro_batch_size={plan.micro_batch_size} rows per replica",
+            **{
+                f"stage {s} (pipeline rank {stage_plan.rank_of(s)})": stage_plan.describe(s)
+                for s in range(stage_plan.num_stages)
+            },
+            "bubble (theoretical)": round(self.bubble(plan), 4),
+        }
+        return described
 
 
 def partition_at_load(model: Any) -> dict[str, Any]:

@@ -88,7 +88,9 @@ def verdict(cell: Cell) -> Verdict:
     dtype = cell.precision
     if quant.needs_adapter and not peft.is_adapter:
         return Verdict("refused", "a quantized base trains only through an adapter (QLoRA)", "peft")
-    refusal = quant.sharding_refusal(dtype, strategy.label) if strategy.shards_parameters else None
+    refusal = strategy.combination_refusal(recipe, peft, quant, dtype)
+    if refusal is None and strategy.shards_parameters:
+        refusal = quant.sharding_refusal(dtype, strategy.label)
     if refusal is None and recipe.owns_loop:
         refusal = strategy.loop_refusal(dtype)
     if refusal is not None:

@@ -96,6 +96,9 @@ RANGES: dict[str, Range] = {
     "sub_group_size": POSITIVE,
     "zero_hpz_partition_size": AT_LEAST_ONE,
     "offload_param_buffer_size": POSITIVE,
+    "strategy.pp_size": Range(2),  # pipeline: 1 stage would be no pipeline
+    "stages_per_rank": AT_LEAST_ONE,
+    "strategy.split": AT_LEAST_ONE,  # each a layer index that starts a stage
     # data
     "eval_fraction": FRACTION,
     "eval_size": NON_NEGATIVE,

@@ -123,7 +123,9 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
             key="merge",
             hint="drop merge and merge the saved adapter afterwards (peft's merge_and_unload on one device)",
         )
-    refusal = quant.sharding_refusal(dtype, strategy.label) if strategy.shards_parameters else None
+    refusal = strategy.combination_refusal(recipe, comps.peft, quant, dtype, comps.data)
+    if refusal is None and strategy.shards_parameters:
+        refusal = quant.sharding_refusal(dtype, strategy.label)
     if refusal is None and recipe.owns_loop:
         refusal = strategy.loop_refusal(dtype)
     if refusal is not None:

@@ -143,7 +143,7 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
         )
         largest = hidden * wide or None  # the embedding / lm head (or an MLP projection)
     except Exception:  # no config reachable offline: DeepSpeed's default bucket sizes
-        hidden = largest = None
+        config = hidden = largest = None
     t = cfg.train
     world = world_size(comps)
     return BatchPlan(
@@ -159,6 +159,7 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
         # a worker knows its node's process count (SLURM sets it per node); else the launcher's
         gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or comps.launcher.nproc_per_node),
         mesh=comps.strategy.mesh(world),
+        architecture=config,
     )
 
 

@@ -60,6 +60,7 @@ class Session:
     first_step: FirstStepTimer = field(default_factory=FirstStepTimer)
     trackers: TrackerRun = field(default_factory=TrackerRun)  # rank 0: what the trackers opened
     keep_alive: list[Any] = field(default_factory=list)  # e.g. ZeRO-3's config, weakly held by transformers
+    pipeline: Any = None  # strategy=pipeline: this rank's stages and mesh (components/runtime/pipeline.py)
 
     @classmethod
     def start(cls, ctx: RunContext) -> Session:
@@ -206,6 +207,10 @@ class Session:
         from components.runtime.trainer_hooks import hydratune_trainer
 
         c = self.ctx.components
+        if c.strategy.splits_layers:  # the trainer gets this rank's stages only
+            from components.runtime.pipeline import cut_model
+
+            self.pipeline = cut_model(self)
         # fp16 outside DeepSpeed (whose config carries them): the loss-scaling knobs reach torch's GradScaler
         handlers = () if c.strategy.scales_loss else tuple(c.precision.scaler_handlers(self.ctx.plan.dtype))
         return hydratune_trainer(trainer_cls, handlers)(
@@ -222,7 +227,10 @@ class Session:
         """Exact-match accuracy of greedy answers to the eval prompts (see ``load_data``), for the summary."""
         if not self.eval_prompts:
             return
-        if self.ctx.components.strategy.shards_parameters:  # each rank holds a shard: no lone generate()
+        strategy = self.ctx.components.strategy
+        # each rank holds a shard: no lone generate(); a pipeline's model is whole before it is cut and
+        # gathered whole on rank 0 after training
+        if strategy.shards_parameters and not strategy.splits_layers:
             self.report.setdefault("eval accuracy (exact match)", {})[when] = "skipped (sharded parameters)"
             return
         result = evaluate_generations(
@@ -268,6 +276,10 @@ class Session:
 
     def train_and_finish(self, trainer: Any, *, probes: dict[str, Any] | None = None) -> dict[str, Any]:
         """``_train_and_finish``, then close the trackers whatever happened."""
+        if self.ctx.components.strategy.splits_layers:  # our own loop over the stages
+            from components.runtime.pipeline import train_in_stages
+
+            return train_in_stages(self, trainer)
         try:
             return self._train_and_finish(trainer, probes=probes or {})
         finally:
@@ -369,10 +381,7 @@ class Session:
         """Which optimizer steps the trainer's ``train_loss`` averages: a resumed run's covers only the steps
         it ran itself (the earlier ones are in the run it continued)."""
         first, last = getattr(trainer, "_initial_global_step", 0) + 1, trainer.state.global_step
-        span = f"steps {first} to {last}" if last >= first else "no step (nothing left to train)"
-        if resume:
-            span += f" (resumed after step {first - 1} from {resume}; steps 1 to {first - 1} are in that run)"
-        self.report["run"]["train_loss covers"] = span
+        self.report["run"]["train_loss covers"] = loss_span(first, last, resume)
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         """One record of a recipe that owns its loop (PPO): appended to ``metrics.jsonl`` and sent to every
@@ -444,6 +453,15 @@ class Session:
             ctx.run_dir.plot_losses()
         ctx.run_dir.write_summary(f"{ctx.components.recipe.title}: {ctx.run_name}", self.report.items())
         ctx.run_dir.write_json("result.json", self.report)
+
+
+def loss_span(first: int, last: int, resume: str | None) -> str:
+    """Which optimizer steps a run's ``train_loss`` averages: a resumed run's covers only the steps it ran
+    itself (the earlier ones are in the run it continued)."""
+    span = f"steps {first} to {last}" if last >= first else "no step (nothing left to train)"
+    if resume:
+        span += f" (resumed after step {first - 1} from {resume}; steps 1 to {first - 1} are in that run)"
+    return span
 
 
 def _tokens_per_second(ctx: RunContext) -> float | None:
