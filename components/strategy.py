@@ -1021,9 +1021,10 @@ class Pipeline(Strategy):
                 "quantization=none (or strategy=ddp / zero2 for QLoRA)",
             ),
             "peft": (
-                peft.enabled,
-                "adapters are not trained through pipeline stages yet: strategy=pipeline trains every weight",
-                "peft=none, or strategy=fsdp / a DeepSpeed zero stage for an adapter",
+                peft.adds_virtual_tokens,
+                "prompt-learning adapters prepend virtual tokens to the first stage's input, which the "
+                "pipeline's fixed-shape activations do not carry",
+                "peft=lora (or none), or another strategy for this adapter",
             ),
             "precision": (
                 dtype == "fp16",

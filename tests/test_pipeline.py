@@ -84,6 +84,32 @@ def test_the_split_balances_parameters_and_an_override_is_checked() -> None:
         assert err.value.key == "strategy.split"
 
 
+@pytest.mark.parametrize("peft", ["lora", "bitfit", "freeze"])
+def test_adapters_and_frozen_weights_go_with_their_layers(compose_cfg, peft: str) -> None:
+    """With an adapter (or part of the model frozen), each stage holds its layers' adapter weights and the
+    cut copies together train exactly the whole model's trainable parameters; the logits are unchanged."""
+    comps = Components.from_config(compose_cfg(f"peft={peft}"))
+    torch.manual_seed(0)
+    model = comps.peft.apply(comps.model.build()).eval()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    ids = torch.randint(4, 600, (2, 10))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    plan = st.plan_stages(st.meta_model(comps.model.load_config()), 2, 2)
+    held, hidden = set(), ids
+    for stage in range(2):
+        part = copy.deepcopy(model)
+        st.keep_stages(part, plan, [stage])
+        assert st.held(part) == st.expected(
+            plan, [stage]
+        )  # the model's own weights: the adapter's not counted
+        held |= {n for n, p in part.named_parameters() if p.requires_grad}
+        with torch.no_grad():
+            hidden = st.Stage(part, plan, stage).eval()(hidden)
+    assert held == trainable and trainable
+    torch.testing.assert_close(hidden, want, atol=1e-5, rtol=1e-5)
+
+
 # ---- refused before load ----------------------------------------------------------------------------
 def gpt2_dir(tmp_path: Path) -> Path:
     """A model dir of a family without ``model.layers`` (GPT-2 keeps its blocks in ``transformer.h``)."""
@@ -108,7 +134,7 @@ def gpt2_dir(tmp_path: Path) -> Path:
         (["strategy.schedule=interleaved_1f1b"], "strategy.stages_per_rank", "several stages per rank"),
         (["strategy.stages_per_rank=2"], "strategy.stages_per_rank", "one stage per rank"),
         (["recipe=dpo"], "recipe", "does not train through the pipeline loop"),
-        (["peft=lora"], "peft", "adapters are not trained through pipeline stages"),
+        (["peft=prefix"], "peft", "prompt-learning adapters prepend virtual tokens"),
         (["quantization=nf4", "peft=lora"], "quantization", "quantized base"),
         (["data.packing=true"], "data.packing", "packed rows"),
         (["recipe.loss_type=dft"], "recipe.loss_type", "not computed by the pipeline stages"),
@@ -285,3 +311,27 @@ def test_sigterm_stops_both_stages_and_the_resume_is_bit_exact(runs: Runs) -> No
     assert mine.keys() == theirs.keys()
     for name in mine:
         assert torch.equal(mine[name], theirs[name]), name
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """LoRA (dropout 0: with dropout every rank draws its own masks) on one process and on 2 stages."""
+    root = tmp_path_factory.mktemp("pipeline_lora")
+    lora = ["peft=lora", "peft.dropout=0", "train.max_steps=4", "train.save_every=0"]
+    hydratune(root / "single", *lora)
+    hydratune(root / "stages", *lora, *PIPELINE)
+    return root / "single", root / "stages"
+
+
+@pytest.mark.slow
+def test_lora_trains_through_the_stages_like_one_process(lora_runs: tuple[Path, Path]) -> None:
+    """The adapter of each stage's layers trained and gathered into one adapter folder, equal to one
+    process's (losses within 1e-5 relative, weights within 1e-5)."""
+    single, stages = lora_runs
+    assert losses(stages) == pytest.approx(losses(single), rel=1e-5)
+    mine = load_file(stages / "final" / "adapter_model.safetensors")
+    theirs = load_file(single / "final" / "adapter_model.safetensors")
+    assert mine.keys() == theirs.keys() and any("layers.2" in name for name in mine)
+    for name in mine:
+        torch.testing.assert_close(mine[name], theirs[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert any(float(t.abs().sum()) > 0 for n, t in mine.items() if "lora_B" in n)  # trained

@@ -137,6 +137,7 @@ RUN_IN_TESTS: dict[Cell, str] = {
     Cell("ppo", "zero3", "lora", "none", "fp32"): "test_distributed.py::test_ppo_with_lora_under_zero3_…",
     Cell("ppo", "fsdp", "none", "none", "fp32"): "test_distributed.py::test_ppo_under_fsdp_…",
     Cell("ppo", "fsdp", "lora", "none", "fp32"): "test_distributed.py::test_ppo_under_fsdp_with_lora_…",
+    Cell("sft", "pipeline", "none", "none", "fp32"): "test_pipeline.py::test_two_stages_train_like_one_…",
 }
 
 

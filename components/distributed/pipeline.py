@@ -161,9 +161,9 @@ class Pipeline:
         """The schedule a step of ``micro_batches`` runs: the configured one, except that 1F1B with fewer
         micro-batches than stages (an epoch's short last step) runs as GPipe, the order 1F1B then reduces
         to, and interleaved 1F1B with a count it cannot round as looped breadth-first; evaluation runs
-        forward only (GPipe without a loss)."""
+        forward only (GPipe without a loss; looped breadth-first for several stages per rank)."""
         if not train:
-            return "gpipe"
+            return "looped_bfs" if len(self.stage_ids) > 1 else "gpipe"
         if self.schedule == "1f1b" and micro_batches < self.num_stages:
             return "gpipe"
         ranks = self.mesh.pp

@@ -249,14 +249,16 @@ def expected(plan: StagePlan, stages: Sequence[int]) -> dict[str, Any]:
 
 def held(model: nn.Module) -> dict[str, Any]:
     """What a (cut) model really holds, read from its modules: decoder layer indices, embedding, head, and
-    its parameter count (a tied matrix counted on each side that holds it)."""
+    its parameter count (the model's own: an adapter's weights not counted; a tied matrix counted on each
+    side that holds it)."""
     layout = Layout.of(model)
     layers = layout.backbone.layers
     indices = (
         sorted(int(k) for k in layers) if isinstance(layers, nn.ModuleDict) else list(range(len(layers)))
     )
     embed, head = layout.backbone.embed_tokens, layout.top.lm_head
-    count = sum(p.numel() for p in model.parameters())
+    adapters = tuple(f".{name}." for name in getattr(model, "peft_config", {}))  # an adapter's own weights
+    count = sum(p.numel() for n, p in model.named_parameters() if not any(a in n for a in adapters))
     return {
         "layers": indices,
         "embed_tokens": embed is not None,

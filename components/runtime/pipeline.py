@@ -86,7 +86,8 @@ def describe(cut: Cut, strategy: Any) -> dict[str, Any]:
     rows: dict[str, Any] = {
         "mesh": f"pp {cut.mesh.pp} x dp {cut.mesh.dp} = {cut.mesh.pp * cut.mesh.dp} processes",
         "schedule": f"{strategy.schedule}, {cut.plan.num_stages} stages, {strategy.stages_per_rank} per rank",
-        "tied embeddings": "yes: the first and last stage each hold the matrix, gradients summed between them"
+        "tied embeddings": "yes: the first and last stage each hold the matrix (trained: gradients summed "
+        "between them, one update)"
         if cut.tied
         else "no",
     }
@@ -407,7 +408,7 @@ class StagedRun:
     def resume(self, checkpoint: str | None) -> int:
         """Restore ``checkpoint`` if given and say in the summary which steps this run's loss covers; the
         last step done."""
-        from components.runtime.session import loss_span
+        from components.runtime.resume import loss_span
 
         report = self.session.report["run"]
         done = self.restore(checkpoint) if checkpoint else 0
@@ -471,29 +472,34 @@ class StagedRun:
 
     # ---- the end -------------------------------------------------------------------------------------
     def whole_model(self) -> Any:
-        """The whole model on rank 0 (its weights gathered from every pipeline rank; the two copies of a tied
-        matrix checked equal), this rank's cut model elsewhere (a collective call)."""
+        """The whole model on rank 0, built from the config (an adapter applied as configured) and loaded
+        with the weights gathered from every pipeline rank, the two copies of a tied matrix checked equal;
+        this rank's cut model elsewhere (a collective call)."""
         from transformers import AutoModelForCausalLM
         from transformers.initialization import no_init_weights
+
+        from components.model import upcast_trainable
 
         gathered = pp.gather_state_dict(self.model.state_dict(), self.cut.mesh)
         if gathered is None:
             return self.model
-        config = self.model.config
-        with no_init_weights():
-            whole = AutoModelForCausalLM.from_config(config, dtype=self.model.dtype)
-        if self.cut.tied:
-            head = gathered.pop("lm_head.weight", None)
-            embed = gathered["model.embed_tokens.weight"]
-            if head is not None and not torch.equal(head, embed):
+        layout, peft = st.Layout.of(self.model), self.session.ctx.components.peft
+        with no_init_weights():  # which also leaves the tied matrices untied: tied again below
+            whole = AutoModelForCausalLM.from_config(layout.config, dtype=layout.top.dtype)
+        whole.tie_weights()
+        if peft.is_adapter:
+            whole = peft.for_task("causal_lm").apply(whole)
+            upcast_trainable(whole)
+        if self.cut.tied:  # both copies were trained alike: they must be one matrix still
+            head = st.Layout.of(whole).top.lm_head.weight
+            names = [n for n, p in whole.named_parameters(remove_duplicate=False) if p is head]
+            if any(not torch.equal(gathered[n], gathered[names[0]]) for n in names if n in gathered):
                 raise ConfigError(
                     "the tied embedding's two copies (first and last stage) differ after training",
                     key="strategy",
                     hint="a bug: please report it with this message",
                 )
-        whole.load_state_dict(gathered, strict=not self.cut.tied)
-        if self.cut.tied:
-            whole.tie_weights()
+        whole.load_state_dict(gathered)
         whole.generation_config = self.model.generation_config
         return whole.eval()
 

@@ -27,7 +27,7 @@ from components.runtime.callbacks import (
 from components.runtime.checkpoint import checkpoints_in, save_final
 from components.runtime.dataprep import eval_every, prepare_data
 from components.runtime.diskspace import ensure_room_for_final
-from components.runtime.resume import pinned
+from components.runtime.resume import loss_span, pinned
 from components.runtime.run import RunContext, peak_memory_gb
 from components.runtime.startup import training_starts
 from components.text.chat_template import (
@@ -453,15 +453,6 @@ class Session:
             ctx.run_dir.plot_losses()
         ctx.run_dir.write_summary(f"{ctx.components.recipe.title}: {ctx.run_name}", self.report.items())
         ctx.run_dir.write_json("result.json", self.report)
-
-
-def loss_span(first: int, last: int, resume: str | None) -> str:
-    """Which optimizer steps a run's ``train_loss`` averages: a resumed run's covers only the steps it ran
-    itself (the earlier ones are in the run it continued)."""
-    span = f"steps {first} to {last}" if last >= first else "no step (nothing left to train)"
-    if resume:
-        span += f" (resumed after step {first - 1} from {resume}; steps 1 to {first - 1} are in that run)"
-    return span
 
 
 def _tokens_per_second(ctx: RunContext) -> float | None:
