@@ -92,6 +92,14 @@ class PreparedLoop:
     engine: Any = None
 
 
+def first_refusal(rules: dict[str, tuple[bool, str, str]]) -> ConfigError | None:
+    """The ConfigError of the first rule that applies (``{key: (applies, message, hint)}``), or None."""
+    for key, (applies, message, hint) in rules.items():
+        if applies:
+            return ConfigError(message, key=key, hint=hint)
+    return None
+
+
 def live_type(accelerator: Any) -> str:
     """accelerate's DistributedType name ('NO', 'MULTI_CPU', 'DEEPSPEED', 'FSDP', …)."""
     return str(accelerator.distributed_type).rsplit(".", 1)[-1]
@@ -398,10 +406,7 @@ class FSDP(Strategy):
                 "strategy.state_dict_type=FULL_STATE_DICT",
             ),
         }
-        for key, (bad, message, hint) in refused.items():
-            if bad:
-                return ConfigError(message, key=key, hint=hint)
-        return None
+        return first_refusal(refused)
 
     def validate(self) -> None:
         super().validate()
@@ -1037,10 +1042,7 @@ class Pipeline(Strategy):
                 "data.packing=false",
             ),
         }
-        for key, (bad, message, hint) in refused.items():
-            if bad:
-                return ConfigError(message, key=key, hint=hint)
-        return None
+        return first_refusal(refused)
 
     def training_args(self, device: str, plan: BatchPlan | None = None) -> dict[str, Any]:
         """The trainer only prepares data, optimizer and schedule here: nothing of its own training loop

@@ -10,8 +10,9 @@ stage 0 of data-parallel replica 0, and the ranks of one pipeline are ``dp`` apa
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +111,16 @@ class Timing:
         self.compute, self.wall, self.steps = self.compute + compute, self.wall + wall, self.steps + 1
 
 
+@contextlib.contextmanager
+def stopwatch(add: Callable[[float], None]) -> Iterator[None]:
+    """``add(seconds)`` the block took, however it ends."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        add(time.perf_counter() - start)
+
+
 def timed_stage_class() -> type:
     """``PipelineStage`` that adds the seconds of each forward and backward chunk to ``busy``."""
     from torch.distributed.pipelining import PipelineStage
@@ -117,19 +128,16 @@ def timed_stage_class() -> type:
     class TimedStage(PipelineStage):
         busy = 0.0
 
+        def add(self, seconds: float) -> None:
+            self.busy += seconds
+
         def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
+            with stopwatch(self.add):
                 return super().forward_one_chunk(*args, **kwargs)
-            finally:
-                self.busy += time.perf_counter() - start
 
         def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
+            with stopwatch(self.add):
                 return super().backward_one_chunk(*args, **kwargs)
-            finally:
-                self.busy += time.perf_counter() - start
 
     return TimedStage
 
@@ -200,11 +208,11 @@ class Pipeline:
         return self._built[key]
 
     def _timed_loss(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        start = time.perf_counter()
-        try:
+        with stopwatch(self._add_loss_seconds):
             return self.loss_fn(*args, **kwargs)
-        finally:
-            self._loss_seconds += time.perf_counter() - start
+
+    def _add_loss_seconds(self, seconds: float) -> None:
+        self._loss_seconds += seconds
 
     def run(
         self,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -151,33 +152,37 @@ def parameter_costs(model: nn.Module) -> tuple[int, list[int], int]:
 
 def balanced_bounds(embed: int, layers: Sequence[int], head: int, stages: int) -> tuple[int, ...]:
     """Contiguous layer ranges, at least one layer per stage, minimising the largest stage's parameter count
-    (the embedding counted on the first stage, norm + head on the last); ties go to the earlier split."""
+    (the embedding counted on the first stage, norm + head on the last); among the splits that reach it,
+    the most even one (the smallest sum of squared stage counts), so no stage is left nearly empty."""
     n = len(layers)
     if stages > n:
         raise ValueError(f"{stages} stages need at least {stages} decoder layers, the model has {n}")
     prefix = [0]
-    for cost in layers:
-        prefix.append(prefix[-1] + cost)
+    for c in layers:
+        prefix.append(prefix[-1] + c)
 
     def cost(stage: int, first: int, end: int) -> int:
         extra = (embed if stage == 0 else 0) + (head if stage == stages - 1 else 0)
         return prefix[end] - prefix[first] + extra
 
-    # best[s][i]: the smallest possible largest cost of stages s.. over layers i..n-1, and where s ends
-    inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[stages][n] = 0
-    for s in range(stages - 1, -1, -1):
-        for i in range(n - (stages - s), -1, -1):
-            for end in range(i + 1, n - (stages - s - 1) + 1):
-                value = max(cost(s, i, end), best[s + 1][end])
-                if value < best[s][i]:
-                    best[s][i], cut[s][i] = value, end
-    bounds, i = [0], 0
+    def solve(score: Any, cap: float) -> list[list[tuple[float, int]]]:
+        """best[s][i] = (the best score of stages s.. over layers i.., where stage s ends), every stage at
+        most ``cap``; ``score(stage cost, score of the rest)``."""
+        best = [[(math.inf, 0)] * (n + 1) for _ in range(stages + 1)]
+        best[stages][n] = (0, n)
+        for s in range(stages - 1, -1, -1):
+            for i in range(n - (stages - s) + 1):
+                for end in range(i + 1, n - (stages - s - 1) + 1):
+                    here = cost(s, i, end)
+                    if here <= cap and (value := score(here, best[s + 1][end][0])) < best[s][i][0]:
+                        best[s][i] = (value, end)
+        return best
+
+    largest = solve(max, math.inf)[0][0][0]
+    even = solve(lambda here, rest: here * here + rest, largest)
+    bounds = [0]
     for s in range(stages):
-        i = cut[s][i]
-        bounds.append(i)
+        bounds.append(even[s][bounds[-1]][1])
     return tuple(bounds)
 
 
