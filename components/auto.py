@@ -1,13 +1,15 @@
-"""``strategy=auto``: pick the fastest strategy that fits, from the memory estimate, before anything loads.
+"""``strategy=auto``: pick the strategy that fits, from the memory estimate, before anything loads.
 
 The choice walks the OOM ladder of :mod:`components.memory.ladder` over every strategy option in
-conf/strategy/ (each with the memory shape its component declares; fastest rung first in the ASSUMED,
-unmeasured order of ``components/memory/shapes.py``: single/DDP, ZeRO-0/1/2, FSDP, ZeRO++, ZeRO-3, CPU
-offload, NVMe), takes the first (strategy, gradient checkpointing) rung whose micro-batch-1 run fits the
-GPU with the safety margin, then the largest micro-batch that still fits with gradient accumulation
-keeping the requested per-GPU batch. The chosen
-option's composed node replaces ``strategy`` and the run dir's ``.hydra/config.yaml`` is rewritten, so
-``hydratune replay <run dir>`` replays the decision without ``auto``.
+conf/strategy/ (each with the memory shape and mesh its component declares) and, for options that declare
+mesh dimensions (``Strategy.parallel_dims``), their tensor / sequence / pipeline parallel sizes; in the
+documented order (data parallel on the GPUs, then tp / sp / pp, then offload; inside each the ASSUMED,
+unmeasured speeds of ``components/memory/shapes.py``), it takes the first (layout, gradient checkpointing)
+rung whose micro-batch-1 run fits the GPU with the safety margin, then the largest micro-batch that still
+fits with gradient accumulation keeping the global batch. The chosen overrides
+(``strategy=zero1 strategy.tp_size=4``, the batch split) compose the node that replaces ``strategy``, and
+the run dir's ``.hydra/config.yaml`` is rewritten, so ``hydratune replay <run dir>`` replays the decision
+without ``auto``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from components.config.errors import ConfigError
 from components.config.registry import component
+from components.distributed.mesh import Mesh
 from components.memory.shapes import SINGLE, StrategyShape
 
 
@@ -30,7 +33,7 @@ class Auto:
 
     device: str = "auto"
     candidates: list[str] = field(default_factory=list)  # restrict the ladder (empty = every option)
-    tune_micro_batch: bool = True  # also pick the largest micro-batch that fits (global batch kept)
+    tune_micro_batch: bool = True  # also pick the micro-batch (false: keep train.micro_batch_size)
 
     def validate(self) -> None:
         from components.strategy import training_options
@@ -48,6 +51,10 @@ class Auto:
         """Undecided until launch: the estimate of the run as configured counts one process."""
         return SINGLE
 
+    def mesh(self, world_size: int) -> Mesh:
+        """Undecided until launch: the estimate of the run as configured is data parallel only."""
+        return Mesh(world_size)
+
     def resolve_device(self) -> str:
         from components.strategy import detect_device
 
@@ -60,8 +67,9 @@ def is_auto(cfg: Any) -> bool:
     return str(target) == f"{Auto.__module__}.{Auto.__qualname__}"
 
 
-def compose_strategy_hydra(name: str) -> DictConfig:
-    """The composed ``strategy=<name>`` node, with the running job's other overrides (Hydra's compose API)."""
+def compose_strategy_hydra(choice: list[str]) -> DictConfig:
+    """The composed strategy node of ``choice`` (``["strategy=zero1", "strategy.tp_size=4"]``), with the
+    running job's other overrides (Hydra's compose API)."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
@@ -72,7 +80,7 @@ def compose_strategy_hydra(name: str) -> DictConfig:
         overrides = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith("strategy")]
     except ValueError:  # not inside a Hydra job
         pass
-    overrides.append(f"strategy={name}")
+    overrides += choice
     if GlobalHydra.instance().is_initialized():
         return compose(config_name="config", overrides=overrides).strategy
     with initialize_config_module(config_module="conf", version_base=None):
@@ -81,12 +89,33 @@ def compose_strategy_hydra(name: str) -> DictConfig:
     return node
 
 
-def resolve_auto(
-    cfg: DictConfig, compose_strategy: Callable[[str], DictConfig] | None = None
-) -> tuple[DictConfig, str]:
-    """(the config with ``strategy`` and the batch split chosen, the decision in words)."""
+def decide(cfg: Any, spec: Any, gpu_memory: float, margin: float) -> Any:
+    """The ladder's :class:`~components.memory.ladder.Decision` for the composed ``cfg`` (``spec``: its
+    estimate's RunSpec): the per-GPU batch to keep, ``strategy.candidates`` and ``tune_micro_batch``."""
     from components.memory.ladder import choose
-    from components.memory.spec import get, gpu_memory_of, spec_from_config, strategy_shapes
+    from components.memory.spec import get, strategy_rungs
+
+    train, strategy = get(cfg, "train"), get(cfg, "strategy")
+    micro = int(get(train, "micro_batch_size", 1))
+    tune = bool(get(strategy, "tune_micro_batch", True))
+    return choose(
+        spec,
+        strategy_rungs(spec),
+        gpu_memory,
+        margin,
+        micro * int(get(train, "gradient_accumulation_steps", 1)),
+        candidates=list(get(strategy, "candidates", []) or []) or None,
+        micro_batch=None if tune else micro,
+    )
+
+
+def resolve_auto(
+    cfg: DictConfig, compose_strategy: Callable[[list[str]], DictConfig] | None = None
+) -> tuple[DictConfig, str]:
+    """(the config with ``strategy`` and the batch split chosen, the decision in words). The strategy node
+    is what the chosen overrides compose to (``strategy=zero1 strategy.tp_size=4``): the run dir replays
+    it."""
+    from components.memory.spec import get, gpu_memory_of, spec_from_config
 
     gpu_memory = gpu_memory_of(cfg)
     if gpu_memory is None:
@@ -95,16 +124,12 @@ def resolve_auto(
             key="estimate.gpu_memory",
             hint="pass estimate.gpu_memory=80GB (and estimate.num_gpus=8), or pick a strategy",
         )
-    margin = float(cfg.estimate.safety_margin)
-    spec = spec_from_config(cfg)
-    per_gpu = int(cfg.train.micro_batch_size) * int(cfg.train.gradient_accumulation_steps)
-    candidates = list(get(cfg.strategy, "candidates", []) or []) or None
-    shapes = strategy_shapes(spec.world_size, spec.num_gpus)
-    decision = choose(spec, shapes, gpu_memory, margin, per_gpu, candidates=candidates)
+    decision = decide(cfg, spec_from_config(cfg), gpu_memory, float(cfg.estimate.safety_margin))
     text = decision.explain()
     if decision.strategy is None:
         raise ConfigError(f"no strategy fits:\n{text}", key="strategy", hint="see the table above")
-    node = (compose_strategy or compose_strategy_hydra)(decision.strategy)
+    strategy_overrides = [o for o in decision.overrides if o.startswith("strategy")]
+    node = (compose_strategy or compose_strategy_hydra)(strategy_overrides)
     new = cfg.copy()
     with open_dict(new):
         device = get(cfg.strategy, "device", "auto")
@@ -112,9 +137,8 @@ def resolve_auto(
         if "device" in new.strategy:
             new.strategy.device = device
         new.model.gradient_checkpointing = decision.gradient_checkpointing
-        if bool(get(cfg.strategy, "tune_micro_batch", True)):
-            new.train.micro_batch_size = decision.micro_batch
-            new.train.gradient_accumulation_steps = decision.accumulation
+        new.train.micro_batch_size = decision.micro_batch
+        new.train.gradient_accumulation_steps = decision.accumulation
     return new, text
 
 

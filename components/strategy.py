@@ -133,6 +133,9 @@ class Strategy:
     #: the model is built whole, then cut into pipeline stages, one part per rank: a recipe trains through
     #: the pipeline's own loop (``components/runtime/pipeline.py``) when it declares ``trains_in_stages``
     splits_layers: ClassVar[bool] = False
+    #: the mesh dimensions ("tp", "sp", "pp") this option splits the model along, each set by its
+    #: ``strategy.<dim>_size`` knob and read back through :meth:`mesh`: strategy=auto tries their sizes
+    parallel_dims: ClassVar[tuple[str, ...]] = ()
 
     @property
     def label(self) -> str:
@@ -166,10 +169,11 @@ class Strategy:
         return None
 
     def combination_refusal(
-        self, recipe: Any, peft: Any, quantization: Any, dtype: str, data: Any = None
+        self, recipe: Any, peft: Any, quantization: Any, dtype: str, data: Any = None, model: Any = None
     ) -> ConfigError | None:
         """Why this strategy cannot train ``recipe`` (its class: the declared capabilities) with this adapter,
-        quantization, dtype and data (None: it can). The pre-load checks and the support matrix ask it."""
+        quantization, dtype, data and model (None: it can). The pre-load checks and the support matrix
+        (which has no data or model) ask it."""
         return None
 
     def check(self, plan: BatchPlan, device: str) -> None:
@@ -968,6 +972,7 @@ class Pipeline(Strategy):
     split: list[int] = field(default_factory=list)  # the first layer of stages 1..N-1; [] = balanced
 
     shards_parameters: ClassVar[bool] = True  # no rank holds the whole model: saving gathers it
+    parallel_dims: ClassVar[tuple[str, ...]] = ("pp",)  # strategy=auto tries strategy.pp_size
     needs_process_group: ClassVar[bool] = True
     wraps_model: ClassVar[bool] = True
     splits_layers: ClassVar[bool] = True
@@ -987,7 +992,9 @@ class Pipeline(Strategy):
         return world_size >= self.pp_size and world_size % self.pp_size == 0
 
     def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
-        return StrategyShape("ddp")  # each replica's stages whole; mesh() says how the layers split
+        """Each replica's stages whole (``mesh()`` says how the layers split), the schedule's micro-batches
+        in flight."""
+        return StrategyShape("ddp", pipeline_schedule=self.schedule, pipeline_chunks=self.stages_per_rank)
 
     def validate(self) -> None:
         super().validate()
@@ -1011,7 +1018,7 @@ class Pipeline(Strategy):
             )
 
     def combination_refusal(
-        self, recipe: Any, peft: Any, quantization: Any, dtype: str, data: Any = None
+        self, recipe: Any, peft: Any, quantization: Any, dtype: str, data: Any = None, model: Any = None
     ) -> ConfigError | None:
         refused = {
             "recipe": (
@@ -1041,6 +1048,16 @@ class Pipeline(Strategy):
                 "packed rows are not split into pipeline micro-batches: the stages pad rows to one length",
                 "data.packing=false",
             ),
+            "model.compile": (
+                bool(getattr(model, "compile", False)),
+                "torch.compile is not applied to pipeline stages",
+                "model.compile=false",
+            ),
+            "model.liger": (
+                getattr(model, "liger", None) is True,
+                "Liger's kernels patch the whole model's modules, not pipeline stages",
+                "model.liger=null (off under strategy=pipeline)",
+            ),
         }
         return first_refusal(refused)
 
@@ -1053,47 +1070,52 @@ class Pipeline(Strategy):
         """The mesh (pp_size divides the world), the model (a family cut here, enough layers, a valid
         split) and the schedule (1F1B with fewer micro-batches than stages)."""
         self.mesh(plan.world_size).check()
-        self.stage_plan(plan)
-        if self.schedule == "1f1b" and plan.gradient_accumulation_steps < self.num_stages:
-            import logging
-
-            logging.getLogger("hydratune").warning(
-                "strategy=pipeline: %d micro-batch(es) per step for %d stages: the stages take turns "
-                "(bubble %.0f%%) and 1F1B runs as GPipe; raise train.gradient_accumulation_steps (a smaller "
-                "train.micro_batch_size keeps the global batch)",
-                plan.gradient_accumulation_steps, self.num_stages, 100 * self.bubble(plan),
-            )  # fmt: skip
-
-    def stage_plan(self, plan: BatchPlan) -> Any:
-        """The split of the model into stages (``components/distributed/stages.py``), or a ConfigError."""
-        from components.distributed import stages
-
         if plan.architecture is None:
             raise ConfigError(
                 "strategy=pipeline needs the model's architecture to plan its stages, and it cannot be read",
                 key="model.name_or_path",
                 hint="a local model dir, a cached hub model, or the architecture numbers in the model YAML",
             )
-        why = stages.refusal(plan.architecture)
+        self.stage_plan(plan.architecture)
+        m = plan.gradient_accumulation_steps
+        if self.schedule == "1f1b" and m < self.num_stages:
+            import logging
+
+            logging.getLogger("hydratune").warning(
+                "strategy=pipeline: %d micro-batch(es) per step for %d stages: the stages take turns "
+                "(bubble %.0f%%) and 1F1B runs as GPipe; raise train.gradient_accumulation_steps (a smaller "
+                "train.micro_batch_size keeps the global batch)",
+                m,
+                self.num_stages,
+                100 * self.bubble(m),
+            )
+
+    def stage_plan(self, architecture: Any) -> Any:
+        """The split of a model of ``architecture`` (its config) into stages, the one the run uses and
+        ``mode=plan`` prints (``components/distributed/stages.py``), or a ConfigError naming the fix: the
+        family, the layer count, ``strategy.split``. Balanced like the memory estimate's stages."""
+        from components.distributed import stages
+        from components.memory.parallel import balanced_split
+
+        why = stages.refusal(architecture)
         if why is not None:
             raise ConfigError(
                 f"strategy=pipeline cannot cut this model into stages: {why}",
                 key="strategy",
                 hint="use strategy=fsdp or a DeepSpeed zero stage (zero3) for this model",
             )
-        return stages.plan_stages(
-            stages.meta_model(plan.architecture), self.num_stages, self.pp_size, self.split
-        )
+        model = stages.meta_model(architecture)
+        return stages.plan_stages(model, self.num_stages, self.pp_size, self.split, balance=balanced_split)
 
-    def bubble(self, plan: BatchPlan) -> float:
-        from components.distributed.pipeline import theoretical_bubble
+    def bubble(self, micro_batches: int) -> float:
+        """The theoretical bubble of ``micro_batches`` per step: (p - 1) / (m + p - 1), interleaved
+        (p - 1) / (v m + p - 1) (the estimate's own formula)."""
+        from components.memory.parallel import bubble_fraction
 
-        return theoretical_bubble(
-            self.schedule, self.pp_size, plan.gradient_accumulation_steps, self.stages_per_rank
-        )
+        return bubble_fraction(self.pp_size, micro_batches, self.schedule, self.stages_per_rank)
 
     def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
-        stage_plan = self.stage_plan(plan)
+        stage_plan = self.stage_plan(plan.architecture)
         m, dp = plan.gradient_accumulation_steps, self.mesh(plan.world_size).dp
         described = super().describe(plan, device)
         described["batch"]["global_batch_size"] = (
@@ -1108,7 +1130,7 @@ class Pipeline(Strategy):
                 f"stage {s} (pipeline rank {stage_plan.rank_of(s)})": stage_plan.describe(s)
                 for s in range(stage_plan.num_stages)
             },
-            "bubble (theoretical)": round(self.bubble(plan), 4),
+            "bubble (theoretical)": round(self.bubble(m), 4),
         }
         return described
 

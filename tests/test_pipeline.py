@@ -72,11 +72,33 @@ def test_every_family_run_stage_by_stage_gives_the_whole_models_logits(family: s
     torch.testing.assert_close(hidden, want, atol=1e-5, rtol=1e-5)
 
 
-def test_the_split_balances_parameters_and_an_override_is_checked() -> None:
-    # the embedding counts on stage 0, norm + head on the last: 10 + 5 + 5 | 5 + 5 + 10 is the best split
-    assert st.balanced_bounds(10, [5, 5, 5, 5], 10, 2) == (0, 2, 4)
-    assert st.balanced_bounds(30, [5, 5, 5, 5], 0, 2) == (0, 1, 4)  # a heavy embedding gets one layer
-    assert st.balanced_bounds(0, [1] * 8, 0, 4) == (0, 2, 4, 6, 8)
+@pytest.mark.parametrize(
+    ("model", "pp", "chunks"),
+    [
+        ("tiny", 2, 1),
+        ("smollm2_135m", 2, 1),
+        ("smollm2_135m", 4, 2),
+        ("qwen2_5_1_5b", 4, 1),
+        ("gemma2_2b", 2, 1),
+    ],
+)
+def test_the_run_cuts_the_model_where_the_memory_estimate_does(compose_cfg, model, pp, chunks) -> None:
+    """The stages the run builds (the model's own parameter counts, on the meta device) are the estimate's
+    (``components/memory/parallel.py``, from the architecture numbers alone): the same layers per stage."""
+    from components.memory.parallel import stage_layers
+    from components.memory.spec import arch_of_model
+
+    overrides = [f"model={model}", f"strategy.pp_size={pp}", f"strategy.stages_per_rank={chunks}"]
+    if chunks > 1:
+        overrides.append("strategy.schedule=interleaved_1f1b")
+    comps = Components.from_config(compose_cfg(*PIPELINE, *overrides))
+    plan = comps.strategy.stage_plan(comps.model.load_config())
+    layers = tuple(len(plan.layers(s)) for s in range(plan.num_stages))
+    assert layers == stage_layers(arch_of_model(comps.model), pp * chunks)
+    assert plan.num_layers == sum(layers) and min(layers) >= 1
+
+
+def test_an_explicit_split_is_checked() -> None:
     assert st.check_bounds([3], 8, 2) == (0, 3, 8)
     for split, stages in (([3, 3], 3), ([0], 2), ([8], 2), ([2], 3)):
         with pytest.raises(ConfigError) as err:
@@ -137,6 +159,7 @@ def gpt2_dir(tmp_path: Path) -> Path:
         (["peft=prefix"], "peft", "prompt-learning adapters prepend virtual tokens"),
         (["quantization=nf4", "peft=lora"], "quantization", "quantized base"),
         (["data.packing=true"], "data.packing", "packed rows"),
+        (["model.compile=true"], "model.compile", "not applied to pipeline stages"),
         (["recipe.loss_type=dft"], "recipe.loss_type", "not computed by the pipeline stages"),
         (["strategy.pp_size=1"], "strategy.pp_size", ">= 2"),
     ],

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from components.auto import is_auto
-from components.memory.estimate import CUDA_CONTEXT_BYTES, FRAGMENTATION, GiB, RunSpec, estimate
+from components.auto import decide, is_auto
+from components.distributed.mesh import Mesh
+from components.memory.estimate import CUDA_CONTEXT_BYTES, FRAGMENTATION, Estimate, GiB, RunSpec, estimate
 from components.memory.ladder import choose
-from components.memory.spec import compare, get, gpu_memory_of, spec_from_config, strategy_shapes
+from components.memory.spec import compare, get, gpu_memory_of, spec_from_config, strategy_rungs
 
 
 def gib(x: float) -> str:
@@ -50,7 +51,12 @@ def render(cfg: Any, console: Any = None) -> bool:
         f"{spec.seq_len} tokens, {a.num_layers} layers"
     )
     if not auto:
-        table = Table(title=f"Memory per GPU — {title}", title_justify="left")
+        console.print(f"mesh: {Mesh(spec.world_size, spec.tp, spec.sp, spec.pp).describe()}")
+        for line in held(est):
+            console.print(f"  {line}")
+        if est.stages:
+            console.print(stage_table(est))
+        table = Table(title=f"Memory per GPU — {title}" + heaviest(est), title_justify="left")
         table.add_column("item", overflow="fold")
         table.add_column("GiB", justify="right", no_wrap=True)
         table.add_column("how", overflow="fold")
@@ -67,7 +73,10 @@ def render(cfg: Any, console: Any = None) -> bool:
             f"+{FRAGMENTATION:.0%} fragmentation + {CUDA_CONTEXT_BYTES / GiB:.2f} GiB CUDA context",
         )
         console.print(table)
-    comp = Table(title="Every strategy for the same run (per GPU, GiB)", title_justify="left")
+    comp = Table(
+        title="Every strategy option as shipped for the same run (per GPU, GiB; its heaviest pipeline stage)",
+        title_justify="left",
+    )
     for col in (
         "strategy",
         "params",
@@ -101,15 +110,7 @@ def render(cfg: Any, console: Any = None) -> bool:
         )
         return True
     if auto:
-        per_gpu = spec.micro_batch * int(get(get(cfg, "train"), "gradient_accumulation_steps", 1))
-        decision = choose(
-            spec,
-            strategy_shapes(spec.world_size, spec.num_gpus),
-            gpu_memory,
-            margin,
-            per_gpu,
-            candidates=get(get(cfg, "strategy"), "candidates", None) or None,
-        )
+        decision = decide(cfg, spec, gpu_memory, margin)
         console.print(decision.explain())
         return decision.strategy is not None
     fits = est.fits(gpu_memory, margin)
@@ -152,15 +153,71 @@ def hints(spec: RunSpec, gpu_memory: float, margin: float) -> list[str]:
             if e.fits(gpu_memory, margin):
                 out.append(" ".join(texts) + f" -> {gib(e.total)} GiB")
                 break
-    decision = choose(spec, strategy_shapes(spec.world_size, spec.num_gpus), gpu_memory, margin)
+    global_batch = spec.micro_batch * spec.micro_batches * spec.data_parallel
+    decision = choose(spec, strategy_rungs(spec), gpu_memory, margin, max(1, global_batch // spec.world_size))
     if decision.strategy and decision.strategy not in ("single", "ddp") and decision.estimate is not None:
         out.append(
-            f"strategy={decision.strategy} model.gradient_checkpointing="
-            f"{str(decision.gradient_checkpointing).lower()} train.micro_batch_size={decision.micro_batch} "
-            f"train.gradient_accumulation_steps={decision.accumulation} "
-            f"-> {gib(decision.estimate.total)} GiB (strategy=auto finds it)"
+            f"{' '.join(decision.overrides)} -> {gib(decision.estimate.total)} GiB (strategy=auto finds it)"
         )
     return out
+
+
+def held(est: Estimate) -> list[str]:
+    """What of the model one GPU holds when tensor or pipeline parallelism splits it, and the bubble."""
+    spec, lines = est.spec, []
+    if spec.tp > 1:
+        lines.append(
+            f"tp {spec.tp}: each GPU holds every decoder linear and an untied lm_head / {spec.tp}, the "
+            "embedding and norms whole (DeepSpeed AutoTP / transformers' tp_plan); logits gathered whole"
+        )
+    if spec.sp > 1:
+        lines.append(f"sp {spec.sp} (Ulysses): activations and logits / {spec.sp}, no weight split")
+    if spec.pp > 1:
+        lines.append(
+            f"pp {spec.pp}: {spec.strategy.pipeline_schedule}, {spec.micro_batches} micro-batches "
+            f"(train.gradient_accumulation_steps), bubble (p-1)/(m+p-1) = {est.bubble:.1%} of the step"
+        )
+    if (
+        spec.zero_ranks > 1
+        and spec.strategy.kind not in ("single", "ddp")
+        and spec.zero_ranks != spec.world_size
+    ):
+        lines.append(f"ZeRO/FSDP shard the states over the {spec.zero_ranks} data x sequence parallel ranks")
+    return lines
+
+
+def heaviest(est: Estimate) -> str:
+    """The table title's note on which pipeline stage it shows."""
+    if not est.stages or est.part is None:
+        return ""
+    return f" — pipeline stage {est.part.stage + 1} of {est.part.stages}, the heaviest"
+
+
+def stage_table(est: Estimate) -> Any:
+    """Every pipeline stage of the run, per GPU: what it holds and its memory split."""
+    from rich.table import Table
+
+    table = Table(title="Per pipeline stage (per GPU, GiB)", title_justify="left")
+    columns = ("stage", "layers", "holds", "params", "grads", "optimizer", "in flight", "activations+logits")
+    for col in (*columns, "total"):
+        table.add_column(col, justify="left" if col in ("stage", "holds") else "right")
+    for e in est.stages:
+        part = e.part
+        assert part is not None
+        holds = ", ".join(x for x, on in (("embedding", part.first), ("norm + head", part.last)) if on)
+        mark = " (heaviest)" if e is est else ""
+        table.add_row(
+            f"{part.stage + 1}{mark}",
+            str(part.layers),
+            holds,
+            gib(e.row("parameters") + e.row("quantized weights")),
+            gib(e.row("gradients")),
+            gib(e.row("optimizer states")),
+            f"{part.in_flight:g}",
+            gib(e.row("activations") + e.row("logits + loss")),
+            gib(e.total),
+        )
+    return table
 
 
 def cli(args: list[str]) -> int:

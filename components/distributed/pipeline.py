@@ -27,13 +27,6 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 MULTI_STAGE = ("interleaved_1f1b",)
 
 
-def theoretical_bubble(schedule: str, ranks: int, micro_batches: int, stages_per_rank: int = 1) -> float:
-    """The idle fraction of a pipeline with equal stages: (p - 1) / (m + p - 1) for GPipe and 1F1B; an
-    interleaved schedule with v stages per rank divides the fill and drain by v: (p - 1) / (v m + p - 1)."""
-    v = stages_per_rank if schedule in MULTI_STAGE else 1
-    return (ranks - 1) / (v * micro_batches + ranks - 1)
-
-
 @dataclass
 class Mesh:
     """This rank's place in the pp x dp mesh and its process groups."""

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,42 +149,6 @@ def parameter_costs(model: nn.Module) -> tuple[int, list[int], int]:
     return count(layout.backbone.embed_tokens), layers, head
 
 
-def balanced_bounds(embed: int, layers: Sequence[int], head: int, stages: int) -> tuple[int, ...]:
-    """Contiguous layer ranges, at least one layer per stage, minimising the largest stage's parameter count
-    (the embedding counted on the first stage, norm + head on the last); among the splits that reach it,
-    the most even one (the smallest sum of squared stage counts), so no stage is left nearly empty."""
-    n = len(layers)
-    if stages > n:
-        raise ValueError(f"{stages} stages need at least {stages} decoder layers, the model has {n}")
-    prefix = [0]
-    for c in layers:
-        prefix.append(prefix[-1] + c)
-
-    def cost(stage: int, first: int, end: int) -> int:
-        extra = (embed if stage == 0 else 0) + (head if stage == stages - 1 else 0)
-        return prefix[end] - prefix[first] + extra
-
-    def solve(score: Any, cap: float) -> list[list[tuple[float, int]]]:
-        """best[s][i] = (the best score of stages s.. over layers i.., where stage s ends), every stage at
-        most ``cap``; ``score(stage cost, score of the rest)``."""
-        best = [[(math.inf, 0)] * (n + 1) for _ in range(stages + 1)]
-        best[stages][n] = (0, n)
-        for s in range(stages - 1, -1, -1):
-            for i in range(n - (stages - s) + 1):
-                for end in range(i + 1, n - (stages - s - 1) + 1):
-                    here = cost(s, i, end)
-                    if here <= cap and (value := score(here, best[s + 1][end][0])) < best[s][i][0]:
-                        best[s][i] = (value, end)
-        return best
-
-    largest = solve(max, math.inf)[0][0][0]
-    even = solve(lambda here, rest: here * here + rest, largest)
-    bounds = [0]
-    for s in range(stages):
-        bounds.append(even[s][bounds[-1]][1])
-    return tuple(bounds)
-
-
 def check_bounds(split: Sequence[int], num_layers: int, stages: int) -> tuple[int, ...]:
     """``strategy.split`` (the first layer of every stage after the first) as bounds, or a ConfigError."""
     split = [int(b) for b in split]
@@ -206,9 +169,17 @@ def check_bounds(split: Sequence[int], num_layers: int, stages: int) -> tuple[in
     return bounds
 
 
-def plan_stages(model: nn.Module, stages: int, ranks: int, split: Sequence[int] = ()) -> StagePlan:
+def plan_stages(
+    model: nn.Module,
+    stages: int,
+    ranks: int,
+    split: Sequence[int] = (),
+    balance: Callable[[list[int], int], list[int]] | None = None,
+) -> StagePlan:
     """The split of ``model`` (a meta-device model will do) into ``stages``: ``split`` if given, else
-    balanced by parameter count."""
+    ``balance(units, stages)`` (group sizes; the units are the layers' parameter counts, the embedding added
+    to the first layer's, norm + head to the last one's: ``components.memory.parallel.balanced_split``, the
+    estimate's own split), else equal layer counts."""
     embed, layers, head = parameter_costs(model)
     if stages > len(layers):
         raise ConfigError(
@@ -216,14 +187,20 @@ def plan_stages(model: nn.Module, stages: int, ranks: int, split: Sequence[int] 
             key="strategy.pp_size",
             hint=f"at most {len(layers)} stages (strategy.pp_size x strategy.stages_per_rank)",
         )
-    bounds = (
-        check_bounds(split, len(layers), stages) if split else balanced_bounds(embed, layers, head, stages)
-    )
+    if split:
+        bounds = check_bounds(split, len(layers), stages)
+    else:
+        units = list(layers)
+        units[0] += embed
+        units[-1] += head
+        sizes = balance(units, stages) if balance else [len(units) // stages + (s < len(units) % stages)
+                                                        for s in range(stages)]  # fmt: skip
+        bounds = (0, *itertools.accumulate(sizes))
     costs = tuple(
         sum(layers[bounds[s] : bounds[s + 1]]) + (embed if s == 0 else 0) + (head if s == stages - 1 else 0)
         for s in range(stages)
     )
-    return StagePlan(bounds, ranks, costs)
+    return StagePlan(tuple(bounds), ranks, costs)
 
 
 # ---- a rank's part of the model ---------------------------------------------------------------------

@@ -37,9 +37,10 @@ checkpointing keeps each layer's input and recomputes one layer at a time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from components.memory.arch import Arch, largest_param, param_counts
+from components.memory.parallel import Slice, bubble_fraction, slices
 from components.memory.shapes import SINGLE, StrategyShape
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
@@ -128,10 +129,26 @@ class RunSpec:
     lora_dropout: bool = False  # LoRA dropout keeps a mask per adapter input
     num_gpus: int = 1  # per node
     num_nodes: int = 1
+    tp: int = 1  # tensor-parallel ranks of one model replica (the strategy's mesh)
+    sp: int = 1  # sequence-parallel (Ulysses) ranks: each holds 1/sp of every sequence
+    pp: int = 1  # pipeline stages
+    micro_batches: int = 1  # per optimizer step and replica (train.gradient_accumulation_steps): PP's m
 
     @property
     def world_size(self) -> int:
         return max(1, self.num_gpus) * max(1, self.num_nodes)
+
+    @property
+    def zero_ranks(self) -> int:
+        """Ranks that ZeRO / FSDP shard the states over: every rank holding the same weights, i.e. the data
+        and sequence parallel ones, world / (tp x pp) (DeepSpeed shards over its sequence-data-parallel
+        group, deepspeed/utils/groups.py ``_get_sequence_data_parallel_group``)."""
+        return max(1, self.world_size // (max(1, self.tp) * max(1, self.pp)))
+
+    @property
+    def data_parallel(self) -> int:
+        """Replicas that each see their own micro-batches: world / (tp x sp x pp)."""
+        return max(1, self.world_size // (max(1, self.tp) * max(1, self.sp) * max(1, self.pp)))
 
     @property
     def tokens(self) -> int:
@@ -169,6 +186,14 @@ class Estimate:
     peak_phase: str = "forward/backward"  # the phase whose rows sum to peak_allocated
     model_states: float = 0.0  # weights, gradients, optimizer states and their step/gather copies (GPU)
     cpu_offload_bytes: float = 0.0  # host RAM per node for the offloaded states alone (no loading)
+    part: Slice | None = None  # what this rank holds of the model (its tp shard of one pipeline stage)
+    stages: list[Estimate] = field(default_factory=list)  # with PP: every stage's estimate, this the heaviest
+
+    @property
+    def bubble(self) -> float:
+        """The pipeline bubble's share of the step (0 without PP)."""
+        s, shape = self.spec, self.spec.strategy
+        return bubble_fraction(s.pp, s.micro_batches, shape.pipeline_schedule, shape.pipeline_chunks)
 
     @property
     def total(self) -> float:
@@ -183,46 +208,66 @@ class Estimate:
         return sum(r.bytes for r in self.rows if r.name == name)
 
 
-def activation_bytes_per_token_layer(spec: RunSpec) -> float:
-    """Bytes autograd keeps per token for one decoder layer, no checkpointing (see the module doc)."""
+def layer_activation_terms(spec: RunSpec) -> tuple[float, float, float]:
+    """Bytes autograd keeps per token for one decoder layer, no checkpointing, no model parallelism (see the
+    module doc), as (outside the tensor-parallel region, inside it but k/v, k/v): Korthikanti et al. 2022's
+    split of a layer's activations into what tensor parallelism leaves whole on every rank (norms, the
+    inputs of the column-parallel q/k/v and gate/up) and what it splits (attention, the MLP's inner width,
+    the inputs of the row-parallel o/down)."""
     a = spec.arch
     c = spec.compute_bytes
     r = spec.residual_bytes  # fp32 when fp32 weights meet autocast (bf16 matmul outputs + fp32 residual)
     h, i = a.hidden_size, a.intermediate_size
     # an RMSNorm keeps its input (fp32 behind autocast) and, when its weight trains, the normalised output
-    norms = a.norms_per_layer * (2 if spec.full_finetune else 1) * r * h
-    attention = c * (a.q_dim + 2 * a.kv_dim) + c * a.q_dim + 4 * a.num_heads  # q,k,v, output, lse
+    outside = a.norms_per_layer * (2 if spec.full_finetune else 1) * r * h
+    kv = c * 2 * a.kv_dim  # k and v, saved by the attention kernel
+    inside = c * a.q_dim + c * a.q_dim + 4 * a.num_heads  # q, the attention output, its log-sum-exp
     if spec.attn_implementation == "eager":  # fp32 softmax probabilities + their compute-dtype copy: s²
-        attention += (4 + c) * a.num_heads * spec.seq_len
+        inside += (4 + c) * a.num_heads * spec.seq_len
     # gate (SiLU's input), up and SiLU(gate) (the product's operands); bitsandbytes' 4/8-bit linears
     # return their input's dtype, so behind fp32 norms (a k-bit-prepared base) these are fp32
-    mlp = 3 * (r if spec.quant_bits else c) * i
+    inside += 3 * (r if spec.quant_bits else c) * i
     if spec.full_finetune:
         # a trained linear keeps its input for the weight gradient: q,k,v and gate,up each take their own
         # compute-dtype copy of an fp32 normed input (one shared copy when the stream is already 16-bit),
         # o_proj the attention output, down_proj the MLP product
-        casts = 5 if r != c else 2
-        linear_inputs = casts * c * h + c * a.q_dim + c * i
-        lora = 0.0
+        outside += (5 if r != c else 2) * c * h
+        inside += c * a.q_dim + c * i
     else:
         # a frozen linear keeps nothing of its input (its weight gradient is never needed); LoRA's
-        # lora_A keeps its own compute-dtype copy of each adapter input, and dropout a 1-byte mask
-        linear_inputs = 0
-        lora = spec.lora_inputs_per_layer * (c + (1 if spec.lora_dropout else 0))
-    return norms + linear_inputs + attention + mlp + lora
+        # lora_A keeps its own compute-dtype copy of each adapter input, and dropout a 1-byte mask (counted
+        # whole on every tp rank: how an engine shards the adapters of a split linear is not modelled)
+        outside += spec.lora_inputs_per_layer * (c + (1 if spec.lora_dropout else 0))
+    return outside, inside, kv
 
 
-def activations(spec: RunSpec) -> tuple[float, float]:
-    """(activations of the decoder stack, logits path) in bytes for one micro-batch."""
+def activation_bytes_per_token_layer(spec: RunSpec) -> float:
+    """Bytes one rank keeps per token of the micro-batch for one decoder layer, no checkpointing: the terms
+    outside the TP region whole, those inside / tp (k/v / min(tp, KV heads)); all / sp under Ulysses,
+    whose all-to-all gives each rank the whole sequence for 1/sp of the heads, k/v for at least one KV
+    head each (DeepSpeed replicates KV heads when sp exceeds them)."""
+    outside, inside, kv = layer_activation_terms(spec)
+    tp, sp = max(1, spec.tp), max(1, spec.sp)
+    kv_heads = max(1, spec.arch.num_kv_heads // tp)
+    return (outside + inside / tp) / sp + kv / tp * max(1 / sp, 1 / kv_heads)
+
+
+def activations(spec: RunSpec, part: Slice | None = None) -> tuple[float, float]:
+    """(activations of the decoder stack, logits path) in bytes one rank holds at its peak: its layers'
+    activations times the micro-batches it keeps in flight (one without PP), the logits on the last
+    stage. ``part``: the rank's slice (default: all layers, no PP)."""
     a = spec.arch
+    part = part or slices(a, spec.tp)[0]
+    sp = max(1, spec.sp)
     per_layer = activation_bytes_per_token_layer(spec) * spec.tokens
-    r = spec.residual_bytes
-    boundary = r * a.hidden_size * spec.tokens  # a layer's input (what checkpointing keeps)
-    # checkpointing keeps each layer's input, and recomputes one layer at a time during backward
-    stack = a.num_layers * boundary + per_layer if spec.gradient_checkpointing else a.num_layers * per_layer
-    stack += 3 * boundary  # embedding output, final norm, lm_head input
+    boundary = spec.residual_bytes * a.hidden_size * spec.tokens / sp  # a layer's input: what ckpt keeps
+    # each stage keeps its input (the embedding output on the first) and the last the final norm's and
+    # lm_head's inputs; checkpointing keeps each layer's input and recomputes one layer at a time
+    kept = part.layers * (boundary if spec.gradient_checkpointing else per_layer)
+    kept += (3 if part.last else 1) * boundary
+    stack = part.in_flight * kept + (per_layer if spec.gradient_checkpointing else 0.0)
     stack *= 1 + ACTIVATION_SLACK
-    logits = LOGITS_BYTES * a.vocab_size * spec.tokens
+    logits = LOGITS_BYTES * a.vocab_size * spec.tokens / sp * part.logits_in_flight  # gathered whole over tp
     return stack, logits
 
 
@@ -244,19 +289,35 @@ def _phase_rows(
 
 
 def estimate(spec: RunSpec) -> Estimate:
-    """The per-GPU estimate of ``spec`` (see the module docstring for the model).
+    """The per-GPU estimate of ``spec`` (see the module docstring for the model): of the heaviest pipeline
+    stage under PP, with every stage's in ``stages``.
 
     DeepSpeed's placement follows its optimizer code (docs/memory.md cites the lines): under
     ``offload_optimizer`` the gradients live on the host (stage 1/2: the fp32 gradient partition, with one
     largest-parameter-sized 16-bit buffer left on the GPU; stage 3: the 16-bit gradient partition
     buffer); without offload stage 3 makes the fp32 gradients one ``sub_group_size`` sub-group at a
     time; ZeRO++ hpZ keeps a secondary copy of the weights sharded within ``zero_hpz_partition_size``
-    ranks next to the primary partition."""
-    a, s, n = spec.arch, spec.strategy, spec.world_size
+    ranks next to the primary partition. Under tp / sp / pp each rank holds its :class:`Slice` of the
+    model, and ZeRO shards it over ``spec.zero_ranks``."""
+    s = spec.strategy
+    parts = slices(spec.arch, spec.tp, spec.pp, s.pipeline_schedule, spec.micro_batches, s.pipeline_chunks)
+    per_stage = [_estimate_slice(spec, part) for part in parts]
+    heaviest = max(per_stage, key=lambda e: e.peak_allocated)
+    if len(per_stage) > 1:
+        heaviest.stages = per_stage
+    return heaviest
+
+
+def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
+    """The estimate of one rank holding ``part`` of the model."""
+    a, s, n = spec.arch, spec.strategy, spec.zero_ranks
     counts = param_counts(a)
-    total_params, trainable = counts.total, spec.trainable
+    total_params = part.params
+    # adapters live on the decoder layers (whole on every tp rank: their sharding is not modelled)
+    trainable = total_params if spec.full_finetune else round(spec.trainable * part.layers / a.num_layers)
     frozen = total_params - trainable
     ds = s.is_deepspeed
+    tp = max(1, spec.tp)
 
     # bytes per element ---------------------------------------------------------------------------
     if ds:
@@ -271,10 +332,11 @@ def estimate(spec: RunSpec) -> Estimate:
         trainable_w = w if spec.full_finetune else 4  # peft keeps adapter weights in fp32
         grad_b = trainable_w
         opt_b = optimizer_bytes(spec.optimizer, trainable_w)
-    quantized = counts.linear if spec.quant_bits and not spec.full_finetune else 0
+    quantized = part.linear if spec.quant_bits and not spec.full_finetune else 0
+    row_scales = part.layers * sum(o for _, o, _ in a.linears().values()) / tp  # int8: one fp32 per row
     q_bytes = (
         quantized * quantized_bytes_per_param(spec.quant_bits, spec.quant_type, spec.double_quant)
-        + (4 * a.num_layers * sum(o for _, o, _ in a.linears().values()) if spec.quant_bits == 8 else 0)
+        + (4 * row_scales if spec.quant_bits == 8 else 0)
         if quantized
         else 0.0
     )
@@ -310,7 +372,7 @@ def estimate(spec: RunSpec) -> Estimate:
             host_states += trainable / shard_o * (4 + grad_b)
             grads_b = 0.0
             if s.stage in (1, 2):  # temp_grad_buffer_for_gpu_offload: one largest parameter, 16-bit
-                offload_buffer = min(largest_param(a), trainable) * grad_b
+                offload_buffer = min(part.largest, trainable) * grad_b
         opt_states = 0.0
     elif ds and master:
         if s.stage == 3:  # _prepare_fp32_grad_for_sub_group: one sub-group's fp32 gradients at a time
@@ -324,27 +386,26 @@ def estimate(spec: RunSpec) -> Estimate:
         host_offload = 0.0  # on the NVMe drive, not in RAM
     # loading: every rank materialises the weights on the host (the whole model; under ZeRO-3's
     # zero.Init one module at a time); DeepSpeed's estimators count the same 4 bytes/param
-    loaded = largest_param(a) if ds and s.stage >= 3 else total_params
+    loaded = largest_param(a) if ds and s.stage >= 3 else counts.total
     host_load = spec.num_gpus * loaded * spec.weight_bytes
     cpu = max(host_load, host_offload)
 
     # what a sharded stage gathers back transiently (one layer at a time + the largest module)
     gathered = 0.0
     if s.stage >= 3 and s.kind != "single" and (n > 1 or ds):
-        biggest = max(counts.layer, counts.embedding) * spec.compute_bytes
-        gathered = 2 * biggest  # the gathered module + the prefetched next one
+        gathered = 2 * part.gathered_unit * spec.compute_bytes  # the gathered module + the prefetched one
     elif s.kind == "fsdp" and s.stage == 2 and n > 1:
         gathered = total_params * spec.compute_bytes * (1 - 1 / n)
 
     # low-precision weight copies autocast keeps for backward (fp32 weights, bf16/fp16 compute)
     casts = 0.0
-    head = counts.lm_head + (counts.embedding if a.tie_word_embeddings else 0)
+    head = part.head
     if not ds and spec.compute_bytes == 2 and spec.quant_bits:
         casts = head * 2
     elif not ds and w == 4 and spec.compute_bytes == 2:
         # autocast caches the casts of trainable weights until it exits; casts of frozen weights are kept
         # only as saved tensors, which gradient checkpointing drops
-        linear = counts.linear if (spec.full_finetune or not spec.gradient_checkpointing) else 0
+        linear = part.linear if (spec.full_finetune or not spec.gradient_checkpointing) else 0
         casts = (linear + head) * 2
 
     # buffers -------------------------------------------------------------------------------------
@@ -364,13 +425,14 @@ def estimate(spec: RunSpec) -> Estimate:
         buffers = trainable * grad_b
         note = "gradient buckets (a second copy of the gradients)"
 
-    stack, logits = activations(spec)
-    mb = f"{spec.micro_batch}x{spec.seq_len} tokens"
+    stack, logits = activations(spec, part)
+    mb = f"{spec.micro_batch}x{spec.seq_len} tokens" + _split_note(spec, part)
     terms: list[tuple[str, float, str]] = [
         (
             "parameters",
             weights_b,
             (f"{plain_w} B/param" if trainable == total_params else f"{plain_w} B/frozen param")
+            + _held_note(spec, part)
             + (f", /{shard_p} shards" if shard_p > 1 else "")
             + (" (offloaded to cpu)" if host_weights else ""),
         ),
@@ -404,7 +466,14 @@ def estimate(spec: RunSpec) -> Estimate:
             + ("checkpointed" if spec.gradient_checkpointing else "no checkpointing")
             + f", {spec.attn_implementation}",
         ),
-        ("logits + loss", logits, f"vocab {a.vocab_size} x {spec.tokens} tokens x {LOGITS_BYTES} B"),
+        (
+            "logits + loss",
+            logits,
+            f"vocab {a.vocab_size} x {spec.tokens} tokens x {LOGITS_BYTES} B"
+            + (f" /sp {spec.sp}" if spec.sp > 1 else "")
+            + (f" x {part.logits_in_flight} in flight" if part.logits_in_flight > 1 else "")
+            + (" (on the last stage only)" if part.stages > 1 else ""),
+        ),
         ("buffers", buffers, note or "communication buffers"),
     ]
     always = {
@@ -439,7 +508,9 @@ def estimate(spec: RunSpec) -> Estimate:
         rows.append(
             Row("CPU RAM (per node)", cpu, f"the larger of loading and offload: {what}", in_peak=False)
         )
-    return Estimate(spec, rows, peak, cpu, total_params, trainable, phase, model_states, host_offload)
+    return Estimate(
+        spec, rows, peak, cpu, counts.total, spec.trainable, phase, model_states, host_offload, part
+    )
 
 
 def _quant_note(spec: RunSpec) -> str:
@@ -453,3 +524,23 @@ def _opt_note(opt_b: float, master: int, shard: int, s: StrategyShape) -> str:
     if s.offload_optimizer != "none":
         return text + f" (offloaded to {s.offload_optimizer})"
     return text + (f", /{shard}" if shard > 1 else "")
+
+
+def _held_note(spec: RunSpec, part: Slice) -> str:
+    """What of the model this rank holds, when it is not all of it."""
+    if spec.tp == 1 and part.stages == 1:
+        return ""
+    where = f"stage {part.stage + 1}/{part.stages}: {part.layers} layers" if part.stages > 1 else ""
+    where += " + embedding" if part.stages > 1 and part.first else ""
+    where += " + norm + head" if part.stages > 1 and part.last else ""
+    split = f"tp {spec.tp}: linears and untied lm_head /{spec.tp}" if spec.tp > 1 else ""
+    return f", {part.params / 1e9:.3f} B held ({'; '.join(x for x in (where, split) if x)})"
+
+
+def _split_note(spec: RunSpec, part: Slice) -> str:
+    """How tp / sp / the pipeline schedule divide or multiply the activations."""
+    notes = [f"/tp {spec.tp} inside the TP region" if spec.tp > 1 else ""]
+    notes.append(f"/sp {spec.sp} (Ulysses)" if spec.sp > 1 else "")
+    if part.stages > 1:
+        notes.append(f"{part.in_flight:g} micro-batch(es) in flight ({spec.strategy.pipeline_schedule})")
+    return "".join(f", {n}" for n in notes if n)

@@ -6,8 +6,11 @@ Pure: no torch, no Hydra (``bench/memory.py`` builds shapes on a machine without
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
+
+from components.memory.parallel import bubble_fraction
 
 #: ASSUMED relative throughput (1.0 = DDP): NOT measured. No throughput measurement with provenance backs
 #: these numbers (docs/memory.md measures memory only); they encode the usual order single = ddp > ZeRO-0
@@ -22,6 +25,16 @@ OPTIMIZER_OFFLOAD_SPEED = {"none": 1.0, "cpu": 0.32, "nvme": 0.1}
 PARAM_OFFLOAD_SPEED = {"none": 1.0, "cpu": 0.77, "nvme": 0.7}
 #: Gradient checkpointing recomputes the forward pass: about a third more compute.
 CHECKPOINTING_SPEED = 0.75
+#: ASSUMED, NOT measured either: the cost of each doubling of a model-parallel dimension, multiplied in.
+#: Tensor parallel all-reduces activations twice per layer forward and twice backward (inside a node);
+#: Ulysses sequence parallel all-to-alls q/k/v and the attention output (4 per layer each way); pipeline
+#: parallel sends one activation per micro-batch and stage, and idles for the bubble, which is computed
+#: (``parallel.bubble_fraction``), not assumed. They order the model-parallel rungs among themselves only:
+#: strategy=auto tries them after every data-parallel rung on the GPUs and before any offload
+#: (``ladder.Rung.tier``).
+TP_SPEED = 0.88
+SP_SPEED = 0.92
+PP_SPEED = 0.97
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,8 @@ class StrategyShape:
     quantized_weights: bool = False  # ZeRO++ qwZ
     hpz_partition_size: int = 1  # ZeRO++ hpZ: a secondary copy of the weights sharded inside a node
     sub_group_size: float = 1e9  # ZeRO-3: fp32 gradients are made one sub-group of this many at a time
+    pipeline_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b: micro-batches in flight per stage
+    pipeline_chunks: int = 1  # model chunks per pipeline rank (interleaved_1f1b: 2 or more)
 
     @property
     def is_deepspeed(self) -> bool:
@@ -61,6 +76,15 @@ class StrategyShape:
 
 
 SINGLE = StrategyShape("single")
+
+
+def parallel_speed(
+    tp: int = 1, sp: int = 1, pp: int = 1, micro_batches: int = 1, shape: StrategyShape = SINGLE
+) -> float:
+    """ASSUMED relative throughput of a tp x sp x pp split (1.0: none), times the computed pipeline bubble's
+    share of busy time: each doubling of tp / sp / pp costs ``TP_SPEED`` / ``SP_SPEED`` / ``PP_SPEED``."""
+    cost = TP_SPEED ** math.log2(tp) * SP_SPEED ** math.log2(sp) * PP_SPEED ** math.log2(pp)
+    return cost * (1 - bubble_fraction(pp, micro_batches, shape.pipeline_schedule, shape.pipeline_chunks))
 
 
 def elements(value: Any) -> float:

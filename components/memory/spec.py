@@ -8,6 +8,7 @@ Nothing loads weights or imports torch; ``hydratune estimate``, ``strategy=auto`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -15,9 +16,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from components.config.errors import ConfigError
+from components.distributed.mesh import Mesh
 from components.memory.arch import Arch
 from components.memory.estimate import DTYPE_BYTES, Estimate, GiB, KiB, MiB, RunSpec, estimate
+from components.memory.ladder import Rung
+from components.memory.parallel import mesh_refusal
 from components.memory.shapes import StrategyShape
+
+#: the mesh dimensions a strategy option may split (``Strategy.parallel_dims``): ``strategy.<dim>_size``
+MESH_DIMS = ("tp", "sp", "pp")
 
 
 def get(obj: Any, key: str, default: Any = None) -> Any:
@@ -157,6 +165,7 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
     strategy_component = built(get(cfg, "strategy"))
     arch = arch_of_model(model)
     num_gpus, num_nodes = world_of(cfg)
+    mesh = checked_mesh(strategy_component, arch, num_gpus * num_nodes)
     precision = str(get(get(cfg, "precision"), "dtype", "fp32"))
     compute = {"fp32": 4, "bf16": 2, "fp16": 2, "auto": 2}.get(precision, 2)
     bits, quant_type, double_quant = quant.memory_format()
@@ -182,8 +191,24 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
         num_nodes=num_nodes,
         lora_inputs_per_layer=peft.adapter_inputs(arch),
         lora_dropout=peft.adapter_dropout,
+        tp=mesh.tp,
+        sp=mesh.sp,
+        pp=mesh.pp,
+        micro_batches=int(get(train, "gradient_accumulation_steps", 1) or 1),
     )
     return replace(spec, **over) if over else spec
+
+
+def checked_mesh(strategy: Any, arch: Arch, world_size: int) -> Mesh:
+    """The strategy's split of ``world_size`` processes (``Strategy.mesh``), refused (a ConfigError naming
+    the knob) when it does not divide the world or the model cannot be split that way."""
+    mesh = strategy.mesh(world_size)
+    mesh.check()
+    refusal = mesh_refusal(arch, mesh.tp, mesh.sp, mesh.pp)
+    if refusal:
+        key, why = refusal
+        raise ConfigError(f"cannot split the model: {why}", key=key, hint="pick a size the model divides")
+    return mesh
 
 
 def gpu_memory_of(cfg: Any) -> float | None:
@@ -205,7 +230,55 @@ def strategy_shapes(world_size: int | None = None, gpus_per_node: int = 8) -> di
     }
 
 
+def option_rung(name: str, strategy: Any, spec: RunSpec, overrides: tuple[str, ...] = ()) -> Rung | None:
+    """The rung of strategy option ``name`` (its component ``strategy``, knobs already set) for ``spec``'s
+    world, or None when its mesh does not divide that world or the model cannot be split so (TP kept
+    inside a node, Ulysses' sequence length included)."""
+    try:
+        if overrides:  # a knob auto sets: the option's own refusals (a shipped option may leave one unset)
+            strategy.validate()
+        mesh = strategy.mesh(spec.world_size)
+        mesh.check()
+    except ConfigError:
+        return None
+    if mesh_refusal(spec.arch, mesh.tp, mesh.sp, mesh.pp, gpus_per_node=spec.num_gpus, seq_len=spec.seq_len):
+        return None
+    shape = strategy.memory_shape(spec.num_gpus)
+    return Rung(name, shape, mesh.tp, mesh.sp, mesh.pp, overrides)
+
+
+def strategy_rungs(spec: RunSpec, options: Mapping[str, Any] | None = None) -> list[Rung]:
+    """The ladder for ``spec``'s world size: every strategy option that applies to it, as shipped, and, for
+    those keeping every state on the GPUs, each size of each mesh dimension it declares it can split
+    (``Strategy.parallel_dims``) set through its ``strategy.<dim>_size`` knob, as a user would type it.
+    ``options``: ``{name: component}`` (default: every option of conf/strategy/ that trains)."""
+    from components.strategy import training_options
+
+    world = spec.world_size
+    rungs: list[Rung] = []
+    for name, strategy in (options if options is not None else training_options()).items():
+        if not strategy.applicable(world):
+            continue
+        base = option_rung(name, strategy, spec)
+        if base is None:
+            continue
+        rungs.append(base)
+        if base.tier == 2:  # model parallelism is what avoids offload: not combined with it
+            continue
+        for dim in strategy.parallel_dims:
+            assert dim in MESH_DIMS, f"{name}: unknown parallel dim {dim!r}"
+            for size in range(2, world + 1):
+                if world % size or size == getattr(base, dim):
+                    continue
+                knob = f"{dim}_size"
+                variant = option_rung(
+                    name, dataclasses.replace(strategy, **{knob: size}), spec, (f"strategy.{knob}={size}",)
+                )
+                rungs += [variant] if variant else []
+    return rungs
+
+
 def compare(spec: RunSpec) -> dict[str, Estimate]:
-    """The same run under every strategy option that applies to its world size."""
-    shapes = strategy_shapes(spec.world_size, spec.num_gpus)
-    return {name: estimate(replace(spec, strategy=shape)) for name, shape in shapes.items()}
+    """The same run under every strategy option that applies to its world size, each as shipped (with the
+    mesh its component declares)."""
+    return {rung.option: estimate(rung.apply(spec)) for rung in strategy_rungs(spec) if not rung.overrides}

@@ -123,7 +123,7 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
             key="merge",
             hint="drop merge and merge the saved adapter afterwards (peft's merge_and_unload on one device)",
         )
-    refusal = strategy.combination_refusal(recipe, comps.peft, quant, dtype, comps.data)
+    refusal = strategy.combination_refusal(recipe, comps.peft, quant, dtype, comps.data, comps.model)
     if refusal is None and strategy.shards_parameters:
         refusal = quant.sharding_refusal(dtype, strategy.label)
     if refusal is None and recipe.owns_loop:

@@ -54,8 +54,7 @@ def cut_model(session: Any) -> Cut:
     strategy, model = ctx.components.strategy, session.model
     tied = st.Layout.of(model).tied
     mesh = pp.Mesh.build(strategy.pp_size, ctx.device, tied)
-    plan = st.plan_stages(st.meta_model(st.Layout.of(model).config), strategy.num_stages, strategy.pp_size,
-                          strategy.split)  # fmt: skip
+    plan = strategy.stage_plan(st.Layout.of(model).config)
     stage_ids = plan.stages_of(mesh.pp_rank)
     st.keep_stages(model, plan, stage_ids)
     held = pp.all_gather(st.held(model))
@@ -229,7 +228,7 @@ class StagedRun:
                 f"{t.micro_batch_size} rows per replica",
                 "sequence length": f"{length} tokens: every row right-padded to the longest (rounded up to "
                 "8); data.padding_free and per-batch padding do not apply (the stages exchange fixed shapes)",
-                "bubble (theoretical)": round(theoretical(c.strategy, cut, accum), 4),
+                "bubble (theoretical)": round(c.strategy.bubble(accum), 4),
             }
         )
         return cls(
@@ -514,10 +513,6 @@ class StagedRun:
             "steps timed": f"{rows[0][2]} (the steps that built a schedule are left out)",
             "schedules run": ", ".join(f"{k}: {v} steps" for k, v in self.kinds.items()),
         }
-
-
-def theoretical(strategy: Any, cut: Cut, micro_batches: int) -> float:
-    return pp.theoretical_bubble(strategy.schedule, cut.mesh.pp, micro_batches, strategy.stages_per_rank)
 
 
 def train_in_stages(session: Any, trainer: Any) -> dict[str, Any]:
