@@ -99,7 +99,7 @@ def describe(cut: Cut, strategy: Any) -> dict[str, Any]:
     return rows
 
 
-def loss_function(vocab_size: int, stash: list[tuple[float, float, float]]) -> Any:
+def loss_function(vocab_size: int, stash: list[torch.Tensor]) -> Any:
     """The last stage's loss of one micro-batch: the causal-LM cross-entropy summed over its trained tokens
     and divided by ``num_items`` (the step's trained tokens over every replica), transformers' own loss
     function; the micro-batch's mean token entropy and accuracy go to ``stash`` (as TRL logs them)."""
@@ -114,17 +114,16 @@ def loss_function(vocab_size: int, stash: list[tuple[float, float, float]]) -> A
     return loss_fn
 
 
-def token_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, float, float]:
-    """(trained tokens, their summed entropy, how many the greedy choice gets right) of a micro-batch."""
+def token_stats(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[trained tokens, their summed entropy, how many the greedy choice gets right] of a micro-batch, on its
+    device (no wait for the host)."""
     shifted = labels[:, 1:]
     mask = shifted != -100
     scores = logits[:, :-1][mask].float()
-    if not len(scores):
-        return 0.0, 0.0, 0.0
     logp = torch.log_softmax(scores, dim=-1)
     entropy = -(logp.exp() * logp).sum(-1)
     right = scores.argmax(-1) == shifted[mask]
-    return float(mask.sum()), float(entropy.sum()), float(right.sum())
+    return torch.stack([mask.sum(), entropy.sum(), right.sum()]).double()
 
 
 @dataclass
@@ -177,7 +176,7 @@ class StagedRun:
     eval: Batches | None
     max_steps: int
     steps_per_epoch: int
-    stash: list[tuple[float, float, float]]
+    stash: list[torch.Tensor]
     counted: set[int]  # parameters whose squared gradient this rank adds to the norm
     tied_param: Any = None  # this rank's copy of a tied embedding
     timing: pp.Timing = field(default_factory=pp.Timing)
@@ -201,7 +200,7 @@ class StagedRun:
         layout = st.Layout.of(model)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(ctx.plan.dtype)
         modules = [st.Stage(model, cut.plan, s, autocast=dtype) for s in cut.stage_ids]
-        stash: list[tuple[float, float, float]] = []
+        stash: list[torch.Tensor] = []
         pipe = pp.Pipeline(modules, cut.stage_ids, cut.plan.num_stages, cut.mesh, c.strategy.schedule,
                            loss_function(layout.config.vocab_size, stash))  # fmt: skip
         trainer.optimizer_cls_and_kwargs = c.optimizer.cls_and_kwargs(ctx.device)  # as every trainer
@@ -289,17 +288,16 @@ class StagedRun:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        stats = self.stash[-len(micro) :] if self.pipe.has_last else []  # a built schedule probed once more
-        local = [
-            sum(float(x) for x in ran.result),
-            sum(e / n for n, e, _ in stats if n),
-            sum(r / n for n, _, r in stats if n),
-            float(len(stats)),
-            float(real) if self.pipe.has_last else 0.0,
-        ]
-        total = torch.tensor(local, dtype=torch.float64, device=device)
-        dist.all_reduce(total)  # the last stage of every replica holds the numbers
-        loss, entropy, right, counted, tokens = total.tolist()
+        local = torch.zeros(5, dtype=torch.float64, device=device)
+        if self.pipe.has_last:  # a schedule built this step probed the loss once more first: the last m count
+            stats = torch.stack(self.stash[-len(micro) :])
+            n, trained = stats[:, 0], stats[:, 0] > 0
+            local[0] = torch.stack(ran.result).double().sum()
+            local[1] = (stats[trained, 1] / n[trained]).sum()
+            local[2] = (stats[trained, 2] / n[trained]).sum()
+            local[3], local[4] = len(stats), real
+        dist.all_reduce(local)  # the last stage of every replica holds the numbers
+        loss, entropy, right, counted, tokens = local.tolist()
         self.tokens += int(tokens)
         self.steps_run += 1
         return {"loss": loss, "grad_norm": norm, "learning_rate": lr, "entropy": entropy / max(counted, 1),
@@ -328,7 +326,7 @@ class StagedRun:
                 if not batch:
                     continue
                 sl = slice(b * rows, (b + 1) * rows)
-                n, _, right = token_stats(logits[sl], labels[sl].to(logits.device))
+                n, _, right = token_stats(logits[sl], labels[sl].to(logits.device)).tolist()
                 if n:
                     loss = torch.nn.functional.cross_entropy(
                         logits[sl, :-1].flatten(0, 1).float(), labels[sl, 1:].flatten().to(logits.device),
