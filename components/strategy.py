@@ -1078,6 +1078,14 @@ class Pipeline(Strategy):
             )
         self.stage_plan(plan.architecture)
         m = plan.gradient_accumulation_steps
+        if self.schedule == "interleaved_1f1b" and m % max(1, m // self.pp_size):
+            raise ConfigError(
+                f"interleaved 1F1B runs its micro-batches in rounds of pp_size={self.pp_size}: "
+                f"{m} micro-batches per step do not divide into them",
+                key="train.gradient_accumulation_steps",
+                hint=f"a multiple of {self.pp_size} (or fewer than {self.pp_size}); a smaller "
+                "train.micro_batch_size keeps the global batch",
+            )
         if self.schedule == "1f1b" and m < self.num_stages:
             import logging
 

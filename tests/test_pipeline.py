@@ -31,6 +31,9 @@ STEPS = 30
 BATCH = ["train.micro_batch_size=4", "train.gradient_accumulation_steps=2", f"train.max_steps={STEPS}"]
 QUICK = ["train.log_every=1", "train.eval_every=0", "train.eval_generations=0", "train.write_plots=false"]
 PIPELINE = ["strategy=pipeline", "launcher.nproc_per_node=2"]
+#: interleaved 1F1B over 4 stages of a 4-layer tiny model, 5 micro-batches: rounds of 2 leave one over
+INTERLEAVED_5 = ["strategy.schedule=interleaved_1f1b", "strategy.stages_per_rank=2", "strategy.split=[1,2,3]"]
+INTERLEAVED_5 += ["model.architecture.num_hidden_layers=4", "train.gradient_accumulation_steps=5"]
 
 
 # ---- the stages of one model, in one process -----------------------------------------------------------
@@ -155,6 +158,7 @@ def gpt2_dir(tmp_path: Path) -> Path:
         (["strategy.split=[1,2]"], "strategy.split", "gives 3 stages"),
         (["strategy.schedule=interleaved_1f1b"], "strategy.stages_per_rank", "several stages per rank"),
         (["strategy.stages_per_rank=2"], "strategy.stages_per_rank", "one stage per rank"),
+        (INTERLEAVED_5, "train.gradient_accumulation_steps", "do not divide into them"),
         (["recipe=dpo"], "recipe", "does not train through the pipeline loop"),
         (["peft=prefix"], "peft", "prompt-learning adapters prepend virtual tokens"),
         (["quantization=nf4", "peft=lora"], "quantization", "quantized base"),
