@@ -970,6 +970,7 @@ class Pipeline(Strategy):
     schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b
     stages_per_rank: int = 1  # > 1: interleaved_1f1b (virtual stages, a smaller bubble)
     split: list[int] = field(default_factory=list)  # the first layer of stages 1..N-1; [] = balanced
+    tp_size: int = 1  # tensor parallel inside each stage (3D): not built, refused above 1
 
     shards_parameters: ClassVar[bool] = True  # no rank holds the whole model: saving gathers it
     parallel_dims: ClassVar[tuple[str, ...]] = ("pp",)  # strategy=auto tries strategy.pp_size
@@ -998,6 +999,14 @@ class Pipeline(Strategy):
 
     def validate(self) -> None:
         super().validate()
+        if self.tp_size != 1:
+            raise ConfigError(
+                f"strategy=pipeline does not split its stages' layers over tensor-parallel ranks (3D, "
+                f"tp_size={self.tp_size}): each stage is whole on its rank",
+                key="strategy.tp_size",
+                hint="strategy.tp_size=1 with strategy=pipeline (pp x dp), or strategy=zero1 "
+                "strategy.tp_size=N for tensor parallel (tp x dp)",
+            )
         if self.schedule not in PIPELINE_SCHEDULES:
             raise ConfigError(
                 f"unknown schedule '{self.schedule}'",

@@ -166,6 +166,11 @@ def gpt2_dir(tmp_path: Path) -> Path:
         (["model.compile=true"], "model.compile", "not applied to pipeline stages"),
         (["recipe.loss_type=dft"], "recipe.loss_type", "not computed by the pipeline stages"),
         (["strategy.pp_size=1"], "strategy.pp_size", ">= 2"),
+        (
+            ["strategy.tp_size=2", "launcher.nproc_per_node=4"],
+            "strategy.tp_size",
+            "tensor-parallel ranks (3D",
+        ),
     ],
 )
 def test_what_pipeline_stages_cannot_do_is_refused_before_load(compose_cfg, overrides, key, words) -> None:
@@ -287,6 +292,11 @@ def test_two_stages_train_like_one_process(runs: Runs, schedule: str) -> None:
     assert mine.keys() == theirs.keys()
     for name in mine:
         torch.testing.assert_close(mine[name], theirs[name], atol=1e-5, rtol=1e-4, msg=name)
+    if schedule == "gpipe":  # final/ is a normal model folder: tied again, loadable by transformers
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(run / "final")
+        assert model.lm_head.weight is model.model.embed_tokens.weight
     info = result(run)["pipeline"]
     steps = STEPS if schedule == "gpipe" else STEPS - runs.stopped[0]["step"]  # the resumed run's own
     assert info["schedules run"] == f"{schedule}: {steps} steps"

@@ -99,6 +99,7 @@ RANGES: dict[str, Range] = {
     "strategy.pp_size": Range(2),  # pipeline: 1 stage would be no pipeline
     "stages_per_rank": AT_LEAST_ONE,
     "strategy.split": AT_LEAST_ONE,  # each a layer index that starts a stage
+    "strategy.tp_size": AT_LEAST_ONE,
     # data
     "eval_fraction": FRACTION,
     "eval_size": NON_NEGATIVE,
