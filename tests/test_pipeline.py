@@ -310,8 +310,8 @@ def test_each_rank_holds_only_its_stage(runs: Runs) -> None:
     """What each rank held (read from its modules, checked live before training) and what it wrote into
     its checkpoint: rank 0 the embedding and layers 0-1, rank 1 layer 2, the norm and the (tied) head."""
     info = result(runs.onef1b)["pipeline"]
-    assert info["rank 0 holds"] == "layers [0, 1], embed_tokens; 471,552 parameters"
-    assert info["rank 1 holds"] == "layers [2], lm_head; 274,432 parameters"
+    assert info["rank 0 holds"] == "layers 0-1, embed_tokens; 471,552 parameters"
+    assert info["rank 1 holds"] == "layers 2, lm_head; 274,432 parameters"
     checkpoint = runs.onef1b / "checkpoints" / f"checkpoint-{STEPS}"
     first = load_file(checkpoint / "stage-0" / "model.safetensors")
     last = load_file(checkpoint / "stage-1" / "model.safetensors")

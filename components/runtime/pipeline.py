@@ -93,10 +93,22 @@ def describe(cut: Cut, strategy: Any) -> dict[str, Any]:
     for stage in range(cut.plan.num_stages):
         rows[f"stage {stage} (pipeline rank {cut.plan.rank_of(stage)})"] = cut.plan.describe(stage)
     for rank, got in enumerate(cut.held):
-        layers = got["layers"]
-        parts = [f"layers {layers}"] + [name for name in ("embed_tokens", "lm_head") if got[name]]
+        parts = [f"layers {spans(got['layers'])}"] + [
+            name for name in ("embed_tokens", "lm_head") if got[name]
+        ]
         rows[f"rank {rank} holds"] = f"{', '.join(parts)}; {got['parameters']:,} parameters"
     return rows
+
+
+def spans(indices: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def loss_function(vocab_size: int, stash: list[torch.Tensor]) -> Any:
