@@ -1,10 +1,11 @@
 """Pipeline parallel (``strategy=pipeline``): the stages of every supported family against the whole model,
-the split, the refusals before load, and two real runs on 2 CPU ranks (gloo) against one process.
+the split against the memory estimate's, the refusals before load, and real runs on 2 CPU ranks (gloo)
+against one process.
 
-The multi-process runs are shared by the module's tests (one single-process reference, one GPipe run, one
-1F1B run, and the 1F1B run stopped by a real SIGTERM and resumed), 30 optimizer steps each of 2
-micro-batches x 4 rows on the tiny model. Tolerances: the losses of a pipeline step are the same sums in
-another order, so |Δloss| <= 1e-5 relative per step (seen: ~2e-7) and the final weights within 1e-5
+The multi-process runs are shared by the module's tests: a single-process reference, a GPipe run, and a 1F1B
+run stopped by a real SIGTERM and resumed, 30 optimizer steps each of 2 micro-batches x 4 rows on the tiny
+model; and a LoRA pair (one process, 2 stages), 4 steps. Tolerances: a pipeline step's loss is the same
+sums in another order, so |Δloss| <= 1e-5 relative per step (seen: ~2e-7) and the final weights within 1e-5
 absolute (seen: ~4e-7); the resumed run is bit-exact against the uninterrupted one (same order of sums).
 """
 
@@ -260,7 +261,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     victims = root / "victim"
     victims.mkdir()
     victim = start(victims, *QUICK, *BATCH, *PIPELINE, "strategy.schedule=1f1b", "train.save_every=10")
-    wait_for_step(victims, 5, victim)
+    wait_for_step(victims, 5, victim, timeout=600)  # start-up on a loaded machine takes minutes
     victim.send_signal(signal.SIGTERM)
     err = finish(victim, timeout=180)
     (run,) = victims.glob("outputs/*/*")
