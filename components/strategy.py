@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from components.config.errors import ConfigError
 from components.config.registry import component
 from components.distributed.mesh import Mesh
+from components.memory.parallel import SCHEDULES
 from components.memory.shapes import SINGLE, StrategyShape, elements
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -954,9 +955,6 @@ class DeepSpeed(Strategy):
             )
 
 
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
-
-
 @component("strategy")
 @dataclass(frozen=True)
 class Pipeline(Strategy):
@@ -1007,11 +1005,11 @@ class Pipeline(Strategy):
                 hint="strategy.tp_size=1 with strategy=pipeline (pp x dp), or strategy=zero1 "
                 "strategy.tp_size=N for tensor parallel (tp x dp)",
             )
-        if self.schedule not in PIPELINE_SCHEDULES:
+        if self.schedule not in SCHEDULES:
             raise ConfigError(
                 f"unknown schedule '{self.schedule}'",
                 key="strategy.schedule",
-                hint=f"one of {PIPELINE_SCHEDULES}",
+                hint=f"one of {SCHEDULES}",
             )
         if self.schedule == "interleaved_1f1b" and self.stages_per_rank < 2:
             raise ConfigError(

@@ -22,10 +22,6 @@ from torch import nn
 
 from components.config.errors import ConfigError
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
-#: schedules that run several stages per rank
-MULTI_STAGE = ("interleaved_1f1b",)
-
 
 @dataclass
 class Mesh:
