@@ -58,6 +58,9 @@ class Recipe:
     #: trains through a Trainer on token rows (``input_ids``, ``labels``) that tensor / sequence parallel
     #: engines can split (``strategy.tp_size`` / ``strategy.sp_size`` > 1); others refuse a split model
     splits_model: ClassVar[bool] = False
+    #: its trainer's loss is the causal-LM cross-entropy on the labels of its prepared data, so a strategy
+    #: that cuts the model into pipeline stages (``splits_layers``) can train it with its own loop
+    trains_in_stages: ClassVar[bool] = False
 
     @classmethod
     def demo(cls) -> str:

@@ -29,6 +29,7 @@ class SFT(Recipe):
     title: ClassVar[str] = "SFT"
     data_kinds: ClassVar[tuple[str, ...]] = ("chat",)
     splits_model: ClassVar[bool] = True
+    trains_in_stages: ClassVar[bool] = True  # strategy=pipeline: loss_type=nll through the stages
 
     assistant_only_loss: bool = True  # conversational data: loss on assistant turns only
     # prompt/completion data (formats prompt_completion, alpaca): loss on the completion only, whatever
@@ -40,6 +41,12 @@ class SFT(Recipe):
         if self.loss_type not in LOSS_TYPES:
             raise ConfigError(
                 f"unknown '{self.loss_type}'", key="recipe.loss_type", hint=f"one of {LOSS_TYPES}"
+            )
+        if comps.strategy.splits_layers and self.loss_type != "nll":
+            raise ConfigError(
+                f"loss_type={self.loss_type} is not computed by the pipeline stages (their loss is nll)",
+                key="recipe.loss_type",
+                hint="recipe.loss_type=nll, or another strategy",
             )
         check_padding_free(comps)
 

@@ -88,7 +88,9 @@ def verdict(cell: Cell) -> Verdict:
     dtype = cell.precision
     if quant.needs_adapter and not peft.is_adapter:
         return Verdict("refused", "a quantized base trains only through an adapter (QLoRA)", "peft")
-    refusal = quant.sharding_refusal(dtype, strategy.label) if strategy.shards_parameters else None
+    refusal = strategy.combination_refusal(recipe, peft, quant, dtype)
+    if refusal is None and strategy.shards_parameters:
+        refusal = quant.sharding_refusal(dtype, strategy.label)
     if refusal is None and recipe.owns_loop:
         refusal = strategy.loop_refusal(dtype)
     if refusal is not None:
@@ -135,6 +137,7 @@ RUN_IN_TESTS: dict[Cell, str] = {
     Cell("ppo", "zero3", "lora", "none", "fp32"): "test_distributed.py::test_ppo_with_lora_under_zero3_…",
     Cell("ppo", "fsdp", "none", "none", "fp32"): "test_distributed.py::test_ppo_under_fsdp_…",
     Cell("ppo", "fsdp", "lora", "none", "fp32"): "test_distributed.py::test_ppo_under_fsdp_with_lora_…",
+    Cell("sft", "pipeline", "none", "none", "fp32"): "test_pipeline.py::test_two_stages_train_like_one_…",
 }
 
 

@@ -98,6 +98,9 @@ RANGES: dict[str, Range] = {
     "offload_param_buffer_size": POSITIVE,
     "tp_size": AT_LEAST_ONE,  # tensor parallel ranks; the mesh check wants it to divide the world
     "sp_size": AT_LEAST_ONE,  # sequence / context parallel ranks
+    "strategy.pp_size": Range(2),  # pipeline: 1 stage would be no pipeline
+    "stages_per_rank": AT_LEAST_ONE,
+    "strategy.split": AT_LEAST_ONE,  # each a layer index that starts a stage
     # data
     "eval_fraction": FRACTION,
     "eval_size": NON_NEGATIVE,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -9,6 +10,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -305,32 +307,47 @@ def save_loop_checkpoint(
     trainable weights and the optimizer state gathered whole on rank 0), the schedule, the loop's ``state``
     and every rank's RNG states. Written into ``.staging`` and renamed with a completion marker when whole,
     keeping the last ``keep_last`` — the same conventions as the trainers'."""
-    import os
-
     import torch
 
     main = accelerator.is_main_process
+    with staged_checkpoint(
+        run_dir, step, main=main, barrier=accelerator.wait_for_everyone, keep_last=keep_last
+    ) as (staging):
+        sharded = engine is not None and engine.zero_optimization_partition_weights()
+        if engine is not None:
+            engine.save_checkpoint(str(staging), tag=ENGINE_TAG)  # every rank writes its shard
+        fsdp_root = _fsdp_root(modules)
+        if fsdp_root is not None:
+            _save_fsdp(fsdp_root, optimizer, staging, main)
+        if main:
+            if not sharded and fsdp_root is None:  # every rank holds the whole weights: rank 0 writes them
+                for name, module in modules.items():
+                    save_module(module, staging, name)
+            if engine is None and fsdp_root is None:
+                torch.save(optimizer.state_dict(), staging / "optimizer.pt")
+            torch.save(scheduler.state_dict(), staging / "scheduler.pt")
+            torch.save(state, staging / LOOP_STATE)
+    return run_dir.checkpoints / staging.name
+
+
+@contextlib.contextmanager
+def staged_checkpoint(
+    run_dir: Any, step: int, *, main: bool, barrier: Callable[[], Any], keep_last: int
+) -> Iterator[Path]:
+    """``checkpoints/checkpoint-<step>/`` written atomically by every rank of a loop we own: the body writes
+    into the staging dir it is given; then each rank's RNG states are added, and rank 0 (``main``) marks the
+    checkpoint whole (sizes and sha256 of every file), renames it into place and keeps the last
+    ``keep_last``. ``barrier`` syncs the ranks between the phases (a collective call)."""
+    import torch
+
     staging = run_dir.checkpoints / ".staging" / f"checkpoint-{step}"
     if main:
         shutil.rmtree(staging.parent, ignore_errors=True)
         staging.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    sharded = engine is not None and engine.zero_optimization_partition_weights()
-    if engine is not None:
-        engine.save_checkpoint(str(staging), tag=ENGINE_TAG)  # every rank writes its shard
-    fsdp_root = _fsdp_root(modules)
-    if fsdp_root is not None:
-        _save_fsdp(fsdp_root, optimizer, staging, main)
-    if main:
-        if not sharded and fsdp_root is None:  # every rank holds the whole weights: rank 0 writes them
-            for name, module in modules.items():
-                save_module(module, staging, name)
-        if engine is None and fsdp_root is None:
-            torch.save(optimizer.state_dict(), staging / "optimizer.pt")
-        torch.save(scheduler.state_dict(), staging / "scheduler.pt")
-        torch.save(state, staging / LOOP_STATE)
+    barrier()
+    yield staging
     torch.save(rng_state(), staging / f"rng_state_{int(os.environ.get('RANK', 0))}.pt")
-    accelerator.wait_for_everyone()
+    barrier()
     target = run_dir.checkpoints / staging.name
     if main:
         mark_complete(staging, step, run_dir.path)
@@ -339,8 +356,7 @@ def save_loop_checkpoint(
         shutil.rmtree(staging.parent, ignore_errors=True)
         for old in checkpoints_in(run_dir.path)[:-keep_last]:
             shutil.rmtree(old)
-    accelerator.wait_for_everyone()
-    return target
+    barrier()
 
 
 def load_loop_checkpoint(
@@ -353,10 +369,30 @@ def load_loop_checkpoint(
 ) -> dict[str, Any]:
     """Restore what :func:`save_loop_checkpoint` wrote and return the loop's ``state``. Call it on every
     rank right before the loop: it also restores this rank's random generators."""
-    import os
-
     import torch
 
+    rng = loop_rng_file(checkpoint)
+    fsdp_root = _fsdp_root(modules)
+    if engine is not None:
+        path, _ = engine.load_checkpoint(
+            str(checkpoint), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
+        if path is None:
+            raise ConfigError(f"{checkpoint} holds no DeepSpeed engine checkpoint", key="resume")
+    elif fsdp_root is not None:
+        _load_fsdp(fsdp_root, optimizer, checkpoint, int(os.environ.get("RANK", 0)))
+    else:
+        for name, module in modules.items():
+            load_module(module, checkpoint, name)
+        # read onto the CPU; load_state_dict moves each state tensor to its parameter's device
+        saved = torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=True)
+        optimizer.load_state_dict(saved)
+    return loop_state(checkpoint, scheduler, rng)
+
+
+def loop_rng_file(checkpoint: Path) -> Path:
+    """This rank's RNG file of a loop checkpoint, after checking the checkpoint is one (a ConfigError
+    naming the fix otherwise: written by another recipe, or by fewer processes)."""
     if not (checkpoint / LOOP_STATE).is_file():
         raise ConfigError(
             f"{checkpoint} was not written by this recipe's loop (no {LOOP_STATE})",
@@ -371,21 +407,13 @@ def load_loop_checkpoint(
             key="resume",
             hint="resume with the launcher.nproc_per_node of the run that wrote it",
         )
-    fsdp_root = _fsdp_root(modules)
-    if engine is not None:
-        path, _ = engine.load_checkpoint(
-            str(checkpoint), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
-        )
-        if path is None:
-            raise ConfigError(f"{checkpoint} holds no DeepSpeed engine checkpoint", key="resume")
-    elif fsdp_root is not None:
-        _load_fsdp(fsdp_root, optimizer, checkpoint, rank)
-    else:
-        for name, module in modules.items():
-            load_module(module, checkpoint, name)
-        # read onto the CPU; load_state_dict moves each state tensor to its parameter's device
-        saved = torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=True)
-        optimizer.load_state_dict(saved)
+    return rng
+
+
+def loop_state(checkpoint: Path, scheduler: Any, rng: Path) -> dict[str, Any]:
+    """The schedule and this rank's random generators put back, and the loop's own state (restore last)."""
+    import torch
+
     scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=True))
     state = torch.load(checkpoint / LOOP_STATE, weights_only=True)  # plain numbers, lists and tensors
     set_rng_state(torch.load(rng, weights_only=True))

@@ -124,7 +124,9 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
             hint="drop merge and merge the saved adapter afterwards (peft's merge_and_unload on one device)",
         )
     check_split(cfg, comps, device)
-    refusal = quant.sharding_refusal(dtype, strategy.label) if strategy.shards_parameters else None
+    refusal = strategy.combination_refusal(recipe, comps.peft, quant, dtype, comps.data, comps.model)
+    if refusal is None and strategy.shards_parameters:
+        refusal = quant.sharding_refusal(dtype, strategy.label)
     if refusal is None and recipe.owns_loop:
         refusal = strategy.loop_refusal(dtype)
     if refusal is not None:
@@ -139,7 +141,7 @@ def check_split(cfg: DictConfig, comps: Components, device: str) -> None:
 
     strategy, recipe = comps.strategy, comps.recipe
     mesh = strategy.mesh(world_size(comps))
-    if mesh.is_data_parallel_only:
+    if mesh.tp == 1 and mesh.sp == 1:  # data parallel, or pipeline stages (strategy=pipeline checks those)
         return
     knob = "strategy.tp_size" if mesh.tp > 1 else "strategy.sp_size"
     what = "tensor parallel" if mesh.tp > 1 else "sequence parallel"

@@ -312,3 +312,12 @@ def check_run_dir(run_dir: Path, resume: Any, key: str = "hydra.run.dir") -> Non
         key=key,
         hint=f"continue that run with resume={run_dir}, or choose another {key}",
     )
+
+
+def loss_span(first: int, last: int, resume: str | None) -> str:
+    """Which optimizer steps a run's ``train_loss`` averages: a resumed run's covers only the steps it ran
+    itself (the earlier ones are in the run it continued)."""
+    span = f"steps {first} to {last}" if last >= first else "no step (nothing left to train)"
+    if resume:
+        span += f" (resumed after step {first - 1} from {resume}; steps 1 to {first - 1} are in that run)"
+    return span

@@ -143,7 +143,7 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
         )
         largest = hidden * wide or None  # the embedding / lm head (or an MLP projection)
     except Exception:  # no config reachable offline: DeepSpeed's default bucket sizes
-        hidden = largest = None
+        config = hidden = largest = None
     t = cfg.train
     world = world_size(comps)
     return BatchPlan(
@@ -161,6 +161,7 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
         mesh=comps.strategy.mesh(world),
         # Ulysses wraps the attention the model is built with (and must be told which)
         attention=comps.model.resolved_attn_implementation() if comps.strategy.splits_sequences else None,
+        architecture=config,
     )
 
 

@@ -29,7 +29,7 @@ from components.runtime.callbacks import (
 from components.runtime.checkpoint import checkpoints_in, save_final
 from components.runtime.dataprep import eval_every, prepare_data
 from components.runtime.diskspace import ensure_room_for_final
-from components.runtime.resume import pinned
+from components.runtime.resume import loss_span, pinned
 from components.runtime.run import RunContext, peak_memory_gb
 from components.runtime.startup import training_starts
 from components.text.chat_template import (
@@ -66,6 +66,7 @@ class Session:
     layout: dict[str, Any] = field(default_factory=dict)
     #: the model's attention function before Ulysses wrapped it (generation runs with it)
     attention: Any = None
+    pipeline: Any = None  # strategy=pipeline: this rank's stages and mesh (components/runtime/pipeline.py)
 
     @classmethod
     def start(cls, ctx: RunContext) -> Session:
@@ -223,6 +224,10 @@ class Session:
         from components.runtime.trainer_hooks import hydratune_trainer
 
         c = self.ctx.components
+        if c.strategy.splits_layers:  # the trainer gets this rank's stages only
+            from components.runtime.pipeline import cut_model
+
+            self.pipeline = cut_model(self)
         # fp16 outside DeepSpeed (whose config carries them): the loss-scaling knobs reach torch's GradScaler
         handlers = () if c.strategy.scales_loss else tuple(c.precision.scaler_handlers(self.ctx.plan.dtype))
         replicas = self.ctx.plan.mesh.tp if self.ctx.plan.mesh is not None else 1
@@ -263,7 +268,9 @@ class Session:
         if not self.eval_prompts:
             return
         strategy = self.ctx.components.strategy
-        if strategy.shards_parameters and not strategy.generates_together:  # no lone generate() on a shard
+        # each rank holds a shard: no lone generate(); a pipeline's model is whole before it is cut and
+        # gathered whole on rank 0 after training
+        if strategy.shards_parameters and not strategy.splits_layers and not strategy.generates_together:
             self.report.setdefault("eval accuracy (exact match)", {})[when] = "skipped (sharded parameters)"
             return
         from components.distributed.model_parallel import unwrapped_attention
@@ -312,6 +319,10 @@ class Session:
 
     def train_and_finish(self, trainer: Any, *, probes: dict[str, Any] | None = None) -> dict[str, Any]:
         """``_train_and_finish``, then close the trackers whatever happened."""
+        if self.ctx.components.strategy.splits_layers:  # our own loop over the stages
+            from components.runtime.pipeline import train_in_stages
+
+            return train_in_stages(self, trainer)
         try:
             return self._train_and_finish(trainer, probes=probes or {})
         finally:
@@ -432,10 +443,7 @@ class Session:
         """Which optimizer steps the trainer's ``train_loss`` averages: a resumed run's covers only the steps
         it ran itself (the earlier ones are in the run it continued)."""
         first, last = getattr(trainer, "_initial_global_step", 0) + 1, trainer.state.global_step
-        span = f"steps {first} to {last}" if last >= first else "no step (nothing left to train)"
-        if resume:
-            span += f" (resumed after step {first - 1} from {resume}; steps 1 to {first - 1} are in that run)"
-        self.report["run"]["train_loss covers"] = span
+        self.report["run"]["train_loss covers"] = loss_span(first, last, resume)
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         """One record of a recipe that owns its loop (PPO): appended to ``metrics.jsonl`` and sent to every
