@@ -85,13 +85,14 @@ class Session:
                 ctx.run_dir.write_json(name, content)  # e.g. the generated deepspeed.json
             trackers = c.tracker.start(ctx.run_info())
         session = cls(ctx, c.model.build_tokenizer(), trackers=trackers)
+        mesh = ctx.plan.mesh
         session.report["run"] = {
             "recipe": c.recipe.name,
             "model": c.model.name_or_path,
             "peft": type(c.peft).__name__,
             "strategy": c.strategy.label,
             "processes": ctx.plan.world_size,
-            **({"mesh": ctx.plan.mesh.describe()} if split(ctx.plan.mesh) else {}),
+            **({"mesh": ctx.plan.mesh.describe()} if mesh and not mesh.is_data_parallel_only else {}),
             # a recipe that generates or scores has no batch arithmetic
             **({} if c.recipe.inference_only else {"global batch": ctx.plan.global_batch_size}),
             "precision": c.precision.resolve(ctx.device),
@@ -518,8 +519,9 @@ class Session:
 
 
 def split(mesh: Any) -> bool:
-    """The run splits the model over ranks (tensor / sequence parallel), not only the data."""
-    return mesh is not None and not mesh.is_data_parallel_only
+    """The run splits the model's layers over ranks (tensor / sequence parallel): its engine's build is
+    checked before step 1 (pipeline stages are checked by ``components/runtime/pipeline.py``)."""
+    return mesh is not None and (mesh.tp > 1 or mesh.sp > 1)
 
 
 def _tokens_per_second(ctx: RunContext) -> float | None:
