@@ -271,6 +271,31 @@ def test_a_relayed_signal_and_the_same_signal_itself_count_once() -> None:
     assert "survived" not in proc.stdout and proc.returncode == -signal.SIGINT
 
 
+def test_a_signal_handled_during_the_agreement_waits_for_the_next_step(monkeypatch) -> None:
+    """A signal handled while this rank waits in the per-step all-reduce (the handler runs when the call
+    returns) was not in the flag it sent: this step's answer is the all-reduced flag, so this rank does not
+    stop alone while the others train on (the hang of a rank signalled on its own); the next step all stop."""
+    import torch.distributed as dist
+
+    from components.distributed.interrupt import GracefulInterrupt
+
+    g = GracefulInterrupt()
+    sent: list[int] = []
+
+    def all_reduce(flag, op=None):  # the other rank sent 0; the signal arrives during the wait
+        sent.append(int(flag.item()))
+        if g.signum is None:
+            g.signum = int(signal.SIGUSR1)
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    assert g.agreed() is False  # what the other rank also concludes from the all-reduced 0
+    assert g.requested  # remembered for the next step
+    assert g.agreed() is True and sent == [0, int(signal.SIGUSR1)]
+
+
 def test_checkpoints_are_atomic_and_damaged_ones_are_skipped(run_recipe, monkeypatch) -> None:
     steps = ["train.max_steps=6", "train.save_every=2", "train.keep_last=2", "train.eval_generations=0"]
     ctx, _ = run_recipe(*steps, "train.micro_batch_size=8", name="full")

@@ -107,9 +107,12 @@ class GracefulInterrupt(TrainerCallback):
         device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         flag = torch.tensor([self.signum or 0], dtype=torch.int64, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if self.signum is None and int(flag.item()):
-            self.signum = int(flag.item())
-        return self.requested
+        agreed = int(flag.item())
+        if self.signum is None and agreed:
+            self.signum = agreed
+        # the answer is the all-reduced flag only: a signal handled while this rank waited in the all-reduce
+        # set self.signum after its flag was sent, and the other ranks do not know it until the next step
+        return bool(agreed)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.agreed():
