@@ -55,6 +55,8 @@ class Recipe:
     #: runs its own loop on accelerate through the strategy's loop hooks (FSDP2 by ``fully_shard``, so on
     #: CPU too) instead of a transformers Trainer
     owns_loop: ClassVar[bool] = False
+    #: trains on ``data.streaming``'s rows as they are read (no whole data set up front)
+    streams_data: ClassVar[bool] = False
 
     @classmethod
     def demo(cls) -> str:

@@ -28,6 +28,7 @@ class SFT(Recipe):
 
     title: ClassVar[str] = "SFT"
     data_kinds: ClassVar[tuple[str, ...]] = ("chat",)
+    streams_data: ClassVar[bool] = True
 
     assistant_only_loss: bool = True  # conversational data: loss on assistant turns only
     # prompt/completion data (formats prompt_completion, alpaca): loss on the completion only, whatever
@@ -45,15 +46,17 @@ class SFT(Recipe):
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """``mode=plan``: the assistant-only mask decided and checked on every row as training will (a
         template that cannot mask or render a row fails here too, naming it)."""
+        from components.runtime.streaming import checkable
         from components.text.chat_template import check_splits, label_for
 
         if self.assistant_only_loss and "messages" in splits["train"].column_names:
-            check_splits(tokenizer, splits, label_for(comps.model, tokenizer))
+            check_splits(tokenizer, checkable(splits), label_for(comps.model, tokenizer))
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import SFTConfig, SFTTrainer
 
         from components.runtime.session import Session
+        from components.runtime.streaming import packs_padding_free, sft_data_args
 
         c = ctx.components
         session = Session.start(ctx)
@@ -72,9 +75,8 @@ class SFT(Recipe):
         model = session.build_model()
         session.evaluate_generations("before")
         extra: dict[str, Any] = {}
-        if uses_padding_free(
-            c
-        ):  # one flattened row per micro-batch; components/runtime/trainer_hooks.py counts all its tokens
+        if uses_padding_free(c) or packs_padding_free(c.data):
+            # one flattened row per micro-batch; components/runtime/trainer_hooks.py counts all its tokens
             extra["data_collator"] = padding_free_collator(session.tokenizer, model)
 
         args = SFTConfig(
@@ -82,10 +84,8 @@ class SFT(Recipe):
                 assistant_only_loss=trl_masks,
                 completion_only_loss=completion_only,
                 loss_type=self.loss_type,
-                max_length=c.data.max_length,
-                packing=c.data.packing,
-                packing_strategy=c.data.packing_strategy,
                 dataset_text_field="text",
+                **sft_data_args(c.data),  # a stream: packed by hydratune's feed, resumed at its position
             )
         )
         trainer = session.trainer(SFTTrainer, args, data, **extra)

@@ -16,7 +16,8 @@ that silently stops being called would lose atomic checkpoints, token counts or 
   ``kwargs_handlers`` to its DDP handler alone).
 
 ``log(logs, ...)`` is public (transformers documents it for overriding); it flushes the token count.
-``get_batch_samples(...)`` is public too: it draws no batch once ``max_steps`` steps are done.
+``get_batch_samples(...)`` is public too: it draws no batch once ``max_steps`` steps are done. So are
+``get_train_dataloader()`` and ``train(...)``, overridden for ``data.streaming`` (:class:`StreamedData`).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class AtomicCheckpoints:
             super()._save_checkpoint(model, trial)  # type: ignore[misc]
         finally:
             self.args.output_dir = str(root)  # type: ignore[attr-defined]
+        self.checkpoint_extras(staging / name)
         self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]  # every rank's shards are written
         if self.args.should_save:  # type: ignore[attr-defined]
             mark_complete(staging / name, self.state.global_step, root.parent)  # type: ignore[attr-defined]
@@ -115,6 +117,33 @@ class AtomicCheckpoints:
                 use_mtime=True,
             )
         self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
+
+    def checkpoint_extras(self, folder: Path) -> None:
+        """What a run adds to each checkpoint beside the Trainer's files, on every rank, before the
+        checkpoint is marked whole (nothing here)."""
+
+
+class StreamedData:
+    """``data.streaming``: the training batches come from the stream's feed
+    (``components/runtime/streaming.py``): this rank's own loader, not re-sharded by accelerate (the stream
+    is this rank's share already); every checkpoint holds each rank's stream position, and a resume starts
+    the stream there (``ignore_data_skip``: no batch is read again to be passed over)."""
+
+    feed: Any = None  # the run's Feed, set on the class by hydratune_trainer
+
+    def get_train_dataloader(self) -> Any:
+        return self.feed.loader(self)
+
+    def train(self, resume_from_checkpoint: Any = None, **kwargs: Any) -> Any:
+        if resume_from_checkpoint:
+            self.feed.restore(Path(resume_from_checkpoint))
+        result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)  # type: ignore[misc]
+        self.stream_report = self.feed.report(self.accelerator)  # type: ignore[attr-defined]
+        return result
+
+    def checkpoint_extras(self, folder: Path) -> None:
+        super().checkpoint_extras(folder)  # type: ignore[misc]
+        self.feed.save(folder)
 
 
 class NoStepPastTheEnd:
@@ -140,8 +169,11 @@ class LossScaling:
         return args
 
 
-def hydratune_trainer(trainer_cls: type, scaler_handlers: tuple[Any, ...] = ()) -> type:
+def hydratune_trainer(trainer_cls: type, scaler_handlers: tuple[Any, ...] = (), feed: Any = None) -> type:
     """``trainer_cls`` (TRL's SFTTrainer, DPOTrainer, ...) with the hooks above: atomic checkpoints, the
-    token count read at log steps only, no step past ``max_steps``, the fp16 scaler knobs."""
+    token count read at log steps only, no step past ``max_steps``, the fp16 scaler knobs; ``feed``: the
+    training data is a stream (``StreamedData``)."""
     mixins = (DeferredTokenCount, AtomicCheckpoints, NoStepPastTheEnd, LossScaling, trainer_cls)
-    return type(f"Hydratune{trainer_cls.__name__}", mixins, {"scaler_handlers": tuple(scaler_handlers)})
+    mixins = (StreamedData, *mixins) if feed is not None else mixins
+    attributes = {"scaler_handlers": tuple(scaler_handlers), "feed": feed}
+    return type(f"Hydratune{trainer_cls.__name__}", mixins, attributes)

@@ -1,0 +1,377 @@
+"""``data.streaming=true`` in a run: the refusals before load, the stream's preparation beside the loaded
+eval rows, and the feed that turns TRL's lazily tokenized stream into the training batches.
+
+The feed takes :data:`window` examples at a time from the stream (``data.stream_window``), shuffles them
+(seeded by data.seed and where the window starts), packs them (``data.packing``, TRL's ``pack_dataset``) and
+hands them out; each example carries where its window starts in the stream and how many of the window's
+examples come before it. The collator records that for the last example of every micro-batch, and the
+checkpoint holds it per rank (``stream_position_<rank>.json``): a resume starts the stream at that window,
+prepares it again and passes over what was trained: the same examples, in the same order, as a run that
+never stopped, at the cost of one window (the Trainer's own skipping, which re-reads every batch before,
+is switched off: ``ignore_data_skip``). The loader is this process's own (no accelerate re-sharding: the
+stream is this rank's share already) and reads in the training process (``train.num_workers=0``), so what
+it read is what was trained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import IterableDataset as TorchIterable
+
+from components.config.errors import ConfigError
+from components.streaming import STREAM, Dropped, Position, RowStream
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from components.data import LoadedData
+    from components.runtime.run import Components
+
+FEED = "_feed"  # the column carrying each example's place in its window (dropped before the collator)
+POSITION_FILE = "stream_position_{rank}.json"  # in a checkpoint: where each rank's stream stands
+KEPT = ("input_ids", "labels", "seq_lengths")  # what TRL's collator reads of an example
+TRACE = "HYDRATUNE_STREAM_TRACE"  # a folder: each rank appends the stream position of every row it trains
+
+
+def rank_and_world() -> tuple[int, int]:
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def planned_world(cfg: DictConfig) -> int:
+    """The processes of the job ``cfg`` launches (this job's WORLD_SIZE inside a worker)."""
+    launcher = cfg.launcher
+    return int(os.environ.get("WORLD_SIZE") or launcher.get("nproc_per_node", 1) * launcher.get("nnodes", 1))
+
+
+def is_stream(split: Any) -> bool:
+    return isinstance(split, RowStream)
+
+
+# ------------------------------------------------------------------------------------- before the load
+def check_streaming(cfg: DictConfig, comps: Components) -> None:
+    """Refuse, before anything loads, what a stream cannot do (naming the fix)."""
+    data, recipe = comps.data, comps.recipe
+    if not getattr(data, "streaming", False):
+        return
+    if not recipe.streams_data:
+        raise ConfigError(
+            f"recipe={recipe.name} cannot stream its data: only recipe=sft reads rows as it trains (the "
+            "preference and RL trainers tokenize or sample from a whole data set they index, the inference "
+            "recipes generate from every row of a finite file)",
+            key="data.streaming",
+            hint="data.streaming=false (data.max_samples=N reads the first N rows only), or recipe=sft",
+        )
+    if data.mixture:
+        raise ConfigError(
+            "data.streaming reads one source, and data.mixture names several",
+            key="data.mixture",
+            hint="put the sources' files in one folder and stream that (data.path=<folder>), or "
+            "data.streaming=false",
+        )
+    if cfg.train.max_steps <= 0:
+        raise ConfigError(
+            "a stream has no length to count epochs in: data.streaming trains train.max_steps optimizer "
+            f"steps (train.epochs is not used), and train.max_steps={cfg.train.max_steps}",
+            key="train.max_steps",
+            hint="set train.max_steps=N (a stream shorter than that is read again from its start)",
+        )
+    if cfg.train.num_workers:
+        raise ConfigError(
+            f"train.num_workers={cfg.train.num_workers}: dataloader workers would each read the stream, and "
+            "the stream's position (what a resume continues from) is kept in the training process",
+            key="train.num_workers",
+            hint="train.num_workers=0 (tokenization then runs in the training process)",
+        )
+    mesh = comps.strategy.mesh(planned_world(cfg))
+    if not mesh.is_data_parallel_only:
+        raise ConfigError(
+            f"data.streaming with {mesh.describe()}: the ranks of one model copy must read the same rows, "
+            "and the stream gives every rank its own",
+            key="data.streaming",
+            hint="data.streaming=false, or data parallelism only (tp/sp/pp sizes 1)",
+        )
+    check_stream_eval(cfg, data)
+
+
+def check_stream_eval(cfg: DictConfig, data: Any) -> None:
+    """Eval rows of a stream come from a finite file: data.eval_path (or the folder's validation split);
+    a share of a stream of unknown length is refused."""
+    if data.eval_path:
+        return
+    layout = data.layout(data.path, data.split)
+    if layout is not None and layout.eval:
+        return
+    for knob, value in (("eval_fraction", data.eval_fraction), ("eval_size", data.eval_size)):
+        if value:
+            raise ConfigError(
+                f"data.{knob}={value} holds out rows of data.path, which a stream reads only as it trains",
+                key=f"data.{knob}",
+                hint=f"data.eval_path=<a finite eval file> (or data.{knob}=0 for no eval rows)",
+            )
+    if cfg.train.eval_every > 0:
+        raise ConfigError(
+            f"train.eval_every={cfg.train.eval_every} evaluates during training, but a stream has no eval "
+            "rows of its own",
+            key="train.eval_every",
+            hint="data.eval_path=<a finite eval file>, or train.eval_every=0",
+        )
+
+
+def check_positions(checkpoint: Path, world: int) -> None:
+    """A streamed run's checkpoint holds every rank's stream position, written by as many ranks."""
+    for rank in range(world):
+        path = checkpoint / POSITION_FILE.format(rank=rank)
+        if not path.is_file():
+            raise ConfigError(
+                f"{checkpoint} holds no stream position for rank {rank} ({path.name}): it was not written "
+                "by a streaming run of this many processes",
+                key="resume",
+                hint="resume a data.streaming run with its own launcher.nproc_per_node",
+            )
+        written = json.loads(path.read_text())["world"]
+        if written != world:
+            raise ConfigError(
+                f"{checkpoint} was written by {written} streaming processes; this run has {world} (each rank "
+                "reads its own share of the stream)",
+                key="launcher.nproc_per_node",
+                hint=f"resume with {written} processes in all",
+            )
+
+
+# --------------------------------------------------------------------------------------------- the load
+def load_stream(data: Any) -> tuple[RowStream, LoadedData]:
+    """This rank's stream, and the splits ``prepare_data`` checks as it checks loaded ones: the stream's
+    first rows (checked before the model loads) as train, the eval rows (a finite file, loaded whole)."""
+    from components.data import LoadedData
+    from components.streaming import open_stream
+
+    rank, world = rank_and_world()
+    stream, report = open_stream(data, rank=rank, world=world)
+    evals = stream.probe.select([])
+    if data.eval_path:
+        apart = data.layout(data.eval_path, None)
+        key = "data.eval_path"
+        sources = data.read(data.eval_path, key, report, parts=apart.train if apart else None)
+        evals = data.convert(sources, stream.convert, tuple(stream.column_names), key, report)
+        report.info["eval rows from"] = f"data.eval_path={data.eval_path}"
+        report.info.update(apart.info("eval") if apart else {})
+    else:
+        layout = data.layout(data.path, data.split)
+        if layout is not None and layout.eval:
+            sources = data.read(data.path, "data.path", report, parts=layout.eval)
+            evals = data.convert(sources, stream.convert, tuple(stream.column_names), "data.path", report)
+            report.info["eval rows from"] = f"the {layout.eval_split} split of data.path"
+        else:
+            report.info["eval rows from"] = "none (a stream: data.eval_path sets them)"
+    return stream, LoadedData({"train": stream.probe, "eval": evals}, report)
+
+
+def as_streamed(prepared: Any, stream: RowStream, data: Any, tokenizer: Any) -> None:
+    """``prepared`` (a PreparedData; its train split: the stream's first rows, checked) on the stream: every
+    later row goes through what ``prepare_data`` did to the first ones (the system turn folded or refused
+    for a template without one, the length policy), as it is read."""
+    from components.data import LoadedData, token_length
+    from components.text.chat_template import fold_system, is_conversational, rejects_system, template_label
+
+    checked = prepared.splits["train"]
+    stream = stream.with_probe(checked)
+    if tokenizer is not None and "messages" in checked.column_names and rejects_system(tokenizer):
+        label = template_label(tokenizer.chat_template)
+
+        def system(row: dict[str, Any]) -> dict[str, Any]:
+            if data.fold_system or not is_conversational(row) or row["messages"][0]["role"] != "system":
+                return {"messages": fold_system(row["messages"])}
+            raise ConfigError(
+                f"the chat template ({label}) has no system role, and this row starts with a system turn",
+                key="data.fold_system",
+                hint="data.fold_system=true folds the system prompt into the first user turn",
+            )
+
+        stream = stream.then(system)
+    if tokenizer is not None and data.on_overlong != "truncate":
+
+        def length(row: dict[str, Any]) -> dict[str, Any]:
+            n = token_length(row, tokenizer)
+            if n <= data.max_length:
+                return {}
+            if data.on_overlong == "drop":
+                raise Dropped
+            raise ConfigError(
+                f"{n} tokens > data.max_length={data.max_length}",
+                key="data.max_length",
+                hint="raise data.max_length, or set data.on_overlong=truncate or drop",
+            )
+
+        stream = stream.then(length)
+    prepared.splits = LoadedData({"train": stream, "eval": prepared.splits["eval"]}, prepared.splits.report)
+    prepared.notes["train rows"] = (
+        f"a stream (data.streaming): only its first {len(checked)} rows were read and checked before "
+        "training; the others are checked as training reads them"
+    )
+
+
+def checkable(splits: Any) -> dict[str, Any]:
+    """``splits`` with each stream replaced by its rows checked before training (for whole-split checks)."""
+    return {name: split.probe if is_stream(split) else split for name, split in splits.items()}
+
+
+def mask_stream(stream: RowStream, tokenizer: Any, *, label: str, completion_only: bool) -> RowStream:
+    """hydratune's turn-by-turn assistant mask on every row, as it is read (``pretokenize``'s rows)."""
+    from components.text.chat_template import pretokenized
+
+    def mask(row: dict[str, Any]) -> dict[str, Any]:
+        return pretokenized(row, tokenizer, label=label, completion_only=completion_only)
+
+    return stream.map(mask, remove_columns=stream.column_names)
+
+
+def sft_data_args(data: Any) -> dict[str, Any]:
+    """SFTConfig's data fields: TRL packs and truncates a loaded set; a stream is packed by the feed (TRL
+    truncates it unless packing: ``bfd`` cuts, ``bfd_split`` / ``wrapped`` carry the rest over), read in the
+    training process, and resumed from its own position (no skipping of batches)."""
+    args = {"max_length": data.max_length, "packing": data.packing, "packing_strategy": data.packing_strategy}
+    if not getattr(data, "streaming", False):
+        return args
+    return args | {
+        "packing": False,
+        "max_length": None if data.packing else data.max_length,
+        "ignore_data_skip": True,
+        "dataloader_num_workers": 0,
+        "dataloader_persistent_workers": False,
+        "accelerator_config": {"dispatch_batches": False, "split_batches": False},
+    }
+
+
+def packs_padding_free(data: Any) -> bool:
+    """A stream packed best-fit: its packed rows go through the padding-free collator (as TRL's do)."""
+    return bool(getattr(data, "streaming", False) and data.packing and data.packing_strategy != "wrapped")
+
+
+# --------------------------------------------------------------------------------------------- the feed
+@dataclass
+class Place:
+    """An example's place in the stream: its window's start, how many of the window's examples come up to
+    and including it, and the stream's counts at the window's end. A checkpoint holds the last trained."""
+
+    window: dict[str, Any] = field(default_factory=lambda: Position().as_dict())
+    next: int = 0
+    counts: dict[str, Any] = field(default_factory=lambda: Position().as_dict())
+    trained: int = 0  # examples this rank handed to training so far (packed rows, with data.packing)
+
+
+class Windows(TorchIterable):
+    """The examples of TRL's lazily prepared stream, a window at a time: shuffled, packed, each with its
+    :class:`Place`; from ``start`` (the stream restarted at its window, its examples before passed over)."""
+
+    def __init__(self, prepared: Any, stream: RowStream, data: Any, start: Place) -> None:
+        self.prepared, self.stream, self.data, self.start = prepared, stream, data, start
+
+    def __iter__(self) -> Any:
+        window, skip = self.start.window, self.start.next
+        self.stream.start = Position.of(window)
+        examples = iter(self.prepared)
+        while True:
+            taken = list(islice(examples, self.data.stream_window))
+            if not taken:
+                return
+            end = taken[-1][STREAM]
+            arranged = self.arrange(taken, window)
+            for k in range(skip, len(arranged)):
+                row = arranged[k].get(STREAM)  # where the row was (not for packed rows)
+                yield {**arranged[k], FEED: {"window": window, "next": k + 1, "counts": end, "row": row}}
+            window, skip = end, 0
+
+    def arrange(self, taken: list[dict[str, Any]], window: dict[str, Any]) -> list[dict[str, Any]]:
+        """One window's examples in training order: shuffled (seeded by data.seed and the window's start)
+        and packed (TRL's ``pack_dataset``) when asked."""
+        rng = random.Random(f"{self.data.seed}:{json.dumps(window, sort_keys=True)}")
+        rows = [{k: ex[k] for k in (*KEPT, STREAM) if k in ex} for ex in taken]
+        if self.data.stream_shuffle:
+            rng.shuffle(rows)
+        if not self.data.packing:
+            return rows
+        from datasets import Dataset
+        from trl import pack_dataset
+
+        table = Dataset.from_list([{k: r[k] for k in ("input_ids", "labels")} for r in rows])
+        packed = pack_dataset(table, self.data.max_length, self.data.packing_strategy).to_list()
+        if self.data.stream_shuffle:
+            rng.shuffle(packed)
+        return packed
+
+
+class Feed:
+    """One rank's streamed training data in the trainer (``trainer_hooks.StreamedData``): its loader, its
+    position in every checkpoint, and the rows it read for the summary."""
+
+    def __init__(self, stream: RowStream, data: Any) -> None:
+        self.stream, self.data = stream, data
+        self.start = Place()
+        self.last: Place | None = None  # of the last micro-batch handed out
+
+    def loader(self, trainer: Any) -> Any:
+        """The training DataLoader: this rank's own (not re-sharded by accelerate), read in this process."""
+        from torch.utils.data import DataLoader
+
+        windows = Windows(trainer.train_dataset, self.stream, self.data, self.start)
+        return DataLoader(
+            windows,
+            batch_size=trainer.args.per_device_train_batch_size,
+            collate_fn=self.collate(trainer.data_collator),
+            pin_memory=trainer.args.dataloader_pin_memory,
+            num_workers=0,
+        )
+
+    def collate(self, collator: Any) -> Any:
+        folder = os.environ.get(TRACE)
+        trace = Path(folder) / f"rank{rank_and_world()[0]}.jsonl" if folder else None
+
+        def collate(examples: list[dict[str, Any]]) -> Any:
+            place = examples[-1][FEED]
+            trained = self.place.trained + len(examples)
+            self.last = Place(place["window"], place["next"], place["counts"], trained)
+            if trace is not None:
+                with trace.open("a") as f:
+                    f.writelines(json.dumps(ex[FEED]["row"]) + "\n" for ex in examples)
+            return collator([{k: v for k, v in ex.items() if k in KEPT} for ex in examples])
+
+        return collate
+
+    @property
+    def place(self) -> Place:
+        return self.last or self.start
+
+    def save(self, checkpoint: Path) -> None:
+        """This rank's stream position into ``checkpoint`` (every rank writes its own file)."""
+        rank, world = rank_and_world()
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        record = {"rank": rank, "world": world, **self.place.__dict__}
+        (checkpoint / POSITION_FILE.format(rank=rank)).write_text(json.dumps(record, indent=1))
+
+    def restore(self, checkpoint: Path) -> None:
+        """Continue from this rank's position in ``checkpoint``."""
+        record = json.loads((checkpoint / POSITION_FILE.format(rank=rank_and_world()[0])).read_text())
+        self.start = Place(record["window"], record["next"], record["counts"], record["trained"])
+
+    def report(self, accelerator: Any) -> dict[str, Any]:
+        """Every rank's rows read, skipped and dropped (a collective call: every rank makes it)."""
+        from accelerate.utils import gather_object
+
+        counts = Position.of(self.place.counts)
+        mine = {**counts.counts(), "trained": self.place.trained, "pass": counts.epoch + 1}
+        every = gather_object([mine]) if accelerator.num_processes > 1 else [mine]
+        what = "packed rows" if self.data.packing else "rows"
+        lines = "; ".join(
+            f"rank {r}: {c['trained']} {what} trained; {c['read']} rows read (pass {c['pass']}; windows "
+            f"of {self.data.stream_window} are read ahead), {c['skipped']} skipped (bad), {c['dropped']} "
+            "dropped (too long)"
+            for r, c in enumerate(every)
+        )
+        return {"streamed (per rank)": lines}
