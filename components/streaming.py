@@ -23,6 +23,7 @@ import io
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -204,14 +205,15 @@ def arrow_rows(part: Part, at: Position) -> Iterator[Raw]:
             yield i, row, None
 
 
-def hub_rows(data: ChatDataset, at: Position, rank: int, world: int) -> Iterator[Raw]:
-    """A hub dataset's rows for ``rank`` of ``world`` (``split_dataset_by_node``), from ``at`` (the rows
-    before it are read again and passed over)."""
+def hub_rows(data: ChatDataset, at: Position, rank: int, world: int, held: int = 0) -> Iterator[Raw]:
+    """A hub dataset's rows after its first ``held`` (its eval rows), for ``rank`` of ``world``
+    (``split_dataset_by_node``), from ``at`` (the rows before it are read again and passed over)."""
     import datasets
     from datasets.distributed import split_dataset_by_node
 
     try:
         table = datasets.load_dataset(data.path, data.subset, split=data.split, streaming=True)
+        table = table.skip(held) if held else table
         table = split_dataset_by_node(table, rank=rank, world_size=world) if world > 1 else table
         rows = iter(table.skip(at.row) if at.row else table)
         for number in range(at.row + 1, 1 << 62):
@@ -251,6 +253,7 @@ class RowStream:
         self.by_files = self.local and len(parts) % world == 0 and data.max_samples is None
         self.steps: list[Step] = []
         self.start = Position()
+        self.head: Position | None = None  # where the stream starts after the rows it holds out for eval
 
     @property
     def column_names(self) -> list[str]:
@@ -296,10 +299,13 @@ class RowStream:
         return f"{self.world} ranks: rows dealt in turn (row i: rank i % {self.world})"
 
     # -- reading -------------------------------------------------------------------------------------
-    def raw(self, part: Part | None, at: Position) -> Iterator[Raw]:
-        """The rows of one file (or of the hub dataset) from ``at``."""
+    def raw(self, part: Part | None, at: Position, *, whole: bool = False) -> Iterator[Raw]:
+        """The rows of one file (or of the hub dataset: this rank's, after its eval rows; ``whole``: every
+        row) from ``at``."""
         if part is None:
-            return hub_rows(self.data, at, self.rank, self.world)
+            if whole:
+                return hub_rows(self.data, at, 0, 1)
+            return hub_rows(self.data, at, self.rank, self.world, self.head.index if self.head else 0)
         if part.path.is_dir() or data_suffix(part.path) == ".arrow":
             return arrow_rows(part, at)
         if BUILDERS[data_suffix(part.path)] == "json":
@@ -334,6 +340,11 @@ class RowStream:
                 continue
             if fi != at.file:
                 at.file, at.row, at.line, at.offset = fi, 0, 0, 0
+            held = self.head if self.local else None  # a hub dataset's reader passes over its eval rows
+            if held is not None and fi < held.file:  # held out for eval, every row of it
+                continue
+            if held is not None and fi == held.file and at.row < held.row:  # the rest of it
+                at.row, at.line, at.offset, at.index = held.row, held.line, held.offset, held.index
             part = self.parts[fi]
             for number, raw, offset in self.raw(part, dataclasses.replace(at)):
                 at.row, at.line, at.offset, at.index = at.row + 1, number, offset, at.index + 1
@@ -358,13 +369,13 @@ class RowStream:
         """One raw row parsed, converted and put through the steps; None (counted in ``at``) when it is
         skipped (bad, ``on_error=skip``) or dropped (too long, ``on_overlong=drop``)."""
         skip = self.data.on_error == "skip"
+        where = self.where(part, number, at, raw)
         if isinstance(raw, bytes):
             assert part is not None
             raw = parse_json_line(part.path, number, raw, key=KEY, skip=skip, stats={})
             if raw is None:
                 at.skipped += 1
                 return None
-        where = self.where(part, number, at, raw)
         try:
             row = self.data.renamed({k: v for k, v in raw.items() if k not in self.data.ignore_columns})
             self.data.task_columns(Rows(where, [row]))
@@ -412,48 +423,94 @@ def chat_converter(
     return functools.partial(data.to_chat, fmt=kind, tools=tools), columns, used
 
 
-def probe_rows(stream: RowStream, limit: int, report: LoadReport) -> list[Rows]:
-    """The first ``limit`` rows of the whole stream (every rank's, in file order), parsed, per file."""
-    whole = RowStream(stream.data, stream.parts, stream.convert, stream.probe)  # one process's view
-    sources: list[Rows] = []
-    left = limit if stream.data.max_samples is None else min(limit, stream.data.max_samples)
-    for part in whole.parts:
-        if left <= 0:
-            break
-        name = f"{stream.data.path}[{stream.data.split}]" if part is None else str(part.path)
-        rows, lines = [], []
-        skip = stream.data.on_error == "skip"
-        for number, raw, _ in whole.raw(part, Position()):
-            if isinstance(raw, bytes):
-                assert part is not None
-                raw = parse_json_line(part.path, number, raw, key=KEY, skip=skip, stats=report.stats)
-                if raw is None:
-                    continue
-            rows.append(raw)
-            lines.append(number)
-            if len(rows) >= left:
-                break
-        left -= len(rows)
-        is_lines = part is not None and BUILDERS.get(data_suffix(part.path)) == "json"
-        sources.append(Rows(name, rows, lines if is_lines else None))
-    if not any(s.rows for s in sources):
+def head(shell: RowStream) -> Iterator[tuple[int, Part | None, int, Any, int | None]]:
+    """(file index, part, line or row number, raw row, byte offset after it) of the stream's rows in file
+    order, every rank's, one pass, up to ``data.max_samples`` rows."""
+    cap, n = shell.data.max_samples, 0
+    for fi, part in enumerate(shell.parts):
+        for number, raw, offset in shell.raw(part, Position(), whole=True):
+            if cap is not None and n >= cap:
+                return
+            n += 1
+            yield fi, part, number, raw, offset
+
+
+@dataclass
+class Head:
+    """One of the stream's first rows, as read before training: its file, line or row number, the row
+    (None: a bad JSON line, skipped and counted) and the byte offset after it."""
+
+    file: int
+    source: str
+    number: int
+    row: Row | None
+    offset: int | None
+    lines: bool  # a JSON line (named by its line number)
+
+
+def first_rows(shell: RowStream, limit: int, report: LoadReport) -> list[Head]:
+    """The first ``limit`` rows of the stream (every rank's, in file order), parsed (a bad JSON line: an
+    error naming it, or skipped and counted in ``report``)."""
+    skip = shell.data.on_error == "skip"
+    out = []
+    for fi, part, number, raw, offset in islice(head(shell), limit):
+        source = f"{shell.data.path}[{shell.data.split}]" if part is None else str(part.path)
+        lines = isinstance(raw, bytes)
+        if lines:
+            assert part is not None
+            raw = parse_json_line(part.path, number, raw, key=KEY, skip=skip, stats=report.stats)
+        out.append(Head(fi, source, number, raw, offset, lines))
+    if not any(h.row is not None for h in out):
         raise ConfigError(
-            f"{stream.data.path} holds no rows" + (" that could be read" if report.stats else ""),
+            f"{shell.data.path} holds no rows" + (" that could be read" if report.stats else ""),
             key=KEY,
             hint="check the file (or data.split for a hub dataset)",
         )
-    return [s for s in sources if s.rows]
+    return out
 
 
-def open_stream(data: ChatDataset, *, rank: int = 0, world: int = 1) -> tuple[RowStream, LoadReport]:
+def as_sources(rows: list[Head]) -> list[Rows]:
+    """``rows`` as one ``Rows`` per file (what ``load()``'s checks and conversion take)."""
+    files: dict[int, Rows] = {}
+    for h in rows:
+        source = files.setdefault(h.file, Rows(h.source, [], [] if h.lines else None))
+        if h.row is not None:
+            source.rows.append(h.row)
+            if source.lines is not None:
+                source.lines.append(h.number)
+    return [source for source in files.values() if source.rows]
+
+
+def held_out(shell: RowStream) -> int:
+    """How many of the stream's first rows are its eval rows: data.eval_size, or by default the share
+    ``load()`` holds out of a file of as many rows (5%, at most 1,000: the stream's rows are counted up
+    to 20,000); none with data.eval_path, a folder's validation split or data.eval_fraction=0."""
+    from components.data import DEFAULT_EVAL_FRACTION, DEFAULT_EVAL_ROWS
+
+    data = shell.data
+    layout = data.layout(data.path, data.split) if shell.local else None
+    if data.eval_path or (layout is not None and layout.eval) or data.eval_fraction == 0:
+        return 0
+    if data.eval_size:
+        return data.eval_size
+    enough = round(DEFAULT_EVAL_ROWS / DEFAULT_EVAL_FRACTION)  # from here on, the cap holds
+    return data.held_out(sum(1 for _ in islice(head(shell), enough)))
+
+
+def open_stream(
+    data: ChatDataset, *, rank: int = 0, world: int = 1
+) -> tuple[RowStream, LoadReport, Dataset | None]:
     """This rank's stream of data.path, after its first :data:`PROBE` rows were read and converted the way
     ``load()`` converts a file (format detection, column mapping, the first-rows check, every row checked:
-    a bad one names its file and line before the model loads, or is skipped and counted)."""
+    a bad one names its file and line before the model loads, or is skipped and counted); and its eval
+    rows when they are its first rows (:func:`held_out`: the stream then starts after them, every pass)."""
     report = LoadReport()
     layout = data.layout(data.path, data.split) if looks_local(data.path) else None
     parts: list[Part | None] = list(layout.train) if layout else [None]
     shell = RowStream(data, parts, lambda row: row, _empty(), rank=rank, world=world)
-    sources = data.shape(probe_rows(shell, PROBE, report), KEY, report)
+    held = held_out(shell)
+    read = first_rows(shell, max(PROBE, held), report)
+    sources = data.shape(as_sources(read[:PROBE]), KEY, report)
     convert, columns, used = chat_converter(data, sources, report)
     unanswered: list[Row] = []
 
@@ -463,12 +520,38 @@ def open_stream(data: ChatDataset, *, rank: int = 0, world: int = 1) -> tuple[Ro
             unanswered.append(row)
         return out
 
-    probe = data.convert(sources, checked, columns, KEY, report, used)
+    checked_rows = data.convert(sources, checked, columns, KEY, report, used)
     note_unanswered(sources, unanswered, KEY, report)
     report.info.update(layout.info() if layout else {})
-    stream = RowStream(data, parts, convert, probe, rank=rank, world=world)
+    stream = RowStream(data, parts, convert, checked_rows, rank=rank, world=world)
+    evals = hold_out(stream, read, held, columns, report) if held else None
     report.info["stream split across ranks"] = stream.describe()
-    return stream, report
+    return stream, report, evals
+
+
+def hold_out(
+    stream: RowStream, read: list[Head], n: int, columns: tuple[str, ...], report: LoadReport
+) -> Dataset:
+    """The stream's first ``n`` rows converted (its eval rows); the stream starts after them, every pass."""
+    data = stream.data
+    if len(read) < n or (len(read) == n and next(islice(head(stream), n, None), None) is None):
+        raise ConfigError(
+            f"holding out the first {n} rows of the stream for eval leaves no training rows ({data.path} "
+            f"has {len(read)})",
+            key="data.eval_size" if data.eval_size else "data.eval_fraction",
+            hint="hold out fewer rows (data.eval_size=N), or give a separate data.eval_path",
+        )
+    last = read[n - 1]
+    in_file = sum(1 for h in read[:n] if h.file == last.file)
+    stream.head = Position(file=last.file, row=in_file, line=last.number, offset=last.offset, index=n)
+    sources = data.shape(as_sources(read[:n]), KEY, LoadReport())
+    evals = data.convert(sources, stream.convert, columns, KEY, report)
+    report.info["eval rows from"] = (
+        f"the first {n} rows of data.path (a stream holds out its own first rows, never trained on; "
+        + ("data.eval_size" if data.eval_size else "the default: 5% of its rows, at most 1,000")
+        + "; data.eval_path sets others)"
+    )
+    return evals
 
 
 def _empty() -> Dataset:

@@ -97,31 +97,22 @@ def check_streaming(cfg: DictConfig, comps: Components) -> None:
             key="data.streaming",
             hint="data.streaming=false, or data parallelism only (tp/sp/pp sizes 1)",
         )
-    check_stream_eval(cfg, data)
+    check_stream_eval(data)
 
 
-def check_stream_eval(cfg: DictConfig, data: Any) -> None:
-    """Eval rows of a stream come from a finite file: data.eval_path (or the folder's validation split);
-    a share of a stream of unknown length is refused."""
-    if data.eval_path:
-        return
+def check_stream_eval(data: Any) -> None:
+    """A stream's eval rows: data.eval_path (or the folder's validation split), or its own first rows
+    (data.eval_size=N, or the default share); a fraction of a stream of unknown length is refused."""
     layout = data.layout(data.path, data.split)
-    if layout is not None and layout.eval:
+    if data.eval_path or (layout is not None and layout.eval) or not data.eval_fraction:
         return
-    for knob, value in (("eval_fraction", data.eval_fraction), ("eval_size", data.eval_size)):
-        if value:
-            raise ConfigError(
-                f"data.{knob}={value} holds out rows of data.path, which a stream reads only as it trains",
-                key=f"data.{knob}",
-                hint=f"data.eval_path=<a finite eval file> (or data.{knob}=0 for no eval rows)",
-            )
-    if cfg.train.eval_every > 0:
-        raise ConfigError(
-            f"train.eval_every={cfg.train.eval_every} evaluates during training, but a stream has no eval "
-            "rows of its own",
-            key="train.eval_every",
-            hint="data.eval_path=<a finite eval file>, or train.eval_every=0",
-        )
+    raise ConfigError(
+        f"data.eval_fraction={data.eval_fraction} is a share of data.path, and a stream's length is not "
+        "known before it is read",
+        key="data.eval_fraction",
+        hint="data.eval_size=N holds out the stream's first N rows (unset, both hold out 5% of its rows, at "
+        "most 1,000), or data.eval_path=<a finite eval file>",
+    )
 
 
 def check_positions(checkpoint: Path, world: int) -> None:
@@ -153,8 +144,7 @@ def load_stream(data: Any) -> tuple[RowStream, LoadedData]:
     from components.streaming import open_stream
 
     rank, world = rank_and_world()
-    stream, report = open_stream(data, rank=rank, world=world)
-    evals = stream.probe.select([])
+    stream, report, evals = open_stream(data, rank=rank, world=world)
     if data.eval_path:
         apart = data.layout(data.eval_path, None)
         key = "data.eval_path"
@@ -162,14 +152,13 @@ def load_stream(data: Any) -> tuple[RowStream, LoadedData]:
         evals = data.convert(sources, stream.convert, tuple(stream.column_names), key, report)
         report.info["eval rows from"] = f"data.eval_path={data.eval_path}"
         report.info.update(apart.info("eval") if apart else {})
-    else:
-        layout = data.layout(data.path, data.split)
-        if layout is not None and layout.eval:
-            sources = data.read(data.path, "data.path", report, parts=layout.eval)
-            evals = data.convert(sources, stream.convert, tuple(stream.column_names), "data.path", report)
-            report.info["eval rows from"] = f"the {layout.eval_split} split of data.path"
-        else:
-            report.info["eval rows from"] = "none (a stream: data.eval_path sets them)"
+    elif (layout := data.layout(data.path, data.split)) is not None and layout.eval:
+        sources = data.read(data.path, "data.path", report, parts=layout.eval)
+        evals = data.convert(sources, stream.convert, tuple(stream.column_names), "data.path", report)
+        report.info["eval rows from"] = f"the {layout.eval_split} split of data.path"
+    elif evals is None:
+        evals = stream.probe.select([])
+        report.info["eval rows from"] = "none (data.eval_fraction=0)"
     return stream, LoadedData({"train": stream.probe, "eval": evals}, report)
 
 
