@@ -164,6 +164,26 @@ def test_a_bad_row_past_the_checked_ones_names_its_file_and_line_or_is_counted(t
         open_stream(raising)
 
 
+def test_the_length_policy_applies_to_every_streamed_row(tmp_path: Path) -> None:
+    """data.on_overlong on a row read after the checked ones: dropped and counted, or named."""
+    from components.runtime.dataprep import prepare_data
+    from components.text.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(str(REPO / "components" / "assets" / "tiny"))
+    rows = [chat(i) for i in range(PROBE + 20)]
+    rows[PROBE + 5]["messages"][0]["content"] = "many words " * 200  # line PROBE + 6
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    knobs = {"path": str(path), "eval_fraction": 0.0, "streaming": True, "max_length": 64}
+    stream = prepare_data(ChatDataset(**knobs, on_overlong="drop"), tokenizer, 0).splits["train"]
+    *_, (_, after) = islice(stream.rows(Position()), PROBE + 19)
+    assert after.counts() == {"read": PROBE + 20, "skipped": 0, "dropped": 1}
+    stream = prepare_data(ChatDataset(**knobs, on_overlong="error"), tokenizer, 0).splits["train"]
+    with pytest.raises(
+        ConfigError, match=rf"{path}:{PROBE + 6} \(row {PROBE + 6}\): \d+ tokens > data.max_length=64"
+    ):
+        list(islice(stream.rows(Position()), PROBE + 19))
+
+
 def test_the_feed_resumes_at_the_exact_example_shuffled_and_packed(tmp_path: Path) -> None:
     """The feed's windows (shuffled, packed with TRL's pack_dataset) started from the place after any
     example give exactly the examples that followed it (the stream restarted at its window)."""
@@ -365,8 +385,10 @@ def test_a_stream_stopped_by_sigterm_resumes_on_the_same_rows_to_the_same_weight
     assert traced(tmp_path / "t_stopped") == reference[:32]
     assert traced(tmp_path / "t_resumed") == reference[32:]
     same_weights(straight, tmp_path / "resumed")
-    summary = json.loads((tmp_path / "resumed" / "result.json").read_text())
-    assert summary["data"]["streamed (per rank)"].startswith("rank 0: 64 rows trained")
+    result = json.loads((tmp_path / "resumed" / "result.json").read_text())
+    assert result["data"]["streamed (per rank)"].startswith("rank 0: 64 rows trained")
+    assert result["cost"]["end-of-run eval rows"] == 40 and result["cost"]["end-of-run eval (s)"] >= 0
+    assert "end-of-run eval (s)" in (tmp_path / "resumed" / "summary.md").read_text()
 
 
 def test_a_packed_stream_resumes_to_the_same_weights(tmp_path, monkeypatch) -> None:

@@ -216,7 +216,7 @@ class Session:
         train, feed = data["train"], None
         if is_stream(train):  # TRL tokenizes it lazily; the feed batches it and keeps its position
             feed, train = Feed(train, c.data), train.dataset()
-        return hydratune_trainer(trainer_cls, handlers, feed)(
+        trainer = hydratune_trainer(trainer_cls, handlers, feed)(
             model=self.model,
             args=args,
             train_dataset=train,
@@ -225,6 +225,9 @@ class Session:
             callbacks=self.callbacks(),
             **extra,
         )
+        if feed is not None:
+            trainer.eval_dataset = feed.eval_examples(trainer.eval_dataset)
+        return trainer
 
     def evaluate_generations(self, when: str) -> None:
         """Exact-match accuracy of greedy answers to the eval prompts (see ``load_data``), for the summary."""

@@ -1,16 +1,17 @@
 """``data.streaming=true`` in a run: the refusals before load, the stream's preparation beside the loaded
 eval rows, and the feed that turns TRL's lazily tokenized stream into the training batches.
 
-The feed takes :data:`window` examples at a time from the stream (``data.stream_window``), shuffles them
-(seeded by data.seed and where the window starts), packs them (``data.packing``, TRL's ``pack_dataset``) and
-hands them out; each example carries where its window starts in the stream and how many of the window's
-examples come before it. The collator records that for the last example of every micro-batch, and the
-checkpoint holds it per rank (``stream_position_<rank>.json``): a resume starts the stream at that window,
-prepares it again and passes over what was trained: the same examples, in the same order, as a run that
-never stopped, at the cost of one window (the Trainer's own skipping, which re-reads every batch before,
-is switched off: ``ignore_data_skip``). The loader is this process's own (no accelerate re-sharding: the
-stream is this rank's share already) and reads in the training process (``train.num_workers=0``), so what
-it read is what was trained.
+The feed takes ``data.stream_window`` examples at a time from the stream (fewer where a pass over the
+data ends: a window never holds a row twice), shuffles them (seeded by data.seed and where the window
+starts), packs them (``data.packing``, TRL's ``pack_dataset``) and hands them out; each example carries
+where its window starts in the stream and how many of the window's examples come before it. The collator
+records that for the last example of every micro-batch, and the checkpoint holds it per rank
+(``stream_position_<rank>.json``): a resume starts the stream at that window, prepares it again and passes
+over what was trained: the same examples, in the same order, as a run that never stopped, at the cost of
+one window (the Trainer's own skipping, which re-reads every batch before, is switched off:
+``ignore_data_skip``). The loader is this process's own (no accelerate re-sharding: the stream is this
+rank's share already) and reads in the training process (``train.num_workers=0``), so what it read is
+what was trained.
 """
 
 from __future__ import annotations
@@ -265,9 +266,14 @@ class Windows(TorchIterable):
     def __iter__(self) -> Any:
         window, skip = self.start.window, self.start.next
         self.stream.start = Position.of(window)
-        examples = iter(self.prepared)
-        while True:
-            taken = list(islice(examples, self.data.stream_window))
+        examples, pending = iter(self.prepared), None
+        while True:  # a window ends at the end of a pass, so it never holds a row twice
+            taken, pending = [pending] if pending is not None else [], None
+            for example in islice(examples, self.data.stream_window - len(taken)):
+                if taken and example[STREAM]["epoch"] != taken[0][STREAM]["epoch"]:
+                    pending = example
+                    break
+                taken.append(example)
             if not taken:
                 return
             end = taken[-1][STREAM]
@@ -332,6 +338,19 @@ class Feed:
             return collator([{k: v for k, v in ex.items() if k in KEPT} for ex in examples])
 
         return collate
+
+    def eval_examples(self, prepared: Any) -> Any:
+        """The eval rows as TRL prepared them. With data.packing TRL tokenized them without cutting (the
+        stream's rows are cut by its packing strategy, not before it): here they are cut at data.max_length
+        and those left without a trained token dropped, as TRL does unpacked rows."""
+        if prepared is None or not self.data.packing:
+            return prepared
+        limit = self.data.max_length
+
+        def cut(example: dict[str, Any]) -> dict[str, Any]:
+            return {"input_ids": example["input_ids"][:limit], "labels": example["labels"][:limit]}
+
+        return prepared.map(cut).filter(lambda example: any(t != -100 for t in example["labels"]))
 
     @property
     def place(self) -> Place:
