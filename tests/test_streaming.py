@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 
 from components.config.errors import EXIT_INTERRUPTED, ConfigError
 from components.data import ChatDataset
-from components.runtime.streaming import POSITION_FILE, TRACE, Place, Windows, check_positions
+from components.runtime.feed import TRACE, Place, Windows
+from components.runtime.streaming import POSITION_FILE, check_positions
 from components.streaming import PROBE, STREAM, Position, open_stream
 from tests.conftest import REPO
 
@@ -140,6 +141,38 @@ def test_ranks_read_disjoint_rows_that_cover_the_data(tmp_path: Path, files: int
     assert len(list(ranks[0].one_pass(Position()))) == 20
     with pytest.raises(ConfigError, match=rf"{last}:{len(lines)}: malformed JSON"):
         list(ranks[1].one_pass(Position()))
+
+
+def test_a_hub_dataset_streams_through_datasets_streaming_mode(tmp_path: Path, monkeypatch) -> None:
+    """A hub id is read by ``datasets.load_dataset(..., streaming=True)`` (here answered from a local file:
+    offline, the hub is refused before load, see the plan test): its first rows held out for eval, the
+    rest split between ranks by ``split_dataset_by_node``, a position resumed by skipping."""
+    import datasets
+
+    rows = [chat(i) for i in range(30)]
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    real = datasets.load_dataset
+
+    def load_dataset(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name != "someone/chats":
+            return real(name, *args, **kwargs)
+        assert kwargs["streaming"] is True and kwargs["split"] == "train"
+        return real("json", data_files=[str(path)], split="train", streaming=True)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    data = ChatDataset(path="someone/chats", streaming=True, eval_size=4)
+    stream, _, evals = open_stream(data)
+    as_rows = [ChatDataset.to_chat(data, r, "messages") for r in rows]
+    assert evals.to_list() == as_rows[:4]
+    first = list(islice(stream.rows(Position()), 30))
+    assert [row for row, _ in first[:26]] == as_rows[4:] and [row for row, _ in first[26:]] == as_rows[4:8]
+    assert [row for row, _ in islice(stream.rows(first[9][1]), 3)] == as_rows[14:17]
+    seen = [
+        json.dumps(row)
+        for rank in (0, 1)
+        for row, _ in open_stream(data, rank=rank, world=2)[0].one_pass(Position())
+    ]
+    assert sorted(seen) == sorted(map(json.dumps, as_rows[4:]))
 
 
 def test_a_bad_row_past_the_checked_ones_names_its_file_and_line_or_is_counted(tmp_path: Path) -> None:
@@ -305,6 +338,11 @@ def test_plan_checks_only_the_first_rows_and_says_so(tmp_path: Path, capsys, mon
     out = capsys.readouterr().out
     assert f"only its first {PROBE} rows were read and checked before training" in out
     assert "eval rows from: the first 50 rows of data.path" in out  # 5% of them, by default
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1 (no DNS retries)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(SystemExit) as code:  # a hub dataset, streamed: offline, refused before load, named
         cli(
             "mode=plan",
@@ -326,8 +364,8 @@ def test_plan_checks_only_the_first_rows_and_says_so(tmp_path: Path, capsys, mon
 #: the CLI, sending itself SIGTERM when the feed hands out micro-batch ``argv[1]`` (once)
 SIGNALLED = """
 import os, signal, sys
-from components.runtime import streaming
-real, at = streaming.Feed.collate, int(sys.argv[1])
+from components.runtime import feed
+real, at = feed.Feed.collate, int(sys.argv[1])
 def collate(self, collator):
     inner, calls = real(self, collator), []
     def hooked(examples):
@@ -336,7 +374,7 @@ def collate(self, collator):
             os.kill(os.getpid(), signal.SIGTERM)
         return inner(examples)
     return hooked
-streaming.Feed.collate = collate
+feed.Feed.collate = collate
 from recipes.cli import main
 main(sys.argv[2:])
 """
@@ -393,11 +431,11 @@ def test_a_stream_stopped_by_sigterm_resumes_on_the_same_rows_to_the_same_weight
 
 def test_a_packed_stream_resumes_to_the_same_weights(tmp_path, monkeypatch) -> None:
     """The same with data.packing (bfd, padding-free batches), stopped by a SIGTERM to this process."""
-    from components.runtime import streaming
+    from components.runtime import feed
 
     path = write_jsonl(tmp_path / "rows.jsonl", [chat(i * 37) for i in range(40)])
     common = [*RUN, "data.packing=true", "data.max_length=48", f"data.path={path}", f"data.eval_path={path}"]
-    real = streaming.Feed.collate
+    real = feed.Feed.collate
 
     def collate(self: Any, collator: Any) -> Any:
         inner, calls = real(self, collator), []
@@ -410,11 +448,11 @@ def test_a_packed_stream_resumes_to_the_same_weights(tmp_path, monkeypatch) -> N
 
         return hooked
 
-    monkeypatch.setattr(streaming.Feed, "collate", collate)
+    monkeypatch.setattr(feed.Feed, "collate", collate)
     with pytest.raises(SystemExit) as code:
         cli(*common, f"hydra.run.dir={tmp_path / 'stopped'}")
     assert code.value.code == EXIT_INTERRUPTED
-    monkeypatch.setattr(streaming.Feed, "collate", real)
+    monkeypatch.setattr(feed.Feed, "collate", real)
     cli(f"resume={tmp_path / 'stopped'}", f"hydra.run.dir={tmp_path / 'resumed'}")
     cli(*common, f"hydra.run.dir={tmp_path / 'straight'}")
     same_weights(tmp_path / "straight", tmp_path / "resumed")

@@ -28,10 +28,11 @@ from components.runtime.callbacks import (
 from components.runtime.checkpoint import checkpoints_in, save_final
 from components.runtime.dataprep import eval_every, prepare_data
 from components.runtime.diskspace import ensure_room_for_final
+from components.runtime.feed import Feed
 from components.runtime.resume import pinned
 from components.runtime.run import RunContext, peak_memory_gb
 from components.runtime.startup import training_starts
-from components.runtime.streaming import Feed, checkable, is_stream, mask_stream
+from components.runtime.streaming import checkable, is_stream, mask_stream
 from components.text.chat_template import (
     HYDRATUNE,
     check_splits,
