@@ -1176,7 +1176,7 @@ class Source:
     # any of PER_SOURCE}, e.g. [{path: a.jsonl, weight: 0.7}, {path: b.json, rows: 500, format: alpaca}]
     mixture: list[dict[str, Any]] = field(default_factory=list)
     # read data.path lazily, row by row while training (corpora larger than memory or disk): SFT only,
-    # with train.max_steps; eval rows from data.eval_path (README "Streaming")
+    # with train.max_steps; eval rows: data.eval_path, or the stream's own first rows (README "Streaming")
     streaming: bool = False
 
     def validate(self) -> None:
