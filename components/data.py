@@ -123,6 +123,10 @@ TASK_COLUMNS = {
         ),
     ),
 }
+#: the eval rows held out of data.path when neither data.eval_path, data.eval_size nor data.eval_fraction is
+#: set: this share of the rows, at most DEFAULT_EVAL_ROWS (so that evaluating them cannot dominate a run)
+DEFAULT_EVAL_FRACTION = 0.05
+DEFAULT_EVAL_ROWS = 1000
 PROBE_ROWS = 5  # when this many first rows (or all, if fewer) fail alike, the format or mapping is wrong
 PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped")
 ON_ERROR = ("raise", "skip")
@@ -483,6 +487,16 @@ class Rows:
         return Rows(self.source, self.rows[:n], None if self.lines is None else self.lines[:n])
 
 
+def row_error(where: str, err: RowError, key: str) -> ConfigError:
+    """A bad row (``on_error=raise``), named by its file and line or row."""
+    return ConfigError(
+        f"{where}: {err}",
+        key=key,
+        hint=(f"{err.hint}; or " if err.hint else "")
+        + "fix the row, or set data.on_error=skip to drop bad rows and count them",
+    )
+
+
 def _count(stats: dict[str, int], key: str, n: int = 1) -> None:
     stats[key] = stats.get(key, 0) + n
 
@@ -548,27 +562,37 @@ def read_json_lines(path: Path, raw: bytes, *, key: str, skip: bool, stats: dict
         _check_first_lines(path, raw, key)
     rows, lines = [], []
     for number, line_bytes in enumerate(raw.splitlines(), start=1):
-        try:
-            line = line_bytes.decode("utf-8")
-        except UnicodeDecodeError as err:
-            _bad_line(path, number, f"not UTF-8 text (byte {err.start} of the line)", key, skip, stats)
-            continue
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            _bad_line(path, number, f"malformed JSON ({err.msg}, column {err.colno})", key, skip, stats)
-            continue
-        except RecursionError:  # json's parser recurses once per nested bracket
-            _bad_line(path, number, "JSON nested too deeply to parse", key, skip, stats)
-            continue
-        if not isinstance(row, dict):
-            _bad_line(path, number, f"expected a JSON object, got {type(row).__name__}", key, skip, stats)
-            continue
-        rows.append(row)
-        lines.append(number)
+        row = parse_json_line(path, number, line_bytes, key=key, skip=skip, stats=stats)
+        if row is not None:
+            rows.append(row)
+            lines.append(number)
     return Rows(str(path), rows, lines)
+
+
+def parse_json_line(
+    path: Path, number: int, line_bytes: bytes, *, key: str, skip: bool, stats: dict[str, int]
+) -> Row | None:
+    """Line ``number`` of a JSON lines file as a row; None for a blank line, or a bad one with ``skip``
+    (counted in ``stats``); a bad one is a ConfigError naming the file and line otherwise."""
+    try:
+        line = line_bytes.decode("utf-8")
+    except UnicodeDecodeError as err:
+        _bad_line(path, number, f"not UTF-8 text (byte {err.start} of the line)", key, skip, stats)
+        return None
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        _bad_line(path, number, f"malformed JSON ({err.msg}, column {err.colno})", key, skip, stats)
+        return None
+    except RecursionError:  # json's parser recurses once per nested bracket
+        _bad_line(path, number, "JSON nested too deeply to parse", key, skip, stats)
+        return None
+    if not isinstance(row, dict):
+        _bad_line(path, number, f"expected a JSON object, got {type(row).__name__}", key, skip, stats)
+        return None
+    return row
 
 
 def _one_document(raw: bytes) -> bool:
@@ -716,6 +740,12 @@ def read_table(path: Path, *, key: str, limit: int | None = None) -> Rows:
 def read_arrow(part: Part, *, key: str, limit: int | None = None) -> Rows:
     """An ``.arrow`` file (``Dataset.from_file``), a ``save_to_disk`` folder or one split of one
     (``datasets.load_from_disk``)."""
+    source, table = open_arrow(part, key=key)
+    return Rows(source, _to_rows(table, limit))
+
+
+def open_arrow(part: Part, *, key: str) -> tuple[str, Dataset]:
+    """(its name, the memory-mapped table) of an ``.arrow`` file or a ``save_to_disk`` folder or split."""
     import datasets
 
     source = str(part.path) + (f"[{part.split}]" if part.split is not None else "")
@@ -732,7 +762,7 @@ def read_arrow(part: Part, *, key: str, limit: int | None = None) -> Rows:
             key=key,
             hint="write it with Dataset.save_to_disk (a folder) or point at the .arrow file of one",
         ) from None
-    return Rows(source, _to_rows(table, limit))
+    return source, table
 
 
 def read_part(part: Part, *, key: str, limit: int | None, skip: bool, stats: dict[str, int]) -> Rows:
@@ -752,15 +782,20 @@ def read_hub(name: str, *, split: str, subset: str | None, key: str, limit: int 
     try:
         table = datasets.load_dataset(name, subset, split=split)
     except Exception as err:
-        what = f"'{name}'" + (f" (subset '{subset}')" if subset else "") + f", split '{split}'"
-        raise ConfigError(
-            f"could not load hub dataset {what}: {_first_line(err)}. Offline (no network, or "
-            "HF_HUB_OFFLINE=1) only datasets already in the local cache can be loaded",
-            key=key,
-            hint="point the path at a local .jsonl/.json/.parquet/.csv file or directory, or run once "
-            "with network access to cache the dataset",
-        ) from None
+        raise hub_error(name, subset, split, err, key) from None
     return Rows(f"{name}[{split}]", _to_rows(table, limit))
+
+
+def hub_error(name: str, subset: str | None, split: str, err: Exception, key: str) -> ConfigError:
+    """A hub dataset that could not be loaded (offline: only what the local datasets cache holds)."""
+    what = f"'{name}'" + (f" (subset '{subset}')" if subset else "") + f", split '{split}'"
+    return ConfigError(
+        f"could not load hub dataset {what}: {_first_line(err)}. Offline (no network, or "
+        "HF_HUB_OFFLINE=1) only datasets already in the local cache can be loaded",
+        key=key,
+        hint="point the path at a local .jsonl/.json/.parquet/.csv file or directory, or run once "
+        "with network access to cache the dataset",
+    )
 
 
 def read_sources(
@@ -1091,6 +1126,15 @@ def note_unanswered(sources: list[Rows], rows: list[Row], key: str, report: Load
     report.info[name] = f"{len(rows)} (the turns after it are not trained; the first: {where})"
 
 
+def token_length(row: Row, tokenizer: Any) -> int:
+    """The tokens of one canonical chat row (its conversation through the chat template, or its text)."""
+    if "messages" in row:
+        tools = json.loads(row[CHAT_TOOLS_COLUMN]) if row.get(CHAT_TOOLS_COLUMN) else None
+        ids = tokenizer.apply_chat_template(row["messages"], tools=tools, tokenize=True, return_dict=True)
+        return len(ids["input_ids"])
+    return len(tokenizer(row["text"])["input_ids"])
+
+
 def check_max_length(max_length: int) -> None:
     """Examples cut to a handful of tokens keep no answer token: nothing would be trained."""
     if max_length < MIN_MAX_LENGTH:
@@ -1116,7 +1160,8 @@ class Source:
     split: str = "train"
     subset: str | None = None  # hub datasets: the config (subset) name
     columns: dict[str, str] = field(default_factory=dict)  # canonical name -> the file's column name
-    eval_fraction: float = 0.05
+    # the share of data.path's rows held out for eval; null (the default): 5%, at most 1,000 rows
+    eval_fraction: float | None = None
     eval_size: int = 0  # rows held out for eval; 0 = use eval_fraction
     max_samples: int | None = None  # use only the first N rows of data.path (before the eval split)
     seed: int = 42
@@ -1130,6 +1175,9 @@ class Source:
     # several sources in one train set, each {path, weight (a fraction of its rows) or rows (a count), and
     # any of PER_SOURCE}, e.g. [{path: a.jsonl, weight: 0.7}, {path: b.json, rows: 500, format: alpaca}]
     mixture: list[dict[str, Any]] = field(default_factory=list)
+    # read data.path lazily, row by row while training (corpora larger than memory or disk): SFT only,
+    # with train.max_steps; eval rows: data.eval_path, or the stream's own first rows (README "Streaming")
+    streaming: bool = False
 
     def validate(self) -> None:
         """Cheap checks (no ``datasets`` import): paths, ranges, enums, column-mapping keys."""
@@ -1139,7 +1187,7 @@ class Source:
             check_path(self.path, "data.path", self.split, separate_eval=bool(self.eval_path))
         if self.eval_path:
             check_path(self.eval_path, "data.eval_path", None)
-        if not 0 <= self.eval_fraction < 1:
+        if self.eval_fraction is not None and not 0 <= self.eval_fraction < 1:
             raise ConfigError(f"must be in [0, 1), got {self.eval_fraction}", key="data.eval_fraction")
         if self.eval_size is not None and self.eval_size < 0:
             raise ConfigError(f"must be >= 0, got {self.eval_size}", key="data.eval_size")
@@ -1222,6 +1270,12 @@ class Source:
             stats=report.stats,
             parts=parts,
         )
+        return self.shape(sources, key, report)
+
+    def shape(self, sources: list[Rows], key: str, report: LoadReport) -> list[Rows]:
+        """``sources`` with ``ignore_columns`` dropped and ``columns`` applied (each mapped column renamed to
+        its canonical name; a mapped column a file lacks is an error listing the columns it has), checked
+        for columns of another task."""
         self.drop_ignored(sources, key, report)
         mapping = {theirs: ours for ours, theirs in self.columns.items() if theirs != ours}
         targets = set(mapping.values())
@@ -1237,14 +1291,21 @@ class Source:
                 )
             replaced = [c for c in present if c in targets]
             report.account([], [f"{c} (replaced by data.columns)" for c in replaced])
-            source.rows = [
-                {k: v for k, v in row.items() if k not in targets and k not in mapping}
-                | {ours: row[theirs] for theirs, ours in mapping.items() if theirs in row}
-                for row in source.rows
-            ]
+            source.rows = [self.renamed(row) for row in source.rows]
         for source in sources:
             self.task_columns(source)
         return sources
+
+    def renamed(self, row: Row) -> Row:
+        """``row`` with ``columns`` applied: each mapped column under its canonical name (replacing a column
+        of that name)."""
+        mapping = {theirs: ours for ours, theirs in self.columns.items() if theirs != ours}
+        if not mapping:
+            return row
+        targets = set(mapping.values())
+        return {k: v for k, v in row.items() if k not in targets and k not in mapping} | {
+            ours: row[theirs] for theirs, ours in mapping.items() if theirs in row
+        }
 
     def drop_ignored(self, sources: list[Rows], key: str, report: LoadReport) -> None:
         """Remove ``ignore_columns`` from every row (before the mapping and format detection). A name that
@@ -1336,12 +1397,7 @@ class Source:
                         _count(report.stats, "skipped rows")
                         report.first_skip = report.first_skip or f"{source.where(i)}: {err}"
                         continue
-                    raise ConfigError(
-                        f"{source.where(i)}: {err}",
-                        key=key,
-                        hint=(f"{err.hint}; or " if err.hint else "")
-                        + "fix the row, or set data.on_error=skip to drop bad rows and count them",
-                    ) from None
+                    raise row_error(source.where(i), err, key) from None
         if not out:
             return Dataset.from_dict({c: [] for c in columns})
         return Dataset.from_list(out, features=message_features(out))
@@ -1415,25 +1471,38 @@ class Source:
                         key="data.eval_size",
                         hint="hold out fewer rows, or give a separate data.eval_path",
                     )
-            else:  # a fraction > 0 holds out at least one row, and never the last one
-                n = (
-                    min(max(1, round(len(train) * self.eval_fraction)), len(train) - 1)
-                    if self.eval_fraction
-                    else 0
-                )
+            else:
+                n = self.held_out(len(train))
             if n:
                 parts = train.train_test_split(test_size=n, seed=self.seed, shuffle=True)
                 train, evals = parts["train"], parts["test"]
             else:
                 evals = train.select([])
-            share = f"data.eval_size={n}" if self.eval_size else f"{self.eval_fraction * 100:g}%"
-            report.info["eval rows from"] = (
-                f"{share} of data.path (seed {self.seed})" if n else "none (data.eval_fraction=0)"
-            )
+            report.info["eval rows from"] = self.eval_share() if n else "none (data.eval_fraction=0)"
         report.info.update(layout.info() if layout else {})
         if layout and layout.ignored:
             log.warning("data: files not read in %s: %s", self.path, report.info["files not read"])
         return self._finish({"train": train, "eval": evals}, report)
+
+    def held_out(self, rows: int) -> int:
+        """How many of ``rows`` the eval split holds out (no eval_size, no eval file): ``eval_fraction`` of
+        them, at least one and never the last one; unset, the default share capped at DEFAULT_EVAL_ROWS."""
+        fraction = DEFAULT_EVAL_FRACTION if self.eval_fraction is None else self.eval_fraction
+        if not fraction:
+            return 0
+        n = min(max(1, round(rows * fraction)), rows - 1)
+        return min(n, DEFAULT_EVAL_ROWS) if self.eval_fraction is None else n
+
+    def eval_share(self) -> str:
+        """Where the held-out eval rows of data.path come from, for the summary."""
+        if self.eval_size:
+            return f"data.eval_size={self.eval_size} of data.path (seed {self.seed})"
+        if self.eval_fraction is not None:
+            return f"{self.eval_fraction * 100:g}% of data.path (seed {self.seed})"
+        return (
+            f"{DEFAULT_EVAL_FRACTION * 100:g}% of data.path, at most {DEFAULT_EVAL_ROWS:,} rows (seed "
+            f"{self.seed}; the default: data.eval_fraction sets a share without a cap)"
+        )
 
     def layout(self, path: str, split: str | None) -> Layout | None:
         """How local ``path`` is read (``local_layout``; ``split=None``: as data.eval_path); None for a hub
@@ -1665,6 +1734,10 @@ class ChatDataset(Source):
     # each micro-batch flattened into one row (position_ids restart per example): no pad tokens, same
     # examples per step; ignored with packing (bfd packing is padding-free already)
     padding_free: bool = True
+    # data.streaming: examples taken from the stream together, shuffled together (stream_shuffle, seeded by
+    # data.seed) and packed together (data.packing); a resume prepares at most one such window again
+    stream_window: int = 1000
+    stream_shuffle: bool = True
 
     def validate(self) -> None:
         super().validate()
@@ -1778,19 +1851,9 @@ class ChatDataset(Source):
         trainer, which cuts them; ``drop`` removes and counts them; ``error`` names the first)."""
         if self.on_overlong == "truncate":
             return data
-
-        def length(row: Row) -> int:
-            if "messages" in row:
-                tools = json.loads(row[CHAT_TOOLS_COLUMN]) if row.get(CHAT_TOOLS_COLUMN) else None
-                ids = tokenizer.apply_chat_template(
-                    row["messages"], tools=tools, tokenize=True, return_dict=True
-                )
-                return len(ids["input_ids"])
-            return len(tokenizer(row["text"])["input_ids"])
-
         out = {}
         for name, table in data.items():
-            lengths = [length(row) for row in table]
+            lengths = [token_length(row, tokenizer) for row in table]
             long = {i for i, n in enumerate(lengths) if n > self.max_length}
             if long and self.on_overlong == "error":
                 first = min(long)

@@ -61,6 +61,8 @@ class Recipe:
     #: its trainer's loss is the causal-LM cross-entropy on the labels of its prepared data, so a strategy
     #: that cuts the model into pipeline stages (``splits_layers``) can train it with its own loop
     trains_in_stages: ClassVar[bool] = False
+    #: trains on ``data.streaming``'s rows as they are read (no whole data set up front)
+    streams_data: ClassVar[bool] = False
 
     @classmethod
     def demo(cls) -> str:

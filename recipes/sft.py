@@ -30,6 +30,7 @@ class SFT(Recipe):
     data_kinds: ClassVar[tuple[str, ...]] = ("chat",)
     splits_model: ClassVar[bool] = True
     trains_in_stages: ClassVar[bool] = True  # strategy=pipeline: loss_type=nll through the stages
+    streams_data: ClassVar[bool] = True
 
     assistant_only_loss: bool = True  # conversational data: loss on assistant turns only
     # prompt/completion data (formats prompt_completion, alpaca): loss on the completion only, whatever
@@ -53,15 +54,17 @@ class SFT(Recipe):
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """``mode=plan``: the assistant-only mask decided and checked on every row as training will (a
         template that cannot mask or render a row fails here too, naming it)."""
+        from components.runtime.streaming import checkable
         from components.text.chat_template import check_splits, label_for
 
         if self.assistant_only_loss and "messages" in splits["train"].column_names:
-            check_splits(tokenizer, splits, label_for(comps.model, tokenizer))
+            check_splits(tokenizer, checkable(splits), label_for(comps.model, tokenizer))
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import SFTConfig, SFTTrainer
 
         from components.runtime.session import Session
+        from components.runtime.streaming import sft_data_args
 
         c = ctx.components
         session = Session.start(ctx)
@@ -92,10 +95,8 @@ class SFT(Recipe):
                 assistant_only_loss=trl_masks,
                 completion_only_loss=completion_only,
                 loss_type=self.loss_type,
-                max_length=c.data.max_length,
-                packing=c.data.packing,
-                packing_strategy=c.data.packing_strategy,
                 dataset_text_field="text",
+                **sft_data_args(c.data),  # a stream: packed by hydratune's feed, resumed at its position
             )
         )
         trainer = session.trainer(SFTTrainer, args, data, **extra)

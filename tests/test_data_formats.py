@@ -19,6 +19,7 @@ from components.config.errors import ConfigError
 from components.data import ChatDataset, PreferenceDataset, PromptDataset
 
 REPO = Path(__file__).resolve().parent.parent
+DEFAULT = "the default: data.eval_fraction sets a share without a cap)"  # the default hold-out's note
 TINY = REPO / "components" / "assets" / "tiny"
 
 # LLaMA-Factory's ShareGPT layout (data/glaive_toolcall_en_demo.json): a JSON array, indent 2, a system
@@ -448,10 +449,30 @@ def test_skipping_every_row_says_why(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("knobs", "n_eval", "eval_from"),
+    [
+        ({}, 1000, f"5% of data.path, at most 1,000 rows (seed 42; {DEFAULT}"),  # not 1,250: the cap
+        ({"eval_fraction": 0.05}, 1250, "5% of data.path (seed 42)"),  # said explicitly: all of it
+        ({"eval_size": 1500}, 1500, "data.eval_size=1500 of data.path (seed 42)"),
+    ],
+)
+def test_the_default_eval_hold_out_is_capped_and_explicit_ones_are_not(
+    tmp_path: Path, knobs: dict[str, Any], n_eval: int, eval_from: str
+) -> None:
+    """25,000 rows: the default holds out 5% but at most 1,000 rows (evaluating them at the end of a short
+    run would dominate it); an explicit share or count means what it says."""
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(25_000)))
+    loaded = ChatDataset(path=str(path), **knobs).load()
+    assert len(loaded["eval"]) == n_eval and len(loaded["train"]) == 25_000 - n_eval
+    assert loaded.info["eval rows from"] == eval_from
+
+
+@pytest.mark.parametrize(
     ("recipe_data", "extra", "eval_from", "n_eval"),
     [
         ("recipe=dpo", [], "the demo eval file", 64),
-        ("recipe=dpo", ["data.path=MINE"], "5% of data.path (seed 42)", 2),
+        ("recipe=dpo", ["data.path=MINE"], f"5% of data.path, at most 1,000 rows (seed 42; {DEFAULT}", 2),
         ("recipe=dpo", ["data.path=MINE", "data.eval_path=EVAL"], "data.eval_path=EVAL", 3),
         (
             "recipe=dpo",
@@ -461,8 +482,8 @@ def test_skipping_every_row_says_why(tmp_path: Path) -> None:
         ),
         ("recipe=dpo", ["data.path=MINE", "data.eval_size=5"], "data.eval_size=5 of data.path (seed 42)", 5),
         ("recipe=dpo", ["data.path=MINE", "data.eval_fraction=0"], "none (data.eval_fraction=0)", 0),
-        ("data=demo_sft", ["data.path=MINE"], "5% of data.path (seed 42)", 2),
-        ("data=demo_grpo", ["data.path=MINE"], "5% of data.path (seed 42)", 2),
+        ("data=demo_sft", ["data.path=MINE"], f"5% of data.path, at most 1,000 rows (seed 42; {DEFAULT}", 2),
+        ("data=demo_grpo", ["data.path=MINE"], f"5% of data.path, at most 1,000 rows (seed 42; {DEFAULT}", 2),
     ],
 )
 def test_eval_rows_come_from_the_users_data(
@@ -502,7 +523,8 @@ def test_dpo_and_reward_train_on_ultrafeedback_and_hh_files(run_recipe, tmp_path
     assert text.count(QUESTION) == 1 and "Simmer it" in text, text
     result = json.loads((ctx.run_dir.path / "result.json").read_text())["data"]
     assert result["format"] == "implicit (detected)"
-    assert result["eval rows from"] == "5% of data.path (seed 42)" and result["eval rows"] == 2
+    assert result["eval rows from"] == f"5% of data.path, at most 1,000 rows (seed 42; {DEFAULT}"
+    assert result["eval rows"] == 2
     hh = write_jsonl(tmp_path / "hh.jsonl", [hh_row(i) for i in range(40)])
     ctx, _ = run_recipe("recipe=reward", f"data.path={hh}", *fast, name="rm_hh")
     result = json.loads((ctx.run_dir.path / "result.json").read_text())["data"]

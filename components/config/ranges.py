@@ -107,6 +107,7 @@ RANGES: dict[str, Range] = {
     "max_samples": AT_LEAST_ONE,
     "max_length": AT_LEAST_ONE,
     "max_prompt_length": AT_LEAST_ONE,
+    "stream_window": AT_LEAST_ONE,
     # launcher
     "nproc_per_node": AT_LEAST_ONE,
     "nnodes": AT_LEAST_ONE,

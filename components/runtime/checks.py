@@ -12,6 +12,7 @@ from components.config.registry import check_known_keys
 from components.recipe import DATA_KINDS
 from components.runtime.diskspace import DiskFull, check_room_before_load, planned_run_dir
 from components.runtime.run import Components, batch_plan, world_size
+from components.runtime.streaming import check_streaming
 
 
 def check_train(cfg: DictConfig) -> None:
@@ -310,6 +311,7 @@ def check_before_load(cfg: DictConfig, comps: Components, device: str | None = N
     check_combinations(cfg, comps, device)
     check_generated(cfg, comps, device)
     comps.recipe.check(cfg, comps)
+    check_streaming(cfg, comps)  # data.streaming: what a stream cannot do
     comps.peft.check_targets(comps.model.module_names())  # meta-device model: no weights, no memory
     check_disk(cfg, comps, planned_elsewhere=device_given or planned_for_gpus(cfg, device))
     stale = stale_accelerate_env()

@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from components.config.errors import ConfigError
-from components.runtime.checkpoint import DATA_FINGERPRINT, file_sha256, manifest
+from components.runtime.checkpoint import CHUNK, DATA_FINGERPRINT, file_sha256, manifest
 
 log = logging.getLogger("hydratune")
 
@@ -23,7 +23,9 @@ ALLOW = "resume_allow_data_change"
 
 
 def fingerprint(cfg: DictConfig) -> dict[str, Any]:
-    """``{"config": sha256 of the data node, "files": {path: sha256}}``; a hub dataset: named only."""
+    """``{"config": sha256 of the data node, "files": {path: sha256}}``; a hub dataset: named only. A
+    stream (``data.streaming``, possibly larger than a disk's worth of reading per run): each file's size
+    and the sha256 of its first and last MiB."""
     from components.data import looks_local
 
     node = OmegaConf.to_container(cfg.data, resolve=True)
@@ -38,9 +40,19 @@ def fingerprint(cfg: DictConfig) -> dict[str, Any]:
             files[str(given)] = "hub dataset (not hashed)"
             continue
         for file in files_under(path):
-            files[str(file.resolve())] = file_sha256(file)
+            files[str(file.resolve())] = ends_sha256(file) if cfg.data.get("streaming") else file_sha256(file)
     config = hashlib.sha256(json.dumps(node, sort_keys=True, default=str).encode()).hexdigest()
     return {"config": config, "files": files}
+
+
+def ends_sha256(path: Path) -> str:
+    """A big file's quick fingerprint: its size and the sha256 of its first and last MiB."""
+    size, digest = path.stat().st_size, hashlib.sha256()
+    with path.open("rb") as f:
+        digest.update(f.read(CHUNK))
+        f.seek(max(0, size - CHUNK))
+        digest.update(f.read(CHUNK))
+    return f"{size} bytes, ends {digest.hexdigest()}"
 
 
 def files_under(path: Path) -> list[Path]:

@@ -29,7 +29,13 @@ def prepare_data(
     evaluates every so many steps) needs eval rows."""
     from components.text.chat_template import default_template, is_conversational
 
-    data = data_component.load()
+    stream = None
+    if getattr(data_component, "streaming", False):  # train: the stream's first rows, checked as loaded ones
+        from components.runtime.streaming import load_stream
+
+        stream, data = load_stream(data_component)
+    else:
+        data = data_component.load()
     defaulted = None
     if tokenizer is not None and not tokenizer.chat_template and is_conversational(data["train"][0]):
         tokenizer.chat_template, defaulted = default_template(tokenizer)
@@ -49,6 +55,10 @@ def prepare_data(
             pairs, tokenizer, max_length=limit, on_overlong=policy, key=key
         )
         notes.update(counts)
+    if stream is not None:
+        from components.runtime.streaming import as_streamed
+
+        as_streamed(prepared, stream, data_component, tokenizer)
     return prepared
 
 
@@ -123,7 +133,10 @@ def check_eval_split(data_component: Any, eval_rows: int, eval_every: int) -> No
 
     if eval_rows or eval_every <= 0:
         return
+    from components.data import DEFAULT_EVAL_FRACTION
+
     fraction = getattr(data_component, "eval_fraction", 0)
+    fraction = DEFAULT_EVAL_FRACTION if fraction is None else fraction  # unset: the default share
     if fraction:
         raise ConfigError(
             f"the eval split is empty: data.eval_fraction={fraction:g} of {data_component.path} rounds to "

@@ -250,6 +250,10 @@ def resolve(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None
         check_explicit(Path(checkpoint), cfg)
     assert checkpoint is not None
     datafp.check(Path(checkpoint), cfg)
+    if cfg.data.get("streaming"):  # every rank's stream position, written by as many ranks
+        from components.runtime.streaming import check_positions, planned_world
+
+        check_positions(Path(checkpoint), planned_world(cfg))
     check_checkpoint(Path(checkpoint), trusted=bool(cfg.get("trust_checkpoints", False)))
     log.info("resuming from %s", checkpoint)
     return checkpoint

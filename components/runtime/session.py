@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,9 +30,11 @@ from components.runtime.callbacks import (
 from components.runtime.checkpoint import checkpoints_in, save_final
 from components.runtime.dataprep import eval_every, prepare_data
 from components.runtime.diskspace import ensure_room_for_final
+from components.runtime.feed import Feed
 from components.runtime.resume import loss_span, pinned
 from components.runtime.run import RunContext, peak_memory_gb
 from components.runtime.startup import training_starts
+from components.runtime.streaming import checkable, is_stream, mask_stream
 from components.text.chat_template import (
     HYDRATUNE,
     check_splits,
@@ -67,6 +70,7 @@ class Session:
     #: the model's attention function before Ulysses wrapped it (generation runs with it)
     attention: Any = None
     pipeline: Any = None  # strategy=pipeline: this rank's stages and mesh (components/runtime/pipeline.py)
+    eval_cost: dict[str, Any] = field(default_factory=dict)  # the end-of-run evaluation: seconds, rows
 
     @classmethod
     def start(cls, ctx: RunContext) -> Session:
@@ -136,12 +140,14 @@ class Session:
         method = choose_method(self.tokenizer)[0]
         self.report.setdefault("loss mask", {})["method"] = method
         if method != HYDRATUNE:
-            check_splits(self.tokenizer, data, label)  # every row, as TRL will render it
+            check_splits(self.tokenizer, checkable(data), label)  # every row (of a stream: its first)
             return data, True
         log.info("assistant-only loss: %s (template: %s)", method, label)
-        # masking every row checks every row (an error names the split and row)
+        # masking every row checks every row (an error names the split and row; a stream's, as it is read)
         masked = {
-            name: pretokenize(split, self.tokenizer, label=label, completion_only=completion_only, where=name)
+            name: mask_stream(split, self.tokenizer, label=label, completion_only=completion_only)
+            if is_stream(split)
+            else pretokenize(split, self.tokenizer, label=label, completion_only=completion_only, where=name)
             for name, split in data.items()
         }
         return masked, False
@@ -232,15 +238,20 @@ class Session:
         # fp16 outside DeepSpeed (whose config carries them): the loss-scaling knobs reach torch's GradScaler
         handlers = () if c.strategy.scales_loss else tuple(c.precision.scaler_handlers(self.ctx.plan.dtype))
         replicas = self.ctx.plan.mesh.tp if self.ctx.plan.mesh is not None else 1
-        trainer = hydratune_trainer(trainer_cls, handlers, token_replicas=replicas)(
+        train, feed = data["train"], None
+        if is_stream(train):  # TRL tokenizes it lazily; the feed batches it and keeps its position
+            feed, train = Feed(train, c.data), train.dataset()
+        trainer = hydratune_trainer(trainer_cls, handlers, feed, token_replicas=replicas)(
             model=self.model,
             args=args,
-            train_dataset=data["train"],
+            train_dataset=train,
             eval_dataset=data["eval"] if len(data["eval"]) else None,
             processing_class=self.tokenizer,
             callbacks=self.callbacks(),
             **extra,
         )
+        if feed is not None:
+            trainer.eval_dataset = feed.eval_examples(trainer.eval_dataset)
         if c.strategy.splits_sequences:
             from components.distributed.model_parallel import attention_function
 
@@ -291,8 +302,8 @@ class Session:
         stats = label_mask_stats(dataset, stop_token_ids(self.tokenizer))
         check_label_mask(stats, masked=masked)
         self.report.setdefault("loss mask", {}).update(stats)
-        if len(dataset) and "labels" in dataset.column_names:
-            first = dataset[0]
+        first = next(iter(dataset), None)  # a stream's too (its first example, tokenized)
+        if first is not None and "labels" in first:
             self.report["loss mask: first training example"] = mask_segments(
                 self.tokenizer, first["input_ids"], first["labels"]
             )
@@ -362,6 +373,7 @@ class Session:
         try:
             result = trainer.train(resume_from_checkpoint=resume)
             self.report_loss_span(trainer, resume)
+            self.report.setdefault("data", {}).update(getattr(trainer, "stream_report", {}))
             if self.interrupt.requested and trainer.state.global_step < trainer.state.max_steps:
                 saved = checkpoints_in(ctx.run_dir.path)
                 checkpoint = str(saved[-1]) if saved else None
@@ -377,7 +389,12 @@ class Session:
         ctx = self.ctx
         self.interrupt.finishing = True
         if trainer.eval_dataset is not None and not self.interrupt.agreed():
+            started = time.perf_counter()
             metrics.update(trainer.evaluate())
+            self.eval_cost = {
+                "end-of-run eval (s)": round(time.perf_counter() - started, 1),
+                "end-of-run eval rows": len(trainer.eval_dataset),
+            }
         state_dict = ctx.components.strategy.gather_state_dict(trainer)  # collective: every rank takes part
         ctx.record_rank_weights(trainer.model)
         self.record_layout(trainer)
@@ -507,6 +524,8 @@ class Session:
             "wall time (s)": round(ctx.elapsed(), 1),
             "train time (s)": metrics.get("train_runtime"),
             "tokens/s (train, non-pad)": _tokens_per_second(ctx),
+            **_eval_during_training(ctx, final=bool(self.eval_cost)),
+            **self.eval_cost,
             **(cost or {}),
             "peak memory (GiB)": round(peak_memory_gb(ctx.device), 3),
             "command to first step (s)": self.first_step.seconds,
@@ -522,6 +541,16 @@ def split(mesh: Any) -> bool:
     """The run splits the model's layers over ranks (tensor / sequence parallel): its engine's build is
     checked before step 1 (pipeline stages are checked by ``components/runtime/pipeline.py``)."""
     return mesh is not None and (mesh.tp > 1 or mesh.sp > 1)
+
+
+def _eval_during_training(ctx: RunContext, *, final: bool) -> dict[str, Any]:
+    """The periodic evaluations (``train.eval_every``) as the trainer logged them: how many, seconds in all.
+    ``final``: the end-of-run evaluation, measured apart, was logged last (it is left out here)."""
+    runs = [r["eval_runtime"] for r in ctx.run_dir.read_metrics() if "eval_runtime" in r]
+    runs = runs[:-1] if final else runs
+    if not runs:
+        return {}
+    return {"evals during training": len(runs), "eval time during training (s)": round(sum(runs), 1)}
 
 
 def _tokens_per_second(ctx: RunContext) -> float | None:

@@ -20,6 +20,7 @@ that silently stops being called would lose atomic checkpoints, token counts or 
 Ulysses' data loader on across epochs (:class:`ContinuousEpochs`).
 ``compute_loss(...)`` is public: under DeepSpeed Ulysses it keeps the loss and divides its gradient by the
 sequence-parallel size (:class:`SequenceParallelLoss`).
+``get_train_dataloader()`` and ``train(...)`` are overridden for ``data.streaming`` (:class:`StreamedData`).
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class AtomicCheckpoints:
             super()._save_checkpoint(model, trial)  # type: ignore[misc]
         finally:
             self.args.output_dir = str(root)  # type: ignore[attr-defined]
+        self.checkpoint_extras(staging / name)
         self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]  # every rank's shards are written
         if self.args.should_save:  # type: ignore[attr-defined]
             mark_complete(staging / name, self.state.global_step, root.parent)  # type: ignore[attr-defined]
@@ -121,6 +123,33 @@ class AtomicCheckpoints:
                 use_mtime=True,
             )
         self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
+
+    def checkpoint_extras(self, folder: Path) -> None:
+        """What a run adds to each checkpoint beside the Trainer's files, on every rank, before the
+        checkpoint is marked whole (nothing here)."""
+
+
+class StreamedData:
+    """``data.streaming``: the training batches come from the stream's feed
+    (``components/runtime/feed.py``): this rank's own loader, not re-sharded by accelerate (the stream
+    is this rank's share already); every checkpoint holds each rank's stream position, and a resume starts
+    the stream there (``ignore_data_skip``: no batch is read again to be passed over)."""
+
+    feed: Any = None  # the run's Feed, set on the class by hydratune_trainer
+
+    def get_train_dataloader(self) -> Any:
+        return self.feed.loader(self)
+
+    def train(self, resume_from_checkpoint: Any = None, **kwargs: Any) -> Any:
+        if resume_from_checkpoint:
+            self.feed.restore(Path(resume_from_checkpoint))
+        result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)  # type: ignore[misc]
+        self.stream_report = self.feed.report(self.accelerator)  # type: ignore[attr-defined]
+        return result
+
+    def checkpoint_extras(self, folder: Path) -> None:
+        super().checkpoint_extras(folder)  # type: ignore[misc]
+        self.feed.save(folder)
 
 
 class NoStepPastTheEnd:
@@ -208,12 +237,14 @@ class SequenceParallelLoss:
 def hydratune_trainer(
     trainer_cls: type,
     scaler_handlers: tuple[Any, ...] = (),
+    feed: Any = None,
     *,
     token_replicas: int = 1,
 ) -> type:
     """``trainer_cls`` (TRL's SFTTrainer, DPOTrainer, ...) with the hooks above: atomic checkpoints, the
     token count read at log steps only (divided by ``token_replicas``, the ranks that see the same tokens),
-    no step past ``max_steps``, the fp16 scaler knobs, Ulysses' gradient."""
+    no step past ``max_steps``, the fp16 scaler knobs, Ulysses' gradient; ``feed``: the training data is a
+    stream (``StreamedData``)."""
     mixins = (
         DeferredTokenCount,
         AtomicCheckpoints,
@@ -222,8 +253,10 @@ def hydratune_trainer(
         LossScaling,
         SequenceParallelLoss,
     )
+    mixins = (StreamedData, *mixins) if feed is not None else mixins
     attrs = {
         "scaler_handlers": tuple(scaler_handlers),
         "token_replicas": token_replicas,
+        "feed": feed,
     }
     return type(f"Hydratune{trainer_cls.__name__}", (*mixins, trainer_cls), attrs)

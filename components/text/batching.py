@@ -30,12 +30,17 @@ SPLIT_ROWS = (
 )
 
 
+def packs_padding_free(data: Any) -> bool:
+    """A stream packed best-fit: its packed rows go through the padding-free collator (as TRL's do)."""
+    return bool(getattr(data, "streaming", False) and data.packing and data.packing_strategy != "wrapped")
+
+
 def collator_for(comps: Components, tokenizer: Any, model: Any, device: str) -> Any | None:
     """The SFT data collator the components ask for (None: TRL's own)."""
     strategy = comps.strategy
     if strategy.splits_sequences:
         return split_rows_collator(tokenizer, strategy.sp_size, equal_across_ranks=device == "cpu")
-    if uses_padding_free(comps):
+    if uses_padding_free(comps) or packs_padding_free(comps.data):  # a stream packed best-fit: as TRL's
         return padding_free_collator(tokenizer, model)
     return None
 

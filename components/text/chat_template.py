@@ -450,6 +450,17 @@ def pretokenize(
     return Dataset.from_dict({"input_ids": ids, "assistant_masks": masks}, features=features)
 
 
+def pretokenized(
+    row: dict[str, Any], tokenizer: Any, *, label: str, completion_only: bool = False
+) -> dict[str, list[int]]:
+    """One row's :func:`pretokenize` (a streamed row, masked as it is read)."""
+    messages = row["messages"]
+    first = len(messages) - row["completion_turns"] if completion_only and "completion_turns" in row else 0
+    tools = row_tools(row.get("tools"))
+    masked = mask_conversation(tokenizer, messages, label=label, tools=tools, first=first)
+    return {"input_ids": masked.input_ids, "assistant_masks": masked.assistant_masks}
+
+
 def choose_method(tokenizer: Any) -> tuple[str, str | None]:
     """How assistant-only loss is computed: ``(method, TRL's training template or None)``.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any
 
 from components.config.errors import ConfigError
@@ -33,11 +34,13 @@ def stop_token_ids(tokenizer: Any) -> set[int]:
 
 def label_mask_stats(dataset: Any, stop_ids: set[int], limit: int = 256) -> dict[str, float]:
     """Over the first ``limit`` rows: the share of rows with no trained token, with every token
-    trained, the overall trained fraction, and the share of rows whose trained tokens include EOS."""
-    n = min(limit, len(dataset))
+    trained, the overall trained fraction, and the share of rows whose trained tokens include EOS. A
+    dataset without a length (a stream) gives its first ``limit`` rows."""
+    rows = list(islice(dataset, limit)) if not hasattr(dataset, "__len__") else None
+    n = len(rows) if rows is not None else min(limit, len(dataset))
     none = every = with_eos = 0
     trained = total = 0
-    for row in dataset.select(range(n)):
+    for row in rows if rows is not None else dataset.select(range(n)):
         ids = row["input_ids"]
         labels = row.get("labels")
         if labels is None:  # masks not yet folded into labels
