@@ -2,10 +2,12 @@
 
 ``local`` starts ``nproc_per_node`` workers itself with torch's elastic launch API (no shell string):
 the CLI composes and resolves the config once, writes it to the run dir (``frozen_config.yaml``), and
-every worker loads that file, so all ranks share one run dir and one config. ``slurm`` (via
-hydra-submitit-launcher) and ``deepspeed`` (hostfile) jobs start the processes from outside; each then
-reads its rank from the environment and runs as one of those workers. The CLI hands ``launch`` the
-workers' entry point (``run_worker`` of recipes/worker.py): components never import recipes.
+every worker loads that file, so all ranks share one run dir and one config. With ``nnodes`` > 1 every node
+runs the same command into one pinned run dir; the nodes meet in a roll call and watch each other
+(components/distributed/rendezvous.py). ``slurm`` (via hydra-submitit-launcher) and ``deepspeed``
+(hostfile: components/distributed/hostfile.py) jobs start the processes from outside; each then reads its
+rank from the environment and runs as one of those workers. The CLI hands ``launch`` the workers' entry
+point (``run_worker`` of recipes/worker.py): components never import recipes.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ PLACEMENT = (
     "launcher.hostfile",
     "launcher.include",
     "launcher.transport",
+    "launcher.ssh_port",
 )
 C10D_PORT = 29400  # torch's default port of a c10d endpoint given without one
 

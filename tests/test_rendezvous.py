@@ -42,6 +42,21 @@ def cli(*args: str) -> None:
     main(list(args))
 
 
+def test_plan_with_a_hostfile_and_no_transport_fails_naming_the_fix(tmp_path, capsys, monkeypatch) -> None:
+    """``mode=plan`` of a 2-host hostfile on a host without ssh / pdsh: exit 2 before anything starts,
+    naming the missing programs and what to install (never DeepSpeed's "worker rank 0 failed")."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither ssh nor pdsh
+    with pytest.raises(SystemExit) as refused:
+        cli("mode=plan", "strategy=zero2", "launcher=deepspeed", f"launcher.hostfile={hostfile}")
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "Traceback" not in err
+    assert "[launcher.transport]" in err and "ssh and pdsh are not on this host's PATH" in err
+    assert "fix: install openssh-client and pdsh here" in err
+
+
 def test_plan_shows_the_rendezvous_and_refuses_an_unpinned_run_dir(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     job = ["mode=plan", "strategy=ddp", "launcher.nnodes=2", "launcher.node_rank=1"]
@@ -119,12 +134,14 @@ def test_the_roll_call_names_another_config_and_an_unshared_run_dir(tmp_path: Pa
 
 
 def test_the_roll_call_names_a_missing_node_and_a_rank_given_twice(tmp_path: Path) -> None:
-    port = free_port()
-    alone = roll_call(tmp_path, port, 0, {})
-    alone.timeout = 1
-    with pytest.raises(RendezvousError) as missing:
-        alone.gather()
-    assert "node(s) 1 of 2 never joined the rendezvous at 127.0.0.1:" in str(missing.value)
+    for rank, named in ((0, "node(s) 1 of 2 never joined"), (1, "could not reach the rendezvous")):
+        port = free_port()
+        alone = roll_call(tmp_path, port, rank, {})
+        alone.timeout = 1
+        with pytest.raises(RendezvousError) as missing:
+            alone.gather()
+        assert named in str(missing.value) and f"127.0.0.1:{port}" in str(missing.value)
+        assert "launcher.rdzv_timeout" in str(missing.value)
     port = free_port()
     twice = gather_both([roll_call(tmp_path, port, 0, {}), roll_call(tmp_path, port, 0, {})])
     assert any(isinstance(r, RendezvousError) and "launcher.node_rank=0 is taken" in str(r) for r in twice)
@@ -250,3 +267,75 @@ def test_the_environment_reaches_the_hosts_through_a_private_file(tmp_path: Path
     ]
     assert not path.exists() and not path.parent.exists()
     assert os.listdir(tmp_path) == [".deepspeed_env"]
+
+
+def frozen_peer(rank: int, port: int, found: Any, done: Any) -> None:
+    """Rank 0 all-reduces; rank 1 never joins (a frozen node) and leaves once rank 0 has given up."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from components.distributed.group import start_process_group
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    assert start_process_group("cpu", timeout_s=2)
+    if rank == 0:
+        began = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(1))
+            found.put(("answered", 0.0))
+        except Exception as err:
+            found.put((lost_peer(err), time.monotonic() - began))
+        done.set()
+    else:
+        done.wait(timeout=120)
+    dist.destroy_process_group()
+
+
+def test_a_collective_whose_peer_froze_fails_within_the_collective_timeout() -> None:
+    """The gloo group hydratune makes on CPU carries ``launcher.collective_timeout``: an all-reduce whose
+    peer never comes fails after it (not torch's 30 minutes) and is told apart as a lost peer."""
+    context = multiprocessing.get_context("spawn")
+    found, done = context.Queue(), context.Event()
+    port = free_port()
+    procs = [context.Process(target=frozen_peer, args=(rank, port, found, done)) for rank in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        reason, took = found.get(timeout=180)
+    finally:
+        done.set()
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    assert reason is not None and "Timed out" in reason, reason
+    assert took < 10, took
+
+
+def test_the_trainer_gets_the_collective_timeout() -> None:
+    """On GPU transformers makes the process group with ``ddp_timeout``: the launcher's timeout."""
+    assert Local(collective_timeout=90).training_args() == {"ddp_timeout": 90}
+
+
+def test_only_a_multi_node_job_keeps_hydra_from_writing_its_files() -> None:
+    """Every node of a multi-node job would write its own .hydra/ (its own launcher.node_rank) as another
+    node reads it to resume: Hydra is kept from it (the CLI writes it once, whole); one node, or one
+    deepspeed command for every host, keeps Hydra's own."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from components.runtime.multinode import quiet_hydra_files
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base=None):
+        for overrides, expected in (
+            (["launcher.nnodes=2"], None),
+            (["launcher.nnodes=1"], ".hydra"),
+            (["launcher=deepspeed", "launcher.nnodes=2"], ".hydra"),
+        ):
+            cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+            quiet_hydra_files(cfg)
+            assert cfg.hydra.output_subdir == expected, overrides
+    GlobalHydra.instance().clear()

@@ -61,7 +61,7 @@ def refuse_sweep(launcher: Any) -> None:
 
 def quiet_hydra_files(config: DictConfig) -> None:
     """In Hydra's ``on_run_start`` of a multi-node job: Hydra writes no ``.hydra/`` (every node would, each
-    its own ``launcher.node_rank``, as another node reads it to resume); :func:`save_run_files` writes it
+    its own ``launcher.node_rank``, as another node reads it to resume); :func:`save_hydra_files` writes it
     once, whole."""
     from omegaconf import open_dict, read_write
 
