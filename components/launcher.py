@@ -2,10 +2,12 @@
 
 ``local`` starts ``nproc_per_node`` workers itself with torch's elastic launch API (no shell string):
 the CLI composes and resolves the config once, writes it to the run dir (``frozen_config.yaml``), and
-every worker loads that file, so all ranks share one run dir and one config. ``slurm`` (via
-hydra-submitit-launcher) and ``deepspeed`` (hostfile) jobs start the processes from outside; each then
-reads its rank from the environment and runs as one of those workers. The CLI hands ``launch`` the
-workers' entry point (``run_worker`` of recipes/worker.py): components never import recipes.
+every worker loads that file, so all ranks share one run dir and one config. With ``nnodes`` > 1 every node
+runs the same command into one pinned run dir; the nodes meet in a roll call and watch each other
+(components/distributed/rendezvous.py). ``slurm`` (via hydra-submitit-launcher) and ``deepspeed``
+(hostfile: components/distributed/hostfile.py) jobs start the processes from outside; each then reads its
+rank from the environment and runs as one of those workers. The CLI hands ``launch`` the workers' entry
+point (``run_worker`` of recipes/worker.py): components never import recipes.
 """
 
 from __future__ import annotations
@@ -52,14 +54,38 @@ def single_process_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
+#: launcher keys that may differ between the nodes of one job (each node's own)
+PER_NODE = ("launcher.node_rank", "launcher.rdzv_timeout")
+#: launcher keys that place a job on machines: a resumed run may change them (components/runtime/resume.py)
+PLACEMENT = (
+    *PER_NODE,
+    "launcher.master_addr",
+    "launcher.master_port",
+    "launcher.rdzv_endpoint",
+    "launcher.run_id",
+    "launcher.collective_timeout",
+    "launcher.max_restarts",
+    "launcher.start_method",
+    "launcher.hostfile",
+    "launcher.include",
+    "launcher.transport",
+    "launcher.ssh_port",
+)
+C10D_PORT = 29400  # torch's default port of a c10d endpoint given without one
+
+
 @component("launcher")
 @dataclass(frozen=True)
 class Local:
     """Processes on this machine (``nproc_per_node``), optionally one node of a multi-node job.
 
-    Multi-node: run the same command on every node with ``launcher.nnodes=N launcher.node_rank=i
-    launcher.master_addr=<node 0> launcher.master_port=<port>`` (static rendezvous), or give every node
-    ``launcher.rdzv_endpoint=<host:port>`` (c10d rendezvous, node ranks assigned on arrival).
+    Multi-node: run the same command on every node, with the run dir pinned to a shared filesystem
+    (``hydra.run.dir=/shared/...``: the run id every node rendezvous under is derived from it), and
+    ``launcher.nnodes=N launcher.node_rank=i launcher.master_addr=<node 0> launcher.master_port=<port>``
+    (static rendezvous), or ``launcher.rdzv_endpoint=<host:port>`` (c10d rendezvous, node ranks assigned
+    on arrival). The nodes meet in a roll call first (components/distributed/rendezvous.py): a node that
+    does not come within ``rdzv_timeout`` seconds is named; a collective that waits longer than
+    ``collective_timeout`` seconds fails (a node that froze).
     """
 
     nproc_per_node: int = 1
@@ -68,6 +94,9 @@ class Local:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500  # 0 = a free port (single node only)
     rdzv_endpoint: str | None = None
+    rdzv_timeout: float = 300.0  # seconds every node waits for the others to join
+    run_id: str | None = None  # null = derived from the pinned run dir (the same on every node)
+    collective_timeout: float = 1800.0  # seconds a collective may wait for the other ranks (torch's default)
     max_restarts: int = 0
     start_method: str = "spawn"  # spawn | forkserver | fork
 
@@ -80,9 +109,78 @@ class Local:
             )
         if self.start_method not in ("spawn", "forkserver", "fork"):
             raise ConfigError(f"unknown start method '{self.start_method}'", key="launcher.start_method")
+        if self.rdzv_endpoint is not None:
+            self.endpoint()  # a malformed endpoint is named here
+        if self.nnodes > 1 and not self.rdzv_endpoint and not self.master_port:
+            raise ConfigError(
+                "master_port=0 (a free port) works on one node only: the other nodes must know the port",
+                key="launcher.master_port",
+                hint="give every node the same launcher.master_port (e.g. 29500)",
+            )
+
+    def endpoint(self) -> tuple[str, int]:
+        """The rendezvous endpoint every node meets at: the c10d endpoint, or node 0's master address."""
+        if not self.rdzv_endpoint:
+            return self.master_addr, self.master_port
+        host, _, port = (
+            self.rdzv_endpoint.rpartition(":") if ":" in self.rdzv_endpoint else (self.rdzv_endpoint, "", "")
+        )
+        if not host or (port and not port.isdigit()):
+            raise ConfigError(
+                f"rdzv_endpoint '{self.rdzv_endpoint}' is not host[:port]",
+                key="launcher.rdzv_endpoint",
+                hint="e.g. launcher.rdzv_endpoint=10.0.0.1:29400 (the same on every node)",
+            )
+        return host.strip("[]"), int(port or C10D_PORT)
+
+    def rendezvous_id(self, pinned_run_dir: str | None) -> str:
+        """The run id every node's rendezvous uses: ``run_id``, else one derived from the pinned run dir
+        (every node knows it); never random per process. ``pinned_run_dir`` None: the run dir is made per
+        process (a timestamp), which a multi-node job cannot share: refused."""
+        import hashlib
+
+        if self.run_id:
+            return self.run_id
+        if pinned_run_dir is None:
+            if self.nnodes > 1:
+                raise ConfigError(
+                    f"launcher.nnodes={self.nnodes}, but the run dir is made per process (hydra.run.dir "
+                    "holds a timestamp): the nodes would write different run dirs and never rendezvous",
+                    key="hydra.run.dir",
+                    hint="pin it to a directory on a filesystem every node shares, the same on every "
+                    "node: hydra.run.dir=/shared/runs/<name>",
+                )
+            return f"hydratune-{uuid.uuid4().hex[:12]}"
+        return f"hydratune-{hashlib.sha256(pinned_run_dir.encode()).hexdigest()[:12]}"
+
+    def describe(self, run_id: str) -> str:
+        """One line for ``mode=plan``: processes, nodes, rendezvous and timeouts."""
+        procs = f"{self.nnodes} node(s) x {self.nproc_per_node} process(es) = world {self.world_size}"
+        if self.nnodes == 1:
+            return f"launcher: {procs}"
+        host, port = self.endpoint()
+        kind = (
+            "c10d (node ranks by arrival)" if self.rdzv_endpoint else f"static, this node is {self.node_rank}"
+        )
+        return (
+            f"launcher: {procs}; rendezvous {kind} at {host}:{port}, run id {run_id}; waits "
+            f"launcher.rdzv_timeout={self.rdzv_timeout:g} s for every node; a collective fails after "
+            f"launcher.collective_timeout={self.collective_timeout:g} s"
+        )
+
+    def training_args(self) -> dict[str, Any]:
+        """TrainingArguments fields: the process group's timeout (``ddp_timeout``)."""
+        return {"ddp_timeout": int(self.collective_timeout)}
+
+    def writes_run_files(self) -> bool:
+        """Whether this node writes the run's shared files (the frozen config, ``.hydra/``): node 0 of a
+        static rendezvous, every node of a c10d one (they hold the same config), so each is written once."""
+        return self.node_rank == 0
 
     #: a scheduler starts every rank with this same command (srun): ranks come from its environment
     started_per_rank: ClassVar[bool] = False
+    #: several nodes run this same hydratune command, each starting its own workers, sharing one run dir
+    one_command_per_node: ClassVar[bool] = True
 
     @property
     def world_size(self) -> int:
@@ -99,13 +197,16 @@ class Local:
     def launch_config(self, run_id: str) -> Any:
         from torch.distributed.launcher.api import LaunchConfig
 
+        timeout = int(self.rdzv_timeout)
         if self.rdzv_endpoint:
-            backend, endpoint, configs = "c10d", self.rdzv_endpoint, {}
+            host, port = self.endpoint()
+            backend, endpoint, configs = "c10d", f"{host}:{port}", {"join_timeout": timeout}
         else:
             port = self.master_port or free_port()
             if self.nnodes == 1 and self.master_port == 29500:
                 port = free_port()  # a lone node never collides with another job's default port
-            backend, endpoint, configs = "static", f"{self.master_addr}:{port}", {"rank": self.node_rank}
+            configs = {"rank": self.node_rank, "timeout": timeout}
+            backend, endpoint = "static", f"{self.master_addr}:{port}"
         return LaunchConfig(
             min_nodes=self.nnodes,
             max_nodes=self.nnodes,
@@ -120,10 +221,37 @@ class Local:
             signals_to_handle="SIGHUP,SIGQUIT",  # not TERM, INT, USR1: SignalRelay relays those
         )
 
-    def launch(self, run_dir: Path, worker: Callable[[str], Any]) -> Any:
+    def roll_call(self, run_dir: Path, run_id: str, config: dict[str, Any]) -> Any:
+        """This node's part in the multi-node roll call (components/distributed/rendezvous.py)."""
+        from components.distributed.rendezvous import RollCall
+
+        host, port = self.endpoint()
+        return RollCall(
+            host=host,
+            port=port,
+            nnodes=self.nnodes,
+            node_rank=None if self.rdzv_endpoint else self.node_rank,
+            run_id=run_id,
+            timeout=self.rdzv_timeout,
+            run_dir=run_dir,
+            config=config,
+            key="launcher.rdzv_endpoint" if self.rdzv_endpoint else "launcher.master_addr",
+        )
+
+    def launch(
+        self,
+        run_dir: Path,
+        worker: Callable[[str], Any],
+        run_id: str | None = None,
+        config: dict | None = None,
+    ) -> Any:
         """Start the workers on the frozen config in ``run_dir``: each process calls ``worker(run_dir)``
         (a module-level function, pickled by name for the spawned processes); rank 0's result (the
-        objective).
+        objective). ``run_id``: the rendezvous id (:meth:`rendezvous_id`); ``config``: this node's flat
+        config without :data:`PER_NODE` keys, which every node of a multi-node job must share.
+
+        Several nodes first meet in a roll call (a missing node, another config, an unshared run dir: a
+        ``RendezvousError`` naming it, nothing started), then watch each other while the workers run.
 
         A SIGTERM / SIGINT / SIGUSR1 to this process is relayed to the workers
         (components/distributed/interrupt.py): they finish the step, checkpoint together and exit 75, and so
@@ -132,77 +260,146 @@ class Local:
         from torch.distributed.launcher.api import elastic_launch
 
         from components.distributed.interrupt import SignalRelay
+        from components.distributed.rendezvous import Ending
 
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.nproc_per_node)))
         os.environ[RELAYS] = "1"
         clear_markers(run_dir)
-        launch_config = self.launch_config(run_id=f"hydratune-{uuid.uuid4().hex[:8]}")
+        run_id = run_id or self.rendezvous_id(None)
+        roster = self.roll_call(run_dir, run_id, config or {}).gather() if self.nnodes > 1 else None
         relay = SignalRelay(run_dir)
         quiet = QuietStop(relay)
         loggers = [logging.getLogger(n) for n in (ELASTIC_PROCESSES, "torch.multiprocessing.spawn")]
         for logger in loggers:
             logger.addFilter(quiet)
         try:
+            if roster is not None:
+                roster.watch(relay.worker_ranks)
             with relay:
-                results = elastic_launch(launch_config, worker)(str(run_dir))
+                results = elastic_launch(self.launch_config(run_id), worker)(str(run_dir))
         except ChildFailedError as err:
-            done = finished_ranks(run_dir)
-            local = range(self.node_rank * self.nproc_per_node, (self.node_rank + 1) * self.nproc_per_node)
-            if all(rank in done for rank in local):
-                # every worker had finished and written its result; a crash in interpreter teardown
-                # (seen with gloo: "terminate called without an active exception") changes nothing
-                return done.get(0)
-            raise_if_stopped(run_dir, err.failures, local)
-            if relay.signum is not None:  # the second signal: the workers were killed
-                reason = f"the workers were stopped at once ({signal.Signals(relay.signum).name} twice)"
-                raise WorkerFailed(err.failures, exit_code=128 + relay.signum, reason=reason) from None
-            raise WorkerFailed(err.failures) from None
+            return self._after_failure(run_dir, err, relay, roster)
+        except BaseException:
+            if roster is not None:
+                roster.publish(Ending("failed", "its launcher stopped"))
+                roster.leave(run_dir, linger=True)
+            raise
         finally:
             for logger in loggers:
                 logger.removeFilter(quiet)
+        if roster is not None:
+            roster.publish(Ending("done"))
+            roster.leave(run_dir)
         return (results or {}).get(0)
+
+    def _after_failure(self, run_dir: Path, err: Any, relay: Any, roster: Any) -> Any:
+        """A worker of this node failed (``err``: torch's ChildFailedError): rank 0's result when every
+        failed worker had finished anyway; else ``Interrupted`` (they checkpointed after a signal), or
+        ``WorkerFailed`` naming the rank, or, when they lost another node, that node (``NodeLost``)."""
+        from components.config.errors import EXIT_NODE_LOST, Interrupted
+        from components.distributed.rendezvous import Ending
+
+        failed = dict(err.failures)
+        done = finished_ranks(run_dir)
+        ending = Ending("failed", first_failure(failed))
+        try:
+            if all(rank in done for rank in failed):
+                # every worker had finished and written its result; a crash in interpreter teardown
+                # (seen with gloo: "terminate called without an active exception") changes nothing
+                ending = Ending("done")
+                return done.get(0)
+            try:
+                raise_if_stopped(run_dir, failed)
+            except Interrupted:
+                ending = Ending("stopped")
+                raise
+            if relay.signum is not None:  # the second signal: the workers were killed
+                reason = f"the workers were stopped at once ({signal.Signals(relay.signum).name} twice)"
+                raise WorkerFailed(failed, exit_code=128 + relay.signum, reason=reason) from None
+            if roster is not None and EXIT_NODE_LOST in exit_codes(failed):
+                ending = Ending("lost", "its ranks lost another node")
+                raise NodeLost(failed, roster.verdict(ending).blame()) from None
+            raise WorkerFailed(failed) from None
+        finally:
+            if roster is not None:
+                roster.publish(ending)
+                roster.leave(run_dir, linger=ending.how in ("failed", "lost"))
+
+
+def exit_codes(failures: dict[int, Any]) -> set[int]:
+    return {int(getattr(f, "exitcode", 1) or 1) for f in failures.values()}
+
+
+def first_failure(failures: dict[int, Any]) -> str:
+    rank, failure = min(failures.items())
+    return f"rank {rank} exited with code {getattr(failure, 'exitcode', 1)} (its output is on that node)"
 
 
 def clear_markers(run_dir: Path) -> None:
     """Before the workers start: remove what an earlier launch into this run dir left (the relayed signal's
-    name, this host's worker pid files, the ranks' done / stopped records), so a run resumed into its own
-    run dir neither stops at once on a stale signal nor reports a stale result."""
+    name, the pid files of this host's launchers that are gone, the ranks' done / stopped records), so a
+    run resumed into its own run dir neither stops at once on a stale signal nor reports a stale result.
+    Every node of a multi-node job clears before the roll call ends, so none clears what another wrote
+    for this launch."""
     from components.distributed.interrupt import RELAY_FILE, WORKERS_DIR
 
-    stale = [run_dir / RELAY_FILE, *(run_dir / WORKERS_DIR).glob(f"{socket.gethostname()}.*.pid")]
+    pid_files = (run_dir / WORKERS_DIR).glob(f"{socket.gethostname()}.*.pid")
+    stale = [run_dir / RELAY_FILE, *(p for p in pid_files if not alive(launcher_of(p)))]
     stale += [p for pattern in (RANK_DONE, RANK_STOPPED) for p in run_dir.glob(pattern.format(rank="*"))]
     for path in stale:
         path.unlink(missing_ok=True)
 
 
+def launcher_of(pid_file: Path) -> int:
+    """The launcher pid in a worker's pid file (``<host>.<launcher pid>.<rank>.pid``; 0: another form)."""
+    part = pid_file.name.split(".")[-3] if pid_file.name.count(".") >= 3 else ""
+    return int(part) if part.isdigit() else 0
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class QuietStop(logging.Filter):
     """Drops torch elastic's failure reports (tracebacks) and its notices of ending the other ranks for a
-    run stopped by a signal: workers that exited 75 after their checkpoint, or were killed by a second
-    signal. An interrupted run is not a failed one."""
+    run stopped by a signal (workers that exited 75 after their checkpoint, or were killed by a second
+    signal: an interrupted run is not a failed one), and for workers that lost another node (exit 69: they
+    said so in one line, the launcher names the node)."""
 
     def __init__(self, relay: Any) -> None:
         super().__init__()
         self.relay = relay
 
     def filter(self, record: logging.LogRecord) -> bool:
+        from components.config.errors import EXIT_INTERRUPTED, EXIT_NODE_LOST
+
         message = record.getMessage()
-        if "exitcode: 75" in message or (self.relay.killed and "failed (exitcode" in message):
+        ours = any(f"exitcode: {code})" in message for code in (EXIT_INTERRUPTED, EXIT_NODE_LOST))
+        if ours or (self.relay.killed and "failed (exitcode" in message):
             return False
         stopping = "Terminating process" in message or "Closing process" in message
         stopped = any(self.relay.run_dir.glob(RANK_STOPPED.format(rank="*")))
         return not (stopping and (stopped or self.relay.killed))
 
 
-def raise_if_stopped(run_dir: Path, failures: dict[int, Any], local: range) -> None:
-    """Every local worker checkpointed after a signal (whatever ended it then), or every failed one exited
-    75 that way: the run was interrupted, not broken."""
+def raise_if_stopped(run_dir: Path, failures: dict[int, Any]) -> None:
+    """Every failed worker checkpointed after a signal (whatever ended it then), or exited 75 that way:
+    the run was interrupted, not broken."""
     import json
 
     from components.config.errors import EXIT_INTERRUPTED, Interrupted
 
     stopped = {int(p.name.split(".")[1][4:]): p for p in run_dir.glob(RANK_STOPPED.format(rank="*"))}
-    codes = {int(getattr(f, "exitcode", 1) or 1) for f in failures.values()}
-    if stopped and (all(rank in stopped for rank in local) or codes == {EXIT_INTERRUPTED}):
+    if stopped and (all(rank in stopped for rank in failures) or exit_codes(failures) == {EXIT_INTERRUPTED}):
         record = json.loads(stopped[min(stopped)].read_text())
         raise Interrupted(record["signum"], record["step"], record["checkpoint"])
 
@@ -216,6 +413,21 @@ class WorkerFailed(RuntimeError):
         self.exit_code = exit_code or (worker_code if 0 < worker_code < 256 else 128 + abs(worker_code))
         reason = reason or f"worker rank {rank} failed with exit code {worker_code} (its output is above)"
         super().__init__(reason)
+
+
+class NodeLost(WorkerFailed):
+    """This node's ranks stopped because another node went away mid-run (exit ``EXIT_NODE_LOST``)."""
+
+    def __init__(self, failures: dict[int, Any], blame: str) -> None:
+        from components.config.errors import EXIT_NODE_LOST
+
+        ranks = ", ".join(str(r) for r in sorted(failures))
+        blame = blame or "a rank on another node stopped answering (which node could not be told)"
+        super().__init__(
+            failures,
+            exit_code=EXIT_NODE_LOST,
+            reason=f"{blame}; rank(s) {ranks} here stopped with it (a collective lost its peer)",
+        )
 
 
 def finished_ranks(run_dir: Path) -> dict[int, Any]:
@@ -248,6 +460,7 @@ class Slurm(Local):
     nodes, and each reads its rank from ``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NTASKS``."""
 
     started_per_rank: ClassVar[bool] = True
+    one_command_per_node: ClassVar[bool] = False
 
     def spawns_workers(self) -> bool:
         return False  # SLURM started every process already
@@ -268,39 +481,123 @@ class Slurm(Local):
 @component("launcher")
 @dataclass(frozen=True)
 class DeepSpeedLauncher(Local):
-    """Processes started by the ``deepspeed`` launcher from a hostfile (``hostfile`` lists ``host
-    slots=N``); hydratune prints the command, and each process runs as a worker of the same run."""
+    """Processes started by DeepSpeed's launcher from a hostfile (``hostfile`` lists ``host slots=N``;
+    ``include`` filters it, as ``deepspeed --include``): one command here starts every host's processes
+    through ``transport`` (DeepSpeed's ``--launcher``: pdsh over ssh by default). Before anything starts,
+    the hostfile, its hosts and the transport are checked (``mode=plan`` too) and passwordless ssh is tried;
+    the run's environment reaches every host through a private ``.deepspeed_env``
+    (components/distributed/hostfile.py). Every process runs as a worker of the same run dir, which must be
+    on a filesystem all hosts share."""
 
+    master_addr: str | None = None  # type: ignore[assignment]  # null: the hostfile's first host
     hostfile: str | None = None
     include: str | None = None  # e.g. "node1:0,1@node2" (deepspeed's --include)
+    transport: str = (
+        "pdsh"  # DeepSpeed's --launcher: pdsh (over ssh) | openmpi | mpich | impi | mvapich | slurm
+    )
+    ssh_port: int | None = None  # DeepSpeed's --ssh_port (pdsh and its ssh check)
+
+    one_command_per_node: ClassVar[bool] = False  # one deepspeed command starts every node's processes
 
     def validate(self) -> None:
+        from components.distributed.hostfile import TRANSPORTS, check_hosts
+
         super().validate()
+        if self.transport not in TRANSPORTS:
+            raise ConfigError(
+                f"unknown transport '{self.transport}' (DeepSpeed's --launcher)",
+                key="launcher.transport",
+                hint="one of: " + ", ".join(TRANSPORTS),
+            )
         if self.hostfile and not Path(self.hostfile).is_file():
             raise ConfigError(f"hostfile not found: {self.hostfile}", key="launcher.hostfile")
+        hosts = self.hosts()
+        if hosts is not None and self.spawns_workers():
+            check_hosts(hosts, self.transport)
 
     def spawns_workers(self) -> bool:  # type: ignore[override]
         return not inside_launched_worker()
 
-    def command(self, run_dir: Path, worker: Callable[[str], Any]) -> list[str]:
+    def hosts(self) -> Any:
+        """The hostfile's hosts that the run uses (``hostfile.Hosts``), or None without a hostfile."""
+        from components.distributed.hostfile import read_hosts
+
+        return read_hosts(self.hostfile, self.include) if self.hostfile else None
+
+    def describe(self, run_id: str) -> str:
+        from components.distributed.hostfile import forwarded, shown
+
+        hosts = self.hosts()
+        if hosts is None:
+            return f"launcher: deepspeed on this host, {self.nproc_per_node} process(es)"
+        reach = f"through {self.transport} over ssh" if hosts.multi else "on this host (no transport needed)"
+        return (
+            f"launcher: deepspeed --hostfile {self.hostfile}: {hosts.describe()} {reach}; every host gets "
+            f"{shown(forwarded())}"
+            " (+ your .deepspeed_env)"
+        )
+
+    def command(self, run_dir: Path, worker: Callable[[str], Any], quiet: bool = False) -> list[str]:
         """The ``deepspeed`` command (an argument list, no shell) running the frozen config's workers: every
-        process runs ``worker``'s module (``python -m <module> <run dir>``)."""
+        process runs ``worker``'s module (``python -m <module> <run dir>``). ``quiet``: DeepSpeed's runner
+        logs no command line (it would show the exported secrets)."""
+        hosts = self.hosts()
         cmd = ["deepspeed"]
-        if self.hostfile:
-            cmd += ["--hostfile", self.hostfile]
+        if hosts is not None:
+            cmd += ["--hostfile", str(self.hostfile), "--launcher", self.transport]
+            cmd += ["--no_ssh_check"]  # launch() tried every host itself; one local host needs no ssh
+            cmd += ["--force_multi"] if hosts.multi and len(hosts.names) == 1 else []  # one remote host
+            cmd += ["--ssh_port", str(self.ssh_port)] if self.ssh_port else []
         if self.include:
             cmd += ["--include", self.include]
-        if not self.hostfile:
+        if hosts is None:
             cmd += ["--num_nodes", "1", "--num_gpus", str(self.nproc_per_node)]
-        cmd += ["--master_addr", self.master_addr, "--master_port", str(self.master_port), "--no_local_rank"]
+        master = self.master_addr or (hosts.names[0] if hosts is not None else "127.0.0.1")
+        cmd += ["--master_addr", master, "--master_port", str(self.master_port), "--no_local_rank"]
+        cmd += ["--log_level", "warning"] if quiet else []
         return [*cmd, "--module", worker.__module__, str(run_dir)]
 
-    def launch(self, run_dir: Path, worker: Callable[[str], Any]) -> Any:
+    def launch(
+        self,
+        run_dir: Path,
+        worker: Callable[[str], Any],
+        run_id: str | None = None,
+        config: dict | None = None,
+    ) -> Any:
+        """Check that passwordless ssh reaches every host, then run the ``deepspeed`` command with the run's
+        environment for every host in a private ``.deepspeed_env`` (``DS_ENV_FILE``); rank 0's result."""
+        import shlex
         import subprocess
+        import sys
 
+        from components.distributed.hostfile import check_ssh, environment_file, forwarded, is_secret, shown
+
+        hosts = self.hosts()
+        if hosts is not None:
+            check_ssh(hosts, self.ssh_port)
         clear_markers(run_dir)
-        proc = subprocess.run(self.command(run_dir, worker), check=False)
+        variables = forwarded()
+        with environment_file(variables) as (env_file, skipped):
+            cmd = self.command(run_dir, worker, quiet=any(is_secret(k) for k in variables))
+            print(f"hydratune: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+            if hosts is not None and hosts.multi:
+                left = f"; left out (the runner's command line cannot carry them): {', '.join(skipped)}"
+                print(
+                    f"hydratune: every host gets {shown(variables)}{left if skipped else ''}", file=sys.stderr
+                )
+            proc = subprocess.run(cmd, env={**os.environ, "DS_ENV_FILE": str(env_file)}, check=False)
         done = finished_ranks(run_dir)
         if 0 in done:
             return done[0]
-        raise WorkerFailed({0: type("Failure", (), {"exitcode": proc.returncode or 1})()})
+        code = proc.returncode or 1
+        reason = f"deepspeed exited with code {code} before rank 0 finished (the output above says why)"
+        raise WorkerFailed({0: type("Failure", (), {"exitcode": code})()}, exit_code=code, reason=reason)
+
+
+def shared_by_nodes(launcher: Any) -> bool:
+    """Whether a composed ``launcher`` node (before anything is instantiated: Hydra's callbacks) runs the
+    same hydratune command on each of several nodes that share one run dir."""
+    target = str(launcher.get("_target_", ""))
+    known = {f"{cls.__module__}.{cls.__qualname__}": cls for cls in (Local, Slurm, DeepSpeedLauncher)}
+    cls = known.get(target)
+    return cls is not None and cls.one_command_per_node and int(launcher.get("nnodes", 1) or 1) > 1

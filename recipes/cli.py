@@ -41,10 +41,12 @@ def execute(cfg: DictConfig) -> Any:
     from components.config.ranges import check_values
     from components.config.resolvers import check_resolves
     from components.launcher import FROZEN
+    from components.runtime import multinode
     from components.runtime.checks import check_before_load
     from components.runtime.run import Components, hydra_run_dir, run_recipe
     from components.runtime.threads import apply_thread_policy
 
+    multinode.save_hydra_files(cfg)  # a multi-node job's .hydra/: once, whole (Hydra was kept from it)
     apply_thread_policy(int(cfg.launcher.get("nproc_per_node") or 1))  # before torch is imported
     if cfg.mode == "plan":
         refuse_plan_under_an_optimizing_sweeper()
@@ -52,6 +54,8 @@ def execute(cfg: DictConfig) -> Any:
     check_values(cfg)  # before strategy=auto's estimate reads them (Components.from_config checks again)
     cfg = maybe_resolve_auto(cfg)  # strategy=auto: choose from the memory estimate, save the choice
     comps = Components.from_config(cfg)
+    multinode.refuse_sweep(comps.launcher)
+    run_id = comps.launcher.rendezvous_id(multinode.pinned_run_dir())  # several nodes: one shared id
     device = check_before_load(cfg, comps, plan_device(cfg, comps))
     if cfg.mode == "plan":
         from components.runtime.resume import hydra_sweep_point, resolve
@@ -66,6 +70,7 @@ def execute(cfg: DictConfig) -> Any:
         from components.runtime.dataprep import eval_every, plan_data
 
         print("\n".join(plan_data(comps, cfg.train.eval_generations, eval_every(comps, cfg.train))))
+        print(f"# {comps.launcher.describe(run_id)}")
         host = "" if device == comps.strategy.resolve_device() else " (planned for a GPU: this host has none)"
         print(f"# checks passed; device: {device}{host}; nothing was loaded (mode=plan)")
         return None
@@ -80,11 +85,12 @@ def execute(cfg: DictConfig) -> Any:
         from components.launcher import WorkerFailed
         from recipes.worker import run_worker
 
-        (run_dir / FROZEN).write_text(OmegaConf.to_yaml(cfg, resolve=True))  # every rank reads this
-        try:
-            result = comps.launcher.launch(run_dir, run_worker)  # each process: run_worker(run_dir)
+        if comps.launcher.writes_run_files():  # every rank reads it (once, whole: nodes share the run dir)
+            multinode.write_atomically(run_dir / FROZEN, OmegaConf.to_yaml(cfg, resolve=True))
+        try:  # each process: run_worker(run_dir)
+            result = comps.launcher.launch(run_dir, run_worker, run_id, multinode.node_config(cfg))
         except WorkerFailed as err:
-            print(f"hydratune: {err}", file=sys.stderr)
+            print(f"hydratune: {err}{multinode.resume_note(run_dir, cfg.launcher)}", file=sys.stderr)
             sys.exit(err.exit_code)
     else:
         result = run_recipe(cfg, run_dir, comps=comps, device=device)
@@ -151,9 +157,11 @@ def _hydra_app(cfg: DictConfig) -> Any:
         remove_unused_run_dir()
         raise
     except Interrupted as stop:
+        from components.runtime.multinode import on_every_node
         from components.runtime.run import hydra_run_dir
 
-        print(f"hydratune: {stop}. Resume with: hydratune resume={hydra_run_dir()}", file=sys.stderr)
+        every = on_every_node(cfg.launcher)
+        print(f"hydratune: {stop}. Resume with: hydratune resume={hydra_run_dir()}{every}", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
 
 
@@ -269,12 +277,14 @@ def resume_argv(run: Path, args: list[str]) -> list[str]:
     """``resume=<run>`` continues that run with its own config: the saved one, the overrides given now on
     top (listed on stderr). Overrides the run was started with are in that config already: dropped (a
     ``group=option`` among them could not be applied to a saved config a second time)."""
+    from components.runtime.multinode import in_place
+
     saved = run / ".hydra" / "overrides.yaml"
     original = {str(o) for o in OmegaConf.load(saved)} if saved.is_file() else set()
     others = [a for a in args if a not in original]
     listed = " ".join(a for a in others if not a.startswith("resume=")) or "none"
     print(f"hydratune: continuing {run} with its own config; overrides on top: {listed}", file=sys.stderr)
-    return replay_argv([str(run), *others], label="resume")
+    return replay_argv([str(run), *others, *in_place(run, others)], label="resume")
 
 
 def replay_argv(args: list[str], label: str = "replay") -> list[str]:
@@ -294,6 +304,8 @@ def replay_argv(args: list[str], label: str = "replay") -> list[str]:
         "config",
         f"hydra.run.dir=outputs/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}_{label}_${{run_tag:}}",
         f"hydra.sweep.dir=multirun/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}_{label}_${{run_tag:}}",
+        # the saved config has no hydra node: its run-dir check (and a multi-node job's .hydra/ rule) added
+        f"+hydra.callbacks.run_dir_check._target_={RunDirCheck.__module__}.{RunDirCheck.__qualname__}",
         *args[1:],
     ]
 
@@ -327,8 +339,10 @@ class RunDirCheck(Callback):
     config Hydra composed for the job, so checking costs no composition of its own."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from components.runtime.multinode import quiet_hydra_files
         from components.runtime.resume import check_run_dir
 
+        quiet_hydra_files(config)  # a multi-node job writes its .hydra/ itself, once (execute)
         try:
             check_run_dir(Path(config.hydra.run.dir), config.get("resume"))  # before Hydra writes .hydra/
         except ConfigError as err:
@@ -344,7 +358,9 @@ class RunDirCheck(Callback):
 def exit_unless_writable(run_dir: Path, key: str) -> None:
     """Print a ConfigError naming ``key`` and exit 2 unless ``run_dir`` can be created and written: it is
     created and a probe file written there (``os.access`` says yes to root even under /proc)."""
-    probe = run_dir / ".hydratune-write-probe"
+    import uuid
+
+    probe = run_dir / f".hydratune-write-probe.{uuid.uuid4().hex}"  # its own: nodes may probe the dir at once
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")

@@ -20,7 +20,13 @@ from components.launcher import FROZEN, RANK_DONE, RANK_STOPPED, RELAYS
 def run_worker(run_dir: str) -> Any:
     """Run this rank's share of the job; returns the objective (rank 0) and records completion."""
     import recipes
-    from components.config.errors import EXIT_INTERRUPTED, ConfigError, Interrupted, print_error
+    from components.config.errors import (
+        EXIT_INTERRUPTED,
+        EXIT_NODE_LOST,
+        ConfigError,
+        Interrupted,
+        print_error,
+    )
     from components.config.resolvers import register_resolvers
     from components.runtime.run import run_recipe
     from components.runtime.startup import pause_gc, process_defaults, run_ends
@@ -38,19 +44,34 @@ def run_worker(run_dir: str) -> Any:
         accept_relays(path)  # first: the launcher may relay a signal at any time
     cfg = OmegaConf.load(path / FROZEN)
     rank = int(os.environ.get("RANK", 0))
+    ended = lost = False
     try:
         result = run_recipe(cfg, path)
+        ended = True
     except ConfigError as err:
         print_error(err)
         sys.exit(2)
     except Interrupted as stop:
+        ended = True  # every rank stopped after the same step
         print(f"hydratune: rank {rank}: {stop}", file=sys.stderr)
         record = {"signum": stop.signum, "step": stop.step, "checkpoint": stop.checkpoint}
         (path / RANK_STOPPED.format(rank=rank)).write_text(json.dumps(record))
         sys.exit(EXIT_INTERRUPTED)
+    except Exception as err:
+        from components.distributed.rendezvous import lost_peer
+
+        reason = lost_peer(err)
+        if reason is None:
+            raise
+        # another rank went away: one line here, the launcher names the node (no gloo traceback per rank)
+        print(f"hydratune: rank {rank}: a collective lost its peer: {reason}", file=sys.stderr, flush=True)
+        lost = True
     finally:
         run_ends()
-        _teardown()
+        _teardown(together=ended)
+    if lost:  # at once: the process group's C++ teardown waits seconds on its dead connections
+        sys.stdout.flush()
+        os._exit(EXIT_NODE_LOST)
     done = path / RANK_DONE.format(rank=rank)
     done.write_text(json.dumps({"rank": rank, "result": result if _plain(result) else None}))
     return result
@@ -60,13 +81,16 @@ def _plain(value: Any) -> bool:
     return isinstance(value, (int, float, str, type(None)))
 
 
-def _teardown() -> None:
-    """Leave the process group cleanly (a gloo group left to interpreter teardown can abort)."""
+def _teardown(together: bool) -> None:
+    """Leave the process group cleanly (a gloo group left to interpreter teardown can abort): after a barrier
+    when every rank ended the run together; at once after an error (the other ranks are elsewhere: a
+    barrier would wait for them until the process group's timeout)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         try:
-            dist.barrier()
+            if together:
+                dist.barrier()
         finally:
             dist.destroy_process_group()
 

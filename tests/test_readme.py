@@ -164,7 +164,8 @@ FILES: dict[str, Callable[[], str]] = {
     "prefs.jsonl": preference_jsonl,
     "ultrafeedback.jsonl": ultrafeedback_jsonl,
     "hh.jsonl": hh_jsonl,
-    "hostfile": lambda: "node1 slots=8\nnode2 slots=8\n",
+    # hosts that resolve here (mode=plan checks that they do); one host needs no ssh / pdsh to plan
+    "hostfile": lambda: "localhost slots=8\n",
 }
 
 

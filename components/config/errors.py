@@ -36,6 +36,9 @@ def print_error(err: ConfigError) -> None:
 
 #: exit code of a run stopped by a signal after checkpointing (EX_TEMPFAIL: "try again" — resume it)
 EXIT_INTERRUPTED = 75
+#: exit code of a rank (and its launcher) that stopped because another node went away mid-run
+#: (EX_UNAVAILABLE: resume from the last whole checkpoint once every node is back)
+EXIT_NODE_LOST = 69
 
 
 class Interrupted(Exception):

@@ -113,6 +113,9 @@ RANGES: dict[str, Range] = {
     "nnodes": AT_LEAST_ONE,
     "node_rank": NON_NEGATIVE,
     "master_port": Range(1, 65535),
+    "rdzv_timeout": POSITIVE,  # seconds
+    "collective_timeout": POSITIVE,  # seconds
+    "ssh_port": Range(1, 65535),
     "max_restarts": NON_NEGATIVE,
     # optimizer
     "lr": POSITIVE,

@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None)
 RELAY = signal.SIGUSR2
 RELAY_FILE = ".interrupt"  # in the run dir: the name of the signal the launcher relays
-WORKERS_DIR = ".workers"  # in the run dir: <host>.<local rank>.pid of each worker, for the relay
+WORKERS_DIR = ".workers"  # in the run dir: <host>.<launcher pid>.<rank>.pid of each worker, for the relay
 
 #: the launching process of this worker (``accept_relays``)
 _launcher: list[int] = []
@@ -139,10 +139,14 @@ def accept_relays(run_dir: Path) -> None:
     _launcher[:] = [os.getppid()]
     workers = run_dir / WORKERS_DIR
     workers.mkdir(exist_ok=True)
-    local_rank = os.environ.get("LOCAL_RANK", "0")
-    (workers / f"{socket.gethostname()}.{local_rank}.pid").write_text(str(os.getpid()))
+    rank = os.environ.get("RANK", "0")  # named by its launcher too: several launchers may share a host
+    (workers / pid_file_name(socket.gethostname(), _launcher[0], rank)).write_text(str(os.getpid()))
     if (run_dir / RELAY_FILE).is_file() and not _relayed:  # the launcher's signal came before we registered
         _relayed.append(_relay_signal(run_dir))
+
+
+def pid_file_name(host: str, launcher_pid: int, rank: int | str) -> str:
+    return f"{host}.{launcher_pid}.{rank}.pid"
 
 
 def launcher_died() -> bool:
@@ -177,17 +181,24 @@ class SignalRelay:
             signal.signal(sig, handler)
         self._previous.clear()
 
-    def worker_pids(self) -> list[int]:
+    def pid_files(self) -> list[Path]:
+        """The pid files of this launcher's workers (``accept_relays``)."""
         import socket
 
-        host = socket.gethostname()
+        return list((self.run_dir / WORKERS_DIR).glob(pid_file_name(socket.gethostname(), os.getpid(), "*")))
+
+    def worker_pids(self) -> list[int]:
         pids = []
-        for path in (self.run_dir / WORKERS_DIR).glob(f"{host}.*.pid"):
+        for path in self.pid_files():
             try:
                 pids.append(int(path.read_text()))
             except (OSError, ValueError):
                 continue
         return pids
+
+    def worker_ranks(self) -> list[int]:
+        """The global ranks of this launcher's workers that have registered so far."""
+        return sorted(int(path.name.split(".")[-2]) for path in self.pid_files())
 
     def _send(self, sig: int) -> None:
         for pid in self.worker_pids():

@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from components.config.errors import ConfigError
+from components.launcher import PLACEMENT
 from components.runtime import datafp
 from components.runtime.checkpoint import checkpoints_in, manifest, resolve_resume, verify
 
@@ -48,6 +49,7 @@ MANAGEMENT: tuple[str, ...] = (
     "train.write_plots",
     "train.num_workers",
     "hydra",  # run/sweep dirs and the like (overrides only: the task config has no hydra node)
+    *PLACEMENT,  # where the job runs: each node's own launcher.node_rank, a new master address, ...
 )
 ABSENT = "<absent>"
 OTHER_POINT = "another sweep point"
@@ -273,7 +275,8 @@ def pin(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None) ->
     """``cfg`` with ``resume`` resolved to the checkpoint dir to load (or false): what recipes read. A run
     that will write checkpoints records its data fingerprint first (they carry it)."""
     checkpoint = resolve(cfg, run_dir, sweep_point)
-    if cfg.train.get("save_every", 0) and int(os.environ.get("RANK", 0)) == 0:
+    first_node = int(cfg.launcher.get("node_rank", 0) or 0) == 0  # a multi-node job writes it once
+    if cfg.train.get("save_every", 0) and int(os.environ.get("RANK", 0)) == 0 and first_node:
         datafp.write(cfg, run_dir)
     with read_write(cfg), open_dict(cfg):
         cfg.resume = checkpoint or False

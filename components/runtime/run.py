@@ -251,6 +251,7 @@ class RunContext:
             **c.precision.training_args(self.device),
             **c.optimizer.training_args(self.device),
             **c.scheduler.training_args(),
+            **c.launcher.training_args(),
         }
         args.update(recipe_args)
         return args
@@ -283,6 +284,7 @@ def run_recipe(
     """Run the recipe in this process (one rank of the job, or the whole job); returns the objective."""
     import os
 
+    from components.distributed.group import start_process_group
     from components.launcher import single_process_env
     from components.runtime.diskspace import disk_errors
     from components.runtime.startup import run_ends
@@ -292,6 +294,7 @@ def run_recipe(
     device = device or comps.strategy.resolve_device()
     if comps.strategy.needs_process_group:
         single_process_env()  # DeepSpeed and FSDP want a process group even for one process
+    start_process_group(device, comps.launcher.collective_timeout)  # on CPU: ours, with its timeout
     if device == "cuda":
         import torch
 

@@ -61,6 +61,14 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+def run_environment() -> dict[str, str]:
+    """The variables of this process that shape a run (hub and offline flags, threads, CUDA / NCCL, trackers:
+    those DeepSpeed's hostfile launcher carries to every host), secrets' values as ``<set>``."""
+    from components.distributed.hostfile import forwarded, is_secret
+
+    return {k: "<set>" if is_secret(k) else v for k, v in forwarded(paths=False).items()}
+
+
 class RunDir:
     """Paths and writers of one run dir (Hydra's output dir)."""
 
@@ -88,7 +96,9 @@ class RunDir:
         return out
 
     def write_versions(self, extra: dict[str, Any] | None = None) -> Path:
-        return self.write_json("versions.json", {**package_versions(), **(extra or {})})
+        return self.write_json(
+            "versions.json", {**package_versions(), **(extra or {}), "environment": run_environment()}
+        )
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         with self.metrics_file.open("a") as f:
