@@ -22,7 +22,9 @@ def run_worker(run_dir: str) -> Any:
     import recipes
     from components.config.errors import EXIT_INTERRUPTED, ConfigError, Interrupted, print_error
     from components.config.resolvers import register_resolvers
-    from components.runtime.run import run_recipe
+    from components.distributed.interrupt import defer
+    from components.runtime.resume import continue_in_place
+    from components.runtime.run import Components, run_recipe
     from components.runtime.startup import pause_gc, process_defaults, run_ends
     from components.runtime.threads import apply_thread_policy
 
@@ -37,20 +39,31 @@ def run_worker(run_dir: str) -> Any:
 
         accept_relays(path)  # first: the launcher may relay a signal at any time
     cfg = OmegaConf.load(path / FROZEN)
-    rank = int(os.environ.get("RANK", 0))
+    comps = None
     try:
-        result = run_recipe(cfg, path)
+        comps = Components.from_config(cfg)
+        comps.launcher.rank_env()  # a scheduler's ranks (SLURM's srun tasks)
+        defer(comps.launcher.preemption_signals())  # pre-empted while loading: checkpoint after step 1
+        if comps.launcher.started_per_rank:  # the job script's run dir: continue from its own checkpoint
+            cfg = continue_in_place(cfg, path)
+        result = run_recipe(cfg, path, comps=comps)
     except ConfigError as err:
         print_error(err)
         sys.exit(2)
     except Interrupted as stop:
-        print(f"hydratune: rank {rank}: {stop}", file=sys.stderr)
+        _teardown()  # every rank out of the process group before the job may be requeued (and killed)
+        stop.requeued = comps.launcher.after_interrupt(stop.signum) if comps else None  # SLURM pre-emption
+        rank = int(os.environ.get("RANK", 0))
+        print(
+            f"hydratune: rank {rank}: {stop}{f'; {stop.requeued}' if stop.requeued else ''}", file=sys.stderr
+        )
         record = {"signum": stop.signum, "step": stop.step, "checkpoint": stop.checkpoint}
         (path / RANK_STOPPED.format(rank=rank)).write_text(json.dumps(record))
         sys.exit(EXIT_INTERRUPTED)
     finally:
         run_ends()
         _teardown()
+    rank = int(os.environ.get("RANK", 0))
     done = path / RANK_DONE.format(rank=rank)
     done.write_text(json.dumps({"rank": rank, "result": result if _plain(result) else None}))
     return result

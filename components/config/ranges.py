@@ -108,6 +108,9 @@ RANGES: dict[str, Range] = {
     "node_rank": NON_NEGATIVE,
     "master_port": Range(1, 65535),
     "max_restarts": NON_NEGATIVE,
+    "launcher.gpus_per_node": NON_NEGATIVE,  # launcher=slurm's job script
+    "launcher.cpus_per_task": AT_LEAST_ONE,
+    "launcher.signal_delay_s": NON_NEGATIVE,
     # optimizer
     "lr": POSITIVE,
     "weight_decay": NON_NEGATIVE,
