@@ -295,6 +295,22 @@ class Slurm(Local):
         from components.distributed.slurm import signal_number
 
         signal_number(self.signal)
+        import re
+
+        if self.time is not None and not re.fullmatch(
+            r"(\d+-)?\d+(:\d\d){0,2}|(?i:infinite|unlimited)", self.time
+        ):
+            raise ConfigError(
+                f"'{self.time}' is not a SLURM time limit",
+                key="launcher.time",
+                hint="minutes, HH:MM:SS or D-HH:MM:SS, e.g. launcher.time=04:00:00",
+            )
+        if self.mem is not None and not re.fullmatch(r"\d+[KMGT]?", str(self.mem)):
+            raise ConfigError(
+                f"'{self.mem}' is not a SLURM memory size",
+                key="launcher.mem",
+                hint="e.g. 400G (0 = all of a node)",
+            )
         if self.rdzv_endpoint:
             raise ConfigError(
                 "launcher=slurm wires the rendezvous from the allocation (its first node is the master)",

@@ -109,7 +109,8 @@ def print_job_script(comps: Any) -> None:
     from components.runtime.run import hydra_run_dir
     from recipes.worker import run_worker
 
-    script = comps.launcher.job_script(hydra_run_dir(), run_worker) if comps.launcher.spawns_workers() else None
+    launcher = comps.launcher
+    script = launcher.job_script(hydra_run_dir(), run_worker) if launcher.spawns_workers() else None
     if script:
         print("# the SLURM job script a run writes into its run dir (slurm.sbatch) and tells you to sbatch:")
         print(script)

@@ -62,12 +62,24 @@ def test_signal_names_as_sbatch_writes_them(spec: str, name: str) -> None:
     assert signal.Signals(signal_number(spec)).name == name
 
 
-def test_an_unknown_signal_is_refused_before_load(compose_cfg) -> None:
+@pytest.mark.parametrize(
+    ("override", "error"),
+    [
+        ("launcher.signal=USR9", r"\[launcher.signal\] unknown signal 'USR9'"),
+        ("launcher.time=4h", r"\[launcher.time\] '4h' is not a SLURM time limit"),
+        ("launcher.mem=lots", r"\[launcher.mem\] 'lots' is not a SLURM memory size"),
+        (
+            "launcher.rdzv_endpoint=n1:29400",
+            r"\[launcher.rdzv_endpoint\] launcher=slurm wires the rendezvous",
+        ),
+    ],
+)
+def test_a_bad_job_script_knob_is_refused_before_load(compose_cfg, override: str, error: str) -> None:
     from components.runtime.checks import check_before_load
     from components.runtime.run import Components
 
-    cfg = compose_cfg("launcher=slurm", "launcher.signal=USR9")
-    with pytest.raises(ConfigError, match=r"\[launcher.signal\] unknown signal 'USR9'"):
+    cfg = compose_cfg("launcher=slurm", override)
+    with pytest.raises(ConfigError, match=error):
         check_before_load(cfg, Components.from_config(cfg))
 
 
