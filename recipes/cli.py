@@ -378,12 +378,16 @@ def wait_for_every_slurm_point(config: DictConfig) -> None:
     """``hydra/launcher=submitit_slurm``: launch through hydratune's subclass of the plugin's launcher
     (hydra_plugins/hydratune/submitit_slurm.py), which waits for every sweep point however its job ends and
     names the failed ones (the plugin waits forever for a job that ended without a result when SLURM has no
-    accounting). Hydra instantiates the launcher from this same config right after this callback."""
+    accounting). Hydra instantiates the launcher from this same config right after this callback. The class
+    is registered with Hydra's plugins here too: Hydra's scan of ``hydra_plugins`` misses it under an
+    editable install (``pip install -e``), whose import hook ``pkgutil`` cannot list."""
+    from hydra.core.plugins import Plugins
     from omegaconf import open_dict, read_write
 
-    from hydra_plugins.hydratune.submitit_slurm import SUBMITIT_TARGET, TARGET
+    from hydra_plugins.hydratune.submitit_slurm import SUBMITIT_TARGET, TARGET, SlurmLauncher
 
     if config.hydra.get("launcher", {}).get("_target_") == SUBMITIT_TARGET:
+        Plugins.instance().class_name_to_class.setdefault(TARGET, SlurmLauncher)
         with read_write(config.hydra.launcher), open_dict(config.hydra.launcher):
             config.hydra.launcher._target_ = TARGET
 

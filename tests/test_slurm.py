@@ -151,6 +151,31 @@ def test_tasks_of_a_slurm_job_without_launcher_slurm_are_refused(monkeypatch: py
         check_not_under_outside_launcher(SimpleNamespace(launcher=Local()))
 
 
+def test_submitit_slurm_runs_through_hydratunes_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hydra/launcher=submitit_slurm`` becomes hydratune's subclass when the sweep starts, registered with
+    Hydra even where its plugin scan cannot see it (an editable install: simulated by removing it)."""
+    from hydra.core.plugins import Plugins
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.hydratune.submitit_slurm import SUBMITIT_TARGET, TARGET
+    from recipes.cli import wait_for_every_slurm_point
+
+    plugins = Plugins.instance()
+
+    monkeypatch.delitem(plugins.class_name_to_class, TARGET, raising=False)
+    config = OmegaConf.create({"hydra": {"launcher": {"_target_": SUBMITIT_TARGET, "nodes": 1}}})
+    OmegaConf.set_readonly(config, True)
+    wait_for_every_slurm_point(config)
+    assert config.hydra.launcher._target_ == TARGET
+    registered = plugins.class_name_to_class[TARGET]  # what Hydra instantiates for that target
+    assert [f"{c.__module__}.{c.__qualname__}" for c in registered.__mro__[:2]] == [TARGET, SUBMITIT_TARGET]
+    local = OmegaConf.create(
+        {"hydra": {"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher"}}}
+    )
+    wait_for_every_slurm_point(local)  # any other launcher stays as it is
+    assert local.hydra.launcher._target_ == "hydra._internal.core_plugins.basic_launcher"
+
+
 def test_the_job_script_is_complete_and_valid_bash(compose_cfg, tmp_path: Path) -> None:
     from components.distributed.slurm import sbatch_script
     from components.runtime.run import Components
