@@ -182,9 +182,11 @@ def _hydra_app(cfg: DictConfig) -> Any:
         from components.distributed.slurm import under_submitit
         from components.runtime.run import hydra_run_dir
 
-        then = stop.requeued or f"Resume with: hydratune resume={hydra_run_dir()}"
+        requeued = bool(stop.requeued and stop.requeued.done)  # SLURM: the job continues by itself
+        advice = f"Resume with: hydratune resume={hydra_run_dir()}"
+        then = str(stop.requeued) if requeued else f"{stop.requeued}. {advice}" if stop.requeued else advice
         print(f"hydratune: {stop}. {then}", file=sys.stderr)
-        if under_submitit() and not (stop.requeued and stop.requeued.done):
+        if under_submitit() and not requeued:
             raise  # the sweep point's outcome: submitit hands it to the submitting hydratune, which names it
         sys.exit(EXIT_INTERRUPTED)
 
@@ -530,10 +532,10 @@ def run_hydra_app() -> None:
     it: set here, so a composition error reaches this function (other exceptions propagate as usual)."""
     from hydra.errors import CompactHydraException, InstantiationException
 
-    previous = os.environ.get("HYDRA_FULL_ERROR")
-    os.environ["HYDRA_FULL_ERROR"] = "1"
     from components.distributed.slurm_sweep import PointsFailed
 
+    previous = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         _hydra_app()
         if REFUSED:

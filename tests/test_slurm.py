@@ -86,7 +86,8 @@ def test_a_bad_job_script_knob_is_refused_before_load(compose_cfg, override: str
 def slurm_step(monkeypatch: pytest.MonkeyPatch, tasks: int, **more: str) -> None:
     """This process as task 0 of an ``srun`` step of ``tasks`` tasks (torch's variables unset)."""
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(key, raising=False)
+        monkeypatch.setenv(key, "")  # recorded, so what rank_env sets is undone after the test
+        monkeypatch.delenv(key)
     step = {
         "SLURM_STEP_ID": "0",
         "SLURM_PROCID": "0",
@@ -537,6 +538,7 @@ def sweep(cluster: None, work: Path) -> SimpleNamespace:
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 def test_a_sweep_lands_its_points_and_a_cancelled_point_ends_it_marked(sweep, local1: Path) -> None:
     assert sweep.code == 1, sweep.out[-3000:]
     assert sweep.took < 60, f"the sweep ended {sweep.took:.0f} s after its point was cancelled"
@@ -567,6 +569,7 @@ def test_a_sweep_lands_its_points_and_a_cancelled_point_ends_it_marked(sweep, lo
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 def test_the_cancelled_point_continues_through_its_job_script_across_a_preemption(sweep) -> None:
     """The advice ``hydratune resume=<point>`` writes a job script (the point's config has launcher=slurm);
     submitted and then pre-empted (USR2), it checkpoints, requeues itself, continues in its run dir and
@@ -589,6 +592,7 @@ def test_the_cancelled_point_continues_through_its_job_script_across_a_preemptio
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 def test_a_two_task_job_preempted_requeues_and_resumes_bit_exactly(
     cluster: None, work: Path, local2: Path
 ) -> None:
@@ -615,6 +619,7 @@ def test_a_two_task_job_preempted_requeues_and_resumes_bit_exactly(
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 def test_the_job_script_runs_two_ranks_like_a_local_run(cluster: None, work: Path, local2: Path) -> None:
     cwd = work / "script"
     code, out = finish(cli(cwd, *SCRIPT, "launcher.nproc_per_node=2", *QUICK, *DDP))

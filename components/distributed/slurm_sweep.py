@@ -92,6 +92,8 @@ def launch(launcher: Any, job_overrides: Any, initial_job_idx: int) -> list[Any]
     executor.update_parameters(**{k if k in shared else f"slurm_{k}": v for k, v in params.items()})
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    if "mode" in launcher.config.hydra.sweep:
+        sweep_dir.chmod(int(str(launcher.config.hydra.sweep.mode), 8))
     log.info(f"Submitit 'slurm' sweep output dir : {sweep_dir}")
     numbers = range(initial_job_idx, initial_job_idx + len(job_overrides))
     for number, overrides in zip(numbers, job_overrides, strict=True):
@@ -127,7 +129,7 @@ def wait(
     points: list[Point], run_dir_of: Any, sweep_dir: Path, poll: tuple[float, float] = POLL_S
 ) -> list[Any]:
     """Wait until every point ended: its JobReturn (rank 0's), or a FAILED one for a failed point."""
-    from hydra.core.utils import JobReturn, JobStatus
+    from hydra.core.utils import JobStatus
 
     returns: dict[int, Any] = {}
     failed: list[FailedPoint] = []
@@ -158,9 +160,7 @@ def wait(
     for r in returns.values():
         if r.status == JobStatus.FAILED:
             r.return_value = PointsFailed(failed, sweep_dir)  # whichever the sweeper raises names them all
-    ordered = [returns[p.number] for p in points]
-    assert all(isinstance(r, JobReturn) for r in ordered)
-    return ordered
+    return [returns[p.number] for p in points]
 
 
 def finished(p: Point, states: dict[str, str] | None, now: float) -> tuple[str, str | None, Any] | None:
