@@ -501,23 +501,33 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("slurm")
 
 
+def here(cwd: Path, *args: str) -> None:
+    """The CLI in this process, run from ``cwd`` (the libraries are imported once for the session, not in
+    one more process)."""
+    from recipes.cli import main
+
+    cwd.mkdir(parents=True, exist_ok=True)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    before = Path.cwd()
+    os.chdir(cwd)
+    try:
+        main(list(args))
+    finally:
+        os.chdir(before)
+
+
 @pytest.fixture(scope="module")
 def local1(work: Path) -> Path:
     """The oracle of a 1-task job: the same training in this process."""
-    from recipes.cli import main
-
-    run_dir = work / "local1"
-    os.environ["OMP_NUM_THREADS"] = "1"
-    main([*QUICK, f"hydra.run.dir={run_dir}"])
-    return run_dir
+    here(work, *QUICK, "hydra.run.dir=local1")
+    return work / "local1"
 
 
 @pytest.fixture(scope="module")
 def local2(work: Path) -> Path:
     """The oracle of a 2-task job: the same training on 2 local processes."""
-    code, out = finish(cli(work / "local2", *QUICK, *DDP, "launcher.nproc_per_node=2", "hydra.run.dir=run"))
-    assert code == 0, out[-3000:]
-    return work / "local2" / "run"
+    here(work, *QUICK, *DDP, "launcher.nproc_per_node=2", "hydra.run.dir=local2")
+    return work / "local2"
 
 
 @pytest.fixture(scope="module")
@@ -570,15 +580,16 @@ def test_a_sweep_lands_its_points_and_a_cancelled_point_ends_it_marked(sweep, lo
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_the_cancelled_point_continues_through_its_job_script_across_a_preemption(sweep) -> None:
+def test_the_cancelled_point_continues_through_its_job_script_across_a_preemption(
+    sweep, capsys: pytest.CaptureFixture
+) -> None:
     """The advice ``hydratune resume=<point>`` writes a job script (the point's config has launcher=slurm);
     submitted and then pre-empted (USR2), it checkpoints, requeues itself, continues in its run dir and
     ends equal to the uncancelled point."""
     point0, point1 = sweep.dir / "0", sweep.dir / "1"
     stopped = max(steps(point1))
-    code, out = finish(cli(sweep.cwd, f"resume={point1}", *SCRIPT[1:]))
-    assert code == 0, out[-3000:]
-    script = Path(re.search(r"^    sbatch (\S+)$", out, re.M).group(1))
+    here(sweep.cwd, f"resume={point1}", *SCRIPT[1:])
+    script = Path(re.search(r"^    sbatch (\S+)$", capsys.readouterr().out, re.M).group(1))
     run_dir = script.parent
     job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True)
     job_id = job.stdout.strip()
@@ -620,12 +631,13 @@ def test_a_two_task_job_preempted_requeues_and_resumes_bit_exactly(
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_the_job_script_runs_two_ranks_like_a_local_run(cluster: None, work: Path, local2: Path) -> None:
+def test_the_job_script_runs_two_ranks_like_a_local_run(
+    cluster: None, work: Path, local2: Path, capsys: pytest.CaptureFixture
+) -> None:
     cwd = work / "script"
-    code, out = finish(cli(cwd, *SCRIPT, "launcher.nproc_per_node=2", *QUICK, *DDP))
-    assert code == 0, out[-3000:]
+    here(cwd, *SCRIPT, "launcher.nproc_per_node=2", *QUICK, *DDP)
     script = only((cwd / "outputs").glob("*/*/slurm.sbatch"))
-    assert f"    sbatch {script}" in out
+    assert f"    sbatch {script}" in capsys.readouterr().out
     text = script.read_text()
     assert "#SBATCH --ntasks-per-node=2" in text and "gpus-per-node" not in text
     job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True)
