@@ -51,14 +51,15 @@ def run_worker(run_dir: str) -> Any:
         print_error(err)
         sys.exit(2)
     except Interrupted as stop:
+        rank = int(os.environ.get("RANK", 0))
+        record = {"signum": stop.signum, "step": stop.step, "checkpoint": stop.checkpoint}
+        # first: once a rank exits, torch elastic ends the others; the launcher reads every rank's record
+        (path / RANK_STOPPED.format(rank=rank)).write_text(json.dumps(record))
         _teardown()  # every rank out of the process group before the job may be requeued (and killed)
         stop.requeued = comps.launcher.after_interrupt(stop.signum) if comps else None  # SLURM pre-emption
-        rank = int(os.environ.get("RANK", 0))
         print(
             f"hydratune: rank {rank}: {stop}{f'; {stop.requeued}' if stop.requeued else ''}", file=sys.stderr
         )
-        record = {"signum": stop.signum, "step": stop.step, "checkpoint": stop.checkpoint}
-        (path / RANK_STOPPED.format(rank=rank)).write_text(json.dumps(record))
         sys.exit(EXIT_INTERRUPTED)
     finally:
         run_ends()
