@@ -18,7 +18,7 @@ import signal
 import socket
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -193,6 +193,25 @@ class Local:
     def spawns_workers(self) -> bool:
         """Whether this process must start workers (more than one, and not already inside a launch)."""
         return self.world_size > 1 and not inside_launched_worker()
+
+    def preemption_signals(self) -> frozenset[int]:
+        """Signals that mean "checkpoint, then come back" (a scheduler's pre-emption): none here."""
+        return frozenset()
+
+    def after_interrupt(self, signum: int) -> Any:
+        """After every rank checkpointed on ``signum``: what the launcher did about it (None: nothing;
+        SLURM: components.distributed.slurm.Requeue)."""
+        return None
+
+    def requeued(self) -> bool:
+        """This process is a rank of a job the scheduler started again in the same run dir (it continues
+        from its own last checkpoint)."""
+        return False
+
+    def job_script(self, run_dir: Path, worker: Callable[[str], Any]) -> str | None:
+        """The batch script this launcher writes into ``run_dir`` to start ``worker`` on every rank (None:
+        it starts the workers itself); ``mode=plan`` prints it."""
+        return None
 
     def launch_config(self, run_id: str) -> Any:
         from torch.distributed.launcher.api import LaunchConfig
@@ -455,27 +474,141 @@ def first_host(nodelist: str) -> str:
 @component("launcher")
 @dataclass(frozen=True)
 class Slurm(Local):
-    """A SLURM job per run (per multirun point) through hydra-submitit-launcher: ``hydra/launcher=
-    submitit_slurm`` submits, SLURM starts ``tasks_per_node`` = GPUs per node processes on ``nodes``
-    nodes, and each reads its rank from ``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NTASKS``."""
+    """A SLURM job: every ``srun`` task is one rank, reading its rank from ``SLURM_PROCID`` /
+    ``SLURM_LOCALID`` / ``SLURM_NTASKS`` (the world size is the job step's task count).
+
+    Two ways to get the job (components/distributed/slurm.py): ``hydratune -m launcher=slurm
+    hydra/launcher=submitit_slurm ...`` (hydra-submitit-launcher submits one job per sweep point; the
+    allocation is ``hydra.launcher.*``), or ``hydratune launcher=slurm ...`` alone, which writes a job script
+    for ``nnodes`` x ``nproc_per_node`` tasks into the run dir and prints the ``sbatch`` command. Either
+    way the pre-emption signal (``signal``; under submitit, submitit's) makes every rank checkpoint the same
+    step, then rank 0 requeues the job, which continues in the same run dir.
+    """
+
+    # the generated job script (submitit takes these from hydra.launcher.* instead)
+    gpus_per_node: int | None = None  # None = one GPU per task (nproc_per_node); 0 on a CPU-only cluster
+    cpus_per_task: int | None = None
+    mem: str | None = None  # sbatch --mem per node, e.g. 400G (0 = all of it)
+    time: str | None = None  # sbatch --time, e.g. 04:00:00 (None = the partition's default)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    job_name: str | None = None  # None = hydratune-<run dir name>
+    signal: str = "USR2"  # the pre-emption signal SLURM sends every task signal_delay_s before the time limit
+    signal_delay_s: int = 120
+    requeue: bool = True  # sbatch --requeue: the job may go back to the queue (after the pre-emption signal)
+    sbatch_args: list[str] = field(default_factory=list)  # more #SBATCH options, e.g. ["--exclusive"]
+    setup: list[str] = field(default_factory=list)  # shell lines before srun, e.g. ["module load cuda/12.4"]
 
     started_per_rank: ClassVar[bool] = True
     one_command_per_node: ClassVar[bool] = False
 
+    def validate(self) -> None:
+        super().validate()
+        from components.distributed.slurm import signal_number
+
+        signal_number(self.signal)
+        import re
+
+        if self.time is not None and not re.fullmatch(
+            r"(\d+-)?\d+(:\d\d){0,2}|(?i:infinite|unlimited)", self.time
+        ):
+            raise ConfigError(
+                f"'{self.time}' is not a SLURM time limit",
+                key="launcher.time",
+                hint="minutes, HH:MM:SS or D-HH:MM:SS, e.g. launcher.time=04:00:00",
+            )
+        if self.mem is not None and not re.fullmatch(r"\d+[KMGT]?", str(self.mem)):
+            raise ConfigError(
+                f"'{self.mem}' is not a SLURM memory size",
+                key="launcher.mem",
+                hint="e.g. 400G (0 = all of a node)",
+            )
+        if self.rdzv_endpoint:
+            raise ConfigError(
+                "launcher=slurm wires the rendezvous from the allocation (its first node is the master)",
+                key="launcher.rdzv_endpoint",
+                hint="drop launcher.rdzv_endpoint (launcher=local takes it for nodes you start yourself)",
+            )
+
+    @property
+    def world_size(self) -> int:
+        """Inside the job: the job step's tasks (what SLURM started); outside: what the script asks for."""
+        from components.distributed.slurm import in_job_step, step_tasks
+
+        return step_tasks() if in_job_step() else self.nproc_per_node * self.nnodes
+
     def spawns_workers(self) -> bool:
-        return False  # SLURM started every process already
+        """Outside a SLURM job step: write the job script (``launch``); inside one, this process is a rank."""
+        from components.distributed.slurm import in_job_step
+
+        return not in_job_step()
+
+    def preemption_signals(self) -> frozenset[int]:
+        from components.distributed.slurm import in_job_step, signal_number, submitit_signals, under_submitit
+
+        if not in_job_step():
+            return frozenset()
+        return frozenset(submitit_signals() if under_submitit() else {signal_number(self.signal)})
+
+    def after_interrupt(self, signum: int) -> Any:
+        from components.distributed.slurm import requeue
+
+        return requeue(signum) if signum in self.preemption_signals() else None
+
+    def requeued(self) -> bool:
+        from components.distributed.slurm import in_job_step, restarts
+
+        return in_job_step() and restarts() > 0
 
     def rank_env(self) -> None:
-        """Map SLURM's variables to torch.distributed's (the first node of the allocation is master)."""
+        """Map SLURM's variables to torch.distributed's (the first node of the allocation is master); a
+        one-task job stays a single process (accelerate would take a set LOCAL_RANK as a process group)."""
+        from components.distributed.slurm import step_tasks
+
         env = os.environ
-        if "SLURM_PROCID" not in env:
+        if step_tasks() < 2:
             return
         env.setdefault("RANK", env["SLURM_PROCID"])
         env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
-        env.setdefault("WORLD_SIZE", env.get("SLURM_NTASKS", "1"))
-        env.setdefault("LOCAL_WORLD_SIZE", env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+        env.setdefault("WORLD_SIZE", str(step_tasks()))
+        per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE", "1")
+        env.setdefault("LOCAL_WORLD_SIZE", per_node.split("(")[0].split(",")[0])
         env.setdefault("MASTER_ADDR", first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")))
         env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
+
+    def job_script(self, run_dir: Path, worker: Callable[[str], Any]) -> str | None:
+        from components.distributed.slurm import sbatch_script
+
+        name = self.job_name or f"hydratune-{run_dir.name}"
+        return sbatch_script(self, run_dir, worker.__module__, name)
+
+    def describe(self, run_id: str) -> str:
+        return (
+            f"launcher: slurm, {self.nnodes} node(s) x {self.nproc_per_node} task(s) = world {self.world_size}; "
+            "the rendezvous from the allocation (its first node is the master)"
+        )
+
+    def launch(
+        self,
+        run_dir: Path,
+        worker: Callable[[str], Any],
+        run_id: str | None = None,
+        config: dict | None = None,
+    ) -> Any:
+        """Write the job script for the frozen config in ``run_dir`` and print how to submit it (nothing
+        is submitted: the script is for you to read, change and ``sbatch``). SLURM starts the ranks and
+        wires their rendezvous: ``run_id`` and ``config`` (the local launcher's roll call) are not used."""
+        from components.distributed.slurm import SCRIPT, submitit_without_multirun
+
+        script = run_dir / SCRIPT
+        script.write_text(self.job_script(run_dir, worker) or "")
+        tasks = f"{self.nnodes} node(s) x {self.nproc_per_node} task(s)"
+        print(f"hydratune: wrote the SLURM job script {script} ({tasks}); submit it with:\n")
+        print(f"    sbatch {script}\n")
+        if submitit_without_multirun():
+            print("hydratune: hydra/launcher=submitit_slurm submits only with -m (a multirun, even of 1 run)")
+        return None
 
 
 @component("launcher")

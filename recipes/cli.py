@@ -71,6 +71,7 @@ def execute(cfg: DictConfig) -> Any:
 
         print("\n".join(plan_data(comps, cfg.train.eval_generations, eval_every(comps, cfg.train))))
         print(f"# {comps.launcher.describe(run_id)}")
+        print_job_script(comps)
         host = "" if device == comps.strategy.resolve_device() else " (planned for a GPU: this host has none)"
         print(f"# checks passed; device: {device}{host}; nothing was loaded (mode=plan)")
         return None
@@ -79,8 +80,13 @@ def execute(cfg: DictConfig) -> Any:
 
     comps.model.check_sources()  # a hub id neither cached nor reachable: one line, before anything
     run_dir = hydra_run_dir()
-    cfg = pin(cfg, run_dir, hydra_sweep_point())  # the checkpoint to continue, checked; workers get it too
     check_not_under_outside_launcher(comps)
+    comps.launcher.rank_env()  # a scheduler's ranks (SLURM) before anything writes as rank 0
+    cfg = pin(cfg, run_dir, hydra_sweep_point())  # the checkpoint to continue, checked; workers get it too
+    if comps.launcher.requeued():  # a SLURM job back after its pre-emption signal: its own last checkpoint
+        from components.runtime.resume import continue_in_place
+
+        cfg = continue_in_place(cfg, run_dir)
     if comps.launcher.spawns_workers():
         from components.launcher import WorkerFailed
         from recipes.worker import run_worker
@@ -93,9 +99,27 @@ def execute(cfg: DictConfig) -> Any:
             print(f"hydratune: {err}{multinode.resume_note(run_dir, cfg.launcher)}", file=sys.stderr)
             sys.exit(err.exit_code)
     else:
-        result = run_recipe(cfg, run_dir, comps=comps, device=device)
+        from components.config.errors import Interrupted
+
+        try:
+            result = run_recipe(cfg, run_dir, comps=comps, device=device)
+        except Interrupted as stop:
+            stop.requeued = comps.launcher.after_interrupt(stop.signum)  # SLURM: requeue after pre-emption
+            raise
     print(f"run dir: {run_dir}")
     return result
+
+
+def print_job_script(comps: Any) -> None:
+    """``mode=plan`` of ``launcher=slurm``: the job script a run would write (nothing is written)."""
+    from components.runtime.run import hydra_run_dir
+    from recipes.worker import run_worker
+
+    launcher = comps.launcher
+    script = launcher.job_script(hydra_run_dir(), run_worker) if launcher.spawns_workers() else None
+    if script:
+        print("# the SLURM job script a run writes into its run dir (slurm.sbatch) and tells you to sbatch:")
+        print(script)
 
 
 def refuse_plan_under_an_optimizing_sweeper() -> None:
@@ -129,15 +153,19 @@ def plan_device(cfg: DictConfig, comps: Any) -> str | None:
 
 
 def check_not_under_outside_launcher(comps: Any) -> None:
-    """``torchrun … -m recipes`` would have every rank compose its own config and timestamped run dir."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    """``torchrun … -m recipes`` would have every rank compose its own config and timestamped run dir; the
+    tasks of a SLURM job (submitit's ``tasks_per_node=N``) would each run the whole job into one run dir."""
+    from components.distributed.slurm import step_tasks
+
+    world = max(int(os.environ.get("WORLD_SIZE", 1)), step_tasks())
     if world > 1 and not comps.launcher.started_per_rank:
         raise ConfigError(
             f"hydratune was started by an outside launcher ({world} processes): each rank would create "
             "its own run dir",
             key="launcher",
-            hint="run hydratune once with launcher.nproc_per_node=N (it starts the workers), or point "
-            "the outside launcher at `python -m recipes.worker <run dir>`",
+            hint="under SLURM (hydra/launcher=submitit_slurm) add launcher=slurm; else run hydratune once "
+            "with launcher.nproc_per_node=N (it starts the workers), or point the outside launcher at "
+            "`python -m recipes.worker <run dir>`",
         )
 
 
@@ -157,11 +185,16 @@ def _hydra_app(cfg: DictConfig) -> Any:
         remove_unused_run_dir()
         raise
     except Interrupted as stop:
+        from components.distributed.slurm import under_submitit
         from components.runtime.multinode import on_every_node
         from components.runtime.run import hydra_run_dir
 
-        every = on_every_node(cfg.launcher)
-        print(f"hydratune: {stop}. Resume with: hydratune resume={hydra_run_dir()}{every}", file=sys.stderr)
+        requeued = bool(stop.requeued and stop.requeued.done)  # SLURM: the job continues by itself
+        advice = f"Resume with: hydratune resume={hydra_run_dir()}{on_every_node(cfg.launcher)}"
+        then = str(stop.requeued) if requeued else f"{stop.requeued}. {advice}" if stop.requeued else advice
+        print(f"hydratune: {stop}. {then}", file=sys.stderr)
+        if under_submitit() and not requeued:
+            raise  # the sweep point's outcome: submitit hands it to the submitting hydratune, which names it
         sys.exit(EXIT_INTERRUPTED)
 
 
@@ -353,6 +386,25 @@ class RunDirCheck(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         exit_unless_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        wait_for_every_slurm_point(config)
+
+
+def wait_for_every_slurm_point(config: DictConfig) -> None:
+    """``hydra/launcher=submitit_slurm``: launch through hydratune's subclass of the plugin's launcher
+    (hydra_plugins/hydratune/submitit_slurm.py), which waits for every sweep point however its job ends and
+    names the failed ones (the plugin waits forever for a job that ended without a result when SLURM has no
+    accounting). Hydra instantiates the launcher from this same config right after this callback. The class
+    is registered with Hydra's plugins here too: Hydra's scan of ``hydra_plugins`` misses it under an
+    editable install (``pip install -e``), whose import hook ``pkgutil`` cannot list."""
+    from hydra.core.plugins import Plugins
+    from omegaconf import open_dict, read_write
+
+    from hydra_plugins.hydratune.submitit_slurm import SUBMITIT_TARGET, TARGET, SlurmLauncher
+
+    if config.hydra.get("launcher", {}).get("_target_") == SUBMITIT_TARGET:
+        Plugins.instance().class_name_to_class.setdefault(TARGET, SlurmLauncher)
+        with read_write(config.hydra.launcher), open_dict(config.hydra.launcher):
+            config.hydra.launcher._target_ = TARGET
 
 
 def exit_unless_writable(run_dir: Path, key: str) -> None:
@@ -495,6 +547,8 @@ def run_hydra_app() -> None:
     it: set here, so a composition error reaches this function (other exceptions propagate as usual)."""
     from hydra.errors import CompactHydraException, InstantiationException
 
+    from components.distributed.slurm_sweep import PointsFailed
+
     previous = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
@@ -506,6 +560,9 @@ def run_hydra_app() -> None:
     except ConfigError as err:  # refused as Hydra composed it (components/config/trust.py)
         print_error(err)
         sys.exit(2)
+    except PointsFailed as err:  # SLURM sweep points that ended without a result, or with an error
+        print(f"hydratune: {err}", file=sys.stderr)
+        sys.exit(1)
     except CompactHydraException as err:
         if isinstance(err, InstantiationException) or previous == "1":
             raise

@@ -1,7 +1,8 @@
 """One rank of a multi-process run: load the run dir's frozen config and run the recipe.
 
-Started by the ``local`` launcher (torch elastic), by ``deepspeed --module recipes.worker <run dir>``, or
-by hand under any launcher that sets RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT.
+Started by the ``local`` launcher (torch elastic), by ``deepspeed --module recipes.worker <run dir>``, by
+a SLURM job script's ``srun`` (one task per rank), or by hand under any launcher that sets RANK /
+LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def run_worker(run_dir: str) -> Any:
         print_error,
     )
     from components.config.resolvers import register_resolvers
-    from components.runtime.run import run_recipe
+    from components.distributed.interrupt import defer
+    from components.runtime.resume import continue_in_place
+    from components.runtime.run import Components, run_recipe
     from components.runtime.startup import pause_gc, process_defaults, run_ends
     from components.runtime.threads import apply_thread_policy
 
@@ -43,19 +46,30 @@ def run_worker(run_dir: str) -> Any:
 
         accept_relays(path)  # first: the launcher may relay a signal at any time
     cfg = OmegaConf.load(path / FROZEN)
-    rank = int(os.environ.get("RANK", 0))
+    comps = None
     ended = lost = False
     try:
-        result = run_recipe(cfg, path)
+        comps = Components.from_config(cfg)
+        comps.launcher.rank_env()  # a scheduler's ranks (SLURM's srun tasks)
+        defer(comps.launcher.preemption_signals())  # pre-empted while loading: checkpoint after step 1
+        if comps.launcher.started_per_rank:  # the job script's run dir: continue from its own checkpoint
+            cfg = continue_in_place(cfg, path)
+        result = run_recipe(cfg, path, comps=comps)
         ended = True
     except ConfigError as err:
         print_error(err)
         sys.exit(2)
     except Interrupted as stop:
         ended = True  # every rank stopped after the same step
-        print(f"hydratune: rank {rank}: {stop}", file=sys.stderr)
+        rank = int(os.environ.get("RANK", 0))
         record = {"signum": stop.signum, "step": stop.step, "checkpoint": stop.checkpoint}
+        # first: once a rank exits, torch elastic ends the others; the launcher reads every rank's record
         (path / RANK_STOPPED.format(rank=rank)).write_text(json.dumps(record))
+        _teardown(together=True)  # every rank out of the process group before the job may be requeued
+        stop.requeued = comps.launcher.after_interrupt(stop.signum) if comps else None  # SLURM pre-emption
+        print(
+            f"hydratune: rank {rank}: {stop}{f'; {stop.requeued}' if stop.requeued else ''}", file=sys.stderr
+        )
         sys.exit(EXIT_INTERRUPTED)
     except Exception as err:
         from components.distributed.rendezvous import lost_peer
@@ -64,6 +78,7 @@ def run_worker(run_dir: str) -> Any:
         if reason is None:
             raise
         # another rank went away: one line here, the launcher names the node (no gloo traceback per rank)
+        rank = int(os.environ.get("RANK", 0))
         print(f"hydratune: rank {rank}: a collective lost its peer: {reason}", file=sys.stderr, flush=True)
         lost = True
     finally:
@@ -72,6 +87,7 @@ def run_worker(run_dir: str) -> Any:
     if lost:  # at once: the process group's C++ teardown waits seconds on its dead connections
         sys.stdout.flush()
         os._exit(EXIT_NODE_LOST)
+    rank = int(os.environ.get("RANK", 0))
     done = path / RANK_DONE.format(rank=rank)
     done.write_text(json.dumps({"rank": rank, "result": result if _plain(result) else None}))
     return result

@@ -43,7 +43,7 @@ def test_the_wheel_alone_runs_the_default_job(tmp_path: Path) -> None:
     wheel = next(tmp_path.glob("hydratune-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     packages = {str(p.parent.relative_to(REPO)) for p in (REPO / "components").rglob("__init__.py")}
-    for package in packages | {"recipes", "conf"}:
+    for package in packages | {"recipes", "conf", "hydra_plugins/hydratune"}:
         assert f"{package}/__init__.py" in names, f"the wheel lacks the package {package}"
     assert {"conf/strategy/zero3.yaml", "components/assets/tiny/tokenizer.json"} <= set(names)
     site = tmp_path / "site"

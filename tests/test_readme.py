@@ -49,6 +49,10 @@ SHELL_LANGUAGES = {"", "bash", "sh", "shell", "console", "shell-session", "zsh"}
 AS_WRITTEN = {"ls", "list", "estimate", "report", "export"}  # planning cannot show these: run as written
 AS_WRITTEN_FLAGS = {"--help", "-h", "--cfg", "-c", "--info", "--hydra-help", "-sc", "--shell-completion"}
 
+SUBMITS = (
+    "submits SLURM jobs even with mode=plan (hydra-submitit-launcher, in `.[dev]`, launches every point of a "
+    "multirun through sbatch) and needs a cluster: tests/test_slurm.py runs such jobs on its test cluster"
+)
 # Commands that genuinely cannot run on a CPU host with the dev install, keyed by the command text as written
 # (continuations joined, prompt and comment stripped). Anything not listed here must pass.
 ALLOWLIST: dict[str, str] = {
@@ -56,10 +60,10 @@ ALLOWLIST: dict[str, str] = {
         "interactive: tests/test_after_training.py types into it through a pseudo-terminal"
     ),
     "hydratune -m launcher=slurm hydra/launcher=submitit_slurm hydra.launcher.nodes=2 "
-    "hydra.launcher.tasks_per_node=8 hydra.launcher.gpus_per_node=8 strategy=zero3 precision=bf16": (
-        "needs hydra-submitit-launcher (the `slurm` extra, not in `.[dev]`) and a SLURM cluster: "
-        "even with mode=plan the multirun submits its jobs through sbatch"
-    ),
+    "hydra.launcher.tasks_per_node=8 hydra.launcher.gpus_per_node=8 strategy=zero3 precision=bf16": SUBMITS,
+    "hydratune -m launcher=slurm hydra/launcher=submitit_slurm optimizer.lr=1e-4,3e-4 peft=lora": SUBMITS,
+    "hydratune -m launcher=slurm hydra/launcher=submitit_slurm hydra.launcher.tasks_per_node=2 strategy=ddp "
+    "train.max_steps=200 train.save_every=50": SUBMITS,
 }
 
 # A command is skipped (with the reason) unless the module behind one of its options is installed.

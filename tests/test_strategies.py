@@ -384,21 +384,6 @@ def test_slurm_master_is_the_first_host_of_the_allocation(nodelist: str, host: s
     assert first_host(nodelist) == host
 
 
-def test_slurm_ranks_come_from_the_slurm_environment(monkeypatch) -> None:
-    from components.launcher import Slurm
-
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.setenv(key, "")  # recorded, so whatever the test sets is undone afterwards
-        monkeypatch.delenv(key)
-    slurm = {"SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16"}
-    slurm |= {"SLURM_NTASKS_PER_NODE": "8(x2)", "SLURM_JOB_NODELIST": "gpu[03-04]", "SLURM_JOB_ID": "1234"}
-    for key, value in slurm.items():
-        monkeypatch.setenv(key, value)
-    Slurm().rank_env()
-    assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"]) == ("9", "1", "16")
-    assert os.environ["LOCAL_WORLD_SIZE"] == "8" and os.environ["MASTER_ADDR"] == "gpu03"
-
-
 SCALER = ["precision=fp16", "precision.initial_scale_power=12", "precision.loss_scale_window=200"]
 
 

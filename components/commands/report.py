@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from components.config.errors import ConfigError
+from components.distributed.slurm_sweep import POINT_FILE
 
 COLUMNS = (
     "job",
@@ -44,6 +45,12 @@ def job_row(job: Path, sweep_dir: Path) -> dict[str, Any]:
     error = refused.read_text().splitlines()[0] if refused.is_file() else None
     status = "interrupted" if "interrupted" in result else "ok" if (job / "final").is_dir() else "failed"
     status = "refused" if error else status
+    slurm = job / POINT_FILE  # a SLURM job that ended without a result, or with an error
+    if slurm.is_file() and status != "ok":
+        record = json.loads(slurm.read_text())
+        state = str(record["state"]).split()[0].lower()  # cancelled, failed, timeout, node_fail, ...
+        status = status if status == "interrupted" else state if state != "completed" else "failed"
+        error = f"SLURM job {record['job']} {record['state']}: {record['reason']}"
     accuracy = result.get("eval accuracy (exact match)", {}).get("after")
     cost = result.get("cost", {})
     return {
@@ -107,7 +114,7 @@ def write_report(sweep_dir: Path) -> tuple[str, list[dict[str, Any]]]:
         )
     rows = [job_row(job, sweep_dir) for job in jobs]
     markdown = to_markdown(rows)
-    failed = [r for r in rows if r["status"] in ("failed", "refused")]
+    failed = [r for r in rows if r["status"] not in ("ok", "interrupted")]
     if failed:
         markdown += (
             f"\n{len(failed)} of {len(rows)} points failed: "

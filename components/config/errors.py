@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ConfigError(Exception):
     """A configuration problem the user must fix.
@@ -15,6 +17,9 @@ class ConfigError(Exception):
         self.hint = hint
         super().__init__(message)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return rebuilt_error(self)
+
     def __str__(self) -> str:
         text = super().__str__()
         if self.key:
@@ -22,6 +27,18 @@ class ConfigError(Exception):
         if self.hint:
             text = f"{text}\n  fix: {self.hint}"
         return text
+
+
+def rebuilt_error(err: Exception) -> tuple[Any, ...]:
+    """``__reduce__`` of an error whose ``__init__`` takes other arguments than its message: unpickled (a
+    SLURM job's outcome, sent back through submitit) from its message and attributes, without ``__init__``."""
+    return (_unpickled, (type(err), err.args), err.__dict__)
+
+
+def _unpickled(cls: type[Exception], args: tuple[Any, ...]) -> Exception:
+    err = Exception.__new__(cls)
+    err.args = args
+    return err
 
 
 def print_error(err: ConfigError) -> None:
@@ -48,8 +65,14 @@ class Interrupted(Exception):
         import signal
 
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        self.requeued: Any = (
+            None  # what the launcher did after the checkpoint (SLURM: distributed.slurm.Requeue)
+        )
         name = signal.Signals(signum).name
         super().__init__(f"stopped by {name} at step {step}; checkpoint: {checkpoint or 'none'}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return rebuilt_error(self)
 
 
 class Diverged(ConfigError):

@@ -117,6 +117,9 @@ RANGES: dict[str, Range] = {
     "collective_timeout": POSITIVE,  # seconds
     "ssh_port": Range(1, 65535),
     "max_restarts": NON_NEGATIVE,
+    "launcher.gpus_per_node": NON_NEGATIVE,  # launcher=slurm's job script
+    "launcher.cpus_per_task": AT_LEAST_ONE,
+    "launcher.signal_delay_s": NON_NEGATIVE,
     # optimizer
     "lr": POSITIVE,
     "weight_decay": NON_NEGATIVE,

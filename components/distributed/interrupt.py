@@ -1,5 +1,8 @@
-"""Graceful interruption: SIGTERM / SIGINT / SIGUSR1 (SLURM pre-emption) finish the current step,
-write a checkpoint and stop; a second signal exits at once.
+"""Graceful interruption: SIGTERM / SIGINT / SIGUSR1, and a scheduler's pre-emption signal (SLURM's
+``--signal``, USR2 under submitit: the launcher's ``preemption_signals``) finish the current step, write a
+checkpoint and stop; a second signal exits at once. After a pre-emption signal the launcher then requeues
+the job (``Launcher.after_interrupt``); SIGTERM followed by the pre-emption signal (what SLURM sends a job it
+pre-empts) counts as one pre-emption, not as two signals.
 
 Under hydratune's own multi-process launcher the signal may reach the launching process only (``kill``,
 ``docker stop``), the workers only, or both (Ctrl-C, SLURM signalling a whole job step). The launcher
@@ -31,6 +34,8 @@ _launcher: list[int] = []
 #: the signal relayed to this worker by its launcher (set by ``accept_relays``' handler), and the live handler
 _relayed: list[int] = []
 _active: list[GracefulInterrupt] = []
+#: a pre-emption signal that came before training set up its handler (``defer``)
+_deferred: list[int] = []
 
 
 STOPPING = "finishing this step and writing a checkpoint"
@@ -46,21 +51,30 @@ def announce(signum: int, who: str = "", doing: str = STOPPING) -> None:
     )
 
 
-class GracefulInterrupt(TrainerCallback):
-    """Turns the first signal into 'save and stop after this step'; the second one kills."""
+#: the all-reduced flag of a rank that received a pre-emption signal: PREEMPTED + signum (beats any signum)
+PREEMPTED = 1000
 
-    def __init__(self) -> None:
+
+class GracefulInterrupt(TrainerCallback):
+    """Turns the first signal into 'save and stop after this step'; the second one kills. ``preemption``:
+    the launcher's pre-emption signals, handled too (they may be the local launcher's ``RELAY`` signal
+    elsewhere, so they are not in :data:`SIGNALS`)."""
+
+    def __init__(self, preemption: frozenset[int] = frozenset()) -> None:
+        self.preemption = preemption
         self.signum: int | None = None
         self.via_relay = False  # the stop came from the launcher's relay: the direct signal may follow it
         self.finishing = False  # training is over: a signal now finishes final/ (Session._finish)
         self._previous: dict[int, Any] = {}
 
     def install(self) -> GracefulInterrupt:
-        for sig in SIGNALS:
+        for sig in (*SIGNALS, *sorted(self.preemption - set(SIGNALS))):
             self._previous[sig] = signal.signal(sig, self._handle)
         _active.append(self)
         if _relayed and self.signum is None:  # relayed while the model was loading
             self.signum, self.via_relay = _relayed[0], True
+        if _deferred and self.signum is None:  # pre-empted while the model was loading: stop after step 1
+            self.signum = _deferred[0]
         return self
 
     def uninstall(self) -> None:
@@ -76,6 +90,10 @@ class GracefulInterrupt(TrainerCallback):
             return
         if self.signum is not None and signum == signal.SIGINT and launcher_died():
             return  # torch's parent-death SIGINT, sent again as the dead launcher's threads are reaped
+        if self.signum is not None and signum in self.preemption and not self.preempted:
+            self.signum = signum  # SIGTERM, then the pre-emption signal: one pre-emption (requeued after)
+            announce(signum, " (pre-emption)", FINISHING if self.finishing else STOPPING)
+            return
         if self.signum is not None:  # second signal: no more grace
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
@@ -94,9 +112,15 @@ class GracefulInterrupt(TrainerCallback):
     def requested(self) -> bool:
         return self.signum is not None
 
+    @property
+    def preempted(self) -> bool:
+        """The stop is the scheduler's pre-emption: the launcher requeues the job after the checkpoint."""
+        return self.signum in self.preemption
+
     def agreed(self) -> bool:
         """Whether any rank was asked to stop (a collective call on every rank when a process group is up;
-        the signal then is the largest signal number any rank received)."""
+        the signal then is a pre-emption signal if any rank received one, else the largest signal number
+        any rank received)."""
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
@@ -105,10 +129,12 @@ class GracefulInterrupt(TrainerCallback):
 
         on_gpu = dist.get_backend() == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-        flag = torch.tensor([self.signum or 0], dtype=torch.int64, device=device)
+        flag = torch.tensor(
+            [(self.signum or 0) + PREEMPTED * self.preempted], dtype=torch.int64, device=device
+        )
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        agreed = int(flag.item())
-        if self.signum is None and agreed:
+        preempted, agreed = divmod(int(flag.item()), PREEMPTED)
+        if agreed and (self.signum is None or (preempted and not self.preempted)):
             self.signum = agreed
         # the answer is the all-reduced flag only: a signal handled while this rank waited in the all-reduce
         # set self.signum after its flag was sent, and the other ranks do not know it until the next step
@@ -147,6 +173,19 @@ def accept_relays(run_dir: Path) -> None:
 
 def pid_file_name(host: str, launcher_pid: int, rank: int | str) -> str:
     return f"{host}.{launcher_pid}.{rank}.pid"
+
+
+def defer(signals: frozenset[int]) -> None:
+    """Until training installs its handler: remember a pre-emption signal instead of dying of it, so the
+    first step ends with a checkpoint (and the job is requeued) like a signal during training."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if not _deferred:
+            _deferred.append(signum)
+            announce(signum, " (pre-emption, before training)")
+
+    for sig in signals:
+        signal.signal(sig, handle)
 
 
 def launcher_died() -> bool:

@@ -50,6 +50,10 @@ MANAGEMENT: tuple[str, ...] = (
     "train.num_workers",
     "hydra",  # run/sweep dirs and the like (overrides only: the task config has no hydra node)
     *PLACEMENT,  # where the job runs: each node's own launcher.node_rank, a new master address, ...
+    # launcher=slurm's job script: where and how long the job runs, not what it trains
+    *(f"launcher.{k}" for k in ("gpus_per_node", "cpus_per_task", "mem", "time", "partition", "account")),
+    *(f"launcher.{k}" for k in ("qos", "job_name", "signal", "signal_delay_s", "requeue", "sbatch_args")),
+    "launcher.setup",
 )
 ABSENT = "<absent>"
 OTHER_POINT = "another sweep point"
@@ -328,3 +332,45 @@ def loss_span(first: int, last: int, resume: str | None) -> str:
     if resume:
         span += f" (resumed after step {first - 1} from {resume}; steps 1 to {first - 1} are in that run)"
     return span
+
+
+def continue_in_place(cfg: DictConfig, run_dir: Path) -> DictConfig:
+    """A job started again in its own run dir (a SLURM job requeued after its pre-emption signal, or its job
+    script submitted again): ``cfg`` continuing from the run dir's newest whole checkpoint, if it has one
+    (this run wrote it, with this config). Records of ``metrics.jsonl`` past that checkpoint's step are
+    dropped first (rank 0): the run logs those steps again, and a step is never in the file twice."""
+    from components.config.trust import check_checkpoint
+
+    if not checkpoints_in(run_dir):
+        return cfg
+    checkpoint = resolve_resume(str(run_dir))
+    assert checkpoint is not None
+    datafp.check(Path(checkpoint), cfg)
+    check_checkpoint(Path(checkpoint), trusted=bool(cfg.get("trust_checkpoints", False)))
+    if int(os.environ.get("RANK", 0)) == 0:
+        drop_metrics_after(run_dir / "metrics.jsonl", int(Path(checkpoint).name.rsplit("-", 1)[1]))
+    log.info("continuing this run in %s from %s", run_dir, checkpoint)
+    with read_write(cfg), open_dict(cfg):
+        cfg.resume = checkpoint
+    return cfg
+
+
+def drop_metrics_after(metrics: Path, step: int) -> None:
+    """Keep the records of ``metrics`` up to ``step`` (written atomically; a note names what was dropped)."""
+    import json
+
+    if not metrics.is_file():
+        return
+    lines = [line for line in metrics.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if int(json.loads(line).get("step", 0)) <= step]
+    if len(kept) == len(lines):
+        return
+    tmp = metrics.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(metrics)
+    log.warning(
+        "%s: dropped %d record(s) logged after step %d (trained again now)",
+        metrics,
+        len(lines) - len(kept),
+        step,
+    )

@@ -88,7 +88,8 @@ class Session:
             for name, content in c.strategy.files(ctx.plan, ctx.device).items():
                 ctx.run_dir.write_json(name, content)  # e.g. the generated deepspeed.json
             trackers = c.tracker.start(ctx.run_info())
-        session = cls(ctx, c.model.build_tokenizer(), trackers=trackers)
+        interrupt = GracefulInterrupt(c.launcher.preemption_signals())  # SLURM's pre-emption signal too
+        session = cls(ctx, c.model.build_tokenizer(), interrupt=interrupt, trackers=trackers)
         mesh = ctx.plan.mesh
         session.report["run"] = {
             "recipe": c.recipe.name,
@@ -347,7 +348,8 @@ class Session:
     def _train_and_finish(self, trainer: Any, *, probes: dict[str, Any]) -> dict[str, Any]:
         """Verify the strategy, train (resuming if asked), evaluate, save ``final/``, write the summary.
 
-        On SIGTERM/SIGINT/SIGUSR1 the current step finishes, a checkpoint is written, the summary says
+        On SIGTERM/SIGINT/SIGUSR1 (or a SLURM job's pre-emption signal, after which the launcher requeues
+        the job) the current step finishes, a checkpoint is written, the summary says
         how to resume, and ``Interrupted`` is raised (the CLI exits with code 75); after the last step, the
         final save is finished instead (:meth:`_finish`).
         """
@@ -453,6 +455,11 @@ class Session:
             self.report["interrupted"] = {
                 "reason": str(stop),
                 "resume with": f"hydratune resume={self.ctx.run_dir.path}",
+                **(
+                    {"pre-empted": "the launcher requeues the job; it continues here"}
+                    if self.interrupt.preempted
+                    else {}
+                ),
             }
             self.write_report(metrics)
         return stop

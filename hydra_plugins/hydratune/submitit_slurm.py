@@ -1,0 +1,32 @@
+"""hydra-submitit-launcher's SLURM launcher, waiting for its jobs as hydratune does.
+
+``hydratune -m launcher=slurm hydra/launcher=submitit_slurm`` runs this subclass (recipes/cli.py's
+RunDirCheck swaps it in when the sweep starts; every ``hydra.launcher.*`` knob is the plugin's): the same
+submission and the same job, but the sweep waits for every point until it ends, however it ends, and names
+the points that failed (components/distributed/slurm_sweep.py). Hydra finds launchers only under the
+``hydra_plugins`` package, hence this module; without hydra-submitit-launcher installed it defines nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+try:
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as _SubmititSlurm
+except ImportError:  # the `slurm` extra is not installed
+    _SubmititSlurm = None
+
+#: the plugin's class, as its config names it, and ours
+SUBMITIT_TARGET = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+TARGET = f"{__name__}.SlurmLauncher"
+
+if _SubmititSlurm is not None:
+
+    class SlurmLauncher(_SubmititSlurm):  # type: ignore[misc, valid-type]
+        """submitit's SLURM launcher; ``launch`` waits for every point (see the module)."""
+
+        def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+            from components.distributed.slurm_sweep import launch
+
+            return launch(self, job_overrides, initial_job_idx)
