@@ -585,8 +585,8 @@ class Slurm(Local):
 
     def describe(self, run_id: str) -> str:
         return (
-            f"launcher: slurm, {self.nnodes} node(s) x {self.nproc_per_node} task(s) = world {self.world_size}; "
-            "the rendezvous from the allocation (its first node is the master)"
+            f"launcher: slurm, {self.nnodes} node(s) x {self.nproc_per_node} task(s) = world "
+            f"{self.world_size}; the rendezvous from the allocation (its first node is the master)"
         )
 
     def launch(
