@@ -164,13 +164,13 @@ def test_deepspeed_training_args_and_trainer_agree(compose_cfg, tmp_path) -> Non
 
 
 @pytest.mark.parametrize("extra", [[], ["strategy.cpu_offload=true", "strategy.reshard_after_forward=false"]])
-def test_fsdp_plugin_is_fsdp2_with_the_requested_knobs(compose_cfg, extra: list[str]) -> None:
+def test_fsdp_plugin_is_fsdp2_with_the_requested_knobs(compose_cfg, extra: list[str], tmp_path) -> None:
     """accelerate cannot run FSDP on CPU; the plugin it would get is built and checked here."""
     from accelerate.utils import FullyShardedDataParallelPlugin
     from transformers import TrainingArguments
 
     comps = Components.from_config(compose_cfg("strategy=fsdp", *extra))
-    args = TrainingArguments(output_dir="unused", **comps.strategy.training_args("cuda"))
+    args = TrainingArguments(output_dir=str(tmp_path), **comps.strategy.training_args("cuda"))
     plugin_args = args.fsdp_plugin_args
     assert plugin_args["fsdp_version"] == 2
     assert plugin_args["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
@@ -387,7 +387,7 @@ def test_slurm_master_is_the_first_host_of_the_allocation(nodelist: str, host: s
 SCALER = ["precision=fp16", "precision.initial_scale_power=12", "precision.loss_scale_window=200"]
 
 
-def test_fp16_loss_scaling_knobs_reach_the_trainers_grad_scaler(compose_cfg) -> None:
+def test_fp16_loss_scaling_knobs_reach_the_trainers_grad_scaler(compose_cfg, tmp_path) -> None:
     """Outside DeepSpeed the knobs reach accelerate's GradScaler through a kwargs handler: here the real
     Trainer's Accelerator (fp16 itself needs a GPU, so the run is fp32 and the handler is what is checked)."""
     from transformers import Trainer, TrainingArguments
@@ -403,7 +403,7 @@ def test_fp16_loss_scaling_knobs_reach_the_trainers_grad_scaler(compose_cfg) -> 
     trainer_cls = type("T", (LossScaling, Trainer), {"scaler_handlers": tuple(handlers)})
     import torch
 
-    trainer = trainer_cls(model=torch.nn.Linear(2, 2), args=TrainingArguments("unused", use_cpu=True))
+    trainer = trainer_cls(model=torch.nn.Linear(2, 2), args=TrainingArguments(str(tmp_path), use_cpu=True))
     assert trainer.accelerator.scaler_handler is handlers[0]
 
 
