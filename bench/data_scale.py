@@ -22,7 +22,8 @@ shared by forked processes once). "Command to first step" is each run's own reco
 
 The data: ``{"messages": [...]}`` rows, 1-3 user/assistant exchanges, 30 % with a system turn, made
 deterministically of short single-token words of the tiny tokenizer so that a row's length under its chat
-template is log-normal with a median of about 250 tokens; ``data.max_length=512``. Files are written into
+template is log-normal with a median of about 250 tokens; ``data.max_length=512``, micro-batch 8 for both
+trainers (so that the first optimizer step's own cost stays small beside the data's). Files are written into
 the work dir (the 1M-row file, ~0.8 GB, is made there on the fly and never committed).
 
     python bench/data_scale.py --out docs/benchmarks.md                    # 10k, 100k and 1M rows
@@ -56,6 +57,7 @@ SIZES = (10_000, 100_000, 1_000_000)
 RUNS = ("cold", "warm", "small", "plan", "trl_cold", "trl_warm", "ddp")
 MAX_LENGTH = 512
 MEDIAN_TOKENS = 250
+MICRO_BATCH = 8  # both trainers: the first step's own cost stays small beside the data's
 SAMPLE_EVERY = 0.2  # seconds between memory samples
 
 
@@ -175,6 +177,7 @@ def hydratune_args(data: Path, cache_dir: Path, run_dir: Path, *extra: str) -> l
         f"data.max_length={MAX_LENGTH}",
         f"data.cache_dir={cache_dir}",
         "train.max_steps=2",
+        f"train.micro_batch_size={MICRO_BATCH}",
         "train.eval_generations=0",
         "train.eval_every=0",
         "train.save_every=0",
@@ -208,7 +211,7 @@ def run_trl(name: str, data: Path, hf_cache: Path, work: Path, timeout: float) -
         "device": "cpu",
         "arch": {},
         "seq_len": MAX_LENGTH,
-        "micro_batch": 32,
+        "micro_batch": MICRO_BATCH,
         "steps": 2,
         "warmup": 1,
         "lr": 1e-3,

@@ -54,7 +54,7 @@ from components.datareader import (
     read_json,
     read_table,
 )
-from components.distributed.workers import SHARD_ROWS, Workers, ranges
+from components.distributed.workers import SHARD_ROWS, Workers, open_shards, ranges
 
 log = logging.getLogger(__name__)
 
@@ -195,10 +195,10 @@ _SCRATCH: list[tempfile.TemporaryDirectory[str]] = []
 
 def scratch_workers() -> Workers:
     """Workers for a load outside a run (tests, a notebook): one process, no progress, the Arrow shards in
-    a temporary dir removed when the process exits."""
+    a dir of their own under a temporary dir removed when the process exits."""
     if not _SCRATCH:
         _SCRATCH.append(tempfile.TemporaryDirectory(prefix="hydratune-data-"))
-    return Workers(Path(_SCRATCH[0].name), num_proc=1, show_progress=False)
+    return Workers(Path(tempfile.mkdtemp(dir=_SCRATCH[0].name)), num_proc=1, show_progress=False)
 
 
 # ---------------------------------------------------------------------------------------------- paths
@@ -843,7 +843,6 @@ def convert_range(
     table: Table,
     span: tuple[int, int],
     fn: Callable[[Row], Row],
-    *,
     columns: tuple[str, ...],
     path: Path,
     key: str,
@@ -1153,32 +1152,23 @@ class Source:
         says the format or mapping does not fit (skipping would drop every row). ``used``: the canonical
         columns ``fn`` reads (default: ``CANONICAL``), for the report's used / ignored lists. ``flags``:
         tests on the converted rows, counted (returned, and summed in ``report.flags``)."""
-        from datasets import Dataset, concatenate_datasets
+        from datasets import concatenate_datasets
 
         for table in tables:
             self.account(table, used or self.CANONICAL, report)
         if self.on_error == "raise":
             self.check_first_rows(tables[0], fn)
+        skip = self.on_error == "skip"
         tasks = [
             functools.partial(
-                convert_range,
-                table,
-                span,
-                fn,
-                columns=columns,
-                path=workers.file("rows"),
-                key=key,
-                skip=self.on_error == "skip",
-                flags=flags or {},
+                convert_range, table, span, fn, columns, workers.file("rows"), key, skip, flags or {}
             )
             for table in tables
             for span in table.ranges(4 * workers.num_proc)
         ]
         more = f" (+{len(tables) - 1} files)" if len(tables) > 1 else ""
         label = f"converting {Path(tables[0].source).name}{more}"
-        results = workers.run(
-            [lambda tick, task=task: task(tick=tick) for task in tasks], label, sum(t.rows for t in tables)
-        )
+        results = workers.run(tasks, label, sum(t.rows for t in tables))
         done = Converted()
         for result in results:
             done.merge(result)
@@ -1187,8 +1177,12 @@ class Source:
         report.first_skip = report.first_skip or done.first_skip
         for name, n in done.flags.items():
             _count(report.flags, name, n)
-        shards = with_json_turns([Dataset.from_file(str(path)) for path in done.paths])
-        return (concatenate_datasets(shards) if shards else empty_rows(columns)), done
+        if not done.paths:
+            return empty_rows(columns), done
+        shards = [open_shards([path]) for path in done.paths]
+        if len({_json_turns(t) for t in shards}) == 1:
+            return open_shards(done.paths), done
+        return concatenate_datasets(with_json_turns(shards)), done
 
     def account(self, source: Table, used: tuple[str, ...], report: LoadReport) -> None:
         """Report which of ``source``'s columns are read (named as the file names them) and which not."""
@@ -1498,14 +1492,31 @@ def _after_first_user(messages: Messages) -> int:
 
 # ------------------------------------------------------------------------------------------- SFT data
 
+
 #: what the conversion of chat rows counts (``LoadReport.flags``): conversations that end after their last
 #: assistant turn (named in the summary), and what the chat template checks look for (a leading system
 #: turn, tool calls, tool schemas)
+def _unanswered(row: Row) -> bool:
+    return row["messages"][-1]["role"] != "assistant"
+
+
+def _system(row: Row) -> bool:
+    return row["messages"][0]["role"] == "system"
+
+
+def _tool_calls(row: Row) -> bool:
+    return any(m.get("tool_calls") for m in row["messages"])
+
+
+def _tools(row: Row) -> bool:
+    return bool(row.get(CHAT_TOOLS_COLUMN))
+
+
 CHAT_FLAGS: dict[str, Callable[[Row], bool]] = {
-    "unanswered": lambda row: row["messages"][-1]["role"] != "assistant",
-    "system": lambda row: row["messages"][0]["role"] == "system",
-    "tool_calls": lambda row: any(m.get("tool_calls") for m in row["messages"]),
-    "tools": lambda row: bool(row.get(CHAT_TOOLS_COLUMN)),
+    "unanswered": _unanswered,
+    "system": _system,
+    "tool_calls": _tool_calls,
+    "tools": _tools,
 }
 
 
@@ -1698,16 +1709,21 @@ def token_lengths(table: Dataset, tokenizer: Any, workers: Workers, label: str) 
     or the tokenizer (text) gives it, measured a batch at a time by ``workers``."""
     import numpy as np
 
-    def measure(span: tuple[int, int], tick: Callable[[int], None]) -> Any:
-        out: list[int] = []
-        for a in range(span[0], span[1], SHARD_ROWS):
-            batch = table[a : min(a + SHARD_ROWS, span[1])]
-            out += batch_lengths(tokenizer, batch)
-            tick(len(batch[table.column_names[0]]))
-        return np.asarray(out, dtype=np.int64)
-
-    tasks = [functools.partial(measure, span) for span in ranges(len(table), 4 * workers.num_proc)]
+    spans = ranges(len(table), 4 * workers.num_proc)
+    tasks = [functools.partial(_measure, table, tokenizer, span) for span in spans]
     return np.concatenate([np.zeros(0, dtype=np.int64), *workers.run(tasks, label, len(table))])
+
+
+def _measure(table: Dataset, tokenizer: Any, span: tuple[int, int], tick: Callable[[int], None]) -> Any:
+    """One task of ``token_lengths``: the token counts of rows ``span``."""
+    import numpy as np
+
+    out: list[int] = []
+    for a in range(span[0], span[1], SHARD_ROWS):
+        batch = table[a : min(a + SHARD_ROWS, span[1])]
+        out += batch_lengths(tokenizer, batch)
+        tick(len(batch[table.column_names[0]]))
+    return np.asarray(out, dtype=np.int64)
 
 
 def batch_lengths(tokenizer: Any, batch: dict[str, list[Any]]) -> list[int]:
@@ -1887,17 +1903,18 @@ class PromptDataset(Source):
         answers = table["answer"] if "answer" in table.column_names else [None] * len(table)
         return list(zip(table["prompt"], answers, strict=True))
 
+    def to_prompt(self, row: Row, answer: bool) -> Row:
+        """One row as ``prompt`` messages, with its reference ``answer`` (text) when the data has them."""
+        out: Row = {"prompt": self.messages(row.get("prompt"), "user", "prompt")}
+        if answer:
+            out["answer"] = text_of(row, "answer")  # a blank / NaN reference is no reference
+        return out
+
     def load(self, workers: Workers | None = None) -> LoadedData:
         """Train/eval with ``prompt`` (messages) and, if data.path has the column, ``answer`` (text)."""
         workers = workers or scratch_workers()
         has_answer: bool | None = None  # decided on data.path, so both splits have the same columns
         report = LoadReport()
-
-        def to_prompt(row: Row) -> Row:
-            out: Row = {"prompt": self.messages(row.get("prompt"), "user", "prompt")}
-            if has_answer:
-                out["answer"] = text_of(row, "answer")  # a blank / NaN reference is no reference
-            return out
 
         def build(tables: list[Table], path: str, key: str) -> Dataset:
             nonlocal has_answer
@@ -1905,6 +1922,7 @@ class PromptDataset(Source):
             if has_answer is None:
                 has_answer = all("answer" in t.columns for t in tables)
             columns = ("prompt", "answer") if has_answer else ("prompt",)
+            to_prompt = functools.partial(self.to_prompt, answer=has_answer)
             return self.convert(tables, to_prompt, columns, key, report, workers)[0]
 
         return self.load_splits(build, report, workers)

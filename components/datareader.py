@@ -15,6 +15,7 @@ row came from (``file:line (row n)`` for JSON lines, ``file, row n`` otherwise) 
 from __future__ import annotations
 
 import codecs
+import functools
 import importlib
 import itertools
 import json
@@ -368,7 +369,7 @@ def scan_json_lines(
         check_first_lines(path, source, start, key)
     points = cut_points(path, start, 4 * workers.num_proc)
     bounds = list(itertools.pairwise(points))
-    tasks = [lambda tick, a=a, b=b: scan_range(path, a, b, skip, tick) for a, b in bounds]
+    tasks = [functools.partial(scan_range, path, a, b, skip) for a, b in bounds]
     scans = workers.run(tasks, f"reading {Path(source).name}", points[-1] - start, unit="bytes")
     spans, line, row = [], 1, 0
     for (a, b), scan in zip(bounds, scans, strict=True):

@@ -92,7 +92,7 @@ def test_the_key_misses_on_a_row_the_template_the_tokenizer_and_max_length(
 def test_a_killed_preparation_leaves_nothing_that_is_read(tmp_path: Path) -> None:
     """SIGKILL a process while it writes the entry: nothing is in place, the lock is free, and the next
     run prepares it from scratch and succeeds."""
-    data = Path(write_jsonl(tmp_path / "big.jsonl", multi_turn(20000, seed=1)))
+    data = Path(write_jsonl(tmp_path / "big.jsonl", multi_turn(6000, seed=1)))
     cache = tmp_path / "cache"
     script = (
         f"import sys; sys.path.insert(0, {str(REPO)!r}); "
@@ -102,7 +102,7 @@ def test_a_killed_preparation_leaves_nothing_that_is_read(tmp_path: Path) -> Non
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not list((cache / datacache.STAGING).glob("*/work/*.arrow")):
+        while not list(cache.rglob("work/tokens-*.arrow")):  # the rows are written, the tokens begin
             assert proc.poll() is None, "the preparation ended before it could be killed"
             assert time.monotonic() < deadline, "no shard written in time"
             time.sleep(0.05)
@@ -111,10 +111,10 @@ def test_a_killed_preparation_leaves_nothing_that_is_read(tmp_path: Path) -> Non
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    assert datacache.entries(cache) == []  # nothing was put in place
     assert list((cache / datacache.STAGING).glob("*"))  # it was killed mid-write
-    assert datacache.entries(cache) == []  # and nothing was put in place
     prepared = prepare(data, cache)
-    assert status(prepared) == "miss" and len(prepared.splits["train"]) == 18000
+    assert status(prepared) == "miss" and len(prepared.splits["train"]) == 5400
     assert [p.name.split(".")[0] for p in (cache / datacache.STAGING).iterdir()] == []  # leftovers removed
     assert status(prepare(data, cache)) == "hit"
 
@@ -150,13 +150,14 @@ def test_rows_stay_memory_mapped(chats: Path, tmp_path: Path) -> None:
 
 @pytest.fixture
 def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Byte ranges of 1 KB, rows ranges of 8 rows: many tasks on a small file."""
+    """Byte ranges of 1 KB, row ranges of 8 rows: many tasks on a small file, run by worker processes."""
     from components import data, datareader
     from components.distributed import workers
 
     monkeypatch.setattr(datareader, "MIN_RANGE", 1024)
     for module in (workers, datareader, data):
         monkeypatch.setattr(module, "SHARD_ROWS", 8)
+    monkeypatch.setattr(workers, "PARALLEL_FROM", {"rows": 0, "bytes": 0})  # worker processes however small
 
 
 def test_worker_processes_give_the_rows_tokens_and_errors_of_one(tmp_path: Path, small_ranges: None) -> None:
@@ -245,3 +246,11 @@ def test_plan_says_whether_it_prepared_or_reused(compose_cfg: Any, tmp_path: Pat
     assert len(second) == 1 and second[0].startswith("# data: data cache: hit: reused ")
     key = first[0].split("prepared ")[1].split()[0]
     assert key in second[0]
+
+
+def test_a_cache_dir_that_cannot_be_written_is_named(chats: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="cannot write the data cache") as err:
+        prepare(chats, blocker / "cache")
+    assert err.value.key == "data.cache_dir"

@@ -65,23 +65,17 @@ def as_prompt_completion(dataset: Any) -> Any:
     return dataset.map(split, remove_columns=drop)
 
 
-def trl_prepared(
-    rows: Any,
-    tok: Any,
-    *,
-    assistant_only: bool,
-    completion_only: bool,
-    max_length: int,
-    packing: bool = False,
-) -> Any:
+def trl_prepared(rows: Any, tok: Any, knobs: dict[str, Any]) -> Any:
     """What SFTTrainer prepared from ``rows`` before hydratune tokenized them (the previous recipes/sft.py:
-    TRL's masks, or hydratune's turn-by-turn mask as pretokenized ``assistant_masks``)."""
+    TRL's masks, or hydratune's turn-by-turn mask as pretokenized ``assistant_masks``). ``knobs``:
+    assistant_only, completion_only, max_length and packing."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
-    assistant = assistant_only and "messages" in rows.column_names
-    completion = completion_only and "completion_turns" in rows.column_names
+    max_length, packing = knobs["max_length"], knobs.get("packing", False)
+    assistant = knobs["assistant_only"] and "messages" in rows.column_names
+    completion = knobs["completion_only"] and "completion_turns" in rows.column_names
     trl_masks = False
     if assistant and choose_method(tok)[0] == HYDRATUNE:
         messages, tools = rows["messages"], rows["tools"] if "tools" in rows.column_names else None
@@ -123,28 +117,13 @@ def trl_prepared(
     return SFTTrainer._prepare_dataset(trainer, rows, tok, args, packing, None, "train")
 
 
-def ours(
-    rows: Any,
-    tok: Any,
-    *,
-    assistant_only: bool,
-    completion_only: bool,
-    max_length: int,
-    packing: bool = False,
-) -> Any:
+def ours(rows: Any, tok: Any, knobs: dict[str, Any]) -> Any:
+    """hydratune's tokens of ``rows`` (``knobs`` as ``trl_prepared``'s)."""
     from datasets import Dataset
 
-    plan = plan_tokens(
-        rows.column_names,
-        tok,
-        assistant_only=assistant_only,
-        completion_only=completion_only,
-        label="test",
-        max_length=max_length,
-        packing=packing,
-    )
+    plan = plan_tokens(rows.column_names, tok, label="test", **knobs)
     out = Dataset.from_dict(tokenize_batch(plan, tok, rows[:], where="train", first=0))
-    return pack(out, plan) if packing else out
+    return pack(out, plan) if plan.packing else out
 
 
 def assert_same(mine: Any, theirs: Any) -> None:
@@ -195,7 +174,7 @@ def test_tokens_are_trls(case: str, files: dict[str, str]) -> None:
     rows = rows.select(range(min(len(rows), 80)))
     tok = tokenizer(template)
     knobs = {"assistant_only": assistant_only, "completion_only": completion_only, "max_length": max_length}
-    mine, theirs = ours(rows, tok, **knobs), trl_prepared(rows, tok, **knobs)
+    mine, theirs = ours(rows, tok, knobs), trl_prepared(rows, tok, knobs)
     assert_same(mine, theirs)
     if "truncated" in case:
         assert len(theirs) < len(rows)  # the case does drop rows
@@ -204,7 +183,7 @@ def test_tokens_are_trls(case: str, files: dict[str, str]) -> None:
 def test_packed_tokens_are_trls(files: dict[str, str]) -> None:
     rows, tok = rows_of(files["multi"]), tokenizer()
     knobs = {"assistant_only": True, "completion_only": False, "max_length": 96, "packing": True}
-    mine, theirs = ours(rows, tok, **knobs), trl_prepared(rows, tok, **knobs)
+    mine, theirs = ours(rows, tok, knobs), trl_prepared(rows, tok, knobs)
     assert_same(mine, theirs)
     assert len(mine) < len(rows)  # rows were packed together
 

@@ -1,9 +1,12 @@
 """Data preparation across worker processes: a list of tasks (each reads a range of rows and writes its
-own Arrow shard) run in order by ``num_proc`` forked processes, with progress for the user.
+own Arrow shard) run in order by ``num_proc`` processes, with progress for the user.
 
-A task is a callable ``task(tick) -> result`` that reports the rows it has done with ``tick(n)``; the
-results come back in task order. Tasks are handed to the forked children by index (the children inherit
-them), so closures over big objects cost nothing to send; only the small results are pickled back. A
+A task is a picklable callable ``task(tick) -> result`` (a module-level function with its arguments bound
+by ``functools.partial``: tables are memory-mapped files, so they pickle as paths) that reports the rows it
+has done with ``tick(n)``; the results come back in task order. The processes are forked from a lean
+server process (multiprocessing's ``forkserver``, with the data modules, ``datasets`` and the tokenizers
+preloaded once, no torch): each holds what it reads and tokenizes, not a copy of the run's own process
+(its models' libraries, its threads). Work below ``PARALLEL_FROM`` runs in this process. A
 ``ConfigError`` raised by a task (a bad row, named) is re-raised in the caller, the first one in task order,
 so the error is the same whatever the number of processes.
 
@@ -15,13 +18,14 @@ long preparation is moving.
 from __future__ import annotations
 
 import datetime
+import functools
+import hashlib
 import logging
 import multiprocessing
 import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,10 +42,17 @@ PROGRESS_EVERY = 5.0  # seconds between plain progress lines
 SHARD_ROWS = 2048  # rows per batch written to an Arrow shard (memory held: one batch per process)
 MAP_ROWS = 256  # rows per batch of ``Workers.map_rows`` (tokenizing: progress moves every few hundred)
 FIRST_LINE_AFTER = 2.0  # a preparation shorter than this prints no progress at all
+#: the least work (by unit) that worker processes are started for (starting them costs a few seconds)
+PARALLEL_FROM = {"rows": 20_000, "bytes": 16 << 20}
+#: what the server process the workers are forked from imports once
+PRELOAD = [
+    "datasets",
+    "transformers.tokenization_utils_tokenizers",
+    "components.data",
+    "components.text.sft_tokens",
+]
 
-#: the tasks of the pool being run; forked children inherit them and get indices
-_TASKS: list[Task] = []
-_DONE: list[Any] = []  # the shared row counter of the running pool (multiprocessing.Value)
+_DONE: list[Any] = []  # in a worker process: the shared row counter of its pool (multiprocessing.Value)
 
 
 class Progress:
@@ -132,7 +143,7 @@ class Workers:
         ``total``: the rows (or bytes, ``unit``) the tasks will ``tick``, for the progress shown."""
         progress = Progress(label, total, unit=unit, show=self.show_progress)
         try:
-            if self.num_proc <= 1 or len(tasks) <= 1:
+            if self.num_proc <= 1 or len(tasks) <= 1 or total < PARALLEL_FROM[unit]:
                 outcomes = _serial(tasks, progress)
             else:
                 outcomes = _parallel(tasks, progress, min(self.num_proc, len(tasks)))
@@ -159,32 +170,39 @@ class Workers:
         """``fn(batch, first)`` on every batch of ``table``'s rows (a ``datasets.Dataset``; ``first``: the
         index of the batch's first row), the batches it returns (columns -> values, any number of rows)
         written as memory-mapped Arrow shards of ``features``, in order."""
-        from datasets import Dataset, concatenate_datasets
-
-        def task(span: tuple[int, int], path: Path, tick: Tick) -> Path | None:
-            from datasets.arrow_writer import ArrowWriter
-
-            writer = None
-            for a in range(span[0], span[1], MAP_ROWS):
-                b = min(a + MAP_ROWS, span[1])
-                out = fn(table[a:b], a)
-                if writer is None:
-                    writer = ArrowWriter(features=features, path=str(path))
-                writer.write_batch(out)
-                tick(b - a)
-            if writer is None:
-                return None
-            writer.finalize()
-            writer.close()
-            return path
+        from datasets import Dataset
 
         spans = ranges(len(table), 4 * self.num_proc)
         paths = [self.file(stem) for _ in spans]
-        tasks = [lambda tick, s=s, p=p: task(s, p, tick) for s, p in zip(spans, paths, strict=True)]
-        shards = [Dataset.from_file(str(p)) for p in self.run(tasks, label, len(table)) if p is not None]
+        tasks = [
+            functools.partial(_map, table, fn, features, s, p) for s, p in zip(spans, paths, strict=True)
+        ]
+        shards = [p for p in self.run(tasks, label, len(table)) if p is not None]
         if not shards:
             return Dataset.from_dict({name: [] for name in features}, features=features)
-        return concatenate_datasets(shards)
+        return open_shards(shards)
+
+
+def _map(
+    table: Any, fn: Callable[..., Any], features: Any, span: tuple[int, int], path: Path, tick: Tick
+) -> Any:
+    """One task of ``Workers.map_rows``: rows ``span`` of ``table`` through ``fn`` into the shard ``path``
+    (None when ``fn`` kept no row)."""
+    from datasets.arrow_writer import ArrowWriter
+
+    writer = None
+    for a in range(span[0], span[1], MAP_ROWS):
+        b = min(a + MAP_ROWS, span[1])
+        out = fn(table[a:b], a)
+        if writer is None:
+            writer = ArrowWriter(features=features, path=str(path))
+        writer.write_batch(out)
+        tick(b - a)
+    if writer is None:
+        return None
+    writer.finalize()
+    writer.close()
+    return path
 
 
 def _serial(tasks: Sequence[Task], progress: Progress) -> list[tuple[str, Any]]:
@@ -217,31 +235,39 @@ def _tick(n: int) -> None:
         _DONE[0].value += n
 
 
-def _child(index: int) -> tuple[str, Any]:
-    return _outcome(_TASKS[index], _tick)
+def _start(counter: Any) -> None:
+    _DONE[:] = [counter]
+
+
+def _child(task: Task) -> tuple[str, Any]:
+    return _outcome(task, _tick)
 
 
 def _parallel(tasks: Sequence[Task], progress: Progress, processes: int) -> list[tuple[str, Any]]:
-    """The tasks in ``processes`` forked children (they inherit ``_TASKS``: nothing is pickled but the
-    indices and the results); the parent shows the shared row counter while it waits."""
-    context = multiprocessing.get_context("fork")
-    with _installed(tasks, context.Value("q", 0)), context.Pool(processes) as pool:
-        pending = pool.map_async(_child, range(len(tasks)), chunksize=1)
+    """The tasks (pickled) in ``processes`` workers forked from the lean server process; the parent shows
+    the shared row counter while it waits."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    counter = context.Value("q", 0)
+    with context.Pool(processes, initializer=_start, initargs=(counter,)) as pool:
+        pending = pool.map_async(_child, tasks, chunksize=1)
         while not pending.ready():
             pending.wait(0.5)
-            progress.update(_DONE[0].value)
-        progress.update(_DONE[0].value)
+            progress.update(counter.value)
+        progress.update(counter.value)
         return pending.get()
 
 
-@contextmanager
-def _installed(tasks: Sequence[Task], counter: Any) -> Iterator[None]:
-    _TASKS[:], _DONE[:] = list(tasks), [counter]
-    try:
-        yield
-    finally:
-        _TASKS.clear()
-        _DONE.clear()
+def open_shards(paths: Sequence[Path], fingerprint: str | None = None) -> Any:
+    """Arrow shards of the same columns, in order, as one memory-mapped ``datasets.Dataset`` (its
+    fingerprint given, or made of the paths: ``datasets`` would hash every shard's state otherwise)."""
+    from datasets import Dataset
+    from datasets.table import ConcatenationTable, MemoryMappedTable
+
+    tables = [MemoryMappedTable.from_file(str(p)) for p in paths]
+    table = tables[0] if len(tables) == 1 else ConcatenationTable.from_tables(tables)
+    fingerprint = fingerprint or hashlib.sha256("|".join(map(str, paths)).encode()).hexdigest()[:16]
+    return Dataset(table, fingerprint=fingerprint)
 
 
 def ranges(total: int, parts: int, minimum: int | None = None) -> list[tuple[int, int]]:

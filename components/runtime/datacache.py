@@ -22,6 +22,7 @@ for the lock and memory-map the entry. Each process prints whether it prepared o
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -31,12 +32,13 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.distributed.workers import SHARD_ROWS, Workers
+from components.distributed.workers import SHARD_ROWS, Workers, open_shards
 from components.runtime.datafp import FileHashes, cache_root, fingerprint_node
 
 log = logging.getLogger("hydratune")
@@ -210,8 +212,10 @@ def prepare(
         return Outcome(found[0], "reused", key, entry, found[1])
     from components.modeling.gguf import file_lock
 
-    root.mkdir(parents=True, exist_ok=True)
     lock = root / f"{key}.lock"
+    with _named_errors(root):
+        root.mkdir(parents=True, exist_ok=True)
+        lock.touch()
     start = time.monotonic()
 
     def waiting() -> None:
@@ -229,7 +233,8 @@ def prepare(
             log.warning("data cache: %s is damaged; preparing it again", entry)
             shutil.rmtree(entry, ignore_errors=True)
         announce(f"preparing the data {key} into {entry}")
-        meta = _build(root, entry, key, parts, build, num_proc)
+        with _named_errors(root):
+            meta = _build(root, entry, key, parts, build, num_proc)
     found = _open(entry, key)
     if found is None:
         raise RuntimeError(f"the data cache entry {entry} just written cannot be read back")
@@ -288,6 +293,29 @@ def _build(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return meta
+
+
+@contextmanager
+def _named_errors(root: Path) -> Iterator[None]:
+    """A cache dir that cannot be written, or a full disk, as a ConfigError naming ``data.cache_dir``."""
+    from components.config.errors import ConfigError
+
+    try:
+        yield
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ConfigError(
+                f"the disk of the data cache {root} is full ({err.strerror}); nothing was left half-written",
+                key="data.cache_dir",
+                hint="free it (hydratune cache clear), or point data.cache_dir at a disk with room",
+            ) from None
+        if err.errno in (errno.EACCES, errno.EROFS, errno.ENOTDIR, errno.EPERM):
+            raise ConfigError(
+                f"cannot write the data cache {root}: {err.strerror}",
+                key="data.cache_dir",
+                hint="point data.cache_dir (or $HYDRATUNE_DATA_CACHE) at a writable dir, or data.cache=false",
+            ) from None
+        raise
 
 
 def _persist(dataset: Any, staging: Path, name: str) -> dict[str, Any]:
@@ -356,21 +384,23 @@ def _open(entry: Path, key: str) -> tuple[Prepared, dict[str, Any]] | None:
                     return None
     except (OSError, ValueError, KeyError):
         return None
-    datasets = {name: _load(entry, spec) for name, spec in meta["splits"].items()}
+    datasets = {name: _load(entry, name, spec) for name, spec in meta["splits"].items()}
     return Prepared(datasets, meta.get("facts", {})), meta
 
 
-def _load(entry: Path, spec: dict[str, Any]) -> Any:
+def _load(entry: Path, name: str, spec: dict[str, Any]) -> Any:
+    """One split of the entry, memory-mapped (its fingerprint: the entry's key and the split's name)."""
     import numpy as np
-    from datasets import Dataset, Features, concatenate_datasets
+    from datasets import Dataset, Features
 
     features = Features.from_dict(spec["features"])
-    shards = [Dataset.from_file(str(entry / f)) for f in spec["files"]]
-    if not shards:
+    if not spec["files"]:
         return Dataset.from_dict({c: [] for c in features}, features=features)
-    table = concatenate_datasets(shards)
+    fingerprint = hashlib.sha256(f"{entry.name}/{name}".encode()).hexdigest()[:16]
+    table = open_shards([entry / f for f in spec["files"]], fingerprint)
     if spec.get("indices"):
-        table = table.select(np.load(entry / spec["indices"]), keep_in_memory=True)
+        indices = np.load(entry / spec["indices"])
+        table = table.select(indices, keep_in_memory=True, new_fingerprint=f"{fingerprint[:12]}sel")
     return table
 
 

@@ -131,14 +131,9 @@ def fit_template(data_component: Any, data: Any, tokenizer: Any, workers: Any) -
                 )
             if rows:
                 folded += len(rows)
+                fold = functools.partial(_fold, columns)
                 splits[name] = workers.map_rows(
-                    split,
-                    lambda batch, first, columns=columns: (
-                        batch | {c: [fold_system(m) for m in batch[c]] for c in columns}
-                    ),
-                    split.features,
-                    f"folding system turns of {name} rows",
-                    f"folded-{name}",
+                    split, fold, split.features, f"folding system turns of {name} rows", f"folded-{name}"
                 )
         if folded:
             data.report.info["system turns"] = (
@@ -179,6 +174,11 @@ def rows_where(split: Any, columns: list[str], test: Any, limit: int | None = No
 
 def _leading_system(messages: Any) -> bool:
     return bool(messages) and messages[0].get("role") == "system"
+
+
+def _fold(columns: list[str], batch: dict[str, list[Any]], first: int) -> dict[str, list[Any]]:
+    """A batch with the leading system turn of each message list folded (``fold_system``)."""
+    return batch | {c: [fold_system(m) for m in batch[c]] for c in columns}
 
 
 def _any_leading_system(row: dict[str, Any], columns: list[str]) -> bool:

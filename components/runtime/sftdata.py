@@ -5,6 +5,7 @@ tokenized a batch at a time by the preparation's worker processes (``components/
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -55,10 +56,7 @@ class SFTTokens:
         plan = self.plan(splits["train"].column_names, tokenizer)
         out, dropped = {}, {}
         for name, split in splits.items():
-
-            def tokenize(batch: dict[str, list[Any]], first: int, name: str = name) -> dict[str, list[Any]]:
-                return tokenize_batch(plan, tokenizer, batch, where=name, first=first)
-
+            tokenize = functools.partial(_tokenize, plan, tokenizer, name)
             tokens = workers.map_rows(
                 split, tokenize, token_features(), f"tokenizing {name} rows", f"tokens-{name}"
             )
@@ -68,6 +66,10 @@ class SFTTokens:
                 dropped[name] = len(split) - len(tokens)
             out[name] = tokens
         return out, {"plan": asdict(plan), "dropped": dropped}
+
+
+def _tokenize(plan: TokenPlan, tokenizer: Any, where: str, batch: dict[str, list[Any]], first: int) -> Any:
+    return tokenize_batch(plan, tokenizer, batch, where=where, first=first)
 
 
 def token_plan(facts: dict[str, Any]) -> TokenPlan:
