@@ -47,6 +47,9 @@ MANAGEMENT: tuple[str, ...] = (
     "train.max_new_tokens",
     "train.write_plots",
     "train.num_workers",
+    "data.cache",  # where and how the data is prepared, not what it is (datafp.NOT_DATA)
+    "data.cache_dir",
+    "data.num_proc",
     "hydra",  # run/sweep dirs and the like (overrides only: the task config has no hydra node)
 )
 ABSENT = "<absent>"
