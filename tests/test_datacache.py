@@ -86,6 +86,7 @@ def test_the_key_misses_on_a_row_the_template_the_tokenizer_and_max_length(
     assert status(prepare(chats, cache, other)) == "miss"
     assert status(prepare(chats, cache, max_length=64)) == "miss"
     assert status(prepare(chats, cache, num_proc=2)) == "hit"  # how it is prepared is not what it is
+    assert status(prepare(chats, cache, stream_window=7, stream_shuffle=False)) == "hit"  # streams' knobs
     assert len(datacache.entries(cache)) == 5
 
 
