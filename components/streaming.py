@@ -224,8 +224,8 @@ Step = tuple[Callable[[Row], Row], tuple[str, ...]]  # (row -> new columns, colu
 class RowStream:
     """One rank's rows of data.path, converted and checked one by one, endless; each with the
     :class:`Position` after it. ``map`` adds a per-row step (as ``Dataset.map`` does: the step's columns
-    replace ``remove_columns``); ``dataset()`` is the ``datasets.IterableDataset`` TRL prepares lazily,
-    starting at ``start``."""
+    replace ``remove_columns``); ``dataset()`` is the ``datasets.IterableDataset`` the trainer reads (its
+    rows tokenized by a step: ``components/runtime/streaming.py``), starting at ``start``."""
 
     def __init__(
         self,

@@ -46,8 +46,9 @@ class Place:
 
 
 class Windows(TorchIterable):
-    """The examples of TRL's lazily prepared stream, a window at a time: shuffled, packed, each with its
-    :class:`Place`; from ``start`` (the stream restarted at its window, its examples before passed over)."""
+    """The examples of the stream's tokens (each row tokenized as it is read), a window at a time: shuffled,
+    packed, each with its :class:`Place`; from ``start`` (the stream restarted at its window, its examples
+    before passed over)."""
 
     def __init__(self, prepared: Any, stream: RowStream, data: Any, start: Place) -> None:
         self.prepared, self.stream, self.data, self.start = prepared, stream, data, start
