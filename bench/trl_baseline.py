@@ -116,11 +116,16 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         )
 
     clock: list[tuple[int, float, float]] = []
+    first_step: list[float] = []  # the process's age at the end of its first optimizer step
 
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             sync(device)
             clock.append((state.global_step, counter.tokens, time.perf_counter()))
+            if not first_step:
+                import psutil
+
+                first_step.append(round(time.time() - psutil.Process().create_time(), 2))
 
     if spec["recipe"] == "dpo":
         from trl import DPOConfig, DPOTrainer
@@ -154,6 +159,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     return {
         **window(clock, spec["warmup"]),
         "peak memory (GiB)": peak_memory_gib(device),
+        "first step (s)": first_step[0] if first_step else None,
         "final loss": trainer.state.log_history[-1].get("train_loss"),
         "trl args": {k: v for k, v in common_args.items() if k not in ("output_dir", "deepspeed")},
     }

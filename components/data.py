@@ -25,14 +25,15 @@ report (the counts and how the data was read); nothing is kept on the component.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
-import io
 import json
 import logging
 import math
 import os
 import random
 import re
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,17 +41,27 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from components.config.errors import ConfigError
 from components.config.registry import component
+from components.datareader import (
+    BUILDERS,
+    COMPRESSIONS,
+    PROBE_ROWS,
+    RowError,
+    Table,
+    data_suffix,
+    file_type,
+    read_arrow,
+    read_hub,
+    read_json,
+    read_table,
+    row_error,
+)
+from components.distributed.workers import SHARD_ROWS, Workers, open_shards, ranges
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from datasets import Dataset
 
-BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-# compressed text files (``x.jsonl.gz``): the suffix -> how to decompress (``zstd`` needs ``zstandard``,
-# as it does for ``datasets``)
-COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": "zstd"}
-COMPRESSIBLE = (".jsonl", ".json", ".csv")
 # files a hub dataset or a save_to_disk folder carries beside its data (never read as rows)
 METADATA_FILES = {"dataset_info.json", "dataset_infos.json", "dataset_dict.json", "state.json", "config.json"}
 # Suffixes that mark a path as a file (so it must exist) even without ./ or / in front of it.
@@ -127,7 +138,6 @@ TASK_COLUMNS = {
 #: set: this share of the rows, at most DEFAULT_EVAL_ROWS (so that evaluating them cannot dominate a run)
 DEFAULT_EVAL_FRACTION = 0.05
 DEFAULT_EVAL_ROWS = 1000
-PROBE_ROWS = 5  # when this many first rows (or all, if fewer) fail alike, the format or mapping is wrong
 PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped")
 ON_ERROR = ("raise", "skip")
 ON_OVERLONG = ("truncate", "drop", "error")
@@ -147,6 +157,9 @@ class LoadReport:
     used: dict[str, None] = field(default_factory=dict)  # the columns read, as the files name them
     ignored: dict[str, None] = field(default_factory=dict)  # the columns not read, and why
     mixture: dict[str, int] = field(default_factory=dict)  # data.mixture[i] -> the train rows it gave
+    # rows the conversion flagged (``CHAT_FLAGS``: a leading system turn, tool calls...), summed over the
+    # files: what the later checks look for, so they read the rows only when there is something to find
+    flags: dict[str, int] = field(default_factory=dict)
 
     def account(self, used: list[str], ignored: list[str]) -> None:
         """Add one file's used and ignored columns; ``info`` lists them all (the summary, ``mode=plan``)."""
@@ -182,13 +195,15 @@ class LoadedData(Mapping[str, "Dataset"]):
         return self.report.info
 
 
-class RowError(ValueError):
-    """A problem with one row; the loader adds the file and line/row (or skips it with on_error=skip).
-    ``key`` and ``hint`` name the knob that fixes it when every row has the problem."""
+_SCRATCH: list[tempfile.TemporaryDirectory[str]] = []
 
-    def __init__(self, message: str, *, key: str | None = None, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.key, self.hint = key, hint
+
+def scratch_workers() -> Workers:
+    """Workers for a load outside a run (tests, a notebook): one process, no progress, the Arrow shards in
+    a dir of their own under a temporary dir removed when the process exits."""
+    if not _SCRATCH:
+        _SCRATCH.append(tempfile.TemporaryDirectory(prefix="hydratune-data-"))
+    return Workers(Path(tempfile.mkdtemp(dir=_SCRATCH[0].name)), num_proc=1, show_progress=False)
 
 
 # ---------------------------------------------------------------------------------------------- paths
@@ -202,21 +217,6 @@ def looks_local(path: str) -> bool:
         or Path(path).suffix.lower() in FILE_SUFFIXES
         or not HUB_ID.match(path)
     )
-
-
-def file_type(path: Path) -> tuple[str, str | None] | None:
-    """(the data suffix, the compression or None) of a file the loader reads, by its name; else None."""
-    last = path.suffix.lower()
-    if last in COMPRESSIONS:
-        inner = Path(path.stem).suffix.lower()
-        return (inner, COMPRESSIONS[last]) if inner in COMPRESSIBLE else None
-    return (last, None) if last in BUILDERS else None
-
-
-def data_suffix(path: Path) -> str:
-    """``.jsonl`` for ``x.jsonl`` and ``x.jsonl.gz`` alike; a file of no known type: its last suffix."""
-    kind = file_type(path)
-    return kind[0] if kind else path.suffix.lower()
 
 
 READ_TYPES = f"{', '.join(BUILDERS)} (the text ones also {'/'.join(COMPRESSIONS)} compressed)"
@@ -459,380 +459,58 @@ def check_path(path: str, key: str, split: str | None = "train", separate_eval: 
 # -------------------------------------------------------------------------------------------- reading
 
 
-@dataclass
-class Rows:
-    """The rows of one file (or hub split) and where each came from, for error messages."""
-
-    source: str
-    rows: list[Row]
-    lines: list[int] | None = None  # source line of each row (JSON lines)
-
-    def where(self, i: int) -> str:
-        """``file:line (row n)`` for JSON lines, else ``file, row n`` (rows count from 1, header excluded)."""
-        if self.lines is not None:
-            return f"{self.source}:{self.lines[i]} (row {i + 1})"
-        return f"{self.source}, row {i + 1}"
-
-    @property
-    def columns(self) -> list[str]:
-        """Every column any row has, in first-seen order."""
-        seen: dict[str, None] = {}
-        for row in self.rows:
-            seen.update(dict.fromkeys(row))
-        return list(seen)
-
-    def head(self, n: int | None) -> Rows:
-        if n is None:
-            return self
-        return Rows(self.source, self.rows[:n], None if self.lines is None else self.lines[:n])
-
-
-def row_error(where: str, err: RowError, key: str) -> ConfigError:
-    """A bad row (``on_error=raise``), named by its file and line or row."""
-    return ConfigError(
-        f"{where}: {err}",
-        key=key,
-        hint=(f"{err.hint}; or " if err.hint else "")
-        + "fix the row, or set data.on_error=skip to drop bad rows and count them",
-    )
-
-
 def _count(stats: dict[str, int], key: str, n: int = 1) -> None:
     stats[key] = stats.get(key, 0) + n
 
 
-def _bad_line(path: Path, line: int, problem: str, key: str, skip: bool, stats: dict[str, int]) -> None:
-    if not skip:
-        raise ConfigError(
-            f"{path}:{line}: {problem}",
-            key=key,
-            hint="fix the line, or set data.on_error=skip to drop bad rows and count them",
-        )
-    _count(stats, "skipped rows")
-
-
-def _json_object(line: bytes) -> bool:
-    try:
-        return isinstance(json.loads(line), dict)
-    except (ValueError, RecursionError):  # RecursionError: brackets nested deeper than json parses
-        return False
-
-
-def _check_first_lines(path: Path, raw: bytes, key: str) -> None:
-    """If none of the first ``PROBE_ROWS`` non-blank lines (all, if fewer) is a JSON object, the file is not
-    JSON lines at all: say so instead of offering to skip (which would drop every line)."""
-    head = [line for line in raw.splitlines() if line.strip()][:PROBE_ROWS]
-    if head and not any(_json_object(line) for line in head):
-        try:
-            raw[: raw.index(head[-1]) + len(head[-1])].decode("utf-8")
-        except UnicodeDecodeError as err:  # e.g. latin-1: say so, not "not JSON lines"
-            raise _not_utf8(path, raw, err, key) from None
-        which = "the only line is" if len(head) == 1 else f"none of the first {len(head)} lines is"
-        raise ConfigError(
-            f"{path}: {which} a JSON object, so this is not JSON lines (one {{...}} object per line); "
-            f"it starts {head[0][:60].decode('utf-8', 'replace')!r}",
-            key=key,
-            hint="write one JSON object per line (double quotes, not Python's single-quoted dicts), or a "
-            ".json file holding one array of objects, or a .csv file with a header row",
-        )
-
-
-UTF8_BOM = b"\xef\xbb\xbf"
-UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
-
-
-def without_bom(path: Path, raw: bytes, key: str) -> bytes:
-    """The bytes after a UTF-8 byte order mark (Windows editors and Excel write one); UTF-16 is refused
-    by name (its BOM would otherwise read as a malformed first line)."""
-    if raw.startswith(UTF8_BOM):
-        return raw[len(UTF8_BOM) :]
-    if raw.startswith(UTF16_BOMS):
-        raise ConfigError(
-            f"{path} is UTF-16 text, not UTF-8",
-            key=key,
-            hint="re-encode the file as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8, or 'Save as UTF-8')",
-        )
-    return raw
-
-
-def read_json_lines(path: Path, raw: bytes, *, key: str, skip: bool, stats: dict[str, int]) -> Rows:
-    """JSON lines, parsed one line at a time so a bad line is reported by number (blank lines ignored;
-    CRLF line ends are fine)."""
-    if not skip:
-        _check_first_lines(path, raw, key)
-    rows, lines = [], []
-    for number, line_bytes in enumerate(raw.splitlines(), start=1):
-        row = parse_json_line(path, number, line_bytes, key=key, skip=skip, stats=stats)
-        if row is not None:
-            rows.append(row)
-            lines.append(number)
-    return Rows(str(path), rows, lines)
-
-
-def parse_json_line(
-    path: Path, number: int, line_bytes: bytes, *, key: str, skip: bool, stats: dict[str, int]
-) -> Row | None:
-    """Line ``number`` of a JSON lines file as a row; None for a blank line, or a bad one with ``skip``
-    (counted in ``stats``); a bad one is a ConfigError naming the file and line otherwise."""
-    try:
-        line = line_bytes.decode("utf-8")
-    except UnicodeDecodeError as err:
-        _bad_line(path, number, f"not UTF-8 text (byte {err.start} of the line)", key, skip, stats)
-        return None
-    if not line.strip():
-        return None
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as err:
-        _bad_line(path, number, f"malformed JSON ({err.msg}, column {err.colno})", key, skip, stats)
-        return None
-    except RecursionError:  # json's parser recurses once per nested bracket
-        _bad_line(path, number, "JSON nested too deeply to parse", key, skip, stats)
-        return None
-    if not isinstance(row, dict):
-        _bad_line(path, number, f"expected a JSON object, got {type(row).__name__}", key, skip, stats)
-        return None
-    return row
-
-
-def _one_document(raw: bytes) -> bool:
-    """Whether a ``.jsonl`` file is really one JSON document: an array, or an object spread over several
-    lines (pretty-printed), that parses as a whole."""
-    lines = raw.strip().splitlines()
-    if not lines or lines[0][:1] not in (b"[", b"{"):
-        return False
-    if lines[0][:1] == b"{":
-        try:
-            json.loads(lines[0])
-            return False  # a complete object on line 1: JSON lines
-        except (ValueError, RecursionError):
-            pass
-    try:
-        json.loads(raw)
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
-def _not_utf8(path: Path, raw: bytes, err: UnicodeDecodeError, key: str) -> ConfigError:
-    line = raw.count(b"\n", 0, err.start) + 1
-    return ConfigError(
-        f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}; latin-1 or cp1252 perhaps)",
-        key=key,
-        hint="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 in.jsonl > out.jsonl)",
-    )
-
-
-def file_bytes(path: Path, key: str) -> bytes:
-    """The bytes of a file, decompressed when its name says so (``.gz``, ``.bz2``, ``.xz``, ``.zst``)."""
-    raw = path.read_bytes()
-    kind = file_type(path)
-    compression = kind[1] if kind else None
-    if compression is None:
-        return raw
-    try:
-        if compression == "zstd":
-            import zstandard
-
-            return zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)).read()
-        return importlib.import_module(compression).decompress(raw)
-    except Exception as err:  # each library raises its own error for a damaged or mislabelled file
-        raise ConfigError(
-            f"{path} is not a valid {compression} file ({_first_line(err)})",
-            key=key,
-            hint=f"check the file, or rename it without '{path.suffix}' if it is not compressed",
-        ) from None
-
-
-def read_json(path: Path, *, key: str, skip: bool, stats: dict[str, int]) -> Rows:
-    """A ``.jsonl`` file, or a ``.json`` file holding a list of objects, a dict of equal-length columns, a
-    dict with one list of objects (``{"data": [...]}``) or, despite its name, JSON lines. A UTF-8 BOM is
-    skipped; a ``.jsonl`` file that is one JSON document (e.g. a pretty-printed array) is read as one."""
-    raw = without_bom(path, file_bytes(path, key), key)
-    if data_suffix(path) == ".jsonl" and not _one_document(raw):
-        return read_json_lines(path, raw, key=key, skip=skip, stats=stats)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise _not_utf8(path, raw, err, key) from None
-    if not text.strip():
-        return Rows(str(path), [])
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        if err.msg == "Extra data":  # one object per line in a .json file
-            return read_json_lines(path, raw, key=key, skip=skip, stats=stats)
-        raise ConfigError(
-            f"{path}:{err.lineno}: malformed JSON ({err.msg}, column {err.colno})", key=key
-        ) from None
-    except RecursionError:
-        raise ConfigError(f"{path}: JSON nested too deeply to parse", key=key) from None
-    if isinstance(data, dict):
-        lists = [v for v in data.values() if isinstance(v, list)]
-        if len(lists) == 1 and all(isinstance(r, dict) for r in lists[0]):
-            data = lists[0]
-        elif data and len(lists) == len(data) and len({len(v) for v in lists}) == 1:
-            data = [dict(zip(data, values, strict=True)) for values in zip(*lists, strict=True)]
-    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-        raise ConfigError(
-            f"{path} is not a list of JSON objects (nor JSON lines)",
-            key=key,
-            hint='use one object per line, or [{"messages": [...]}, ...]',
-        )
-    return Rows(str(path), data)
-
-
-def _chain(err: BaseException) -> list[BaseException]:
-    """``err`` and the exceptions it was raised from, outermost first."""
-    chain: list[BaseException] = []
-    seen: BaseException | None = err
-    while seen is not None and seen not in chain:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    return chain
-
-
-def _first_line(err: BaseException) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-
-
-def _to_rows(table: Dataset, limit: int | None) -> list[Row]:
-    if limit is not None and limit < len(table):
-        table = table.select(range(limit))
-    return table.to_list()
-
-
-def read_table(path: Path, *, key: str, limit: int | None = None) -> Rows:
-    """A ``.csv`` (or compressed ``.csv.gz``...) or ``.parquet`` file through ``datasets.load_dataset`` (a
-    csv's UTF-8 is checked first, so a bad byte is reported with its line). Quoted csv fields may span
-    lines; a BOM is skipped, and in a file with CRLF line ends the line breaks inside fields become ``\\n``
-    too."""
-    import datasets
-
-    crlf = False
-    suffix = data_suffix(path)
-    if suffix == ".csv":
-        raw = without_bom(path, file_bytes(path, key), key)
-        crlf = b"\r\n" in raw
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise _not_utf8(path, raw, err, key) from None
-        if not raw.strip():
-            return Rows(str(path), [])
-    try:
-        table = datasets.load_dataset(BUILDERS[suffix], data_files=[str(path)], split="train")
-    except Exception as err:
-        chain = _chain(err)
-        if "corresponds to no data" in str(err) or any(type(e).__name__ == "EmptyDataError" for e in chain):
-            return Rows(str(path), [])
-        raise ConfigError(
-            f"cannot read {path}: {_first_line(chain[-1])}",
-            key=key,
-            hint=f"check that it is a valid {suffix[1:]} file",
-        ) from None
-    rows = _to_rows(table, limit)
-    if crlf:
-        rows = [{k: v.replace("\r\n", "\n") if isinstance(v, str) else v for k, v in r.items()} for r in rows]
-    return Rows(str(path), rows)
-
-
-def read_arrow(part: Part, *, key: str, limit: int | None = None) -> Rows:
-    """An ``.arrow`` file (``Dataset.from_file``), a ``save_to_disk`` folder or one split of one
-    (``datasets.load_from_disk``)."""
-    source, table = open_arrow(part, key=key)
-    return Rows(source, _to_rows(table, limit))
-
-
-def open_arrow(part: Part, *, key: str) -> tuple[str, Dataset]:
-    """(its name, the memory-mapped table) of an ``.arrow`` file or a ``save_to_disk`` folder or split."""
-    import datasets
-
-    source = str(part.path) + (f"[{part.split}]" if part.split is not None else "")
-    try:
-        if part.path.is_file():
-            table = datasets.Dataset.from_file(str(part.path))
-        else:
-            table = datasets.load_from_disk(str(part.path))
-            table = table[part.split] if isinstance(table, datasets.DatasetDict) else table
-    except Exception as err:
-        what = "an Arrow file" if part.path.is_file() else "a save_to_disk folder"
-        raise ConfigError(
-            f"cannot read {source} as {what}: {_first_line(_chain(err)[-1])}",
-            key=key,
-            hint="write it with Dataset.save_to_disk (a folder) or point at the .arrow file of one",
-        ) from None
-    return source, table
-
-
-def read_part(part: Part, *, key: str, limit: int | None, skip: bool, stats: dict[str, int]) -> Rows:
+def read_part(
+    part: Part, *, key: str, limit: int | None, skip: bool, stats: dict[str, int], workers: Workers
+) -> Table:
     """The rows of one file, save_to_disk folder or save_to_disk split, at most ``limit``."""
     suffix = data_suffix(part.path)
     if part.path.is_dir() or suffix == ".arrow":
-        return read_arrow(part, key=key, limit=limit)
+        return read_arrow(part.path, part.split, key=key, limit=limit)
     if BUILDERS[suffix] == "json":
-        return read_json(part.path, key=key, skip=skip, stats=stats).head(limit)
-    return read_table(part.path, key=key, limit=limit)
-
-
-def read_hub(name: str, *, split: str, subset: str | None, key: str, limit: int | None = None) -> Rows:
-    """One split of a Hugging Face Hub dataset (or of one already in the local datasets cache)."""
-    import datasets
-
-    try:
-        table = datasets.load_dataset(name, subset, split=split)
-    except Exception as err:
-        raise hub_error(name, subset, split, err, key) from None
-    return Rows(f"{name}[{split}]", _to_rows(table, limit))
-
-
-def hub_error(name: str, subset: str | None, split: str, err: Exception, key: str) -> ConfigError:
-    """A hub dataset that could not be loaded (offline: only what the local datasets cache holds)."""
-    what = f"'{name}'" + (f" (subset '{subset}')" if subset else "") + f", split '{split}'"
-    return ConfigError(
-        f"could not load hub dataset {what}: {_first_line(err)}. Offline (no network, or "
-        "HF_HUB_OFFLINE=1) only datasets already in the local cache can be loaded",
-        key=key,
-        hint="point the path at a local .jsonl/.json/.parquet/.csv file or directory, or run once "
-        "with network access to cache the dataset",
-    )
+        return read_json(part.path, key=key, skip=skip, stats=stats, workers=workers, limit=limit)
+    return read_table(part.path, key=key, workers=workers, limit=limit)
 
 
 def read_sources(
     path: str,
     *,
     key: str,
+    workers: Workers,
     split: str = "train",
     subset: str | None = None,
     limit: int | None = None,
     skip: bool = False,
     stats: dict[str, int] | None = None,
     parts: list[Part] | None = None,
-) -> list[Rows]:
-    """The rows of a local file, a directory (one ``Rows`` per file; ``parts``, else the ``split`` files of
+) -> list[Table]:
+    """The rows of a local file, a directory (one table per file; ``parts``, else the ``split`` files of
     its ``local_layout``), a save_to_disk folder or a hub dataset; at most ``limit`` rows in all. No rows
     at all is an error naming the path."""
     stats = {} if stats is None else stats
     if parts is None:
         check_path(path, key, split)
-    sources: list[Rows] = []
+    tables: list[Table] = []
     if looks_local(path):
         left = limit
         for part in parts if parts is not None else local_layout(Path(path).expanduser(), split, key).train:
             if left is not None and left <= 0:
                 break
-            source = read_part(part, key=key, limit=left, skip=skip, stats=stats)
-            sources.append(source)
-            left = None if left is None else left - len(source.rows)
+            table = read_part(part, key=key, limit=left, skip=skip, stats=stats, workers=workers)
+            tables.append(table)
+            left = None if left is None else left - table.rows
     else:
-        sources.append(read_hub(path, split=split, subset=subset, key=key, limit=limit))
-    if not any(s.rows for s in sources):
+        tables.append(read_hub(path, split=split, subset=subset, key=key, limit=limit))
+    if not any(t.rows for t in tables):
         raise ConfigError(
             f"{path} holds no rows" + (" that could be read" if stats.get("skipped rows") else ""),
             key=key,
             hint="check the file (or data.split for a hub dataset)",
         )
-    return [s for s in sources if s.rows]
+    return [t for t in tables if t.rows]
 
 
 # ------------------------------------------------------------------------------------ row conversion
@@ -1096,43 +774,145 @@ def last_answer(messages: Messages) -> int:
 MIN_MAX_LENGTH = 16
 
 
-def message_features(rows: list[Row]) -> Any:
-    """Column types for converted rows whose turns carry keys beyond role and content (tool calls): each
-    turn stored as JSON, so it reads back with exactly its own keys (Arrow's struct would give every turn
-    every key, ``None`` where absent, which templates such as ``'tool_calls' in message`` misread, and
-    would merge the argument keys of different calls); None (inferred types) otherwise."""
+#: the columns of converted rows that hold message lists; each is an Arrow list of {role, content} structs,
+#: or, where a turn carries more keys (tool calls), of turns stored as JSON, so each reads back with exactly
+#: its own keys (a struct would give every turn every key, ``None`` where absent, which templates such as
+#: ``'tool_calls' in message`` misread, and would merge the argument keys of different tool calls)
+MESSAGE_COLUMNS = ("messages", "prompt", "chosen", "rejected", "completion")
+SCALAR_TYPES = {"completion_turns": "int64", "label": "bool"}  # the others are text
+PLAIN_TURN = frozenset(("role", "content"))
+
+
+def row_features(columns: tuple[str, ...], json_turns: bool = False) -> Any:
+    """The Arrow types of converted rows with ``columns`` (message lists as JSON turns, or as structs)."""
     from datasets import Features, Json, List, Value
 
-    def extra(value: Any) -> bool:
-        return isinstance(value, list) and any(
-            isinstance(m, dict) and m.keys() - {"role", "content"} for m in value
-        )
-
-    first = rows[0]
-    lists = {k for k, v in first.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
-    if not any(extra(row[k]) for row in rows for k in lists):
-        return None
-    return Features({k: List(Json()) if k in lists else Value("string") for k in first})
+    turn = Json() if json_turns else {"role": Value("string"), "content": Value("string")}
+    return Features(
+        {c: List(turn) if c in MESSAGE_COLUMNS else Value(SCALAR_TYPES.get(c, "string")) for c in columns}
+    )
 
 
-def note_unanswered(sources: list[Rows], rows: list[Row], key: str, report: LoadReport) -> None:
+def plain_turns(rows: list[Row], columns: tuple[str, ...]) -> bool:
+    """Whether every turn of every message list in ``rows`` is exactly ``{role, content}``."""
+    lists = [c for c in columns if c in MESSAGE_COLUMNS]
+    return all(turn.keys() == PLAIN_TURN for row in rows for c in lists for turn in row[c])
+
+
+def empty_rows(columns: tuple[str, ...]) -> Dataset:
+    from datasets import Dataset
+
+    return Dataset.from_dict({c: [] for c in columns}, features=row_features(columns))
+
+
+def with_json_turns(tables: list[Dataset]) -> list[Dataset]:
+    """``tables`` with the same types: where any stores its turns as JSON, the others cast to it."""
+    json_features = next((t.features for t in tables if _json_turns(t)), None)
+    if json_features is None:
+        return tables
+    return [t if _json_turns(t) else t.cast(json_features) for t in tables]
+
+
+def _json_turns(table: Dataset) -> bool:
+    from datasets import Json
+
+    lists = [f for name, f in table.features.items() if name in MESSAGE_COLUMNS]
+    return any(isinstance(getattr(f, "feature", None), Json) for f in lists)
+
+
+@dataclass
+class Converted:
+    """What converting one range of rows wrote (``paths``: Arrow shards, in order; a range whose turns
+    turned out to need JSON after a first part went out as structs has two) and met: rows skipped
+    (``data.on_error=skip``) and rows flagged, each with where the first one came from."""
+
+    paths: list[Path] = field(default_factory=list)
+    rows: int = 0
+    skipped: int = 0
+    first_skip: str | None = None
+    flags: dict[str, int] = field(default_factory=dict)
+    firsts: dict[str, str] = field(default_factory=dict)
+
+    def merge(self, other: Converted) -> None:
+        """Add ``other``, a later range (its first rows come after these)."""
+        self.paths += other.paths
+        self.rows += other.rows
+        self.skipped += other.skipped
+        self.first_skip = self.first_skip or other.first_skip
+        for name, n in other.flags.items():
+            self.flags[name] = self.flags.get(name, 0) + n
+            self.firsts.setdefault(name, other.firsts[name])
+
+
+def convert_range(
+    table: Table,
+    span: tuple[int, int],
+    fn: Callable[[Row], Row],
+    columns: tuple[str, ...],
+    path: Path,
+    key: str,
+    skip: bool,
+    flags: Mapping[str, Callable[[Row], bool]],
+    tick: Callable[[int], None],
+) -> Converted:
+    """Rows ``span`` of ``table`` through ``fn`` into Arrow shards (``path``, a batch at a time). A
+    ``RowError`` names the file and line/row (``skip``: the row is dropped and counted)."""
+    from datasets.arrow_writer import ArrowWriter
+
+    out, batch = Converted(), []
+    writer: Any = None
+    json_turns = False
+
+    def close() -> None:
+        if writer is not None:
+            writer.finalize()
+            writer.close()
+
+    def flush() -> None:
+        nonlocal writer, batch, json_turns
+        if not json_turns and not plain_turns(batch, columns):  # from here on, turns as JSON
+            close()
+            writer, json_turns = None, True
+        if writer is None:
+            name = path.with_name(f"{path.stem}-{len(out.paths)}.arrow")
+            writer = ArrowWriter(features=row_features(columns, json_turns), path=str(name))
+            out.paths.append(name)
+        writer.write_batch({c: [row[c] for row in batch] for c in columns})
+        tick(len(batch))
+        out.rows += len(batch)
+        batch = []
+
+    for index, line, row in table.read(*span):
+        try:
+            converted = fn(row)
+        except RowError as err:
+            where = table.where(index, line)
+            if not skip:
+                raise row_error(where, err, key) from None
+            out.skipped += 1
+            out.first_skip = out.first_skip or f"{where}: {err}"
+            continue
+        for name, test in flags.items():
+            if test(converted):
+                out.flags[name] = out.flags.get(name, 0) + 1
+                out.firsts.setdefault(name, table.where(index, line))
+        batch.append(converted)
+        if len(batch) == SHARD_ROWS:
+            flush()
+    if batch:
+        flush()
+    close()
+    return out
+
+
+def note_unanswered(converted: Converted, key: str, report: LoadReport) -> None:
     """Count the conversations whose last turn is not the assistant's (that turn is not trained) and name
     the first, in the load's report (the summary and ``mode=plan`` show it)."""
-    if not rows:
-        return
-    first = rows[0]
-    where = next((s.where(i) for s in sources for i, r in enumerate(s.rows) if r is first), key)
-    name = f"conversations ending after the last assistant turn ({key})"
-    report.info[name] = f"{len(rows)} (the turns after it are not trained; the first: {where})"
-
-
-def token_length(row: Row, tokenizer: Any) -> int:
-    """The tokens of one canonical chat row (its conversation through the chat template, or its text)."""
-    if "messages" in row:
-        tools = json.loads(row[CHAT_TOOLS_COLUMN]) if row.get(CHAT_TOOLS_COLUMN) else None
-        ids = tokenizer.apply_chat_template(row["messages"], tools=tools, tokenize=True, return_dict=True)
-        return len(ids["input_ids"])
-    return len(tokenizer(row["text"])["input_ids"])
+    n = converted.flags.get("unanswered", 0)
+    if n:
+        name = f"conversations ending after the last assistant turn ({key})"
+        first = converted.firsts["unanswered"]
+        report.info[name] = f"{n} (the turns after it are not trained; the first: {first})"
 
 
 def check_max_length(max_length: int) -> None:
@@ -1175,8 +955,14 @@ class Source:
     # several sources in one train set, each {path, weight (a fraction of its rows) or rows (a count), and
     # any of PER_SOURCE}, e.g. [{path: a.jsonl, weight: 0.7}, {path: b.json, rows: 500, format: alpaca}]
     mixture: list[dict[str, Any]] = field(default_factory=list)
+    # the prepared data (rows, tokens) written once under cache_dir and memory-mapped by later runs, ranks
+    # and sweep points (components/runtime/datacache.py); false: prepared again by every run and rank
+    cache: bool = True
+    cache_dir: str | None = None  # null: $HYDRATUNE_DATA_CACHE, else $HYDRATUNE_CACHE/data
+    num_proc: int | None = None  # processes preparing the data; null: the cores this process may use
     # read data.path lazily, row by row while training (corpora larger than memory or disk): SFT only,
-    # with train.max_steps; eval rows: data.eval_path, or the stream's own first rows (README "Streaming")
+    # with train.max_steps; eval rows: data.eval_path, or the stream's own first rows (README "Streaming");
+    # never cached (data.cache has no effect)
     streaming: bool = False
 
     def validate(self) -> None:
@@ -1193,6 +979,8 @@ class Source:
             raise ConfigError(f"must be >= 0, got {self.eval_size}", key="data.eval_size")
         if self.max_samples is not None and self.max_samples < 1:
             raise ConfigError(f"must be >= 1 or null, got {self.max_samples}", key="data.max_samples")
+        if self.num_proc is not None and self.num_proc < 1:
+            raise ConfigError(f"must be >= 1 or null, got {self.num_proc}", key="data.num_proc")
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"unknown '{self.on_error}'", key="data.on_error", hint=f"one of {ON_ERROR}")
         unknown = [c for c in self.columns if c not in self.CANONICAL]
@@ -1225,9 +1013,9 @@ class Source:
         mixture = [{k: v for k, v in e.items() if k not in EVAL_KNOBS} for e in self.mixture]
         return dataclasses.replace(self, eval_fraction=0.0, eval_size=0, eval_path=None, mixture=mixture)
 
-    def pairs(self, data: LoadedData, split: str) -> list[Pair] | None:
-        """(the prompt turns, the reference answer or None) per row of ``split``, for generation; None
-        when the rows hold no prompt to complete (raw text, preference pairs)."""
+    def pairs(self, data: LoadedData, split: str, limit: int | None = None) -> list[Pair] | None:
+        """(the prompt turns, the reference answer or None) per row of ``split`` (its first ``limit``),
+        for generation; None when the rows hold no prompt to complete (raw text, preference pairs)."""
         return None
 
     def prompt_limit(self) -> tuple[int, str, str]:
@@ -1235,7 +1023,7 @@ class Source:
         prompts generated from."""
         raise NotImplementedError
 
-    def enforce_length(self, data: LoadedData, tokenizer: Any) -> LoadedData:
+    def enforce_length(self, data: LoadedData, tokenizer: Any, workers: Workers | None = None) -> LoadedData:
         """The length policy on loaded rows (here: none; the trainer truncates)."""
         return data
 
@@ -1254,15 +1042,16 @@ class Source:
         path: str,
         key: str,
         report: LoadReport,
+        workers: Workers,
         limit: int | None = None,
         parts: list[Part] | None = None,
-    ) -> list[Rows]:
-        """The rows of ``path`` (at most ``limit``; of ``parts`` when given: a local layout's) with
-        ``columns`` applied: each mapped column renamed to its canonical name. A mapped column the file
-        lacks is an error listing the columns it has."""
-        sources = read_sources(
+    ) -> list[Table]:
+        """The rows of ``path`` (at most ``limit``; of ``parts`` when given: a local layout's), shaped
+        (:meth:`shape`)."""
+        tables = read_sources(
             path,
             key=key,
+            workers=workers,
             split=self.split,
             subset=self.subset,
             limit=limit,
@@ -1270,67 +1059,59 @@ class Source:
             stats=report.stats,
             parts=parts,
         )
-        return self.shape(sources, key, report)
+        return self.shape(tables, key, report)
 
-    def shape(self, sources: list[Rows], key: str, report: LoadReport) -> list[Rows]:
-        """``sources`` with ``ignore_columns`` dropped and ``columns`` applied (each mapped column renamed to
+    def shape(self, tables: list[Table], key: str, report: LoadReport) -> list[Table]:
+        """``tables`` with ``ignore_columns`` dropped and ``columns`` applied (each mapped column renamed to
         its canonical name; a mapped column a file lacks is an error listing the columns it has), checked
         for columns of another task."""
-        self.drop_ignored(sources, key, report)
-        mapping = {theirs: ours for ours, theirs in self.columns.items() if theirs != ours}
+        self.drop_ignored(tables, key, report)
+        mapping = self.mapping()
         targets = set(mapping.values())
-        for source in sources if mapping else []:
-            present = source.columns
+        for table in tables if mapping else []:
+            present = table.columns
             missing = [theirs for theirs in mapping if theirs not in present]
             if missing:
                 ours = mapping[missing[0]]
                 raise ConfigError(
-                    f"{source.source} has no column '{missing[0]}' (columns: {', '.join(present)})",
+                    f"{table.source} has no column '{missing[0]}' (columns: {', '.join(present)})",
                     key="data.columns",
                     hint=f"map {ours} to one of those: data.columns='{{{ours}: <your column>}}'",
                 )
             replaced = [c for c in present if c in targets]
             report.account([], [f"{c} (replaced by data.columns)" for c in replaced])
-            source.rows = [self.renamed(row) for row in source.rows]
-        for source in sources:
-            self.task_columns(source)
-        return sources
+            table.apply_mapping(set(), mapping)
+        for table in tables:
+            self.task_columns(table)
+        return tables
 
-    def renamed(self, row: Row) -> Row:
-        """``row`` with ``columns`` applied: each mapped column under its canonical name (replacing a column
-        of that name)."""
-        mapping = {theirs: ours for ours, theirs in self.columns.items() if theirs != ours}
-        if not mapping:
-            return row
-        targets = set(mapping.values())
-        return {k: v for k, v in row.items() if k not in targets and k not in mapping} | {
-            ours: row[theirs] for theirs, ours in mapping.items() if theirs in row
-        }
+    def mapping(self) -> dict[str, str]:
+        """``columns`` as the rows read need it: the file's column -> the canonical name."""
+        return {theirs: ours for ours, theirs in self.columns.items() if theirs != ours}
 
-    def drop_ignored(self, sources: list[Rows], key: str, report: LoadReport) -> None:
+    def drop_ignored(self, tables: list[Table], key: str, report: LoadReport) -> None:
         """Remove ``ignore_columns`` from every row (before the mapping and format detection). A name that
         no file of data.path has is an error (a typo would leave the column it meant in use)."""
         if not self.ignore_columns:
             return
-        present = {c for source in sources for c in source.columns}
+        present = {c for table in tables for c in table.columns}
         missing = [c for c in self.ignore_columns if c not in present]
         if missing and key == "data.path":
             raise ConfigError(
                 f"data.ignore_columns names '{missing[0]}', which {self.path} does not have "
-                f"(columns: {', '.join(dict.fromkeys(c for s in sources for c in s.columns))})",
+                f"(columns: {', '.join(dict.fromkeys(c for t in tables for c in t.columns))})",
                 key="data.ignore_columns",
                 hint="name columns of the file, e.g. data.ignore_columns=[label]",
             )
-        drop = set(self.ignore_columns)
-        for source in sources:
-            source.rows = [{k: v for k, v in row.items() if k not in drop} for row in source.rows]
+        for table in tables:
+            table.apply_mapping(set(self.ignore_columns), {})
         report.account([], [f"{c} (data.ignore_columns)" for c in self.ignore_columns if c in present])
 
     def reads_task_columns(self, columns: list[str]) -> set[str]:
         """The ``TASK_COLUMNS`` this option reads from a file with ``columns`` (here: its canonical ones)."""
         return set(self.CANONICAL)
 
-    def task_columns(self, source: Rows) -> None:
+    def task_columns(self, source: Table) -> None:
         """Stop on a column that marks the rows for another task and that this option would not read
         (``TASK_COLUMNS``; ``label`` only beside a ``completion``): the run would train as if it were not
         there. ``data.ignore_columns`` (dropped before this) says it is meant."""
@@ -1355,7 +1136,7 @@ class Source:
             + ("them" if len(names) > 1 else "it"),
         )
 
-    def require(self, sources: list[Rows], needed: tuple[str, ...], why: str) -> None:
+    def require(self, sources: list[Table], needed: tuple[str, ...], why: str) -> None:
         """Every file must have the ``needed`` columns (a row may still lack a value: that is a row error)."""
         for source in sources:
             present = source.columns
@@ -1370,39 +1151,54 @@ class Source:
 
     def convert(
         self,
-        sources: list[Rows],
+        tables: list[Table],
         fn: Callable[[Row], Row],
         columns: tuple[str, ...],
         key: str,
         report: LoadReport,
+        workers: Workers,
         used: tuple[str, ...] | None = None,
-    ) -> Dataset:
-        """Map every row with ``fn`` into a table of exactly ``columns``. A ``RowError`` names the file and
-        line/row, or (``on_error=skip``) drops the row and counts it; when the first rows all fail alike,
-        the error says the format or mapping does not fit (skipping would drop every row). ``used``: the
-        canonical columns ``fn`` reads (default: ``CANONICAL``), for the report's used / ignored lists."""
-        from datasets import Dataset
+        flags: Mapping[str, Callable[[Row], bool]] | None = None,
+    ) -> tuple[Dataset, Converted]:
+        """Map every row with ``fn`` into a memory-mapped table of exactly ``columns``, written as Arrow
+        shards by ``workers`` (in row order). A ``RowError`` names the file and line/row, or
+        (``on_error=skip``) drops the row and counts it; when the first rows all fail alike, the error
+        says the format or mapping does not fit (skipping would drop every row). ``used``: the canonical
+        columns ``fn`` reads (default: ``CANONICAL``), for the report's used / ignored lists. ``flags``:
+        tests on the converted rows, counted (returned, and summed in ``report.flags``)."""
+        from datasets import concatenate_datasets
 
-        for source in sources:
-            self.account(source, used or self.CANONICAL, report)
+        for table in tables:
+            self.account(table, used or self.CANONICAL, report)
         if self.on_error == "raise":
-            self.check_first_rows(sources[0], fn)
-        out = []
-        for source in sources:
-            for i, row in enumerate(source.rows):
-                try:
-                    out.append(fn(row))
-                except RowError as err:
-                    if self.on_error == "skip":
-                        _count(report.stats, "skipped rows")
-                        report.first_skip = report.first_skip or f"{source.where(i)}: {err}"
-                        continue
-                    raise row_error(source.where(i), err, key) from None
-        if not out:
-            return Dataset.from_dict({c: [] for c in columns})
-        return Dataset.from_list(out, features=message_features(out))
+            self.check_first_rows(tables[0], fn)
+        skip = self.on_error == "skip"
+        tasks = [
+            functools.partial(
+                convert_range, table, span, fn, columns, workers.file("rows"), key, skip, flags or {}
+            )
+            for table in tables
+            for span in table.ranges(4 * workers.num_proc)
+        ]
+        more = f" (+{len(tables) - 1} files)" if len(tables) > 1 else ""
+        label = f"converting {Path(tables[0].source).name}{more}"
+        results = workers.run(tasks, label, sum(t.rows for t in tables))
+        done = Converted()
+        for result in results:
+            done.merge(result)
+        if done.skipped:
+            _count(report.stats, "skipped rows", done.skipped)
+        report.first_skip = report.first_skip or done.first_skip
+        for name, n in done.flags.items():
+            _count(report.flags, name, n)
+        if not done.paths:
+            return empty_rows(columns), done
+        shards = [open_shards([path]) for path in done.paths]
+        if len({_json_turns(t) for t in shards}) == 1:
+            return open_shards(done.paths), done
+        return concatenate_datasets(with_json_turns(shards)), done
 
-    def account(self, source: Rows, used: tuple[str, ...], report: LoadReport) -> None:
+    def account(self, source: Table, used: tuple[str, ...], report: LoadReport) -> None:
         """Report which of ``source``'s columns are read (named as the file names them) and which not."""
         theirs = {ours: f"{mine} (as {ours})" for ours, mine in self.columns.items() if mine != ours}
         present = source.columns
@@ -1410,11 +1206,11 @@ class Source:
             [theirs.get(c, c) for c in present if c in used], [c for c in present if c not in used]
         )
 
-    def check_first_rows(self, source: Rows, fn: Callable[[Row], Row]) -> None:
+    def check_first_rows(self, source: Table, fn: Callable[[Row], Row]) -> None:
         """If the first ``PROBE_ROWS`` rows (all, if fewer) fail with the same error, the file does not fit
         the format or mapping: say so with the columns found, not "fix the row"."""
         errors: list[RowError] = []
-        for row in source.rows[:PROBE_ROWS]:
+        for row in source.head(PROBE_ROWS):
             try:
                 fn(row)
                 return
@@ -1423,8 +1219,8 @@ class Source:
         if len({str(e) for e in errors}) != 1:
             return
         first, n = errors[0], len(errors)
-        which = "the only row fails" if len(source.rows) == 1 else f"the first {n} rows fail"
-        which = f"all {n} rows fail" if 1 < n == len(source.rows) else which
+        which = "the only row fails" if source.rows == 1 else f"the first {n} rows fail"
+        which = f"all {n} rows fail" if 1 < n == source.rows else which
         raise ConfigError(
             f"{source.source}: {which} the same way, so the data format or the column mapping does not "
             f"fit this file: {first} (columns: {', '.join(source.columns)})",
@@ -1432,23 +1228,29 @@ class Source:
             hint=first.hint or self.formats_hint(),
         )
 
-    def load_splits(self, build: Callable[[list[Rows], str, str], Dataset], report: LoadReport) -> LoadedData:
-        """Train and eval tables; ``build(rows, path, key)`` normalises each file's rows. Without
+    def load_splits(
+        self, build: Callable[[list[Table], str, str], Dataset], report: LoadReport, workers: Workers
+    ) -> LoadedData:
+        """Train and eval tables; ``build(tables, path, key)`` normalises each file's rows. Without
         ``eval_path``, ``eval_size`` (or ``eval_fraction``) rows of data.path are held out, seeded.
         ``info["eval rows from"]`` says which. With ``mixture``: each source loaded so, then mixed."""
         from components.config.resolvers import is_demo_asset
 
         if self.mixture:
-            return load_mixture(self)
+            return load_mixture(self, workers)
         layout = self.layout(self.path, self.split)
         parts = layout.train if layout else None
         train = build(
-            self.read(self.path, "data.path", report, self.max_samples, parts), self.path, "data.path"
+            self.read(self.path, "data.path", report, workers, self.max_samples, parts),
+            self.path,
+            "data.path",
         )
         if self.eval_path:
             apart = self.layout(self.eval_path, None)
             evals = build(
-                self.read(self.eval_path, "data.eval_path", report, parts=apart.train if apart else None),
+                self.read(
+                    self.eval_path, "data.eval_path", report, workers, parts=apart.train if apart else None
+                ),
                 self.eval_path,
                 "data.eval_path",
             )
@@ -1459,7 +1261,7 @@ class Source:
             report.info.update(apart.info("eval") if apart else {})
         elif layout and layout.eval:
             evals = build(
-                self.read(self.path, "data.path", report, parts=layout.eval), self.path, "data.path"
+                self.read(self.path, "data.path", report, workers, parts=layout.eval), self.path, "data.path"
             )
             report.info["eval rows from"] = f"the {layout.eval_split} split of data.path"
         else:
@@ -1473,11 +1275,13 @@ class Source:
                     )
             else:
                 n = self.held_out(len(train))
-            if n:
-                parts = train.train_test_split(test_size=n, seed=self.seed, shuffle=True)
-                train, evals = parts["train"], parts["test"]
+            if n:  # as datasets' train_test_split(seed=, shuffle=True) picks them, as index mappings
+                import numpy as np
+
+                order = np.random.default_rng(self.seed).permutation(len(train))
+                train, evals = pick(train, order[n:]), pick(train, order[:n])
             else:
-                evals = train.select([])
+                evals = pick(train, [])
             report.info["eval rows from"] = self.eval_share() if n else "none (data.eval_fraction=0)"
         report.info.update(layout.info() if layout else {})
         if layout and layout.ignored:
@@ -1637,15 +1441,16 @@ def mixture_entries(data: Source) -> list[MixtureEntry]:
 
 
 def _mixed(tables: list[Dataset], rng: random.Random) -> Dataset:
-    """The rows of ``tables`` together, shuffled with ``rng``."""
-    from datasets import Dataset
+    """The rows of ``tables`` together, shuffled with ``rng`` (an index mapping on the memory-mapped
+    tables: the order a shuffled list of the rows would have)."""
+    from datasets import concatenate_datasets
 
-    rows = [row for table in tables for row in table]
-    rng.shuffle(rows)
-    return Dataset.from_list(rows) if rows else tables[0].select([])
+    order = list(range(sum(len(t) for t in tables)))
+    rng.shuffle(order)
+    return pick(concatenate_datasets(with_json_turns(tables)), order) if order else pick(tables[0], [])
 
 
-def load_mixture(data: Source) -> LoadedData:
+def load_mixture(data: Source, workers: Workers) -> LoadedData:
     """Each source of data.mixture loaded as its data option alone would (its format, columns and eval
     split), its train rows sampled (``weight`` or ``rows``, seeded with data.seed), then all together and
     shuffled; eval is every source's eval rows. The report gives each source's rows (``mixture``, and a
@@ -1655,7 +1460,7 @@ def load_mixture(data: Source) -> LoadedData:
     evals: list[Dataset] = []
     for entry in mixture_entries(data):
         try:
-            loaded = entry.data.load()
+            loaded = entry.data.load(workers)
             taken = entry.take(len(loaded["train"]))
         except ConfigError as err:
             raise in_entry(err, entry.key) from None
@@ -1669,7 +1474,7 @@ def load_mixture(data: Source) -> LoadedData:
                 "or all without",
             )
         picked = sorted(rng.sample(range(len(loaded["train"])), taken))
-        trains.append(loaded["train"].select(picked))
+        trains.append(pick(loaded["train"], picked))
         evals.append(loaded["eval"])
         report.mixture[entry.key] = taken
         for reason, n in loaded.stats.items():
@@ -1695,9 +1500,15 @@ def _whole_completion(rows: Dataset) -> Dataset:
     """A conversation source mixed with prompt/completion ones: its rows get ``completion_turns`` = every
     turn after the first user turn (the prompt TRL needs is the system prompt and that turn), so every
     assistant turn stays trained, as it does unmixed."""
+    from datasets import Features, Value
+
     if "completion_turns" in rows.column_names or "messages" not in rows.column_names:
         return rows
-    return rows.add_column("completion_turns", [_after_first_user(m) for m in rows["messages"]])
+    return rows.map(
+        lambda batch: {"completion_turns": [_after_first_user(m) for m in batch["messages"]]},
+        batched=True,
+        features=Features({**rows.features, "completion_turns": Value("int64")}),
+    )
 
 
 def _after_first_user(messages: Messages) -> int:
@@ -1707,6 +1518,38 @@ def _after_first_user(messages: Messages) -> int:
 
 
 # ------------------------------------------------------------------------------------------- SFT data
+
+
+#: what the conversion of chat rows counts (``LoadReport.flags``): conversations that end after their last
+#: assistant turn (named in the summary), and what the chat template checks look for (a leading system
+#: turn, tool calls, tool schemas)
+def _unanswered(row: Row) -> bool:
+    return row["messages"][-1]["role"] != "assistant"
+
+
+def _system(row: Row) -> bool:
+    return row["messages"][0]["role"] == "system"
+
+
+def _tool_calls(row: Row) -> bool:
+    return any(m.get("tool_calls") for m in row["messages"])
+
+
+def _tools(row: Row) -> bool:
+    return bool(row.get(CHAT_TOOLS_COLUMN))
+
+
+CHAT_FLAGS: dict[str, Callable[[Row], bool]] = {
+    "unanswered": _unanswered,
+    "system": _system,
+    "tool_calls": _tool_calls,
+    "tools": _tools,
+}
+
+
+def text_row(row: Row) -> Row:
+    """A language-modelling row: its ``text``."""
+    return {"text": text_of(row, "text")}
 
 
 @component("data")
@@ -1784,39 +1627,48 @@ class ChatDataset(Source):
         """``tools``, beside chat messages (``messages`` or ShareGPT ``conversations``)."""
         return {"tools"} if {"messages", "conversations"} & set(columns) else set()
 
-    def load(self) -> LoadedData:
+    def load(self, workers: Workers | None = None) -> LoadedData:
         """Train/eval in the canonical shape: ``messages`` + ``answer``, or ``text``. The format is detected
-        on data.path and applied to data.eval_path too."""
+        on data.path and applied to data.eval_path too. ``workers``: where the Arrow shards go and how many
+        processes write them (default: one, in a temporary dir)."""
+        workers = workers or scratch_workers()
         fmt: str | None = None
         tools: bool | None = None  # decided on data.path, so both splits have the same columns
         report = LoadReport()
 
-        def build(sources: list[Rows], path: str, key: str) -> Dataset:
+        def build(tables: list[Table], path: str, key: str) -> Dataset:
             nonlocal fmt, tools
-            kind = fmt = fmt or self.detect(sources[0].columns, path, report)
-            self.require(sources, SIGNATURES[kind], f"needed by format={kind}")
-            used = FORMAT_COLUMNS[kind]
-            if kind == "text":
-                return self.convert(
-                    sources, lambda row: {"text": text_of(row, "text")}, ("text",), key, report, used
-                )
+            fmt = fmt or self.detect(tables[0].columns, path, report)
             if tools is None:
-                tools = any(CHAT_TOOLS_COLUMN in s.columns for s in sources)
-            columns = ("messages", "answer", *(("completion_turns",) if kind in COMPLETION_FORMATS else ()))
-            columns += (CHAT_TOOLS_COLUMN,) if tools else ()
-            unanswered: list[Row] = []
+                tools = any(CHAT_TOOLS_COLUMN in t.columns for t in tables)
+            return self.convert_chat(tables, fmt, tools, key, report, workers)
 
-            def convert_row(row: Row) -> Row:
-                out = self.to_chat(row, kind, tools=bool(tools))
-                if out["messages"][-1]["role"] != "assistant":
-                    unanswered.append(row)
-                return out
+        return self.load_splits(build, report, workers)
 
-            table = self.convert(sources, convert_row, columns, key, report, used)
-            note_unanswered(sources, unanswered, key, report)
-            return table
+    def convert_chat(
+        self, tables: list[Table], fmt: str, tools: bool, key: str, report: LoadReport, workers: Workers
+    ) -> Dataset:
+        """``tables`` as canonical rows of format ``fmt`` (:meth:`converter`); conversations are counted by
+        ``CHAT_FLAGS``, those that end after their last assistant turn named in ``report``."""
+        convert_row, columns, used = self.converter(tables, fmt, tools)
+        if fmt == "text":
+            return self.convert(tables, convert_row, columns, key, report, workers, used)[0]
+        table, done = self.convert(tables, convert_row, columns, key, report, workers, used, CHAT_FLAGS)
+        note_unanswered(done, key, report)
+        return table
 
-        return self.load_splits(build, report)
+    def converter(
+        self, tables: list[Table], fmt: str, tools: bool
+    ) -> tuple[Callable[[Row], Row], tuple[str, ...], tuple[str, ...]]:
+        """(row -> canonical row, its columns, the columns it reads) for rows of format ``fmt`` (``tables``
+        must have its columns; ``tools``: the rows carry tool schemas)."""
+        self.require(tables, SIGNATURES[fmt], f"needed by format={fmt}")
+        used = FORMAT_COLUMNS[fmt]
+        if fmt == "text":
+            return text_row, ("text",), used
+        columns = ("messages", "answer", *(("completion_turns",) if fmt in COMPLETION_FORMATS else ()))
+        columns += (CHAT_TOOLS_COLUMN,) if tools else ()
+        return functools.partial(self.to_chat, fmt=fmt, tools=tools), columns, used
 
     def to_chat(self, row: Row, fmt: str, *, tools: bool = False) -> Row:
         """One row of format ``fmt`` as ``{"messages": [...], "answer": str}``, plus ``completion_turns``
@@ -1846,42 +1698,90 @@ class ChatDataset(Source):
             out[CHAT_TOOLS_COLUMN] = parse_tools(row.get(CHAT_TOOLS_COLUMN))
         return out
 
-    def enforce_length(self, data: LoadedData, tokenizer: Any) -> LoadedData:
+    def enforce_length(self, data: LoadedData, tokenizer: Any, workers: Workers | None = None) -> LoadedData:
         """Apply ``on_overlong`` to rows longer than ``max_length`` tokens (``truncate`` leaves them to the
-        trainer, which cuts them; ``drop`` removes and counts them; ``error`` names the first)."""
+        trainer, which cuts them; ``drop`` removes and counts them; ``error`` names the first). The rows are
+        measured in batches by ``workers``."""
+        import numpy as np
+
         if self.on_overlong == "truncate":
             return data
+        workers = workers or scratch_workers()
         out = {}
         for name, table in data.items():
-            lengths = [token_length(row, tokenizer) for row in table]
-            long = {i for i, n in enumerate(lengths) if n > self.max_length}
-            if long and self.on_overlong == "error":
-                first = min(long)
+            lengths = token_lengths(table, tokenizer, workers, f"measuring {name} rows")
+            long = np.flatnonzero(lengths > self.max_length)
+            if long.size and self.on_overlong == "error":
+                first = int(long[0])
                 raise ConfigError(
                     f"{self.path} ({name}): row {first} has {lengths[first]} tokens > data.max_length="
-                    f"{self.max_length} ({len(long)} such rows)",
+                    f"{self.max_length} ({long.size} such rows)",
                     key="data.max_length",
                     hint="raise data.max_length, or set data.on_overlong=truncate or drop",
                 )
-            if long:
-                _count(data.stats, "dropped (too long)", len(long))
-            out[name] = table.select([i for i in range(len(table)) if i not in long]) if long else table
+            if long.size:
+                _count(data.stats, "dropped (too long)", int(long.size))
+            out[name] = pick(table, np.flatnonzero(lengths <= self.max_length)) if long.size else table
         return self._finish(out, data.report)
 
     def prompt_limit(self) -> tuple[int, str, str]:
         return self.max_length, "data.max_length", self.on_overlong
 
-    def pairs(self, data: LoadedData, split: str) -> list[Pair] | None:
+    def pairs(self, data: LoadedData, split: str, limit: int | None = None) -> list[Pair] | None:
         """(the conversation before the last assistant turn with content, that turn's content) per row of
-        ``split``; None for raw-text data."""
+        ``split`` (its first ``limit``); None for raw-text data."""
         if "messages" not in data[split].column_names:
             return None
         out: list[Pair] = []
-        for row in data[split]:
-            messages = row["messages"]
+        for messages in first_rows(data[split], limit)["messages"]:
             last = last_answer(messages)
             out.append((messages[:last], turn_text(messages[last])))
         return out
+
+
+def first_rows(table: Dataset, limit: int | None) -> Dataset:
+    """The first ``limit`` rows of ``table`` (all: None)."""
+    return table if limit is None or limit >= len(table) else pick(table, range(limit))
+
+
+def pick(table: Dataset, indices: Any) -> Dataset:
+    """``table``'s rows at ``indices`` (an index mapping kept in memory, 8 bytes a row: nothing is copied
+    or written next to the memory-mapped files)."""
+    return table.select(indices, keep_in_memory=True)
+
+
+def token_lengths(table: Dataset, tokenizer: Any, workers: Workers, label: str) -> Any:
+    """Every row's token count (numpy), as ``apply_chat_template`` (conversations, with the row's tools)
+    or the tokenizer (text) gives it, measured a batch at a time by ``workers``."""
+    import numpy as np
+
+    spans = ranges(len(table), 4 * workers.num_proc)
+    tasks = [functools.partial(_measure, table, tokenizer, span) for span in spans]
+    return np.concatenate([np.zeros(0, dtype=np.int64), *workers.run(tasks, label, len(table))])
+
+
+def _measure(table: Dataset, tokenizer: Any, span: tuple[int, int], tick: Callable[[int], None]) -> Any:
+    """One task of ``token_lengths``: the token counts of rows ``span``."""
+    import numpy as np
+
+    out: list[int] = []
+    for a in range(span[0], span[1], SHARD_ROWS):
+        batch = table[a : min(a + SHARD_ROWS, span[1])]
+        out += batch_lengths(tokenizer, batch)
+        tick(len(batch[table.column_names[0]]))
+    return np.asarray(out, dtype=np.int64)
+
+
+def batch_lengths(tokenizer: Any, batch: dict[str, list[Any]]) -> list[int]:
+    """The token count of each row of a batch (columns -> values)."""
+    if "messages" not in batch:
+        return [len(ids) for ids in tokenizer(batch["text"])["input_ids"]]
+    tools = batch.get(CHAT_TOOLS_COLUMN) or [None] * len(batch["messages"])
+    texts = [
+        tokenizer.apply_chat_template(m, tools=json.loads(t) if t else None, tokenize=False)
+        for m, t in zip(batch["messages"], tools, strict=True)
+    ]
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 # ------------------------------------------------------------------------------------ reward / DPO data
@@ -1956,21 +1856,22 @@ class PreferenceDataset(Source):
             self.messages(row.get("rejected"), "assistant", "rejected"),
         )
 
-    def load(self) -> LoadedData:
+    def load(self, workers: Workers | None = None) -> LoadedData:
         """Train/eval with ``prompt``, ``chosen`` and ``rejected``, each a list of messages. The format is
         detected on data.path and applied to data.eval_path too."""
+        workers = workers or scratch_workers()
         fmt: str | None = None
         report = LoadReport()
 
-        def build(sources: list[Rows], path: str, key: str) -> Dataset:
+        def build(tables: list[Table], path: str, key: str) -> Dataset:
             nonlocal fmt
-            kind = fmt = fmt or self.detect(sources[0].rows[0], report)
+            kind = fmt = fmt or self.detect(tables[0].head(1)[0], report)
             needed = self.CANONICAL if kind == "explicit" else self.CANONICAL[1:]
-            self.require(sources, needed, f"of a preference pair (format={kind})")
-            pair = self.to_pair
-            return self.convert(sources, lambda row: pair(row, kind), self.CANONICAL, key, report, needed)
+            self.require(tables, needed, f"of a preference pair (format={kind})")
+            pair = functools.partial(self.to_pair, fmt=kind)
+            return self.convert(tables, pair, self.CANONICAL, key, report, workers, needed)[0]
 
-        return self.load_splits(build, report)
+        return self.load_splits(build, report, workers)
 
 
 @component("data")
@@ -2008,15 +1909,16 @@ class UnpairedPreferenceDataset(Source):
             "label": label,
         }
 
-    def load(self) -> LoadedData:
+    def load(self, workers: Workers | None = None) -> LoadedData:
         """Train/eval with ``prompt`` and ``completion`` (lists of messages) and ``label`` (bool)."""
+        workers = workers or scratch_workers()
         report = LoadReport()
 
-        def build(sources: list[Rows], path: str, key: str) -> Dataset:
-            self.require(sources, self.CANONICAL, "of an unpaired preference row")
-            return self.convert(sources, self.to_row, self.CANONICAL, key, report)
+        def build(tables: list[Table], path: str, key: str) -> Dataset:
+            self.require(tables, self.CANONICAL, "of an unpaired preference row")
+            return self.convert(tables, self.to_row, self.CANONICAL, key, report, workers)[0]
 
-        return self.load_splits(build, report)
+        return self.load_splits(build, report, workers)
 
 
 # -------------------------------------------------------------------------------------- PPO/GRPO data
@@ -2040,29 +1942,33 @@ class PromptDataset(Source):
     def prompt_limit(self) -> tuple[int, str, str]:
         return self.max_prompt_length, "data.max_prompt_length", "truncate"
 
-    def pairs(self, data: LoadedData, split: str) -> list[Pair] | None:
-        """(the prompt turns, the ``answer`` column's text, or None without that column) per row."""
-        table = data[split]
+    def pairs(self, data: LoadedData, split: str, limit: int | None = None) -> list[Pair] | None:
+        """(the prompt turns, the ``answer`` column's text, or None without that column) per row (of the
+        first ``limit``)."""
+        table = first_rows(data[split], limit)
         answers = table["answer"] if "answer" in table.column_names else [None] * len(table)
         return list(zip(table["prompt"], answers, strict=True))
 
-    def load(self) -> LoadedData:
+    def to_prompt(self, row: Row, answer: bool) -> Row:
+        """One row as ``prompt`` messages, with its reference ``answer`` (text) when the data has them."""
+        out: Row = {"prompt": self.messages(row.get("prompt"), "user", "prompt")}
+        if answer:
+            out["answer"] = text_of(row, "answer")  # a blank / NaN reference is no reference
+        return out
+
+    def load(self, workers: Workers | None = None) -> LoadedData:
         """Train/eval with ``prompt`` (messages) and, if data.path has the column, ``answer`` (text)."""
+        workers = workers or scratch_workers()
         has_answer: bool | None = None  # decided on data.path, so both splits have the same columns
         report = LoadReport()
 
-        def to_prompt(row: Row) -> Row:
-            out: Row = {"prompt": self.messages(row.get("prompt"), "user", "prompt")}
-            if has_answer:
-                out["answer"] = text_of(row, "answer")  # a blank / NaN reference is no reference
-            return out
-
-        def build(sources: list[Rows], path: str, key: str) -> Dataset:
+        def build(tables: list[Table], path: str, key: str) -> Dataset:
             nonlocal has_answer
-            self.require(sources, ("prompt",), "of a prompt dataset")
+            self.require(tables, ("prompt",), "of a prompt dataset")
             if has_answer is None:
-                has_answer = all("answer" in s.columns for s in sources)
+                has_answer = all("answer" in t.columns for t in tables)
             columns = ("prompt", "answer") if has_answer else ("prompt",)
-            return self.convert(sources, to_prompt, columns, key, report)
+            to_prompt = functools.partial(self.to_prompt, answer=has_answer)
+            return self.convert(tables, to_prompt, columns, key, report, workers)[0]
 
-        return self.load_splits(build, report)
+        return self.load_splits(build, report, workers)

@@ -76,7 +76,14 @@ class Recipe:
         """The recipe's own checks before any model loads (its knobs; the shared checks run anyway)."""
 
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
-        """``mode=plan``: what the recipe checks of the loaded rows before training (e.g. the SFT mask)."""
+        """``mode=plan``: what the recipe checks of the loaded rows before training."""
+
+    def tokens(self, comps: Components) -> Any:
+        """What makes the tokens its trainer reads, when the recipe has them made with the data (cached
+        with it, every row checked before the model loads): an object with ``key()`` and
+        ``prepare(splits, tokenizer, workers)`` (SFT: ``components/runtime/sftdata.py``). None: the trainer
+        tokenizes the rows itself."""
+        return None
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         """Build the data and the model, train (or generate / evaluate), save, report; the metrics."""

@@ -17,7 +17,6 @@ lines, csv and hub datasets by reading them, parquet and Arrow without decoding 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import io
 import json
@@ -28,43 +27,36 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.config.errors import ConfigError
-from components.data import (
+from components.data import CHAT_TOOLS_COLUMN, LoadReport, Part, Row, looks_local, scratch_workers
+from components.datareader import (
     BUILDERS,
-    CHAT_TOOLS_COLUMN,
-    COMPLETION_FORMATS,
-    FORMAT_COLUMNS,
-    SIGNATURES,
-    LoadReport,
-    Part,
-    Row,
+    ListTable,
     RowError,
-    Rows,
-    _chain,
-    _check_first_lines,
-    _first_line,
+    Table,
+    bad_line,
+    bom_of,
+    chain,
+    check_head,
     data_suffix,
     file_type,
+    first_line,
     hub_error,
-    looks_local,
-    note_unanswered,
-    open_arrow,
-    parse_json_line,
+    parse_line,
+    read_arrow,
     read_json,
     row_error,
-    text_of,
-    without_bom,
 )
 
 if TYPE_CHECKING:
     from datasets import Dataset, IterableDataset
 
     from components.data import ChatDataset
+    from components.distributed.workers import Workers
 
 PROBE = 1000  # rows of the stream read and checked before the model loads (mode=plan: the same rows)
 KEY = "data.path"
 STREAM = "_stream"  # the column carrying each streamed row's Position (dropped before the collator)
 HEAD = 1 << 16  # bytes of a JSON lines file looked at before its rows (BOM, not JSON lines at all)
-TABLE_BATCH = 256  # rows of an Arrow table converted to Python at a time
 
 
 class Dropped(Exception):
@@ -139,14 +131,15 @@ def json_rows(path: Path, at: Position, *, skip: bool, stats: dict[str, int]) ->
         while not first.strip() and (line := f.readline()):
             first += line
         raw = first + f.read(HEAD)
-    head = without_bom(path, raw[: max(len(first), raw.rfind(b"\n") + 1)], KEY)  # whole lines only
-    if _is_document(path, without_bom(path, first, KEY)):
-        whole = read_json(path, key=KEY, skip=skip, stats=stats)
-        for i in range(at.row, len(whole.rows)):
-            yield (whole.lines[i] if whole.lines else i + 1), whole.rows[i], None
+    bom = bom_of(raw, str(path), KEY)
+    head = raw[bom : max(len(first), raw.rfind(b"\n") + 1)]  # whole lines only
+    if _is_document(path, first[bom:]):
+        whole = read_json(path, key=KEY, skip=skip, stats=stats, workers=scratch_workers())
+        for index, line, row in whole.read(at.row, whole.rows):
+            yield (index + 1 if line is None else line), row, None
         return
     if not at.line and not skip:
-        _check_first_lines(path, head, KEY)
+        check_head(iter(head.splitlines()), str(path), KEY)
     with _open(path, compression) as f:
         number, offset = 0, 0 if compression is None else None
         if at.line and offset is not None and at.offset is not None:
@@ -158,7 +151,7 @@ def json_rows(path: Path, at: Position, *, skip: bool, stats: dict[str, int]) ->
             if number <= at.line:  # compressed: no seeking, the lines before are read and passed over
                 continue
             if number == 1:
-                line = without_bom(path, line, KEY)
+                line = line[bom:]
             if line.strip():
                 yield number, line, offset
 
@@ -185,11 +178,11 @@ def table_rows(path: Path, at: Position) -> Iterator[Raw]:
     except StopIteration:
         return
     except Exception as err:
-        chain = _chain(err)
-        if "corresponds to no data" in str(err) or any(type(e).__name__ == "EmptyDataError" for e in chain):
+        errors = chain(err)
+        if "corresponds to no data" in str(err) or any(type(e).__name__ == "EmptyDataError" for e in errors):
             return
         raise ConfigError(
-            f"cannot read {path}: {_first_line(chain[-1])}",
+            f"cannot read {path}: {first_line(errors[-1])}",
             key=KEY,
             hint=f"check that it is a valid {suffix[1:]} file",
         ) from None
@@ -198,11 +191,9 @@ def table_rows(path: Path, at: Position) -> Iterator[Raw]:
 def arrow_rows(part: Part, at: Position) -> Iterator[Raw]:
     """An ``.arrow`` file's or a ``save_to_disk`` folder's rows from ``at`` (memory-mapped: the rows before
     are not read)."""
-    _, table = open_arrow(part, key=KEY)
-    for start in range(at.row, len(table), TABLE_BATCH):
-        batch = table.select(range(start, min(start + TABLE_BATCH, len(table)))).to_list()
-        for i, row in enumerate(batch, start=start + 1):
-            yield i, row, None
+    table = read_arrow(part.path, part.split, key=KEY)
+    for index, _, row in table.read(at.row, table.rows):
+        yield index + 1, row, None
 
 
 def hub_rows(data: ChatDataset, at: Position, rank: int, world: int, held: int = 0) -> Iterator[Raw]:
@@ -233,8 +224,8 @@ Step = tuple[Callable[[Row], Row], tuple[str, ...]]  # (row -> new columns, colu
 class RowStream:
     """One rank's rows of data.path, converted and checked one by one, endless; each with the
     :class:`Position` after it. ``map`` adds a per-row step (as ``Dataset.map`` does: the step's columns
-    replace ``remove_columns``); ``dataset()`` is the ``datasets.IterableDataset`` TRL prepares lazily,
-    starting at ``start``."""
+    replace ``remove_columns``); ``dataset()`` is the ``datasets.IterableDataset`` the trainer reads (its
+    rows tokenized by a step: ``components/runtime/streaming.py``), starting at ``start``."""
 
     def __init__(
         self,
@@ -245,14 +236,18 @@ class RowStream:
         *,
         rank: int = 0,
         world: int = 1,
+        fmt: tuple[str, bool] = ("text", False),
     ) -> None:
         self.data, self.parts, self.convert, self.probe = data, parts, convert, probe
+        self.fmt = fmt  # (the format detected on its first rows, whether its rows carry tool schemas)
         self.rank, self.world = rank, world
         self.local = parts != [None]
         # whole files per rank when they divide evenly (a row cap counts rows of every file: by rows then)
         self.by_files = self.local and len(parts) % world == 0 and data.max_samples is None
         self.steps: list[Step] = []
         self.start = Position()
+        self.mapper = Table(KEY, [], 0)  # data.ignore_columns and data.columns, as a loaded table's
+        self.mapper.apply_mapping(set(data.ignore_columns), data.mapping())
         self.head: Position | None = None  # where the stream starts after the rows it holds out for eval
 
     @property
@@ -267,12 +262,12 @@ class RowStream:
         out.probe = self.probe.map(fn, remove_columns=list(drop))
         return out
 
-    def then(self, fn: Callable[[Row], Row]) -> RowStream:
+    def then(self, fn: Callable[[Row], Row], remove_columns: Any = ()) -> RowStream:
         """This stream with ``fn`` applied to every row read from now on (not to the probe rows, which were
-        checked already); ``fn`` may raise :class:`Dropped`, ``RowError`` or a ``ConfigError`` (named by
-        row)."""
+        checked already; ``remove_columns`` as for ``map``); ``fn`` may raise :class:`Dropped`, ``RowError``
+        or a ``ConfigError`` (named by row)."""
         out = self._copy()
-        out.steps = [*self.steps, (fn, ())]
+        out.steps = [*self.steps, (fn, tuple(remove_columns or ()))]
         return out
 
     def with_probe(self, probe: Dataset) -> RowStream:
@@ -286,6 +281,11 @@ class RowStream:
         out.__dict__.update(self.__dict__)
         out.start = dataclasses.replace(self.start)
         return out
+
+    def convert_rows(self, tables: list[Table], key: str, report: LoadReport, workers: Workers) -> Dataset:
+        """Rows of other files (its eval rows) converted as ``load()`` converts them, in this stream's
+        format."""
+        return self.data.convert_chat(tables, *self.fmt, key, report, workers)
 
     def describe(self) -> str:
         """How the ranks split the rows, for the summary."""
@@ -372,13 +372,13 @@ class RowStream:
         where = self.where(part, number, at, raw)
         if isinstance(raw, bytes):
             assert part is not None
-            raw = parse_json_line(part.path, number, raw, key=KEY, skip=skip, stats={})
+            raw = parsed(part.path, number, raw, skip=skip)
             if raw is None:
                 at.skipped += 1
                 return None
         try:
-            row = self.data.renamed({k: v for k, v in raw.items() if k not in self.data.ignore_columns})
-            self.data.task_columns(Rows(where, [row]))
+            row = self.mapper.mapped(raw)
+            self.data.task_columns(Table(where, list(row), 1))
             out = self.convert(row)
             for fn, drop in self.steps:
                 out = {k: v for k, v in out.items() if k not in drop} | fn(out)
@@ -407,20 +407,15 @@ class RowStream:
 
 
 # ----------------------------------------------------------------------------------------------- opening
-def chat_converter(
-    data: ChatDataset, sources: list[Rows], report: LoadReport
-) -> tuple[Callable[[Row], Row], tuple[str, ...], tuple[str, ...]]:
-    """(row -> canonical row, its columns, the columns it reads) for the format of ``sources`` (detected on
-    the first file's rows, as ``ChatDataset.load`` detects it on data.path)."""
-    kind = data.detect(sources[0].columns, data.path, report)
-    data.require(sources, SIGNATURES[kind], f"needed by format={kind}")
-    used = FORMAT_COLUMNS[kind]
-    if kind == "text":
-        return (lambda row: {"text": text_of(row, "text")}), ("text",), used
-    tools = any(CHAT_TOOLS_COLUMN in s.columns for s in sources)
-    columns = ("messages", "answer", *(("completion_turns",) if kind in COMPLETION_FORMATS else ()))
-    columns += (CHAT_TOOLS_COLUMN,) if tools else ()
-    return functools.partial(data.to_chat, fmt=kind, tools=tools), columns, used
+def parsed(path: Path, number: int, line: bytes, *, skip: bool) -> Row | None:
+    """Line ``number`` of a JSON lines file as a row (it is not blank); None for a bad one with ``skip``, a
+    ConfigError naming the file and line otherwise."""
+    row = parse_line(line)
+    if isinstance(row, str):
+        if not skip:
+            raise bad_line(str(path), number, row, KEY)
+        return None
+    return row
 
 
 def head(shell: RowStream) -> Iterator[tuple[int, Part | None, int, Any, int | None]]:
@@ -458,7 +453,9 @@ def first_rows(shell: RowStream, limit: int, report: LoadReport) -> list[Head]:
         lines = isinstance(raw, bytes)
         if lines:
             assert part is not None
-            raw = parse_json_line(part.path, number, raw, key=KEY, skip=skip, stats=report.stats)
+            raw = parsed(part.path, number, raw, skip=skip)
+            if raw is None:
+                report.stats["skipped rows"] = report.stats.get("skipped rows", 0) + 1
         out.append(Head(fi, source, number, raw, offset, lines))
     if not any(h.row is not None for h in out):
         raise ConfigError(
@@ -469,16 +466,18 @@ def first_rows(shell: RowStream, limit: int, report: LoadReport) -> list[Head]:
     return out
 
 
-def as_sources(rows: list[Head]) -> list[Rows]:
-    """``rows`` as one ``Rows`` per file (what ``load()``'s checks and conversion take)."""
-    files: dict[int, Rows] = {}
+def as_tables(rows: list[Head]) -> list[Table]:
+    """``rows`` as one table per file (what ``load()``'s checks and conversion take), held in memory."""
+    files: dict[int, ListTable] = {}
     for h in rows:
-        source = files.setdefault(h.file, Rows(h.source, [], [] if h.lines else None))
+        table = files.setdefault(h.file, ListTable(h.source, [], 0, lines=[] if h.lines else None))
         if h.row is not None:
-            source.rows.append(h.row)
-            if source.lines is not None:
-                source.lines.append(h.number)
-    return [source for source in files.values() if source.rows]
+            table.data.append(h.row)
+            table.columns += [c for c in h.row if c not in table.columns]
+            table.rows += 1
+            if table.lines is not None:
+                table.lines.append(h.number)
+    return [table for table in files.values() if table.rows]
 
 
 def held_out(shell: RowStream) -> int:
@@ -498,40 +497,33 @@ def held_out(shell: RowStream) -> int:
 
 
 def open_stream(
-    data: ChatDataset, *, rank: int = 0, world: int = 1
+    data: ChatDataset, *, rank: int = 0, world: int = 1, workers: Workers | None = None
 ) -> tuple[RowStream, LoadReport, Dataset | None]:
     """This rank's stream of data.path, after its first :data:`PROBE` rows were read and converted the way
     ``load()`` converts a file (format detection, column mapping, the first-rows check, every row checked:
-    a bad one names its file and line before the model loads, or is skipped and counted); and its eval
-    rows when they are its first rows (:func:`held_out`: the stream then starts after them, every pass)."""
+    a bad one names its file and line before the model loads, or is skipped and counted; ``workers``
+    write them as Arrow); and its eval rows when they are its first rows (:func:`held_out`: the stream then
+    starts after them, every pass)."""
+    workers = workers or scratch_workers()
     report = LoadReport()
     layout = data.layout(data.path, data.split) if looks_local(data.path) else None
     parts: list[Part | None] = list(layout.train) if layout else [None]
     shell = RowStream(data, parts, lambda row: row, _empty(), rank=rank, world=world)
     held = held_out(shell)
     read = first_rows(shell, max(PROBE, held), report)
-    sources = data.shape(as_sources(read[:PROBE]), KEY, report)
-    convert, columns, used = chat_converter(data, sources, report)
-    unanswered: list[Row] = []
-
-    def checked(row: Row) -> Row:
-        out = convert(row)
-        if "messages" in out and out["messages"][-1]["role"] != "assistant":
-            unanswered.append(row)
-        return out
-
-    checked_rows = data.convert(sources, checked, columns, KEY, report, used)
-    note_unanswered(sources, unanswered, KEY, report)
+    sources = data.shape(as_tables(read[:PROBE]), KEY, report)
+    fmt = data.detect(sources[0].columns, data.path, report)
+    tools = any(CHAT_TOOLS_COLUMN in s.columns for s in sources)
+    checked_rows = data.convert_chat(sources, fmt, tools, KEY, report, workers)
     report.info.update(layout.info() if layout else {})
-    stream = RowStream(data, parts, convert, checked_rows, rank=rank, world=world)
-    evals = hold_out(stream, read, held, columns, report) if held else None
+    convert = data.converter(sources, fmt, tools)[0]
+    stream = RowStream(data, parts, convert, checked_rows, rank=rank, world=world, fmt=(fmt, tools))
+    evals = hold_out(stream, read, held, report, workers) if held else None
     report.info["stream split across ranks"] = stream.describe()
     return stream, report, evals
 
 
-def hold_out(
-    stream: RowStream, read: list[Head], n: int, columns: tuple[str, ...], report: LoadReport
-) -> Dataset:
+def hold_out(stream: RowStream, read: list[Head], n: int, report: LoadReport, workers: Workers) -> Dataset:
     """The stream's first ``n`` rows converted (its eval rows); the stream starts after them, every pass."""
     data = stream.data
     if len(read) < n or (len(read) == n and next(islice(head(stream), n, None), None) is None):
@@ -544,8 +536,7 @@ def hold_out(
     last = read[n - 1]
     in_file = sum(1 for h in read[:n] if h.file == last.file)
     stream.head = Position(file=last.file, row=in_file, line=last.number, offset=last.offset, index=n)
-    sources = data.shape(as_sources(read[:n]), KEY, LoadReport())
-    evals = data.convert(sources, stream.convert, columns, KEY, report)
+    evals = stream.convert_rows(data.shape(as_tables(read[:n]), KEY, LoadReport()), KEY, report, workers)
     report.info["eval rows from"] = (
         f"the first {n} rows of data.path (a stream holds out its own first rows, never trained on; "
         + ("data.eval_size" if data.eval_size else "the default: 5% of its rows, at most 1,000")

@@ -12,6 +12,7 @@ hydratune chat <run dir | model dir> [system=…]         talk to the model, tok
 hydratune ls                                            recipes, groups and their options, experiments
 hydratune matrix [--markdown]                           the support matrix (docs/matrix.md)
 hydratune docs [--check]                                the generated tables of README.md and docs/
+hydratune cache ls | clear [key ...]                    the prepared-data cache: list it, free it
 """
 
 from __future__ import annotations
@@ -506,7 +507,7 @@ def _commands(args: list[str]) -> None:
             from components.commands.estimate import cli
 
             sys.exit(cli(args[1:] if args[0] == "estimate" else args))
-        if args and args[0] in ("export", "chat", "matrix", "docs"):
+        if args and args[0] in ("export", "chat", "matrix", "docs", "cache"):
             from importlib import import_module
 
             sys.exit(import_module(f"components.commands.{args[0]}").cli(args[1:]))

@@ -1,8 +1,9 @@
 """Supervised fine-tuning on TRL's SFTTrainer.
 
-tokenizer → data (checked, length policy) → assistant-only mask (TRL's, or hydratune's turn-by-turn one for
-templates without {% generation %} markers) → model (+ PEFT) → trainer → train or resume → evaluate →
-save → report. Everything but the trainer's own knobs comes from the shared components.
+tokenizer → data (checked, length policy) and its tokens with the assistant-only mask (TRL's, or hydratune's
+turn-by-turn one for templates without {% generation %} markers), made by hydratune as TRL would make them
+and cached with the data → model (+ PEFT) → trainer → train or resume → evaluate → save → report.
+Everything but the trainer's own knobs comes from the shared components.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from components.config.errors import ConfigError
 from components.recipe import Recipe, recipe
 from components.runtime.run import Components, RunContext
 from components.text.batching import SPLIT_ROWS, check_padding_free, collator_for
-from components.text.masking import as_prompt_completion
 
 LOSS_TYPES = ("nll", "dft")
 
@@ -51,35 +51,31 @@ class SFT(Recipe):
             )
         check_padding_free(comps)
 
-    def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
-        """``mode=plan``: the assistant-only mask decided and checked on every row as training will (a
-        template that cannot mask or render a row fails here too, naming it)."""
-        from components.runtime.streaming import checkable
-        from components.text.chat_template import check_splits, label_for
+    def tokens(self, comps: Components) -> Any:
+        """Every row tokenized and masked before the model loads, as TRL would (cached with the data)."""
+        from components.runtime.sftdata import SFTTokens
 
-        if self.assistant_only_loss and "messages" in splits["train"].column_names:
-            check_splits(tokenizer, checkable(splits), label_for(comps.model, tokenizer))
+        d = comps.data
+        return SFTTokens(
+            self.assistant_only_loss,
+            self.completion_only_loss,
+            d.max_length,
+            d.packing,
+            d.packing_strategy,
+            comps.model,
+        )
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import SFTConfig, SFTTrainer
 
         from components.runtime.session import Session
+        from components.runtime.sftdata import token_plan
         from components.runtime.streaming import sft_data_args
 
         c = ctx.components
         session = Session.start(ctx)
-        data = session.load_data()
-        columns = data["train"].column_names
-        assistant_only = self.assistant_only_loss and "messages" in columns
-        completion_only = self.completion_only_loss and "completion_turns" in columns
-        masked = assistant_only or completion_only
-        # TRL's {% generation %} masks, or hydratune's turn-by-turn mask for any other template (pre-tokenized
-        # rows whose assistant_masks TRL folds into labels): decided, and failed if need be, before the model
-        trl_masks = False
-        if assistant_only:
-            data, trl_masks = session.mask_assistant_turns(data, completion_only=completion_only)
-        if completion_only and (trl_masks or not assistant_only):  # TRL masks the prompt
-            data = {name: as_prompt_completion(split) for name, split in data.items()}
+        session.load_data(self.tokens(c))  # the rows checked and tokenized (TRL's masks or hydratune's)
+        plan = token_plan(session.token_facts)
         model = session.build_model()
         session.evaluate_generations("before")
         extra: dict[str, Any] = {}
@@ -92,13 +88,10 @@ class SFT(Recipe):
 
         args = SFTConfig(
             **ctx.training_args(
-                assistant_only_loss=trl_masks,
-                completion_only_loss=completion_only,
                 loss_type=self.loss_type,
-                dataset_text_field="text",
-                **sft_data_args(c.data),  # a stream: packed by hydratune's feed, resumed at its position
+                **sft_data_args(c.data),  # the tokens are TRL's already; a stream: packed by hydratune's feed
             )
         )
-        trainer = session.trainer(SFTTrainer, args, data, **extra)
-        session.check_loss_mask(trainer.train_dataset, masked=masked)
+        trainer = session.trainer(SFTTrainer, args, session.tokens, **extra)
+        session.check_loss_mask(trainer.train_dataset, masked=plan.mask != "none" or plan.completion)
         return session.train_and_finish(trainer)

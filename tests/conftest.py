@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,11 @@ from components.config.resolvers import register_resolvers
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+# the prepared-data cache of every test, and of every command a test starts, is one temporary dir (never
+# ~/.cache), removed when the session ends; tests of the cache itself set data.cache_dir to their own
+DATA_CACHE = tempfile.mkdtemp(prefix="hydratune-test-data-")
+os.environ["HYDRATUNE_DATA_CACHE"] = DATA_CACHE
+atexit.register(shutil.rmtree, DATA_CACHE, True)
 register_resolvers()
 recipes.register_all()
 

@@ -340,7 +340,8 @@ def test_packed_sft_with_the_default_template(run_recipe, tmp_path: Path) -> Non
 
 def test_bundled_template_keeps_trls_path(run_recipe) -> None:
     ctx, _ = run_recipe(*STEPS, name="markers")
-    assert ctx.trainer.args.assistant_only_loss is True
+    # TRL's masks, made by hydratune as TRL makes them (tests/test_sft_tokens.py), handed over as tokens
+    assert ctx.trainer.args.dataset_kwargs == {"skip_prepare_dataset": True}
     assert_assistant_only(ctx)
     assert (
         f"| method | {TRL_MARKERS.replace('|', chr(92) + '|')} |"

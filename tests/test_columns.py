@@ -147,8 +147,8 @@ def test_completion_only_masks_a_conversational_prompt_with_any_template(tmp_pat
     assistant turn inside a conversational prompt, which assistant-only loss alone would train."""
     from transformers import AutoTokenizer
 
-    from components.text.chat_template import CHATML, pretokenize
-    from components.text.masking import as_prompt_completion
+    from components.text.chat_template import CHATML
+    from components.text.sft_tokens import plan_tokens, tokenize_batch
 
     shot = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "two"}]
     row = {"prompt": [*shot, {"role": "user", "content": "2+2?"}], "completion": "four"}
@@ -160,15 +160,14 @@ def test_completion_only_masks_a_conversational_prompt_with_any_template(tmp_pat
     tok.chat_template = CHATML
 
     def trained(completion_only: bool) -> str:
-        row = pretokenize(data, tok, label="chatml", completion_only=completion_only)[0]
-        return tok.decode([t for t, m in zip(row["input_ids"], row["assistant_masks"], strict=True) if m])
+        knobs = {"assistant_only": True, "completion_only": completion_only, "label": "chatml"}
+        plan = plan_tokens(data.column_names, tok, **knobs, max_length=64)
+        assert plan.mask == "hydratune"
+        out = tokenize_batch(plan, tok, data[:1], where="train", first=0)
+        return tok.decode([t for t in out["labels"][0] if t != -100])
 
     assert "two" in trained(False) and "four" in trained(False)
     assert "two" not in trained(True) and "four" in trained(True)
-    shaped = as_prompt_completion(data)
-    assert shaped.column_names == ["prompt", "completion"]
-    assert shaped[0]["completion"] == [{"role": "assistant", "content": "four"}]
-    assert shaped[0]["prompt"][-1] == {"role": "user", "content": "2+2?"}
 
 
 def test_completion_only_loss_without_assistant_only_loss_masks_the_prompt(

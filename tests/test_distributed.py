@@ -25,7 +25,8 @@ QUICK = [
 
 
 def hydratune(run_dir: Path, *overrides: str, capsys: pytest.CaptureFixture | None = None) -> str:
-    """The CLI, in this process (the launcher spawns the two workers); returns what it printed."""
+    """The CLI, in this process (the launcher spawns the two workers); returns what it printed (with
+    ``capfd``: the workers' output too)."""
     from recipes.cli import main
 
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -61,15 +62,23 @@ def assert_resumed_repeats(run: Path, resumed: Path, first: int) -> None:
     assert [r["reward/mean"] for r in again] == pytest.approx([r["reward/mean"] for r in done[first - 1 :]])
 
 
-def test_ddp_two_processes_match_one_process(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_ddp_two_processes_match_one_process(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     """Two ranks x micro-batch 16 = one process x 32: same batches, same averaged gradients, so the same
-    weights (up to float summation order); and both ranks end with identical weights."""
-    common = ["train.max_steps=8", "train.save_every=0"]
+    weights (up to float summation order); and both ranks end with identical weights. The data is
+    prepared once, by one rank, and reused by the other rank and by the single process (a fresh cache)."""
+    common = ["train.max_steps=8", "train.save_every=0", f"data.cache_dir={tmp_path / 'cache'}"]
     two, one = tmp_path / "ddp2", tmp_path / "single"
     out = hydratune(
-        two, *common, "strategy=ddp", "launcher.nproc_per_node=2", "train.micro_batch_size=16", capsys=capsys
+        two, *common, "strategy=ddp", "launcher.nproc_per_node=2", "train.micro_batch_size=16", capsys=capfd
     )
-    hydratune(one, *common, "train.micro_batch_size=32")
+    single = hydratune(one, *common, "train.micro_batch_size=32", capsys=capfd)
+    prepared = [line for line in out.splitlines() if ": preparing the data " in line]
+    reused = [line for line in out.splitlines() if ": reusing the prepared data " in line]
+    assert len(prepared) == 1 and len(reused) == 1, out
+    assert {prepared[0].split(":")[1], reused[0].split(":")[1]} == {" rank 0", " rank 1"}
+    assert "this run: reusing the prepared data" in single and "preparing" not in single
+    assert result(one)["data"]["data cache"].startswith("hit: reused ")
+    assert result(two)["data"]["data cache"].split()[2] == result(one)["data"]["data cache"].split()[2]
 
     assert result(two)["run"]["live strategy"] == "MULTI_CPU, 2 process(es)"
     assert out.count("run dir:") == 1  # one run dir, printed once

@@ -217,6 +217,33 @@ def test_the_length_policy_applies_to_every_streamed_row(tmp_path: Path) -> None
         list(islice(stream.rows(Position()), PROBE + 19))
 
 
+@pytest.mark.parametrize("template", [None, "chatml"])  # TRL's markers (the tiny template), hydratune's mask
+def test_a_streamed_row_has_the_tokens_of_the_loaded_row(tmp_path: Path, template: str | None) -> None:
+    """The trainer's tokens of a stream, each row tokenized as it is read, are those the loaded (cached)
+    path makes of the same rows: the same ids, labels and mask, cut at max_length, rows with nothing left
+    to train dropped."""
+    from components.runtime.dataprep import prepare_data
+    from components.runtime.sftdata import SFTTokens
+    from components.text.chat_template import resolve_chat_template
+    from components.text.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(str(REPO / "components" / "assets" / "tiny"))
+    if template:
+        tokenizer.chat_template = resolve_chat_template(template)[0]
+    rows = [chat(i) for i in range(40)]
+    rows[3]["messages"][0]["content"] = "many words " * 40  # cut at max_length: no answer token left
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    tokens = SFTTokens(True, True, 48, False, "bfd")
+    knobs = {"path": str(path), "eval_fraction": 0.0, "max_length": 48}
+    loaded = prepare_data(ChatDataset(**knobs, cache=False), tokenizer, 0, tokens=tokens).tokens
+    streamed = prepare_data(ChatDataset(**knobs, streaming=True), tokenizer, 0, tokens=tokens).tokens
+    assert loaded is not None and streamed is not None
+    expected = loaded["train"].to_list()
+    assert len(expected) == 39  # row 3 dropped
+    got = [row for row, _ in islice(streamed["train"].rows(Position()), 39)]
+    assert got == expected
+
+
 def test_the_feed_resumes_at_the_exact_example_shuffled_and_packed(tmp_path: Path) -> None:
     """The feed's windows (shuffled, packed with TRL's pack_dataset) started from the place after any
     example give exactly the examples that followed it (the stream restarted at its window)."""

@@ -167,22 +167,22 @@ ROW = json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assis
 def test_brackets_nested_too_deep_are_a_named_row_error(
     tmp_path: Path, lines: list[str], suffix: str
 ) -> None:
-    from components.data import read_json
+    from components.data import read_json, scratch_workers
 
     path = tmp_path / f"deep{suffix}"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(ConfigError) as info:
-        read_json(path, key="data.path", skip=False, stats={})
+        read_json(path, key="data.path", skip=False, stats={}, workers=scratch_workers())
     assert "nested too deeply" in str(info.value) and info.value.key == "data.path"
 
 
 def test_brackets_nested_too_deep_skipped_with_on_error_skip(tmp_path: Path) -> None:
-    from components.data import read_json
+    from components.data import read_json, scratch_workers
 
     path = tmp_path / "deep.jsonl"
     path.write_text("\n".join([ROW, DEEP, ROW]) + "\n")
     stats: dict[str, int] = {}
-    assert len(read_json(path, key="data.path", skip=True, stats=stats).rows) == 2
+    assert read_json(path, key="data.path", skip=True, stats=stats, workers=scratch_workers()).rows == 2
     assert stats == {"skipped rows": 1}
 
 

@@ -49,6 +49,7 @@ usage:
   hydratune ls                                   every option of every group, with a line on each
   hydratune matrix [--markdown]                  the support matrix: what runs where (docs/matrix.md)
   hydratune docs [--check]                       regenerate the option tables of README.md and docs/
+  hydratune cache ls | clear [key ...]           the prepared-data cache (~/.cache/hydratune/data): list, free
   hydratune [overrides] --cfg job                print the composed config
   hydratune --hydra-help                         Hydra's own flags (--info, --shell-completion, ...)
 

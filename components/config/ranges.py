@@ -108,6 +108,7 @@ RANGES: dict[str, Range] = {
     "max_length": AT_LEAST_ONE,
     "max_prompt_length": AT_LEAST_ONE,
     "stream_window": AT_LEAST_ONE,
+    "num_proc": AT_LEAST_ONE,  # data.num_proc (null: the cores available)
     # launcher
     "nproc_per_node": AT_LEAST_ONE,
     "nnodes": AT_LEAST_ONE,

@@ -34,10 +34,10 @@ def normalise(text: str) -> str:
     return " ".join(text.strip().split()).lower()
 
 
-def eval_pairs(data_component: Any, splits: Any) -> list[Pair]:
-    """(conversation, answer) per eval row (the data component's ``pairs``); ``[]`` when the eval rows
-    have no prompt to complete or no reference answer."""
-    pairs = data_component.pairs(splits, "eval") or []
+def eval_pairs(data_component: Any, splits: Any, limit: int | None = None) -> list[Pair]:
+    """(conversation, answer) per eval row (the first ``limit``: the data component's ``pairs``); ``[]``
+    when the eval rows have no prompt to complete or no reference answer."""
+    pairs = data_component.pairs(splits, "eval", limit) or []
     return [] if any(answer is None for _, answer in pairs) else pairs
 
 

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,10 +32,15 @@ _CONFIGS: dict[Path, PretrainedConfig] = {}  # GGUF file -> its parsed config (a
 _ANNOUNCED: set[Path] = set()  # conversions already named in this process's log
 
 
+def cache_home() -> Path:
+    """``$HYDRATUNE_CACHE``, by default ``~/.cache/hydratune``: where hydratune caches what it derives once
+    (GGUF conversions here, prepared data in components/runtime/datacache.py)."""
+    return Path(os.environ.get("HYDRATUNE_CACHE") or Path.home() / ".cache" / "hydratune").expanduser()
+
+
 def cache_root() -> Path:
     """``$HYDRATUNE_CACHE/gguf``, by default ``~/.cache/hydratune/gguf``."""
-    base = os.environ.get("HYDRATUNE_CACHE") or Path.home() / ".cache" / "hydratune"
-    return Path(base).expanduser() / "gguf"
+    return cache_home() / "gguf"
 
 
 def gguf_path(folder: str, name: str) -> Path:
@@ -102,7 +108,7 @@ def ensure_converted(path: Path) -> Path:
     if (out / "config.json").is_file():
         return _announce(out, f"using cached conversion of {path.name}: {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(out.with_name(out.name + ".lock")):
+    with file_lock(out.with_name(out.name + ".lock")):
         if (out / "config.json").is_file():  # another process converted it while we waited
             return _announce(out, f"using cached conversion of {path.name}: {out}")
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -147,11 +153,12 @@ def _convert(path: Path, out: Path) -> None:
     )
 
 
-class _lock:
-    """An exclusive ``flock`` on ``path`` (POSIX; a no-op where fcntl is missing)."""
+class file_lock:
+    """An exclusive ``flock`` on ``path`` (POSIX; a no-op where fcntl is missing). ``on_wait`` is called
+    once when another process holds it (then this one waits)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, on_wait: Callable[[], None] | None = None) -> None:
+        self.path, self.on_wait = path, on_wait
         self.fd: int | None = None
 
     def __enter__(self) -> None:
@@ -160,7 +167,12 @@ class _lock:
         except ImportError:  # pragma: no cover - Windows
             return
         self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if self.on_wait is not None:
+                self.on_wait()
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
 
     def __exit__(self, *exc: object) -> None:
         if self.fd is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +23,27 @@ log = logging.getLogger("hydratune")
 ALLOW = "resume_allow_data_change"
 
 
+#: data knobs that change how the data is prepared, not what it is (left out of the fingerprint)
+NOT_DATA = ("cache", "cache_dir", "num_proc")
+
+
 def fingerprint(cfg: DictConfig) -> dict[str, Any]:
     """``{"config": sha256 of the data node, "files": {path: sha256}}``; a hub dataset: named only. A
     stream (``data.streaming``, possibly larger than a disk's worth of reading per run): each file's size
     and the sha256 of its first and last MiB."""
+    node = OmegaConf.to_container(cfg.data, resolve=True)
+    assert isinstance(node, dict)
+    return fingerprint_node(node, FileHashes.for_data(node))
+
+
+def fingerprint_node(node: dict[str, Any], hashes: FileHashes | None = None) -> dict[str, Any]:
+    """:func:`fingerprint` of a data node (a dict); ``hashes``: where file hashes are remembered."""
     from components.data import looks_local
 
-    node = OmegaConf.to_container(cfg.data, resolve=True)
+    hashes = hashes or FileHashes(None)
     files: dict[str, str] = {}
-    given_paths = [cfg.data.get(key) for key in ("path", "eval_path")]
-    given_paths += [entry.get(k) for entry in cfg.data.get("mixture") or [] for k in ("path", "eval_path")]
+    given_paths = [node.get(key) for key in ("path", "eval_path")]
+    given_paths += [entry.get(k) for entry in node.get("mixture") or [] for k in ("path", "eval_path")]
     for given in given_paths:
         if not given or given == "???":
             continue
@@ -40,8 +52,9 @@ def fingerprint(cfg: DictConfig) -> dict[str, Any]:
             files[str(given)] = "hub dataset (not hashed)"
             continue
         for file in files_under(path):
-            files[str(file.resolve())] = ends_sha256(file) if cfg.data.get("streaming") else file_sha256(file)
-    config = hashlib.sha256(json.dumps(node, sort_keys=True, default=str).encode()).hexdigest()
+            files[str(file.resolve())] = ends_sha256(file) if node.get("streaming") else hashes.sha256(file)
+    kept = {k: v for k, v in node.items() if k not in NOT_DATA}
+    config = hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
     return {"config": config, "files": files}
 
 
@@ -53,6 +66,56 @@ def ends_sha256(path: Path) -> str:
         f.seek(max(0, size - CHUNK))
         digest.update(f.read(CHUNK))
     return f"{size} bytes, ends {digest.hexdigest()}"
+
+
+class FileHashes:
+    """The sha256 of data files, remembered under ``root`` (one small JSON file per path) with the file's
+    size, mtime, ctime and inode: a file none of those changed for is not read again (any write changes
+    its ctime, which no tool sets back). ``root=None``: every file hashed."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+
+    @classmethod
+    def for_data(cls, node: Any) -> FileHashes:
+        """The index of the data cache a data node uses (none with ``data.cache=false``)."""
+        return cls(cache_root(node) / "hashes" if node.get("cache", True) else None)
+
+    def sha256(self, path: Path) -> str:
+        stat = path.stat()
+        stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+        if self.root is None:
+            return file_sha256(path)
+        name = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]
+        record = self.root / f"{name}.json"
+        try:
+            known = json.loads(record.read_text())
+            if known["stamp"] == stamp and known["path"] == str(path.resolve()):
+                return str(known["sha256"])
+        except (OSError, ValueError, KeyError):
+            pass
+        digest = file_sha256(path)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            staged = record.with_suffix(f".{os.getpid()}.tmp")
+            staged.write_text(json.dumps({"path": str(path.resolve()), "stamp": stamp, "sha256": digest}))
+            staged.replace(record)
+        except OSError as err:  # a read-only cache still hashes
+            log.debug("could not remember the hash of %s: %s", path, err)
+        return digest
+
+
+def cache_root(data: Any) -> Path:
+    """The prepared-data cache dir (components/runtime/datacache.py) of a data component or node:
+    ``data.cache_dir``, ``$HYDRATUNE_DATA_CACHE``, or ``$HYDRATUNE_CACHE/data`` (default
+    ``~/.cache/hydratune/data``); the file hashes are remembered there too."""
+    from components.modeling.gguf import cache_home
+
+    given = data.get("cache_dir") if isinstance(data, dict) else getattr(data, "cache_dir", None)
+    if given:
+        return Path(str(given)).expanduser()
+    env = os.environ.get("HYDRATUNE_DATA_CACHE")
+    return Path(env).expanduser() if env else cache_home() / "data"
 
 
 def files_under(path: Path) -> list[Path]:

@@ -3,52 +3,97 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from components.generation.evaluation import EvalPrompt, eval_pairs, eval_prompts
+from components.text.chat_template import fold_system
+
+#: the summary's data cache line for data.streaming
+STREAM_NOT_CACHED = "not used (data.streaming: the rows are read as training goes; data.cache has no effect)"
 
 
 @dataclass
 class PreparedData:
-    """The train/eval splits, the summary's notes on them, and the eval prompts for generation."""
+    """The train/eval splits, the summary's notes on them, and the eval prompts for generation; with a
+    recipe that has its tokens prepared (SFT), those tokens by split and the facts about them."""
 
     splits: Any
     notes: dict[str, Any]
     prompts: list[EvalPrompt] = field(default_factory=list)
     default_template: str | None = None  # the name of the template given to a tokenizer that had none
+    tokens: dict[str, Any] | None = None
+    token_facts: dict[str, Any] = field(default_factory=dict)
 
 
 def prepare_data(
-    data_component: Any, tokenizer: Any, eval_generations: int, eval_every: int = 0
+    data_component: Any,
+    tokenizer: Any,
+    eval_generations: int,
+    eval_every: int = 0,
+    tokens: Any = None,
 ) -> PreparedData:
-    """Load the splits (format, mapping, row errors), apply the component's length policy and tokenize the
-    first ``eval_generations`` eval prompts under the same limit. ``tokenizer=None`` (not available offline,
-    in ``mode=plan``) checks the rows only. A tokenizer without a chat template gets the documented default
-    when the rows are conversations (before anything renders them). ``eval_every`` > 0 (the trainer
-    evaluates every so many steps) needs eval rows."""
-    from components.text.chat_template import default_template, is_conversational
+    """Load the splits (format, mapping, row errors), fit the chat template, apply the component's length
+    policy and, for a recipe that has them made here (``tokens``: SFT), tokenize every row; all of it
+    through the prepared-data cache (components/runtime/datacache.py: made once, memory-mapped after).
+    Then tokenize the first ``eval_generations`` eval prompts under the same limit. ``tokenizer=None`` (not
+    available offline, in ``mode=plan``) checks the rows only. A tokenizer without a chat template gets the
+    documented default when the rows are conversations (before anything renders them). ``eval_every`` > 0
+    (the trainer evaluates every so many steps) needs eval rows. A stream (``data.streaming``) is not
+    cached: its first rows and its eval rows go through all of this, the others as training reads them
+    (``components/runtime/streaming.py``)."""
+    from dataclasses import asdict
 
+    from components.data import LoadedData, LoadReport
+    from components.runtime import datacache
+    from components.runtime.threads import data_processes
+    from components.text.chat_template import default_template
+
+    tokens = tokens if tokenizer is not None else None
+    streaming = getattr(data_component, "streaming", False)
+    parts = None
+    if getattr(data_component, "cache", True) and not streaming:  # a stream is read as it trains: not cached
+        parts = datacache.key_parts(data_component, tokenizer, tokens.key() if tokens is not None else None)
     stream = None
-    if getattr(data_component, "streaming", False):  # train: the stream's first rows, checked as loaded ones
+
+    def load(workers: Any) -> Any:
+        nonlocal stream
+        if not streaming:
+            return data_component.load(workers)
         from components.runtime.streaming import load_stream
 
-        stream, data = load_stream(data_component)
-    else:
-        data = data_component.load()
-    defaulted = None
-    if tokenizer is not None and not tokenizer.chat_template and is_conversational(data["train"][0]):
-        tokenizer.chat_template, defaulted = default_template(tokenizer)
-    if tokenizer is not None and is_conversational(data["train"][0]):
-        data = fit_template(data_component, data, tokenizer)
-    if tokenizer is not None:
-        data = data_component.enforce_length(data, tokenizer)
+        stream, loaded = load_stream(data_component, workers)  # train: its first rows, checked as loaded ones
+        return loaded
+
+    def build(workers: Any) -> datacache.Prepared:
+        data, defaulted = _load(data_component, load, tokenizer, workers)
+        made = {"rows/train": data["train"], "rows/eval": data["eval"]}
+        facts: dict[str, Any] = {"report": asdict(data.report), "default template": defaulted}
+        if tokens is not None:
+            # a stream: its first rows and eval rows as unpacked tokens (the feed packs the stream)
+            token_maker = tokens.unpacked() if streaming else tokens
+            token_splits, facts["tokens"] = token_maker.prepare(data, tokenizer, workers)
+            made |= {f"tokens/{name}": split for name, split in token_splits.items()}
+        return datacache.Prepared(made, facts)
+
+    outcome = datacache.prepare(data_component, parts, build, data_processes(data_component.num_proc))
+    made, facts = outcome.prepared.datasets, outcome.prepared.facts
+    data = LoadedData({"train": made["rows/train"], "eval": made["rows/eval"]}, LoadReport(**facts["report"]))
+    defaulted = facts.get("default template")
+    if defaulted and tokenizer is not None and not tokenizer.chat_template:  # reused: set it as preparing did
+        tokenizer.chat_template = default_template(tokenizer)[0]
     check_eval_split(data_component, len(data["eval"]), eval_every)
     notes: dict[str, Any] = {"train rows": len(data["train"]), "eval rows": len(data["eval"])}
     notes.update(data.stats)
     notes.update(data.info)  # the format, where the eval rows came from
-    prepared = PreparedData(data, notes, default_template=defaulted)
-    pairs = eval_pairs(data_component, data)[:eval_generations] if tokenizer is not None else []
+    token_facts = facts.get("tokens") or {}
+    for name, n in token_facts.get("dropped", {}).items():
+        notes[f"dropped ({name}: no trained token left within data.max_length)"] = n
+    notes["data cache"] = STREAM_NOT_CACHED if streaming else outcome.note()
+    split_tokens = {name[len("tokens/") :]: d for name, d in made.items() if name.startswith("tokens/")}
+    prepared = PreparedData(data, notes, [], defaulted, split_tokens or None, token_facts)
+    pairs = eval_pairs(data_component, data, eval_generations) if tokenizer is not None else []
     if pairs:
         limit, key, policy = data_component.prompt_limit()
         prepared.prompts, counts = eval_prompts(
@@ -58,35 +103,46 @@ def prepare_data(
     if stream is not None:
         from components.runtime.streaming import as_streamed
 
-        as_streamed(prepared, stream, data_component, tokenizer)
+        as_streamed(prepared, stream, data_component, tokenizer, tokens)
     return prepared
 
 
-def fit_template(data_component: Any, data: Any, tokenizer: Any) -> Any:
+def _load(data_component: Any, load: Any, tokenizer: Any, workers: Any) -> tuple[Any, str | None]:
+    """The rows as training reads them: loaded (``load(workers)``), the chat template given (the default
+    for a tokenizer without one) and fitted, the length policy applied. Returns them and the default
+    template's name."""
+    from components.text.chat_template import default_template, is_conversational
+
+    data = load(workers)
+    defaulted = None
+    conversational = is_conversational(data["train"][0])
+    if tokenizer is not None and not tokenizer.chat_template and conversational:
+        tokenizer.chat_template, defaulted = default_template(tokenizer)
+    if tokenizer is not None and conversational:
+        data = fit_template(data_component, data, tokenizer, workers)
+    if tokenizer is not None:
+        data = data_component.enforce_length(data, tokenizer, workers)
+    return data, defaulted
+
+
+def fit_template(data_component: Any, data: Any, tokenizer: Any, workers: Any) -> Any:
     """The conversations as the chat template can render them, checked on every row before anything renders
     them: a leading system turn folded into the first user turn when the template has no system role
     (``data.fold_system``; false refuses such rows by name), and tool calls or tool schemas the template
-    would silently drop refused (a ConfigError naming the template and the first such row)."""
+    would silently drop refused (a ConfigError naming the template and the first such row). The rows are
+    read only when the conversion counted such rows (``LoadReport.flags``)."""
     from components.config.errors import ConfigError
-    from components.data import LoadedData
-    from components.text.chat_template import (
-        check_tools_rendered,
-        fold_system,
-        is_conversational,
-        rejects_system,
-        row_tools,
-        template_label,
-    )
+    from components.data import MESSAGE_COLUMNS, LoadedData
+    from components.text.chat_template import check_tools_rendered, rejects_system, row_tools, template_label
 
     label = template_label(tokenizer.chat_template)
     splits = dict(data.items())
-    if rejects_system(tokenizer):
+    flags = data.report.flags
+    if flags.get("system") and rejects_system(tokenizer):
         folded = 0
         for name, split in splits.items():
-            first = split[0] if len(split) else {}
-            whole = split[:]  # one read of the whole split
-            columns = {c: whole[c] for c in first if is_conversational({c: first[c]})}
-            rows = [i for i in range(len(split)) if any(_leading_system(v[i]) for v in columns.values())]
+            columns = [c for c in split.column_names if c in MESSAGE_COLUMNS]
+            rows = rows_where(split, columns, functools.partial(_any_leading_system, columns=columns))
             if rows and not getattr(data_component, "fold_system", True):
                 raise ConfigError(
                     f"the chat template ({label}) has no system role, and {len(rows)} {name} rows start "
@@ -98,33 +154,58 @@ def fit_template(data_component: Any, data: Any, tokenizer: Any) -> Any:
                 )
             if rows:
                 folded += len(rows)
-                whole |= {c: [fold_system(m) for m in values] for c, values in columns.items()}
-                splits[name] = type(split).from_dict(whole, features=split.features)
+                fold = functools.partial(_fold, columns)
+                splits[name] = workers.map_rows(
+                    split, fold, split.features, f"folding system turns of {name} rows", f"folded-{name}"
+                )
         if folded:
             data.report.info["system turns"] = (
                 f"{folded} folded into the first user turn (the chat template has no system role; "
                 "data.fold_system=false refuses them instead)"
             )
     for name, split in splits.items():  # whether the template renders them is the template's property
-        if "messages" not in split.column_names:
+        if "messages" not in split.column_names or not (flags.get("tool_calls") or flags.get("tools")):
             continue
-        whole = split[:]
-        tools = whole.get("tools", [None] * len(split))
-        rows = list(zip(whole["messages"], tools, strict=True))
-        calls = next(
-            ((i, m, t) for i, (m, t) in enumerate(rows) if any(x.get("tool_calls") for x in m)), None
-        )
-        schemas = next(((i, m, t) for i, (m, t) in enumerate(rows) if t), None)
-        for i, messages, row_schemas in {id(x): x for x in (calls, schemas) if x}.values():
+        columns = ["messages", *(["tools"] if "tools" in split.column_names else [])]
+        calls = rows_where(split, columns, lambda row: any(m.get("tool_calls") for m in row["messages"]), 1)
+        schemas = rows_where(split, columns, lambda row: bool(row.get("tools")), 1)
+        for i in dict.fromkeys([*calls, *schemas]):
+            row = split[i]
             try:
-                check_tools_rendered(tokenizer, messages, row_tools(row_schemas), label)
+                check_tools_rendered(tokenizer, row["messages"], row_tools(row.get("tools")), label)
             except ConfigError as err:
                 raise ConfigError(f"{name} row {i}: {err.args[0]}", key=err.key, hint=err.hint) from None
     return LoadedData(splits, data.report)
 
 
+def rows_where(split: Any, columns: list[str], test: Any, limit: int | None = None) -> list[int]:
+    """The indices of ``split``'s rows that pass ``test`` (reading ``columns`` a batch at a time; at most
+    ``limit``)."""
+    from components.distributed.workers import SHARD_ROWS
+
+    found: list[int] = []
+    part = split.select_columns(columns)
+    for a in range(0, len(part), SHARD_ROWS):
+        batch = part[a : a + SHARD_ROWS]
+        for i, values in enumerate(zip(*(batch[c] for c in columns), strict=True)):
+            if test(dict(zip(columns, values, strict=True))):
+                found.append(a + i)
+                if limit is not None and len(found) >= limit:
+                    return found
+    return found
+
+
 def _leading_system(messages: Any) -> bool:
     return bool(messages) and messages[0].get("role") == "system"
+
+
+def _fold(columns: list[str], batch: dict[str, list[Any]], first: int) -> dict[str, list[Any]]:
+    """A batch with the leading system turn of each message list folded (``fold_system``)."""
+    return batch | {c: [fold_system(m) for m in batch[c]] for c in columns}
+
+
+def _any_leading_system(row: dict[str, Any], columns: list[str]) -> bool:
+    return any(_leading_system(row[c]) for c in columns)
 
 
 def check_eval_split(data_component: Any, eval_rows: int, eval_every: int) -> None:
@@ -169,7 +250,7 @@ def plan_data(comps: Any, eval_generations: int, every: int = 0) -> list[str]:
         tokenizer, skipped = None, f"token lengths not checked: {err.args[0]}"
     else:
         tokenizer, skipped = comps.model.build_tokenizer(convert=False), ""
-    prepared = prepare_data(comps.data, tokenizer, eval_generations, every)
+    prepared = prepare_data(comps.data, tokenizer, eval_generations, every, comps.recipe.tokens(comps))
     if tokenizer is not None:
         comps.recipe.check_data(comps, prepared.splits, tokenizer)
     lines = [f"# data: {key}: {value}" for key, value in prepared.notes.items()]

@@ -1,5 +1,5 @@
-"""The feed of a streamed run (``data.streaming``): TRL's lazily tokenized stream as training batches, and
-each rank's position in it, which every checkpoint holds.
+"""The feed of a streamed run (``data.streaming``): the stream's tokens (each row tokenized as it is read) as
+training batches, and each rank's position in it, which every checkpoint holds.
 
 The feed takes ``data.stream_window`` examples at a time from the stream (fewer where a pass over the
 data ends: a window never holds a row twice), shuffles them (seeded by data.seed and where the window
@@ -46,8 +46,9 @@ class Place:
 
 
 class Windows(TorchIterable):
-    """The examples of TRL's lazily prepared stream, a window at a time: shuffled, packed, each with its
-    :class:`Place`; from ``start`` (the stream restarted at its window, its examples before passed over)."""
+    """The examples of the stream's tokens (each row tokenized as it is read), a window at a time: shuffled,
+    packed, each with its :class:`Place`; from ``start`` (the stream restarted at its window, its examples
+    before passed over)."""
 
     def __init__(self, prepared: Any, stream: RowStream, data: Any, start: Place) -> None:
         self.prepared, self.stream, self.data, self.start = prepared, stream, data, start
@@ -127,19 +128,6 @@ class Feed:
             return collator([{k: v for k, v in ex.items() if k in KEPT} for ex in examples])
 
         return collate
-
-    def eval_examples(self, prepared: Any) -> Any:
-        """The eval rows as TRL prepared them. With data.packing TRL tokenized them without cutting (the
-        stream's rows are cut by its packing strategy, not before it): here they are cut at data.max_length
-        and those left without a trained token dropped, as TRL does unpacked rows."""
-        if prepared is None or not self.data.packing:
-            return prepared
-        limit = self.data.max_length
-
-        def cut(example: dict[str, Any]) -> dict[str, Any]:
-            return {"input_ids": example["input_ids"][:limit], "labels": example["labels"][:limit]}
-
-        return prepared.map(cut).filter(lambda example: any(t != -100 for t in example["labels"]))
 
     @property
     def place(self) -> Place:

@@ -48,6 +48,9 @@ MANAGEMENT: tuple[str, ...] = (
     "train.max_new_tokens",
     "train.write_plots",
     "train.num_workers",
+    "data.cache",  # where and how the data is prepared, not what it is (datafp.NOT_DATA)
+    "data.cache_dir",
+    "data.num_proc",
     "hydra",  # run/sweep dirs and the like (overrides only: the task config has no hydra node)
     *PLACEMENT,  # where the job runs: each node's own launcher.node_rank, a new master address, ...
     # launcher=slurm's job script: where and how long the job runs, not what it trains

@@ -34,15 +34,8 @@ from components.runtime.feed import Feed
 from components.runtime.resume import loss_span, pinned
 from components.runtime.run import RunContext, peak_memory_gb
 from components.runtime.startup import training_starts
-from components.runtime.streaming import checkable, is_stream, mask_stream
-from components.text.chat_template import (
-    HYDRATUNE,
-    check_splits,
-    choose_method,
-    label_for,
-    mask_segments,
-    pretokenize,
-)
+from components.runtime.streaming import is_stream
+from components.text.chat_template import label_for, mask_segments
 from components.text.masking import check_label_mask, label_mask_stats, stop_token_ids
 from components.tracker import TrackerRun
 
@@ -61,6 +54,9 @@ class Session:
     model: Any = None
     report: dict[str, dict[str, Any]] = field(default_factory=dict)
     eval_prompts: list[EvalPrompt] = field(default_factory=list)  # tokenized in load_data, pre-model
+    # the tokens the trainer reads, by split, when the recipe has them prepared with the data (SFT)
+    tokens: dict[str, Any] | None = None
+    token_facts: dict[str, Any] = field(default_factory=dict)
     interrupt: GracefulInterrupt = field(default_factory=GracefulInterrupt)
     first_step: FirstStepTimer = field(default_factory=FirstStepTimer)
     trackers: TrackerRun = field(default_factory=TrackerRun)  # rank 0: what the trackers opened
@@ -107,14 +103,21 @@ class Session:
         }
         return session
 
-    def load_data(self) -> Any:
+    def load_data(self, tokens: Any = None) -> Any:
         """The data component's train/eval splits, length policy applied, and the eval prompts for
         generation tokenized under the same policy; bad or empty data fails here, before any model loads.
-        A tokenizer without a chat template gets the documented default for conversational data."""
+        A tokenizer without a chat template gets the documented default for conversational data.
+        ``tokens`` (the recipe's ``tokens()``): also every row tokenized, in ``self.tokens``."""
         c, train = self.ctx.components, self.ctx.train
-        prepared = prepare_data(c.data, self.tokenizer, train.eval_generations, eval_every(c, train))
+        prepared = prepare_data(c.data, self.tokenizer, train.eval_generations, eval_every(c, train), tokens)
         self.eval_prompts = prepared.prompts
+        self.tokens, self.token_facts = prepared.tokens, prepared.token_facts
         self.report["data"] = prepared.notes
+        method = (prepared.token_facts.get("plan") or {}).get("mask")
+        if method and method != "none":
+            from components.runtime.sftdata import token_plan
+
+            self.report.setdefault("loss mask", {})["method"] = token_plan(prepared.token_facts).method
         self.report_chat_template(prepared.default_template)
         return prepared.splits
 
@@ -129,29 +132,6 @@ class Session:
             self.report["run"]["chat template"] = f"{default} (default: the tokenizer has none)"
         elif self.tokenizer.chat_template:
             self.report["run"]["chat template"] = label_for(self.ctx.components.model, self.tokenizer)
-
-    def mask_assistant_turns(self, data: Any, *, completion_only: bool = False) -> tuple[Any, bool]:
-        """Assistant-only loss, decided before the model loads: ``(data, whether TRL masks it)``.
-
-        TRL masks when the template has ``{% generation %}`` markers or TRL patches it; otherwise the splits
-        become pre-tokenized ``input_ids`` + ``assistant_masks`` rows from hydratune's turn-by-turn mask
-        (``completion_only``: of the completion's assistant turns only), which fails here (ConfigError) for
-        a template that is not prefix-preserving."""
-        label = label_for(self.ctx.components.model, self.tokenizer)
-        method = choose_method(self.tokenizer)[0]
-        self.report.setdefault("loss mask", {})["method"] = method
-        if method != HYDRATUNE:
-            check_splits(self.tokenizer, checkable(data), label)  # every row (of a stream: its first)
-            return data, True
-        log.info("assistant-only loss: %s (template: %s)", method, label)
-        # masking every row checks every row (an error names the split and row; a stream's, as it is read)
-        masked = {
-            name: mask_stream(split, self.tokenizer, label=label, completion_only=completion_only)
-            if is_stream(split)
-            else pretokenize(split, self.tokenizer, label=label, completion_only=completion_only, where=name)
-            for name, split in data.items()
-        }
-        return masked, False
 
     def build_model(self, task: str = "causal_lm") -> Any:
         """The model with quantization and PEFT applied, no KV cache while training.
@@ -240,7 +220,7 @@ class Session:
         handlers = () if c.strategy.scales_loss else tuple(c.precision.scaler_handlers(self.ctx.plan.dtype))
         replicas = self.ctx.plan.mesh.tp if self.ctx.plan.mesh is not None else 1
         train, feed = data["train"], None
-        if is_stream(train):  # TRL tokenizes it lazily; the feed batches it and keeps its position
+        if is_stream(train):  # tokenized as it is read; the feed batches it and keeps its position
             feed, train = Feed(train, c.data), train.dataset()
         trainer = hydratune_trainer(trainer_cls, handlers, feed, token_replicas=replicas)(
             model=self.model,
@@ -251,8 +231,6 @@ class Session:
             callbacks=self.callbacks(),
             **extra,
         )
-        if feed is not None:
-            trainer.eval_dataset = feed.eval_examples(trainer.eval_dataset)
         if c.strategy.splits_sequences:
             from components.distributed.model_parallel import attention_function
 

@@ -1,6 +1,7 @@
 """``data.streaming=true`` in a run: the refusals before load, the stream's preparation beside the loaded
-eval rows, SFTConfig's data fields for a stream, the positions a resume needs. No torch import here (the
-checks run before it); the feed is ``components/runtime/feed.py``.
+eval rows (never cached: ``components/runtime/dataprep.py``), its rows tokenized as they are read exactly as
+loaded rows are (``components/text/sft_tokens.py``), SFTConfig's data fields, the positions a resume needs.
+No torch import here (the checks run before it); the feed is ``components/runtime/feed.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from components.data import LoadedData
+    from components.distributed.workers import Workers
     from components.runtime.run import Components
+    from components.runtime.sftdata import SFTTokens
 
 POSITION_FILE = "stream_position_{rank}.json"  # in a checkpoint: where each rank's stream stands
 
@@ -119,24 +122,25 @@ def check_positions(checkpoint: Path, world: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------- the load
-def load_stream(data: Any) -> tuple[RowStream, LoadedData]:
+def load_stream(data: Any, workers: Workers) -> tuple[RowStream, LoadedData]:
     """This rank's stream, and the splits ``prepare_data`` checks as it checks loaded ones: the stream's
-    first rows (checked before the model loads) as train, the eval rows (a finite file, loaded whole)."""
+    first rows (checked before the model loads) as train, the eval rows (a finite file, loaded whole);
+    ``workers`` write them as Arrow."""
     from components.data import LoadedData
     from components.streaming import open_stream
 
     rank, world = rank_and_world()
-    stream, report, evals = open_stream(data, rank=rank, world=world)
+    stream, report, evals = open_stream(data, rank=rank, world=world, workers=workers)
     if data.eval_path:
         apart = data.layout(data.eval_path, None)
         key = "data.eval_path"
-        sources = data.read(data.eval_path, key, report, parts=apart.train if apart else None)
-        evals = data.convert(sources, stream.convert, tuple(stream.column_names), key, report)
+        tables = data.read(data.eval_path, key, report, workers, parts=apart.train if apart else None)
+        evals = stream.convert_rows(tables, key, report, workers)
         report.info["eval rows from"] = f"data.eval_path={data.eval_path}"
         report.info.update(apart.info("eval") if apart else {})
     elif (layout := data.layout(data.path, data.split)) is not None and layout.eval:
-        sources = data.read(data.path, "data.path", report, parts=layout.eval)
-        evals = data.convert(sources, stream.convert, tuple(stream.column_names), "data.path", report)
+        tables = data.read(data.path, "data.path", report, workers, parts=layout.eval)
+        evals = stream.convert_rows(tables, "data.path", report, workers)
         report.info["eval rows from"] = f"the {layout.eval_split} split of data.path"
     elif evals is None:
         evals = stream.probe.select([])
@@ -144,11 +148,14 @@ def load_stream(data: Any) -> tuple[RowStream, LoadedData]:
     return stream, LoadedData({"train": stream.probe, "eval": evals}, report)
 
 
-def as_streamed(prepared: Any, stream: RowStream, data: Any, tokenizer: Any) -> None:
+def as_streamed(
+    prepared: Any, stream: RowStream, data: Any, tokenizer: Any, tokens: SFTTokens | None
+) -> None:
     """``prepared`` (a PreparedData; its train split: the stream's first rows, checked) on the stream: every
     later row goes through what ``prepare_data`` did to the first ones (the system turn folded or refused
-    for a template without one, the length policy), as it is read."""
-    from components.data import LoadedData, token_length
+    for a template without one, the length policy), as it is read; with ``tokens``, the train tokens are
+    the stream's rows tokenized as they are read (:func:`token_stream`)."""
+    from components.data import LoadedData, batch_lengths
     from components.text.chat_template import fold_system, is_conversational, rejects_system, template_label
 
     checked = prepared.splits["train"]
@@ -169,7 +176,7 @@ def as_streamed(prepared: Any, stream: RowStream, data: Any, tokenizer: Any) -> 
     if tokenizer is not None and data.on_overlong != "truncate":
 
         def length(row: dict[str, Any]) -> dict[str, Any]:
-            n = token_length(row, tokenizer)
+            n = batch_lengths(tokenizer, {k: [v] for k, v in row.items()})[0]
             if n <= data.max_length:
                 return {}
             if data.on_overlong == "drop":
@@ -186,28 +193,47 @@ def as_streamed(prepared: Any, stream: RowStream, data: Any, tokenizer: Any) -> 
         f"a stream (data.streaming): only its first {len(checked)} rows were read and checked before "
         "training; the others are checked as training reads them"
     )
+    if tokens is not None and prepared.tokens is not None:
+        prepared.tokens["train"] = token_stream(stream, prepared, tokens, tokenizer)
 
 
-def checkable(splits: Any) -> dict[str, Any]:
-    """``splits`` with each stream replaced by its rows checked before training (for whole-split checks)."""
-    return {name: split.probe if is_stream(split) else split for name, split in splits.items()}
+def token_stream(stream: RowStream, prepared: Any, tokens: SFTTokens, tokenizer: Any) -> RowStream:
+    """The stream's rows as the trainer's tokens (``input_ids`` + ``labels``), each row tokenized as it is
+    read by what tokenizes loaded rows (``tokenize_batch``: TRL's tokens, the plan's mask): cut at
+    data.max_length unless packing (the feed packs whole rows); a row left with no trained token is dropped
+    and counted. The first rows' tokens, made before the model loaded (unpacked), are its probe."""
+    import dataclasses
 
+    from components.runtime.sftdata import token_plan
+    from components.text.sft_tokens import tokenize_batch
 
-def mask_stream(stream: RowStream, tokenizer: Any, *, label: str, completion_only: bool) -> RowStream:
-    """hydratune's turn-by-turn assistant mask on every row, as it is read (``pretokenize``'s rows)."""
-    from components.text.chat_template import pretokenized
+    plan = dataclasses.replace(token_plan(prepared.token_facts), packing=tokens.packing)
+    prepared.token_facts["plan"] = dataclasses.asdict(plan)
 
-    def mask(row: dict[str, Any]) -> dict[str, Any]:
-        return pretokenized(row, tokenizer, label=label, completion_only=completion_only)
+    def tokenize(row: dict[str, Any]) -> dict[str, Any]:
+        try:
+            out = tokenize_batch(plan, tokenizer, {k: [v] for k, v in row.items()}, where="", first=0)
+        except ConfigError as err:  # the stream names the row by its file and line, not as row 0 of a batch
+            message = err.args[0].lstrip().removeprefix("row 0: ")
+            raise ConfigError(message, key=err.key, hint=err.hint) from None
+        if not out["input_ids"]:
+            raise Dropped
+        return {"input_ids": out["input_ids"][0], "labels": out["labels"][0]}
 
-    return stream.map(mask, remove_columns=stream.column_names)
+    return stream.then(tokenize, remove_columns=stream.column_names).with_probe(prepared.tokens["train"])
 
 
 def sft_data_args(data: Any) -> dict[str, Any]:
-    """SFTConfig's data fields: TRL packs and truncates a loaded set; a stream is packed by the feed (TRL
-    truncates it unless packing: ``bfd`` cuts, ``bfd_split`` / ``wrapped`` carry the rest over), read in the
+    """SFTConfig's data fields: the tokens are hydratune's, made as TRL makes them (``skip_prepare_dataset``:
+    TRL neither tokenizes, cuts nor packs them again); a stream is packed by the feed (its rows are cut at
+    max_length unless packing: ``bfd`` cuts, ``bfd_split`` / ``wrapped`` carry the rest over), read in the
     training process, and resumed from its own position (no skipping of batches)."""
-    args = {"max_length": data.max_length, "packing": data.packing, "packing_strategy": data.packing_strategy}
+    args = {
+        "max_length": data.max_length,
+        "packing": data.packing,
+        "packing_strategy": data.packing_strategy,
+        "dataset_kwargs": {"skip_prepare_dataset": True},  # the tokens are TRL's already (sft_tokens)
+    }
     if not getattr(data, "streaming", False):
         return args
     return args | {

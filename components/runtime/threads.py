@@ -39,3 +39,9 @@ def apply_thread_policy(
     chosen = {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     environ.update(chosen)
     return chosen
+
+
+def data_processes(num_proc: int | None) -> int:
+    """The processes a data preparation uses: ``data.num_proc``, else every core this process may run on
+    (one process prepares while the other ranks of the job wait for it), at least one."""
+    return num_proc if num_proc else max(1, available_cores())

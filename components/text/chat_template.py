@@ -67,14 +67,6 @@ def row_tools(value: Any) -> list[dict[str, Any]] | None:
     return value or None
 
 
-def split_rows(split: Any) -> tuple[list[Messages], list[Any]]:
-    """The ``messages`` and ``tools`` (None per row without the column) of a dataset split."""
-    rows = split[:]  # one read of the whole split (a column's rows read one by one are slow)
-    messages = rows["messages"]
-    tools = rows["tools"] if "tools" in rows else [None] * len(messages)
-    return messages, [row_tools(t) for t in tools]
-
-
 # ---- named templates -----------------------------------------------------------------------------
 def trl_template_dir() -> Path | None:
     """``trl/chat_templates`` of the installed TRL, found without importing TRL."""
@@ -321,11 +313,12 @@ def mask_conversations(
     tools: list[Any] | None = None,
     firsts: list[int] | None = None,
     where: str = "",
+    first: int = 0,
 ) -> list[Masked]:
     """``input_ids`` (tokenized as ``apply_chat_template`` does: no added special tokens) and
     ``assistant_masks`` of every conversation (``tools[i]``: row i's tool schemas; only the assistant turns
     from turn ``firsts[i]`` on are trained). Rendered one by one, tokenized in batches; an error names the
-    row (``where``: e.g. the split)."""
+    row (``where``: e.g. the split; ``first``: the number of the first conversation in it)."""
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(
             f"assistant-only loss with this chat template needs a fast tokenizer (offsets); "
@@ -347,7 +340,7 @@ def mask_conversations(
                     )
                 )
             except ConfigError as err:
-                raise _row_error(err, row, where) from None
+                raise _row_error(err, first + row, where) from None
         enc = tokenizer([t for t, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
         for i, ((text, spans), ids, offsets) in enumerate(
             zip(rendered, enc["input_ids"], enc["offset_mapping"], strict=True)
@@ -358,7 +351,7 @@ def mask_conversations(
             try:
                 _check_stops(tokenizer, ids, offsets, spans, label, text)
             except ConfigError as err:
-                raise _row_error(err, start + i, where) from None
+                raise _row_error(err, first + start + i, where) from None
             aligned = all(a in starts and b in ends for a, b in spans)
             out.append(Masked(text, spans, list(ids), token_mask(offsets, spans), aligned))
     return out
@@ -421,46 +414,6 @@ def check_template(
     }
 
 
-def pretokenize(
-    dataset: Any, tokenizer: Any, *, label: str, completion_only: bool = False, where: str = ""
-) -> Any:
-    """``dataset`` (a ``messages`` column) as pre-tokenized rows ``input_ids`` + ``assistant_masks``, which
-    TRL's SFTTrainer neither re-tokenizes nor fails to fold into ``labels``. ``completion_only``: only the
-    assistant turns among each row's last ``completion_turns`` (prompt/completion data) are trained."""
-    from datasets import Dataset, Features, Sequence, Value
-
-    conversations, tools = split_rows(dataset)
-    firsts = None
-    if completion_only and "completion_turns" in dataset.column_names:
-        firsts = [len(c) - n for c, n in zip(conversations, dataset["completion_turns"], strict=True)]
-    masked = mask_conversations(
-        tokenizer, conversations, label=label, tools=tools, firsts=firsts, where=where
-    )
-    ids = [m.input_ids for m in masked]
-    masks = [m.assistant_masks for m in masked]
-    unaligned = sum(not m.aligned for m in masked)
-    if unaligned:
-        log.warning(
-            "%d of %d conversations have an assistant turn whose first or last token also holds template "
-            "text (a token spans the boundary); that token is trained",
-            unaligned,
-            len(ids),
-        )
-    features = Features({"input_ids": Sequence(Value("int64")), "assistant_masks": Sequence(Value("int8"))})
-    return Dataset.from_dict({"input_ids": ids, "assistant_masks": masks}, features=features)
-
-
-def pretokenized(
-    row: dict[str, Any], tokenizer: Any, *, label: str, completion_only: bool = False
-) -> dict[str, list[int]]:
-    """One row's :func:`pretokenize` (a streamed row, masked as it is read)."""
-    messages = row["messages"]
-    first = len(messages) - row["completion_turns"] if completion_only and "completion_turns" in row else 0
-    tools = row_tools(row.get("tools"))
-    masked = mask_conversation(tokenizer, messages, label=label, tools=tools, first=first)
-    return {"input_ids": masked.input_ids, "assistant_masks": masked.assistant_masks}
-
-
 def choose_method(tokenizer: Any) -> tuple[str, str | None]:
     """How assistant-only loss is computed: ``(method, TRL's training template or None)``.
 
@@ -476,98 +429,6 @@ def choose_method(tokenizer: Any) -> tuple[str, str | None]:
     except Exception:  # ValueError: not patchable; templates failing TRL's probe renders likewise
         return HYDRATUNE, None
     return (TRL_PATCHED, patched) if patched else (TRL_MARKERS, None)
-
-
-def _trl_spans(tokenizer: Any, conversations: list[Messages], template: str | None, tools: Any) -> list[Any]:
-    """Each conversation rendered as TRL will (``apply_chat_template``'s rendering: None-valued keys
-    dropped, the special tokens as template variables), as its ``{% generation %}`` character spans; no
-    tokenizing, so every row can be checked quickly."""
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    plain = [[{k: v for k, v in m.items() if v is not None} for m in c] for c in conversations]
-    return render_jinja_template(
-        conversations=plain,
-        tools=tools,
-        chat_template=tokenizer.get_chat_template(template, tools),
-        return_assistant_tokens_mask=True,
-        **tokenizer.special_tokens_map,
-    )[1]
-
-
-def preflight_trl(
-    tokenizer: Any,
-    conversations: list[Messages],
-    template: str | None,
-    label: str,
-    *,
-    tools: list[Any] | None = None,
-    where: str = "",
-) -> None:
-    """Render every conversation the way TRL will, in batches of rows with the same tools (a failing batch
-    is retried row by row to name the row), so a template error or a row whose ``{% generation %}`` blocks
-    hold nothing is a ConfigError before the model loads rather than an error inside the trainer."""
-    tools = tools or [None] * len(conversations)
-    groups: dict[str, list[int]] = {}
-    for row, schemas in enumerate(tools):
-        groups.setdefault(json.dumps(schemas, sort_keys=True), []).append(row)
-    spans: dict[int, Any] = {}
-    for rows in groups.values():
-        for start in range(0, len(rows), CHECK_BATCH):
-            batch = rows[start : start + CHECK_BATCH]
-            try:
-                found = _trl_spans(tokenizer, [conversations[i] for i in batch], template, tools[batch[0]])
-            except Exception:  # retried row by row below, which names the row and the error
-                continue
-            spans.update(zip(batch, found, strict=True))
-    for row, messages in enumerate(conversations):
-        try:
-            if row not in spans:
-                try:
-                    spans[row] = _trl_spans(tokenizer, [messages], template, tools[row])[0]
-                except Exception as err:
-                    raise ConfigError(
-                        f"the chat template ({label}) cannot render this conversation: {err}",
-                        key=KEY,
-                        hint=WAY_OUT,
-                    ) from None
-            if not any(b > a for a, b in spans[row]):
-                raise ConfigError(
-                    f"the chat template ({label}) marks no assistant text in this conversation (its "
-                    "{% generation %} blocks hold nothing), so it would train nothing",
-                    key=KEY,
-                    hint=WAY_OUT,
-                )
-        except ConfigError as err:
-            raise _row_error(err, row, where) from None
-
-
-def check_assistant_mask(
-    tokenizer: Any,
-    conversations: list[Messages],
-    label: str,
-    *,
-    tools: list[Any] | None = None,
-    where: str = "",
-) -> str:
-    """How training will mask assistant turns with this tokenizer's template, checked on every one of
-    ``conversations`` (a ConfigError naming the row for a template that cannot mask or render one):
-    decided before the model loads, by the SFT recipe and by ``mode=plan`` alike. Returns the method."""
-    method, trl_template = choose_method(tokenizer)
-    if method == HYDRATUNE:
-        check_template(tokenizer, conversations, label=label, tools=tools, where=where)
-    else:
-        preflight_trl(tokenizer, conversations, trl_template, label, tools=tools, where=where)
-    return method
-
-
-def check_splits(tokenizer: Any, splits: Any, label: str) -> str:
-    """``check_assistant_mask`` on every row of every split (errors say ``train row N`` / ``eval row N``)."""
-    method = choose_method(tokenizer)[0]
-    for name, split in splits.items():
-        if len(split):
-            conversations, tools = split_rows(split)
-            method = check_assistant_mask(tokenizer, conversations, label, tools=tools, where=name)
-    return method
 
 
 # ---- a template without a system role --------------------------------------------------------------

@@ -89,16 +89,3 @@ def check_label_mask(stats: dict[str, float], *, masked: bool) -> None:
             hint="make the template put the EOS / end-of-turn token inside the assistant's "
             "{% generation %} block, or raise data.max_length",
         )
-
-
-def as_prompt_completion(dataset: Any) -> Any:
-    """Rows of ``messages`` + ``completion_turns`` in TRL's conversational prompt/completion shape
-    (``prompt``: the turns before the completion, ``completion``: its last ``completion_turns`` turns), so
-    TRL's ``completion_only_loss`` masks the prompt (its other columns, e.g. ``tools``, are kept)."""
-
-    def split(row: dict[str, Any]) -> dict[str, Any]:
-        cut = len(row["messages"]) - row["completion_turns"]
-        return {"prompt": row["messages"][:cut], "completion": row["messages"][cut:]}
-
-    drop = [c for c in ("messages", "answer", "completion_turns") if c in dataset.column_names]
-    return dataset.map(split, remove_columns=drop)
