@@ -583,6 +583,11 @@ class Slurm(Local):
         name = self.job_name or f"hydratune-{run_dir.name}"
         return sbatch_script(self, run_dir, worker.__module__, name)
 
+    def rendezvous_id(self, pinned_run_dir: str | None) -> str:
+        """SLURM starts every rank itself (``srun``) and the job script names the run dir, so no torch
+        elastic rendezvous needs an id shared by the nodes: the job's id names it."""
+        return f"hydratune-slurm-{os.environ.get('SLURM_JOB_ID', 'job')}"
+
     def describe(self, run_id: str) -> str:
         return (
             f"launcher: slurm, {self.nnodes} node(s) x {self.nproc_per_node} task(s) = world "
