@@ -29,15 +29,16 @@ def run_worker(run_dir: str) -> Any:
         print_error,
     )
     from components.config.resolvers import register_resolvers
-    from components.distributed.interrupt import defer
-    from components.runtime.resume import continue_in_place
-    from components.runtime.run import Components, run_recipe
     from components.runtime.startup import pause_gc, process_defaults, run_ends
     from components.runtime.threads import apply_thread_policy
 
     process_defaults()  # as the CLI sets them (TOKENIZERS_PARALLELISM, no FutureWarnings)
     pause_gc()  # until training starts: see components/runtime/startup.py
     apply_thread_policy(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # before torch is imported
+    from components.distributed.interrupt import defer  # imports transformers, and so torch
+    from components.runtime.resume import continue_in_place
+    from components.runtime.run import Components, run_recipe
+
     register_resolvers()
     recipes.register_all()
     path = Path(run_dir)
