@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from components.distributed.workers import SHARD_ROWS, Workers, open_shards
+from components.launcher import alive
 from components.runtime.datafp import FileHashes, cache_root, fingerprint_node
 
 log = logging.getLogger("hydratune")
@@ -491,7 +492,7 @@ def _clear_leftovers(root: Path) -> None:
                 shutil.rmtree(staging, ignore_errors=True)
     host = socket.gethostname()
     for temporary in (root / TEMPORARY).glob(f"*@{host}.*") if (root / TEMPORARY).is_dir() else []:
-        if not _alive(int(temporary.name.split("@")[0])):
+        if not alive(int(temporary.name.split("@")[0])):
             shutil.rmtree(temporary, ignore_errors=True)
     shutil.rmtree(root / "hashes", ignore_errors=True)
     for lock in root.glob("*.lock") if root.is_dir() else []:
@@ -519,13 +520,3 @@ class _try_lock:
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
