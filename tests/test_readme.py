@@ -1,5 +1,5 @@
 """README.md and docs/*.md cannot rot: every ``hydratune`` command in their code blocks runs, each failure
-naming its file and line.
+naming its file and line, and every relative link resolves to a file and heading.
 
 Commands are taken from fenced shell blocks (bash/sh/console/plain) and indented code blocks: every simple
 command starting with ``hydratune`` (also after ``&&``, behind ``$ `` prompts and ``VAR=value`` prefixes,
@@ -673,6 +673,97 @@ def readme_shell_lines() -> Iterator[tuple[int, str]]:
 def shell_lines(page: Path) -> Iterator[tuple[int, str]]:
     for first, language, block in code_blocks(page.read_text().splitlines()):
         yield from logical_lines(first, language, block)
+
+
+# --- links -----------------------------------------------------------------------------------------------
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def prose(markdown: str) -> list[tuple[int, str]]:
+    """(line number, text) of every line outside fenced code blocks, inline code spans blanked."""
+    out, fence = [], ""
+    for number, line in enumerate(markdown.splitlines(), 1):
+        opening = FENCE.match(line)
+        if fence:
+            if line.strip().startswith(fence):
+                fence = ""
+            continue
+        if opening:
+            fence = opening.group(1)
+            continue
+        out.append((number, re.sub(r"(`+)(?:(?!\1).)+?\1", "``", line)))
+    return out
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: its text (links and emphasis as rendered) lowercased, punctuation
+    dropped, each space a hyphen."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    text = re.sub(r"<[^>]+>", "", text).lower()  # html tags
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every heading anchor of a markdown page, numbered as GitHub numbers repeated ones (``x``, ``x-1``)."""
+    seen: dict[str, int] = {}
+    found = set()
+    for _, line in prose(page.read_text()):
+        heading = HEADING.match(line)
+        if not heading:
+            continue
+        base = slug(heading.group(2))
+        found.add(base if base not in seen else f"{base}-{seen[base]}")
+        seen[base] = seen.get(base, 0) + 1
+    return found
+
+
+def broken_links(page: Path) -> list[str]:
+    """Every relative link of ``page`` whose file does not exist or whose ``#anchor`` is no heading of it."""
+    broken = []
+    for number, line in prose(page.read_text()):
+        for target in LINK.findall(line):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto:
+                continue
+            path, _, fragment = target.partition("#")
+            where = (page.parent / path).resolve() if path else page
+            name = f"{shown(page)}:{number} ({target})"
+            if not where.exists():
+                broken.append(f"{name}: no file {path}")
+            elif fragment and where.suffix == ".md" and fragment not in anchors(where):
+                broken.append(f"{name}: no heading #{fragment} in {shown(where)}")
+    return broken
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves() -> None:
+    broken = [b for page in [*PAGES, REPO / "ARCHITECTURE.md"] for b in broken_links(page)]
+    assert not broken, "links to no file or heading:\n  " + "\n  ".join(broken)
+
+
+def test_the_readme_links_every_docs_page() -> None:
+    links = [target for _, line in prose(README.read_text()) for target in LINK.findall(line)]
+    linked = {target.partition("#")[0] for target in links}
+    missing = [f"docs/{page.name}" for page in PAGES[1:] if f"docs/{page.name}" not in linked]
+    assert not missing, f"docs pages the README's Documentation list does not link: {missing}"
+
+
+def test_the_link_checker_reads_github_anchors(tmp_path: Path) -> None:
+    assert slug("After training: generate, chat, eval, Best-of-N, export") == (
+        "after-training-generate-chat-eval-best-of-n-export"
+    )
+    assert slug("`strategy=auto`'s speed order") == "strategyautos-speed-order"
+    assert slug("Big data: the prepared-data cache") == "big-data-the-prepared-data-cache"
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Title\n\n## Run dir\n\n## Run dir\n\n```bash\n# not a heading\n```\n"
+        "[a](#run-dir-1) [b](#not-a-heading) `[c](#in-code)` [d](page.md#title) [e](nowhere.md) [f](https://x.y/#z)\n"
+    )
+    found = [b.split(": ", 1)[1] for b in broken_links(page)]
+    assert found == ["no heading #not-a-heading in page.md", "no file nowhere.md"], found
 
 
 SAMPLE = """\
