@@ -961,8 +961,8 @@ class Source:
     cache_dir: str | None = None  # null: $HYDRATUNE_DATA_CACHE, else $HYDRATUNE_CACHE/data
     num_proc: int | None = None  # processes preparing the data; null: the cores this process may use
     # read data.path lazily, row by row while training (corpora larger than memory or disk): SFT only,
-    # with train.max_steps; eval rows: data.eval_path, or the stream's own first rows (README "Streaming");
-    # never cached (data.cache has no effect)
+    # with train.max_steps; eval rows: data.eval_path, or the stream's own first rows; never cached
+    # (data.cache has no effect). docs/data.md, "Streaming"
     streaming: bool = False
 
     def validate(self) -> None:

@@ -1,12 +1,13 @@
 """A reward served over HTTP (``recipe.reward_url``, for GRPO, PPO and Best-of-N): stdlib ``urllib`` only.
 
-The contract (README, "Rewards"): one ``POST <reward_url>`` per scored batch, ``Content-Type:
-application/json``, body ``{"prompts": [...], "completions": [...], "<column>": [...], ...}`` (one entry per
-completion: the prompt as text or chat messages, the completion's text, each other column of the rows, e.g.
-``answer``); the answer ``{"scores": [<float>, ...]}``, one number per completion. A request that fails to
-connect, times out (``recipe.reward_timeout`` seconds) or gets a 5xx is retried ``recipe.reward_retries``
-times (0.5 s, 1 s, 2 s ... apart); a 4xx or a malformed answer is not. Before any model loads (``mode=plan``
-too) the URL is probed with an empty batch, which must be answered ``{"scores": []}``.
+The contract (docs/recipes.md, "A reward served over HTTP"): one ``POST <reward_url>`` per scored batch,
+``Content-Type: application/json``, body ``{"prompts": [...], "completions": [...], "<column>": [...], ...}``
+(one entry per completion: the prompt as text or chat messages, the completion's text, each other column of
+the rows, e.g. ``answer``); the answer ``{"scores": [<float>, ...]}``, one number per completion. A request
+that fails to connect, times out (``recipe.reward_timeout`` seconds) or gets a 5xx is retried
+``recipe.reward_retries`` times (0.5 s, 1 s, 2 s ... apart); a 4xx or a malformed answer is not. Before any
+model loads (``mode=plan`` too) the URL is probed with an empty batch, which must be answered
+``{"scores": []}``.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class HttpReward:
 class RewardURL:
     """The knobs of a reward served over HTTP, shared by the recipes that score completions."""
 
-    reward_url: str | None = None  # POST JSON {prompts, completions, <columns>} -> {scores}; see README
+    reward_url: str | None = None  # POST JSON {prompts, completions, <columns>} -> {scores}: docs/recipes.md
     reward_timeout: float = 30.0  # seconds per request
     reward_retries: int = 2  # further tries after a connection error, timeout or 5xx
 

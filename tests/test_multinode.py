@@ -1,5 +1,5 @@
 """Several nodes, for real: two "nodes" on 127.0.0.1, each a hydratune command with one process
-(``launcher.nnodes=2``), side by side in one pinned run dir, as the README's multi-node commands run them;
+(``launcher.nnodes=2``), side by side in one pinned run dir, as docs/multinode.md's commands run them;
 and DeepSpeed's hostfile launcher over a real sshd. The oracle is a one-node 2-process run with the same
 seed: on CPU the final weights are equal bit for bit.
 

@@ -4,8 +4,8 @@ conf/ and the components (components/config/options.py).
 - ``options.node`` (hydratune's fast composition, no Hydra) equals Hydra's composition of every option;
 - every option builds, and a recipe option's ``_target_`` names the recipe registered under that name;
 - the estimate's every-strategy table, ``strategy=auto``'s ladder and candidates, the support matrix,
-  ``hydratune ls`` and the README's generated tables list exactly the options Hydra composes (the
-  expected sets below come from composing with Hydra, not from the code under test);
+  ``hydratune ls`` and the generated tables of README.md and docs/strategies.md list exactly the options
+  Hydra composes (the expected sets below come from composing with Hydra, not from the code under test);
 - a strategy option added to a copy of conf/ as one YAML file reaches every derived table.
 """
 
@@ -117,14 +117,17 @@ def test_the_matrix_ls_and_readme_list_every_option(compose_cfg) -> None:
         assert f"<!-- options:{group} -->{docs.option_list(group)}<!-- /options -->" in readme, (
             f"README.md's {group} options are out of date: run hydratune docs"
         )
-    assert docs.strategy_table() in readme, "README.md's strategy table is out of date: run hydratune docs"
+    page = (REPO / "docs" / "strategies.md").read_text()
+    assert docs.strategy_table() in page, (
+        "docs/strategies.md's strategy table is out of date: run hydratune docs"
+    )
     for name in options("strategy"):
         assert f"| `{name}` |" in docs.strategy_table()
 
 
 def test_the_generated_docs_are_up_to_date() -> None:
-    """README.md's generated parts and docs/matrix.md as ``hydratune docs`` writes them (a hand-deleted
-    row, or an option added without regenerating, fails here)."""
+    """README.md's and docs/strategies.md's generated parts and docs/matrix.md as ``hydratune docs`` writes
+    them (a hand-deleted row, or an option added without regenerating, fails here)."""
     from components.commands.docs import generated
 
     stale = [str(path) for path, text in generated(REPO).items() if path.read_text() != text]
@@ -173,9 +176,11 @@ def test_a_new_strategy_option_reaches_every_derived_table(
     assert "zero1_offload" in catalog.render(conf_with_zero1_offload)
     assert "`zero1_offload`" in docs.option_list("strategy")
     assert "| `zero1_offload` | DeepSpeed ZeRO-1 with the optimizer states" in docs.strategy_table()
-    readme = tmp_path / "README.md"
-    shutil.copy(REPO / "README.md", readme)
+    readme, page = tmp_path / "README.md", tmp_path / "docs" / "strategies.md"
     (tmp_path / "docs").mkdir()
+    shutil.copy(REPO / "README.md", readme)
+    shutil.copy(REPO / "docs" / "strategies.md", page)
     assert docs.cli(["--check", str(tmp_path)]) == 1  # the committed docs do not list it yet
     assert docs.cli([str(tmp_path)]) == 0 and "`zero1_offload`" in readme.read_text()
+    assert "| `zero1_offload` | DeepSpeed ZeRO-1 with the optimizer states" in page.read_text()
     assert "| zero1_offload |" in (tmp_path / "docs" / "matrix.md").read_text()

@@ -1,4 +1,5 @@
-"""README.md cannot rot: every ``hydratune`` command in its code blocks runs, each failure naming its line.
+"""README.md and docs/*.md cannot rot: every ``hydratune`` command in their code blocks runs, each failure
+naming its file and line, and every relative link resolves to a file and heading.
 
 Commands are taken from fenced shell blocks (bash/sh/console/plain) and indented code blocks: every simple
 command starting with ``hydratune`` (also after ``&&``, behind ``$ `` prompts and ``VAR=value`` prefixes,
@@ -17,7 +18,8 @@ ALLOWLIST holds the commands that cannot run here, with the reason. To save ~8 s
 the commands run one after another in two concurrent worker processes (``python tests/test_readme.py JOBS
 OUT``) calling the console entry point ``recipes.cli.main`` with each command's argv, cwd and environment,
 restored after each; a command that fails there is run again alone in a fresh ``python -m recipes``
-process, and that result is the one judged.
+process, and that result is the one judged. Commands are collected from README.md and every docs/*.md page
+(ids ``docs/data.md:123 hydratune ...``); an identical command on several pages runs once.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
+#: the pages whose commands run: the README and every docs page
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 CI_RUN = REPO / ".ci" / "run"
 
 SHELL_LANGUAGES = {"", "bash", "sh", "shell", "console", "shell-session", "zsh"}
@@ -176,16 +180,17 @@ FILES: dict[str, Callable[[], str]] = {
 # --- extraction ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Command:
-    """One ``hydratune`` invocation found in a README code block."""
+    """One ``hydratune`` invocation found in a code block of README.md or a docs page."""
 
-    line: int  # README line the command starts on
+    line: int  # line of its page the command starts on
     text: str  # as written: continuations joined, `$ ` prompt and `# comment` stripped
     args: tuple[str, ...]  # the shell words after `hydratune`
     env: tuple[tuple[str, str], ...] = ()  # `VAR=value hydratune ...` prefixes
+    page: str = "README.md"  # the page it is on, relative to the repository
 
     @property
     def id(self) -> str:
-        return f"README.md:{self.line} {self.text}"
+        return f"{self.page}:{self.line} {self.text}"
 
 
 @dataclass(frozen=True)
@@ -259,7 +264,7 @@ def segments(line: int, text: str) -> Iterator[Segment]:
     yield Segment(line, tuple(words))
 
 
-def as_command(segment: Segment, text: str) -> Command | None:
+def as_command(segment: Segment, text: str, page: str = "README.md") -> Command | None:
     """The segment as a hydratune Command (env prefixes peeled off), or None when it runs something else."""
     words = list(segment.words)
     env = []
@@ -268,7 +273,7 @@ def as_command(segment: Segment, text: str) -> Command | None:
         env.append((name, value))
     if not words or words[0] != "hydratune":
         return None
-    return Command(segment.line, text, tuple(words[1:]), tuple(env))
+    return Command(segment.line, text, tuple(words[1:]), tuple(env), page)
 
 
 def command_text(text: str) -> list[str]:
@@ -285,7 +290,7 @@ def command_text(text: str) -> list[str]:
     return [" ".join(p) for p in parts]
 
 
-def extract(markdown: str) -> tuple[list[Command], list[Segment]]:
+def extract(markdown: str, page: str = "README.md") -> tuple[list[Command], list[Segment]]:
     """Every hydratune command in the markdown's shell code blocks, and every other simple command."""
     lines = markdown.splitlines()
     commands: list[Command] = []
@@ -295,7 +300,7 @@ def extract(markdown: str) -> tuple[list[Command], list[Segment]]:
             for segment, written in zip(segments(line, text), command_text(text), strict=True):
                 if not segment.words:
                     continue
-                command = as_command(segment, written)
+                command = as_command(segment, written, page)
                 if command:
                     commands.append(command)
                 else:
@@ -303,7 +308,12 @@ def extract(markdown: str) -> tuple[list[Command], list[Segment]]:
     return commands, others
 
 
-README_COMMANDS, README_OTHERS = extract(README.read_text())
+def extract_pages(pages: list[Path]) -> list[Command]:
+    """Every hydratune command of every page, page by page."""
+    return [c for page in pages for c in extract(page.read_text(), str(page.relative_to(REPO)))[0]]
+
+
+README_COMMANDS = extract_pages(PAGES)  # README.md's and every docs page's
 
 
 class MissingFixture(Exception):
@@ -524,9 +534,9 @@ def missing_module(command: Command) -> str | None:
 def results(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> dict[str, dict[str, Any]]:
-    """The result of every selected, runnable README command, by command id. Two workers run concurrently:
-    one trains the session runs and then runs the commands that read them, the other runs the rest.
-    Identical commands (same argv and environment) run once."""
+    """The result of every selected, runnable command of the pages, by command id. Two workers run
+    concurrently: one trains the session runs and then runs the commands that read them, the other runs the
+    rest. Identical commands (same argv and environment) run once, whichever pages they are on."""
     start, root = time.monotonic(), tmp_path_factory.mktemp("readme")
     runs_dir = root / "session_runs"
     runs_dir.mkdir()
@@ -542,7 +552,7 @@ def results(
     for command in runnable:
         key = (command.args, command.env)
         if key not in jobs:
-            cwd = root / f"line{command.line}_{len(jobs)}"
+            cwd = root / f"{Path(command.page).stem}{command.line}_{len(jobs)}"
             cwd.mkdir()
             try:
                 args = prepare(command, cwd)
@@ -601,7 +611,7 @@ def results(
             by_job[job["id"]] = result
         out[command.id] = result
     print(
-        f"\nREADME.md: {len(README_COMMANDS)} hydratune commands ({len(ALLOWLIST)} allowlisted), "
+        f"\nREADME.md + docs/*.md: {len(README_COMMANDS)} hydratune commands ({len(ALLOWLIST)} allowlisted), "
         f"{len(runnable)} selected and runnable, {len(jobs)} distinct run, {len(training)} session runs, "
         f"{time.monotonic() - start:.1f}s"
     )
@@ -613,7 +623,7 @@ def test_the_readme_has_commands_and_the_allowlist_is_current() -> None:
     assert len(README_COMMANDS) >= 10, [c.id for c in README_COMMANDS]
     texts = {c.text for c in README_COMMANDS}
     stale = [t for t in ALLOWLIST if t not in texts]
-    assert not stale, f"ALLOWLIST entries no longer in README.md (remove them): {stale}"
+    assert not stale, f"ALLOWLIST entries no longer in README.md or docs/*.md (remove them): {stale}"
 
 
 @pytest.mark.parametrize("command", README_COMMANDS, ids=lambda c: c.id)
@@ -634,13 +644,17 @@ def test_readme_command(command: Command, results: dict[str, dict[str, Any]]) ->
 
 
 def test_ci_runs_the_readme_install_and_test_commands() -> None:
-    """.ci/run contains the README's test command verbatim; every torch pin agrees with constraints.txt."""
+    """.ci/run contains the README's test command verbatim; every torch pin agrees with constraints.txt; every
+    install command of the README and the docs pages uses the constraints."""
     ci = CI_RUN.read_text()
-    pip_lines = sorted({text for _, text in readme_shell_lines() if re.search(r"(^|&& )pip install", text)})
-    test_lines = [t for t in pip_lines if "pytest" in t]
-    assert test_lines, f"no install-and-test command (pip install ... && pytest) in README.md: {pip_lines}"
+    readme = sorted({text for _, text in readme_shell_lines() if re.search(r"(^|&& )pip install", text)})
+    test_lines = [t for t in readme if "pytest" in t]
+    assert test_lines, f"no install-and-test command (pip install ... && pytest) in README.md: {readme}"
     for line in test_lines:
         assert line in ci.splitlines(), f".ci/run does not run the README's test command verbatim:\n  {line}"
+    pip_lines = sorted(
+        {text for page in PAGES for _, text in shell_lines(page) if re.search(r"(^|&& )pip install", text)}
+    )
     pinned = re.search(r"^torch==(\S+)$", (REPO / "constraints.txt").read_text(), re.M)
     assert pinned, "constraints.txt pins no torch version"
     for text in [*pip_lines, *ci.splitlines()]:
@@ -649,12 +663,107 @@ def test_ci_runs_the_readme_install_and_test_commands() -> None:
                 f"torch=={version} in `{text}` but constraints.txt has {pinned[0]}"
             )
     installs = [t for t in pip_lines if "-c constraints.txt" not in t]
-    assert not installs, f"README install commands without the constraints: {installs}"
+    assert not installs, f"README / docs install commands without the constraints: {installs}"
 
 
 def readme_shell_lines() -> Iterator[tuple[int, str]]:
-    for first, language, block in code_blocks(README.read_text().splitlines()):
+    yield from shell_lines(README)
+
+
+def shell_lines(page: Path) -> Iterator[tuple[int, str]]:
+    for first, language, block in code_blocks(page.read_text().splitlines()):
         yield from logical_lines(first, language, block)
+
+
+# --- links -----------------------------------------------------------------------------------------------
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def prose(markdown: str) -> list[tuple[int, str]]:
+    """(line number, text) of every line outside fenced code blocks, inline code spans blanked."""
+    out, fence = [], ""
+    for number, line in enumerate(markdown.splitlines(), 1):
+        opening = FENCE.match(line)
+        if fence:
+            if line.strip().startswith(fence):
+                fence = ""
+            continue
+        if opening:
+            fence = opening.group(1)
+            continue
+        out.append((number, re.sub(r"(`+)(?:(?!\1).)+?\1", "``", line)))
+    return out
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: its text (links and emphasis as rendered) lowercased, punctuation
+    dropped, each space a hyphen."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    text = re.sub(r"<[^>]+>", "", text).lower()  # html tags
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every heading anchor of a markdown page, numbered as GitHub numbers repeated ones (``x``, ``x-1``)."""
+    seen: dict[str, int] = {}
+    found = set()
+    for _, line in prose(page.read_text()):
+        heading = HEADING.match(line)
+        if not heading:
+            continue
+        base = slug(heading.group(2))
+        found.add(base if base not in seen else f"{base}-{seen[base]}")
+        seen[base] = seen.get(base, 0) + 1
+    return found
+
+
+def broken_links(page: Path) -> list[str]:
+    """Every relative link of ``page`` whose file does not exist or whose ``#anchor`` is no heading of it."""
+    broken = []
+    for number, line in prose(page.read_text()):
+        for target in LINK.findall(line):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto:
+                continue
+            path, _, fragment = target.partition("#")
+            where = (page.parent / path).resolve() if path else page
+            name = f"{shown(page)}:{number} ({target})"
+            if not where.exists():
+                broken.append(f"{name}: no file {path}")
+            elif fragment and where.suffix == ".md" and fragment not in anchors(where):
+                broken.append(f"{name}: no heading #{fragment} in {shown(where)}")
+    return broken
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves() -> None:
+    broken = [b for page in [*PAGES, REPO / "ARCHITECTURE.md"] for b in broken_links(page)]
+    assert not broken, "links to no file or heading:\n  " + "\n  ".join(broken)
+
+
+def test_the_readme_links_every_docs_page() -> None:
+    links = [target for _, line in prose(README.read_text()) for target in LINK.findall(line)]
+    linked = {target.partition("#")[0] for target in links}
+    missing = [f"docs/{page.name}" for page in PAGES[1:] if f"docs/{page.name}" not in linked]
+    assert not missing, f"docs pages the README's Documentation list does not link: {missing}"
+
+
+def test_the_link_checker_reads_github_anchors(tmp_path: Path) -> None:
+    assert slug("After training: generate, chat, eval, Best-of-N, export") == (
+        "after-training-generate-chat-eval-best-of-n-export"
+    )
+    assert slug("`strategy=auto`'s speed order") == "strategyautos-speed-order"
+    assert slug("Big data: the prepared-data cache") == "big-data-the-prepared-data-cache"
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Title\n\n## Run dir\n\n## Run dir\n\n```bash\n# not a heading\n```\n"
+        "[a](#run-dir-1) [b](#not-a-heading) `[c](#in-code)` [d](page.md#title) [e](nowhere.md) [f](https://x.y/#z)\n"
+    )
+    found = [b.split(": ", 1)[1] for b in broken_links(page)]
+    assert found == ["no heading #not-a-heading in page.md", "no file nowhere.md"], found
 
 
 SAMPLE = """\

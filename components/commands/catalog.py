@@ -62,4 +62,5 @@ def help_text(conf: Path | None = None) -> str:
     help composes every group, schemas included: ~2 s)."""
     cat = catalog(conf)
     rows = [f"  {group}: {', '.join(cat[group])}" for group in ordered_groups(cat)]
-    return USAGE + "\n".join(rows) + "\n\nexamples, the run dir and every knob: README.md"
+    pages = "examples: README.md; the run dir and every knob: docs/ (README.md lists the pages)"
+    return USAGE + "\n".join(rows) + "\n\n" + pages

@@ -1,11 +1,13 @@
 """``hydratune docs [--check]``: the documentation tables derived from conf/ and the components, written into
-the checkout (README.md's option lists and strategy table, docs/matrix.md). A new option is its YAML file:
-this command puts it in the docs, and ``tests/test_options.py`` fails while the committed docs disagree.
+the checkout (README.md's option lists, docs/strategies.md's strategy table, docs/matrix.md). A new option is
+its YAML file: this command puts it in the docs, and ``tests/test_options.py`` fails while the committed docs
+disagree.
 
-README.md holds the generated parts between markers, so the prose around them stays hand-written::
+README.md and docs/strategies.md hold the generated parts between markers, so the prose around them stays
+hand-written::
 
-    <!-- options:strategy -->`single` (default), `ddp`, ...<!-- /options -->
-    <!-- strategies -->
+    <!-- options:strategy -->`single` (default), `ddp`, ...<!-- /options -->        (README.md)
+    <!-- strategies -->                                                              (docs/strategies.md)
     | strategy | what it is |
     ...
     <!-- /strategies -->
@@ -41,8 +43,12 @@ def strategy_table() -> str:
     return "\n".join(["| strategy | what it is |", "| --- | --- |", *rows])
 
 
+#: the hand-written pages that hold generated parts between markers
+MARKED = ("README.md", "docs/strategies.md")
+
+
 def readme(text: str) -> str:
-    """``text`` (README.md) with every generated part regenerated."""
+    """``text`` (README.md, docs/strategies.md) with every generated part regenerated."""
     text = OPTIONS.sub(
         lambda m: f"<!-- options:{m['group']} -->{option_list(m['group'])}<!-- /options -->", text
     )
@@ -54,7 +60,7 @@ def generated(root: Path) -> dict[Path, str]:
     from components.commands.matrix import markdown
 
     return {
-        root / "README.md": readme((root / "README.md").read_text()),
+        **{root / page: readme((root / page).read_text()) for page in MARKED},
         root / "docs" / "matrix.md": markdown(),
     }
 

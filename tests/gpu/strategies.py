@@ -3,7 +3,8 @@ a ~0.45B Llama-shaped random-init model (hidden 1024, 24 layers) on packed 1024-
 
 For each run: loss falls (mean of the last 5 logged losses < first logged loss), the live strategy
 (distributed type, ZeRO stage) matches the request, peak GPU memory and tokens/s. A few strategies also
-save at step 10 and resume to step 20 in a new run dir. Writes a markdown table (``--out``).
+save at step 10 and resume to step 20 in a new run dir. Writes a markdown table (``--out``): into the
+``<!-- bench:strategies -->`` markers of a page that has them (docs/strategies.md), else the whole file.
 
     python tests/gpu/strategies.py --out docs/strategies.md          # ~10 min on one H100
     python tests/gpu/strategies.py --only zero3,fsdp --quick          # a subset, 10 steps
@@ -141,7 +142,20 @@ def main() -> None:
     table = render(rows, torch.cuda.get_device_name(), steps)
     print(table)
     if args.out:
-        args.out.write_text(table)
+        write(args.out, table)
+
+
+def write(path: Path, table: str) -> None:
+    """``table`` between the page's ``<!-- bench:strategies -->`` markers (without its title), or as the
+    whole file when the page has none."""
+    begin, end = "<!-- bench:strategies -->", "<!-- /bench:strategies -->"
+    text = path.read_text() if path.is_file() else ""
+    if begin not in text or end not in text:
+        path.write_text(table)
+        return
+    before, rest = text.split(begin, 1)
+    body = table.split("\n\n", 1)[1]  # without "# Strategies on one GPU"
+    path.write_text(f"{before}{begin}\n{body}{end}{rest.split(end, 1)[1]}")
 
 
 def render(rows: list[dict], device: str, steps: int) -> str:
