@@ -176,11 +176,15 @@ def recipes_importing_recipes(root: Path = REPO) -> list[str]:
 
 
 def layer(module: str) -> str:
-    """The layer of a components/ module: its package, ``groups`` for a top-level one (``memory.spec``
-    apart)."""
+    """The layer of a components/ module: its package, ``groups`` for a top-level one or one of a group's
+    package (``components.strategy.deepspeed``; ``memory.spec`` apart)."""
+    from components import GROUP_PACKAGES
+
     parts = module.split(".")
     if module == "components.memory.spec":
         return "memory.spec"
+    if len(parts) > 1 and parts[1] in GROUP_PACKAGES:
+        return "groups"
     if len(parts) > 2 or parts[-1] in PACKAGES:
         return parts[1]
     return "groups"
