@@ -87,7 +87,8 @@ class PPO(Recipe, OneReward):
                 hint = "a divisor of rollout_batch_size" if key == "mini_batch_size" else None
                 raise ConfigError(f"invalid value {getattr(self, key)!r}", key=f"recipe.{key}", hint=hint)
         # (what the strategy's own loop hooks refuse is checked for every loop-owning recipe before load)
-        if comps.strategy.loop_engine:  # one engine, which accumulates micro-batches itself
+        hooks = comps.strategy.loop_hooks  # None: refused by the pre-load checks (own_loop_refusal)
+        if hooks is not None and hooks.loop_engine:  # one engine, which accumulates micro-batches itself
             if self.value_model != "head":
                 raise ConfigError(
                     f"under {comps.strategy.label} PPO trains one engine: the value function must be the "

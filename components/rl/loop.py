@@ -1,4 +1,5 @@
-"""PPO's loop on accelerate: built from a run's components through the strategy's loop hooks, one
+"""PPO's loop on accelerate: built from a run's components through the strategy's loop hooks (its
+``OwnLoop`` extension, ``components/strategy/core.py``), one
 iteration at a time, checkpointed and restored whole. ``recipes/ppo.py`` drives it; the algorithm's pieces
 are the small functions of ``components/rl/ppo.py``.
 
@@ -68,27 +69,26 @@ class PPOLoop:
         plan = dataclasses.replace(
             ctx.plan, micro_batch_size=micro, gradient_accumulation_steps=knobs.mini_batch_size // micro
         )
-        acc = c.strategy.loop_accelerator(ctx.device, plan)
+        hooks = c.strategy.loop_hooks  # a strategy without them was refused before load
+        acc = hooks.loop_accelerator(ctx.device, plan)
         # FSDP2 turns the parameters into DTensor shards: before the optimizer is built over them
-        policy, value = (c.strategy.shard_trained(acc, m) for m in (policy, value))
-        c.strategy.verify_loop(acc, ctx.plan.world_size, [policy, value])
-        session.report["run"]["live strategy"] = c.strategy.loop_description(acc)
-        optimizer = c.strategy.loop_optimizer(
+        policy, value = (hooks.shard_trained(acc, m) for m in (policy, value))
+        hooks.verify_loop(acc, ctx.plan.world_size, [policy, value])
+        session.report["run"]["live strategy"] = hooks.loop_description(acc)
+        optimizer = hooks.loop_optimizer(
             c.optimizer, [*policy.parameters(), *value.parameters()], ctx.device, plan
         )
-        loop = c.strategy.prepare_loop(
-            acc, {"policy": policy, "value": value}, optimizer, ppo.PolicyAndValue.of
-        )
+        loop = hooks.prepare_loop(acc, {"policy": policy, "value": value}, optimizer, ppo.PolicyAndValue.of)
         # the schedule stays ours, stepped once per optimizer step on every rank: accelerate's prepared
         # scheduler steps once per process (and hands DeepSpeed only DeepSpeed's own scheduler types)
         scheduler = c.scheduler.build(loop.optimizer, steps)
         if reference is not None:
             reference = reference.to(acc.device)
         elif not c.peft.is_adapter:  # built like the policy, sharded (a ZeRO-3 inference engine, FSDP2)
-            reference = c.strategy.prepare_frozen(acc, session.build_frozen)
+            reference = hooks.prepare_frozen(acc, session.build_frozen)
         if isinstance(reward, RewardModel):  # sharded too where the policy is; else a whole copy per process
-            reward.model = c.strategy.prepare_frozen(acc, lambda: reward.model)
-        sharding = c.strategy.loop_report(loop.modules)  # FSDP: this rank's shards
+            reward.model = hooks.prepare_frozen(acc, lambda: reward.model)
+        sharding = hooks.loop_report(loop.modules)  # FSDP: this rank's shards
         if sharding:
             session.report["sharding"] = sharding
         policy, value = loop.modules["policy"], loop.modules["value"]
@@ -168,7 +168,7 @@ class PPOLoop:
         # 1. sample responses to a batch of prompts and score them
         idx = self.sampler.take_shard(k.rollout_batch_size, acc.process_index, acc.num_processes)
         rows = self.data[idx]
-        with c.strategy.generation(policy):
+        with c.strategy.loop_hooks.generation(policy):
             ro = ppo.rollout(
                 acc.unwrap_model(policy).eval(), tok, [self.texts[i] for i in idx],
                 max_new_tokens=k.response_length, temperature=k.temperature, top_k=k.top_k, top_p=k.top_p,
@@ -245,10 +245,10 @@ class PPOLoop:
     def final(self) -> dict[str, Any]:
         """``Session.finish_loop``'s model, extra modules and, where the weights are sharded, the state
         dicts gathered on rank 0 (a collective call)."""
-        acc, strategy = self.accelerator, self.ctx.components.strategy
+        acc, hooks = self.accelerator, self.ctx.components.strategy.loop_hooks
         engine = self.loop.engine
         trained = engine if engine is not None else ppo.PolicyAndValue.of(self.loop.modules)
-        gathered = ppo.split_gathered(strategy.gather_loop_weights(acc, trained))
+        gathered = ppo.split_gathered(hooks.gather_loop_weights(acc, trained))
         unwrapped = self.unwrapped
         return {"model": unwrapped["policy"], "extra": {"value": unwrapped["value"]}, "gathered": gathered}
 

@@ -1,23 +1,34 @@
 """Strategy component: how training is spread over devices.
 
-``single`` and ``ddp`` are plain accelerate; ``zero0``…``zero3pp`` generate a DeepSpeed config from the
-composed run (every ``"auto"`` resolved, see :meth:`DeepSpeed.deepspeed_config`); ``fsdp`` gives
-accelerate an FSDP2 plugin, and shards the modules of loops we own (PPO) with ``fully_shard`` itself
-(``components/distributed/fsdp.py``). After the trainer is built, :meth:`Strategy.verify` checks that
-accelerate really prepared what was asked for (it falls back silently in several setups) and refuses to train
-otherwise; loops are checked by :meth:`Strategy.verify_loop`.
+``single`` and ``ddp`` are plain accelerate (``data_parallel.py``); ``zero0``…``zero3pp`` generate a
+DeepSpeed config from the composed run (``deepspeed.py``: every ``"auto"`` resolved, see
+:meth:`DeepSpeed.deepspeed_config`); ``fsdp`` gives accelerate an FSDP2 plugin, and shards the modules of
+loops we own (PPO) with ``fully_shard`` itself (``fsdp.py``, ``components/distributed/fsdp.py``);
+``pipeline`` cuts the model into stages (``pipeline.py``). After the trainer is built,
+:meth:`Strategy.verify` checks that accelerate really prepared what was asked for (it falls back silently in
+several setups) and refuses to train otherwise; loops are checked by :meth:`OwnLoop.verify_loop`.
+
+``core.py`` holds the interface: :class:`Strategy`, the core every strategy implements, and the extensions
+a strategy opts into by subclassing them, :class:`ModelSplit` (the model split over ranks: DeepSpeed, FSDP,
+pipeline) and :class:`OwnLoop` (the hooks of the loops we own: single, ddp, FSDP, DeepSpeed). This package
+re-exports every class under the ``_target_`` paths ``conf/strategy/`` and saved run dirs name
+(``components.strategy.DeepSpeed``).
 """
 
 from components.strategy.core import (
     DEVICES,
     MULTI_PROCESS,
+    WHOLE,
     BatchPlan,
+    ModelSplit,
+    OwnLoop,
     PreparedLoop,
     Strategy,
     check_split_sizes,
     detect_device,
     first_refusal,
     live_type,
+    own_loop_refusal,
     training_options,
 )
 from components.strategy.data_parallel import DDP, Single
@@ -48,9 +59,12 @@ __all__ = [
     "STATE_DICT_TYPES",
     "TP_ZERO3",
     "TRAINED",
+    "WHOLE",
     "ZERO_CHECKPOINT",
     "BatchPlan",
     "DeepSpeed",
+    "ModelSplit",
+    "OwnLoop",
     "Pipeline",
     "PreparedLoop",
     "Single",
@@ -59,6 +73,7 @@ __all__ = [
     "detect_device",
     "first_refusal",
     "live_type",
+    "own_loop_refusal",
     "partition_at_load",
     "training_options",
     "validate_deepspeed_config",

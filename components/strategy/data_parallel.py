@@ -9,12 +9,12 @@ from typing import Any, ClassVar
 from components.config.errors import ConfigError
 from components.config.registry import component
 from components.memory.shapes import StrategyShape
-from components.strategy.core import MULTI_PROCESS, BatchPlan, Strategy
+from components.strategy.core import MULTI_PROCESS, BatchPlan, OwnLoop, Strategy
 
 
 @component("strategy")
 @dataclass(frozen=True)
-class Single(Strategy):
+class Single(OwnLoop, Strategy):
     """One process on one device (GPU if present, else CPU)."""
 
     max_processes: ClassVar[int | None] = 1
@@ -25,7 +25,7 @@ class Single(Strategy):
 
 @component("strategy")
 @dataclass(frozen=True)
-class DDP(Strategy):
+class DDP(OwnLoop, Strategy):
     """torch DistributedDataParallel: one process per device, gradients all-reduced."""
 
     backend: str = "auto"  # auto = nccl on GPU, gloo on CPU

@@ -14,7 +14,15 @@ from components.config.registry import component
 from components.distributed import model_parallel
 from components.distributed.mesh import Mesh
 from components.memory.shapes import StrategyShape, elements
-from components.strategy.core import BatchPlan, PreparedLoop, Strategy, _mixed, check_split_sizes
+from components.strategy.core import (
+    BatchPlan,
+    ModelSplit,
+    OwnLoop,
+    PreparedLoop,
+    Strategy,
+    _mixed,
+    check_split_sizes,
+)
 
 OFFLOAD = ("none", "cpu", "nvme")
 COMM_DTYPES = (None, "fp32", "fp16", "bf16")
@@ -27,7 +35,7 @@ TP_ZERO3 = True
 
 @component("strategy")
 @dataclass(frozen=True)
-class DeepSpeed(Strategy):
+class DeepSpeed(ModelSplit, OwnLoop, Strategy):
     """DeepSpeed ZeRO stage 0-3, with CPU/NVMe offload and ZeRO++ as options.
 
     Every knob below is a DeepSpeed config key; sizes left ``null`` are derived from the model's hidden

@@ -16,6 +16,8 @@ from components.memory.shapes import StrategyShape
 from components.strategy.core import (
     MULTI_PROCESS,
     BatchPlan,
+    ModelSplit,
+    OwnLoop,
     PreparedLoop,
     Strategy,
     check_split_sizes,
@@ -27,7 +29,7 @@ STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
 
 @component("strategy")
 @dataclass(frozen=True)
-class FSDP(Strategy):
+class FSDP(ModelSplit, OwnLoop, Strategy):
     """PyTorch FSDP2 (``fully_shard``): parameters, gradients and optimizer state sharded over ranks; one
     FSDP unit per transformer layer. Trainer-based recipes get it through accelerate's FSDP2 plugin (GPU
     only); loops we own (PPO) call ``fully_shard`` themselves on a plain multi-process accelerator, with

@@ -11,12 +11,12 @@ from components.config.registry import component
 from components.distributed.mesh import Mesh
 from components.memory.parallel import SCHEDULES
 from components.memory.shapes import StrategyShape
-from components.strategy.core import BatchPlan, Strategy, first_refusal
+from components.strategy.core import BatchPlan, ModelSplit, Strategy, first_refusal
 
 
 @component("strategy")
 @dataclass(frozen=True)
-class Pipeline(Strategy):
+class Pipeline(ModelSplit, Strategy):
     """Pipeline parallel (``torch.distributed.pipelining``): the decoder layers cut into ``pp_size`` stages
     (x ``stages_per_rank`` under an interleaved schedule), each rank holding only its stages, micro-batches
     (``train.gradient_accumulation_steps`` per step) flowing through them on a GPipe, 1F1B or interleaved 1F1B
