@@ -3,7 +3,7 @@
 Each iteration: sample responses to ``rollout_batch_size`` prompts → score them (a reward function or a
 trained reward model) → log-probs of policy and reference, values → per-token rewards (score - KL
 penalty) → GAE → ``ppo_epochs`` passes of clipped policy + value updates in mini-batches. The pieces are
-the small functions of ``components/rl/ppo.py``; the reference is the adapter-free policy under PEFT (no
+the small functions of ``components/rl/ppo_parts.py``; the reference is the adapter-free policy under PEFT (no
 second copy of the weights), else a frozen copy (under ZeRO-3 a separate inference engine, under FSDP a
 sharded frozen model). Under FSDP the modules are sharded with ``fully_shard`` itself (accelerate's FSDP
 plugin cannot run on CPU), before the optimizer is built. Metrics go to ``metrics.jsonl`` and the trackers

@@ -70,7 +70,7 @@ class SFT(Recipe):
 
         from components.runtime.session import Session
         from components.runtime.sftdata import token_plan
-        from components.runtime.streaming import sft_data_args
+        from components.runtime.streamprep import sft_data_args
 
         c = ctx.components
         session = Session.start(ctx)

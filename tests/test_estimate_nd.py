@@ -507,7 +507,7 @@ def render_with(compose_cfg, strategy: dict, *overrides: str) -> str:
     from omegaconf import OmegaConf, open_dict
     from rich.console import Console
 
-    from components.commands.estimate import render
+    from components.commands.estimate_tables import render
 
     cfg = compose_cfg("precision=bf16", "estimate.gpu_memory=80GB", *overrides)
     with open_dict(cfg):

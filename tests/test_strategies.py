@@ -222,14 +222,14 @@ def test_fsdp_layer_classes_that_match_nothing_are_refused() -> None:
     """A misspelt ``transformer_layer_cls_to_wrap`` would leave the whole model one unit: refused."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from components.distributed import fsdp
+    from components.distributed import fully_shard
 
     model = LlamaForCausalLM(LlamaConfig(hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                                          num_attention_heads=2, vocab_size=16))  # fmt: skip
-    assert fsdp.layer_class_names(model, None) == {"LlamaDecoderLayer"}
-    assert fsdp.layer_class_names(model.lm_head, ["LlamaDecoderLayer"]) == set()  # a head: one unit
+    assert fully_shard.layer_class_names(model, None) == {"LlamaDecoderLayer"}
+    assert fully_shard.layer_class_names(model.lm_head, ["LlamaDecoderLayer"]) == set()  # a head: one unit
     with pytest.raises(ConfigError) as info:
-        fsdp.shard(model, device="cpu", layer_classes={"LlamaLayer"}, reshard_after_forward=True,
+        fully_shard.shard(model, device="cpu", layer_classes={"LlamaLayer"}, reshard_after_forward=True,
                    cpu_offload=False, mixed_precision="no")  # fmt: skip
     assert info.value.key == "strategy.transformer_layer_cls_to_wrap"
 

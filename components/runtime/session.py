@@ -34,7 +34,7 @@ from components.runtime.feed import Feed
 from components.runtime.resume import loss_span, pinned
 from components.runtime.run import RunContext, peak_memory_gb
 from components.runtime.startup import training_starts
-from components.runtime.streaming import is_stream
+from components.runtime.streamprep import is_stream
 from components.text.chat_template import label_for, mask_segments
 from components.text.masking import check_label_mask, label_mask_stats, stop_token_ids
 from components.tracker import TrackerRun
@@ -65,7 +65,7 @@ class Session:
     layout: dict[str, Any] = field(default_factory=dict)
     #: the model's attention function before Ulysses wrapped it (generation runs with it)
     attention: Any = None
-    pipeline: Any = None  # strategy=pipeline: this rank's stages and mesh (components/runtime/pipeline.py)
+    pipeline: Any = None  # strategy=pipeline: this rank's stages and mesh (runtime/pipeline_loop.py)
     eval_cost: dict[str, Any] = field(default_factory=dict)  # the end-of-run evaluation: seconds, rows
 
     @classmethod
@@ -213,7 +213,7 @@ class Session:
 
         c = self.ctx.components
         if c.strategy.model_split.splits_layers:  # the trainer gets this rank's stages only
-            from components.runtime.pipeline import cut_model
+            from components.runtime.pipeline_loop import cut_model
 
             self.pipeline = cut_model(self)
         # fp16 outside DeepSpeed (whose config carries them): the loss-scaling knobs reach torch's GradScaler
@@ -316,7 +316,7 @@ class Session:
     def train_and_finish(self, trainer: Any, *, probes: dict[str, Any] | None = None) -> dict[str, Any]:
         """``_train_and_finish``, then close the trackers whatever happened."""
         if self.ctx.components.strategy.model_split.splits_layers:  # our own loop over the stages
-            from components.runtime.pipeline import train_in_stages
+            from components.runtime.pipeline_loop import train_in_stages
 
             return train_in_stages(self, trainer)
         try:
@@ -529,7 +529,7 @@ class Session:
 
 def split(mesh: Any) -> bool:
     """The run splits the model's layers over ranks (tensor / sequence parallel): its engine's build is
-    checked before step 1 (pipeline stages are checked by ``components/runtime/pipeline.py``)."""
+    checked before step 1 (pipeline stages are checked by ``components/runtime/pipeline_loop.py``)."""
     return mesh is not None and (mesh.tp > 1 or mesh.sp > 1)
 
 

@@ -3,7 +3,7 @@
 ``single`` and ``ddp`` are plain accelerate (``data_parallel.py``); ``zero0``…``zero3pp`` generate a
 DeepSpeed config from the composed run (``deepspeed.py``: every ``"auto"`` resolved, see
 :meth:`DeepSpeed.deepspeed_config`); ``fsdp`` gives accelerate an FSDP2 plugin, and shards the modules of
-loops we own (PPO) with ``fully_shard`` itself (``fsdp.py``, ``components/distributed/fsdp.py``);
+loops we own (PPO) with ``fully_shard`` itself (``fsdp.py``, ``components/distributed/fully_shard.py``);
 ``pipeline`` cuts the model into stages (``pipeline.py``). After the trainer is built,
 :meth:`Strategy.verify` checks that accelerate really prepared what was asked for (it falls back silently in
 several setups) and refuses to train otherwise; loops are checked by :meth:`OwnLoop.verify_loop`.

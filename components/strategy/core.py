@@ -275,7 +275,7 @@ class ModelSplit:
     tp_size: ClassVar[int] = 1
     sp_size: ClassVar[int] = 1
     #: the model is built whole, then cut into pipeline stages, one part per rank: a recipe trains through
-    #: the pipeline's own loop (``components/runtime/pipeline.py``) when it declares ``trains_in_stages``
+    #: the pipeline's own loop (``components/runtime/pipeline_loop.py``) when it declares ``trains_in_stages``
     splits_layers: ClassVar[bool] = False
 
     def mesh(self, world_size: int) -> Mesh:

@@ -1,5 +1,5 @@
 """``strategy=fsdp``: PyTorch FSDP2, through accelerate's plugin for the Trainer and ``fully_shard`` itself
-for the loops we own (``components/distributed/fsdp.py``)."""
+for the loops we own (``components/distributed/fully_shard.py``)."""
 
 from __future__ import annotations
 
@@ -204,12 +204,12 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
         """``module`` sharded with ``fully_shard`` as the knobs say: one unit per transformer layer, then
         its root; ``cpu_offload`` → ``CPUOffloadPolicy``; bf16/fp16 runs compute in that dtype and reduce
         gradients in fp32 (``MixedPrecisionPolicy``)."""
-        from components.distributed import fsdp
+        from components.distributed import fully_shard
 
-        return fsdp.shard(
+        return fully_shard.shard(
             module,
             device=accelerator.device.type,
-            layer_classes=fsdp.layer_class_names(module, self.transformer_layer_cls_to_wrap),
+            layer_classes=fully_shard.layer_class_names(module, self.transformer_layer_cls_to_wrap),
             reshard_after_forward=self.reshard_after_forward,
             cpu_offload=self.cpu_offload,
             mixed_precision=str(accelerator.mixed_precision),
@@ -231,24 +231,24 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
         return PreparedLoop(dict(modules), optimizer)
 
     def generation(self, module: Any) -> contextlib.AbstractContextManager[None]:
-        from components.distributed import fsdp
+        from components.distributed import fully_shard
 
-        return fsdp.gathered(module, self.reshard_after_forward)
+        return fully_shard.gathered(module, self.reshard_after_forward)
 
     def gather_loop_weights(self, accelerator: Any, module: Any) -> dict[str, Any] | None:
-        from components.distributed import fsdp
+        from components.distributed import fully_shard
 
-        return fsdp.full_state_dict(module) or None
+        return fully_shard.full_state_dict(module) or None
 
     def verify_loop(self, accelerator: Any, world_size: int, modules: list[Any]) -> None:
         """Plain processes joined the group (not accelerate's FSDP, not one process fewer), and every
         trained module really is an FSDP2 unit: no silent fallback to whole weights per rank."""
         import torch.distributed as dist
 
-        from components.distributed import fsdp
+        from components.distributed import fully_shard
 
         self._verify_live(accelerator, {"NO", *MULTI_PROCESS}, world_size)  # one process: either
-        whole = [type(m).__name__ for m in modules if not fsdp.is_sharded(m)]
+        whole = [type(m).__name__ for m in modules if not fully_shard.is_sharded(m)]
         group = dist.get_world_size() if dist.is_initialized() else 0
         if whole or group != world_size:
             raise ConfigError(
@@ -264,12 +264,12 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
         """Elements of each module's parameters held by this rank, next to the whole count."""
         import os
 
-        from components.distributed import fsdp
+        from components.distributed import fully_shard
 
         rank = int(os.environ.get("RANK", 0))
         report: dict[str, Any] = {}
         for name, module in modules.items():
-            local, full = fsdp.parameter_counts(module)
+            local, full = fully_shard.parameter_counts(module)
             report[f"{name} parameters on rank {rank}"] = local
             report[f"{name} parameters in all"] = full
         return report

@@ -1,5 +1,5 @@
 """``strategy=pipeline``: the decoder layers cut into stages over ``torch.distributed.pipelining``, trained
-by our own loop (``components/runtime/pipeline.py``)."""
+by our own loop (``components/runtime/pipeline_loop.py``)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class Pipeline(ModelSplit, Strategy):
     (x ``stages_per_rank`` under an interleaved schedule), each rank holding only its stages, micro-batches
     (``train.gradient_accumulation_steps`` per step) flowing through them on a GPipe, 1F1B or interleaved 1F1B
     schedule; ``world / pp_size`` data-parallel replicas, each with its own data, gradients summed over them.
-    Trained by our own loop (``components/runtime/pipeline.py``); CPU (gloo) and GPU."""
+    Trained by our own loop (``components/runtime/pipeline_loop.py``); CPU (gloo) and GPU."""
 
     pp_size: int = 2  # pipeline ranks; world / pp_size data-parallel replicas
     schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b

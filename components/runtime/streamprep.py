@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.config.errors import ConfigError
-from components.streaming import Dropped, RowStream
+from components.row_stream import Dropped, RowStream
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -127,7 +127,7 @@ def load_stream(data: Any, workers: Workers) -> tuple[RowStream, LoadedData]:
     first rows (checked before the model loads) as train, the eval rows (a finite file, loaded whole);
     ``workers`` write them as Arrow."""
     from components.data import LoadedData
-    from components.streaming import open_stream
+    from components.row_stream import open_stream
 
     rank, world = rank_and_world()
     stream, report, evals = open_stream(data, rank=rank, world=world, workers=workers)
