@@ -10,7 +10,9 @@
   ``memory/``'s arithmetic pure, the helpers (``text/``, ``generation/``, ``distributed/``, ``modeling/``)
   below the group modules, the group modules below the run machinery (``runtime/``, ``rl/``), ``commands/``
   on top. Imports under ``TYPE_CHECKING`` (a declared interface naming a type) do not count here; they do
-  count for cycles.
+  count for cycles;
+- no two modules or top-level classes of ``components/`` and ``recipes/`` share a name, and every file
+  ARCHITECTURE.md names is there.
 """
 
 from __future__ import annotations

@@ -5,10 +5,11 @@ Each cell is one of: ``cpu`` (passes the pre-load checks on a CPU host and is me
 ``refused`` (the checks refuse it everywhere, naming ``key``). The rows are derived, not listed: every
 training recipe (``recipe`` options that are not inference-only) and every strategy option of
 conf/strategy/ (``components.strategy.training_options``); a verdict is what the cell's components declare
-(the quantization's ``needs_adapter`` / ``sharding_refusal``, the strategy's ``own_loop_refusal`` for a recipe
-that owns its loop, its ``device_refusal`` on CPU). ``tests/test_matrix.py`` walks every cell through the
-real composition and ``check_before_load`` and asserts the verdict. Which cells were also *trained* in a
-test is :data:`RUN_IN_TESTS` (a covering sample; the rest are checked, not run).
+(the quantization's ``needs_adapter`` / ``sharding_refusal``, ``own_loop_refusal``: the strategy's
+``OwnLoop`` hooks, for a recipe that owns its loop; its ``device_refusal`` on CPU). ``tests/test_matrix.py``
+walks every cell through the real composition and ``check_before_load`` and asserts the verdict. Which
+cells were also *trained* in a test is :data:`RUN_IN_TESTS` (a covering sample; the rest are checked, not
+run).
 ``hydratune matrix --markdown > docs/matrix.md`` renders the table.
 """
 
