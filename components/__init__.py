@@ -1,7 +1,9 @@
 """hydratune components: small typed builders, one module per config group, and packages by concern.
 
 The top-level modules are the groups' components (the modules ``conf/`` names in ``_target_``, plus
-``recipe.py``, the recipe contract): ``register_all()`` imports every one of them, which registers their
+``recipe.py``, the recipe contract; a group too large for one module is a package of them,
+:data:`GROUP_PACKAGES`, whose ``__init__`` re-exports its components under the ``_target_`` paths
+``conf/`` and saved run dirs name): ``register_all()`` imports every one of them, which registers their
 structured-config schemas with Hydra (``recipes.register_all()`` adds the recipes' on top: components never
 import recipes). It must stay cheap: component modules import torch / transformers / peft lazily, inside
 the functions that need them, so that composing and checking a config never pays for them. The packages
@@ -14,13 +16,18 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+#: the groups whose components are a package (``components.strategy.DeepSpeed`` re-exported by its
+#: ``__init__`` from ``components/strategy/deepspeed.py``), not one module
+GROUP_PACKAGES = ("strategy",)
+
 
 def group_modules() -> list[str]:
-    """The top-level modules of this package (the config groups' components), by name."""
+    """The top-level modules of this package and the group packages (the config groups' components), by
+    name."""
     return sorted(
         f"{__name__}.{m.name}"
         for m in pkgutil.iter_modules(__path__)
-        if not m.ispkg and not m.name.startswith("_")
+        if (not m.ispkg or m.name in GROUP_PACKAGES) and not m.name.startswith("_")
     )
 
 

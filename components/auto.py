@@ -2,7 +2,7 @@
 
 The choice walks the OOM ladder of :mod:`components.memory.ladder` over every strategy option in
 conf/strategy/ (each with the memory shape and mesh its component declares) and, for options that declare
-mesh dimensions (``Strategy.parallel_dims``), their tensor / sequence / pipeline parallel sizes; in the
+mesh dimensions (``ModelSplit.parallel_dims``), their tensor / sequence / pipeline parallel sizes; in the
 documented order (data parallel on the GPUs, then tp / sp / pp, then offload; inside each the ASSUMED,
 unmeasured speeds of ``components/memory/shapes.py``), it takes the first (layout, gradient checkpointing)
 rung whose micro-batch-1 run fits the GPU with the safety margin, then the largest micro-batch that still
@@ -22,7 +22,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from components.config.errors import ConfigError
 from components.config.registry import component
-from components.distributed.mesh import Mesh
 from components.memory.shapes import SINGLE, StrategyShape
 
 
@@ -51,9 +50,13 @@ class Auto:
         """Undecided until launch: the estimate of the run as configured counts one process."""
         return SINGLE
 
-    def mesh(self, world_size: int) -> Mesh:
-        """Undecided until launch: the estimate of the run as configured is data parallel only."""
-        return Mesh(world_size)
+    @property
+    def model_split(self) -> Any:
+        """Undecided until launch: the estimate of the run as configured is data parallel only (a whole model
+        on every rank: ``components.strategy.WHOLE``)."""
+        from components.strategy import WHOLE
+
+        return WHOLE
 
     def resolve_device(self) -> str:
         from components.strategy import detect_device

@@ -152,7 +152,7 @@ class Table:
 @dataclass
 class ListTable(Table):
     """Rows held in a list: a ``.json`` file that is one document (parsed whole), or a stream's first rows
-    (``components/streaming.py``; ``lines``: the JSON line each came from)."""
+    (``components/row_stream.py``; ``lines``: the JSON line each came from)."""
 
     data: list[Row] = field(default_factory=list)
     lines: list[int] | None = None

@@ -504,7 +504,7 @@ def _commands(args: list[str]) -> None:
             print(markdown + f"\nwrote {Path(args[1]) / 'report.md'}, report.csv, report.png")
             return
         if args and (args[0] == "estimate" or "mode=estimate" in args):
-            from components.commands.estimate import cli
+            from components.commands.estimate_tables import cli
 
             sys.exit(cli(args[1:] if args[0] == "estimate" else args))
         if args and args[0] in ("export", "chat", "matrix", "docs", "cache"):

@@ -3,7 +3,7 @@
 Each iteration: sample responses to ``rollout_batch_size`` prompts → score them (a reward function or a
 trained reward model) → log-probs of policy and reference, values → per-token rewards (score - KL
 penalty) → GAE → ``ppo_epochs`` passes of clipped policy + value updates in mini-batches. The pieces are
-the small functions of ``components/rl/ppo.py``; the reference is the adapter-free policy under PEFT (no
+the small functions of ``components/rl/ppo_parts.py``; the reference is the adapter-free policy under PEFT (no
 second copy of the weights), else a frozen copy (under ZeRO-3 a separate inference engine, under FSDP a
 sharded frozen model). Under FSDP the modules are sharded with ``fully_shard`` itself (accelerate's FSDP
 plugin cannot run on CPU), before the optimizer is built. Metrics go to ``metrics.jsonl`` and the trackers
@@ -87,7 +87,8 @@ class PPO(Recipe, OneReward):
                 hint = "a divisor of rollout_batch_size" if key == "mini_batch_size" else None
                 raise ConfigError(f"invalid value {getattr(self, key)!r}", key=f"recipe.{key}", hint=hint)
         # (what the strategy's own loop hooks refuse is checked for every loop-owning recipe before load)
-        if comps.strategy.loop_engine:  # one engine, which accumulates micro-batches itself
+        hooks = comps.strategy.loop_hooks  # None: refused by the pre-load checks (own_loop_refusal)
+        if hooks is not None and hooks.loop_engine:  # one engine, which accumulates micro-batches itself
             if self.value_model != "head":
                 raise ConfigError(
                     f"under {comps.strategy.label} PPO trains one engine: the value function must be the "

@@ -43,7 +43,7 @@ class SFT(Recipe):
             raise ConfigError(
                 f"unknown '{self.loss_type}'", key="recipe.loss_type", hint=f"one of {LOSS_TYPES}"
             )
-        if comps.strategy.splits_layers and self.loss_type != "nll":
+        if comps.strategy.model_split.splits_layers and self.loss_type != "nll":
             raise ConfigError(
                 f"loss_type={self.loss_type} is not computed by the pipeline stages (their loss is nll)",
                 key="recipe.loss_type",
@@ -70,7 +70,7 @@ class SFT(Recipe):
 
         from components.runtime.session import Session
         from components.runtime.sftdata import token_plan
-        from components.runtime.streaming import sft_data_args
+        from components.runtime.streamprep import sft_data_args
 
         c = ctx.components
         session = Session.start(ctx)
@@ -83,7 +83,7 @@ class SFT(Recipe):
         collator = collator_for(c, session.tokenizer, model, ctx.device)
         if collator is not None:
             extra["data_collator"] = collator
-        if c.strategy.splits_sequences:
+        if c.strategy.model_split.splits_sequences:
             session.report["data"]["batches"] = SPLIT_ROWS
 
         args = SFTConfig(

@@ -556,7 +556,7 @@ def test_printed_rows_sum_to_peak_allocated(compose_cfg) -> None:
 
     from rich.console import Console
 
-    from components.commands.estimate import render
+    from components.commands.estimate_tables import render
 
     for overrides in (
         ("model=llama3_70b", "strategy=zero3", "estimate.num_gpus=8", "model.gradient_checkpointing=true"),

@@ -3,7 +3,7 @@ rungs (components/memory/parallel.py, estimate.py, ladder.py, spec.py; docs/memo
 
 Pure arithmetic against hand-computed figures and independent oracles: DeepSpeed's own TP plan reading and
 its ZeRO estimators, its pipeline partitioner, torch's interleaved 1F1B schedule. The strategies here are
-test stand-ins that declare a mesh (``Strategy.mesh``) and ``parallel_dims`` the way the real options do."""
+test stand-ins that declare a mesh (``ModelSplit.mesh``) and ``parallel_dims`` the way the real options do."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from components.memory.ladder import choose, ordered
 from components.memory.parallel import bubble_fraction, in_flight, slices, stage_layers
 from components.memory.shapes import StrategyShape
 from components.memory.spec import spec_from_config, strategy_rungs
-from components.strategy import DeepSpeed, Strategy
+from components.strategy import DeepSpeed, ModelSplit, Strategy
 from tests.test_estimate import LLAMA3_8B
 
 ARCH = {
@@ -72,7 +72,7 @@ class NDDeepSpeed(DeepSpeed):
 
 
 @dataclass(frozen=True)
-class NDPipeline(Strategy):
+class NDPipeline(ModelSplit, Strategy):
     """A pipeline option: ``strategy.pp_size`` stages, ``strategy.schedule``, data parallel replicas."""
 
     pp_size: int = 2
@@ -507,7 +507,7 @@ def render_with(compose_cfg, strategy: dict, *overrides: str) -> str:
     from omegaconf import OmegaConf, open_dict
     from rich.console import Console
 
-    from components.commands.estimate import render
+    from components.commands.estimate_tables import render
 
     cfg = compose_cfg("precision=bf16", "estimate.gpu_memory=80GB", *overrides)
     with open_dict(cfg):

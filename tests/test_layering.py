@@ -10,7 +10,9 @@
   ``memory/``'s arithmetic pure, the helpers (``text/``, ``generation/``, ``distributed/``, ``modeling/``)
   below the group modules, the group modules below the run machinery (``runtime/``, ``rl/``), ``commands/``
   on top. Imports under ``TYPE_CHECKING`` (a declared interface naming a type) do not count here; they do
-  count for cycles.
+  count for cycles;
+- no two modules or top-level classes of ``components/`` and ``recipes/`` share a name, and every file
+  ARCHITECTURE.md names is there.
 """
 
 from __future__ import annotations
@@ -176,11 +178,15 @@ def recipes_importing_recipes(root: Path = REPO) -> list[str]:
 
 
 def layer(module: str) -> str:
-    """The layer of a components/ module: its package, ``groups`` for a top-level one (``memory.spec``
-    apart)."""
+    """The layer of a components/ module: its package, ``groups`` for a top-level one or one of a group's
+    package (``components.strategy.deepspeed``; ``memory.spec`` apart)."""
+    from components import GROUP_PACKAGES
+
     parts = module.split(".")
     if module == "components.memory.spec":
         return "memory.spec"
+    if len(parts) > 1 and parts[1] in GROUP_PACKAGES:
+        return "groups"
     if len(parts) > 2 or parts[-1] in PACKAGES:
         return parts[1]
     return "groups"
@@ -356,3 +362,64 @@ def test_the_dispatch_check_sees_each_form(tmp_path: Path) -> None:
     finally:
         path.unlink()
     assert [line.split(" ", 1)[0].rsplit(":", 1)[1] for line in found] == ["2", "4", "6", "8"], found
+
+
+# ---- one name, one thing ---------------------------------------------------------------------------
+def shared_names(root: Path = REPO) -> list[str]:
+    """Module basenames (``__init__.py`` and ``__main__.py`` apart) and top-level class names that two files
+    of ``components/`` and ``recipes/`` share: a reader looking for ``pipeline.py`` or ``Mesh`` finds
+    one."""
+    files = sorted(p for package in ("components", "recipes") for p in (root / package).rglob("*.py"))
+    by_module: dict[str, list[str]] = {}
+    by_class: dict[str, list[str]] = {}
+    for path in files:
+        where = path.relative_to(root).as_posix()
+        if path.name not in ("__init__.py", "__main__.py"):
+            by_module.setdefault(path.name, []).append(where)
+        for node in ast.parse(path.read_text(), filename=str(path)).body:
+            if isinstance(node, ast.ClassDef):
+                by_class.setdefault(node.name, []).append(where)
+    return [
+        f"{kind} {name}: {', '.join(paths)}"
+        for kind, found in (("module", by_module), ("class", by_class))
+        for name, paths in sorted(found.items())
+        if len(paths) > 1
+    ]
+
+
+def test_no_two_modules_or_classes_share_a_name() -> None:
+    found = shared_names()
+    assert not found, "names shared by two modules or classes (rename one to say what it is):\n" + "\n".join(
+        found
+    )
+
+
+def test_the_name_check_sees_modules_and_classes(tmp_path: Path) -> None:
+    for package in ("components/runtime", "components/distributed", "recipes"):
+        (tmp_path / package).mkdir(parents=True)
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "components" / "runtime" / "pipeline.py").write_text("class Mesh:\n    pass\n")
+    (tmp_path / "components" / "distributed" / "pipeline.py").write_text("def f():\n    class Mesh: ...\n")
+    (tmp_path / "components" / "distributed" / "mesh.py").write_text("class Mesh:\n    pass\n")
+    (tmp_path / "recipes" / "ppo.py").write_text("")
+    assert shared_names(tmp_path) == [
+        "module pipeline.py: components/distributed/pipeline.py, components/runtime/pipeline.py",
+        "class Mesh: components/distributed/mesh.py, components/runtime/pipeline.py",
+    ]
+
+
+def mentioned_paths(text: str) -> list[str]:
+    """The ``.py`` paths a document names (``components/runtime/run.py``, ``rl/loop.py`` under
+    ``components/``), templates such as ``recipes/<name>.py`` apart."""
+    import re
+
+    return sorted(set(re.findall(r"[\w./-]*\w/[\w/.-]*\.py\b", text)))
+
+
+def test_every_path_in_architecture_md_exists() -> None:
+    """ARCHITECTURE.md sends a reader to files: each one it names is there (at the root, or under
+    ``components/`` for the short ``runtime/pipeline_loop.py`` form)."""
+    named = mentioned_paths((REPO / "ARCHITECTURE.md").read_text())
+    assert "components/runtime/run.py" in named and "runtime/pipeline_loop.py" in named, named
+    missing = [p for p in named if not (REPO / p).is_file() and not (REPO / "components" / p).is_file()]
+    assert not missing, f"ARCHITECTURE.md names files that are not there: {missing}"

@@ -79,7 +79,7 @@ def test_the_estimate_and_auto_list_every_strategy_option(compose_cfg, world: in
     from rich.console import Console
 
     from components.auto import Auto
-    from components.commands.estimate import render
+    from components.commands.estimate_tables import render
     from components.memory.ladder import ladder
     from components.memory.spec import strategy_shapes
 

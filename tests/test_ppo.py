@@ -10,7 +10,7 @@ import torch
 
 from components.config.errors import ConfigError
 from components.rewards import text_of
-from components.rl import ppo
+from components.rl import ppo_parts as ppo
 
 
 def brevity(prompts: list, completions: list, **_) -> list[float]:

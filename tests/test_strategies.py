@@ -222,14 +222,14 @@ def test_fsdp_layer_classes_that_match_nothing_are_refused() -> None:
     """A misspelt ``transformer_layer_cls_to_wrap`` would leave the whole model one unit: refused."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from components.distributed import fsdp
+    from components.distributed import fully_shard
 
     model = LlamaForCausalLM(LlamaConfig(hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                                          num_attention_heads=2, vocab_size=16))  # fmt: skip
-    assert fsdp.layer_class_names(model, None) == {"LlamaDecoderLayer"}
-    assert fsdp.layer_class_names(model.lm_head, ["LlamaDecoderLayer"]) == set()  # a head: one unit
+    assert fully_shard.layer_class_names(model, None) == {"LlamaDecoderLayer"}
+    assert fully_shard.layer_class_names(model.lm_head, ["LlamaDecoderLayer"]) == set()  # a head: one unit
     with pytest.raises(ConfigError) as info:
-        fsdp.shard(model, device="cpu", layer_classes={"LlamaLayer"}, reshard_after_forward=True,
+        fully_shard.shard(model, device="cpu", layer_classes={"LlamaLayer"}, reshard_after_forward=True,
                    cpu_offload=False, mixed_precision="no")  # fmt: skip
     assert info.value.key == "strategy.transformer_layer_cls_to_wrap"
 
@@ -460,3 +460,42 @@ def test_ppo_loop_optimizer_agrees_with_the_generated_config(compose_cfg, strate
         assert "optimizer" not in comps.strategy.inference_config(plan, device)
     else:
         assert isinstance(optimizer, torch.optim.AdamW) and config["zero_force_ds_cpu_optimizer"] is False
+
+
+# ---- the interface: a narrow core, extensions a strategy opts into ------------------------------------
+def public_members(cls: type) -> set[str]:
+    return {name for name in vars(cls) if not name.startswith("_")}
+
+
+def test_the_core_carries_no_extension_member() -> None:
+    """What only model-splitting strategies or the loops we own need lives in ``ModelSplit`` / ``OwnLoop``,
+    not as defaults on every ``Strategy``: the core and the extensions share no member, and the core stays
+    narrow (it had 48 members when it carried both)."""
+    from components.strategy import ModelSplit, OwnLoop, Strategy
+
+    core = public_members(Strategy) - {"device"}
+    split, loop = public_members(ModelSplit), public_members(OwnLoop)
+    assert not core & split and not core & loop and not split & loop, (core & split, core & loop)
+    assert {"mesh", "splits_sequences", "verify_built", "parallel_dims", "splits_layers"} <= split
+    assert {"loop_accelerator", "prepare_loop", "verify_loop", "loop_refusal", "loop_engine"} <= loop
+    assert len(core) <= 30, sorted(core)
+
+
+def test_each_option_opts_into_the_extensions_it_uses() -> None:
+    """Every option that trains answers ``model_split`` and ``loop_hooks``: a whole model per rank and no
+    loop hooks unless it opts in; the recipe owning its loop is refused without them."""
+    from components.strategy import WHOLE, own_loop_refusal, training_options
+
+    options = training_options()
+    splits = {name for name, s in options.items() if s.model_split is not WHOLE}
+    loops = {name for name, s in options.items() if s.loop_hooks is not None}
+    assert splits == set(options) - {"single", "ddp"}
+    assert loops == set(options) - {"pipeline"}
+    for name in ("single", "ddp"):
+        mesh = options[name].model_split.mesh(4)
+        assert (mesh.dp, mesh.tp, mesh.sp, mesh.pp) == (4, 1, 1, 1)
+        assert not options[name].model_split.splits_sequences
+    ppo = SimpleNamespace(name="ppo")
+    refusal = own_loop_refusal(options["pipeline"], ppo, "fp32")
+    assert refusal is not None and refusal.key == "strategy" and "no hooks" in str(refusal)
+    assert own_loop_refusal(options["ddp"], ppo, "fp32") is None

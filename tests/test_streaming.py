@@ -1,4 +1,4 @@
-"""``data.streaming=true`` (components/streaming.py, components/runtime/streaming.py): rows read lazily in
+"""``data.streaming=true`` (components/row_stream.py, components/runtime/streamprep.py): rows read lazily in
 every format ``load()`` reads and converted exactly as loaded rows are; ranks read disjoint rows; a bad row
 still names its file and line (or is counted); the feed resumes at the exact example; a run stopped by a
 real SIGTERM and resumed trains on the same rows and ends with the same weights as one that never stopped;
@@ -22,9 +22,9 @@ from safetensors.torch import load_file
 
 from components.config.errors import EXIT_INTERRUPTED, ConfigError
 from components.data import ChatDataset
+from components.row_stream import PROBE, STREAM, Position, open_stream
 from components.runtime.feed import TRACE, Place, Windows
-from components.runtime.streaming import POSITION_FILE, check_positions
-from components.streaming import PROBE, STREAM, Position, open_stream
+from components.runtime.streamprep import POSITION_FILE, check_positions
 from tests.conftest import REPO
 
 QUICK = ["train.eval_generations=0", "train.write_plots=false", "train.log_every=1"]

@@ -5,10 +5,11 @@ Each cell is one of: ``cpu`` (passes the pre-load checks on a CPU host and is me
 ``refused`` (the checks refuse it everywhere, naming ``key``). The rows are derived, not listed: every
 training recipe (``recipe`` options that are not inference-only) and every strategy option of
 conf/strategy/ (``components.strategy.training_options``); a verdict is what the cell's components declare
-(the quantization's ``needs_adapter`` / ``sharding_refusal``, the strategy's ``loop_refusal`` for a recipe
-that owns its loop, its ``device_refusal`` on CPU). ``tests/test_matrix.py`` walks every cell through the
-real composition and ``check_before_load`` and asserts the verdict. Which cells were also *trained* in a
-test is :data:`RUN_IN_TESTS` (a covering sample; the rest are checked, not run).
+(the quantization's ``needs_adapter`` / ``sharding_refusal``, ``own_loop_refusal``: the strategy's
+``OwnLoop`` hooks, for a recipe that owns its loop; its ``device_refusal`` on CPU). ``tests/test_matrix.py``
+walks every cell through the real composition and ``check_before_load`` and asserts the verdict. Which
+cells were also *trained* in a test is :data:`RUN_IN_TESTS` (a covering sample; the rest are checked, not
+run).
 ``hydratune matrix --markdown > docs/matrix.md`` renders the table.
 """
 
@@ -83,6 +84,8 @@ class Verdict:
 
 def verdict(cell: Cell) -> Verdict:
     """What the cell's components declare, in the order the pre-load checks ask."""
+    from components.strategy import own_loop_refusal
+
     recipe, strategy = recipes()[cell.recipe], strategies()[cell.strategy]
     peft, quant = _built("peft", cell.peft), _built("quantization", cell.quantization)
     dtype = cell.precision
@@ -92,7 +95,7 @@ def verdict(cell: Cell) -> Verdict:
     if refusal is None and strategy.shards_parameters:
         refusal = quant.sharding_refusal(dtype, strategy.label)
     if refusal is None and recipe.owns_loop:
-        refusal = strategy.loop_refusal(dtype)
+        refusal = own_loop_refusal(strategy, recipe, dtype)
     if refusal is not None:
         return Verdict("refused", refusal.args[0], refusal.key)
     if dtype == "fp16":

@@ -1,6 +1,7 @@
 """The device mesh of a run: how its processes split into data (dp), tensor (tp), sequence (sp) and pipeline
 (pp) parallel groups, ``dp x tp x sp x pp = world``. Pure arithmetic (no torch): the strategy says its sizes
-(:meth:`components.strategy.Strategy.mesh`), the batch plan, ``mode=plan`` and the memory estimate read them.
+(:meth:`components.strategy.ModelSplit.mesh`), the batch plan, ``mode=plan`` and the memory estimate read
+them.
 """
 
 from __future__ import annotations

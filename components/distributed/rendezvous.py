@@ -339,7 +339,7 @@ class Ending:
 
 
 @dataclass
-class Verdict:
+class NodeVerdict:
     """After this node's ranks failed: which other nodes went silent, which failed themselves."""
 
     silent: list[Node]
@@ -442,7 +442,7 @@ class Roster:
         with contextlib.suppress(Exception):
             self.store.set(f"end/{self.me.slot}", ending.to_json())
 
-    def verdict(self, ending: Ending) -> Verdict:
+    def verdict(self, ending: Ending) -> NodeVerdict:
         """Publish how this node's workers ended, then learn (within ``VERDICT_S``) how every other node's
         did: a recorded ending, or silence (its heartbeat stood still, or the store's host is gone)."""
         self.stop_watch()
@@ -478,7 +478,7 @@ class Roster:
             for n in self.others()
             if n.slot in endings and endings[n.slot].how == "failed"
         ]
-        return Verdict(silent=[self._with_ranks(n) for n in silent], failed=failed)
+        return NodeVerdict(silent=[self._with_ranks(n) for n in silent], failed=failed)
 
     def _with_ranks(self, node: Node) -> Node:
         with contextlib.suppress(Exception):

@@ -8,7 +8,7 @@ forward is the family's own model forward restricted to its layers (causal mask 
 sliding window; rotary embeddings, per layer type where the family has several; Gemma's final logit
 soft-cap), checked against the whole model's logits family by family (``tests/test_pipeline.py``).
 
-Pure model arithmetic and module surgery; the process groups and schedules are ``pipeline.py``'s.
+Pure model arithmetic and module surgery; the process groups and schedules are ``pp_schedule.py``'s.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def meta_model(config: Any) -> nn.Module:
 
 
 @dataclass(frozen=True)
-class Layout:
+class CausalLMParts:
     """Where a causal LM keeps its parts: ``backbone`` holds ``embed_tokens``, ``layers``, ``norm`` and
     ``rotary_emb``; ``lm_head`` sits on the top model."""
 
@@ -59,7 +59,7 @@ class Layout:
     backbone: nn.Module  # its .model
 
     @classmethod
-    def of(cls, model: nn.Module) -> Layout:
+    def of(cls, model: nn.Module) -> CausalLMParts:
         top = model.get_base_model() if hasattr(model, "get_base_model") else model  # under PEFT: the model
         backbone = getattr(top, "model", None)
         missing = [
@@ -142,7 +142,7 @@ class StagePlan:
 def parameter_costs(model: nn.Module) -> tuple[int, list[int], int]:
     """Parameters of the embedding, of each decoder layer and of norm + head (a tied head counts: the last
     stage holds and updates its own copy of the matrix)."""
-    layout = Layout.of(model)
+    layout = CausalLMParts.of(model)
     count = lambda module: sum(p.numel() for p in module.parameters()) if module is not None else 0  # noqa: E731
     layers = [count(layer) for layer in layout.backbone.layers]
     head = count(layout.top.lm_head) + count(layout.backbone.norm)
@@ -208,7 +208,7 @@ def keep_stages(model: nn.Module, plan: StagePlan, stages: Sequence[int]) -> Non
     """Cut ``model`` down in place to ``stages``: the other decoder layers dropped, the embedding kept only
     with stage 0, norm and head only with the last. ``model.layers`` becomes a ``ModuleDict`` keyed by the
     layers' own indices, so parameter names stay the whole model's (``model.layers.5.mlp...``)."""
-    layout = Layout.of(model)
+    layout = CausalLMParts.of(model)
     keep = sorted(i for s in stages for i in plan.layers(s))
     layers = layout.backbone.layers
     layout.backbone.layers = nn.ModuleDict({str(i): layers[i] for i in keep})
@@ -233,7 +233,7 @@ def held(model: nn.Module) -> dict[str, Any]:
     """What a (cut) model really holds, read from its modules: decoder layer indices, embedding, head, and
     its parameter count (the model's own: an adapter's weights not counted; a tied matrix counted on each
     side that holds it)."""
-    layout = Layout.of(model)
+    layout = CausalLMParts.of(model)
     layers = layout.backbone.layers
     indices = (
         sorted(int(k) for k in layers) if isinstance(layers, nn.ModuleDict) else list(range(len(layers)))
@@ -256,7 +256,7 @@ class Stage(nn.Module):
 
     def __init__(self, model: nn.Module, plan: StagePlan, stage: int, autocast: torch.dtype | None = None):
         super().__init__()
-        layout = Layout.of(model)
+        layout = CausalLMParts.of(model)
         self.config = layout.config
         self.index, self.is_first, self.is_last = stage, stage == 0, stage == plan.num_stages - 1
         self.layer_ids = list(plan.layers(stage))

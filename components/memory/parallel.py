@@ -1,7 +1,7 @@
 """What one rank holds of a model split over tensor (tp), sequence (sp) and pipeline (pp) parallel ranks, as
 plain numbers: its share of the parameters, and how many micro-batches' activations it keeps at once.
 
-Pure arithmetic (no torch): the sizes come from the strategy (``Strategy.mesh``, read in
+Pure arithmetic (no torch): the sizes come from the strategy (``ModelSplit.mesh``, read in
 ``components/memory/spec.py``); :mod:`components.memory.estimate` turns a :class:`Slice` into bytes.
 docs/memory.md ("Tensor, sequence and pipeline parallel") derives every rule here and cites its source:
 

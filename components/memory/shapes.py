@@ -1,5 +1,5 @@
 """What a strategy does to memory, as plain numbers: each strategy component says its own shape
-(``Strategy.memory_shape()`` in ``components/strategy.py``), and the estimate reads only this.
+(``Strategy.memory_shape()`` in ``components/strategy/``), and the estimate reads only this.
 
 Pure: no torch, no Hydra (``bench/memory.py`` builds shapes on a machine without either).
 """

@@ -24,7 +24,7 @@ from components.memory.ladder import Rung
 from components.memory.parallel import mesh_refusal
 from components.memory.shapes import StrategyShape
 
-#: the mesh dimensions a strategy option may split (``Strategy.parallel_dims``): ``strategy.<dim>_size``
+#: the mesh dimensions a strategy option may split (``ModelSplit.parallel_dims``): ``strategy.<dim>_size``
 MESH_DIMS = ("tp", "sp", "pp")
 
 
@@ -200,9 +200,9 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
 
 
 def checked_mesh(strategy: Any, arch: Arch, world_size: int) -> Mesh:
-    """The strategy's split of ``world_size`` processes (``Strategy.mesh``), refused (a ConfigError naming
+    """The strategy's split of ``world_size`` processes (``ModelSplit.mesh``), refused (a ConfigError naming
     the knob) when it does not divide the world or the model cannot be split that way."""
-    mesh = strategy.mesh(world_size)
+    mesh = strategy.model_split.mesh(world_size)
     mesh.check()
     refusal = mesh_refusal(arch, mesh.tp, mesh.sp, mesh.pp)
     if refusal:
@@ -237,7 +237,7 @@ def option_rung(name: str, strategy: Any, spec: RunSpec, overrides: tuple[str, .
     try:
         if overrides:  # a knob auto sets: the option's own refusals (a shipped option may leave one unset)
             strategy.validate()
-        mesh = strategy.mesh(spec.world_size)
+        mesh = strategy.model_split.mesh(spec.world_size)
         mesh.check()
     except ConfigError:
         return None
@@ -250,7 +250,7 @@ def option_rung(name: str, strategy: Any, spec: RunSpec, overrides: tuple[str, .
 def strategy_rungs(spec: RunSpec, options: Mapping[str, Any] | None = None) -> list[Rung]:
     """The ladder for ``spec``'s world size: every strategy option that applies to it, as shipped, and, for
     those keeping every state on the GPUs, each size of each mesh dimension it declares it can split
-    (``Strategy.parallel_dims``) set through its ``strategy.<dim>_size`` knob, as a user would type it.
+    (``ModelSplit.parallel_dims``) set through its ``strategy.<dim>_size`` knob, as a user would type it.
     ``options``: ``{name: component}`` (default: every option of conf/strategy/ that trains)."""
     from components.strategy import training_options
 
@@ -265,7 +265,7 @@ def strategy_rungs(spec: RunSpec, options: Mapping[str, Any] | None = None) -> l
         rungs.append(base)
         if base.tier == 2:  # model parallelism is what avoids offload: not combined with it
             continue
-        for dim in strategy.parallel_dims:
+        for dim in strategy.model_split.parallel_dims:
             assert dim in MESH_DIMS, f"{name}: unknown parallel dim {dim!r}"
             for size in range(2, world + 1):
                 if world % size or size == getattr(base, dim):

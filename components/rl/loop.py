@@ -1,6 +1,7 @@
-"""PPO's loop on accelerate: built from a run's components through the strategy's loop hooks, one
+"""PPO's loop on accelerate: built from a run's components through the strategy's loop hooks (its
+``OwnLoop`` extension, ``components/strategy/core.py``), one
 iteration at a time, checkpointed and restored whole. ``recipes/ppo.py`` drives it; the algorithm's pieces
-are the small functions of ``components/rl/ppo.py``.
+are the small functions of ``components/rl/ppo_parts.py``.
 
 Whatever the strategy: the trained modules are sharded (``shard_trained``: FSDP2) before the optimizer is
 built over them, the live layout is verified, then ``prepare_loop`` wraps them (DDP, or one DeepSpeed
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.rl import ppo
+from components.rl import ppo_parts
 
 
 @dataclass
@@ -30,13 +31,13 @@ class PPOLoop:
     data: Any  # the prompt rows
     texts: list[str]  # the prompts rendered with the chat template's generation prompt
     accelerator: Any
-    model: ppo.ActorCritic
+    model: ppo_parts.ActorCritic
     loop: Any  # the strategy's PreparedLoop: modules as the loop calls them, optimizer, DeepSpeed engine
     scheduler: Any
     reward: Any
     kl: Any  # the KL controller
-    moments: ppo.RunningMoments | None
-    sampler: ppo.PromptSampler
+    moments: ppo_parts.RunningMoments | None
+    sampler: ppo_parts.PromptSampler
     iterations: int
     start: float = field(default_factory=time.time)
     tokens: int = 0
@@ -52,15 +53,17 @@ class PPOLoop:
             tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in data["prompt"]
         ]
         reward = knobs.reward_function(ctx.device)  # recipe.reward_url, else recipe.reward
-        ppo.disable_dropout(policy)
+        ppo_parts.disable_dropout(policy)
         # the reference: None under PEFT (the adapter-free policy), else a frozen copy, or where the
         # policy is sharded its own sharded model (built below)
-        reference = None if c.peft.is_adapter or c.strategy.shards_parameters else ppo.frozen_copy(policy)
+        reference = (
+            None if c.peft.is_adapter or c.strategy.shards_parameters else ppo_parts.frozen_copy(policy)
+        )
         if knobs.value_model == "head":
-            value = ppo.value_head(policy)
+            value = ppo_parts.value_head(policy)
         else:
             load = c.quantization.load_kwargs(c.precision.resolve(ctx.device), ctx.device)
-            value = ppo.separate_critic(policy, c.model, reward_model_path(knobs.reward), load)
+            value = ppo_parts.separate_critic(policy, c.model, reward_model_path(knobs.reward), load)
         iterations = iterations_of(knobs, t, len(data))
         steps = iterations * knobs.ppo_epochs * (knobs.rollout_batch_size // knobs.mini_batch_size)
         # one optimizer step per mini-batch: an engine's accumulation = mini-batch / micro-batch
@@ -68,16 +71,17 @@ class PPOLoop:
         plan = dataclasses.replace(
             ctx.plan, micro_batch_size=micro, gradient_accumulation_steps=knobs.mini_batch_size // micro
         )
-        acc = c.strategy.loop_accelerator(ctx.device, plan)
+        hooks = c.strategy.loop_hooks  # a strategy without them was refused before load
+        acc = hooks.loop_accelerator(ctx.device, plan)
         # FSDP2 turns the parameters into DTensor shards: before the optimizer is built over them
-        policy, value = (c.strategy.shard_trained(acc, m) for m in (policy, value))
-        c.strategy.verify_loop(acc, ctx.plan.world_size, [policy, value])
-        session.report["run"]["live strategy"] = c.strategy.loop_description(acc)
-        optimizer = c.strategy.loop_optimizer(
+        policy, value = (hooks.shard_trained(acc, m) for m in (policy, value))
+        hooks.verify_loop(acc, ctx.plan.world_size, [policy, value])
+        session.report["run"]["live strategy"] = hooks.loop_description(acc)
+        optimizer = hooks.loop_optimizer(
             c.optimizer, [*policy.parameters(), *value.parameters()], ctx.device, plan
         )
-        loop = c.strategy.prepare_loop(
-            acc, {"policy": policy, "value": value}, optimizer, ppo.PolicyAndValue.of
+        loop = hooks.prepare_loop(
+            acc, {"policy": policy, "value": value}, optimizer, ppo_parts.PolicyAndValue.of
         )
         # the schedule stays ours, stepped once per optimizer step on every rank: accelerate's prepared
         # scheduler steps once per process (and hands DeepSpeed only DeepSpeed's own scheduler types)
@@ -85,23 +89,23 @@ class PPOLoop:
         if reference is not None:
             reference = reference.to(acc.device)
         elif not c.peft.is_adapter:  # built like the policy, sharded (a ZeRO-3 inference engine, FSDP2)
-            reference = c.strategy.prepare_frozen(acc, session.build_frozen)
+            reference = hooks.prepare_frozen(acc, session.build_frozen)
         if isinstance(reward, RewardModel):  # sharded too where the policy is; else a whole copy per process
-            reward.model = c.strategy.prepare_frozen(acc, lambda: reward.model)
-        sharding = c.strategy.loop_report(loop.modules)  # FSDP: this rank's shards
+            reward.model = hooks.prepare_frozen(acc, lambda: reward.model)
+        sharding = hooks.loop_report(loop.modules)  # FSDP: this rank's shards
         if sharding:
             session.report["sharding"] = sharding
         policy, value = loop.modules["policy"], loop.modules["value"]
-        model = ppo.ActorCritic(
+        model = ppo_parts.ActorCritic(
             policy, value, knobs.value_model == "separate", reference, acc, knobs.temperature, loop.engine
         )
         kl = (
-            ppo.AdaptiveKLController(knobs.kl_coef, knobs.target_kl, knobs.kl_horizon)
+            ppo_parts.AdaptiveKLController(knobs.kl_coef, knobs.target_kl, knobs.kl_horizon)
             if knobs.adaptive_kl
-            else ppo.FixedKLController(knobs.kl_coef)
+            else ppo_parts.FixedKLController(knobs.kl_coef)
         )
-        moments = ppo.RunningMoments() if knobs.reward_normalization else None
-        sampler = ppo.PromptSampler(len(data), t.data_seed if t.data_seed is not None else t.seed)
+        moments = ppo_parts.RunningMoments() if knobs.reward_normalization else None
+        sampler = ppo_parts.PromptSampler(len(data), t.data_seed if t.data_seed is not None else t.seed)
         return cls(
             knobs,
             ctx,
@@ -168,8 +172,8 @@ class PPOLoop:
         # 1. sample responses to a batch of prompts and score them
         idx = self.sampler.take_shard(k.rollout_batch_size, acc.process_index, acc.num_processes)
         rows = self.data[idx]
-        with c.strategy.generation(policy):
-            ro = ppo.rollout(
+        with c.strategy.loop_hooks.generation(policy):
+            ro = ppo_parts.rollout(
                 acc.unwrap_model(policy).eval(), tok, [self.texts[i] for i in idx],
                 max_new_tokens=k.response_length, temperature=k.temperature, top_k=k.top_k, top_p=k.top_p,
                 max_prompt_length=c.data.max_prompt_length,
@@ -179,7 +183,7 @@ class PPOLoop:
         completions = tok.batch_decode(ro.response, skip_special_tokens=True)
         columns = {name: v for name, v in rows.items() if name != "prompt"}
         raw = torch.tensor(self.reward(rows["prompt"], completions, **columns), device=acc.device)
-        score = ppo.shape_scores(
+        score = ppo_parts.shape_scores(
             raw.float(), ro.has_eos, missing_eos_penalty=k.missing_eos_penalty, moments=self.moments,
             clip=k.reward_clip,
         )  # fmt: skip
@@ -188,17 +192,19 @@ class PPOLoop:
         with torch.no_grad():
             old_logp, entropy, old_values = self.model.forward(ids, mask, n)
         reference = self.model.reference_logprobs(ids, mask, n)
-        kl = ppo.kl_penalty(old_logp, reference, k.kl_estimator) * rmask
-        rewards = ppo.per_token_rewards(score, kl, rmask, self.kl.value)
-        adv, returns = ppo.gae(rewards, old_values, rmask, k.gamma, k.lam)
+        kl = ppo_parts.kl_penalty(old_logp, reference, k.kl_estimator) * rmask
+        rewards = ppo_parts.per_token_rewards(score, kl, rmask, self.kl.value)
+        adv, returns = ppo_parts.gae(rewards, old_values, rmask, k.gamma, k.lam)
         # the baseline's part, before whitening: advantages = returns - values (GAE)
         means = {"values/mean": old_values, "returns/mean": returns, "advantages/mean": adv}
-        means = {name: acc.reduce(ppo.masked_mean(v, rmask), "mean").item() for name, v in means.items()}
-        adv = ppo.whiten(adv, rmask) if k.whiten_advantages else adv
+        means = {
+            name: acc.reduce(ppo_parts.masked_mean(v, rmask), "mean").item() for name, v in means.items()
+        }
+        adv = ppo_parts.whiten(adv, rmask) if k.whiten_advantages else adv
         # 3. clipped policy and value updates
         t = self.ctx.train
-        stats = ppo.update(
-            self.model, ppo.Experience(ids, mask, rmask, old_logp, old_values, adv, returns),
+        stats = ppo_parts.update(
+            self.model, ppo_parts.Experience(ids, mask, rmask, old_logp, old_values, adv, returns),
             self.loop.optimizer, self.scheduler, epochs=k.ppo_epochs, mini_batch_size=k.mini_batch_size,
             micro_batch_size=k.micro_batch_size(t.micro_batch_size), clip_ratio=k.clip_ratio,
             value_clip=k.value_clip, vf_coef=k.vf_coef, entropy_coef=k.entropy_coef,
@@ -215,7 +221,7 @@ class PPOLoop:
             "reward/mean": raw_all.mean().item(),
             "reward/std": raw_all.std().item() if len(raw_all) > 1 else 0.0,
             "score/mean": acc.gather(score).mean().item(), "kl": seq_kl, "kl_coef": self.kl.value,
-            "entropy": acc.reduce(ppo.masked_mean(entropy, rmask), "mean").item(),
+            "entropy": acc.reduce(ppo_parts.masked_mean(entropy, rmask), "mean").item(),
             "response_length": acc.gather(rmask.sum(1).float()).mean().item(),
             "eos_fraction": acc.gather(ro.has_eos.float()).mean().item(),
             "lr": self.scheduler.get_last_lr()[0], **means, **stats,
@@ -245,10 +251,10 @@ class PPOLoop:
     def final(self) -> dict[str, Any]:
         """``Session.finish_loop``'s model, extra modules and, where the weights are sharded, the state
         dicts gathered on rank 0 (a collective call)."""
-        acc, strategy = self.accelerator, self.ctx.components.strategy
+        acc, hooks = self.accelerator, self.ctx.components.strategy.loop_hooks
         engine = self.loop.engine
-        trained = engine if engine is not None else ppo.PolicyAndValue.of(self.loop.modules)
-        gathered = ppo.split_gathered(strategy.gather_loop_weights(acc, trained))
+        trained = engine if engine is not None else ppo_parts.PolicyAndValue.of(self.loop.modules)
+        gathered = ppo_parts.split_gathered(hooks.gather_loop_weights(acc, trained))
         unwrapped = self.unwrapped
         return {"model": unwrapped["policy"], "extra": {"value": unwrapped["value"]}, "gathered": gathered}
 

@@ -51,7 +51,7 @@ class NonFiniteLossGuard(TrainerCallback):
 
 class LayoutCheck(TrainerCallback):
     """When training begins (the engine is built by then: DeepSpeed's AutoTP has split the layers, Ulysses has
-    made its groups): the strategy reads back what was built (:meth:`Strategy.verify_built`) and refuses a
+    made its groups): the strategy reads back what was built (:meth:`ModelSplit.verify_built`) and refuses a
     mismatch before the first step; each rank records what it holds in ``layout``, which the run writes
     into ``.rank<r>.layout.json``."""
 

@@ -422,9 +422,9 @@ def loop_state(checkpoint: Path, scheduler: Any, rng: Path) -> dict[str, Any]:
 
 def _fsdp_root(modules: dict[str, Any]) -> Any:
     """The loop's trained modules as one module (names ``<module>.<parameter>``) when FSDP2 shards them."""
-    from components.distributed import fsdp
+    from components.distributed import fully_shard
 
-    if not any(fsdp.is_sharded(m) for m in modules.values()):
+    if not any(fully_shard.is_sharded(m) for m in modules.values()):
         return None
     import torch
 
@@ -436,10 +436,10 @@ def _save_fsdp(root: Any, optimizer: Any, folder: Path, main: bool) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from components.distributed import fsdp
+    from components.distributed import fully_shard
 
-    weights = fsdp.full_state_dict(root, trainable_only=True)
-    optimizer_state = fsdp.full_optimizer_state(root, optimizer)
+    weights = fully_shard.full_state_dict(root, trainable_only=True)
+    optimizer_state = fully_shard.full_optimizer_state(root, optimizer)
     if main:
         save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / GATHERED))
         torch.save(optimizer_state, folder / "optimizer.pt")
@@ -450,7 +450,7 @@ def _load_fsdp(root: Any, optimizer: Any, checkpoint: Path, rank: int) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from components.distributed import fsdp
+    from components.distributed import fully_shard
 
     if not (checkpoint / GATHERED).is_file():
         raise ConfigError(
@@ -462,4 +462,4 @@ def _load_fsdp(root: Any, optimizer: Any, checkpoint: Path, rank: int) -> None:
     if rank == 0:
         weights = load_file(str(checkpoint / GATHERED))
         optimizer_state = torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=True)
-    fsdp.load_full_state(root, optimizer, weights, optimizer_state)
+    fully_shard.load_full_state(root, optimizer, weights, optimizer_state)

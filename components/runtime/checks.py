@@ -12,7 +12,8 @@ from components.config.registry import check_known_keys
 from components.recipe import DATA_KINDS
 from components.runtime.diskspace import DiskFull, check_room_before_load, planned_run_dir
 from components.runtime.run import Components, batch_plan, world_size
-from components.runtime.streaming import check_streaming
+from components.runtime.streamprep import check_streaming
+from components.strategy import own_loop_refusal
 
 
 def check_train(cfg: DictConfig) -> None:
@@ -101,8 +102,8 @@ def check_loss_scaling(comps: Components, device: str) -> None:
 
 def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
     """What the chosen strategy cannot do with the launcher, device, precision, quantization or the
-    recipe's own loop; the strategy says its own part (``Strategy.check``, ``device_refusal``,
-    ``loop_refusal``)."""
+    recipe's own loop; the strategy says its own part (``Strategy.check``, ``device_refusal``, its
+    ``OwnLoop`` hooks' ``loop_refusal``)."""
     strategy, quant, recipe = comps.strategy, comps.quantization, comps.recipe
     world = world_size(comps)
     limit = strategy.max_processes
@@ -129,7 +130,7 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
     if refusal is None and strategy.shards_parameters:
         refusal = quant.sharding_refusal(dtype, strategy.label)
     if refusal is None and recipe.owns_loop:
-        refusal = strategy.loop_refusal(dtype)
+        refusal = own_loop_refusal(strategy, recipe, dtype)
     if refusal is not None:
         raise refusal
 
@@ -140,8 +141,8 @@ def check_split(cfg: DictConfig, comps: Components, device: str) -> None:
     engine's knobs, quantization, PEFT, the attention on packed rows), each refused with its fix."""
     from components.distributed.mesh import ModelDims, check_model
 
-    strategy, recipe = comps.strategy, comps.recipe
-    mesh = strategy.mesh(world_size(comps))
+    split, recipe = comps.strategy.model_split, comps.recipe
+    mesh = split.mesh(world_size(comps))
     if mesh.tp == 1 and mesh.sp == 1:  # data parallel, or pipeline stages (strategy=pipeline checks those)
         return
     knob = "strategy.tp_size" if mesh.tp > 1 else "strategy.sp_size"
@@ -157,7 +158,7 @@ def check_split(cfg: DictConfig, comps: Components, device: str) -> None:
             else "is not one the split engines are verified with (recipe=sft is)"
         )
         raise ConfigError(f"{what} ({knob}): recipe={recipe.name} {why}", key=knob, hint=drop)
-    refusal = strategy.split_refusal(device, comps.precision.resolve(device))
+    refusal = split.split_refusal(device, comps.precision.resolve(device))
     if refusal is not None:
         raise refusal
     peft = type(comps.peft).__name__
@@ -196,7 +197,7 @@ def check_sequence_split(cfg: DictConfig, comps: Components, device: str) -> Non
     rows need one that reads the position ids), and on gloo the collator's collective runs in the
     training process."""
     packed = comps.data.kind == "chat" and comps.data.packing
-    refusal = comps.strategy.sequence_refusal(comps.model.resolved_attn_implementation(), packed)
+    refusal = comps.strategy.model_split.sequence_refusal(comps.model.resolved_attn_implementation(), packed)
     if refusal is not None:
         raise refusal
     if device == "cpu" and cfg.train.num_workers:
@@ -232,7 +233,7 @@ def warnings_for(cfg: DictConfig, comps: Components, device: str = "cpu") -> lis
 def split_warnings(cfg: DictConfig, comps: Components) -> list[str]:
     """Ulysses' loss weights each micro-batch of a sequence-parallel group alike: with accumulation or
     several data-parallel replicas that is not one process's token-weighted mean over the global batch."""
-    mesh = comps.strategy.mesh(world_size(comps))
+    mesh = comps.strategy.model_split.mesh(world_size(comps))
     if mesh.sp == 1 or (cfg.train.gradient_accumulation_steps == 1 and mesh.dp == 1):
         return []
     return [

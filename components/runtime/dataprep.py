@@ -42,7 +42,7 @@ def prepare_data(
     documented default when the rows are conversations (before anything renders them). ``eval_every`` > 0
     (the trainer evaluates every so many steps) needs eval rows. A stream (``data.streaming``) is not
     cached: its first rows and its eval rows go through all of this, the others as training reads them
-    (``components/runtime/streaming.py``)."""
+    (``components/runtime/streamprep.py``)."""
     from dataclasses import asdict
 
     from components.data import LoadedData, LoadReport
@@ -61,7 +61,7 @@ def prepare_data(
         nonlocal stream
         if not streaming:
             return data_component.load(workers)
-        from components.runtime.streaming import load_stream
+        from components.runtime.streamprep import load_stream
 
         stream, loaded = load_stream(data_component, workers)  # train: its first rows, checked as loaded ones
         return loaded
@@ -101,7 +101,7 @@ def prepare_data(
         )
         notes.update(counts)
     if stream is not None:
-        from components.runtime.streaming import as_streamed
+        from components.runtime.streamprep import as_streamed
 
         as_streamed(prepared, stream, data_component, tokenizer, tokens)
     return prepared

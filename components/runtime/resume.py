@@ -260,7 +260,7 @@ def resolve(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None
     assert checkpoint is not None
     datafp.check(Path(checkpoint), cfg)
     if cfg.data.get("streaming"):  # every rank's stream position, written by as many ranks
-        from components.runtime.streaming import check_positions, planned_world
+        from components.runtime.streamprep import check_positions, planned_world
 
         check_positions(Path(checkpoint), planned_world(cfg))
     check_checkpoint(Path(checkpoint), trusted=bool(cfg.get("trust_checkpoints", False)))

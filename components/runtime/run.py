@@ -145,7 +145,7 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
     except Exception:  # no config reachable offline: DeepSpeed's default bucket sizes
         config = hidden = largest = None
     t = cfg.train
-    world = world_size(comps)
+    world, split = world_size(comps), comps.strategy.model_split
     return BatchPlan(
         micro_batch_size=t.micro_batch_size,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
@@ -158,9 +158,9 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
         largest_param=largest,
         # a worker knows its node's process count (SLURM sets it per node); else the launcher's
         gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or comps.launcher.nproc_per_node),
-        mesh=comps.strategy.mesh(world),
+        mesh=split.mesh(world),
         # Ulysses wraps the attention the model is built with (and must be told which)
-        attention=comps.model.resolved_attn_implementation() if comps.strategy.splits_sequences else None,
+        attention=comps.model.resolved_attn_implementation() if split.splits_sequences else None,
         architecture=config,
     )
 

@@ -34,7 +34,7 @@ from components.runtime.feed import Feed
 from components.runtime.resume import loss_span, pinned
 from components.runtime.run import RunContext, peak_memory_gb
 from components.runtime.startup import training_starts
-from components.runtime.streaming import is_stream
+from components.runtime.streamprep import is_stream
 from components.text.chat_template import label_for, mask_segments
 from components.text.masking import check_label_mask, label_mask_stats, stop_token_ids
 from components.tracker import TrackerRun
@@ -65,7 +65,7 @@ class Session:
     layout: dict[str, Any] = field(default_factory=dict)
     #: the model's attention function before Ulysses wrapped it (generation runs with it)
     attention: Any = None
-    pipeline: Any = None  # strategy=pipeline: this rank's stages and mesh (components/runtime/pipeline.py)
+    pipeline: Any = None  # strategy=pipeline: this rank's stages and mesh (runtime/pipeline_loop.py)
     eval_cost: dict[str, Any] = field(default_factory=dict)  # the end-of-run evaluation: seconds, rows
 
     @classmethod
@@ -185,16 +185,16 @@ class Session:
         dtype = c.model.weight_dtype(precision, frozen_base=frozen_base)
         load = {
             **c.quantization.load_kwargs(precision, device),
-            **c.strategy.model_load_kwargs(self.ctx.plan),
+            **c.strategy.model_split.model_load_kwargs(self.ctx.plan),
         }
         return c.model.build(task=task, dtype=dtype, **load)
 
     def callbacks(self) -> list[Any]:
         c, mesh = self.ctx.components, self.ctx.plan.mesh
         engine: list[Any] = []
-        if split(mesh):
-            engine.append(LayoutCheck(c.strategy, mesh, self.layout))  # what the engine built, before step 1
-        if c.strategy.splits_sequences:
+        if split(mesh):  # what the engine built, before step 1
+            engine.append(LayoutCheck(c.strategy.model_split, mesh, self.layout))
+        if c.strategy.model_split.splits_sequences:
             engine.append(ResumeSplitRows())  # Ulysses' data loader where the resumed run left it
         return [
             *engine,
@@ -212,8 +212,8 @@ class Session:
         from components.runtime.trainer_hooks import hydratune_trainer
 
         c = self.ctx.components
-        if c.strategy.splits_layers:  # the trainer gets this rank's stages only
-            from components.runtime.pipeline import cut_model
+        if c.strategy.model_split.splits_layers:  # the trainer gets this rank's stages only
+            from components.runtime.pipeline_loop import cut_model
 
             self.pipeline = cut_model(self)
         # fp16 outside DeepSpeed (whose config carries them): the loss-scaling knobs reach torch's GradScaler
@@ -231,7 +231,7 @@ class Session:
             callbacks=self.callbacks(),
             **extra,
         )
-        if c.strategy.splits_sequences:
+        if c.strategy.model_split.splits_sequences:
             from components.distributed.model_parallel import attention_function
 
             self.attention = attention_function(self.ctx.plan.attention)  # before train() wraps it
@@ -259,9 +259,14 @@ class Session:
         if not self.eval_prompts:
             return
         strategy = self.ctx.components.strategy
+        model_split = strategy.model_split
         # each rank holds a shard: no lone generate(); a pipeline's model is whole before it is cut and
         # gathered whole on rank 0 after training
-        if strategy.shards_parameters and not strategy.splits_layers and not strategy.generates_together:
+        if (
+            strategy.shards_parameters
+            and not model_split.splits_layers
+            and not model_split.generates_together
+        ):
             self.report.setdefault("eval accuracy (exact match)", {})[when] = "skipped (sharded parameters)"
             return
         from components.distributed.model_parallel import unwrapped_attention
@@ -310,8 +315,8 @@ class Session:
 
     def train_and_finish(self, trainer: Any, *, probes: dict[str, Any] | None = None) -> dict[str, Any]:
         """``_train_and_finish``, then close the trackers whatever happened."""
-        if self.ctx.components.strategy.splits_layers:  # our own loop over the stages
-            from components.runtime.pipeline import train_in_stages
+        if self.ctx.components.strategy.model_split.splits_layers:  # our own loop over the stages
+            from components.runtime.pipeline_loop import train_in_stages
 
             return train_in_stages(self, trainer)
         try:
@@ -380,7 +385,7 @@ class Session:
         self.record_layout(trainer)
         if not self.interrupt.agreed():
             self.probe(trainer, probes, "after")  # evaluate() is collective (ZeRO-3 gathers): every rank
-        together = ctx.components.strategy.generates_together  # tensor parallel: every rank generates
+        together = ctx.components.strategy.model_split.generates_together  # TP: every rank generates
         if together and not self.interrupt.agreed():
             self.evaluate_generations("after")
         if not trainer.is_world_process_zero():
@@ -524,7 +529,7 @@ class Session:
 
 def split(mesh: Any) -> bool:
     """The run splits the model's layers over ranks (tensor / sequence parallel): its engine's build is
-    checked before step 1 (pipeline stages are checked by ``components/runtime/pipeline.py``)."""
+    checked before step 1 (pipeline stages are checked by ``components/runtime/pipeline_loop.py``)."""
     return mesh is not None and (mesh.tp > 1 or mesh.sp > 1)
 
 

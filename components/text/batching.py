@@ -19,7 +19,7 @@ def uses_padding_free(comps: Components) -> bool:
     """Padding-free micro-batches: ``data.padding_free`` without ``data.packing`` (packing decides then), and
     not under a strategy that splits each row's tokens (it needs ``[micro_batch, tokens]`` rows)."""
     chat = comps.data.kind == "chat" and comps.data.padding_free and not comps.data.packing
-    return chat and not comps.strategy.splits_sequences
+    return chat and not comps.strategy.model_split.splits_sequences
 
 
 #: the summary's note on the batches of a sequence-split strategy
@@ -37,9 +37,9 @@ def packs_padding_free(data: Any) -> bool:
 
 def collator_for(comps: Components, tokenizer: Any, model: Any, device: str) -> Any | None:
     """The SFT data collator the components ask for (None: TRL's own)."""
-    strategy = comps.strategy
-    if strategy.splits_sequences:
-        return split_rows_collator(tokenizer, strategy.sp_size, equal_across_ranks=device == "cpu")
+    split = comps.strategy.model_split
+    if split.splits_sequences:
+        return split_rows_collator(tokenizer, split.sp_size, equal_across_ranks=device == "cpu")
     if uses_padding_free(comps) or packs_padding_free(comps.data):  # a stream packed best-fit: as TRL's
         return padding_free_collator(tokenizer, model)
     return None

@@ -24,7 +24,7 @@ from components.config.errors import ConfigError
 
 
 @dataclass
-class Mesh:
+class PipelineGroups:
     """This rank's place in the pp x dp mesh and its process groups."""
 
     pp: int
@@ -37,7 +37,7 @@ class Mesh:
     tied_group: Any = None  # the first and last stage of this rank's pipeline (tied embeddings)
 
     @classmethod
-    def build(cls, pp: int, device: str, tied: bool) -> Mesh:
+    def build(cls, pp: int, device: str, tied: bool) -> PipelineGroups:
         """The groups of a ``pp x (world / pp)`` mesh (the default process group made first when none
         exists: gloo on CPU, nccl on CUDA)."""
         from torch.distributed.device_mesh import init_device_mesh
@@ -132,7 +132,7 @@ def timed_stage_class() -> type:
 
 
 @dataclass
-class Pipeline:
+class StageSchedules:
     """This rank's stages and the schedules that run them, one per (micro-batches, sequence length): the
     stages exchange fixed-shape activations, so a step with another shape gets its own ``PipelineStage``
     objects over the same modules (built once, on first use, by every rank of the pipeline alike)."""
@@ -140,7 +140,7 @@ class Pipeline:
     modules: list[nn.Module]  # this rank's stage modules (components.distributed.stages.Stage)
     stage_ids: list[int]
     num_stages: int
-    mesh: Mesh
+    mesh: PipelineGroups
     schedule: str
     loss_fn: Callable[..., torch.Tensor]
     _built: dict[tuple[int, int, bool], tuple[Any, list[Any], str]] = field(default_factory=dict)
@@ -283,7 +283,7 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, group: Any, 
     return total
 
 
-def gather_state_dict(state: dict[str, torch.Tensor], mesh: Mesh) -> dict[str, torch.Tensor] | None:
+def gather_state_dict(state: dict[str, torch.Tensor], mesh: PipelineGroups) -> dict[str, torch.Tensor] | None:
     """The whole model's state dict on rank 0 from each pipeline rank's part (replica 0 sends it; a tied
     matrix arrives from both ends, the same tensor); None elsewhere. A collective call on every rank."""
     parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.config.errors import ConfigError
-from components.streaming import Dropped, RowStream
+from components.row_stream import Dropped, RowStream
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -74,7 +74,7 @@ def check_streaming(cfg: DictConfig, comps: Components) -> None:
             key="train.num_workers",
             hint="train.num_workers=0 (tokenization then runs in the training process)",
         )
-    mesh = comps.strategy.mesh(planned_world(cfg))
+    mesh = comps.strategy.model_split.mesh(planned_world(cfg))
     if not mesh.is_data_parallel_only:
         raise ConfigError(
             f"data.streaming with {mesh.describe()}: the ranks of one model copy must read the same rows, "
@@ -127,7 +127,7 @@ def load_stream(data: Any, workers: Workers) -> tuple[RowStream, LoadedData]:
     first rows (checked before the model loads) as train, the eval rows (a finite file, loaded whole);
     ``workers`` write them as Arrow."""
     from components.data import LoadedData
-    from components.streaming import open_stream
+    from components.row_stream import open_stream
 
     rank, world = rank_and_world()
     stream, report, evals = open_stream(data, rank=rank, world=world, workers=workers)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from components.config.errors import ConfigError, Diverged
-from components.distributed import pipeline as pp
+from components.distributed import pp_schedule as pp
 from components.distributed import stages as st
 
 STAGE_DIR = "stage-{stage}"  # in a checkpoint: one pipeline rank's weights and optimizer state
@@ -39,7 +39,7 @@ LAYOUT = "pipeline.json"  # in a checkpoint: the mesh and split that wrote it
 class Cut:
     """This rank's part of the model and where it sits in the mesh (kept by the Session)."""
 
-    mesh: pp.Mesh
+    mesh: pp.PipelineGroups
     plan: st.StagePlan
     stage_ids: list[int]
     tied: bool
@@ -52,9 +52,9 @@ def cut_model(session: Any) -> Cut:
     model's architecture, ``strategy.split`` if given, else balanced by parameter count."""
     ctx = session.ctx
     strategy, model = ctx.components.strategy, session.model
-    tied = st.Layout.of(model).tied
-    mesh = pp.Mesh.build(strategy.pp_size, ctx.device, tied)
-    plan = strategy.stage_plan(st.Layout.of(model).config)
+    tied = st.CausalLMParts.of(model).tied
+    mesh = pp.PipelineGroups.build(strategy.pp_size, ctx.device, tied)
+    plan = strategy.stage_plan(st.CausalLMParts.of(model).config)
     stage_ids = plan.stages_of(mesh.pp_rank)
     st.keep_stages(model, plan, stage_ids)
     held = pp.all_gather(st.held(model))
@@ -178,7 +178,7 @@ class StagedRun:
     session: Any
     trainer: Any
     cut: Cut
-    pipe: pp.Pipeline
+    pipe: pp.StageSchedules
     model: Any  # this rank's cut model (the trainer's)
     optimizer: Any
     scheduler: Any
@@ -209,11 +209,11 @@ class StagedRun:
         ctx, cut = session.ctx, session.pipeline
         c, t, args = ctx.components, ctx.train, trainer.args
         model = trainer.model
-        layout = st.Layout.of(model)
+        layout = st.CausalLMParts.of(model)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(ctx.plan.dtype)
         modules = [st.Stage(model, cut.plan, s, autocast=dtype) for s in cut.stage_ids]
         stash: list[torch.Tensor] = []
-        pipe = pp.Pipeline(modules, cut.stage_ids, cut.plan.num_stages, cut.mesh, c.strategy.schedule,
+        pipe = pp.StageSchedules(modules, cut.stage_ids, cut.plan.num_stages, cut.mesh, c.strategy.schedule,
                            loss_function(layout.config.vocab_size, stash))  # fmt: skip
         trainer.optimizer_cls_and_kwargs = c.optimizer.cls_and_kwargs(ctx.device)  # as every trainer
         optimizer = trainer.create_optimizer()  # weight-decay groups over this rank's parameters
@@ -492,7 +492,7 @@ class StagedRun:
         gathered = pp.gather_state_dict(self.model.state_dict(), self.cut.mesh)
         if gathered is None:
             return self.model
-        layout, peft = st.Layout.of(self.model), self.session.ctx.components.peft
+        layout, peft = st.CausalLMParts.of(self.model), self.session.ctx.components.peft
         with no_init_weights():  # which also leaves the tied matrices untied: tied again below
             whole = AutoModelForCausalLM.from_config(layout.config, dtype=layout.top.dtype)
         whole.tie_weights()
@@ -500,7 +500,7 @@ class StagedRun:
             whole = peft.for_task("causal_lm").apply(whole)
             upcast_trainable(whole)
         if self.cut.tied:  # both copies were trained alike: they must be one matrix still
-            head = st.Layout.of(whole).top.lm_head.weight
+            head = st.CausalLMParts.of(whole).top.lm_head.weight
             names = [n for n, p in whole.named_parameters(remove_duplicate=False) if p is head]
             if any(not torch.equal(gathered[n], gathered[names[0]]) for n in names if n in gathered):
                 raise ConfigError(

@@ -225,7 +225,7 @@ class RowStream:
     """One rank's rows of data.path, converted and checked one by one, endless; each with the
     :class:`Position` after it. ``map`` adds a per-row step (as ``Dataset.map`` does: the step's columns
     replace ``remove_columns``); ``dataset()`` is the ``datasets.IterableDataset`` the trainer reads (its
-    rows tokenized by a step: ``components/runtime/streaming.py``), starting at ``start``."""
+    rows tokenized by a step: ``components/runtime/streamprep.py``), starting at ``start``."""
 
     def __init__(
         self,

@@ -1,0 +1,603 @@
+"""``strategy=zero0``..``zero3pp``: DeepSpeed ZeRO, its config generated from the composed run (every
+``"auto"`` resolved, see :meth:`DeepSpeed.deepspeed_config`), AutoTP / Ulysses as ``tp_size`` /
+``sp_size``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from components.config.errors import ConfigError
+from components.config.registry import component
+from components.distributed import model_parallel
+from components.distributed.mesh import Mesh
+from components.memory.shapes import StrategyShape, elements
+from components.strategy.core import (
+    BatchPlan,
+    ModelSplit,
+    OwnLoop,
+    PreparedLoop,
+    Strategy,
+    _mixed,
+    check_split_sizes,
+)
+
+OFFLOAD = ("none", "cpu", "nvme")
+COMM_DTYPES = (None, "fp32", "fp16", "bf16")
+ZERO_CHECKPOINT = "__zero_checkpoint__"  # gather_state_dict's answer when the weights stay sharded on disk
+TRAINED, FROZEN = "trained", "frozen"  # accelerate's DeepSpeed plugins of a loop we own (PPO)
+AIO_KEYS = {"block_size", "queue_depth", "intra_op_parallelism", "single_submit", "overlap_events", "use_gds"}
+#: AutoTP under ZeRO-3 through the HF Trainer matched one process (see docs/matrix.md); False refuses it
+TP_ZERO3 = True
+
+
+@component("strategy")
+@dataclass(frozen=True)
+class DeepSpeed(ModelSplit, OwnLoop, Strategy):
+    """DeepSpeed ZeRO stage 0-3, with CPU/NVMe offload and ZeRO++ as options.
+
+    Every knob below is a DeepSpeed config key; sizes left ``null`` are derived from the model's hidden
+    size the way DeepSpeed's HF integration does (``hidden²`` buckets), never left as ``"auto"``.
+    """
+
+    stage: int = 2
+    offload_optimizer: str = "none"  # none | cpu | nvme
+    offload_param: str = "none"  # none | cpu | nvme (stage 3 only)
+    pin_memory: bool = True
+    nvme_path: str | None = None  # ZeRO-Infinity swap dir (a fast local NVMe disk)
+    overlap_comm: bool = True
+    contiguous_gradients: bool = True
+    reduce_scatter: bool = True
+    reduce_bucket_size: float | None = None  # elements; null = hidden²
+    allgather_bucket_size: float | None = None  # elements; null = hidden² (stages 1-2)
+    stage3_prefetch_bucket_size: float | None = None  # null = 0.9·hidden²
+    stage3_param_persistence_threshold: float | None = None  # null = 10·hidden
+    stage3_max_live_parameters: float = 1e9
+    stage3_max_reuse_distance: float = 1e9
+    stage3_gather_16bit_weights_on_model_save: bool = True  # false: consolidate with zero_to_fp32
+    sub_group_size: float = 1e9
+    round_robin_gradients: bool = False
+    communication_data_type: str | None = None  # fp32 | fp16 | bf16; null = the training dtype
+    zero_quantized_weights: bool = False  # ZeRO++ qwZ
+    zero_quantized_gradients: bool = False  # ZeRO++ qgZ
+    zero_hpz_partition_size: int | None = 1  # ZeRO++ hpZ: secondary partition size; null = GPUs per node
+    offload_param_buffer_size: float | None = None  # NVMe param swap buffer (elements); null = largest shard
+    optimizer_impl: str = "auto"  # auto | torch | deepspeed (DeepSpeed's CPU Adam under offload)
+    parallel_dims: ClassVar[tuple[str, ...]] = ("tp", "sp")
+    tp_size: int = 1  # tensor parallel ranks (DeepSpeed AutoTP); data parallel = world / (tp x sp)
+    sp_size: int = 1  # sequence parallel ranks (DeepSpeed Ulysses)
+    aio: dict[str, Any] = field(
+        default_factory=lambda: {
+            "block_size": 1048576,
+            "queue_depth": 8,
+            "intra_op_parallelism": 1,
+            "single_submit": False,
+            "overlap_events": True,
+        }
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.stage not in (0, 1, 2, 3):
+            raise ConfigError(f"unknown ZeRO stage {self.stage}", key="strategy.stage", hint="0, 1, 2 or 3")
+        for key in ("offload_optimizer", "offload_param"):
+            if getattr(self, key) not in OFFLOAD:
+                raise ConfigError(
+                    f"unknown offload target '{getattr(self, key)}'",
+                    key=f"strategy.{key}",
+                    hint=f"one of {OFFLOAD}",
+                )
+        if self.offload_optimizer != "none" and self.stage == 0:
+            raise ConfigError(
+                "optimizer offload needs ZeRO stage >= 1",
+                key="strategy.offload_optimizer",
+                hint="use zero2_offload",
+            )
+        if self.offload_param != "none" and self.stage != 3:
+            raise ConfigError(
+                "parameter offload needs ZeRO stage 3", key="strategy.offload_param", hint="use zero3_offload"
+            )
+        if "nvme" in (self.offload_optimizer, self.offload_param) and not self.nvme_path:
+            raise ConfigError(
+                "NVMe offload needs a swap directory",
+                key="strategy.nvme_path",
+                hint="strategy.nvme_path=/local_nvme (a fast local disk, not NFS)",
+            )
+        if self.communication_data_type not in COMM_DTYPES:
+            raise ConfigError(
+                f"unknown '{self.communication_data_type}'",
+                key="strategy.communication_data_type",
+                hint="fp32, fp16, bf16 or null",
+            )
+        if self.zeropp and self.stage != 3:
+            raise ConfigError("ZeRO++ (qwZ / qgZ / hpZ) needs ZeRO stage 3", key="strategy.stage")
+        unknown = set(self.aio) - AIO_KEYS
+        if unknown:
+            raise ConfigError(
+                f"unknown DeepSpeed aio key(s) {sorted(unknown)} (DeepSpeed would ignore them)",
+                key=f"strategy.aio.{sorted(unknown)[0]}",
+                hint=f"known: {sorted(AIO_KEYS)} (thread_count is now intra_op_parallelism)",
+            )
+        if self.optimizer_impl not in ("auto", "torch", "deepspeed"):
+            raise ConfigError(
+                f"unknown '{self.optimizer_impl}'",
+                key="strategy.optimizer_impl",
+                hint="auto, torch or deepspeed",
+            )
+        check_split_sizes(self)
+
+    needs_process_group: ClassVar[bool] = True
+    wraps_model: ClassVar[bool] = True
+    scales_loss: ClassVar[bool] = True
+    loop_engine: ClassVar[bool] = True
+
+    @property
+    def shards_parameters(self) -> bool:  # type: ignore[override]
+        return self.stage == 3 or self.tp_size > 1
+
+    @property
+    def generates_together(self) -> bool:
+        return self.tp_size > 1
+
+    @property
+    def partitions_at_load(self) -> bool:  # type: ignore[override]
+        return self.stage == 3
+
+    @property
+    def label(self) -> str:
+        split = f", AutoTP {self.tp_size}" if self.tp_size > 1 else ""
+        split += f", Ulysses SP {self.sp_size}" if self.sp_size > 1 else ""
+        return f"DeepSpeed (ZeRO-{self.stage}{split})"
+
+    @property
+    def zeropp(self) -> bool:
+        """ZeRO++: quantized weights or gradients (qwZ, qgZ), or a hierarchical partition (hpZ)."""
+        hpz = self.zero_hpz_partition_size
+        return self.zero_quantized_weights or self.zero_quantized_gradients or hpz is None or hpz > 1
+
+    def applicable(self, world_size: int) -> bool:
+        return world_size > 1 or not self.zeropp  # ZeRO++ cuts traffic between ranks: none on one
+
+    def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
+        hpz = self.zero_hpz_partition_size or (gpus_per_node if self.stage == 3 else 1)  # null: the node
+        return StrategyShape(
+            "deepspeed",
+            stage=self.stage,
+            offload_optimizer=self.offload_optimizer,
+            offload_param=self.offload_param,
+            reduce_bucket_size=elements(self.reduce_bucket_size),
+            allgather_bucket_size=elements(self.allgather_bucket_size),
+            prefetch_bucket_size=elements(self.stage3_prefetch_bucket_size),
+            max_live_parameters=elements(self.stage3_max_live_parameters) or 1e9,
+            overlap_comm=self.overlap_comm,
+            quantized_weights=self.zero_quantized_weights,
+            hpz_partition_size=int(hpz),
+            sub_group_size=elements(self.sub_group_size) or 1e9,
+        )
+
+    def required_knobs(self) -> dict[str, str]:
+        nvme = "nvme" in (self.offload_optimizer, self.offload_param)
+        return {"strategy.nvme_path": "/local_nvme"} if nvme and not self.nvme_path else {}
+
+    def device_refusal(self, device: str, dtype: str, owns_loop: bool) -> ConfigError | None:
+        if device == "cuda":
+            return None
+        if dtype != "fp32":
+            return ConfigError(
+                "DeepSpeed on CPU trains in fp32 only (no bf16/fp16 engine on CPU)",
+                key="precision",
+                hint="precision=fp32 on CPU, or run on GPUs",
+            )
+        for key in ("zero_quantized_weights", "zero_quantized_gradients"):
+            if getattr(self, key):
+                return ConfigError(
+                    f"ZeRO++ {key} needs DeepSpeed's CUDA quantizer kernels (no {device} implementation)",
+                    key=f"strategy.{key}",
+                    hint="run zero3pp on GPUs, or strategy=zero3 on this host",
+                )
+        return None
+
+    def loop_refusal(self, dtype: str) -> ConfigError | None:
+        if self.stage == 3 and not self.stage3_gather_16bit_weights_on_model_save:
+            return ConfigError(
+                "a loop we own (recipe=ppo) under ZeRO-3 gathers the final weights on rank 0",
+                key="strategy.stage3_gather_16bit_weights_on_model_save",
+                hint="leave it true",
+            )
+        return None
+
+    def split_refusal(self, device: str, dtype: str) -> ConfigError | None:
+        """What AutoTP / Ulysses are not run with here: offload and ZeRO++ (not measured with a split
+        model); ZeRO-3 with tensor parallel unless ``TP_ZERO3`` (measured equal to ZeRO-3 on one process);
+        Ulysses under ZeRO-3 (measured different, whichever ``reduce_scatter``)."""
+        if self.tp_size == 1 and self.sp_size == 1:
+            return None
+        knob = "strategy.tp_size" if self.tp_size > 1 else "strategy.sp_size"
+        what = "tensor parallel (AutoTP)" if self.tp_size > 1 else "sequence parallel (Ulysses)"
+        if self.offload_optimizer != "none" or self.offload_param != "none":
+            return ConfigError(
+                f"{what} with ZeRO offload is not supported here (not verified against one process)",
+                key="strategy.offload_optimizer"
+                if self.offload_optimizer != "none"
+                else "strategy.offload_param",
+                hint=f"strategy=zero1 / zero2 / zero3 {knob}=..., or drop {knob}",
+            )
+        if self.zeropp:
+            return ConfigError(
+                f"{what} with ZeRO++ is not supported here", key=knob, hint=f"strategy=zero3 {knob}=..."
+            )
+        if self.stage == 3 and self.tp_size > 1 and not TP_ZERO3:
+            return ConfigError(
+                "tensor parallel (AutoTP) under ZeRO-3 is not supported here",
+                key="strategy.stage",
+                hint="strategy=zero1 or zero2 with strategy.tp_size (the optimizer state is sharded over the "
+                "data-parallel replicas)",
+            )
+        if self.stage == 3 and self.sp_size > 1:
+            return ConfigError(
+                "sequence parallel (Ulysses) under ZeRO-3 does not train like one process through the HF "
+                "Trainer: measured with SGD, the step-2 loss 5.6829 (reduce_scatter=true) or 5.7046 (false) "
+                "against 5.5573 for ZeRO-3 on one process, and another gradient norm from step 1",
+                key="strategy.stage",
+                hint="strategy=zero1 or zero2 with strategy.sp_size (ZeRO-2 shards gradients and optimizer "
+                "states over all ranks of the group)",
+            )
+        return None
+
+    def sequence_refusal(self, attention: str, packed: bool) -> ConfigError | None:
+        """Ulysses gathers each layer's queries, keys and values over the SP group and calls the model's own
+        attention on the whole sequence with the mask dropped and the position ids gathered: eager (a dense
+        mask) is refused by DeepSpeed; packed rows keep their documents apart only with an attention that
+        reads the position ids (varlen_sdpa, FlashAttention); sdpa / flex would attend across them."""
+        if attention == "eager":
+            return ConfigError(
+                "sequence parallel (Ulysses) cannot wrap eager attention (it needs a dense [tokens, "
+                "tokens] mask)",
+                key="model.attn_implementation",
+                hint="model.attn_implementation=auto (or sdpa / flash_attention_2)",
+            )
+        if packed and attention not in ("varlen_sdpa", "flash_attention_2", "flash_attention_3"):
+            return ConfigError(
+                f"sequence parallel with data.packing=true and {attention} attention: Ulysses drops the "
+                f"mask, so {attention} would attend across the documents packed into a row",
+                key="data.packing",
+                hint="model.attn_implementation=auto (varlen_sdpa keeps documents apart by their position "
+                "ids), or data.packing=false",
+            )
+        return None
+
+    def check(self, plan: BatchPlan, device: str) -> None:
+        """DeepSpeed installed; ZeRO++ hpZ's secondary partition tiles the world (whole groups of ranks)."""
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError(
+                f"strategy {self.label} needs deepspeed, which is not installed",
+                key="strategy",
+                hint="pip install 'hydratune[deepspeed]'",
+            )
+        hpz = self.hpz_partition_size(plan)
+        if hpz > 1 and plan.world_size % hpz:
+            raise ConfigError(
+                f"ZeRO++ hpZ partition size {hpz} does not divide the {plan.world_size} process(es)",
+                key="strategy.zero_hpz_partition_size",
+                hint="null (= launcher.nproc_per_node, the GPUs per node) or a divisor of the world size",
+            )
+
+    def uses_deepspeed_optimizer(self, device: str, optimizer: Any) -> bool:
+        """DeepSpeed's own (CPU) Adam under optimizer offload on GPU: the torch optimizer would run the
+        step on CPU tensors ~5x slower. On CPU-only hosts the torch optimizer avoids a 60 s JIT build."""
+        if self.optimizer_impl != "auto":
+            return self.optimizer_impl == "deepspeed"
+        return self.offload_optimizer != "none" and device == "cuda" and optimizer.deepspeed_cpu_adam
+
+    def hpz_partition_size(self, plan: BatchPlan) -> int:
+        """hpZ's secondary partition: the knob, or the processes per node (the copy stays in-node)."""
+        if self.stage != 3:
+            return 1
+        return int(self.zero_hpz_partition_size or plan.gpus_per_node)
+
+    def param_buffer_size(self, plan: BatchPlan) -> int:
+        """Elements of one NVMe parameter swap buffer: the knob, or this rank's shard of the largest weight
+        (DeepSpeed asserts a shard fits one buffer; its 1e8 default is below a 128k-vocab embedding)."""
+        if self.offload_param_buffer_size is not None:
+            return int(self.offload_param_buffer_size)
+        if not plan.largest_param:
+            return int(1e8)  # DeepSpeed's default
+        return -(-plan.largest_param // max(1, plan.world_size))  # ceil: the largest shard
+
+    def _offload(self, target: str, *, params: bool, plan: BatchPlan | None = None) -> dict[str, Any]:
+        block: dict[str, Any] = {"device": target, "pin_memory": self.pin_memory}
+        if target == "nvme":
+            block["nvme_path"] = self.nvme_path
+            block["buffer_count"] = 5 if params else 4
+            if params and plan is not None:
+                block["buffer_size"] = self.param_buffer_size(plan)
+        if not params:
+            block["ratio"] = 1.0
+        return block
+
+    def zero_config(self, plan: BatchPlan) -> dict[str, Any]:
+        """The ``zero_optimization`` block with every size concrete."""
+        hidden_size = plan.hidden_size
+        h2 = hidden_size * hidden_size if hidden_size else None
+
+        def size(value: float | None, derived: float | None, default: float) -> int:
+            if value is not None:
+                return int(value)
+            return int(derived) if derived else int(default)
+
+        zero: dict[str, Any] = {"stage": self.stage}
+        if (
+            self.tp_size > 1
+        ):  # the final save gathers the tensor-parallel shards (accelerate's get_state_dict)
+            zero["stage3_gather_16bit_weights_on_model_save"] = True
+        if self.stage == 0:
+            return zero
+        zero.update(
+            overlap_comm=self.overlap_comm,
+            contiguous_gradients=self.contiguous_gradients,
+            reduce_scatter=self.reduce_scatter,
+            reduce_bucket_size=size(self.reduce_bucket_size, h2, 5e8),
+            round_robin_gradients=self.round_robin_gradients,
+            sub_group_size=int(self.sub_group_size),
+        )
+        if self.offload_optimizer != "none":
+            zero["offload_optimizer"] = self._offload(self.offload_optimizer, params=False)
+        if self.stage < 3:
+            zero["allgather_partitions"] = True
+            zero["allgather_bucket_size"] = size(self.allgather_bucket_size, h2, 5e8)
+            return zero
+        zero.update(
+            stage3_prefetch_bucket_size=size(self.stage3_prefetch_bucket_size, 0.9 * h2 if h2 else None, 5e7),
+            stage3_param_persistence_threshold=size(
+                self.stage3_param_persistence_threshold, 10 * hidden_size if hidden_size else None, 1e5
+            ),
+            stage3_max_live_parameters=int(self.stage3_max_live_parameters),
+            stage3_max_reuse_distance=int(self.stage3_max_reuse_distance),
+            stage3_gather_16bit_weights_on_model_save=self.stage3_gather_16bit_weights_on_model_save,
+            zero_quantized_weights=self.zero_quantized_weights,
+            zero_quantized_gradients=self.zero_quantized_gradients,
+            zero_hpz_partition_size=self.hpz_partition_size(plan),
+        )
+        if self.offload_param != "none":
+            zero["offload_param"] = self._offload(self.offload_param, params=True, plan=plan)
+        return zero
+
+    def deepspeed_config(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
+        """The full DeepSpeed config for this run, no ``"auto"`` anywhere.
+
+        Batch sizes and clipping come from the same ``BatchPlan`` as the trainer's arguments, so the two
+        cannot disagree (train batch = micro x accumulation x world size). Precision blocks follow the
+        resolved dtype. The HF/DeepSpeed rule for optimizers: without an ``optimizer`` block the
+        trainer's torch optimizer and scheduler are used (``zero_allow_untested_optimizer``); under
+        offload on GPU DeepSpeed's CPU Adam is configured instead and the HF scheduler still drives it.
+        """
+        config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+            "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+            "train_batch_size": plan.global_batch_size,
+            "gradient_clipping": float(plan.max_grad_norm),
+            "zero_optimization": self.zero_config(plan),
+            "bf16": {"enabled": plan.dtype == "bf16"},
+            "fp16": {"enabled": plan.dtype == "fp16"},
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        if plan.dtype == "fp16" and plan.precision is not None:
+            p = plan.precision
+            config["fp16"].update(
+                loss_scale=float(p.loss_scale),
+                initial_scale_power=int(p.initial_scale_power),
+                loss_scale_window=int(p.loss_scale_window),
+                hysteresis=int(p.hysteresis),
+                min_loss_scale=float(p.min_loss_scale),
+            )
+        if self.tp_size > 1:
+            config["tensor_parallel"] = model_parallel.autotp_block(self.tp_size)
+        if self.tp_size * self.sp_size > 1:
+            # DeepSpeed derives it (micro x accumulation x its own count of ranks); a value here would have to
+            # be world-based for the HF Trainer's check and data-parallel based for DeepSpeed's, both at once
+            del config["train_batch_size"]
+        if self.communication_data_type:
+            config["communication_data_type"] = self.communication_data_type
+        if "nvme" in (self.offload_optimizer, self.offload_param):
+            config["aio"] = dict(self.aio)
+        if self.uses_deepspeed_optimizer(device, plan.optimizer):
+            o = plan.optimizer
+            config["optimizer"] = {
+                "type": "AdamW",
+                "params": {
+                    "lr": float(o.lr),
+                    "betas": [float(b) for b in o.betas],
+                    "eps": float(o.eps),
+                    "weight_decay": float(o.weight_decay),
+                },
+            }
+        return config
+
+    def training_args(self, device: str, plan: BatchPlan | None = None) -> dict[str, Any]:
+        if plan is None:
+            raise ValueError("DeepSpeed.training_args needs the run's BatchPlan")
+        # DeepSpeed on a CPU host runs over gloo with use_cpu + no autocast flags; see platform notes.
+        args = {**super().training_args(device, plan), "deepspeed": self.deepspeed_config(plan, device)}
+        if self.sp_size > 1:
+            args["parallelism_config"] = model_parallel.ulysses_config(
+                self.sp_size, plan.data_parallel_size, plan.attention
+            )
+            # on resume the Trainer's batch skip cannot take Ulysses' data loader: runtime/callbacks.py's
+            # ResumeSplitRows fast-forwards it instead
+            args["ignore_data_skip"] = True
+        return args
+
+    def expected_distributed_types(self, world_size: int) -> set[str]:
+        return {"DEEPSPEED"}
+
+    def before_model_load(self, ctx: Any) -> Any:
+        """Under ZeRO-3, register the config with transformers first, so ``from_pretrained`` /
+        ``from_config`` build the model inside ``deepspeed.zero.Init``: each rank then materialises
+        only its shard instead of a full copy in host RAM. Returns the registered config: transformers
+        keeps only a weak reference, so the run holds it while it trains. Ulysses (and ZeRO-3) make their
+        process groups through DeepSpeed's comm layer, which is brought up here first."""
+        if self.stage != 3 and self.sp_size == 1:
+            return None
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo" if ctx.device == "cpu" else None)
+        if self.stage != 3:
+            return None
+        from transformers.integrations import HfDeepSpeedConfig
+
+        return HfDeepSpeedConfig(self.deepspeed_config(ctx.plan, ctx.device))
+
+    def files(self, plan: BatchPlan, device: str) -> dict[str, Any]:
+        return {"deepspeed.json": self.deepspeed_config(plan, device)}
+
+    def loop_accelerator(self, device: str, plan: BatchPlan) -> Any:
+        """accelerate with this DeepSpeed config. On CPU the process state is made first with ``cpu=True``:
+        ``Accelerator(cpu=True, deepspeed_plugin=…)`` would silently drop DeepSpeed."""
+        from accelerate import Accelerator, PartialState
+        from accelerate.utils import DeepSpeedPlugin
+
+        if device == "cpu":
+            PartialState(cpu=True)
+        plugins = {TRAINED: DeepSpeedPlugin(hf_ds_config=self.deepspeed_config(plan, device))}
+        if self.stage == 3:  # frozen models get their own engine (the first plugin is the active one)
+            plugins[FROZEN] = DeepSpeedPlugin(hf_ds_config=self.inference_config(plan, device))
+        return Accelerator(deepspeed_plugins=plugins, mixed_precision=_mixed(plan.dtype))
+
+    def loop_optimizer(self, optimizer: Any, params: list[Any], device: str, plan: BatchPlan) -> Any:
+        """When the generated config has an ``optimizer`` block (DeepSpeed's CPU Adam under offload on GPU),
+        accelerate refuses a torch optimizer next to it: a ``DummyOptim`` then hands DeepSpeed the
+        parameters and it builds its own from the block; else the torch optimizer (offload accepts it:
+        ``zero_force_ds_cpu_optimizer`` is false)."""
+        if not self.uses_deepspeed_optimizer(device, optimizer):
+            return super().loop_optimizer(optimizer, params, device, plan)
+        from accelerate.utils import DummyOptim
+
+        trained = [p for p in params if p.requires_grad]
+        return DummyOptim(trained, lr=float(optimizer.lr), weight_decay=float(optimizer.weight_decay))
+
+    def prepare_loop(
+        self,
+        accelerator: Any,
+        modules: dict[str, Any],
+        optimizer: Any,
+        combine: Callable[[dict[str, Any]], Any],
+    ) -> PreparedLoop:
+        """DeepSpeed's engine wraps exactly one model: the ``combine``d modules (whose attributes are the
+        modules' names) become one engine, which scales, accumulates, clips and steps by itself."""
+        engine, optimizer = accelerator.prepare(combine(modules), optimizer)
+        return PreparedLoop({name: getattr(engine.module, name) for name in modules}, optimizer, engine)
+
+    def inference_config(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
+        """The config of frozen models' engines: the trained model's ZeRO stage and parameter offload,
+        no optimizer (so no optimizer offload), no accumulation."""
+        config = self.deepspeed_config(dataclasses.replace(plan, gradient_accumulation_steps=1), device)
+        config.pop("optimizer", None)
+        config["zero_optimization"].pop("offload_optimizer", None)
+        return config
+
+    def prepare_frozen(self, accelerator: Any, build: Callable[[], Any]) -> Any:
+        """ZeRO-3: ``build()`` runs with the inference config live (``from_pretrained`` then shards the
+        weights as it loads them) and the model becomes a DeepSpeed inference engine (no optimizer);
+        stages 0-2 keep a whole copy per process."""
+        if self.stage != 3:
+            return super().prepare_frozen(accelerator, build)
+        accelerator.state.select_deepspeed_plugin(FROZEN)
+        try:
+            model = build().eval().requires_grad_(False)
+            engine = accelerator.prepare(model)
+        finally:
+            accelerator.state.select_deepspeed_plugin(TRAINED)
+        engine.eval()  # DeepSpeed's train()/eval() return None
+        return engine
+
+    def gather_state_dict(self, trainer: Any) -> dict[str, Any] | None:
+        """ZeRO-3: the 16-bit weights gathered on rank 0, or, with gathering turned off, a DeepSpeed
+        checkpoint in ``final_zero/`` to consolidate offline (see ``ZERO_CHECKPOINT``). Tensor parallel:
+        the shards gathered into whole weights (in the training dtype)."""
+        if self.tp_size > 1:
+            return trainer.accelerator.get_state_dict(trainer.model_wrapped)
+        if self.stage != 3:
+            return None
+        if self.stage3_gather_16bit_weights_on_model_save:
+            return trainer.accelerator.get_state_dict(trainer.model_wrapped)
+        from pathlib import Path
+
+        out = Path(trainer.args.output_dir).parent / "final_zero"
+        trainer.model_wrapped.save_checkpoint(str(out))  # every rank writes its shard
+        return {ZERO_CHECKPOINT: str(out)}
+
+    def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
+        described = super().describe(plan, device)
+        if self.tp_size * self.sp_size > 1:
+            described["batch"]["deepspeed train_batch_size"] = (
+                "left out: DeepSpeed derives it from its own process groups (micro x accumulation x ranks)"
+            )
+        return {**described, "deepspeed.json": self.deepspeed_config(plan, device)}
+
+    def verify(self, accelerator: Any, world_size: int | None = None) -> None:
+        super().verify(accelerator, world_size)
+        plugin = accelerator.state.deepspeed_plugin
+        stage = plugin.zero_stage if plugin is not None else None
+        if stage != self.stage:
+            raise ConfigError(
+                f"asked for ZeRO stage {self.stage} but DeepSpeed runs stage {stage}",
+                key="strategy.stage",
+                hint="a stale ACCELERATE_DEEPSPEED_* variable or accelerate config file may override it",
+            )
+        config = getattr(accelerator, "parallelism_config", None)
+        live_sp = config.sp_size if config is not None and config.sp_backend == "deepspeed" else 1
+        if live_sp != self.sp_size:
+            raise ConfigError(
+                f"asked for sequence parallel over {self.sp_size} ranks but accelerate set up {live_sp}",
+                key="strategy.sp_size",
+                hint="a stale PARALLELISM_CONFIG_* variable may override it",
+            )
+
+    def verify_built(self, model: Any, mesh: Mesh) -> dict[str, Any]:
+        """The TP / SP groups DeepSpeed made and this rank's shards (``model_parallel.deepspeed_layout``)."""
+        if mesh.is_data_parallel_only:
+            return {}
+        from components.distributed import model_parallel
+
+        return model_parallel.deepspeed_layout(model, mesh)
+
+
+def partition_at_load(model: Any) -> dict[str, Any]:
+    """How a model built under ZeRO-3's ``zero.Init`` is held right after the build: each parameter a
+    DeepSpeed partition (empty local tensor, the shard in ``ds_tensor``); the share of elements this rank
+    holds (about 1/world, padding aside). A model built whole would show 0 partitioned tensors here."""
+    params = list(model.parameters())
+    parted = [p for p in params if hasattr(p, "ds_tensor")]
+    total = sum(int(p.ds_numel) for p in parted)
+    local = sum(int(p.ds_tensor.numel()) for p in parted)
+    return {
+        "partitioned tensors": f"{len(parted)} of {len(params)}",
+        "elements held whole": sum(p.numel() for p in params) - sum(p.numel() for p in parted),
+        "this rank's share": round(local / total, 4) if total else 0.0,
+    }
+
+
+def validate_deepspeed_config(config: dict[str, Any]) -> None:
+    """Check ``config`` with DeepSpeed's own config class (when deepspeed is installed)."""
+    try:
+        from deepspeed.runtime.config import DeepSpeedConfig
+    except ImportError:
+        return
+    import torch.distributed as dist
+
+    checked = dict(config)
+    if not (dist.is_available() and dist.is_initialized()):  # DeepSpeed then assumes one process
+        checked["train_batch_size"] = (
+            config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"]
+        )
+    try:
+        DeepSpeedConfig(checked)
+    except Exception as err:  # DeepSpeed raises assorted types for bad configs
+        raise ConfigError(f"DeepSpeed rejected the generated config: {err}", key="strategy") from err

@@ -1,0 +1,209 @@
+"""``strategy=pipeline``: the decoder layers cut into stages over ``torch.distributed.pipelining``, trained
+by our own loop (``components/runtime/pipeline_loop.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from components.config.errors import ConfigError
+from components.config.registry import component
+from components.distributed.mesh import Mesh
+from components.memory.parallel import SCHEDULES
+from components.memory.shapes import StrategyShape
+from components.strategy.core import BatchPlan, ModelSplit, Strategy, first_refusal
+
+
+@component("strategy")
+@dataclass(frozen=True)
+class Pipeline(ModelSplit, Strategy):
+    """Pipeline parallel (``torch.distributed.pipelining``): the decoder layers cut into ``pp_size`` stages
+    (x ``stages_per_rank`` under an interleaved schedule), each rank holding only its stages, micro-batches
+    (``train.gradient_accumulation_steps`` per step) flowing through them on a GPipe, 1F1B or interleaved 1F1B
+    schedule; ``world / pp_size`` data-parallel replicas, each with its own data, gradients summed over them.
+    Trained by our own loop (``components/runtime/pipeline_loop.py``); CPU (gloo) and GPU."""
+
+    pp_size: int = 2  # pipeline ranks; world / pp_size data-parallel replicas
+    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b
+    stages_per_rank: int = 1  # > 1: interleaved_1f1b (virtual stages, a smaller bubble)
+    split: list[int] = field(default_factory=list)  # the first layer of stages 1..N-1; [] = balanced
+    tp_size: int = 1  # tensor parallel inside each stage (3D): not built, refused above 1
+
+    shards_parameters: ClassVar[bool] = True  # no rank holds the whole model: saving gathers it
+    parallel_dims: ClassVar[tuple[str, ...]] = ("pp",)  # strategy=auto tries strategy.pp_size
+    needs_process_group: ClassVar[bool] = True
+    wraps_model: ClassVar[bool] = True
+    splits_layers: ClassVar[bool] = True
+
+    @property
+    def label(self) -> str:
+        return f"Pipeline (pp {self.pp_size}, {self.schedule})"
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp_size * self.stages_per_rank
+
+    def mesh(self, world_size: int) -> Mesh:
+        return Mesh(world_size, pp=self.pp_size)
+
+    def applicable(self, world_size: int) -> bool:
+        return world_size >= self.pp_size and world_size % self.pp_size == 0
+
+    def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
+        """Each replica's stages whole (``mesh()`` says how the layers split), the schedule's micro-batches
+        in flight."""
+        return StrategyShape("ddp", pipeline_schedule=self.schedule, pipeline_chunks=self.stages_per_rank)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.tp_size != 1:
+            raise ConfigError(
+                f"strategy=pipeline does not split its stages' layers over tensor-parallel ranks (3D, "
+                f"tp_size={self.tp_size}): each stage is whole on its rank",
+                key="strategy.tp_size",
+                hint="strategy.tp_size=1 with strategy=pipeline (pp x dp), or strategy=zero1 "
+                "strategy.tp_size=N for tensor parallel (tp x dp)",
+            )
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(
+                f"unknown schedule '{self.schedule}'",
+                key="strategy.schedule",
+                hint=f"one of {SCHEDULES}",
+            )
+        if self.schedule == "interleaved_1f1b" and self.stages_per_rank < 2:
+            raise ConfigError(
+                "interleaved_1f1b runs several stages per rank",
+                key="strategy.stages_per_rank",
+                hint="strategy.stages_per_rank=2 (or more), or strategy.schedule=1f1b",
+            )
+        if self.schedule != "interleaved_1f1b" and self.stages_per_rank != 1:
+            raise ConfigError(
+                f"{self.schedule} runs one stage per rank",
+                key="strategy.stages_per_rank",
+                hint="strategy.stages_per_rank=1, or strategy.schedule=interleaved_1f1b",
+            )
+
+    def combination_refusal(
+        self, recipe: Any, peft: Any, quantization: Any, dtype: str, data: Any = None, model: Any = None
+    ) -> ConfigError | None:
+        refused = {
+            "recipe": (
+                not recipe.trains_in_stages,
+                f"recipe={recipe.name} does not train through the pipeline loop (its loss is not the "
+                "causal-LM cross-entropy on its data's labels that the stages compute)",
+                "recipe=sft, or strategy=fsdp / a DeepSpeed zero stage for this recipe",
+            ),
+            "quantization": (
+                quantization.enabled,
+                "a quantized base is not cut into pipeline stages",
+                "quantization=none (or strategy=ddp / zero2 for QLoRA)",
+            ),
+            "peft": (
+                peft.adds_virtual_tokens,
+                "prompt-learning adapters prepend virtual tokens to the first stage's input, which the "
+                "pipeline's fixed-shape activations do not carry",
+                "peft=lora (or none), or another strategy for this adapter",
+            ),
+            "precision": (
+                dtype == "fp16",
+                "fp16 loss scaling is not wired across pipeline stages",
+                "precision=bf16 (or fp32)",
+            ),
+            "data.packing": (
+                data is not None and bool(getattr(data, "packing", False)),
+                "packed rows are not split into pipeline micro-batches: the stages pad rows to one length",
+                "data.packing=false",
+            ),
+            "model.compile": (
+                bool(getattr(model, "compile", False)),
+                "torch.compile is not applied to pipeline stages",
+                "model.compile=false",
+            ),
+            "model.liger": (
+                getattr(model, "liger", None) is True,
+                "Liger's kernels patch the whole model's modules, not pipeline stages",
+                "model.liger=null (off under strategy=pipeline)",
+            ),
+        }
+        return first_refusal(refused)
+
+    def training_args(self, device: str, plan: BatchPlan | None = None) -> dict[str, Any]:
+        """The trainer only prepares data, optimizer and schedule here: nothing of its own training loop
+        applies (no Liger patching, no torch.compile of the cut model)."""
+        return {**super().training_args(device, plan), "use_liger_kernel": False, "torch_compile": False}
+
+    def check(self, plan: BatchPlan, device: str) -> None:
+        """The mesh (pp_size divides the world), the model (a family cut here, enough layers, a valid
+        split) and the schedule (1F1B with fewer micro-batches than stages)."""
+        self.mesh(plan.world_size).check()
+        if plan.architecture is None:
+            raise ConfigError(
+                "strategy=pipeline needs the model's architecture to plan its stages, and it cannot be read",
+                key="model.name_or_path",
+                hint="a local model dir, a cached hub model, or the architecture numbers in the model YAML",
+            )
+        self.stage_plan(plan.architecture)
+        m = plan.gradient_accumulation_steps
+        if self.schedule == "interleaved_1f1b" and m % max(1, m // self.pp_size):
+            raise ConfigError(
+                f"interleaved 1F1B runs its micro-batches in rounds of pp_size={self.pp_size}: "
+                f"{m} micro-batches per step do not divide into them",
+                key="train.gradient_accumulation_steps",
+                hint=f"a multiple of {self.pp_size} (or fewer than {self.pp_size}); a smaller "
+                "train.micro_batch_size keeps the global batch",
+            )
+        if self.schedule == "1f1b" and m < self.num_stages:
+            import logging
+
+            logging.getLogger("hydratune").warning(
+                "strategy=pipeline: %d micro-batch(es) per step for %d stages: the stages take turns "
+                "(bubble %.0f%%) and 1F1B runs as GPipe; raise train.gradient_accumulation_steps (a smaller "
+                "train.micro_batch_size keeps the global batch)",
+                m,
+                self.num_stages,
+                100 * self.bubble(m),
+            )
+
+    def stage_plan(self, architecture: Any) -> Any:
+        """The split of a model of ``architecture`` (its config) into stages, the one the run uses and
+        ``mode=plan`` prints (``components/distributed/stages.py``), or a ConfigError naming the fix: the
+        family, the layer count, ``strategy.split``. Balanced like the memory estimate's stages."""
+        from components.distributed import stages
+        from components.memory.parallel import balanced_split
+
+        why = stages.refusal(architecture)
+        if why is not None:
+            raise ConfigError(
+                f"strategy=pipeline cannot cut this model into stages: {why}",
+                key="strategy",
+                hint="use strategy=fsdp or a DeepSpeed zero stage (zero3) for this model",
+            )
+        model = stages.meta_model(architecture)
+        return stages.plan_stages(model, self.num_stages, self.pp_size, self.split, balance=balanced_split)
+
+    def bubble(self, micro_batches: int) -> float:
+        """The theoretical bubble of ``micro_batches`` per step: (p - 1) / (m + p - 1), interleaved
+        (p - 1) / (v m + p - 1) (the estimate's own formula)."""
+        from components.memory.parallel import bubble_fraction
+
+        return bubble_fraction(self.pp_size, micro_batches, self.schedule, self.stages_per_rank)
+
+    def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
+        stage_plan = self.stage_plan(plan.architecture)
+        m, dp = plan.gradient_accumulation_steps, self.mesh(plan.world_size).dp
+        described = super().describe(plan, device)
+        described["batch"]["global_batch_size"] = (
+            f"{plan.micro_batch_size} x {m} x {dp} (data-parallel replicas) = {plan.global_batch_size}"
+        )
+        described["pipeline"] = {
+            "mesh": self.mesh(plan.world_size).describe(),
+            "schedule": f"{self.schedule}: {self.num_stages} stages, {self.stages_per_rank} per rank",
+            "micro-batches per step": f"{m} (train.gradient_accumulation_steps), each of "
+            f"train.micro_batch_size={plan.micro_batch_size} rows per replica",
+            **{
+                f"stage {s} (pipeline rank {stage_plan.rank_of(s)})": stage_plan.describe(s)
+                for s in range(stage_plan.num_stages)
+            },
+            "bubble (theoretical)": round(self.bubble(m), 4),
+        }
+        return described
