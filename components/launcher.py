@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from components.config.errors import ConfigError
+from components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, PORT, POSITIVE, Range, knob
 from components.config.registry import component
 
 FROZEN = "frozen_config.yaml"
@@ -88,22 +89,21 @@ class Local:
     ``collective_timeout`` seconds fails (a node that froze).
     """
 
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
+    nproc_per_node: int = knob(1, AT_LEAST_ONE)
+    nnodes: int = knob(1, AT_LEAST_ONE)
+    node_rank: int = knob(0, NON_NEGATIVE)  # below nnodes
     master_addr: str = "127.0.0.1"
-    master_port: int = 29500  # 0 = a free port (single node only)
+    master_port: int = knob(29500, Range(1, 65535, also=(0,)))  # 0 = a free port (single node only)
     rdzv_endpoint: str | None = None
-    rdzv_timeout: float = 300.0  # seconds every node waits for the others to join
+    rdzv_timeout: float = knob(300.0, POSITIVE)  # seconds every node waits for the others to join
     run_id: str | None = None  # null = derived from the pinned run dir (the same on every node)
-    collective_timeout: float = 1800.0  # seconds a collective may wait for the other ranks (torch's default)
-    max_restarts: int = 0
+    # seconds a collective may wait for the other ranks (torch's default)
+    collective_timeout: float = knob(1800.0, POSITIVE)
+    max_restarts: int = knob(0, NON_NEGATIVE)
     start_method: str = "spawn"  # spawn | forkserver | fork
 
     def validate(self) -> None:
-        if self.nproc_per_node < 1:
-            raise ConfigError("nproc_per_node must be >= 1", key="launcher.nproc_per_node")
-        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+        if self.node_rank >= self.nnodes:
             raise ConfigError(
                 f"node_rank {self.node_rank} is not in [0, nnodes={self.nnodes})", key="launcher.node_rank"
             )
@@ -486,8 +486,8 @@ class Slurm(Local):
     """
 
     # the generated job script (submitit takes these from hydra.launcher.* instead)
-    gpus_per_node: int | None = None  # None = one GPU per task (nproc_per_node); 0 on a CPU-only cluster
-    cpus_per_task: int | None = None
+    gpus_per_node: int | None = knob(None, NON_NEGATIVE)  # None = one GPU per task; 0 on a CPU-only cluster
+    cpus_per_task: int | None = knob(None, AT_LEAST_ONE)
     mem: str | None = None  # sbatch --mem per node, e.g. 400G (0 = all of it)
     time: str | None = None  # sbatch --time, e.g. 04:00:00 (None = the partition's default)
     partition: str | None = None
@@ -495,7 +495,7 @@ class Slurm(Local):
     qos: str | None = None
     job_name: str | None = None  # None = hydratune-<run dir name>
     signal: str = "USR2"  # the pre-emption signal SLURM sends every task signal_delay_s before the time limit
-    signal_delay_s: int = 120
+    signal_delay_s: int = knob(120, NON_NEGATIVE)
     requeue: bool = True  # sbatch --requeue: the job may go back to the queue (after the pre-emption signal)
     sbatch_args: list[str] = field(default_factory=list)  # more #SBATCH options, e.g. ["--exclusive"]
     setup: list[str] = field(default_factory=list)  # shell lines before srun, e.g. ["module load cuda/12.4"]
@@ -633,7 +633,7 @@ class DeepSpeedLauncher(Local):
     transport: str = (
         "pdsh"  # DeepSpeed's --launcher: pdsh (over ssh) | openmpi | mpich | impi | mvapich | slurm
     )
-    ssh_port: int | None = None  # DeepSpeed's --ssh_port (pdsh and its ssh check)
+    ssh_port: int | None = knob(None, PORT)  # DeepSpeed's --ssh_port (pdsh and its ssh check)
 
     one_command_per_node: ClassVar[bool] = False  # one deepspeed command starts every node's processes
 

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
+from components.config.ranges import NON_NEGATIVE, POSITIVE, knob
 from components.rewards import (
     CALL_KEYWORDS,
     check_reward,
@@ -109,8 +110,8 @@ class RewardURL:
     """The knobs of a reward served over HTTP, shared by the recipes that score completions."""
 
     reward_url: str | None = None  # POST JSON {prompts, completions, <columns>} -> {scores}; see README
-    reward_timeout: float = 30.0  # seconds per request
-    reward_retries: int = 2  # further tries after a connection error, timeout or 5xx
+    reward_timeout: float = knob(30.0, POSITIVE)  # seconds per request
+    reward_retries: int = knob(2, NON_NEGATIVE)  # further tries after a connection error, timeout or 5xx
 
     def http_reward(self) -> HttpReward | None:
         """The served reward, if ``reward_url`` names one."""
@@ -119,7 +120,7 @@ class RewardURL:
         return HttpReward(self.reward_url, self.reward_timeout, self.reward_retries)
 
     def check_reward_url(self) -> None:
-        """Before load (``mode=plan`` too): the knobs' ranges, then the server answers the probe."""
+        """Before load (``mode=plan`` too): the URL's form, then the server answers the probe."""
         if self.reward_url is None:
             return
         if not str(self.reward_url).startswith(("http://", "https://")):
@@ -128,10 +129,6 @@ class RewardURL:
                 key="recipe.reward_url",
                 hint="http://host:port/path",
             )
-        if not self.reward_timeout > 0:
-            raise ConfigError("must be > 0 seconds", key="recipe.reward_timeout")
-        if self.reward_retries < 0:
-            raise ConfigError("must be >= 0", key="recipe.reward_retries")
         HttpReward(self.reward_url, self.reward_timeout, self.reward_retries).probe("recipe.reward_url")
 
 

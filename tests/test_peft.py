@@ -231,11 +231,28 @@ def test_a_bare_target_name_works_like_a_list(model: LlamaForCausalLM) -> None:
 
 
 @pytest.mark.parametrize(
+    ("cls", "values", "key"),
+    [
+        (LoRA, {"r": 0}, "peft.r"),
+        (LoRA, {"alpha": 0}, "peft.alpha"),
+        (LoRA, {"dropout": 1.0}, "peft.dropout"),
+        (PrefixTuning, {"num_virtual_tokens": 0}, "peft.num_virtual_tokens"),
+        (Freeze, {"last_n_layers": -1}, "peft.last_n_layers"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_out_of_range_settings_are_config_errors_naming_the_key(cls: type, values: dict, key: str) -> None:
+    """Each knob's range is declared on its field and checked before the component is built (check_values)."""
+    from components.config.ranges import check_knobs
+
+    with pytest.raises(ConfigError) as info:
+        check_knobs(cls.__schema__, values, "peft")  # type: ignore[attr-defined]
+    assert info.value.key == key and "must be" in str(info.value)
+
+
+@pytest.mark.parametrize(
     ("component", "key"),
     [
-        (LoRA(r=0), "peft.r"),
-        (LoRA(alpha=0), "peft.alpha"),
-        (LoRA(dropout=1.0), "peft.dropout"),
         (LoRA(bias="some"), "peft.bias"),
         (LoRA(init_lora_weights="eva"), "peft.init_lora_weights"),
         (LoRA(init_lora_weights="random"), "peft.init_lora_weights"),
@@ -243,9 +260,7 @@ def test_a_bare_target_name_works_like_a_list(model: LlamaForCausalLM) -> None:
         (LoRA(target_modules="(unclosed"), "peft.target_modules"),
         (DoRA(task_type="TOKEN_CLS"), "peft.task_type"),
         (IA3(feedforward_modules=["gate_proj"]), "peft.feedforward_modules"),
-        (PrefixTuning(num_virtual_tokens=0), "peft.num_virtual_tokens"),
         (PTuning(encoder_reparameterization_type="GRU"), "peft.encoder_reparameterization_type"),
-        (Freeze(last_n_layers=-1), "peft.last_n_layers"),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
