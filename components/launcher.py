@@ -708,7 +708,8 @@ class DeepSpeedLauncher(Local):
         import subprocess
         import sys
 
-        from components.distributed.hostfile import check_ssh, environment_file, forwarded, is_secret, shown
+        from components.config.trust import secret_name
+        from components.distributed.hostfile import check_ssh, environment_file, forwarded, shown
 
         hosts = self.hosts()
         if hosts is not None:
@@ -716,7 +717,7 @@ class DeepSpeedLauncher(Local):
         clear_markers(run_dir)
         variables = forwarded()
         with environment_file(variables) as (env_file, skipped):
-            cmd = self.command(run_dir, worker, quiet=any(is_secret(k) for k in variables))
+            cmd = self.command(run_dir, worker, quiet=any(secret_name(k) for k in variables))
             print(f"hydratune: {shlex.join(cmd)}", file=sys.stderr, flush=True)
             if hosts is not None and hosts.multi:
                 left = f"; left out (the runner's command line cannot carry them): {', '.join(skipped)}"
