@@ -953,8 +953,9 @@ class Source:
     # the prepared data (rows, tokens) written once under cache_dir and memory-mapped by later runs, ranks
     # and sweep points (components/runtime/datacache.py); false: prepared again by every run and rank
     cache: bool = True
-    cache_dir: str | None = None  # null: $HYDRATUNE_DATA_CACHE, else $HYDRATUNE_CACHE/data
-    # processes preparing the data; null: the cores this process may use
+    # null: $HYDRATUNE_DATA_CACHE, else $HYDRATUNE_CACHE/data (~/.cache/hydratune/data)
+    cache_dir: str | None = None
+    # processes preparing the data (reading, masking, tokenizing); null: the cores this process may use
     num_proc: int | None = knob(None, AT_LEAST_ONE)
     # read data.path lazily, row by row while training (corpora larger than memory or disk): SFT only,
     # with train.max_steps; eval rows: data.eval_path, or the stream's own first rows (README "Streaming");

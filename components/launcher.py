@@ -95,7 +95,8 @@ class Local:
     master_addr: str = "127.0.0.1"
     master_port: int = knob(29500, Range(1, 65535, also=(0,)))  # 0 = a free port (single node only)
     rdzv_endpoint: str | None = None
-    rdzv_timeout: float = knob(300.0, POSITIVE)  # seconds every node waits for the others to join
+    # seconds every node waits for the others to join (then names the missing ones)
+    rdzv_timeout: float = knob(300.0, POSITIVE)
     run_id: str | None = None  # null = derived from the pinned run dir (the same on every node)
     # seconds a collective may wait for the other ranks (torch's default)
     collective_timeout: float = knob(1800.0, POSITIVE)
@@ -483,6 +484,11 @@ class Slurm(Local):
     for ``nnodes`` x ``nproc_per_node`` tasks into the run dir and prints the ``sbatch`` command. Either
     way the pre-emption signal (``signal``; under submitit, submitit's) makes every rank checkpoint the same
     step, then rank 0 requeues the job, which continues in the same run dir.
+
+    Of the knobs every launcher has: ``nproc_per_node`` is the tasks (= GPUs) per node of the job script
+    (inside a job, SLURM's count rules); ``node_rank`` is unused (``SLURM_PROCID`` gives each rank);
+    ``master_addr`` is replaced by the allocation's first node; ``master_port`` 29500 becomes 29500 + the job
+    id % 1000 (a port per job), another value is used as is.
     """
 
     # the generated job script (submitit takes these from hydra.launcher.* instead)
@@ -496,7 +502,8 @@ class Slurm(Local):
     job_name: str | None = None  # None = hydratune-<run dir name>
     signal: str = "USR2"  # the pre-emption signal SLURM sends every task signal_delay_s before the time limit
     signal_delay_s: int = knob(120, NON_NEGATIVE)
-    requeue: bool = True  # sbatch --requeue: the job may go back to the queue (after the pre-emption signal)
+    # sbatch --requeue: after the pre-emption signal's checkpoint, rank 0 requeues the job
+    requeue: bool = True
     sbatch_args: list[str] = field(default_factory=list)  # more #SBATCH options, e.g. ["--exclusive"]
     setup: list[str] = field(default_factory=list)  # shell lines before srun, e.g. ["module load cuda/12.4"]
 
@@ -625,15 +632,16 @@ class DeepSpeedLauncher(Local):
     the hostfile, its hosts and the transport are checked (``mode=plan`` too) and passwordless ssh is tried;
     the run's environment reaches every host through a private ``.deepspeed_env``
     (components/distributed/hostfile.py). Every process runs as a worker of the same run dir, which must be
-    on a filesystem all hosts share."""
+    on a filesystem all hosts share. ``nproc_per_node``: the GPUs per node when no hostfile is given."""
 
-    master_addr: str | None = None  # type: ignore[assignment]  # null: the hostfile's first host
+    # null: the hostfile's first host (127.0.0.1 without a hostfile)
+    master_addr: str | None = None  # type: ignore[assignment]
     hostfile: str | None = None
     include: str | None = None  # e.g. "node1:0,1@node2" (deepspeed's --include)
     transport: str = (
         "pdsh"  # DeepSpeed's --launcher: pdsh (over ssh) | openmpi | mpich | impi | mvapich | slurm
     )
-    ssh_port: int | None = knob(None, PORT)  # DeepSpeed's --ssh_port (pdsh and its ssh check)
+    ssh_port: int | None = knob(None, PORT)  # DeepSpeed's --ssh_port (pdsh and its ssh check); null = 22
 
     one_command_per_node: ClassVar[bool] = False  # one deepspeed command starts every node's processes
 

@@ -109,7 +109,9 @@ class HttpReward:
 class RewardURL:
     """The knobs of a reward served over HTTP, shared by the recipes that score completions."""
 
-    reward_url: str | None = None  # POST JSON {prompts, completions, <columns>} -> {scores}; see README
+    # a reward served over HTTP (README "Rewards"): POST JSON {prompts, completions, <columns>} -> {scores};
+    # probed before load, mode=plan too
+    reward_url: str | None = None
     reward_timeout: float = knob(30.0, POSITIVE)  # seconds per request
     reward_retries: int = knob(2, NON_NEGATIVE)  # further tries after a connection error, timeout or 5xx
 
@@ -136,7 +138,9 @@ class RewardURL:
 class OneReward(RewardURL):
     """``recipe.reward`` (a function or a reward model) or ``recipe.reward_url``: PPO's and Best-of-N's."""
 
-    reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
+    # a reward function (_target_, called with prompts, completions and the row's columns such as answer),
+    # or a trained reward model: recipe.reward.model=<reward run dir or model dir> (then _target_ is unused)
+    reward: Any = field(default_factory=default_reward)
 
     def check_one_reward(self, cfg: DictConfig) -> None:
         """Before load: the reward resolves (user modules, trust) or the server answers; not both."""

@@ -48,7 +48,8 @@ class Eval(Recipe):
     periodic_eval: ClassVar[bool] = False  # no training, so no eval split to check
     produces_causal_lm: ClassVar[bool] = False  # it writes scores, not a model
 
-    tasks: list[str] = field(default_factory=lambda: ["hydratune_prompts"])  # names, globs or YAML files
+    # lm-eval task / group / tag names, globs, or task YAML files
+    tasks: list[str] = field(default_factory=lambda: ["hydratune_prompts"])
     include_path: str | None = None  # a folder of your own task YAMLs
     limit: float | None = knob(None, POSITIVE)  # rows per task: N, or a fraction < 1 (null = every row)
     num_fewshot: int | None = knob(None, NON_NEGATIVE)  # null = each task's default (hydratune_prompts: 0)
