@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from components.config.errors import ConfigError
+from components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, SEED, Range, check_knobs, knob
 from components.config.registry import component
 from components.datareader import (
     BUILDERS,
@@ -772,6 +773,9 @@ def last_answer(messages: Messages) -> int:
 
 #: the shortest data.max_length that holds a chat-formatted prompt and an answer
 MIN_MAX_LENGTH = 16
+#: data.max_length's range (examples cut to a handful of tokens keep no answer token: nothing would train)
+MAX_LENGTH = Range(MIN_MAX_LENGTH)
+MAX_LENGTH_HINT = "tokens: room for a prompt and its answer, e.g. 1024 (mode=plan shows the longest)"
 
 
 #: the columns of converted rows that hold message lists; each is an Arrow list of {role, content} structs,
@@ -915,16 +919,6 @@ def note_unanswered(converted: Converted, key: str, report: LoadReport) -> None:
         report.info[name] = f"{n} (the turns after it are not trained; the first: {first})"
 
 
-def check_max_length(max_length: int) -> None:
-    """Examples cut to a handful of tokens keep no answer token: nothing would be trained."""
-    if max_length < MIN_MAX_LENGTH:
-        raise ConfigError(
-            f"must be >= {MIN_MAX_LENGTH} tokens (room for a prompt and its answer), got {max_length}",
-            key="data.max_length",
-            hint="data.max_length=1024 (the longest examples' token count; see mode=plan)",
-        )
-
-
 @dataclass(frozen=True)
 class Source:
     """Where rows come from, how bad rows are handled and how train/eval are split (every data option)."""
@@ -941,10 +935,11 @@ class Source:
     subset: str | None = None  # hub datasets: the config (subset) name
     columns: dict[str, str] = field(default_factory=dict)  # canonical name -> the file's column name
     # the share of data.path's rows held out for eval; null (the default): 5%, at most 1,000 rows
-    eval_fraction: float | None = None
-    eval_size: int = 0  # rows held out for eval; 0 = use eval_fraction
-    max_samples: int | None = None  # use only the first N rows of data.path (before the eval split)
-    seed: int = 42
+    eval_fraction: float | None = knob(None, FRACTION)
+    eval_size: int = knob(0, NON_NEGATIVE)  # rows held out for eval; 0 = use eval_fraction
+    # use only the first N rows of data.path (before the eval split)
+    max_samples: int | None = knob(None, AT_LEAST_ONE)
+    seed: int = knob(42, SEED)
     on_error: str = "raise"  # raise | skip: drop malformed / incomplete rows and count them
     # your turns' role names -> system | user | assistant | tool, e.g. '{bot: assistant, me: user}'
     # (ShareGPT's human, gpt, observation and function_call are known already)
@@ -958,29 +953,24 @@ class Source:
     # the prepared data (rows, tokens) written once under cache_dir and memory-mapped by later runs, ranks
     # and sweep points (components/runtime/datacache.py); false: prepared again by every run and rank
     cache: bool = True
-    cache_dir: str | None = None  # null: $HYDRATUNE_DATA_CACHE, else $HYDRATUNE_CACHE/data
-    num_proc: int | None = None  # processes preparing the data; null: the cores this process may use
+    # null: $HYDRATUNE_DATA_CACHE, else $HYDRATUNE_CACHE/data (~/.cache/hydratune/data)
+    cache_dir: str | None = None
+    # processes preparing the data (reading, masking, tokenizing); null: the cores this process may use
+    num_proc: int | None = knob(None, AT_LEAST_ONE)
     # read data.path lazily, row by row while training (corpora larger than memory or disk): SFT only,
     # with train.max_steps; eval rows: data.eval_path, or the stream's own first rows; never cached
     # (data.cache has no effect). docs/data.md, "Streaming"
     streaming: bool = False
 
     def validate(self) -> None:
-        """Cheap checks (no ``datasets`` import): paths, ranges, enums, column-mapping keys."""
+        """Cheap checks (no ``datasets`` import): paths, enums, column-mapping keys (the knobs' ranges:
+        ``check_values``; a mixture entry's: here)."""
         if self.mixture:
             mixture_entries(self)  # each entry's path and knobs, checked as data.mixture[i].<knob>
         else:
             check_path(self.path, "data.path", self.split, separate_eval=bool(self.eval_path))
         if self.eval_path:
             check_path(self.eval_path, "data.eval_path", None)
-        if self.eval_fraction is not None and not 0 <= self.eval_fraction < 1:
-            raise ConfigError(f"must be in [0, 1), got {self.eval_fraction}", key="data.eval_fraction")
-        if self.eval_size is not None and self.eval_size < 0:
-            raise ConfigError(f"must be >= 0, got {self.eval_size}", key="data.eval_size")
-        if self.max_samples is not None and self.max_samples < 1:
-            raise ConfigError(f"must be >= 1 or null, got {self.max_samples}", key="data.max_samples")
-        if self.num_proc is not None and self.num_proc < 1:
-            raise ConfigError(f"must be >= 1 or null, got {self.num_proc}", key="data.num_proc")
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"unknown '{self.on_error}'", key="data.on_error", hint=f"one of {ON_ERROR}")
         unknown = [c for c in self.columns if c not in self.CANONICAL]
@@ -1415,6 +1405,7 @@ def _entry(data: Source, i: int, raw: Any, knobs: list[str]) -> MixtureEntry:
         raise ConfigError(f"must be in (0, 1], got {weight!r}", key=f"{key}.weight", hint=example)
     if rows is not None and not (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1):
         raise ConfigError(f"must be a whole number >= 1, got {rows!r}", key=f"{key}.rows", hint=example)
+    check_knobs(type(data), raw, key)  # the entry's own knobs, each within its declared range
     source = dataclasses.replace(data, mixture=[], **{k: v for k, v in raw.items() if k not in SHARES})
     try:
         source.validate()
@@ -1427,14 +1418,14 @@ def mixture_entries(data: Source) -> list[MixtureEntry]:
     """data.mixture's entries, each checked before load: its keys, its weight or rows, its path and its
     knobs (as the data option checks its own). data.path and data.eval_path must be unset: each source
     names its own."""
-    for knob in ("path", "eval_path"):
-        value = getattr(data, knob)
+    for name in ("path", "eval_path"):
+        value = getattr(data, name)
         if value and value != "???":
             raise ConfigError(
-                f"data.mixture names the sources, and data.{knob}={value} is set too",
-                key=f"data.{knob}",
-                hint=f"data.{knob}='' (or a data option without one, e.g. data=jsonl_messages), and give "
-                f"each source its own {knob} in data.mixture",
+                f"data.mixture names the sources, and data.{name}={value} is set too",
+                key=f"data.{name}",
+                hint=f"data.{name}='' (or a data option without one, e.g. data=jsonl_messages), and give "
+                f"each source its own {name} in data.mixture",
             )
     knobs = [k for k in PER_SOURCE if k in {f.name for f in dataclasses.fields(data)}]
     return [_entry(data, i, raw, knobs) for i, raw in enumerate(data.mixture)]
@@ -1570,7 +1561,7 @@ class ChatDataset(Source):
     # a chat template without a system role (Gemma): true folds the system turn into the first user turn,
     # false refuses such rows before load
     fold_system: bool = True
-    max_length: int = 1024  # tokens per example (the trainer truncates; see on_overlong)
+    max_length: int = knob(1024, MAX_LENGTH, hint=MAX_LENGTH_HINT)  # tokens per example (see on_overlong)
     on_overlong: str = "truncate"  # truncate | drop | error: rows longer than max_length tokens
     packing: bool = False
     packing_strategy: str = "bfd"  # bfd (best-fit, boundary-safe) | bfd_split | wrapped
@@ -1579,7 +1570,7 @@ class ChatDataset(Source):
     padding_free: bool = True
     # data.streaming: examples taken from the stream together, shuffled together (stream_shuffle, seeded by
     # data.seed) and packed together (data.packing); a resume prepares at most one such window again
-    stream_window: int = 1000
+    stream_window: int = knob(1000, AT_LEAST_ONE)
     stream_shuffle: bool = True
 
     def validate(self) -> None:
@@ -1592,7 +1583,6 @@ class ChatDataset(Source):
                 key="data.packing_strategy",
                 hint=f"one of {PACKING_STRATEGIES}",
             )
-        check_max_length(self.max_length)
         if self.on_overlong not in ON_OVERLONG:
             raise ConfigError(
                 f"unknown '{self.on_overlong}'", key="data.on_overlong", hint=f"one of {ON_OVERLONG}"
@@ -1801,7 +1791,7 @@ class PreferenceDataset(Source):
     kind: ClassVar[str] = "preference"
 
     format: str = "auto"  # auto | explicit | implicit (shared leading turns) | hh (Human:/Assistant: text)
-    max_length: int = 1024  # tokens of prompt + response
+    max_length: int = knob(1024, MAX_LENGTH, hint=MAX_LENGTH_HINT)  # tokens of prompt + response
 
     def prompt_limit(self) -> tuple[int, str, str]:
         return self.max_length, "data.max_length", "truncate"
@@ -1812,7 +1802,6 @@ class PreferenceDataset(Source):
             raise ConfigError(
                 f"unknown format '{self.format}'", key="data.format", hint=f"one of {PREFERENCE_FORMATS}"
             )
-        check_max_length(self.max_length)
 
     def formats_hint(self) -> str:
         accepted = "; ".join(f"{name}: {what}" for name, what in PREFERENCE_SIGNATURES.items())
@@ -1885,14 +1874,10 @@ class UnpairedPreferenceDataset(Source):
     CANONICAL: ClassVar[tuple[str, ...]] = ("prompt", "completion", "label")
     kind: ClassVar[str] = "unpaired"
 
-    max_length: int = 1024  # tokens of prompt + completion
+    max_length: int = knob(1024, MAX_LENGTH, hint=MAX_LENGTH_HINT)  # tokens of prompt + completion
 
     def prompt_limit(self) -> tuple[int, str, str]:
         return self.max_length, "data.max_length", "truncate"
-
-    def validate(self) -> None:
-        super().validate()
-        check_max_length(self.max_length)
 
     def to_row(self, row: Row) -> Row:
         """One row as ``prompt`` / ``completion`` message lists and a boolean ``label``."""
@@ -1932,12 +1917,7 @@ class PromptDataset(Source):
     CANONICAL: ClassVar[tuple[str, ...]] = ("prompt", "answer")
     kind: ClassVar[str] = "prompts"
 
-    max_prompt_length: int = 256  # tokens
-
-    def validate(self) -> None:
-        super().validate()
-        if self.max_prompt_length < 1:
-            raise ConfigError(f"must be >= 1, got {self.max_prompt_length}", key="data.max_prompt_length")
+    max_prompt_length: int = knob(256, AT_LEAST_ONE)  # tokens
 
     def prompt_limit(self) -> tuple[int, str, str]:
         return self.max_prompt_length, "data.max_prompt_length", "truncate"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from components.config.errors import ConfigError
+from components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, PORT, POSITIVE, Range, knob
 from components.config.registry import component
 
 FROZEN = "frozen_config.yaml"
@@ -88,22 +89,22 @@ class Local:
     ``collective_timeout`` seconds fails (a node that froze).
     """
 
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
+    nproc_per_node: int = knob(1, AT_LEAST_ONE)
+    nnodes: int = knob(1, AT_LEAST_ONE)
+    node_rank: int = knob(0, NON_NEGATIVE)  # below nnodes
     master_addr: str = "127.0.0.1"
-    master_port: int = 29500  # 0 = a free port (single node only)
+    master_port: int = knob(29500, Range(1, 65535, also=(0,)))  # 0 = a free port (single node only)
     rdzv_endpoint: str | None = None
-    rdzv_timeout: float = 300.0  # seconds every node waits for the others to join
+    # seconds every node waits for the others to join (then names the missing ones)
+    rdzv_timeout: float = knob(300.0, POSITIVE)
     run_id: str | None = None  # null = derived from the pinned run dir (the same on every node)
-    collective_timeout: float = 1800.0  # seconds a collective may wait for the other ranks (torch's default)
-    max_restarts: int = 0
+    # seconds a collective may wait for the other ranks (torch's default)
+    collective_timeout: float = knob(1800.0, POSITIVE)
+    max_restarts: int = knob(0, NON_NEGATIVE)
     start_method: str = "spawn"  # spawn | forkserver | fork
 
     def validate(self) -> None:
-        if self.nproc_per_node < 1:
-            raise ConfigError("nproc_per_node must be >= 1", key="launcher.nproc_per_node")
-        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+        if self.node_rank >= self.nnodes:
             raise ConfigError(
                 f"node_rank {self.node_rank} is not in [0, nnodes={self.nnodes})", key="launcher.node_rank"
             )
@@ -483,11 +484,16 @@ class Slurm(Local):
     for ``nnodes`` x ``nproc_per_node`` tasks into the run dir and prints the ``sbatch`` command. Either
     way the pre-emption signal (``signal``; under submitit, submitit's) makes every rank checkpoint the same
     step, then rank 0 requeues the job, which continues in the same run dir.
+
+    Of the knobs every launcher has: ``nproc_per_node`` is the tasks (= GPUs) per node of the job script
+    (inside a job, SLURM's count rules); ``node_rank`` is unused (``SLURM_PROCID`` gives each rank);
+    ``master_addr`` is replaced by the allocation's first node; ``master_port`` 29500 becomes 29500 + the job
+    id % 1000 (a port per job), another value is used as is.
     """
 
     # the generated job script (submitit takes these from hydra.launcher.* instead)
-    gpus_per_node: int | None = None  # None = one GPU per task (nproc_per_node); 0 on a CPU-only cluster
-    cpus_per_task: int | None = None
+    gpus_per_node: int | None = knob(None, NON_NEGATIVE)  # None = one GPU per task; 0 on a CPU-only cluster
+    cpus_per_task: int | None = knob(None, AT_LEAST_ONE)
     mem: str | None = None  # sbatch --mem per node, e.g. 400G (0 = all of it)
     time: str | None = None  # sbatch --time, e.g. 04:00:00 (None = the partition's default)
     partition: str | None = None
@@ -495,8 +501,9 @@ class Slurm(Local):
     qos: str | None = None
     job_name: str | None = None  # None = hydratune-<run dir name>
     signal: str = "USR2"  # the pre-emption signal SLURM sends every task signal_delay_s before the time limit
-    signal_delay_s: int = 120
-    requeue: bool = True  # sbatch --requeue: the job may go back to the queue (after the pre-emption signal)
+    signal_delay_s: int = knob(120, NON_NEGATIVE)
+    # sbatch --requeue: after the pre-emption signal's checkpoint, rank 0 requeues the job
+    requeue: bool = True
     sbatch_args: list[str] = field(default_factory=list)  # more #SBATCH options, e.g. ["--exclusive"]
     setup: list[str] = field(default_factory=list)  # shell lines before srun, e.g. ["module load cuda/12.4"]
 
@@ -625,15 +632,16 @@ class DeepSpeedLauncher(Local):
     the hostfile, its hosts and the transport are checked (``mode=plan`` too) and passwordless ssh is tried;
     the run's environment reaches every host through a private ``.deepspeed_env``
     (components/distributed/hostfile.py). Every process runs as a worker of the same run dir, which must be
-    on a filesystem all hosts share."""
+    on a filesystem all hosts share. ``nproc_per_node``: the GPUs per node when no hostfile is given."""
 
-    master_addr: str | None = None  # type: ignore[assignment]  # null: the hostfile's first host
+    # null: the hostfile's first host (127.0.0.1 without a hostfile)
+    master_addr: str | None = None  # type: ignore[assignment]
     hostfile: str | None = None
     include: str | None = None  # e.g. "node1:0,1@node2" (deepspeed's --include)
     transport: str = (
         "pdsh"  # DeepSpeed's --launcher: pdsh (over ssh) | openmpi | mpich | impi | mvapich | slurm
     )
-    ssh_port: int | None = None  # DeepSpeed's --ssh_port (pdsh and its ssh check)
+    ssh_port: int | None = knob(None, PORT)  # DeepSpeed's --ssh_port (pdsh and its ssh check); null = 22
 
     one_command_per_node: ClassVar[bool] = False  # one deepspeed command starts every node's processes
 
@@ -708,7 +716,8 @@ class DeepSpeedLauncher(Local):
         import subprocess
         import sys
 
-        from components.distributed.hostfile import check_ssh, environment_file, forwarded, is_secret, shown
+        from components.config.trust import secret_name
+        from components.distributed.hostfile import check_ssh, environment_file, forwarded, shown
 
         hosts = self.hosts()
         if hosts is not None:
@@ -716,7 +725,7 @@ class DeepSpeedLauncher(Local):
         clear_markers(run_dir)
         variables = forwarded()
         with environment_file(variables) as (env_file, skipped):
-            cmd = self.command(run_dir, worker, quiet=any(is_secret(k) for k in variables))
+            cmd = self.command(run_dir, worker, quiet=any(secret_name(k) for k in variables))
             print(f"hydratune: {shlex.join(cmd)}", file=sys.stderr, flush=True)
             if hosts is not None and hosts.multi:
                 left = f"; left out (the runner's command line cannot carry them): {', '.join(skipped)}"

@@ -6,12 +6,12 @@ Each returns ``(optimizer class, kwargs)``: the HF/TRL trainers take it as ``opt
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from components.config.errors import ConfigError
+from components.config.ranges import FRACTION, NON_NEGATIVE, POSITIVE, Range, knob, one_of
 from components.config.registry import component
 
 if TYPE_CHECKING:
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 class Optimizer:
     """Base: learning rate and weight decay every optimizer shares."""
 
-    lr: float = 1e-4
-    weight_decay: float = 0.0
+    lr: float = knob(1e-4, POSITIVE, hint="e.g. 2e-5")
+    weight_decay: float = knob(0.0, NON_NEGATIVE)
 
     #: DeepSpeed's CPU Adam computes this optimizer's update: ZeRO offload on GPU may use it instead
     deepspeed_cpu_adam: ClassVar[bool] = False
@@ -38,14 +38,7 @@ class Optimizer:
         """Refuse a device this optimizer cannot run on (before any model loads)."""
 
     def validate(self) -> None:
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError(
-                f"learning rate must be a finite number > 0, got {self.lr}",
-                key="optimizer.lr",
-                hint="e.g. 2e-5",
-            )
-        if self.weight_decay < 0:
-            raise ConfigError("weight_decay must be >= 0", key="optimizer.weight_decay")
+        """Checks beyond each knob's declared range (``check_values`` has checked those)."""
 
     def cls_and_kwargs(self, device: str) -> tuple[type, dict[str, Any]]:
         raise NotImplementedError
@@ -64,16 +57,18 @@ class Optimizer:
 class AdamW(Optimizer):
     """torch AdamW; ``fused: auto`` uses the fused kernel on CUDA and CPU when torch provides it."""
 
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
+    betas: list[float] = knob([0.9, 0.95], FRACTION)  # (beta1, beta2), each in [0, 1)
+    eps: float = knob(1e-8, POSITIVE)
     fused: bool | None = None  # None = auto
 
     deepspeed_cpu_adam: ClassVar[bool] = True
 
     def validate(self) -> None:
         super().validate()
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas}", key="optimizer.betas")
+        if len(self.betas) != 2:
+            raise ConfigError(
+                f"betas must be two numbers (beta1 beta2), got {self.betas}", key="optimizer.betas"
+            )
 
     def cls_and_kwargs(self, device: str) -> tuple[type, dict[str, Any]]:
         import torch
@@ -106,9 +101,9 @@ class Adafactor(Optimizer):
     scale_parameter: bool = False
     relative_step: bool = False
     warmup_init: bool = False
-    clip_threshold: float = 1.0
-    decay_rate: float = -0.8
-    beta1: float | None = None
+    clip_threshold: float = knob(1.0, POSITIVE)
+    decay_rate: float = knob(-0.8, Range(-1, 0, high_open=True))  # second moments decay as 1 - t^decay_rate
+    beta1: float | None = knob(None, FRACTION)  # None: no first moment
 
     @property
     def memory_kind(self) -> str:
@@ -136,7 +131,7 @@ class SGD(Optimizer):
     """Stochastic gradient descent with optional (Nesterov) momentum."""
 
     lr: float = 1e-2
-    momentum: float = 0.9
+    momentum: float = knob(0.9, FRACTION)
     nesterov: bool = False
 
     @property
@@ -166,7 +161,7 @@ class BnbAdamW(AdamW):
     """bitsandbytes AdamW: 8-bit states (``bits: 8``, ~75% less optimizer memory) and/or paged states
     (``paged: true``: spill to CPU under memory spikes instead of OOM). CUDA only."""
 
-    bits: int = 8  # 8 | 32
+    bits: int = knob(8, one_of(8, 32))  # 8-bit or 32-bit optimizer states
     paged: bool = False
     fused: bool | None = None  # unused (bitsandbytes kernels are fused already)
 
@@ -178,8 +173,6 @@ class BnbAdamW(AdamW):
 
     def validate(self) -> None:
         super().validate()
-        if self.bits not in (8, 32):
-            raise ConfigError(f"bits must be 8 or 32, got {self.bits}", key="optimizer.bits")
         try:
             import bitsandbytes  # noqa: F401
         except ImportError as err:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from components.config.errors import ConfigError
+from components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, knob
 from components.config.registry import component
 from components.memory.arch import (
     Arch,
@@ -212,7 +213,7 @@ class Peft:
         return self.is_adapter
 
     def validate(self) -> None:
-        """Check the fields alone (cheap: no torch); raises ConfigError."""
+        """Check the fields alone beyond their declared ranges (cheap: no torch); raises ConfigError."""
 
     def check_targets(self, module_names: list[str]) -> None:
         """Check names against the meta-device model's module names, before any weight loads."""
@@ -241,7 +242,7 @@ class FullFineTune(Peft):
 class Freeze(Peft):
     """Freeze the model except its last ``last_n_layers`` decoder layers and the ``modules`` patterns."""
 
-    last_n_layers: int = 1
+    last_n_layers: int = knob(1, NON_NEGATIVE)  # 0: only the modules patterns train
     modules: list[str] = field(default_factory=list)  # glob patterns on parameter names, e.g. [lm_head, norm]
 
     def trainable_params(self, arch: Arch) -> int:
@@ -249,8 +250,6 @@ class Freeze(Peft):
         return layers * param_counts(arch).layer + extra_module_params(arch, self.modules)
 
     def validate(self) -> None:
-        if self.last_n_layers < 0:
-            raise ConfigError(f"must be >= 0, got {self.last_n_layers}", key="peft.last_n_layers")
         if self.last_n_layers == 0 and not self.modules:
             raise ConfigError(
                 "peft=freeze with last_n_layers=0 and no modules trains nothing",
@@ -424,9 +423,9 @@ class TargetedAdapter(Adapter):
 class LoRA(TargetedAdapter):
     """Low-rank adapters (peft LoRA); ``use_dora=true`` makes them DoRA."""
 
-    r: int = 16
-    alpha: float = 32.0
-    dropout: float = 0.05
+    r: int = knob(16, AT_LEAST_ONE)  # the rank
+    alpha: float = knob(32.0, POSITIVE)
+    dropout: float = knob(0.05, FRACTION)
     bias: str = "none"  # none | all | lora_only
     use_rslora: bool = False  # scale by alpha/sqrt(r) instead of alpha/r
     use_dora: bool = False
@@ -446,12 +445,6 @@ class LoRA(TargetedAdapter):
 
     def validate(self) -> None:
         super().validate()
-        if self.r < 1:
-            raise ConfigError(f"LoRA rank must be >= 1, got {self.r}", key="peft.r")
-        if self.alpha <= 0:
-            raise ConfigError(f"must be > 0, got {self.alpha}", key="peft.alpha")
-        if not 0 <= self.dropout < 1:
-            raise ConfigError(f"must be in [0, 1), got {self.dropout}", key="peft.dropout")
         if self.bias not in ("none", "all", "lora_only"):
             raise ConfigError(
                 f"unknown bias '{self.bias}'", key="peft.bias", hint="use none, all or lora_only"
@@ -546,14 +539,9 @@ class IA3(TargetedAdapter):
 class PromptLearning(Adapter):
     """Base of the virtual-token methods (they cannot be merged into the weights)."""
 
-    num_virtual_tokens: int = 16
+    num_virtual_tokens: int = knob(16, AT_LEAST_ONE)
 
     adds_virtual_tokens: ClassVar[bool] = True
-
-    def validate(self) -> None:
-        super().validate()
-        if self.num_virtual_tokens < 1:
-            raise ConfigError(f"must be >= 1, got {self.num_virtual_tokens}", key="peft.num_virtual_tokens")
 
 
 @component("peft")
@@ -562,15 +550,10 @@ class PrefixTuning(PromptLearning):
     """Prefix tuning: trained key/value prefixes in every attention layer."""
 
     prefix_projection: bool = False  # reparameterise the prefixes through an MLP
-    encoder_hidden_size: int | None = None  # that MLP's width (default: the key/value width)
+    encoder_hidden_size: int | None = knob(None, AT_LEAST_ONE)  # that MLP's width (null: the key/value width)
 
     def trainable_params(self, arch: Arch) -> int:
         return self.num_virtual_tokens * 2 * arch.num_layers * arch.kv_dim
-
-    def validate(self) -> None:
-        super().validate()
-        if self.encoder_hidden_size is not None and self.encoder_hidden_size < 1:
-            raise ConfigError("must be >= 1 or null", key="peft.encoder_hidden_size")
 
     def _config(self) -> PeftConfig:
         from peft import PrefixTuningConfig
@@ -588,7 +571,7 @@ class PrefixTuning(PromptLearning):
 class PTuning(PromptLearning):
     """P-tuning (peft PromptEncoder): virtual tokens produced by a small trained MLP or LSTM."""
 
-    encoder_hidden_size: int = 128
+    encoder_hidden_size: int = knob(128, AT_LEAST_ONE)
     encoder_reparameterization_type: str = "MLP"  # MLP | LSTM
 
     def trainable_params(self, arch: Arch) -> int:
@@ -597,8 +580,6 @@ class PTuning(PromptLearning):
 
     def validate(self) -> None:
         super().validate()
-        if self.encoder_hidden_size < 1:
-            raise ConfigError("must be >= 1", key="peft.encoder_hidden_size")
         if self.encoder_reparameterization_type not in ("MLP", "LSTM"):
             raise ConfigError(
                 f"unknown encoder '{self.encoder_reparameterization_type}'",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.config.errors import ConfigError
+from components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, knob
 from components.config.registry import component
 
 DTYPES = ("fp32", "bf16", "fp16", "auto")
@@ -34,17 +35,15 @@ class Precision:
 
     dtype: str = "fp32"  # fp32 | bf16 | fp16 | auto (bf16 where supported, else fp16 on GPU, else fp32)
     tf32: bool | None = None  # Ampere+ matmuls in tf32; None leaves torch's default
-    loss_scale: float = 0.0  # fp16: 0 = dynamic
-    initial_scale_power: int = 16  # fp16 dynamic scaling starts at 2**power
-    loss_scale_window: int = 1000
-    hysteresis: int = 2
-    min_loss_scale: float = 1.0
+    loss_scale: float = knob(0.0, NON_NEGATIVE)  # fp16: 0 = dynamic
+    initial_scale_power: int = knob(16, Range(0, 64))  # fp16 dynamic scaling starts at 2**power
+    loss_scale_window: int = knob(1000, AT_LEAST_ONE)
+    hysteresis: int = knob(2, AT_LEAST_ONE)
+    min_loss_scale: float = knob(1.0, POSITIVE)
 
     def validate(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype '{self.dtype}'", key="precision.dtype", hint=f"one of {DTYPES}")
-        if self.loss_scale < 0:
-            raise ConfigError("loss_scale must be >= 0 (0 = dynamic)", key="precision.loss_scale")
 
     def resolve(self, device: str) -> str:
         """The concrete dtype for ``device`` ('cpu', 'cuda', 'mps'); errors early when impossible."""

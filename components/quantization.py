@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.config.errors import ConfigError
+from components.config.ranges import NON_NEGATIVE, knob, one_of
 from components.config.registry import component
 
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -55,12 +56,12 @@ class NoQuantization:
 class BitsAndBytes(NoQuantization):
     """bitsandbytes k-bit weights: ``bits=8`` LLM.int8 (outlier threshold), ``bits=4`` NF4/FP4 (QLoRA)."""
 
-    bits: int = 4  # 4 | 8
+    bits: int = knob(4, one_of(4, 8))  # 4-bit (nf4 / fp4) or 8-bit (LLM.int8) weights
     quant_type: str = "nf4"  # 4-bit: nf4 | fp4
     double_quant: bool = True  # 4-bit: quantize the quantization constants too (~0.4 bit/param saved)
     compute_dtype: str = "auto"  # 4-bit matmul dtype: auto = the precision group's dtype
     quant_storage: str = "uint8"  # 4-bit storage dtype; = the training dtype under ZeRO-3/FSDP sharding
-    int8_threshold: float = 6.0  # 8-bit: LLM.int8 outlier threshold
+    int8_threshold: float = knob(6.0, NON_NEGATIVE)  # 8-bit: LLM.int8 outlier threshold
     skip_modules: list[str] | None = None  # kept in full precision (default: the lm_head)
 
     @property
@@ -93,8 +94,6 @@ class BitsAndBytes(NoQuantization):
         return None
 
     def validate(self) -> None:
-        if self.bits not in (4, 8):
-            raise ConfigError(f"bits must be 4 or 8, got {self.bits}", key="quantization.bits")
         if self.quant_type not in ("nf4", "fp4"):
             raise ConfigError(
                 f"unknown 4-bit type '{self.quant_type}'", key="quantization.quant_type", hint="nf4 or fp4"

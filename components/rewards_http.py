@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
+from components.config.ranges import NON_NEGATIVE, POSITIVE, knob
 from components.rewards import (
     CALL_KEYWORDS,
     check_reward,
@@ -109,9 +110,11 @@ class HttpReward:
 class RewardURL:
     """The knobs of a reward served over HTTP, shared by the recipes that score completions."""
 
-    reward_url: str | None = None  # POST JSON {prompts, completions, <columns>} -> {scores}: docs/recipes.md
-    reward_timeout: float = 30.0  # seconds per request
-    reward_retries: int = 2  # further tries after a connection error, timeout or 5xx
+    # a reward served over HTTP (docs/recipes.md): POST JSON {prompts, completions, <columns>} -> {scores};
+    # probed before load, mode=plan too
+    reward_url: str | None = None
+    reward_timeout: float = knob(30.0, POSITIVE)  # seconds per request
+    reward_retries: int = knob(2, NON_NEGATIVE)  # further tries after a connection error, timeout or 5xx
 
     def http_reward(self) -> HttpReward | None:
         """The served reward, if ``reward_url`` names one."""
@@ -120,7 +123,7 @@ class RewardURL:
         return HttpReward(self.reward_url, self.reward_timeout, self.reward_retries)
 
     def check_reward_url(self) -> None:
-        """Before load (``mode=plan`` too): the knobs' ranges, then the server answers the probe."""
+        """Before load (``mode=plan`` too): the URL's form, then the server answers the probe."""
         if self.reward_url is None:
             return
         if not str(self.reward_url).startswith(("http://", "https://")):
@@ -129,10 +132,6 @@ class RewardURL:
                 key="recipe.reward_url",
                 hint="http://host:port/path",
             )
-        if not self.reward_timeout > 0:
-            raise ConfigError("must be > 0 seconds", key="recipe.reward_timeout")
-        if self.reward_retries < 0:
-            raise ConfigError("must be >= 0", key="recipe.reward_retries")
         HttpReward(self.reward_url, self.reward_timeout, self.reward_retries).probe("recipe.reward_url")
 
 
@@ -140,7 +139,9 @@ class RewardURL:
 class OneReward(RewardURL):
     """``recipe.reward`` (a function or a reward model) or ``recipe.reward_url``: PPO's and Best-of-N's."""
 
-    reward: Any = field(default_factory=default_reward)  # _target_ callable, or model=<dir or run dir>
+    # a reward function (_target_, called with prompts, completions and the row's columns such as answer),
+    # or a trained reward model: recipe.reward.model=<reward run dir or model dir> (then _target_ is unused)
+    reward: Any = field(default_factory=default_reward)
 
     def check_one_reward(self, cfg: DictConfig) -> None:
         """Before load: the reward resolves (user modules, trust) or the server answers; not both."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from components.config.errors import ConfigError
+from components.config.ranges import FRACTION, NON_NEGATIVE, knob
 from components.config.registry import component
 
 if TYPE_CHECKING:
@@ -20,19 +21,13 @@ class Schedule:
     """``kind`` with warmup: ``warmup_steps`` if > 0, else ``warmup_ratio`` of the total steps."""
 
     kind: str = "cosine"
-    warmup_steps: int = 0
-    warmup_ratio: float = 0.0
-    min_lr_ratio: float = 0.0  # cosine: floor as a fraction of the peak lr
+    warmup_steps: int = knob(0, NON_NEGATIVE)
+    warmup_ratio: float = knob(0.0, FRACTION)  # of the total steps (when warmup_steps is 0)
+    min_lr_ratio: float = knob(0.0, FRACTION)  # cosine: floor as a fraction of the peak lr
 
     def validate(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"unknown schedule '{self.kind}'", key="scheduler.kind", hint=f"one of {KINDS}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ConfigError("warmup_ratio must be in [0, 1)", key="scheduler.warmup_ratio")
-        if self.warmup_steps < 0:
-            raise ConfigError("warmup_steps must be >= 0", key="scheduler.warmup_steps")
-        if not 0 <= self.min_lr_ratio < 1:
-            raise ConfigError("min_lr_ratio must be in [0, 1)", key="scheduler.min_lr_ratio")
 
     def _hf_name_and_kwargs(self) -> tuple[str, dict[str, Any]]:
         if self.kind == "cosine" and self.min_lr_ratio > 0:

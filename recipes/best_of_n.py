@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
+from components.config.ranges import POSITIVE, Range, knob
 from components.recipe import recipe
 from components.rewards import reward_model_path
 from components.rewards_http import OneReward
@@ -29,8 +30,8 @@ from components.runtime.run import Components, RunContext
 class BestOfN(BatchedGeneration, OneReward):
     """recipe=generate's knobs (``num_return_sequences`` is N, sampled at ``temperature``) and the reward."""
 
-    num_return_sequences: int = 8
-    temperature: float = 1.0
+    num_return_sequences: int = knob(8, Range(2), hint="best of N needs N >= 2 samples")  # N
+    temperature: float = knob(1.0, POSITIVE, hint="greedy samples are all the same; e.g. 1.0")
     output: str = "samples.jsonl"  # every sample with its reward
     pairs: bool = False  # also write best/worst preference pairs (pairs.jsonl)
 
@@ -38,10 +39,6 @@ class BestOfN(BatchedGeneration, OneReward):
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         super().check(cfg, comps)
-        if self.num_return_sequences < 2:
-            raise ConfigError("best of N needs N >= 2 samples", key="recipe.num_return_sequences")
-        if self.temperature == 0:
-            raise ConfigError("greedy samples are all the same", key="recipe.temperature", hint="e.g. 1.0")
         if not self.reward and self.reward_url is None:
             raise ConfigError("no reward", key="recipe.reward", hint="recipe.reward.model=<reward run dir>")
         self.check_one_reward(cfg)

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
+from components.config.ranges import FINITE, POSITIVE, Range, knob
 from components.recipe import Recipe, recipe
 from components.runtime.run import Components, RunContext
 
@@ -44,10 +45,11 @@ class DPO(Recipe):
     title: ClassVar[str] = "DPO"
     data_kinds: ClassVar[tuple[str, ...]] = ("preference",)
 
-    beta: float = 0.1
+    beta: float = knob(0.1, POSITIVE, hint="typical: 0.01-0.5")
     loss_type: list[str] = field(default_factory=lambda: ["sigmoid"])
-    loss_weights: list[float] | None = None
-    label_smoothing: float = 0.0  # cDPO / robust: assumed label noise
+    loss_weights: list[float] | None = knob(None, FINITE)  # one per loss_type
+    # cDPO / robust: the assumed share of flipped labels (TRL's DPOTrainer takes [0, 0.5))
+    label_smoothing: float = knob(0.0, Range(0, 0.5, high_open=True))
     precompute_ref_log_probs: bool = False
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
@@ -56,14 +58,8 @@ class DPO(Recipe):
             raise ConfigError(
                 f"unknown loss {unknown[0]!r}", key="recipe.loss_type", hint=f"one of {LOSS_TYPES}"
             )
-        if self.beta <= 0:
-            raise ConfigError(
-                f"beta must be > 0, got {self.beta}", key="recipe.beta", hint="typical: 0.01-0.5"
-            )
         if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
             raise ConfigError("one weight per loss_type", key="recipe.loss_weights")
-        if not 0 <= self.label_smoothing < 0.5:
-            raise ConfigError("must be in [0, 0.5)", key="recipe.label_smoothing")
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import DPOConfig, DPOTrainer

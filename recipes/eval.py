@@ -24,6 +24,7 @@ from unittest import mock
 from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
+from components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, knob
 from components.recipe import DATA_KINDS, Recipe, recipe
 from components.runtime.run import Components, RunContext
 
@@ -47,11 +48,12 @@ class Eval(Recipe):
     periodic_eval: ClassVar[bool] = False  # no training, so no eval split to check
     produces_causal_lm: ClassVar[bool] = False  # it writes scores, not a model
 
-    tasks: list[str] = field(default_factory=lambda: ["hydratune_prompts"])  # names, globs or YAML files
+    # lm-eval task / group / tag names, globs, or task YAML files
+    tasks: list[str] = field(default_factory=lambda: ["hydratune_prompts"])
     include_path: str | None = None  # a folder of your own task YAMLs
-    limit: float | None = None  # rows per task: N, or a fraction < 1 (null = every row)
-    num_fewshot: int | None = None  # null = each task's default (hydratune_prompts: 0)
-    batch_size: int = 16  # prompts per forward / generate() call
+    limit: float | None = knob(None, POSITIVE)  # rows per task: N, or a fraction < 1 (null = every row)
+    num_fewshot: int | None = knob(None, NON_NEGATIVE)  # null = each task's default (hydratune_prompts: 0)
+    batch_size: int = knob(16, AT_LEAST_ONE)  # prompts per forward / generate() call
     apply_chat_template: bool = True  # render prompts with the model's chat template (few-shot as turns)
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
@@ -73,12 +75,6 @@ class Eval(Recipe):
             raise ConfigError(
                 "no task to run", key="recipe.tasks", hint="e.g. 'recipe.tasks=[hydratune_prompts]'"
             )
-        if self.batch_size < 1:
-            raise ConfigError(f"must be >= 1, got {self.batch_size}", key="recipe.batch_size")
-        if self.limit is not None and self.limit <= 0:
-            raise ConfigError(f"must be > 0 or null, got {self.limit}", key="recipe.limit")
-        if self.num_fewshot is not None and self.num_fewshot < 0:
-            raise ConfigError(f"must be >= 0 or null, got {self.num_fewshot}", key="recipe.num_fewshot")
         if self.include_path and not Path(self.include_path).expanduser().is_dir():
             raise ConfigError(
                 f"{self.include_path} is not a folder",

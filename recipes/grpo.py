@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
+from components.config.ranges import AT_LEAST_ONE, FINITE, NON_NEGATIVE, POSITIVE, Range, knob
 from components.recipe import Recipe, recipe
 from components.rewards_http import RewardURL
 from components.runtime.run import Components, RunContext
@@ -35,20 +36,22 @@ class GRPO(Recipe, RewardURL):
     title: ClassVar[str] = "GRPO"
     data_kinds: ClassVar[tuple[str, ...]] = ("prompts",)
 
-    steps: int | None = 100  # optimizer steps unless train.max_steps > 0; null = train.epochs
-    num_generations: int = 8  # completions per prompt (the group)
-    max_completion_length: int = 8  # tokens
-    temperature: float = 1.0
-    beta: float = 0.0  # KL to the reference (0 = no reference model at all)
-    epsilon: float = 0.2  # clipping of the importance ratio
+    # optimizer steps unless train.max_steps > 0; null = train.epochs
+    steps: int | None = knob(100, AT_LEAST_ONE)
+    num_generations: int = knob(8, Range(2), hint="a group needs >= 2 completions")  # per prompt (the group)
+    max_completion_length: int = knob(8, AT_LEAST_ONE)  # tokens
+    temperature: float = knob(1.0, POSITIVE)
+    beta: float = knob(0.0, NON_NEGATIVE)  # KL to the reference (0 = no reference model at all)
+    epsilon: float = knob(0.2, Range(0, 1, low_open=True, high_open=True))  # clipping of the importance ratio
     loss_type: str = "dapo"  # grpo | dr_grpo | dapo | bnpo | cispo | sapo
     scale_rewards: str = "group"  # group | batch | none
-    num_iterations: int = 1  # updates per generation batch (mu in the paper)
+    num_iterations: int = knob(1, AT_LEAST_ONE)  # updates per generation batch (mu in the paper)
     mask_truncated_completions: bool = False
     reward_funcs: list[Any] = field(
         default_factory=default_reward_funcs
     )  # _target_ callables or dotted paths
-    reward_weights: list[float] | None = None  # one per reward (reward_funcs, reward_url, reward_model)
+    # one per reward (reward_funcs, reward_url, reward_model)
+    reward_weights: list[float] | None = knob(None, FINITE)
     reward_model: str | None = None  # a reward run dir / model dir, scored after reward_funcs
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
@@ -60,8 +63,6 @@ class GRPO(Recipe, RewardURL):
             raise ConfigError(
                 f"unknown '{self.scale_rewards}'", key="recipe.scale_rewards", hint=f"one of {SCALE_REWARDS}"
             )
-        if self.num_generations < 2:
-            raise ConfigError("a group needs >= 2 completions", key="recipe.num_generations")
         batch = cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps
         if batch % self.num_generations:
             raise ConfigError(
@@ -69,12 +70,6 @@ class GRPO(Recipe, RewardURL):
                 f"num_generations ({self.num_generations})",
                 key="recipe.num_generations",
             )
-        for key in ("max_completion_length", "num_iterations", "steps"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise ConfigError("must be >= 1", key=f"recipe.{key}")
-        if self.temperature <= 0 or self.beta < 0 or not 0 < self.epsilon < 1:
-            key = "temperature" if self.temperature <= 0 else "beta" if self.beta < 0 else "epsilon"
-            raise ConfigError("out of range", key=f"recipe.{key}")
         if not self.reward_funcs and not self.reward_model and not self.reward_url:
             raise ConfigError(
                 "no reward: give reward_funcs, reward_url or reward_model",

@@ -16,10 +16,12 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
+from components.config.ranges import POSITIVE, knob
 from components.recipe import Recipe, recipe
 from components.runtime.run import Components, RunContext
 
 LOSS_TYPES = ("kto", "apo_zero_unpaired")
+WEIGHTS = "weigh the rarer label up (the paper: w_D n_D / (w_U n_U) in [1, 4/3])"
 
 
 @recipe
@@ -30,9 +32,10 @@ class KTO(Recipe):
     title: ClassVar[str] = "KTO"
     data_kinds: ClassVar[tuple[str, ...]] = ("unpaired", "preference")  # pairs are split into two rows
 
-    beta: float = 0.1
-    desirable_weight: float = 1.0  # lambda_D: raise it when desirable rows are the fewer
-    undesirable_weight: float = 1.0  # lambda_U
+    beta: float = knob(0.1, POSITIVE, hint="typical: 0.01-0.5")
+    # lambda_D: raise it when desirable rows are the fewer
+    desirable_weight: float = knob(1.0, POSITIVE, hint=WEIGHTS)
+    undesirable_weight: float = knob(1.0, POSITIVE, hint=WEIGHTS)  # lambda_U
     loss_type: str = "kto"  # kto | apo_zero_unpaired (no KL estimate)
     precompute_ref_log_probs: bool = False
 
@@ -52,17 +55,6 @@ class KTO(Recipe):
             raise ConfigError(
                 f"unknown loss {self.loss_type!r}", key="recipe.loss_type", hint=f"one of {LOSS_TYPES}"
             )
-        if self.beta <= 0:
-            raise ConfigError(
-                f"beta must be > 0, got {self.beta}", key="recipe.beta", hint="typical: 0.01-0.5"
-            )
-        for key in ("desirable_weight", "undesirable_weight"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(
-                    f"must be > 0, got {getattr(self, key)}",
-                    key=f"recipe.{key}",
-                    hint="weigh the rarer label up (the paper: w_D n_D / (w_U n_U) in [1, 4/3])",
-                )
         if self.loss_type == "kto" and cfg.train.micro_batch_size < 2:
             raise ConfigError(
                 f"KTO's KL estimate pairs each completion with another row's prompt in the same micro-batch, "

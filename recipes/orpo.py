@@ -12,11 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from omegaconf import DictConfig
-
-from components.config.errors import ConfigError
+from components.config.ranges import POSITIVE, knob
 from components.recipe import Recipe, recipe
-from components.runtime.run import Components, RunContext
+from components.runtime.run import RunContext
 
 
 @recipe
@@ -28,17 +26,12 @@ class ORPO(Recipe):
     data_kinds: ClassVar[tuple[str, ...]] = ("preference",)
     demo_data: ClassVar[str] = "demo_dpo"
 
-    beta: float = 0.1  # the paper's lambda: the weight of the odds-ratio term against the NLL
+    # the paper's lambda: the weight of the odds-ratio term against the NLL
+    beta: float = knob(0.1, POSITIVE, hint="the paper: 0.1-0.25")
 
     def trainer_args(self, max_length: int) -> dict[str, Any]:
         """ORPOConfig's fields this recipe sets."""
         return {"beta": self.beta, "max_length": max_length}
-
-    def check(self, cfg: DictConfig, comps: Components) -> None:
-        if self.beta <= 0:
-            raise ConfigError(
-                f"beta must be > 0, got {self.beta}", key="recipe.beta", hint="the paper: 0.1-0.25"
-            )
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from components.runtime.session import train_on_pairs

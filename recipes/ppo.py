@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
+from components.config.ranges import AT_LEAST_ONE, FINITE, NON_NEGATIVE, POSITIVE, Range, knob
 from components.recipe import Recipe, recipe
 from components.rewards import reward_model_path
 from components.rewards_http import OneReward
@@ -35,51 +36,36 @@ class PPO(Recipe, OneReward):
     periodic_eval: ClassVar[bool] = False  # its loop does not evaluate every train.eval_every steps
     owns_loop: ClassVar[bool] = True  # the strategy's loop hooks: FSDP2 by fully_shard, so on CPU too
 
-    num_iterations: int | None = 100  # rollout + update rounds; None = from train.max_steps / train.epochs
-    rollout_batch_size: int = 32  # prompts per process per iteration
-    ppo_epochs: int = 2  # passes over each rollout
-    mini_batch_size: int = 16  # sequences per optimizer step
-    response_length: int = 8  # max new tokens
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    gamma: float = 1.0
-    lam: float = 0.95
-    clip_ratio: float = 0.2
-    value_clip: float = 0.2
-    vf_coef: float = 0.1
-    entropy_coef: float = 0.0
-    kl_coef: float = 0.05
+    # rollout + update rounds; None = from train.max_steps / train.epochs
+    num_iterations: int | None = knob(100, AT_LEAST_ONE)
+    rollout_batch_size: int = knob(32, AT_LEAST_ONE)  # prompts per process per iteration
+    ppo_epochs: int = knob(2, AT_LEAST_ONE)  # passes over each rollout
+    mini_batch_size: int = knob(16, AT_LEAST_ONE)  # sequences per optimizer step; divides rollout_batch_size
+    response_length: int = knob(8, AT_LEAST_ONE)  # max new tokens
+    temperature: float = knob(1.0, POSITIVE)
+    top_k: int | None = knob(None, NON_NEGATIVE)
+    top_p: float | None = knob(None, Range(0, 1, low_open=True))
+    gamma: float = knob(1.0, Range(0, 1, low_open=True))  # GAE's discount
+    lam: float = knob(0.95, Range(0, 1, low_open=True))  # GAE's lambda
+    clip_ratio: float = knob(0.2, Range(0, 1, low_open=True, high_open=True))  # of the policy's ratio
+    value_clip: float = knob(0.2, POSITIVE)
+    vf_coef: float = knob(0.1, NON_NEGATIVE)
+    entropy_coef: float = knob(0.0, NON_NEGATIVE)
+    kl_coef: float = knob(0.05, NON_NEGATIVE)
     kl_estimator: str = "k1"  # k1 | k3
     adaptive_kl: bool = False
-    target_kl: float = 6.0  # adaptive: sequence-level KL the controller aims at
-    kl_horizon: int = 10000  # adaptive: samples over which the coefficient may move by 20%
+    target_kl: float = knob(6.0, POSITIVE)  # adaptive: sequence-level KL the controller aims at
+    kl_horizon: int = knob(10000, AT_LEAST_ONE)  # adaptive: samples over which the coefficient moves by 20%
     whiten_advantages: bool = True
     reward_normalization: bool = False  # divide scores by running std after subtracting the running mean
-    reward_clip: float = 10.0
-    missing_eos_penalty: float | None = -1.0  # added to the score of responses cut off before EOS
+    reward_clip: float = knob(10.0, POSITIVE)
+    missing_eos_penalty: float | None = knob(-1.0, FINITE)  # added to the score of a response cut before EOS
     value_model: str = "head"  # head (on the policy's trunk) | separate (critic from reward model / policy)
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
-        rules = {
-            "num_iterations": self.num_iterations is None or self.num_iterations >= 1,
-            "rollout_batch_size": self.rollout_batch_size >= 1,
-            "ppo_epochs": self.ppo_epochs >= 1,
-            "mini_batch_size": self.mini_batch_size >= 1
-            and self.rollout_batch_size % self.mini_batch_size == 0,
-            "response_length": self.response_length >= 1,
-            "temperature": self.temperature > 0,
-            "gamma": 0 < self.gamma <= 1,
-            "lam": 0 < self.lam <= 1,
-            "clip_ratio": 0 < self.clip_ratio < 1,
-            "value_clip": self.value_clip > 0,
-            "vf_coef": self.vf_coef >= 0,
-            "entropy_coef": self.entropy_coef >= 0,
-            "kl_coef": self.kl_coef >= 0,
+        rules = {  # (each knob's range is declared on its field and checked before this)
+            "mini_batch_size": self.rollout_batch_size % self.mini_batch_size == 0,
             "kl_estimator": self.kl_estimator in ("k1", "k3"),
-            "target_kl": self.target_kl > 0,
-            "kl_horizon": self.kl_horizon >= 1,
-            "reward_clip": self.reward_clip > 0,
             "value_model": self.value_model in ("head", "separate"),
         }
         for key, ok in rules.items():

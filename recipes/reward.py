@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from components.config.ranges import NON_NEGATIVE, knob
 from components.recipe import Recipe, recipe
 from components.runtime.run import RunContext
 
@@ -19,7 +20,8 @@ class Reward(Recipe):
     data_kinds: ClassVar[tuple[str, ...]] = ("preference",)
     produces_causal_lm: ClassVar[bool] = False  # a sequence classifier: PPO, GRPO and best_of_n score with it
 
-    center_rewards_coefficient: float | None = None  # pushes mean rewards towards 0 (Eisenstein et al.)
+    # pushes mean rewards towards 0 (Eisenstein et al.)
+    center_rewards_coefficient: float | None = knob(None, NON_NEGATIVE)
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import RewardConfig, RewardTrainer

@@ -11,11 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from omegaconf import DictConfig
-
-from components.config.errors import ConfigError
+from components.config.ranges import NON_NEGATIVE, POSITIVE, knob
 from components.recipe import Recipe, recipe
-from components.runtime.run import Components, RunContext
+from components.runtime.run import RunContext
 
 
 @recipe
@@ -27,9 +25,10 @@ class SimPO(Recipe):
     data_kinds: ClassVar[tuple[str, ...]] = ("preference",)
     demo_data: ClassVar[str] = "demo_dpo"
 
-    beta: float = 2.0  # the reward scale (the paper: 2.0-2.5)
-    gamma: float = 1.0  # the target reward margin (the paper: gamma / beta around 0.5)
-    sft_weight: float = 0.0  # CPO's NLL term on the chosen response (0: SimPO as published)
+    beta: float = knob(2.0, POSITIVE, hint="the paper: 2.0-2.5")  # the reward scale
+    # the target reward margin (the paper: 0.5-1.6, gamma / beta around 0.5); TRL's simpo_gamma
+    gamma: float = knob(1.0, NON_NEGATIVE, hint="the paper: 0.5-1.6")
+    sft_weight: float = knob(0.0, NON_NEGATIVE)  # CPO's NLL term on the chosen response (0: the paper's)
 
     def trainer_args(self, max_length: int) -> dict[str, Any]:
         """CPOConfig's fields this recipe sets."""
@@ -40,18 +39,6 @@ class SimPO(Recipe):
             "cpo_alpha": self.sft_weight,
             "max_length": max_length,
         }
-
-    def check(self, cfg: DictConfig, comps: Components) -> None:
-        if self.beta <= 0:
-            raise ConfigError(
-                f"beta must be > 0, got {self.beta}", key="recipe.beta", hint="the paper: 2.0-2.5"
-            )
-        if self.gamma < 0:
-            raise ConfigError(
-                f"must be >= 0, got {self.gamma}", key="recipe.gamma", hint="the paper: 0.5-1.6"
-            )
-        if self.sft_weight < 0:
-            raise ConfigError(f"must be >= 0, got {self.sft_weight}", key="recipe.sft_weight")
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from components.runtime.session import train_on_pairs

@@ -48,7 +48,7 @@ def test_option_composes_and_instantiates(compose_cfg, monkeypatch, group: str, 
             except ConfigError as err:  # an optional package that is not installed: said, with the fix
                 assert "pip install" in str(err)
         return
-    # the YAML's _target_ built the registered component, and the YAML lists every knob it has
+    # the YAML's _target_ built the registered component (its knobs: the schema's defaults, the YAML's values)
     assert type(built).__name__ == cfg[group]["_target_"].rsplit(".", 1)[-1]
     assert dataclasses.is_dataclass(built)
     validate = getattr(built, "validate", None)

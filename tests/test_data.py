@@ -256,11 +256,6 @@ def test_validate_missing_eval_file_and_bad_suffix(tmp_path: Path) -> None:
     [
         ("format", "yaml"),
         ("packing_strategy", "ffd"),
-        ("eval_fraction", 1.0),
-        ("eval_fraction", -0.1),
-        ("max_length", 0),
-        ("eval_size", -1),
-        ("max_samples", 0),
         ("on_error", "ignore"),
         ("on_overlong", "cut"),
     ],
@@ -269,6 +264,25 @@ def test_validate_rejects_bad_values(tmp_path: Path, knob: str, value: Any) -> N
     err = error(ChatDataset(path=numbered(tmp_path), **{knob: value}).validate)
     assert err.key == f"data.{knob}"
     ChatDataset(path=numbered(tmp_path)).validate()  # the defaults are fine
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [
+        ("eval_fraction", 1.0),
+        ("eval_fraction", -0.1),
+        ("max_length", 0),
+        ("max_length", 15),
+        ("eval_size", -1),
+        ("max_samples", 0),
+    ],
+)
+def test_out_of_range_values_are_refused(knob: str, value: Any) -> None:
+    """Each knob's range is declared on its field, checked before the component is built (check_values)."""
+    from components.config.ranges import check_knobs
+
+    err = error(lambda: check_knobs(ChatDataset.__schema__, {knob: value}, "data"))  # type: ignore[attr-defined]
+    assert err.key == f"data.{knob}" and "must be" in str(err)
 
 
 def test_malformed_line_names_file_and_line(tmp_path: Path) -> None:
@@ -407,7 +421,9 @@ def test_prompt_dataset_keeps_answers(tmp_path: Path) -> None:
     loaded = bare.load()
     assert loaded["train"].column_names == ["prompt"]
     assert bare.pairs(loaded, "train") == [(QA[:1], None)] * 2  # no reference answer to score against
-    err = error(PromptDataset(path=numbered(tmp_path), max_prompt_length=0).validate)
+    from components.config.ranges import check_knobs
+
+    err = error(lambda: check_knobs(PromptDataset.__schema__, {"max_prompt_length": 0}, "data"))  # type: ignore[attr-defined]
     assert err.key == "data.max_prompt_length"
 
 

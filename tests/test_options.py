@@ -53,6 +53,44 @@ def test_every_option_composes_as_hydra_composes_it(compose_cfg, group: str) -> 
         assert option.description, f"conf/{group}/{name}.yaml has no description line"
 
 
+#: lines an option keeps although they repeat the default: their comment says what the field's does not
+#: (components/strategy.py's field comments wait for h/strategy's split of that module)
+REPEATED_ON_PURPOSE = {
+    ("strategy", "fsdp"): {"activation_checkpointing", "state_dict_type"},
+    ("strategy", "pipeline"): {"pp_size", "schedule", "split"},
+    ("strategy", "zero3_nvme"): {"nvme_path"},  # required: a fast local NVMe dir
+}
+
+
+@pytest.mark.parametrize("group", COMPONENT_GROUPS)
+def test_an_option_sets_only_what_differs_from_its_defaults(group: str) -> None:
+    """``conf/<group>/<option>.yaml`` holds its ``_target_`` and the knobs it changes: the schema (and a
+    parent option in its defaults list) gives the rest, so a default is declared once, on the field."""
+    for name, option in options(group).items():
+        if option.path is None:
+            continue
+        own = OmegaConf.load(option.path)
+        below = [str(d) for d in own.pop("defaults", [])]
+        parts = [
+            options_module._config_store_node(d[1:].split("@")[0])
+            if d.startswith("/")
+            else options_module.node(group, d.split("@")[0])
+            for d in below[: below.index("_self_") if "_self_" in below else len(below)]
+        ]
+        base = OmegaConf.merge(*parts) if parts else OmegaConf.create()
+        repeated = {
+            k
+            for k in own
+            if k != "_target_"
+            and k in base
+            and OmegaConf.to_container(OmegaConf.merge(base, {k: own._get_node(k)}), resolve=False)[k]
+            == OmegaConf.to_container(base, resolve=False)[k]
+        }
+        assert repeated <= REPEATED_ON_PURPOSE.get((group, name), set()), (
+            f"conf/{group}/{name}.yaml: {repeated}"
+        )
+
+
 def test_every_recipe_option_is_the_recipe_registered_under_its_name(compose_cfg) -> None:
     from components.config.registry import RECIPES, recipe_name
 

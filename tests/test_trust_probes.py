@@ -253,6 +253,70 @@ def test_hydratunes_own_configs_pass_the_boundary(compose_cfg) -> None:
 
 
 # ---- secrets ----------------------------------------------------------------------------------------------
+#: variable names and whether they hold a secret: one detector (config/trust.py's secret_name) for the
+#: ``${oc.env:…}`` resolver, the environment a run dir records and DeepSpeed's hostfile launcher
+SECRET_NAMES = {
+    "HF_TOKEN": True,
+    "HUGGING_FACE_HUB_TOKEN": True,
+    "WANDB_API_KEY": True,
+    "AWS_SECRET_ACCESS_KEY": True,
+    "AWS_SESSION_TOKEN": True,
+    "MY_PASSWORD": True,
+    "DB_PASS": True,  # a word of its own ("PASS": hostfile.py said no)
+    "DB_PASSWD": True,
+    "GITHUB_PAT": True,  # a personal access token
+    "OPENAI_APIKEY": True,  # a word that ends with KEY (hostfile.py said no)
+    "GH_AUTHTOKEN": True,
+    "MLFLOW_TRACKING_PASSWORD": True,
+    "GOOGLE_APPLICATION_CREDENTIALS": True,
+    "NCCL_AUTH": True,
+    "comet-api-key": True,  # any case, any separator
+    "TOKENIZERS_PARALLELISM": False,
+    "HF_HUB_OFFLINE": False,
+    "NCCL_SOCKET_IFNAME": False,
+    "OMP_NUM_THREADS": False,
+    "PATH": False,  # not PAT
+    "WANDB_PROJECT": False,
+    "PASSAGE_COUNT": False,
+    "KEYBOARD": False,
+}
+
+
+@pytest.mark.parametrize(("name", "secret"), SECRET_NAMES.items(), ids=list(SECRET_NAMES))
+def test_one_secret_detector_for_the_resolver_and_the_hostfile(name: str, secret: bool, monkeypatch) -> None:
+    from components.config import resolvers
+    from components.config.trust import is_secret, secret_name
+    from components.distributed.hostfile import shown
+
+    value = f"value-of-{name}"  # no other variable holds it
+    assert secret_name(name) is secret
+    assert is_secret(name, value) is secret  # the ${oc.env:...} resolver's question
+    assert (f"{name} (secret)" in shown({name: value})) is secret  # the hostfile launcher's log line
+    monkeypatch.setenv(name, value)
+    monkeypatch.setattr(resolvers, "_warn_redacted", lambda message: None)
+    assert (resolvers.env(name) == "<redacted>") is secret
+
+
+def test_no_module_keeps_a_secret_detector_of_its_own() -> None:
+    """distributed/hostfile.py had its own word list (no PASS, whole words only): one detector now."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    for path in (root / "components").rglob("*.py"):
+        if path == root / "components" / "config" / "trust.py":
+            continue
+        tree = ast.parse(path.read_text())
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        names |= {
+            t.id
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+        assert not names & {"is_secret", "secret_name", "SECRET_WORDS"}, path
+
+
 def test_a_secret_read_by_a_shared_file_never_reaches_the_run_dir(tmp_path, capsys, monkeypatch) -> None:
     """One tiny training run from an experiment that reads the key into run_name (summary.md,
     training_args.bin) and a tracker tag: no file of the run dir holds it."""

@@ -24,10 +24,11 @@ from components.config.errors import ConfigError
 
 
 def schemas() -> Iterator[tuple[str, type]]:
-    """(group, schema) of the shared nodes, every registered component and every recipe."""
+    """(group, schema) of the shared nodes and every registered component and recipe (the schema Hydra
+    composes with, which carries the ranges its class's fields declare)."""
     import recipes
     from components.config.options import groups, options
-    from components.config.registry import RECIPES, REGISTRY
+    from components.config.registry import REGISTRY
     from components.config.schema import EstimateConfig, TrainConfig
 
     recipes.register_all()
@@ -38,56 +39,275 @@ def schemas() -> Iterator[tuple[str, type]]:
     for group, classes in REGISTRY.items():
         for cls in classes.values():
             yield group, cls.__schema__
-    for cls in RECIPES.values():
-        yield "recipe", cls
 
 
-def knobs() -> list[tuple[str, str, Any]]:
+def knobs() -> list[tuple[str, type, str, Any]]:
+    """(group, schema, knob, type hint) of every numeric knob of every schema."""
     from components.config.ranges import numeric_fields
 
-    found = {(g, n): h for g, s in schemas() for n, h in numeric_fields(s)}
-    return sorted((g, n, h) for (g, n), h in found.items())
+    return [(g, s, n, h) for g, s in schemas() for n, h in numeric_fields(s)]
 
 
 KNOBS = knobs()
-IDS = [f"{g}.{n}" for g, n, _ in KNOBS]
+IDS = [f"{g}.{s.__name__}.{n}" for g, s, n, _ in KNOBS]
 
 
 def floats(hint: Any) -> bool:
     return "float" in str(hint)
 
 
-@pytest.mark.parametrize(("group", "name", "hint"), KNOBS, ids=IDS)
-def test_every_numeric_knob_has_a_declared_range(group: str, name: str, hint: Any) -> None:
+@pytest.mark.parametrize(("group", "schema", "name", "hint"), KNOBS, ids=IDS)
+def test_every_numeric_knob_has_a_declared_range(group: str, schema: type, name: str, hint: Any) -> None:
     from components.config.ranges import range_of
 
-    assert range_of(group, name) is not None, f"declare {group}.{name} in components/config/ranges.RANGES"
+    assert range_of(schema, name) is not None, (
+        f"declare {group}.{name}'s range on its field in {schema.__name__}: "
+        f"{name}: ... = knob(<default>, <Range>) (components/config/ranges.py)"
+    )
 
 
-@pytest.mark.parametrize(("group", "name", "hint"), KNOBS, ids=IDS)
-def test_non_finite_and_below_range_refused(group: str, name: str, hint: Any) -> None:
+@pytest.mark.parametrize(("group", "schema", "name", "hint"), KNOBS, ids=IDS)
+def test_non_finite_and_below_range_refused(group: str, schema: type, name: str, hint: Any) -> None:
     """nan / ±inf for a float knob, a value just below the range for any knob: a ConfigError naming it."""
-    from components.config.ranges import check_value, range_of
+    from components.config.ranges import check_knobs, range_of
 
-    allowed = range_of(group, name)
+    allowed = range_of(schema, name)
     bad: list[float] = [math.nan, math.inf, -math.inf] if floats(hint) else []
     if allowed is not None and allowed.low is not None:
         below = allowed.low if allowed.low_open else allowed.low - (0.5 if floats(hint) else 1)
         bad += [v for v in (below, -1) if v not in allowed.also and (v < allowed.low or v == below)]
     for value in bad:
         with pytest.raises(ConfigError) as info:
-            check_value(group, name, value)
+            check_knobs(schema, {name: value}, group)
         assert info.value.key == f"{group}.{name}" and "must be" in str(info.value), value
 
 
-@pytest.mark.parametrize(("group", "name", "hint"), KNOBS, ids=IDS)
-def test_defaults_are_in_range(group: str, name: str, hint: Any) -> None:
-    from components.config.ranges import check_value
+@pytest.mark.parametrize(("group", "schema", "name", "hint"), KNOBS, ids=IDS)
+def test_defaults_are_in_range(group: str, schema: type, name: str, hint: Any) -> None:
+    from components.config.ranges import check_knobs
 
-    for of, schema in schemas():
-        for f in dataclasses.fields(schema):
-            if of == group and f.name == name and f.default is not dataclasses.MISSING:
-                check_value(group, name, f.default)
+    (f,) = [f for f in dataclasses.fields(schema) if f.name == name]
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    check_knobs(schema, {name: default}, group)
+
+
+# ---- each range declared once: on its field, nowhere else ----------------------------------------------
+
+
+def test_a_component_schema_carries_the_ranges_its_class_declares() -> None:
+    """What ``check_values`` reads (the composed node's schema) is what the class's fields declare; a
+    subclass that redeclares a field for another default (Adafactor's lr) keeps its base's range."""
+    from components.config.ranges import STRATEGY_RANGES, declared, numeric_fields, range_of
+    from components.config.registry import REGISTRY
+    from components.optimizer import Adafactor, Optimizer
+
+    for group, classes in REGISTRY.items():
+        for cls in classes.values():
+            for name, _ in numeric_fields(cls.__schema__):
+                expected = declared(cls, name)
+                if not expected and group == "strategy":  # TRANSITIONAL: until strategy.py declares them
+                    expected = {"hydratune.range": STRATEGY_RANGES[name]}
+                assert declared(cls.__schema__, name) == expected, f"{group}.{cls.__name__}.{name}"
+    assert range_of(Adafactor, "lr") is range_of(Optimizer, "lr") is not None
+    assert Adafactor.__dataclass_fields__["lr"].default == 1e-3
+
+
+def test_no_module_but_the_fields_holds_a_range_table() -> None:
+    """No dict of knob names to ranges anywhere in components/ or recipes/ (the old ``RANGES`` table, where
+    one bare name governed unrelated knobs): only the transitional strategy table, whose names are strategy
+    fields that declare no range of their own."""
+    import ast
+
+    from components.config import ranges
+    from components.config.ranges import STRATEGY_RANGES, Range, declared
+    from components.config.registry import REGISTRY
+
+    tables = [
+        k
+        for k, v in vars(ranges).items()
+        if isinstance(v, dict) and any(isinstance(r, Range) for r in v.values())
+    ]
+    assert tables == ["STRATEGY_RANGES"]
+    strategy_fields = {f.name: cls for cls in REGISTRY["strategy"].values() for f in dataclasses.fields(cls)}
+    for name in STRATEGY_RANGES:
+        assert name in strategy_fields, f"{name}: not a strategy knob"
+        assert not declared(strategy_fields[name], name), f"strategy.{name}: declared twice"
+    constants = {k for k, v in vars(ranges).items() if isinstance(v, Range)}
+    root = Path(__file__).resolve().parent.parent
+    for path in [*(root / "components").rglob("*.py"), *(root / "recipes").rglob("*.py")]:
+        if path == Path(ranges.__file__).resolve():
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict):
+                held = [ast.unparse(v) for v in node.values if v is not None]
+                ranged = [v for v in held if v in constants or v.startswith(("Range(", "one_of("))]
+                assert not ranged, f"{path.relative_to(root)}:{node.lineno}: a table of ranges ({ranged})"
+
+
+def boundaries(allowed: Any, hint: Any) -> list[float]:
+    """Values at the edges of ``allowed``, inside it (its sentinels too)."""
+    step = 1e-6 if floats(hint) else 1
+    if allowed.only:
+        return list(allowed.only)
+    found = list(allowed.also)
+    if allowed.low is not None:
+        found.append(allowed.low + step if allowed.low_open else allowed.low)
+    if allowed.high is not None:
+        found.append(allowed.high - step if allowed.high_open else allowed.high)
+    return found
+
+
+def in_range_values(schema: type, name: str, hint: Any, default: Any) -> list[Any]:
+    """The boundary values of knob ``name`` of ``schema`` as the knob takes them (a list: each element)."""
+    from components.config.ranges import range_of
+
+    values = boundaries(range_of(schema, name), hint)
+    if "list" in str(hint):
+        return [[v] * max(len(default or []), 1) for v in values]
+    return [int(v) if not floats(hint) else v for v in values]
+
+
+#: (group, option, overrides) whose component each check below is built from, one per registered class
+#: (data: the demo data of its kind; tracker: no numeric knob), the overrides those a combination needs
+#: (peft=freeze: last_n_layers=0 trains the modules alone)
+BUILT_FROM = [
+    ("data", "demo_sft"), ("data", "demo_dpo"), ("data", "demo_kto"), ("data", "demo_ppo"),
+    ("peft", "freeze", "peft.modules=[lm_head]"),
+    ("peft", "lora"), ("peft", "dora"), ("peft", "prefix"), ("peft", "ptuning"),
+    ("optimizer", "adamw"), ("optimizer", "adafactor"), ("optimizer", "sgd"), ("optimizer", "adamw_8bit"),
+    ("precision", "fp16"), ("quantization", "int8"), ("scheduler", "cosine"),
+    ("strategy", "ddp"), ("strategy", "zero3"), ("strategy", "fsdp"), ("strategy", "pipeline"),
+    ("launcher", "local"), ("launcher", "slurm"), ("launcher", "deepspeed"),
+]  # fmt: skip
+
+
+def refusals_of(check: Any, key: str) -> list[str]:
+    """The refusal naming ``key`` that ``check()`` raises, if any (others: a combination, not this knob)."""
+    try:
+        check()
+    except ConfigError as err:
+        return [str(err)] if err.key == key else []
+    return []
+
+
+@pytest.mark.parametrize("built_from", BUILT_FROM, ids=[f"{b[0]}={b[1]}" for b in BUILT_FROM])
+def test_no_component_check_refuses_what_its_declared_range_allows(compose_cfg, built_from) -> None:
+    """The declared range is the whole rule: at each edge of it (and each sentinel) the component's own
+    ``validate`` does not refuse the knob (a re-check with another range would)."""
+    from components.config.ranges import numeric_fields
+    from components.runtime.run import Components
+
+    group, option, *overrides = built_from
+    built = getattr(Components.from_config(compose_cfg(f"{group}={option}", *overrides)), group)
+    refused = []
+    for name, hint in numeric_fields(type(built).__schema__):
+        for value in in_range_values(type(built).__schema__, name, hint, getattr(built, name)):
+            changed = dataclasses.replace(built, **{name: value})
+            refused += refusals_of(changed.validate, f"{group}.{name}")
+    assert not refused, refused
+
+
+def recipe_names() -> list[str]:
+    import recipes
+    from components.config.registry import RECIPES
+
+    recipes.register_all()
+    return sorted(RECIPES)
+
+
+@pytest.mark.parametrize("recipe", recipe_names())
+def test_no_recipe_check_refuses_what_its_declared_range_allows(compose_cfg, recipe) -> None:
+    """Each recipe's ``check`` (its combinations; the knobs' ranges are on its fields) passes every knob at
+    the edges of its declared range: PPO's gamma at 1, SimPO's at 0, DPO's label_smoothing just below 0.5."""
+    from components.config.ranges import numeric_fields
+    from components.runtime.run import Components
+
+    cfg = compose_cfg(f"recipe={recipe}")
+    comps = Components.from_config(cfg)
+    refused = []
+    schema = type(comps.recipe).__schema__
+    for name, hint in numeric_fields(schema):
+        for value in in_range_values(schema, name, hint, getattr(comps.recipe, name)):
+            changed = dataclasses.replace(comps.recipe, **{name: value})
+            refused += refusals_of(lambda r=changed: r.check(cfg, comps), f"recipe.{name}")
+    assert not refused, refused
+
+
+def test_the_train_checks_refuse_nothing_the_train_ranges_allow(compose_cfg) -> None:
+    from components.config.ranges import numeric_fields
+    from components.config.schema import TrainConfig
+    from components.runtime.checks import check_train
+
+    refused = []
+    for name, hint in numeric_fields(TrainConfig):
+        for value in in_range_values(TrainConfig, name, hint, None):
+            cfg = compose_cfg("train.max_steps=10", f"train.{name}={value}")  # epochs=0 with max_steps
+            refused += refusals_of(lambda c=cfg: check_train(c), f"train.{name}")
+    assert not refused, refused
+
+
+def test_no_recipe_compares_a_declared_knob_with_a_number() -> None:
+    """A recipe's ``check`` holds combinations only: no ``self.<knob> < 0`` beside the knob's range."""
+    import ast
+    import inspect
+    import textwrap
+
+    from components.config.ranges import numeric_fields, range_of
+    from components.config.registry import RECIPES
+
+    found = []
+    for cls in RECIPES.values():
+        ranged = {n for n, _ in numeric_fields(cls) if range_of(cls, n) is not None}
+        check = cls.__dict__.get("check")
+        if check is None:
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(check)))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            knob = [s.attr for s in sides if isinstance(s, ast.Attribute) and ast.unparse(s.value) == "self"]
+            number = [s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, int | float)]
+            if number and set(knob) & ranged:
+                found.append(f"{cls.__name__}.check: {ast.unparse(node)}")
+    assert not found, found
+
+
+def test_simpo_takes_the_papers_gamma_and_ppo_refuses_a_discount_above_one(tmp_path, monkeypatch, capsys):
+    """One bare name (``gamma``) no longer governs unrelated knobs: SimPO's target margin takes the paper's
+    0.5-1.6, PPO's discount stays in (0, 1] (``hydratune ... mode=plan`` in-process)."""
+    from recipes.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    main(["recipe=simpo", "recipe.gamma=1.4", "mode=plan"])
+    out = capsys.readouterr().out
+    assert "gamma: 1.4" in out and "checks passed" in out, out[-2000:]
+    with pytest.raises(SystemExit) as code:
+        main(["recipe=ppo", "recipe.gamma=1.4", "mode=plan"])
+    err = capsys.readouterr().err
+    assert code.value.code == 2 and "Traceback" not in err, err
+    assert "[recipe.gamma] must be a finite number > 0 and <= 1, got 1.4" in err, err
+
+
+def test_dpo_label_smoothing_is_what_trl_takes(compose_cfg) -> None:
+    """[0, 0.5): 0.5 itself divides by zero in TRL's robust loss, and TRL refuses it."""
+    from components.runtime.run import Components
+
+    Components.from_config(compose_cfg("recipe=dpo", "recipe.label_smoothing=0.49"))
+    with pytest.raises(ConfigError) as info:
+        Components.from_config(compose_cfg("recipe=dpo", "recipe.label_smoothing=0.5"))
+    assert info.value.key == "recipe.label_smoothing" and "< 0.5" in str(info.value)
+
+
+def test_a_mixture_entry_knob_is_checked_against_its_declared_range(tmp_path: Path) -> None:
+    from components.data import ChatDataset
+
+    path = tmp_path / "a.jsonl"
+    path.write_text(ROW + "\n")
+    data = ChatDataset(path="", mixture=[{"path": str(path), "weight": 1.0, "eval_fraction": 1.5}])
+    with pytest.raises(ConfigError) as info:
+        data.validate()
+    assert info.value.key == "data.mixture[0].eval_fraction" and "must be" in str(info.value)
 
 
 @pytest.mark.parametrize(

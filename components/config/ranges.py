@@ -1,12 +1,20 @@
-"""The allowed values of every numeric knob, declared in one table and checked before anything is built.
+"""The allowed values of every numeric knob, declared once on its field, checked before anything is built.
 
 OmegaConf checks a knob's type (``int``, ``float``) when the config is composed, not its value: ``nan``,
-``inf`` and ``-1`` are floats and ints like any other. :data:`RANGES` gives each numeric field of the
-structured configs (the shared ``train:`` / ``estimate:`` nodes, every component, every recipe) its range;
+``inf`` and ``-1`` are floats and ints like any other. So every numeric field of the structured configs (the
+shared ``train:`` / ``estimate:`` nodes, every component, every recipe) declares its range where it is
+declared, with :func:`knob`::
+
+    lr: float = knob(1e-4, POSITIVE)
+    betas: list[float] = knob([0.9, 0.95], FRACTION)  # a list: each element
+    max_steps: int = knob(-1, Range(1, also=(-1,)), hint="-1 trains for train.epochs")  # -1: a sentinel
+
+The range is the field's metadata. A subclass that redeclares a field only for another default
+(``lr: float = 1e-3``) keeps its base's range (:func:`range_of` reads the class's bases); one that declares
+``knob`` again has its own. The schema Hydra composes with (``registry.schema_of``) carries it, and
 :func:`check_values` walks the composed config and refuses, naming the key and the range, any value outside
-it, and any non-finite float. A knob is looked up as ``<group>.<field>`` first, then by its field name
-alone (a name means the same thing in every group that has it). ``tests/test_value_probes.py`` fails
-when a numeric knob has no entry here, so a new knob cannot skip the check.
+it and any non-finite float. ``tests/test_value_probes.py`` fails when a numeric field declares no range, and
+when a component's own checks refuse a value its declared range allows.
 """
 
 from __future__ import annotations
@@ -14,37 +22,46 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from components.config.errors import ConfigError
 
+T = TypeVar("T")
+
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds
+RANGE, HINT = "hydratune.range", "hydratune.range_hint"  # the field metadata knob() writes
 
 
 @dataclass(frozen=True)
 class Range:
-    """``low <= value <= high`` (``<`` where open), a finite number; ``also``: sentinels outside it."""
+    """``low <= value <= high`` (``<`` where open), a finite number; ``also``: sentinels outside it;
+    ``only``: the values allowed (:func:`one_of`), ``low``/``high`` their bounds."""
 
     low: float | None = None
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
     also: tuple[float, ...] = ()
+    only: tuple[float, ...] = ()
 
     def allows(self, value: float) -> bool:
         if value in self.also:
             return True
         if not math.isfinite(value):
             return False
+        if self.only:
+            return value in self.only
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
         return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
     def __str__(self) -> str:
+        if self.only:
+            return " or ".join(f"{v:g}" for v in self.only)
         parts = []
         if self.low is not None:
             parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
@@ -55,6 +72,11 @@ class Range:
         return text + "".join(f", or {v:g}" for v in self.also)
 
 
+def one_of(*values: float) -> Range:
+    """Exactly one of ``values`` (``optimizer.bits``: 8 or 32)."""
+    return Range(min(values), max(values), only=values)
+
+
 FINITE = Range()
 POSITIVE = Range(0, low_open=True)  # > 0
 NON_NEGATIVE = Range(0)  # >= 0
@@ -62,31 +84,41 @@ AT_LEAST_ONE = Range(1)
 FRACTION = Range(0, 1, high_open=True)  # [0, 1)
 UNIT = Range(0, 1)  # [0, 1]
 SEED = Range(0, SEED_MAX)
+PORT = Range(1, 65535)
 
-#: ``<group>.<field>`` or ``<field>`` -> its range (every numeric knob of conf/'s schemas has one)
-RANGES: dict[str, Range] = {
-    # train: (components/config/schema.py)
-    "train.micro_batch_size": AT_LEAST_ONE,
-    "train.gradient_accumulation_steps": AT_LEAST_ONE,
-    "train.epochs": NON_NEGATIVE,
-    "train.max_steps": Range(1, also=(-1,)),  # -1: train for train.epochs
-    "train.max_grad_norm": NON_NEGATIVE,
-    "train.log_every": AT_LEAST_ONE,
-    "train.eval_every": NON_NEGATIVE,
-    "train.save_every": NON_NEGATIVE,
-    "train.keep_last": AT_LEAST_ONE,
-    "seed": SEED,
-    "train.data_seed": SEED,
-    "train.num_workers": NON_NEGATIVE,
-    "train.eval_generations": NON_NEGATIVE,
-    "max_new_tokens": AT_LEAST_ONE,
-    # estimate:
-    "estimate.num_gpus": NON_NEGATIVE,
-    "estimate.num_nodes": AT_LEAST_ONE,
-    "estimate.safety_margin": FRACTION,
-    # strategy
+
+def knob(default: T, allowed: Range, *, hint: str | None = None) -> T:
+    """A numeric field's default and its range (``hint``: what the refusal adds, e.g. the paper's values).
+    A list default is copied for each instance (a ``default_factory``); its range is each element's."""
+    metadata = {RANGE: allowed, **({HINT: hint} if hint else {})}
+    if isinstance(default, list):
+        items = list(default)
+        return typing.cast(T, dataclasses.field(default_factory=lambda: list(items), metadata=metadata))
+    return typing.cast(T, dataclasses.field(default=default, metadata=metadata))
+
+
+def declared(cls: type, name: str) -> Mapping[str, Any]:
+    """The range metadata of field ``name`` of dataclass ``cls``: its own declaration's, else (a
+    redeclaration for another default) the nearest base's that declares one; empty when none does."""
+    for klass in getattr(cls, "__mro__", (cls,)):
+        f = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if f is not None and RANGE in f.metadata:
+            return {k: v for k, v in f.metadata.items() if k in (RANGE, HINT)}
+    return {}
+
+
+def range_of(cls: type, name: str) -> Range | None:
+    """The declared range of knob ``name`` of ``cls`` (a component, a recipe or their schema; None: not
+    declared)."""
+    return declared(cls, name).get(RANGE)
+
+
+# TRANSITIONAL (issue 33 item 6): the strategy classes' ranges until components/strategy.py (being split by
+# h/strategy) declares them on its fields with knob(). registry.schema_of gives a strategy schema's field the
+# entry of its name when the field declares none. No other group reads this table; remove it then.
+STRATEGY_RANGES: dict[str, Range] = {
     "bucket_cap_mb": POSITIVE,
-    "strategy.stage": Range(0, 3),
+    "stage": Range(0, 3),
     "reduce_bucket_size": POSITIVE,
     "allgather_bucket_size": POSITIVE,
     "stage3_prefetch_bucket_size": NON_NEGATIVE,
@@ -98,103 +130,19 @@ RANGES: dict[str, Range] = {
     "offload_param_buffer_size": POSITIVE,
     "tp_size": AT_LEAST_ONE,  # tensor parallel ranks; the mesh check wants it to divide the world
     "sp_size": AT_LEAST_ONE,  # sequence / context parallel ranks
-    "strategy.pp_size": Range(2),  # pipeline: 1 stage would be no pipeline
+    "pp_size": Range(2),  # pipeline: 1 stage would be no pipeline
     "stages_per_rank": AT_LEAST_ONE,
-    "strategy.split": AT_LEAST_ONE,  # each a layer index that starts a stage
-    # data
-    "eval_fraction": FRACTION,
-    "eval_size": NON_NEGATIVE,
-    "max_samples": AT_LEAST_ONE,
-    "max_length": AT_LEAST_ONE,
-    "max_prompt_length": AT_LEAST_ONE,
-    "stream_window": AT_LEAST_ONE,
-    "num_proc": AT_LEAST_ONE,  # data.num_proc (null: the cores available)
-    # launcher
-    "nproc_per_node": AT_LEAST_ONE,
-    "nnodes": AT_LEAST_ONE,
-    "node_rank": NON_NEGATIVE,
-    "master_port": Range(1, 65535),
-    "rdzv_timeout": POSITIVE,  # seconds
-    "collective_timeout": POSITIVE,  # seconds
-    "ssh_port": Range(1, 65535),
-    "max_restarts": NON_NEGATIVE,
-    "launcher.gpus_per_node": NON_NEGATIVE,  # launcher=slurm's job script
-    "launcher.cpus_per_task": AT_LEAST_ONE,
-    "launcher.signal_delay_s": NON_NEGATIVE,
-    # optimizer
-    "lr": POSITIVE,
-    "weight_decay": NON_NEGATIVE,
-    "betas": FRACTION,  # each of the two
-    "eps": POSITIVE,
-    "clip_threshold": POSITIVE,
-    "decay_rate": Range(-1, 0, high_open=True),  # Adafactor: 1 - t^decay_rate
-    "beta1": FRACTION,
-    "momentum": FRACTION,
-    "optimizer.bits": Range(8, 32),  # 8 | 32: the component says which
-    # peft
-    "last_n_layers": AT_LEAST_ONE,
-    "r": AT_LEAST_ONE,
-    "alpha": POSITIVE,
-    "dropout": FRACTION,
-    "num_virtual_tokens": AT_LEAST_ONE,
-    "encoder_hidden_size": AT_LEAST_ONE,
-    # precision
-    "loss_scale": NON_NEGATIVE,  # 0 = dynamic
-    "initial_scale_power": Range(0, 64),
-    "loss_scale_window": AT_LEAST_ONE,
-    "hysteresis": AT_LEAST_ONE,
-    "min_loss_scale": POSITIVE,
-    # quantization
-    "quantization.bits": Range(4, 8),  # 4 | 8: the component says which
-    "int8_threshold": NON_NEGATIVE,
-    # scheduler
-    "warmup_steps": NON_NEGATIVE,
-    "warmup_ratio": FRACTION,
-    "min_lr_ratio": FRACTION,
-    # recipes
-    "temperature": NON_NEGATIVE,
-    "top_p": Range(0, 1, low_open=True),
-    "top_k": NON_NEGATIVE,
-    "num_return_sequences": AT_LEAST_ONE,
-    "batch_size": AT_LEAST_ONE,
-    "beta": NON_NEGATIVE,
-    "loss_weights": FINITE,  # each
-    "label_smoothing": Range(0, 0.5),
-    "limit": POSITIVE,  # lm-eval: a fraction < 1 or a number of examples
-    "num_fewshot": NON_NEGATIVE,
-    "steps": AT_LEAST_ONE,
-    "num_generations": AT_LEAST_ONE,
-    "max_completion_length": AT_LEAST_ONE,
-    "epsilon": POSITIVE,
-    "num_iterations": AT_LEAST_ONE,
-    "reward_weights": FINITE,  # each
-    "rollout_batch_size": AT_LEAST_ONE,
-    "ppo_epochs": AT_LEAST_ONE,
-    "mini_batch_size": AT_LEAST_ONE,
-    "response_length": AT_LEAST_ONE,
-    "gamma": UNIT,
-    "desirable_weight": NON_NEGATIVE,  # KTO's weight of the desirable rows' loss
-    "undesirable_weight": NON_NEGATIVE,
-    "sft_weight": NON_NEGATIVE,  # SimPO's NLL term (TRL's cpo_alpha)
-    "reward_timeout": Range(low=0, low_open=True),  # seconds a reward_url call may take
-    "reward_retries": Range(low=0),
-    "lam": UNIT,
-    "clip_ratio": POSITIVE,
-    "value_clip": POSITIVE,
-    "vf_coef": NON_NEGATIVE,
-    "entropy_coef": NON_NEGATIVE,
-    "kl_coef": NON_NEGATIVE,
-    "target_kl": POSITIVE,
-    "kl_horizon": AT_LEAST_ONE,
-    "reward_clip": POSITIVE,
-    "missing_eos_penalty": FINITE,
-    "center_rewards_coefficient": NON_NEGATIVE,
+    "split": AT_LEAST_ONE,  # each a layer index that starts a stage
 }
 
 
-def range_of(group: str, name: str) -> Range | None:
-    """The declared range of knob ``name`` of ``group`` (None: not declared)."""
-    return RANGES.get(f"{group}.{name}", RANGES.get(name))
+def schema_metadata(cls: type, name: str, group: str) -> Mapping[str, Any]:
+    """What field ``name`` of component ``cls``'s schema carries: its declared range (the transitional
+    strategy table for a strategy field that declares none)."""
+    found = declared(cls, name)
+    if not found and group == "strategy" and name in STRATEGY_RANGES:
+        return {RANGE: STRATEGY_RANGES[name]}
+    return found
 
 
 def is_numeric(hint: Any) -> bool:
@@ -215,44 +163,52 @@ def numeric_fields(schema: type) -> Iterator[tuple[str, Any]]:
             yield f.name, hints[f.name]
 
 
-def check_value(group: str, name: str, value: Any) -> None:
-    """Refuse ``value`` for knob ``<group>.<name>`` unless it is in its range (None = unset: allowed)."""
+def check_value(key: str, value: Any, allowed: Range | None, hint: str | None = None) -> None:
+    """Refuse ``value`` for knob ``key`` unless it is in ``allowed`` (None: any finite number); None (unset)
+    is allowed, a list is checked element by element."""
     if value is None:
         return
     if isinstance(value, (list, tuple, ListConfig)):
         for item in value:
-            check_value(group, name, item)
+            check_value(key, item, allowed, hint)
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return  # an interpolation or a type OmegaConf let through: not a number to judge here
-    allowed = range_of(group, name) or FINITE
+    allowed = allowed or FINITE
     if not allowed.allows(value):
         raise ConfigError(
             f"must be {allowed}, got {value}",
-            key=f"{group}.{name}",
-            hint=f"pass {group}.{name}=<{allowed}>",
+            key=key,
+            hint=f"pass {key}=<{allowed}>" + (f" ({hint})" if hint else ""),
         )
 
 
-def config_nodes(cfg: DictConfig) -> Iterator[tuple[str, DictConfig]]:
-    """(path, node) of every structured node of a composed config: the groups, ``train``, ``estimate``,
-    each selected tracker."""
-    from components.config.schema import GROUPS
+def check_knobs(schema: type, values: Mapping[str, Any], prefix: str) -> None:
+    """The numeric knobs of ``schema`` that ``values`` sets (a config node, a data.mixture entry), each
+    within the range its field declares; named ``<prefix>.<knob>``."""
+    for name, _ in numeric_fields(schema):
+        if name in values:
+            meta = declared(schema, name)
+            check_value(f"{prefix}.{name}", values[name], meta.get(RANGE), meta.get(HINT))
 
-    for group in ("train", "estimate", *GROUPS):  # first: the groups' knobs interpolate ${train.seed}
-        node = cfg.get(group)
-        if group == "tracker":
-            yield from (("tracker", t) for t in (node or {}).values() if isinstance(t, DictConfig))
-        elif isinstance(node, DictConfig):
-            yield group, node
+
+def structured_nodes(node: DictConfig, path: str = "") -> Iterator[tuple[str, DictConfig, type]]:
+    """(path, node, schema) of every node of a composed config typed by a dataclass: the shared ``train`` /
+    ``estimate`` first (the groups' knobs interpolate ``${train.seed}``), then the groups, each selected
+    tracker (``tracker.<name>``)."""
+    schema = OmegaConf.get_type(node)
+    if path and dataclasses.is_dataclass(schema):
+        yield path, node, schema
+    keys = [str(k) for k in node]
+    if not path:
+        keys.sort(key=lambda k: k not in ("train", "estimate"))
+    for key in keys:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            yield from structured_nodes(child, f"{path}.{key}" if path else key)
 
 
 def check_values(cfg: DictConfig) -> None:
-    """Every numeric knob of the composed config within its declared range (:data:`RANGES`), finite."""
-    for group, node in config_nodes(cfg):
-        schema = OmegaConf.get_type(node)
-        if not dataclasses.is_dataclass(schema):
-            continue
-        for name, _ in numeric_fields(schema):
-            if name in node:
-                check_value(group, name, node[name])
+    """Every numeric knob of the composed config finite and within the range its field declares."""
+    for path, node, schema in structured_nodes(cfg):
+        check_knobs(schema, node, path)

@@ -28,6 +28,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from components.config.errors import ConfigError
+from components.config.ranges import schema_metadata
 from components.config.schema import GROUPS
 
 T = TypeVar("T")
@@ -60,8 +61,9 @@ def _schema_type(hint: Any) -> Any:
     return Any
 
 
-def schema_of(cls: type) -> type:
-    """Build the structured-config dataclass for component ``cls``: its fields plus ``_target_``."""
+def schema_of(cls: type, group: str = "") -> type:
+    """Build the structured-config dataclass for component ``cls``: its fields plus ``_target_``; a numeric
+    field keeps the range it declares (``components/config/ranges.py``: ``check_values`` reads it here)."""
     hints = typing.get_type_hints(cls)
     specs: list[tuple[str, Any, Any]] = [
         ("_target_", str, dataclasses.field(default=f"{cls.__module__}.{cls.__qualname__}"))
@@ -70,12 +72,13 @@ def schema_of(cls: type) -> type:
         if not f.init or f.name.startswith("_"):
             continue
         default: Any
+        metadata = schema_metadata(cls, f.name, group)
         if f.default is not dataclasses.MISSING:
-            default = dataclasses.field(default=f.default)
+            default = dataclasses.field(default=f.default, metadata=metadata)
         elif f.default_factory is not dataclasses.MISSING:
-            default = dataclasses.field(default_factory=f.default_factory)
+            default = dataclasses.field(default_factory=f.default_factory, metadata=metadata)
         else:
-            default = dataclasses.field(default="???")
+            default = dataclasses.field(default="???", metadata=metadata)
         specs.append((f.name, _schema_type(hints[f.name]), default))
     return dataclasses.make_dataclass(cls.__name__, specs)
 
@@ -101,7 +104,7 @@ def component(group: str) -> Callable[[type[T]], type[T]]:
         if not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
             # a component is its config: what a run derives lives in its context / Session, never on it
             raise TypeError(f"@component needs a frozen dataclass (@dataclass(frozen=True)), got {cls!r}")
-        schema = schema_of(cls)
+        schema = schema_of(cls, group)
         cls.__schema__ = schema  # type: ignore[attr-defined]
         ConfigStore.instance().store(group=f"schema/{group}", name=cls.__name__, node=open_dicts(schema))
         REGISTRY.setdefault(group, {})[cls.__name__] = cls

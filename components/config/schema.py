@@ -8,6 +8,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, SEED, Range, knob
+
 GROUPS: tuple[str, ...] = (
     "recipe",
     "model",
@@ -27,22 +29,28 @@ GROUPS: tuple[str, ...] = (
 class TrainConfig:
     """What every recipe shares: batch arithmetic, length of training, intervals, seed, outputs."""
 
-    micro_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    epochs: float = 1.0
-    max_steps: int = -1  # > 0 overrides epochs
-    max_grad_norm: float = 1.0
-    log_every: int = 5  # steps
-    eval_every: int = 200  # steps; 0 = evaluate at the end only
-    save_every: int = 500  # steps; 0 = save only the final model
-    keep_last: int = 2  # checkpoints kept on disk
-    seed: int = 42
-    data_seed: int | None = None  # defaults to seed
-    num_workers: int | None = None  # dataloader worker processes; None = auto: 2 on CUDA, 0 on CPU
+    micro_batch_size: int = knob(8, AT_LEAST_ONE)
+    gradient_accumulation_steps: int = knob(1, AT_LEAST_ONE)
+    epochs: float = knob(1.0, NON_NEGATIVE)
+    max_steps: int = knob(  # > 0 overrides epochs
+        -1,
+        Range(1, also=(-1,)),
+        hint="-1 trains for train.epochs; a positive number caps the optimizer steps",
+    )
+    max_grad_norm: float = knob(1.0, NON_NEGATIVE, hint="train.max_grad_norm=1.0; 0 disables clipping")
+    log_every: int = knob(5, AT_LEAST_ONE)  # steps
+    eval_every: int = knob(200, NON_NEGATIVE)  # steps; 0 = evaluate at the end only
+    save_every: int = knob(500, NON_NEGATIVE)  # steps; 0 = save only the final model
+    keep_last: int = knob(2, AT_LEAST_ONE)  # checkpoints kept on disk
+    seed: int = knob(42, SEED)
+    data_seed: int | None = knob(None, SEED)  # defaults to seed
+    # dataloader worker processes; None = auto: 2 on CUDA, 0 on CPU
+    num_workers: int | None = knob(None, NON_NEGATIVE)
     count_tokens: bool = True  # num_input_tokens_seen, summed on the device and read at log steps only
     skip_nonfinite_loss: bool = False  # HF's nan/inf loss filter: a device sync every step
-    eval_generations: int = 32  # eval prompts to generate from and score exact-match (0 = off)
-    max_new_tokens: int = 32
+    # eval prompts to generate from and score exact-match (0 = off)
+    eval_generations: int = knob(32, NON_NEGATIVE)
+    max_new_tokens: int = knob(32, AT_LEAST_ONE)
     write_plots: bool = True
     deterministic: bool = False
 
@@ -52,9 +60,9 @@ class EstimateConfig:
     """``hydratune estimate`` / ``strategy=auto``: the hardware the memory estimate is checked against."""
 
     gpu_memory: str = "auto"  # per GPU: "80GB", "24GiB", "80" (GiB); auto = the detected GPU's memory
-    num_gpus: int = 0  # GPUs per node; 0 = detect (1 when none is visible)
-    num_nodes: int = 1
-    safety_margin: float = 0.1  # fraction of gpu_memory kept free
+    num_gpus: int = knob(0, NON_NEGATIVE)  # GPUs per node; 0 = detect (1 when none is visible)
+    num_nodes: int = knob(1, AT_LEAST_ONE)
+    safety_margin: float = knob(0.1, FRACTION)  # fraction of gpu_memory kept free
 
 
 @dataclass

@@ -44,7 +44,12 @@ LOGGING_CLASSES = ("logging.", "colorlog.", "hydra.", "hydra_plugins.")  # dictC
 LOGGING_STREAMS = ("ext://sys.stdout", "ext://sys.stderr")
 LOG_DIRS = ("${hydra.runtime.output_dir}/", "${hydra:runtime.output_dir}/")  # where a log file may be written
 SWITCHES = ("trust_targets", "trust_checkpoints", "model.trust_remote_code")
-SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "CREDENTIALS", "CREDENTIAL", "AUTH")
+#: a word of a variable's name that makes it a secret (``PAT``: a personal access token, ``GITHUB_PAT``) ...
+SECRET_WORDS = (
+    *("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PAT", "CREDENTIAL", "CREDENTIALS", "AUTH"),
+)
+#: ... or its end (``APIKEY``, ``GHTOKEN``, ``DBPASSWORD``): never ``TOKENIZERS_PARALLELISM``
+SECRET_ENDINGS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 REDACTED = "<redacted>"
 
 
@@ -414,9 +419,12 @@ def is_secret(name: str, value: Any) -> bool:
 
 
 def secret_name(name: str) -> bool:
-    """``WANDB_API_KEY``, ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``: yes; ``TOKENIZERS_PARALLELISM``: no."""
+    """Whether a variable's name says it holds a secret: ``WANDB_API_KEY``, ``HF_TOKEN``,
+    ``AWS_SECRET_ACCESS_KEY``, ``MY_PASSWORD``: yes; ``TOKENIZERS_PARALLELISM``: no. The one detector: the
+    ``${oc.env:…}`` resolver (:func:`is_secret`), the environment a run dir records and the DeepSpeed
+    hostfile launcher's ``.deepspeed_env`` (``components/distributed/hostfile.py``) all ask it."""
     words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
-    return any(w in SECRET_WORDS or w.endswith(SECRET_WORDS[:4]) for w in words)
+    return any(w in SECRET_WORDS or w.endswith(SECRET_ENDINGS) for w in words)
 
 
 # ---- experiment files a command line names: read before Hydra composes them ------------------------------

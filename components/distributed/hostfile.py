@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.config.errors import ConfigError
+from components.config.trust import secret_name
 
 #: DeepSpeed's ``--launcher`` choices → the programs its runner needs on this host (``backend_exists``);
 #: every one of them also needs ``ssh`` for the runner's check of the first host
@@ -78,16 +79,9 @@ FORWARDED = (
 SEARCH_PATHS = ("PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
 #: set per host by DeepSpeed itself, or by the runner (PYTHONPATH: it exports PYTHON* and prepends the dir)
 NOT_FORWARDED = ("CUDA_VISIBLE_DEVICES", "DS_ENV_FILE", "PYTHONPATH")
-SECRET_WORDS = {"TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH"}
 #: what the runner's ``export K=V;`` (in a pdsh / ssh command line) cannot carry intact
 UNSAFE = ('"', "$", "`", "\\", "\n")
 ENV_FILE = ".deepspeed_env"  # the name runner.py looks for in $HOME and the working dir
-
-
-def is_secret(name: str) -> bool:
-    """``HF_TOKEN``, ``WANDB_API_KEY``, ``AWS_SECRET_ACCESS_KEY``: a word of the name says so (not
-    ``TOKENIZERS_PARALLELISM``)."""
-    return bool(SECRET_WORDS & set(name.upper().split("_")))
 
 
 @dataclass(frozen=True)
@@ -240,7 +234,7 @@ def env_lines(variables: dict[str, str]) -> tuple[list[str], list[str]]:
 
 def shown(variables: dict[str, str]) -> str:
     """The forwarded names for a log line (no values: secrets among them)."""
-    return ", ".join(k + (" (secret)" if is_secret(k) else "") for k in variables) or "none"
+    return ", ".join(k + (" (secret)" if secret_name(k) else "") for k in variables) or "none"
 
 
 @contextmanager

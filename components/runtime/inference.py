@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from components.config.errors import ConfigError
+from components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, Range, knob
 from components.generation.sampling import Sampling, complete, length_batches
 from components.recipe import Recipe
 
@@ -46,12 +47,12 @@ class BatchedGeneration(Recipe):
     produces_causal_lm: ClassVar[bool] = False  # it writes generations, not a model
     data_kinds: ClassVar[tuple[str, ...]] = ("chat", "prompts")
 
-    max_new_tokens: int = 256
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = no top-k cut
-    num_return_sequences: int = 1
-    batch_size: int = 16  # prompts per generate() call (sorted by length: little padding)
+    max_new_tokens: int = knob(256, AT_LEAST_ONE)
+    temperature: float = knob(0.0, NON_NEGATIVE)  # 0 = greedy
+    top_p: float = knob(1.0, Range(0, 1, low_open=True))
+    top_k: int = knob(0, NON_NEGATIVE)  # 0 = no top-k cut
+    num_return_sequences: int = knob(1, AT_LEAST_ONE)
+    batch_size: int = knob(16, AT_LEAST_ONE)  # prompts per generate() call (sorted by length: little padding)
     output: str = "generations.jsonl"  # in the run dir
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
@@ -62,12 +63,6 @@ class BatchedGeneration(Recipe):
                 hint="drop strategy (launcher.nproc_per_node=N still deals the prompts to N processes)",
             )
         refuse_peft(self.name, comps)
-        for key in ("max_new_tokens", "batch_size", "num_return_sequences"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"must be >= 1, got {getattr(self, key)}", key=f"recipe.{key}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            key = "temperature" if self.temperature < 0 else "top_p" if not 0 < self.top_p <= 1 else "top_k"
-            raise ConfigError("out of range", key=f"recipe.{key}")
         if self.temperature == 0 and self.num_return_sequences > 1:
             raise ConfigError(
                 "greedy decoding (temperature=0) gives the same completion every time",
