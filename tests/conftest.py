@@ -1,4 +1,5 @@
-"""Shared fixtures: compose configs with Hydra's API and run recipes in-process on the tiny model."""
+"""Shared fixtures: compose configs with Hydra's API and run recipes in-process on the tiny model; the tiers
+(tests/support/tiers.py: markers and timeouts from the folder, seconds per tier, the fast tiers' budget)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from omegaconf import DictConfig
 
 import recipes
 from components.config.resolvers import register_resolvers
+from tests.support.tiers import Tiers
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -30,6 +32,11 @@ recipes.register_all()
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(Tiers(), "hydratune-tiers")
+
 
 # Small, fast settings for end-to-end tests on the tiny model.
 FAST = ["train.eval_generations=8", "train.log_every=1", "train.write_plots=false"]
@@ -98,6 +105,49 @@ def partial_sft(tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
     GlobalHydra.instance().clear()
     return ctx.run_dir.path
+
+
+#: the steps of the session's short runs (sft_runs)
+SHORT = ["train.max_steps=2", "train.eval_generations=0", "train.save_every=0", "train.eval_every=0"]
+
+
+@pytest.fixture(scope="session")
+def sft_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Short SFT runs with a CLI run's files, trained once per session for the tests of what comes after
+    training (export, generate, eval, chat): a full run, a LoRA run on top of its final model (a base that
+    can be rebuilt) and a LoRA run on the random-init base."""
+    from tests.support.runs import as_cli_run
+
+    root = tmp_path_factory.mktemp("sft_runs")
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base=None):
+
+        def run(*overrides: str, name: str) -> Path:
+            fn = lambda *o: compose(config_name="config", overrides=list(o))  # noqa: E731
+            ctx, _ = _run_in(root, fn, *SHORT, *overrides, name=name)
+            return as_cli_run(ctx, list(overrides))
+
+        full = run("optimizer.lr=1e-5", name="full")  # barely trained: answers are not all an instant EOS
+        lora = run("peft=lora", f"model.from_run={full}", "peft.init_lora_weights=gaussian", name="lora")
+        lora_random = run("peft=lora", name="lora_random")
+    GlobalHydra.instance().clear()
+    return {"full": full, "lora": lora, "lora_random": lora_random}
+
+
+#: recipe=generate's short settings (the tests of sft_runs' generations)
+GENERATE = ["recipe=generate", "recipe.max_new_tokens=6", "recipe.batch_size=5"]
+
+
+@pytest.fixture(scope="session")
+def greedy_one_process(sft_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Greedy generations of the full run over the demo prompts, one process (the CLI)."""
+    from tests.support.cli import fresh
+    from tests.support.runs import read_jsonl
+
+    cwd = tmp_path_factory.mktemp("gen1")
+    proc = fresh(*GENERATE, f"model.from_run={sft_runs['full']}", "hydra.run.dir=out", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_jsonl(cwd / "out" / "generations.jsonl")
 
 
 def group_options() -> list[tuple[str, str]]:

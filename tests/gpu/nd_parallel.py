@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: run as a script
 from tests.gpu.strategies import hydratune
-from tests.test_nd_parallel import QUIET, SGD
+from tests.multiproc.test_nd_parallel import QUIET, SGD
 
 ARCH = [
     "+model.architecture.hidden_size=512",

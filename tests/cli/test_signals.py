@@ -1,0 +1,208 @@
+"""Signals to a real hydratune process: SIGTERM and Ctrl-C checkpoint and the printed resume command
+continues exactly; a second signal exits at once; a relayed signal counts once; SIGTERM before the first
+step leaves no run dir; a stream stopped by SIGTERM resumes on the same rows; SIGTERM then SLURM's
+pre-emption signal is one pre-emption; no secret from the environment reaches the run dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from components.config.errors import EXIT_INTERRUPTED
+from components.runtime.checkpoint import checkpoints_in, verify
+from components.runtime.feed import TRACE
+from components.runtime.streamprep import POSITION_FILE
+from tests.conftest import REPO
+from tests.integration.test_resume_safety import SIGNALLED, STEPS, cli, signalled
+from tests.integration.test_streaming import chat, same_weights, write_jsonl
+from tests.multiproc.test_reliability import RUN, final_model
+from tests.support.cli import finish, start, wait_for_step
+
+SECRETS = {
+    "HF_TOKEN": "hf_SeCrEt0123456789abcdef",
+    "WANDB_API_KEY": "wandbSeCrEt0123456789abcdef0123456789",
+    "OPENAI_API_KEY": "sk-SeCrEt0123456789abcdef",
+}
+
+
+def traced(folder: Path, rank: int = 0) -> list[Any]:
+    return [json.loads(line) for line in (folder / f"rank{rank}.jsonl").read_text().splitlines()]
+
+
+def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path: Path) -> None:
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    straight.mkdir(), interrupted.mkdir()
+    reference = start(straight, *RUN)
+    victim = start(interrupted, *RUN)
+    wait_for_step(interrupted, 5, victim)
+    victim.send_signal(signal.SIGTERM)
+    err = finish(victim, timeout=120)
+    assert victim.returncode == EXIT_INTERRUPTED, err[-2000:]
+    assert "Resume with" in err
+    (run,) = interrupted.glob("outputs/*/*")
+    (checkpoint,) = checkpoints_in(run)
+    assert verify(checkpoint) is None and 5 <= int(checkpoint.name.split("-")[1]) < 60
+    assert not (run / "final").exists()
+    assert "interrupted" in (run / "summary.md").read_text()
+
+    advice = re.search(r"Resume with: hydratune (resume=\S+)", err)
+    assert advice and advice.group(1) == f"resume={run}", err[-2000:]
+    resumed = start(interrupted, advice.group(1))  # the printed advice alone: the run's own config
+    err = finish(resumed, timeout=300)
+    assert resumed.returncode == 0, err[-2000:]
+    assert f"continuing {run} with its own config" in err
+    assert reference.wait(timeout=300) == 0
+    _, expected = final_model(straight)
+    again, got = final_model(interrupted)
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
+    stopped_at = int(checkpoint.name.split("-")[1])
+    covers = json.loads((again / "result.json").read_text())["run"]["train_loss covers"]
+    assert covers.startswith(f"steps {stopped_at + 1} to 60 (resumed after step {stopped_at}"), covers
+
+
+def test_ctrl_c_checkpoints_like_sigterm(tmp_path: Path) -> None:
+    """SIGINT on one process (SIGUSR1 goes the same way: to one worker in the test above)."""
+    signum = signal.SIGINT
+    proc = start(tmp_path, *RUN)
+    wait_for_step(tmp_path, 5, proc)
+    proc.send_signal(signum)
+    err = finish(proc, timeout=120)
+    assert proc.returncode == EXIT_INTERRUPTED, err[-2000:]
+    (run,) = tmp_path.glob("outputs/*/*")
+    (checkpoint,) = checkpoints_in(run)
+    assert verify(checkpoint) is None and not (run / "final").exists()
+    name = signal.Signals(signum).name
+    assert f"stopped by {name} at step {checkpoint.name.split('-')[1]}" in (run / "summary.md").read_text()
+    assert f"Resume with: hydratune resume={run}" in err
+
+
+def test_second_signal_exits_at_once() -> None:
+    code = (
+        "import os, signal\n"
+        "from components.distributed.interrupt import GracefulInterrupt\n"
+        "g = GracefulInterrupt().install()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "assert g.requested\n"
+        "print('first: graceful', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print('second: survived', flush=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "first: graceful" in proc.stdout and "survived" not in proc.stdout
+    assert proc.returncode == -signal.SIGTERM
+    assert "send SIGTERM again to stop at once" in proc.stderr
+
+
+def test_a_relayed_signal_and_the_same_signal_itself_count_once() -> None:
+    """Ctrl-C or SLURM reach a worker directly and through the launcher's relay, in either order: one
+    graceful stop, not the 'second signal' that kills; a later signal still kills."""
+    code = (
+        "import os, signal\n"
+        "from components.distributed.interrupt import GracefulInterrupt\n"
+        "g = GracefulInterrupt().install()\n"
+        "g.relayed(signal.SIGINT)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "assert g.requested and g.signum == signal.SIGINT\n"
+        "print('one stop', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "print('second: survived', flush=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "one stop" in proc.stdout, proc.stderr[-2000:]
+    assert "survived" not in proc.stdout and proc.returncode == -signal.SIGINT
+
+
+def test_no_secret_from_the_environment_reaches_the_run_dir(tmp_path: Path) -> None:
+    env = {**os.environ, **SECRETS, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    args = [*RUN, "train.max_steps=4", "train.save_every=2", "tracker=[tensorboard,wandb,mlflow]"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "recipes", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "config.yaml" for p in files) and any("tfevents" in p.name for p in files)
+    assert any(p.suffix == ".wandb" for p in files) and any("mlruns" in p.parts for p in files)
+    for path in files:
+        blob = path.read_bytes()
+        for name, secret in SECRETS.items():
+            assert secret.encode() not in blob, f"{name} leaked into {path}"
+
+
+def test_sigterm_before_the_first_step_leaves_no_run_dir(tmp_path) -> None:
+    run = tmp_path / "outputs" / "day" / "early"
+    proc = signalled(
+        tmp_path, "components.runtime.session.Session:build_model", *STEPS, f"hydra.run.dir={run}"
+    )
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert "SIGTERM before training started" in proc.stderr
+    assert not run.exists() and not (tmp_path / "outputs").exists()
+
+
+def test_a_stream_stopped_by_sigterm_resumes_on_the_same_rows_to_the_same_weights(
+    tmp_path, monkeypatch
+) -> None:
+    """SIGTERM while the 7th micro-batch is handed out (step 4 of 8, inside the first pass, mid-window):
+    the run checkpoints step 4 with its stream position and exits 75; resumed, it trains on exactly the
+    rows the uninterrupted run trains on in steps 5-8 (its trace), and ends with the same weights."""
+    path = write_jsonl(tmp_path / "rows.jsonl", [chat(i) for i in range(40)])
+    common = [*RUN, f"data.path={path}", f"data.eval_path={path}"]
+    stopped, straight = tmp_path / "stopped", tmp_path / "straight"
+    for name in ("t_stopped", "t_resumed", "t_straight"):
+        (tmp_path / name).mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), TRACE: str(tmp_path / "t_stopped")}
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGNALLED, "7", *common, f"hydra.run.dir={stopped}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_INTERRUPTED, proc.stderr[-3000:]
+    assert "SIGTERM" in proc.stderr and f"resume={stopped}" in proc.stderr
+    checkpoint = stopped / "checkpoints" / "checkpoint-4"
+    position = json.loads((checkpoint / POSITION_FILE.format(rank=0)).read_text())
+    assert position["trained"] == 32 and position["next"] == 32 % 24  # mid-window
+
+    monkeypatch.setenv(TRACE, str(tmp_path / "t_resumed"))
+    cli(f"resume={stopped}", f"hydra.run.dir={tmp_path / 'resumed'}")
+    monkeypatch.setenv(TRACE, str(tmp_path / "t_straight"))
+    cli(*common, f"hydra.run.dir={straight}")
+
+    reference = traced(tmp_path / "t_straight")
+    assert len(reference) == 64 and {r["epoch"] for r in reference} == {0, 1}  # a pass and a half
+    assert traced(tmp_path / "t_stopped") == reference[:32]
+    assert traced(tmp_path / "t_resumed") == reference[32:]
+    same_weights(straight, tmp_path / "resumed")
+    result = json.loads((tmp_path / "resumed" / "result.json").read_text())
+    assert result["data"]["streamed (per rank)"].startswith("rank 0: 64 rows trained")
+    assert result["cost"]["end-of-run eval rows"] == 40 and result["cost"]["end-of-run eval (s)"] >= 0
+    assert "end-of-run eval (s)" in (tmp_path / "resumed" / "summary.md").read_text()
+
+
+def test_sigterm_then_the_preemption_signal_is_one_preemption() -> None:
+    """What SLURM sends a job it pre-empts (and submitit's own test of it): TERM, then the pre-emption
+    signal. That is one stop, now a pre-emption (the job is requeued after the checkpoint), not a second
+    signal that kills (in a process of its own: a kill would take the test runner with it)."""
+    code = (
+        "import os, signal\n"
+        "from components.distributed.interrupt import GracefulInterrupt\n"
+        "stop = GracefulInterrupt(frozenset({signal.SIGUSR2})).install()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "os.kill(os.getpid(), signal.SIGUSR2)\n"
+        "print(signal.Signals(stop.signum).name, stop.preempted)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["SIGUSR2", "True"]

@@ -1,0 +1,74 @@
+"""The CPU thread policy in fresh interpreters: the command and a worker set OMP_NUM_THREADS /
+OMP_WAIT_POLICY before torch is imported (torch reads them as it loads)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.data import REPO
+
+TWO_CORES = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2 or shutil.which("taskset") is None, reason="needs two cores and taskset"
+)
+
+
+# torch reads OMP_NUM_THREADS when it loads: its thread count shows whether the policy came first
+PROBE = """
+import sys
+from recipes.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+import os, torch
+print(os.environ.get("OMP_NUM_THREADS"), os.environ.get("OMP_WAIT_POLICY"), torch.get_num_threads())
+"""
+
+
+def probe(tmp_path: Path, *args: str, **env: str) -> list[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "HYDRATUNE_THREAD"))}
+    proc = subprocess.run(
+        ["taskset", "-c", "0,1", sys.executable, "-c", PROBE, *args],
+        cwd=tmp_path,
+        env={**clean, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.split()[-3:]
+
+
+@TWO_CORES
+def test_the_command_sets_the_policy_before_torch_is_imported(tmp_path: Path) -> None:
+    plan = ["mode=plan", "strategy=ddp", "launcher.nproc_per_node=2"]  # 2 cores ÷ 2 local processes
+    assert probe(tmp_path, *plan) == ["1", "PASSIVE", "1"]
+    assert probe(tmp_path, *plan, HYDRATUNE_THREAD_POLICY="0") == ["None", "None", "2"]  # torch's default
+    assert probe(tmp_path, *plan, OMP_NUM_THREADS="2") == ["2", "None", "2"]
+
+
+@TWO_CORES
+def test_a_worker_sets_the_policy_before_torch_is_imported(tmp_path: Path) -> None:
+    """A worker started by hand (no OMP_NUM_THREADS from the command): its share from LOCAL_WORLD_SIZE."""
+    code = (
+        "import recipes.worker as w\n"
+        "try:\n    w.run_worker('.')  # no frozen config here: fails right after the policy\n"
+        "except FileNotFoundError:\n    pass\n"
+        "import os, torch; print(os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads())"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "HYDRATUNE_THREAD"))}
+    proc = subprocess.run(
+        ["taskset", "-c", "0,1", sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**clean, "PYTHONPATH": str(REPO), "LOCAL_WORLD_SIZE": "2"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.stdout.split()[-2:] == ["1", "1"], proc.stdout + proc.stderr[-2000:]

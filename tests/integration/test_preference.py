@@ -1,0 +1,181 @@
+"""Reward-model and DPO recipes on the tiny model and the demo preference pairs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from components.config.errors import ConfigError
+
+SHORT = ["train.micro_batch_size=16", "train.log_every=5", "train.eval_generations=0", "train.save_every=0"]
+
+
+RUN = [
+    *("data.max_samples=16", "data.eval_path=null", "data.eval_fraction=0"),  # 16 rows, no eval split
+    *("train.micro_batch_size=4", "train.eval_generations=0", "train.eval_every=0", "train.log_every=1"),
+]
+
+
+#: what each recipe's trainer must be running (the loss it was asked for)
+TRAINER_FACTS = {
+    "kto": lambda t: t.loss_type == "kto" and t.calculate_KL and t.ref_model is not None,
+    "orpo": lambda t: type(t).__name__ == "HydratuneORPOTrainer" and t.beta == 0.1,
+    "simpo": lambda t: t.loss_type == "simpo" and t.cpo_alpha == 0.0 and t.simpo_gamma == 1.0,
+}
+
+
+def test_dpo_widens_the_chosen_rejected_margin(run_recipe) -> None:
+    """DPO's margin: beta * [(log pi - log ref)(chosen) - (log pi - log ref)(rejected)] on training pairs."""
+    ctx, _ = run_recipe("recipe=dpo", *SHORT, "train.max_steps=60", name="dpo")
+    before, after = ctx_report(ctx, "before"), ctx_report(ctx, "after")
+    assert before["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at the start
+    assert after["eval_rewards/margins"] > 0.005, after
+    assert ctx.trainer.ref_model is not None  # full fine-tuning: a frozen copy is the reference
+
+
+def test_dpo_with_lora_trains_only_the_adapter_and_keeps_no_reference_copy(run_recipe) -> None:
+    ctx, _ = run_recipe("recipe=dpo", "peft=lora", *SHORT, "train.max_steps=10", name="dpo_lora")
+    assert ctx.trainer.ref_model is None  # the reference is the policy with its initial adapter
+    adapter = load_file(ctx.run_dir.final / "adapter_model.safetensors")
+    assert adapter and all("lora_" in k for k in adapter)
+    assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)
+    ctx.seed_everything()
+    base = ctx.components.model.build().state_dict()
+    trained = {
+        k.replace(".base_layer", ""): v
+        for k, v in ctx.model.get_base_model().state_dict().items()
+        if "lora_" not in k
+    }
+    assert trained.keys() == base.keys()
+    assert all(torch.equal(trained[k], v) for k, v in base.items())
+
+
+def test_reward_model_with_lora_saves_its_score_head(run_recipe) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    ctx, _ = run_recipe("recipe=reward", "peft=lora", *SHORT, "train.max_steps=5", name="rm")
+    adapter = load_file(ctx.run_dir.final / "adapter_model.safetensors")
+    heads = [k for k in adapter if "score" in k]
+    assert heads, "the score head was not saved: it would reload randomly initialised"
+    trained_head = ctx.model.base_model.model.score.modules_to_save["default"].weight.detach()
+    ctx.seed_everything()
+    base = ctx.components.model.build(task="seq_cls")
+    reloaded = PeftModel.from_pretrained(base, ctx.run_dir.final).base_model.model.score
+    torch.testing.assert_close(reloaded.modules_to_save["default"].weight, trained_head)
+    assert AutoModelForSequenceClassification  # the full-model path is covered below
+
+
+def test_reward_model_full_saves_a_sequence_classifier(run_recipe) -> None:
+    from transformers import AutoModelForSequenceClassification
+
+    ctx, _ = run_recipe("recipe=reward", *SHORT, "train.max_steps=5", name="rm_full")
+    model = AutoModelForSequenceClassification.from_pretrained(ctx.run_dir.final)
+    assert model.config.num_labels == 1 and model.config.pad_token_id is not None
+    assert "training pairs (after)" in ctx_report_sections(ctx)
+
+
+def test_preference_file_missing_rejected_fails_before_model_load(run_recipe, tmp_path, monkeypatch) -> None:
+    from components.model import CausalLM
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(CausalLM, "build", no_load)
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "1 + 1?", "chosen": "2"}\n' * 4)
+    with pytest.raises(ConfigError, match="'rejected'"):
+        run_recipe("recipe=dpo", f"data.path={path}", "data.eval_path=null")
+
+
+def test_sft_data_for_dpo_is_refused_before_load(run_recipe) -> None:
+    with pytest.raises(ConfigError) as info:
+        run_recipe("recipe=dpo", "data=demo_sft")
+    assert info.value.key == "data" and "demo_dpo" in str(info.value)
+
+
+def ctx_report(ctx, when: str) -> dict:
+    import json
+
+    return json.loads((ctx.run_dir.path / "result.json").read_text())[f"training pairs ({when})"]
+
+
+def ctx_report_sections(ctx) -> set[str]:
+    import json
+
+    return set(json.loads((ctx.run_dir.path / "result.json").read_text()))
+
+
+def test_sft_then_dpo_chain(run_recipe, tmp_path) -> None:
+    sft, _ = run_recipe("train.max_steps=20", *SHORT, name="sft")
+    chained = f"model.from_run=${{latest_run:sft,{tmp_path}/outputs}}"
+    dpo, _ = run_recipe("recipe=dpo", chained, *SHORT, "train.max_steps=4", name="dpo")
+    assert dpo.components.model.name_or_path == str(sft.run_dir.final)
+    ctx_sections = ctx_report_sections(dpo)
+    assert "training pairs (after)" in ctx_sections
+    # the DPO policy started from the SFT weights, not from a fresh random init
+    from safetensors.torch import load_file as load
+
+    start = load(sft.run_dir.final / "model.safetensors")
+    dpo.seed_everything()
+    assert all(
+        torch.equal(v, start[k]) for k, v in dpo.components.model.build().state_dict().items() if k in start
+    )
+
+
+def test_from_run_with_only_an_adapter_on_a_random_base_is_refused(run_recipe, tmp_path) -> None:
+    lora, _ = run_recipe("peft=lora", "train.max_steps=2", *SHORT, name="lora")
+    with pytest.raises(ConfigError, match="merge=true"):
+        run_recipe("recipe=dpo", f"model.from_run={lora.run_dir.path}", name="dpo")
+
+
+def test_reward_model_learns_to_rank_its_training_pairs(run_recipe, tmp_path) -> None:
+    """Pairwise accuracy on the training pairs rises from chance to >= 0.8.
+
+    The demo pairs (right sum vs a near miss) need arithmetic, which a random-init model does not learn
+    within a test's budget (150 steps: 0.45 -> 0.52). Here chosen is the bare number and rejected a
+    refusal in words: a surface feature a random-init score head separates in a few dozen steps. Coin
+    flipping scores 0.5; on the 128 probed pairs one binomial std at p = 0.5 is 0.044, so 0.8 is ~7 std
+    above it. (The untrained head is not a coin: it ranks these systematic pairs 0.16 at seed 42.)"""
+    import random
+
+    rng = random.Random(0)
+    refusals = ["I do not know", "no idea, sorry", "that is too hard", "ask someone else"]
+    rows = []
+    for _ in range(256):
+        a, b = rng.randrange(100), rng.randrange(10)
+        rows.append({"prompt": f"What is {a} + {b}?", "chosen": str(a + b), "rejected": rng.choice(refusals)})
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ctx, _ = run_recipe(
+        "recipe=reward",
+        f"data.path={path}",
+        "data.eval_path=null",
+        "train.eval_every=0",  # no eval split: the probe on the training pairs is the measurement
+        *SHORT,
+        "train.max_steps=30",
+        name="rm_acc",
+    )
+    before, after = ctx_report(ctx, "before")["eval_accuracy"], ctx_report(ctx, "after")["eval_accuracy"]
+    assert after >= 0.8 and after > before, (before, after)
+
+
+@pytest.mark.parametrize("recipe", list(TRAINER_FACTS))
+def test_each_recipe_trains_checkpoints_resumes_and_exports(run_recipe, tmp_path, recipe) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from components.commands.export import export
+
+    first, _ = run_recipe(f"recipe={recipe}", *RUN, "train.max_steps=2", "train.save_every=2", name="a")
+    assert TRAINER_FACTS[recipe](first.trainer)
+    steps = "train.max_steps=3", "train.save_every=2", "resume=true"
+    resumed, _ = run_recipe(f"recipe={recipe}", *RUN, *steps, name="b")
+    assert resumed.cfg.resume.endswith("checkpoint-2")
+    assert [r["step"] for r in resumed.run_dir.read_metrics() if "loss" in r] == [3]
+    report = (resumed.run_dir.path / "summary.md").read_text()
+    assert "training pairs (after)" in report and "rewards/margins" in report
+    model = AutoModelForCausalLM.from_pretrained(export(resumed.run_dir.path, tmp_path / "exported"))
+    assert model.config.vocab_size > 0

@@ -1,0 +1,253 @@
+"""Rewards as a user writes them: their own module's function (resolved before load, with close matches for a
+misspelt name), a reward served over HTTP (GRPO, PPO, Best-of-N against a local server), and the trust
+rule and the data a reward reads, all refused before any model loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.config.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+USER_REWARDS = (
+    "def correct(prompts, completions, answer, **columns):\n    return [1.0 for _ in completions]\n"
+)
+GRPO = [
+    "recipe=grpo",
+    "data.eval_path=null",
+    "train.eval_every=0",
+    "train.micro_batch_size=16",
+    "recipe.num_generations=4",
+    "train.eval_generations=0",
+    "train.save_every=0",
+    "train.max_steps=1",
+]
+
+
+class RewardServer:
+    """A reward server on a free local port: scores ``-len(completion)``, records every request body; the
+    first ``fail`` requests get HTTP 503, and while ``hold`` is clear a request waits (a timeout)."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.fail = 0
+        self.hold = threading.Event()
+        self.hold.set()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.hold.wait(10)
+                server.requests.append(body)
+                if server.fail > 0:
+                    server.fail -= 1
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                answer = json.dumps({"scores": [-float(len(c)) for c in body["completions"]]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def scored(self) -> list[dict[str, Any]]:
+        """The requests that carried completions (not the empty pre-load probe)."""
+        return [r for r in self.requests if r["completions"]]
+
+
+@pytest.fixture
+def server() -> Iterator[RewardServer]:
+    served = RewardServer()
+    served.thread.start()
+    yield served
+    served.hold.set()
+    served.httpd.shutdown()
+    served.httpd.server_close()
+
+
+@pytest.fixture
+def user_dirs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Undo what resolving a user module adds to sys.path and PYTHONPATH."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+
+
+def checked(compose_cfg: Any, *overrides: str) -> Any:
+    """The components of a composed config, after every check that runs before load (mode=plan's)."""
+    from components.runtime.checks import check_before_load
+    from components.runtime.run import Components
+
+    cfg = compose_cfg(*overrides)
+    comps = Components.from_config(cfg)
+    check_before_load(cfg, comps)
+    return comps
+
+
+def hydratune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "recipes", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+# ---- a user's own reward function --------------------------------------------------------------------
+def test_a_reward_module_in_the_working_directory_resolves_before_load(
+    compose_cfg, tmp_path, monkeypatch, user_dirs
+) -> None:
+    from components.rewards import resolve_reward
+
+    (tmp_path / "cwd_rewards_a.py").write_text(USER_REWARDS)
+    monkeypatch.chdir(tmp_path)  # the working directory is not on sys.path (a console script's isn't)
+    checked(compose_cfg, "recipe=grpo", "recipe.reward_funcs=[cwd_rewards_a.correct]")
+    assert resolve_reward("cwd_rewards_a.correct")(["p"], ["c"], answer=["a"]) == [1.0]
+    with pytest.raises(ConfigError) as info:
+        checked(compose_cfg, "recipe=grpo", "recipe.reward_funcs=[cwd_rewards_a.corect]")
+    assert info.value.key == "recipe.reward_funcs[0]" and "did you mean correct" in str(info.value)
+    from components.rewards import import_reward
+
+    for spec, near in [
+        ("cwd_rewardz_a.correct", "did you mean cwd_rewards_a"),
+        ("components.rewards.exact_mach", "did you mean exact_match"),
+    ]:
+        with pytest.raises(ConfigError, match=near):
+            import_reward(spec)
+
+
+# ---- trust: a reward is a plain function of the user's own code --------------------------------------
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["recipe=grpo", "recipe.reward_funcs=[torch.hub.load]"], "recipe.reward_funcs[0]"),
+        (["recipe=ppo", "recipe.reward._target_=torch.hub.load"], "recipe.reward"),
+        (["recipe=best_of_n", "recipe.reward._target_=json.dumps"], "recipe.reward"),
+        (
+            [
+                "recipe=ppo",
+                "recipe.reward._target_=components.rewards.length_penalty",
+                "+recipe.reward.target={_target_: torch.hub.load, _partial_: true}",
+            ],
+            "recipe.reward",
+        ),
+    ],
+)
+def test_a_reward_from_an_installed_package_or_binding_a_call_is_refused(compose_cfg, overrides, key) -> None:
+    with pytest.raises(ConfigError) as info:
+        checked(compose_cfg, *overrides)
+    assert info.value.key.startswith(key) and "trust_targets=true" in (info.value.hint or ""), str(info.value)
+    if "torch.hub.load" in overrides[-1] and "+" not in overrides[-1]:
+        checked(compose_cfg, *overrides, "trust_targets=true")  # the user vouches for the config
+
+
+# ---- the data a reward reads -----------------------------------------------------------------------------
+def test_a_blank_reference_or_a_missing_answer_column_fails_before_the_model_loads(
+    run_recipe, compose_cfg, tmp_path, monkeypatch
+) -> None:
+    from components.runtime.dataprep import plan_data
+    from components.runtime.session import Session
+
+    def loaded(*args: Any) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(Session, "build_model", loaded)
+    nan = tmp_path / "nan.jsonl"
+    nan.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2", "answer": NaN}\n')
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text('{"prompt": "1+1"}\n{"prompt": "2+2"}\n')
+    cases = [
+        (nan, {"grpo": "data.path", "ppo": "data.path"}, "no value in column 'answer'"),
+        (bare, {"grpo": "recipe.reward_funcs[0]", "ppo": "recipe.reward"}, "reads column 'answer'"),
+    ]
+    for path, keys, words in cases:
+        for recipe, key in keys.items():
+            data = [f"recipe={recipe}", f"data.path={path}", "data.eval_path=null", "train.eval_every=0"]
+            with pytest.raises(ConfigError) as info:
+                run_recipe(*data, name=f"{recipe}_{path.stem}")
+            assert info.value.key == key and words in str(info.value), str(info.value)
+        comps = checked(compose_cfg, *data)  # (ppo)
+        with pytest.raises(ConfigError) as info:
+            plan_data(comps, 0)  # mode=plan's data check says the same
+        assert info.value.key == key
+
+
+# ---- a reward served over HTTP -----------------------------------------------------------------------
+def test_the_http_reward_sends_the_contract_retries_and_times_out(server) -> None:
+    from components.rewards_http import HttpReward, RewardServerError
+
+    reward = HttpReward(server.url, timeout=5, retries=1)
+    prompts = [[{"role": "user", "content": "1+1"}]] * 2
+    completions = [[{"role": "assistant", "content": "2"}], "four"]
+    scores = reward(
+        prompts, completions, answer=["2", "4"], completion_ids=[[1], [2]], trainer_state=object()
+    )
+    assert scores == [-1.0, -4.0]
+    assert server.requests[-1] == {"prompts": prompts, "completions": ["2", "four"], "answer": ["2", "4"]}
+    server.fail = 1  # one 503, then an answer
+    assert reward(["p"], ["abc"]) == [-3.0] and len(server.requests) == 3
+    server.fail = 5
+    with pytest.raises(RewardServerError, match="2 tries"):
+        HttpReward(server.url, timeout=5, retries=1)(["p"], ["abc"])
+    server.hold.clear()  # the server never answers in time
+    with pytest.raises(RewardServerError, match="did not answer"):
+        HttpReward(server.url, timeout=0.2, retries=0)(["p"], ["abc"])
+
+
+def test_grpo_ppo_and_best_of_n_score_with_a_reward_url(run_recipe, server) -> None:
+    url = f"recipe.reward_url={server.url}"
+    ctx, _ = run_recipe(*GRPO, "recipe.reward_funcs=[]", url, name="grpo")
+    grpo = server.scored()
+    assert grpo and len(grpo[0]["completions"]) == 16 and grpo[0]["answer"], grpo[0].keys()
+    rewards = [r["reward"] for r in ctx.run_dir.read_metrics() if "reward" in r]
+    lengths = [-len(c) for r in grpo for c in r["completions"]]
+    assert rewards == pytest.approx([sum(lengths) / len(lengths)])  # one step, every completion scored once
+    _, metrics = run_recipe(
+        "recipe=ppo",
+        "recipe.num_iterations=1",
+        "recipe.rollout_batch_size=8",
+        "recipe.mini_batch_size=8",
+        "recipe.response_length=4",
+        "train.micro_batch_size=8",
+        "train.eval_generations=0",
+        "train.save_every=0",
+        url,
+        name="ppo",
+    )
+    ppo = server.scored()[len(grpo) :]
+    assert len(ppo) == 1 and len(ppo[0]["completions"]) == 8
+    assert metrics["reward/mean"] == pytest.approx(sum(-len(c) for c in ppo[0]["completions"]) / 8)
+    _, metrics = run_recipe(
+        "recipe=best_of_n",
+        "recipe.max_new_tokens=4",
+        "recipe.num_return_sequences=2",
+        "data.max_samples=3",
+        url,
+        name="bon",
+    )
+    bon = server.scored()[len(grpo) + len(ppo) :]
+    assert len(bon) == 1 and len(bon[0]["completions"]) == 6 and len(bon[0]["answer"]) == 6
+    assert metrics["mean reward, all samples"] == pytest.approx(
+        sum(-len(c) for c in bon[0]["completions"]) / 6
+    )

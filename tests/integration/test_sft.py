@@ -1,0 +1,187 @@
+"""SFT end to end on the tiny model: it learns, PEFT methods touch only their parameters, resume is exact."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from components.runtime.run import Components
+
+# Short runs: enough optimizer steps to see the loss fall, a few seconds each on 2 cores.
+SHORT = ["train.max_steps=12", "train.micro_batch_size=8", "data.max_samples=128", "train.eval_generations=4"]
+
+
+def initial_state(ctx) -> dict[str, torch.Tensor]:
+    """The weights the run started from: same seed, same random init."""
+    ctx.seed_everything()
+    return {k: v.detach().clone() for k, v in ctx.components.model.build().state_dict().items()}
+
+
+def final_weights(ctx) -> dict[str, torch.Tensor]:
+    return load_file(ctx.run_dir.final / "model.safetensors")
+
+
+def losses(ctx) -> list[float]:
+    return [r["loss"] for r in ctx.run_dir.read_metrics() if "loss" in r]
+
+
+def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> set[str]:
+    return {k for k, v in after.items() if not torch.equal(before[k], v)}
+
+
+def test_full_finetune_learns_and_writes_the_run_dir(run_recipe) -> None:
+    ctx, metrics = run_recipe(*SHORT, "train.max_steps=30", "train.eval_generations=8")
+    run = ctx.run_dir.path
+    curve = losses(ctx)
+    assert len(curve) >= 10
+    assert sum(curve[-3:]) / 3 < 0.7 * sum(curve[:3]) / 3, curve
+    for item in ("versions.json", "metrics.jsonl", "summary.md", "generations.jsonl", "result.json"):
+        assert (run / item).is_file(), item
+    assert (run / "final" / "model.safetensors").is_file()
+    assert (run / "final" / "tokenizer_config.json").is_file()
+    saved_template = json.loads((run / "final" / "tokenizer_config.json").read_text()).get(
+        "chat_template"
+    ) or ((run / "final" / "chat_template.jinja").read_text())
+    assert "generation" in saved_template
+    versions = json.loads((run / "versions.json").read_text())
+    assert versions["torch"] and versions["trl"] and versions["transformers"]
+    summary = (run / "summary.md").read_text()
+    assert "exact match" in summary and "tokens/s" in summary
+    assert "eval_loss" in metrics
+
+
+def test_lora_changes_only_adapter_weights(run_recipe) -> None:
+    ctx, _ = run_recipe(*SHORT, "peft=lora", name="lora")
+    final = ctx.run_dir.final
+    assert (final / "adapter_model.safetensors").is_file()
+    assert not (final / "model.safetensors").exists()
+    adapter = load_file(final / "adapter_model.safetensors")
+    assert adapter and all("lora_" in k for k in adapter)
+    assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k), "lora_B is still zero"
+    # the trained model in memory: every base weight is bit-identical to the seeded init
+    trained = {
+        k.replace(".base_layer", ""): v
+        for k, v in ctx.model.get_base_model().state_dict().items()
+        if "lora_" not in k
+    }
+    before = initial_state(ctx)
+    assert trained.keys() == before.keys()
+    assert not changed(before, trained)
+
+
+def test_bitfit_changes_only_biases(run_recipe) -> None:
+    ctx, _ = run_recipe(*SHORT, "peft=bitfit", name="bitfit")
+    diff = changed(initial_state(ctx), final_weights(ctx))
+    assert diff and all(k.endswith(".bias") for k in diff), diff
+
+
+def test_freeze_changes_only_the_unfrozen_layers(run_recipe) -> None:
+    ctx, _ = run_recipe(*SHORT, "peft=freeze", "peft.last_n_layers=1", name="freeze")
+    last = ctx.components.model.load_config().num_hidden_layers - 1
+    diff = changed(initial_state(ctx), final_weights(ctx))
+    assert diff and all(f"layers.{last}." in k for k in diff), diff
+
+
+def test_bitfit_on_a_model_without_biases_fails_clearly(run_recipe) -> None:
+    from components.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"(?i)bitfit"):
+        run_recipe(*SHORT, "peft=bitfit", "+model.architecture.attention_bias=false", name="nobias")
+
+
+def test_resumed_run_matches_uninterrupted_run(run_recipe) -> None:
+    steps = ["train.max_steps=8", "train.save_every=4", "train.keep_last=3", "train.eval_generations=0"]
+    full, _ = run_recipe(*SHORT, *steps, name="full")
+    checkpoint = full.run_dir.checkpoints / "checkpoint-4"
+    assert (checkpoint / "trainer_state.json").is_file()
+    resumed, _ = run_recipe(*SHORT, *steps, f"resume={checkpoint}", name="resumed")
+    a, b = final_weights(full), final_weights(resumed)
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6, msg=key)
+    # the resumed run logged only steps 5..8, and they match the uninterrupted run's
+    tail = {r["step"]: r["loss"] for r in full.run_dir.read_metrics() if "loss" in r and r["step"] > 4}
+    again = {r["step"]: r["loss"] for r in resumed.run_dir.read_metrics() if "loss" in r}
+    assert again and set(again) <= set(tail)
+    for step, loss in again.items():
+        assert loss == pytest.approx(tail[step], abs=1e-5)
+
+
+def test_resume_true_picks_the_latest_earlier_run(run_recipe) -> None:
+    steps = ["train.max_steps=4", "train.save_every=2", "train.eval_generations=0"]
+    first, _ = run_recipe(*SHORT, *steps, name="a")
+    second, _ = run_recipe(*SHORT, *steps, "resume=true", name="b")
+    assert str(first.run_dir.checkpoints / "checkpoint-4") in (second.run_dir.path / "summary.md").read_text()
+
+
+def test_merge_writes_a_merged_model(run_recipe) -> None:
+    ctx, _ = run_recipe(*SHORT, "peft=lora", "merge=true", "train.max_steps=3", name="merge")
+    merged = load_file(ctx.run_dir.final / "merged" / "model.safetensors")
+    assert merged and not any("lora_" in k for k in merged)
+    assert (ctx.run_dir.final / "adapter_model.safetensors").is_file()
+
+
+def test_bf16_mixed_precision_trains(run_recipe) -> None:
+    ctx, _ = run_recipe(*SHORT, "precision=bf16", "train.max_steps=4", name="bf16")
+    assert ctx.run_dir.final.joinpath("model.safetensors").is_file()
+    assert all(v.dtype == torch.float32 for v in final_weights(ctx).values())  # fp32 master weights
+    assert "bf16" in (ctx.run_dir.path / "summary.md").read_text()
+
+
+def test_tensorboard_tracker_writes_the_loss_series(run_recipe) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ctx, _ = run_recipe(*SHORT, "tracker=tensorboard", "train.max_steps=4", name="tb")
+    events = EventAccumulator(str(ctx.run_dir.path / "tensorboard")).Reload()
+    tags = events.Tags()["scalars"]
+    assert "train/loss" in tags, tags
+    assert len(events.Scalars("train/loss")) >= 3
+
+
+def test_progress_without_a_terminal_is_plain_lines(run_recipe, capsys) -> None:
+    """stdout is a file (capsys: not a TTY), as in a SLURM job: a line every train.log_every steps with
+    step/total, loss, lr, tokens/s and ETA."""
+    import re
+
+    run_recipe("train.max_steps=6", "train.log_every=2", "train.eval_generations=0", "train.eval_every=0")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sft step ")]
+    pattern = r"sft step (\d+)/6  loss [\d.]+  lr [\d.]+e[-+]\d+  tok/s [\d,]+  eta \d+:\d\d:\d\d"
+    steps = [int(m.group(1)) for line in lines if (m := re.fullmatch(pattern, line))]
+    assert steps == [1, 2, 4, 6], lines
+
+
+def test_components_still_equal_their_config_after_a_run(run_recipe) -> None:
+    """A component is its config: after training (SFT with an adapter, a tracker) and after generating from
+    that run (which reads every row of its data), each group's component equals one built afresh from the
+    run's config. Frozen dataclasses refuse assignment; this catches a list or dict changed in place."""
+    import dataclasses
+
+    from components.config.registry import REGISTRY
+
+    assert all(c.__dataclass_params__.frozen for classes in REGISTRY.values() for c in classes.values())
+    sft, _ = run_recipe("peft=lora", "tracker=jsonl", "train.max_steps=2", "merge=true", name="sft")
+    generate, _ = run_recipe(
+        "recipe=generate", f"model.from_run={sft.run_dir.path}", "recipe.max_new_tokens=2",
+        "data.max_samples=8", name="generate",
+    )  # fmt: skip
+    for ctx in (sft, generate):
+        fresh = Components.from_config(ctx.cfg)
+        for (group, component), (_, again) in zip(ctx.components.items(), fresh.items(), strict=True):
+            assert component == again, group
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                setattr(component, next(iter(vars(component)), "x"), None)
+
+
+def test_qlora_trains_only_the_adapter_on_cpu(run_recipe) -> None:
+    """bitsandbytes quantizes the tiny model to NF4 on CPU; LoRA steps run and the base stays 4-bit."""
+    ctx, _ = run_recipe(
+        "quantization=nf4", "peft=lora", "train.max_steps=3", "train.save_every=0", name="qlora"
+    )
+    bnb_layers = [m for m in ctx.model.modules() if type(m).__name__ == "Linear4bit"]
+    assert bnb_layers, "no 4-bit layers in the trained model"
+    trainable = {n for n, p in ctx.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert (ctx.run_dir.final / "adapter_model.safetensors").is_file()

