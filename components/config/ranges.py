@@ -113,38 +113,6 @@ def range_of(cls: type, name: str) -> Range | None:
     return declared(cls, name).get(RANGE)
 
 
-# TRANSITIONAL (issue 33 item 6): the strategy classes' ranges until components/strategy.py (being split by
-# h/strategy) declares them on its fields with knob(). registry.schema_of gives a strategy schema's field the
-# entry of its name when the field declares none. No other group reads this table; remove it then.
-STRATEGY_RANGES: dict[str, Range] = {
-    "bucket_cap_mb": POSITIVE,
-    "stage": Range(0, 3),
-    "reduce_bucket_size": POSITIVE,
-    "allgather_bucket_size": POSITIVE,
-    "stage3_prefetch_bucket_size": NON_NEGATIVE,
-    "stage3_param_persistence_threshold": NON_NEGATIVE,
-    "stage3_max_live_parameters": POSITIVE,
-    "stage3_max_reuse_distance": NON_NEGATIVE,
-    "sub_group_size": POSITIVE,
-    "zero_hpz_partition_size": AT_LEAST_ONE,
-    "offload_param_buffer_size": POSITIVE,
-    "tp_size": AT_LEAST_ONE,  # tensor parallel ranks; the mesh check wants it to divide the world
-    "sp_size": AT_LEAST_ONE,  # sequence / context parallel ranks
-    "pp_size": Range(2),  # pipeline: 1 stage would be no pipeline
-    "stages_per_rank": AT_LEAST_ONE,
-    "split": AT_LEAST_ONE,  # each a layer index that starts a stage
-}
-
-
-def schema_metadata(cls: type, name: str, group: str) -> Mapping[str, Any]:
-    """What field ``name`` of component ``cls``'s schema carries: its declared range (the transitional
-    strategy table for a strategy field that declares none)."""
-    found = declared(cls, name)
-    if not found and group == "strategy" and name in STRATEGY_RANGES:
-        return {RANGE: STRATEGY_RANGES[name]}
-    return found
-
-
 def is_numeric(hint: Any) -> bool:
     """An ``int`` / ``float`` knob, optional or not, or a list of them (``bool`` is not a number here)."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]

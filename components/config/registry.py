@@ -28,7 +28,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from components.config.errors import ConfigError
-from components.config.ranges import schema_metadata
+from components.config.ranges import declared
 from components.config.schema import GROUPS
 
 T = TypeVar("T")
@@ -61,7 +61,7 @@ def _schema_type(hint: Any) -> Any:
     return Any
 
 
-def schema_of(cls: type, group: str = "") -> type:
+def schema_of(cls: type) -> type:
     """Build the structured-config dataclass for component ``cls``: its fields plus ``_target_``; a numeric
     field keeps the range it declares (``components/config/ranges.py``: ``check_values`` reads it here)."""
     hints = typing.get_type_hints(cls)
@@ -72,7 +72,7 @@ def schema_of(cls: type, group: str = "") -> type:
         if not f.init or f.name.startswith("_"):
             continue
         default: Any
-        metadata = schema_metadata(cls, f.name, group)
+        metadata = declared(cls, f.name)
         if f.default is not dataclasses.MISSING:
             default = dataclasses.field(default=f.default, metadata=metadata)
         elif f.default_factory is not dataclasses.MISSING:
@@ -104,7 +104,7 @@ def component(group: str) -> Callable[[type[T]], type[T]]:
         if not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
             # a component is its config: what a run derives lives in its context / Session, never on it
             raise TypeError(f"@component needs a frozen dataclass (@dataclass(frozen=True)), got {cls!r}")
-        schema = schema_of(cls, group)
+        schema = schema_of(cls)
         cls.__schema__ = schema  # type: ignore[attr-defined]
         ConfigStore.instance().store(group=f"schema/{group}", name=cls.__name__, node=open_dicts(schema))
         REGISTRY.setdefault(group, {})[cls.__name__] = cls

@@ -320,11 +320,9 @@ WHOLE = ModelSplit()
 
 
 def check_split_sizes(strategy: ModelSplit) -> None:
-    """``tp_size`` and ``sp_size`` are at least 1, and not both above 1: the engines do not compose them
-    through the Trainer (DeepSpeed's AutoTP and Ulysses each make the groups the other would need)."""
-    for key in ("tp_size", "sp_size"):
-        if getattr(strategy, key) < 1:
-            raise ConfigError(f"must be >= 1, got {getattr(strategy, key)}", key=f"strategy.{key}")
+    """``tp_size`` and ``sp_size`` not both above 1 (each is at least 1 by its declared range): the engines do
+    not compose them through the Trainer (DeepSpeed's AutoTP and Ulysses each make the groups the other
+    would need)."""
     if strategy.tp_size > 1 and strategy.sp_size > 1:
         raise ConfigError(
             f"tensor parallel (tp_size={strategy.tp_size}) and sequence parallel "

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from components.config.errors import ConfigError
+from components.config.ranges import POSITIVE, knob
 from components.config.registry import component
 from components.memory.shapes import StrategyShape
 from components.strategy.core import MULTI_PROCESS, BatchPlan, OwnLoop, Strategy
@@ -30,7 +31,7 @@ class DDP(OwnLoop, Strategy):
 
     backend: str = "auto"  # auto = nccl on GPU, gloo on CPU
     find_unused_parameters: bool = False
-    bucket_cap_mb: int = 25
+    bucket_cap_mb: int = knob(25, POSITIVE)  # MB of gradients per all-reduce bucket
     broadcast_buffers: bool = False
 
     def validate(self) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from components.config.errors import ConfigError
+from components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, knob
 from components.config.registry import component
 from components.distributed import model_parallel
 from components.distributed.mesh import Mesh
@@ -42,32 +43,37 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
     size the way DeepSpeed's HF integration does (``hidden²`` buckets), never left as ``"auto"``.
     """
 
-    stage: int = 2
+    stage: int = knob(2, Range(0, 3), hint="ZeRO stage 0, 1, 2 or 3")
     offload_optimizer: str = "none"  # none | cpu | nvme
     offload_param: str = "none"  # none | cpu | nvme (stage 3 only)
     pin_memory: bool = True
-    nvme_path: str | None = None  # ZeRO-Infinity swap dir (a fast local NVMe disk)
+    # ZeRO-Infinity swap dir, required with NVMe offload (zero3_nvme): a fast local NVMe disk, not NFS
+    # (e.g. /local_nvme)
+    nvme_path: str | None = None
     overlap_comm: bool = True
     contiguous_gradients: bool = True
     reduce_scatter: bool = True
-    reduce_bucket_size: float | None = None  # elements; null = hidden²
-    allgather_bucket_size: float | None = None  # elements; null = hidden² (stages 1-2)
-    stage3_prefetch_bucket_size: float | None = None  # null = 0.9·hidden²
-    stage3_param_persistence_threshold: float | None = None  # null = 10·hidden
-    stage3_max_live_parameters: float = 1e9
-    stage3_max_reuse_distance: float = 1e9
+    reduce_bucket_size: float | None = knob(None, POSITIVE)  # elements; null = hidden²
+    allgather_bucket_size: float | None = knob(None, POSITIVE)  # elements; null = hidden² (stages 1-2)
+    stage3_prefetch_bucket_size: float | None = knob(None, NON_NEGATIVE)  # null = 0.9·hidden²
+    stage3_param_persistence_threshold: float | None = knob(None, NON_NEGATIVE)  # null = 10·hidden
+    stage3_max_live_parameters: float = knob(1e9, POSITIVE)
+    stage3_max_reuse_distance: float = knob(1e9, NON_NEGATIVE)
     stage3_gather_16bit_weights_on_model_save: bool = True  # false: consolidate with zero_to_fp32
-    sub_group_size: float = 1e9
+    sub_group_size: float = knob(1e9, POSITIVE)
     round_robin_gradients: bool = False
     communication_data_type: str | None = None  # fp32 | fp16 | bf16; null = the training dtype
     zero_quantized_weights: bool = False  # ZeRO++ qwZ
     zero_quantized_gradients: bool = False  # ZeRO++ qgZ
-    zero_hpz_partition_size: int | None = 1  # ZeRO++ hpZ: secondary partition size; null = GPUs per node
-    offload_param_buffer_size: float | None = None  # NVMe param swap buffer (elements); null = largest shard
+    # ZeRO++ hpZ: secondary partition size; null = GPUs per node (launcher.nproc_per_node)
+    zero_hpz_partition_size: int | None = knob(1, AT_LEAST_ONE)
+    # NVMe param swap buffer (elements); null = largest shard
+    offload_param_buffer_size: float | None = knob(None, POSITIVE)
     optimizer_impl: str = "auto"  # auto | torch | deepspeed (DeepSpeed's CPU Adam under offload)
     parallel_dims: ClassVar[tuple[str, ...]] = ("tp", "sp")
-    tp_size: int = 1  # tensor parallel ranks (DeepSpeed AutoTP); data parallel = world / (tp x sp)
-    sp_size: int = 1  # sequence parallel ranks (DeepSpeed Ulysses)
+    # tensor parallel ranks (DeepSpeed AutoTP); data parallel = world / (tp x sp)
+    tp_size: int = knob(1, AT_LEAST_ONE)
+    sp_size: int = knob(1, AT_LEAST_ONE)  # sequence parallel ranks (DeepSpeed Ulysses)
     aio: dict[str, Any] = field(
         default_factory=lambda: {
             "block_size": 1048576,
@@ -80,8 +86,6 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
 
     def validate(self) -> None:
         super().validate()
-        if self.stage not in (0, 1, 2, 3):
-            raise ConfigError(f"unknown ZeRO stage {self.stage}", key="strategy.stage", hint="0, 1, 2 or 3")
         for key in ("offload_optimizer", "offload_param"):
             if getattr(self, key) not in OFFLOAD:
                 raise ConfigError(

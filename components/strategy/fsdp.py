@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from components.config.errors import ConfigError
+from components.config.ranges import AT_LEAST_ONE, knob
 from components.config.registry import component
 from components.distributed import model_parallel
 from components.distributed.mesh import Mesh
@@ -37,13 +38,18 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
 
     reshard_after_forward: bool = True  # True = full shard (ZeRO-3-like); False = shard grad/optim only
     cpu_offload: bool = False  # parameters and gradients (and the optimizer step) on CPU
-    activation_checkpointing: bool = False  # FSDP's own, per wrapped layer
+    # FSDP's own, per wrapped layer: accelerate's plugin only (not PPO's own loop, which refuses it)
+    activation_checkpointing: bool = False
     transformer_layer_cls_to_wrap: list[str] | None = None  # None = the model's _no_split_modules
-    state_dict_type: str = "FULL_STATE_DICT"  # checkpoint format; the final model is always gathered
+    # checkpoint format: FULL_STATE_DICT, or SHARDED_STATE_DICT for faster checkpoints of big models (the
+    # Trainer path; PPO's own loop gathers, and refuses it); the final model is always gathered
+    state_dict_type: str = "FULL_STATE_DICT"
     cpu_ram_efficient_loading: bool = True  # rank 0 loads the weights, the others get them broadcast
     parallel_dims: ClassVar[tuple[str, ...]] = ("tp",)
-    tp_size: int = 1  # tensor parallel ranks (transformers' tp_plan at load, FSDP2 over the rest; GPU only)
-    sp_size: int = 1  # context parallel ranks (accelerate's cp_size: ring attention; GPU only)
+    # tensor parallel ranks (transformers' tp_plan at load, FSDP2 over the rest; GPU only)
+    tp_size: int = knob(1, AT_LEAST_ONE)
+    # context parallel ranks (accelerate's cp_size: ring attention; GPU only)
+    sp_size: int = knob(1, AT_LEAST_ONE)
 
     shards_parameters: ClassVar[bool] = True
     needs_process_group: ClassVar[bool] = True

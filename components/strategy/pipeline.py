@@ -3,10 +3,11 @@ by our own loop (``components/runtime/pipeline_loop.py``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from components.config.errors import ConfigError
+from components.config.ranges import AT_LEAST_ONE, Range, knob
 from components.config.registry import component
 from components.distributed.mesh import Mesh
 from components.memory.parallel import SCHEDULES
@@ -23,11 +24,14 @@ class Pipeline(ModelSplit, Strategy):
     schedule; ``world / pp_size`` data-parallel replicas, each with its own data, gradients summed over them.
     Trained by our own loop (``components/runtime/pipeline_loop.py``); CPU (gloo) and GPU."""
 
-    pp_size: int = 2  # pipeline ranks; world / pp_size data-parallel replicas
-    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b
-    stages_per_rank: int = 1  # > 1: interleaved_1f1b (virtual stages, a smaller bubble)
-    split: list[int] = field(default_factory=list)  # the first layer of stages 1..N-1; [] = balanced
-    tp_size: int = 1  # tensor parallel inside each stage (3D): not built, refused above 1
+    # pipeline ranks; launcher.nproc_per_node x nnodes must be a multiple; world / pp_size data-parallel
+    # replicas
+    pp_size: int = knob(2, Range(2), hint="one stage would be no pipeline")
+    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b (needs stages_per_rank >= 2)
+    stages_per_rank: int = knob(1, AT_LEAST_ONE)  # > 1: interleaved_1f1b (virtual stages, a smaller bubble)
+    # the first layer of stages 1..N-1, e.g. [12] for 2 stages; [] = balanced by parameter count
+    split: list[int] = knob([], AT_LEAST_ONE)
+    tp_size: int = knob(1, AT_LEAST_ONE)  # tensor parallel inside each stage (3D): not built, refused above 1
 
     shards_parameters: ClassVar[bool] = True  # no rank holds the whole model: saving gathers it
     parallel_dims: ClassVar[tuple[str, ...]] = ("pp",)  # strategy=auto tries strategy.pp_size

@@ -468,15 +468,16 @@ def test_ppo_under_fsdp_passes_cpu_checks_and_refuses_what_its_loop_does_not_do(
     compose_cfg, monkeypatch
 ) -> None:
     """PPO shards with fully_shard itself, so FSDP passes the checks on CPU (the trainer recipes still need
-    a GPU); what its loop does not do is refused, not ignored: fp16 (no sharded loss scaling), FSDP's
-    activation checkpointing, sharded checkpoints."""
-    import components.strategy
+    a GPU); what its loop does not do is refused, not ignored, on a GPU host too (its detection patched
+    where ``Strategy.resolve_device`` looks it up): fp16 (no sharded loss scaling), FSDP's activation
+    checkpointing, sharded checkpoints."""
     from components.runtime.checks import check_before_load
     from components.runtime.run import Components
+    from components.strategy import core
 
     cfg = compose_cfg("recipe=ppo", "strategy=fsdp", "launcher.nproc_per_node=2")
     assert check_before_load(cfg, Components.from_config(cfg)) == "cpu"
-    monkeypatch.setattr(components.strategy, "detect_device", lambda requested="auto": "cuda")
+    monkeypatch.setattr(core, "detect_device", lambda requested="auto": "cuda")
     for override, key in (
         ("precision=fp16", "precision"),
         ("strategy.activation_checkpointing=true", "strategy.activation_checkpointing"),
@@ -484,9 +485,10 @@ def test_ppo_under_fsdp_passes_cpu_checks_and_refuses_what_its_loop_does_not_do(
     ):
         cfg = compose_cfg("recipe=ppo", "strategy=fsdp", override)
         comps = Components.from_config(cfg)
+        assert comps.strategy.resolve_device() == "cuda"
         with pytest.raises(ConfigError) as info:
-            check_before_load(cfg, comps, "cuda")  # the strategy's loop_refusal, for a recipe owning its loop
-        assert info.value.key == key, override
+            check_before_load(cfg, comps)  # the strategy's loop_refusal, for a recipe owning its loop
+        assert info.value.key == key and "a loop we own (recipe=ppo)" in str(info.value), override
 
 
 # ------------------------------------------------------------- tests that fail when PPO itself breaks

@@ -53,15 +53,6 @@ def test_every_option_composes_as_hydra_composes_it(compose_cfg, group: str) -> 
         assert option.description, f"conf/{group}/{name}.yaml has no description line"
 
 
-#: lines an option keeps although they repeat the default: their comment says what the field's does not
-#: (components/strategy.py's field comments wait for h/strategy's split of that module)
-REPEATED_ON_PURPOSE = {
-    ("strategy", "fsdp"): {"activation_checkpointing", "state_dict_type"},
-    ("strategy", "pipeline"): {"pp_size", "schedule", "split"},
-    ("strategy", "zero3_nvme"): {"nvme_path"},  # required: a fast local NVMe dir
-}
-
-
 @pytest.mark.parametrize("group", COMPONENT_GROUPS)
 def test_an_option_sets_only_what_differs_from_its_defaults(group: str) -> None:
     """``conf/<group>/<option>.yaml`` holds its ``_target_`` and the knobs it changes: the schema (and a
@@ -86,9 +77,7 @@ def test_an_option_sets_only_what_differs_from_its_defaults(group: str) -> None:
             and OmegaConf.to_container(OmegaConf.merge(base, {k: own._get_node(k)}), resolve=False)[k]
             == OmegaConf.to_container(base, resolve=False)[k]
         }
-        assert repeated <= REPEATED_ON_PURPOSE.get((group, name), set()), (
-            f"conf/{group}/{name}.yaml: {repeated}"
-        )
+        assert not repeated, f"conf/{group}/{name}.yaml repeats its defaults: {repeated}"
 
 
 def test_every_recipe_option_is_the_recipe_registered_under_its_name(compose_cfg) -> None:

@@ -97,7 +97,7 @@ def test_defaults_are_in_range(group: str, schema: type, name: str, hint: Any) -
 def test_a_component_schema_carries_the_ranges_its_class_declares() -> None:
     """What ``check_values`` reads (the composed node's schema) is what the class's fields declare; a
     subclass that redeclares a field for another default (Adafactor's lr) keeps its base's range."""
-    from components.config.ranges import STRATEGY_RANGES, declared, numeric_fields, range_of
+    from components.config.ranges import declared, numeric_fields, range_of
     from components.config.registry import REGISTRY
     from components.optimizer import Adafactor, Optimizer
 
@@ -105,38 +105,30 @@ def test_a_component_schema_carries_the_ranges_its_class_declares() -> None:
         for cls in classes.values():
             for name, _ in numeric_fields(cls.__schema__):
                 expected = declared(cls, name)
-                if not expected and group == "strategy":  # TRANSITIONAL: until strategy.py declares them
-                    expected = {"hydratune.range": STRATEGY_RANGES[name]}
+                assert expected, f"{group}.{cls.__name__}.{name}: no range declared on the class's field"
                 assert declared(cls.__schema__, name) == expected, f"{group}.{cls.__name__}.{name}"
     assert range_of(Adafactor, "lr") is range_of(Optimizer, "lr") is not None
     assert Adafactor.__dataclass_fields__["lr"].default == 1e-3
 
 
 def test_no_module_but_the_fields_holds_a_range_table() -> None:
-    """No dict of knob names to ranges anywhere in components/ or recipes/ (the old ``RANGES`` table, where
-    one bare name governed unrelated knobs): only the transitional strategy table, whose names are strategy
-    fields that declare no range of their own."""
+    """No dict of knob names to ranges anywhere in components/ or recipes/, ranges.py included (the old
+    ``RANGES`` table, where one bare name governed unrelated knobs, and the strategy table that outlived
+    it): every range is on its field."""
     import ast
 
     from components.config import ranges
-    from components.config.ranges import STRATEGY_RANGES, Range, declared
-    from components.config.registry import REGISTRY
+    from components.config.ranges import Range
 
     tables = [
         k
         for k, v in vars(ranges).items()
         if isinstance(v, dict) and any(isinstance(r, Range) for r in v.values())
     ]
-    assert tables == ["STRATEGY_RANGES"]
-    strategy_fields = {f.name: cls for cls in REGISTRY["strategy"].values() for f in dataclasses.fields(cls)}
-    for name in STRATEGY_RANGES:
-        assert name in strategy_fields, f"{name}: not a strategy knob"
-        assert not declared(strategy_fields[name], name), f"strategy.{name}: declared twice"
+    assert tables == []
     constants = {k for k, v in vars(ranges).items() if isinstance(v, Range)}
     root = Path(__file__).resolve().parents[2]
     for path in [*(root / "components").rglob("*.py"), *(root / "recipes").rglob("*.py")]:
-        if path == Path(ranges.__file__).resolve():
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Dict):
                 held = [ast.unparse(v) for v in node.values if v is not None]
@@ -168,17 +160,24 @@ def in_range_values(schema: type, name: str, hint: Any, default: Any) -> list[An
 
 
 #: (group, option, overrides) whose component each check below is built from, one per registered class
-#: (data: the demo data of its kind; tracker: no numeric knob), the overrides those a combination needs
-#: (peft=freeze: last_n_layers=0 trains the modules alone)
+#: (data: the demo data of its kind; tracker and strategy=auto: no numeric knob; strategy: every option, each
+#: a combination of its class's knobs), the overrides those a combination needs (peft=freeze: last_n_layers=0
+#: trains the modules alone; zero3_nvme: its required swap dir)
 BUILT_FROM = [
     ("data", "demo_sft"), ("data", "demo_dpo"), ("data", "demo_kto"), ("data", "demo_ppo"),
     ("peft", "freeze", "peft.modules=[lm_head]"),
     ("peft", "lora"), ("peft", "dora"), ("peft", "prefix"), ("peft", "ptuning"),
     ("optimizer", "adamw"), ("optimizer", "adafactor"), ("optimizer", "sgd"), ("optimizer", "adamw_8bit"),
     ("precision", "fp16"), ("quantization", "int8"), ("scheduler", "cosine"),
-    ("strategy", "ddp"), ("strategy", "zero3"), ("strategy", "fsdp"), ("strategy", "pipeline"),
+    ("strategy", "single"), ("strategy", "ddp"), ("strategy", "fsdp"), ("strategy", "pipeline"),
+    ("strategy", "zero0"), ("strategy", "zero1"), ("strategy", "zero2"), ("strategy", "zero2_offload"),
+    ("strategy", "zero3"), ("strategy", "zero3_offload"), ("strategy", "zero3pp"),
+    ("strategy", "zero3_nvme", "strategy.nvme_path=/local_nvme"),
     ("launcher", "local"), ("launcher", "slurm"), ("launcher", "deepspeed"),
 ]  # fmt: skip
+#: (group, option) -> knobs whose range edge the option refuses in combination with its own other knobs,
+#: not by a second range: ZeRO++ (zero3pp's quantized weights and gradients) is ZeRO-3 only
+COMBINED = {("strategy", "zero3pp"): {"stage"}}
 
 
 def refusals_of(check: Any, key: str) -> list[str]:
@@ -201,6 +200,8 @@ def test_no_component_check_refuses_what_its_declared_range_allows(compose_cfg, 
     built = getattr(Components.from_config(compose_cfg(f"{group}={option}", *overrides)), group)
     refused = []
     for name, hint in numeric_fields(type(built).__schema__):
+        if name in COMBINED.get((group, option), set()):
+            continue
         for value in in_range_values(type(built).__schema__, name, hint, getattr(built, name)):
             changed = dataclasses.replace(built, **{name: value})
             refused += refusals_of(changed.validate, f"{group}.{name}")
