@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 import recipes
 from components.config.resolvers import register_resolvers
+from tests.support.cli import Warm
 from tests.support.tiers import Tiers
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -40,6 +41,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # Small, fast settings for end-to-end tests on the tiny model.
 FAST = ["train.eval_generations=8", "train.log_every=1", "train.write_plots=false"]
+
+
+@pytest.fixture(scope="session")
+def hydratune() -> Iterator[Warm]:
+    """``hydratune(*args, cwd=..., env=..., prelude=...)``: the command in a process forked from one warm
+    server (tests/support/cli.py); a ``subprocess.CompletedProcess``."""
+    warm = Warm()
+    yield warm
+    warm.close()
 
 
 @pytest.fixture

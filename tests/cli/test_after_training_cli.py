@@ -13,7 +13,6 @@ import pytest
 from components.config.errors import ConfigError
 from components.modeling.trained import TrainedRun
 from tests.integration.test_after_training import EVAL
-from tests.support.cli import fresh
 from tests.support.data import ASSETS
 from tests.support.runs import read_jsonl
 
@@ -39,23 +38,13 @@ def _run_eval(compose_cfg, root: Path, *overrides: str) -> None:
     _run_in(root, compose_cfg, *EVAL, *overrides, name="eval_refused")
 
 
-def test_export_cli_writes_the_folder_and_names_errors_with_exit_2(sft_runs, tmp_path) -> None:
+def test_export_cli_writes_the_folder_and_names_errors_with_exit_2(hydratune, sft_runs, tmp_path) -> None:
     out = tmp_path / "cli"
-    ok = subprocess.run(
-        [sys.executable, "-m", "recipes", "export", str(sft_runs["full"]), f"out={out}", "dtype=bfloat16"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
+    ok = hydratune("export", str(sft_runs["full"]), f"out={out}", "dtype=bfloat16", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-2000:]
     config = json.loads((out / "config.json").read_text())
     assert config.get("dtype", config.get("torch_dtype")) == "bfloat16"
-    bad = subprocess.run(
-        [sys.executable, "-m", "recipes", "export", str(tmp_path / "nope")],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
+    bad = hydratune("export", str(tmp_path / "nope"), cwd=tmp_path)
     assert bad.returncode == 2 and "[export]" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -78,7 +67,9 @@ def test_generate_writes_every_prompt_in_input_order_with_tokens_and_finish_reas
         assert r["completion"] == tok.decode(tok(r["completion"], add_special_tokens=False)["input_ids"])
 
 
-def test_eval_refuses_what_it_cannot_do_before_load(compose_cfg, sft_runs, tmp_path, monkeypatch) -> None:
+def test_eval_refuses_what_it_cannot_do_before_load(
+    hydratune, compose_cfg, sft_runs, tmp_path, monkeypatch
+) -> None:
     import importlib.util
 
     from components.model import CausalLM
@@ -123,7 +114,7 @@ def test_eval_refuses_what_it_cannot_do_before_load(compose_cfg, sft_runs, tmp_p
         _run_eval(compose_cfg, tmp_path, "recipe.tasks=[mine]", f"recipe.include_path={tmp_path / 'tasks'}")
     assert err.value.key == "recipe.tasks" and "missing.jsonl" in str(err.value)
     (tmp_path / "cli").mkdir()
-    bad = fresh(*EVAL, "recipe.include_path=/nonexistent/tasks", cwd=tmp_path / "cli")
+    bad = hydratune(*EVAL, "recipe.include_path=/nonexistent/tasks", cwd=tmp_path / "cli")
     assert bad.returncode == 2 and "[recipe.include_path]" in bad.stderr and "Traceback" not in bad.stderr
     assert not (tmp_path / "cli" / "outputs").exists(), "the refused run left its run dir behind"
 
@@ -208,6 +199,6 @@ def test_chat_streams_answers_keeps_the_conversation_and_resets(partial_sft, tmp
     assert "system: Add." in history
 
 
-def test_chat_refuses_a_bad_path_before_loading(tmp_path) -> None:
-    bad = fresh("chat", str(tmp_path), cwd=tmp_path)
+def test_chat_refuses_a_bad_path_before_loading(hydratune, tmp_path) -> None:
+    bad = hydratune("chat", str(tmp_path), cwd=tmp_path)
     assert bad.returncode == 2 and "[chat]" in bad.stderr and "Traceback" not in bad.stderr

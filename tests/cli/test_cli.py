@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 
 from components.memory.spec import strategy_shapes
 from tests.integration.test_rewards import USER_REWARDS
+from tests.support.cli import child_env, fresh
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,27 +28,10 @@ def dead_url() -> str:
 
 # ---- the command line ---------------------------------------------------------------------------
 def hydratune_estimate(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    env = {**os.environ, "COLUMNS": "160", "HF_HUB_OFFLINE": "1"}
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "recipes", "estimate", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=60,
-    )
-    return proc, time.perf_counter() - start
-
-
-def hydratune(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "recipes", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """``hydratune estimate`` in a new interpreter (nothing heavy to import: the time is the command's)."""
+    begin = time.perf_counter()
+    proc = fresh("estimate", *args, cwd=REPO, env={"COLUMNS": "160"}, timeout=60)
+    return proc, time.perf_counter() - begin
 
 
 @pytest.mark.parametrize(
@@ -71,7 +54,7 @@ def hydratune(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Complet
 )
 def test_bad_input_fails_fast_with_a_named_error(tmp_path: Path, args: list[str], needle: str) -> None:
     start = time.monotonic()
-    proc = hydratune(*args, cwd=tmp_path)
+    proc = fresh(*args, cwd=tmp_path, timeout=120)  # start-up included: errors come before heavy imports
     elapsed = time.monotonic() - start
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert needle in proc.stderr + proc.stdout
@@ -82,7 +65,7 @@ def test_bad_input_fails_fast_with_a_named_error(tmp_path: Path, args: list[str]
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("final"))
 
 
-def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
+def test_cfg_job_prints_the_composed_config(hydratune, tmp_path: Path) -> None:
     proc = hydratune("--cfg", "job", "peft=lora", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "_target_: components.peft.LoRA" in proc.stdout
@@ -101,14 +84,14 @@ def test_help_lists_usage_and_every_group_but_no_schemas(capsys) -> None:
     assert "schema/" not in out  # the structured-config schemas are not options
 
 
-def test_plan_mode_checks_without_training(tmp_path: Path) -> None:
+def test_plan_mode_checks_without_training(hydratune, tmp_path: Path) -> None:
     proc = hydratune("mode=plan", "peft=lora", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "checks passed" in proc.stdout
     assert not any((tmp_path / "outputs").rglob("final"))
 
 
-def test_plan_mode_refuses_an_optimizing_sweep_without_a_traceback(tmp_path: Path) -> None:
+def test_plan_mode_refuses_an_optimizing_sweep_without_a_traceback(hydratune, tmp_path: Path) -> None:
     """Optuna needs each trial's objective and plan mode returns none: a named error, not a traceback."""
     proc = hydratune("-m", "+experiment=tiny_optuna_sweep", "mode=plan", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -121,7 +104,7 @@ def run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("summary.md"))
 
 
-def test_multirun_writes_one_run_dir_per_point(tmp_path: Path) -> None:
+def test_multirun_writes_one_run_dir_per_point(hydratune, tmp_path: Path) -> None:
     proc = hydratune(
         "-m",
         "peft=none,lora",
@@ -138,7 +121,7 @@ def test_multirun_writes_one_run_dir_per_point(tmp_path: Path) -> None:
     assert (dirs[1] / "final" / "adapter_model.safetensors").is_file()
 
 
-def test_replay_reproduces_the_losses(tmp_path: Path) -> None:
+def test_replay_reproduces_the_losses(hydratune, tmp_path: Path) -> None:
     args = [
         "train.max_steps=6",
         "train.log_every=1",
@@ -146,13 +129,13 @@ def test_replay_reproduces_the_losses(tmp_path: Path) -> None:
         "data.max_samples=96",
         "train.micro_batch_size=8",
     ]
-    first = hydratune(*args, cwd=tmp_path, timeout=300)
+    first = hydratune(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     (original,) = run_dirs(tmp_path / "outputs")
     assert (original / ".hydra" / "config.yaml").is_file() and (
         original / ".hydra" / "overrides.yaml"
     ).is_file()
-    again = hydratune("replay", str(original), cwd=tmp_path, timeout=300)
+    again = hydratune("replay", str(original), cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
     replayed = [d for d in run_dirs(tmp_path / "outputs") if d != original]
     assert len(replayed) == 1
@@ -177,7 +160,7 @@ def test_the_cli_does_not_import_the_heavy_libraries_up_front(tmp_path: Path) ->
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-def test_an_error_before_load_leaves_no_run_dir(tmp_path: Path) -> None:
+def test_an_error_before_load_leaves_no_run_dir(hydratune, tmp_path: Path) -> None:
     """Failed when the data was read (after Hydra made the run dir, before any model): nothing stays."""
     one_row = tmp_path / "one.jsonl"
     one_row.write_text(
@@ -231,13 +214,13 @@ def test_cli_estimate_llama3_70b_auto_names_the_choice() -> None:
 
 def test_estimate_table_is_not_cut_when_piped() -> None:
     """Captured stdout (not a TTY) and no COLUMNS: rich would assume 80 columns and cut `zero2_…`."""
-    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env = {k: v for k, v in child_env().items() if k != "COLUMNS"}
     proc = subprocess.run(
         [sys.executable, "-m", "recipes", "estimate", "model=llama3_8b", "estimate.gpu_memory=80GB"],
         capture_output=True,
         text=True,
         cwd=REPO,
-        env={**env, "HF_HUB_OFFLINE": "1"},
+        env=env,
         timeout=60,
     )
     assert proc.returncode in (0, 1), proc.stderr
@@ -268,7 +251,7 @@ def test_importing_components_peft_is_cheap() -> None:
     ],
     ids=["plus-lr", "yaml-option", "yaml-experiment", "auto-nan"],
 )
-def test_cli_probe_is_refused_before_load(tmp_path: Path, args: list[str], needle: str) -> None:
+def test_cli_probe_is_refused_before_load(hydratune, tmp_path: Path, args: list[str], needle: str) -> None:
     """Through a real Hydra job: the job's own config groups (``+lr`` is none of them), a malformed option
     file Hydra itself reads, an experiment file hydratune reads before Hydra."""
     bad = "# @package _global_\noptimizer:\n  lr: [1\n  x: 2\n"
@@ -281,14 +264,15 @@ def test_cli_probe_is_refused_before_load(tmp_path: Path, args: list[str], needl
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
-def test_cli_file_size_limit_is_refused_before_load(tmp_path: Path) -> None:
+def test_cli_file_size_limit_is_refused_before_load(hydratune, tmp_path: Path) -> None:
     """``ulimit -f 1024`` (1 MiB): the tiny model's checkpoint has larger files; refused in mode=plan."""
-    proc = hydratune("mode=plan", cwd=tmp_path, prefix="ulimit -f 1024;")
+    limit = "import resource; resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))"  # ulimit -f 1024
+    proc = hydratune("mode=plan", cwd=tmp_path, prelude=limit)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "per-file size limit (ulimit -f)" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_report_lists_a_refused_sweep_point(tmp_path: Path) -> None:
+def test_report_lists_a_refused_sweep_point(hydratune, tmp_path: Path) -> None:
     """A basic sweep goes on past a refused point, exits 2, and the report has a row saying why."""
     from components.commands.report import write_report
 
@@ -301,7 +285,9 @@ def test_report_lists_a_refused_sweep_point(tmp_path: Path) -> None:
     assert "[train.max_steps] must be" in rows[0]["error"] and "points failed" in markdown
 
 
-def test_a_misspelt_reward_beside_the_experiment_file_and_a_dead_url_exit_2_in_plan(tmp_path) -> None:
+def test_a_misspelt_reward_beside_the_experiment_file_and_a_dead_url_exit_2_in_plan(
+    hydratune, tmp_path
+) -> None:
     experiments = tmp_path / "myconf" / "experiment"
     experiments.mkdir(parents=True)
     (experiments / "exp_rewards_b.py").write_text(USER_REWARDS)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,10 +25,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "runs_ede340f"
 FROM_RUN = ("generate", "best_of_n", "eval")
 
 
-def hydratune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "recipes", *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+def succeeds(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -65,19 +61,19 @@ def assert_same_weights(got: Path, want: Path) -> None:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
 
 
-def test_an_earlier_sft_run_resumes_to_the_weights_it_reached(tmp_path: Path) -> None:
+def test_an_earlier_sft_run_resumes_to_the_weights_it_reached(hydratune, tmp_path: Path) -> None:
     """Steps 4-6 from the old checkpoint-3 end at the weights the old run reached after step 6."""
     old = copied(tmp_path, "sft")
-    out = hydratune(f"resume={old / 'checkpoints' / 'checkpoint-3'}", cwd=tmp_path)
+    out = succeeds(hydratune(f"resume={old / 'checkpoints' / 'checkpoint-3'}", cwd=tmp_path))
     new = new_run_dir(out.stdout)
     assert "steps 4 to 6" in json.loads((new / "result.json").read_text())["run"]["train_loss covers"]
     assert_same_weights(new / "final" / "model.safetensors", old / "final" / "model.safetensors")
 
 
-def test_an_earlier_ppo_run_resumes_to_the_weights_it_reached(tmp_path: Path) -> None:
+def test_an_earlier_ppo_run_resumes_to_the_weights_it_reached(hydratune, tmp_path: Path) -> None:
     """Iterations 3-4 from the old loop checkpoint-2 end at the old run's policy and value head."""
     old = copied(tmp_path, "ppo")
-    out = hydratune(f"resume={old / 'checkpoints' / 'checkpoint-2'}", cwd=tmp_path)
+    out = succeeds(hydratune(f"resume={old / 'checkpoints' / 'checkpoint-2'}", cwd=tmp_path))
     new = new_run_dir(out.stdout)
     steps = [json.loads(line)["step"] for line in (new / "metrics.jsonl").read_text().splitlines()]
     assert steps == [3, 4]
@@ -85,9 +81,9 @@ def test_an_earlier_ppo_run_resumes_to_the_weights_it_reached(tmp_path: Path) ->
         assert_same_weights(new / "final" / name, old / "final" / name)
 
 
-def test_an_earlier_run_replays_with_the_losses_it_logged(tmp_path: Path) -> None:
+def test_an_earlier_run_replays_with_the_losses_it_logged(hydratune, tmp_path: Path) -> None:
     old = copied(tmp_path, "sft")
-    out = hydratune("replay", str(old), "train.save_every=0", cwd=tmp_path)
+    out = succeeds(hydratune("replay", str(old), "train.save_every=0", cwd=tmp_path))
     got, want = losses(new_run_dir(out.stdout)), losses(old)
     assert set(got) == set(want) and got == pytest.approx(want, abs=1e-4)
 

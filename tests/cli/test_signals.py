@@ -20,11 +20,11 @@ from components.config.errors import EXIT_INTERRUPTED
 from components.runtime.checkpoint import checkpoints_in, verify
 from components.runtime.feed import TRACE
 from components.runtime.streamprep import POSITION_FILE
-from tests.conftest import REPO
-from tests.integration.test_resume_safety import SIGNALLED, STEPS, cli, signalled
+from tests.integration.test_resume_safety import STEPS, signalled
+from tests.integration.test_streaming import RUN as STREAMED
 from tests.integration.test_streaming import chat, same_weights, write_jsonl
 from tests.multiproc.test_reliability import RUN, final_model
-from tests.support.cli import finish, start, wait_for_step
+from tests.support.cli import finish, in_process, start, wait_for_step
 
 SECRETS = {
     "HF_TOKEN": "hf_SeCrEt0123456789abcdef",
@@ -143,32 +143,46 @@ def test_no_secret_from_the_environment_reaches_the_run_dir(tmp_path: Path) -> N
             assert secret.encode() not in blob, f"{name} leaked into {path}"
 
 
-def test_sigterm_before_the_first_step_leaves_no_run_dir(tmp_path) -> None:
+def test_sigterm_before_the_first_step_leaves_no_run_dir(hydratune, tmp_path) -> None:
     run = tmp_path / "outputs" / "day" / "early"
     proc = signalled(
-        tmp_path, "components.runtime.session.Session:build_model", *STEPS, f"hydra.run.dir={run}"
+        hydratune, tmp_path, "components.runtime.session.Session:build_model", *STEPS, f"hydra.run.dir={run}"
     )
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
     assert "SIGTERM before training started" in proc.stderr
     assert not run.exists() and not (tmp_path / "outputs").exists()
 
 
+#: a prelude (tests/support/cli.py): the command sends itself SIGTERM when the feed hands out micro-batch 7
+SIGTERM_AT_BATCH_7 = """
+import os, signal
+from components.runtime import feed
+real, at = feed.Feed.collate, 7
+def collate(self, collator):
+    inner, calls = real(self, collator), []
+    def hooked(examples):
+        calls.append(1)
+        if len(calls) == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return inner(examples)
+    return hooked
+feed.Feed.collate = collate
+"""
+
+
 def test_a_stream_stopped_by_sigterm_resumes_on_the_same_rows_to_the_same_weights(
-    tmp_path, monkeypatch
+    hydratune, tmp_path, monkeypatch
 ) -> None:
     """SIGTERM while the 7th micro-batch is handed out (step 4 of 8, inside the first pass, mid-window):
     the run checkpoints step 4 with its stream position and exits 75; resumed, it trains on exactly the
     rows the uninterrupted run trains on in steps 5-8 (its trace), and ends with the same weights."""
     path = write_jsonl(tmp_path / "rows.jsonl", [chat(i) for i in range(40)])
-    common = [*RUN, f"data.path={path}", f"data.eval_path={path}"]
+    common = [*STREAMED, f"data.path={path}", f"data.eval_path={path}"]
     stopped, straight = tmp_path / "stopped", tmp_path / "straight"
     for name in ("t_stopped", "t_resumed", "t_straight"):
         (tmp_path / name).mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), TRACE: str(tmp_path / "t_stopped")}
-    proc = subprocess.run(
-        [sys.executable, "-c", SIGNALLED, "7", *common, f"hydra.run.dir={stopped}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    env = {TRACE: str(tmp_path / "t_stopped")}
+    proc = hydratune(*common, f"hydra.run.dir={stopped}", cwd=tmp_path, env=env, prelude=SIGTERM_AT_BATCH_7)
     assert proc.returncode == EXIT_INTERRUPTED, proc.stderr[-3000:]
     assert "SIGTERM" in proc.stderr and f"resume={stopped}" in proc.stderr
     checkpoint = stopped / "checkpoints" / "checkpoint-4"
@@ -176,9 +190,9 @@ def test_a_stream_stopped_by_sigterm_resumes_on_the_same_rows_to_the_same_weight
     assert position["trained"] == 32 and position["next"] == 32 % 24  # mid-window
 
     monkeypatch.setenv(TRACE, str(tmp_path / "t_resumed"))
-    cli(f"resume={stopped}", f"hydra.run.dir={tmp_path / 'resumed'}")
+    in_process(f"resume={stopped}", f"hydra.run.dir={tmp_path / 'resumed'}")
     monkeypatch.setenv(TRACE, str(tmp_path / "t_straight"))
-    cli(*common, f"hydra.run.dir={straight}")
+    in_process(*common, f"hydra.run.dir={straight}")
 
     reference = traced(tmp_path / "t_straight")
     assert len(reference) == 64 and {r["epoch"] for r in reference} == {0, 1}  # a pass and a half

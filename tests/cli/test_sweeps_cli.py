@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import group_options
-from tests.integration.test_tracking import SHORT, hydratune
+from tests.integration.test_tracking import SHORT
 
 
-def test_report_of_a_two_point_sweep(tmp_path: Path) -> None:
+def test_report_of_a_two_point_sweep(hydratune, tmp_path: Path) -> None:
     proc = hydratune("-m", "optimizer.lr=1e-3,3e-3", *SHORT, "data.max_samples=64", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (sweep,) = tmp_path.glob("multirun/*/*")
@@ -24,14 +24,14 @@ def test_report_of_a_two_point_sweep(tmp_path: Path) -> None:
     assert len(csv_rows) == 3 and csv_rows[0].startswith("job,overrides")
 
 
-def test_ls_lists_every_option(tmp_path: Path) -> None:
+def test_ls_lists_every_option(hydratune, tmp_path: Path) -> None:
     proc = hydratune("ls", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     for group, option in group_options():
         assert f"\n  {option} " in proc.stdout or f"\n  {option}\n" in proc.stdout, (group, option)
 
 
-def test_own_recipe_file_from_any_path(tmp_path: Path) -> None:
+def test_own_recipe_file_from_any_path(hydratune, tmp_path: Path) -> None:
     mine = tmp_path / "my_recipes" / "experiment"
     mine.mkdir(parents=True)
     (mine / "my_lora.yaml").write_text(

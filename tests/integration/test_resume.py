@@ -5,11 +5,7 @@ them (components/runtime/resume.py, components/config/trust.py)."""
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,17 +15,8 @@ from components.config.errors import ConfigError
 from components.runtime.checkpoint import checkpoints_in, mark_complete
 from components.runtime.resume import point, resolve
 from tests.conftest import save_like_hydra
+from tests.support.cli import in_process
 from tests.support.runs import fake_run
-
-
-def cli(*args: str) -> None:
-    """The hydratune command, in this process (after the test composed its configs)."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    from recipes.cli import main
-
-    GlobalHydra.instance().clear()
-    main(list(args))
 
 
 def resuming(compose_cfg: Callable[..., DictConfig], *overrides: str, resume: Any = True) -> DictConfig:
@@ -60,7 +47,7 @@ def test_a_lora_run_is_never_continued_by_a_full_fine_tune(
     day = tmp_path / "outputs" / "day"
     fake_run(day / "lora", compose_cfg("peft=lora"))
     with pytest.raises(SystemExit) as code:
-        cli("resume=true", f"hydra.run.dir={day / 'full'}")
+        in_process("resume=true", f"hydra.run.dir={day / 'full'}")
     err = capsys.readouterr().err
     assert code.value.code == 2, err
     assert "[resume]" in err and "peft._target_" in err and "LoRA" in err
@@ -87,7 +74,9 @@ def test_each_multirun_point_resumes_its_own_point(compose_cfg, tmp_path, monkey
 
     monkeypatch.setattr(SFT, "run", train)
     second = tmp_path / "multirun" / "day" / "t2"
-    cli("-m", "optimizer.lr=1e-3,2e-3", "train.max_steps=6,8", "resume=true", f"hydra.sweep.dir={second}")
+    in_process(
+        "-m", "optimizer.lr=1e-3,2e-3", "train.max_steps=6,8", "resume=true", f"hydra.sweep.dir={second}"
+    )
     own = {lr: str(first / lr / "checkpoints" / "checkpoint-2") for lr in ("0", "1")}
     assert resumed == {"0": own["0"], "1": own["0"], "2": own["1"], "3": own["1"]}
 
@@ -117,7 +106,7 @@ def test_a_bad_resume_path_fails_before_load(compose_cfg, tmp_path, monkeypatch,
 
     monkeypatch.setattr(CausalLM, "build", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(SystemExit) as code:
-        cli(f"resume={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path / 'outputs' / 'day' / 'new'}")
+        in_process(f"resume={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path / 'outputs' / 'day' / 'new'}")
     assert code.value.code == 2
     assert "nothing to resume from" in capsys.readouterr().err
 
@@ -143,12 +132,6 @@ def test_resume_true_continues_the_matching_trained_run(run_recipe) -> None:
     resumed, _ = run_recipe(*steps[1:], "train.max_steps=3", "optimizer.lr=1e-3", "resume=true", name="c")
     assert resumed.cfg.resume == str(checkpoints_in(first.run_dir.path)[-1])
     assert [r["step"] for r in resumed.run_dir.read_metrics() if "loss" in r] == [3]
-
-
-def hydratune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "recipes", *args]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_a_config_target_outside_hydratune_is_never_built(compose_cfg, tmp_path) -> None:
@@ -179,7 +162,7 @@ def test_replay_of_a_run_dir_with_a_foreign_target_runs_nothing(compose_cfg, tmp
     cfg.hydra = {"callbacks": {"evil": {"_target_": "os.system", "_args_": [f"touch {marker}"]}}}
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
     with pytest.raises(SystemExit) as code:
-        cli("replay", str(run), "mode=plan")
+        in_process("replay", str(run), "mode=plan")
     assert code.value.code == 2 and "hydra.callbacks.evil._target_" in capsys.readouterr().err
     assert not marker.exists()
 
@@ -191,6 +174,6 @@ def test_an_experiment_file_cannot_have_hydra_build_a_foreign_callback(tmp_path,
     text = "# @package _global_\n" + OmegaConf.to_yaml(OmegaConf.create(evil))
     (tmp_path / "experiment" / "shared.yaml").write_text(text)
     with pytest.raises(SystemExit) as code:
-        cli("--config-dir", str(tmp_path), "+experiment=shared", "mode=plan")
+        in_process("--config-dir", str(tmp_path), "+experiment=shared", "mode=plan")
     assert code.value.code == 2 and "hydra.callbacks.evil._target_" in capsys.readouterr().err
     assert not marker.exists()

@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from components.config.errors import ConfigError
 from components.runtime.checkpoint import checkpoints_in, mark_complete, resolve_resume
 from components.runtime.resume import resolve
 from tests.conftest import REPO, save_like_hydra
+from tests.support.cli import Warm, in_process
 
 STEPS = [
     "train.max_steps=3",
@@ -33,33 +33,18 @@ STEPS = [
     "train.write_plots=false",
 ]
 
-#: the CLI with one hook: ``HOOK`` (a dotted attribute) sends this process SIGTERM before running
-SIGNALLED = """
-import os, signal, sys, importlib
-module, name = sys.argv[1].rsplit(".", 1)
-owner = importlib.import_module(module)
-path = name.split(":")
-if len(path) == 2:
-    owner, name = getattr(owner, path[0]), path[1]
-real = getattr(owner, name)
-def hooked(*args, **kwargs):
-    os.kill(os.getpid(), signal.SIGTERM)
-    return real(*args, **kwargs)
-setattr(owner, name, hooked)
-from recipes.cli import main
-main(sys.argv[2:])
-"""
 
-
-def signalled(cwd: Path, hook: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI in a subprocess that sends itself SIGTERM when ``hook`` is called."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-c", SIGNALLED, hook, *args]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+def signalled(hydratune: Warm, cwd: Path, hook: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The command, sending itself SIGTERM when ``hook`` (``module.attr``) is called."""
+    return hydratune(
+        *args, cwd=cwd, prelude=f"from tests.support.cli import sigterm_on; sigterm_on({hook!r})"
+    )
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+def shared(
+    hydratune: Warm, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
     """(run dir, its data file, the finished process): SFT on a copy of the demo data, SIGTERM while
     final/ is written."""
     root = tmp_path_factory.mktemp("safety")
@@ -67,6 +52,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subpro
     shutil.copy(REPO / "components" / "assets" / "demo" / "sft_train.jsonl", data)
     run = root / "outputs" / "day" / "first"
     proc = signalled(
+        hydratune,
         root,
         "components.runtime.session.save_final",
         *STEPS,
@@ -80,15 +66,6 @@ def copy_of(run: Path, tmp_path: Path) -> Path:
     dest = tmp_path / "outputs" / "day" / run.name
     shutil.copytree(run, dest)
     return dest
-
-
-def cli(*args: str) -> None:
-    from hydra.core.global_hydra import GlobalHydra
-
-    from recipes.cli import main
-
-    GlobalHydra.instance().clear()
-    main(list(args))
 
 
 def test_a_signal_during_the_final_save_finishes_it(shared) -> None:
@@ -149,7 +126,7 @@ def test_resuming_on_edited_data_is_refused_naming_the_file(shared, tmp_path, co
 
 def test_mode_plan_runs_the_resume_checks(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as code:
-        cli("mode=plan", f"resume={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path / 'plan'}")
+        in_process("mode=plan", f"resume={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path / 'plan'}")
     assert code.value.code == 2 and "nothing to resume from" in capsys.readouterr().err
 
 
@@ -163,12 +140,12 @@ def test_a_run_dir_holding_a_run_is_only_resumed(shared, tmp_path, monkeypatch, 
     ran: list[Any] = []
     monkeypatch.setattr(SFT, "run", lambda self, ctx: ran.append(ctx.cfg.resume))
     with pytest.raises(SystemExit) as code:
-        cli(*STEPS, f"data.path={shared[1]}", f"hydra.run.dir={run}")
+        in_process(*STEPS, f"data.path={shared[1]}", f"hydra.run.dir={run}")
     err = capsys.readouterr().err
     assert code.value.code == 2 and not ran, err
     assert "[hydra.run.dir]" in err and str(run) in err and f"resume={run}" in err
     assert (run / ".hydra" / "config.yaml").read_text() == saved
-    cli(f"resume={run}", f"hydra.run.dir={run}")
+    in_process(f"resume={run}", f"hydra.run.dir={run}")
     assert ran == [str(run / "checkpoints" / "checkpoint-3")]
 
 
@@ -185,7 +162,7 @@ def test_resuming_from_the_last_steps_checkpoint_trains_no_step(shared, run_reci
 
 def test_a_group_option_on_top_of_resume_is_one_error(shared, capsys) -> None:
     with pytest.raises(SystemExit) as code:
-        cli(f"resume={shared[0]}", "peft=lora")
+        in_process(f"resume={shared[0]}", "peft=lora")
     err = capsys.readouterr().err
     assert code.value.code == 2 and "[peft]" in err and "Traceback" not in err
 
@@ -252,7 +229,7 @@ def test_a_killed_sweep_resumes_every_point_from_its_own_run(compose_cfg, tmp_pa
         fake_run(killed / str(num), compose_cfg(f"optimizer.lr={lr}"), [f"optimizer.lr={lr}"], age=10 - num)
     resumed: dict[str, Any] = {}
     monkeypatch.setattr(SFT, "run", lambda self, ctx: resumed.update({ctx.run_dir.path.name: ctx.cfg.resume}))
-    cli(
+    in_process(
         "-m",
         f"optimizer.lr={','.join(lrs)}",
         "resume=true",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -100,18 +99,6 @@ def checked(compose_cfg: Any, *overrides: str) -> Any:
     comps = Components.from_config(cfg)
     check_before_load(cfg, comps)
     return comps
-
-
-def hydratune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "recipes", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 # ---- a user's own reward function --------------------------------------------------------------------

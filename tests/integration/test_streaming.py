@@ -24,6 +24,7 @@ from components.row_stream import PROBE, STREAM, Position, open_stream
 from components.runtime.feed import Place, Windows
 from components.runtime.streamprep import POSITION_FILE, check_positions
 from tests.conftest import REPO
+from tests.support.cli import in_process
 
 QUICK = ["train.eval_generations=0", "train.write_plots=false", "train.log_every=1"]
 #: a streaming run small enough to stop, resume and repeat: 40 rows, windows of 24 (they straddle the end
@@ -339,21 +340,12 @@ def test_resuming_with_another_number_of_processes_is_refused(tmp_path: Path) ->
     assert err.value.key == "resume"
 
 
-def cli(*args: str) -> None:
-    from hydra.core.global_hydra import GlobalHydra
-
-    from recipes.cli import main
-
-    GlobalHydra.instance().clear()
-    main(list(args))
-
-
 def test_plan_checks_only_the_first_rows_and_says_so(tmp_path: Path, capsys, monkeypatch) -> None:
     from components.model import CausalLM
 
     monkeypatch.setattr(CausalLM, "build", lambda *a, **k: pytest.fail("a model was loaded"))
     path = write_jsonl(tmp_path / "big.jsonl", [chat(i) for i in range(PROBE + 5)])
-    cli(
+    in_process(
         "mode=plan",
         "data.streaming=true",
         "train.max_steps=4",
@@ -369,7 +361,7 @@ def test_plan_checks_only_the_first_rows_and_says_so(tmp_path: Path, capsys, mon
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1 (no DNS retries)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(SystemExit) as code:  # a hub dataset, streamed: offline, refused before load, named
-        cli(
+        in_process(
             "mode=plan",
             "data.streaming=true",
             "train.max_steps=4",
@@ -385,24 +377,7 @@ def test_plan_checks_only_the_first_rows_and_says_so(tmp_path: Path, capsys, mon
     assert "Traceback" not in err
 
 
-# ---- training ---------------------------------------------------------------------------------------
-#: the CLI, sending itself SIGTERM when the feed hands out micro-batch ``argv[1]`` (once)
-SIGNALLED = """
-import os, signal, sys
-from components.runtime import feed
-real, at = feed.Feed.collate, int(sys.argv[1])
-def collate(self, collator):
-    inner, calls = real(self, collator), []
-    def hooked(examples):
-        calls.append(1)
-        if len(calls) == at:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return inner(examples)
-    return hooked
-feed.Feed.collate = collate
-from recipes.cli import main
-main(sys.argv[2:])
-"""
+# ---- training -----------------------------------------------------------------------------------------
 
 
 def same_weights(a: Path, b: Path) -> None:
@@ -433,11 +408,11 @@ def test_a_packed_stream_resumes_to_the_same_weights(tmp_path, monkeypatch) -> N
 
     monkeypatch.setattr(feed.Feed, "collate", collate)
     with pytest.raises(SystemExit) as code:
-        cli(*common, f"hydra.run.dir={tmp_path / 'stopped'}")
+        in_process(*common, f"hydra.run.dir={tmp_path / 'stopped'}")
     assert code.value.code == EXIT_INTERRUPTED
     monkeypatch.setattr(feed.Feed, "collate", real)
-    cli(f"resume={tmp_path / 'stopped'}", f"hydra.run.dir={tmp_path / 'resumed'}")
-    cli(*common, f"hydra.run.dir={tmp_path / 'straight'}")
+    in_process(f"resume={tmp_path / 'stopped'}", f"hydra.run.dir={tmp_path / 'resumed'}")
+    in_process(*common, f"hydra.run.dir={tmp_path / 'straight'}")
     same_weights(tmp_path / "straight", tmp_path / "resumed")
     assert "packed rows trained" in (tmp_path / "resumed" / "summary.md").read_text()
 

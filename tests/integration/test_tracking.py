@@ -3,25 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 SHORT = ["train.max_steps=6", "train.log_every=1", "train.micro_batch_size=8", "train.eval_generations=0"]
-
-
-def hydratune(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "recipes", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def test_wandb_offline_run_holds_the_loss_series(run_recipe, monkeypatch) -> None:

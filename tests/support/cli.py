@@ -1,13 +1,17 @@
-"""The one way tests run the ``hydratune`` command: one environment policy, one timeout, two kinds of process.
+"""The one way tests run the ``hydratune`` command: one environment policy, one timeout, three kinds of run.
 
-- :func:`fresh`: a new interpreter (``python -m recipes``), as a user starts it. For the tests whose point is
-  the process itself: start-up imports, the thread policy read as torch loads, signals at start-up.
-- :class:`Warm`: a server that imported the heavy libraries once forks a child per command. The child is its
-  own process (exit code, output on fds 1 and 2, cwd, environment, module state, its own process group), so
-  a test sees what a user sees, without the ~8 s of imports per command. For every other check of a
-  command's exit code, output or run dir.
+- :class:`Warm` (the session fixture ``hydratune`` in tests/conftest.py): a server that imported the heavy
+  libraries once forks a child per command. The child is its own process (exit code, output on fds 1 and 2,
+  cwd, environment, ``sys.path[0]`` = its cwd as ``python -m`` sets it, module state, its own process group),
+  so a test sees what a user sees, without the ~8 s of imports a new interpreter pays. For every check of a
+  command's exit code, output or run dir where the process start-up is not the point.
+- :func:`fresh` / :func:`start`: a new interpreter (``python -m recipes``), as a user starts it: for the tests
+  whose point is the process itself (start-up imports, the thread policy torch reads as it loads, signals
+  sent to a running command, the installed entry point).
+- :func:`in_process`: ``recipes.cli.main`` in the test's own process (the launcher's workers still start
+  their own), for tests that patch hydratune's code before running the command.
 
-Both return a :class:`subprocess.CompletedProcess` (``returncode``, ``stdout``, ``stderr``).
+Every command a test starts gets :func:`child_env` and at most :data:`TIMEOUT` seconds.
 """
 
 from __future__ import annotations
@@ -97,9 +101,38 @@ def wait_for_step(cwd: Path, step: int, proc: subprocess.Popen[str], timeout: fl
     raise AssertionError("training never reached the step")
 
 
+def in_process(*args: str) -> None:
+    """``hydratune *args`` in this process (after a test composed its own configs: Hydra is reset first)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from recipes.cli import main
+
+    GlobalHydra.instance().clear()
+    main(list(args))
+
+
+def sigterm_on(hook: str) -> None:
+    """Make ``hook`` (``module.attr`` or ``module.Class:attr``) send this process SIGTERM when it is called
+    (a :class:`Warm` prelude: the signal lands exactly there)."""
+    import importlib
+
+    module, name = hook.rsplit(".", 1)
+    owner: Any = importlib.import_module(module)
+    if ":" in name:
+        attr, name = name.split(":")
+        owner = getattr(owner, attr)
+    real = getattr(owner, name)
+
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    setattr(owner, name, hooked)
+
+
 class Warm:
-    """``hydratune`` commands forked from one warm server (see the module doc). ``Warm()`` starts it;
-    ``close()`` stops it. One command at a time."""
+    """``hydratune`` commands forked from one warm server (see the module doc). One command at a time;
+    :meth:`close` stops the server."""
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
@@ -121,18 +154,21 @@ class Warm:
         env: dict[str, str] | None = None,
         timeout: float = TIMEOUT,
         input: str | None = None,
+        prelude: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """``hydratune *args`` in a forked child (:class:`subprocess.TimeoutExpired` past ``timeout``)."""
+        """``hydratune *args`` in a forked child; ``prelude``: Python run in the child first (a hook, a
+        resource limit). Raises :class:`subprocess.TimeoutExpired` past ``timeout``."""
         with self.lock:
             self.count += 1
+            files = {k: str(self.scratch / f"{self.count}.{k}") for k in ("out", "err", "in")}
             request = {
                 "args": list(args),
                 "cwd": str(cwd),
                 "env": child_env(env),
                 "timeout": timeout,
                 "input": input,
-                "out": str(self.scratch / f"{self.count}.out"),
-                "err": str(self.scratch / f"{self.count}.err"),
+                "prelude": prelude,
+                **files,
             }
             assert self.proc.stdin is not None and self.proc.stdout is not None
             self.proc.stdin.write(json.dumps(request) + "\n")
@@ -141,9 +177,9 @@ class Warm:
             if not line:
                 raise RuntimeError(f"the warm hydratune server died (exit {self.proc.wait()})")
             answer = json.loads(line)
-            out, err = (Path(request[k]).read_text(errors="replace") for k in ("out", "err"))
-            for k in ("out", "err"):
-                Path(request[k]).unlink()
+            out, err = (Path(files[k]).read_text(errors="replace") for k in ("out", "err"))
+            for path in files.values():
+                Path(path).unlink(missing_ok=True)
             if answer["timed_out"]:
                 raise subprocess.TimeoutExpired(["hydratune", *args], timeout, out, err)
             return subprocess.CompletedProcess(["hydratune", *args], answer["rc"], out, err)
@@ -163,8 +199,8 @@ class Warm:
 
 # --- the server (python -m tests.support.cli --serve) ------------------------------------------------------
 def _serve() -> None:
-    """Import what every command imports, then fork one child per request line (JSON) on stdin; answer
-    ``{"rc", "timed_out"}`` on stdout once the child and its process group are gone."""
+    """Import what the commands import, then fork one child per request line (JSON) on stdin; answer
+    ``{"rc", "timed_out"}`` on stdout once the child and what it left in its process group are gone."""
     import accelerate  # noqa: F401
     import datasets  # noqa: F401
     import peft  # noqa: F401
@@ -173,18 +209,17 @@ def _serve() -> None:
     import trl  # noqa: F401
 
     import components.runtime.run  # noqa: F401
-    import recipes.cli  # noqa: F401  (the CLI, and with it hydra, omegaconf)
+    import recipes.cli  # noqa: F401
 
-    protocol = sys.stdout
     for line in sys.stdin:
         request = json.loads(line)
-        protocol.flush()
+        sys.stdout.flush()
         pid = os.fork()
         if pid == 0:
             _child(request)  # never returns
         rc, timed_out = _wait(pid, request["timeout"])
-        protocol.write(json.dumps({"rc": rc, "timed_out": timed_out}) + "\n")
-        protocol.flush()
+        sys.stdout.write(json.dumps({"rc": rc, "timed_out": timed_out}) + "\n")
+        sys.stdout.flush()
 
 
 def _wait(pid: int, timeout: float) -> tuple[int, bool]:
@@ -207,15 +242,14 @@ def _kill_group(pgid: int) -> None:
 
 
 def _child(request: dict[str, Any]) -> None:
-    """In the forked child: become the command (own process group, cwd, environment, argv, fds)."""
+    """In the forked child: become the command (own process group, cwd, environment, argv, fds), run it."""
     code = 1
     try:
         os.setpgid(0, 0)
         stdin = os.open(os.devnull, os.O_RDONLY)
         if request["input"] is not None:
-            stdin = os.open(request["out"] + ".in", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.write(stdin, request["input"].encode())
-            os.lseek(stdin, 0, os.SEEK_SET)
+            Path(request["in"]).write_text(request["input"])
+            stdin = os.open(request["in"], os.O_RDONLY)
         os.dup2(stdin, 0)
         for fd, path in ((1, request["out"]), (2, request["err"])):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
@@ -223,25 +257,31 @@ def _child(request: dict[str, Any]) -> None:
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
         os.chdir(request["cwd"])
+        sys.path[0] = request["cwd"]  # what `python -m recipes` puts first: the user's modules beside them
         os.environ.clear()
         os.environ.update(request["env"])
-        args = request["args"]
-        sys.argv = ["hydratune", *args]
+        sys.argv = ["hydratune", *request["args"]]
+        if request["prelude"]:
+            exec(request["prelude"], {"__name__": "__prelude__"})
         from recipes.cli import main
 
         try:
-            main(args)
+            main(list(request["args"]))
             code = 0
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
             if isinstance(stop.code, str):
                 print(stop.code, file=sys.stderr)
-    except BaseException:  # reported as the command's failure, like an uncaught exception would be
+    except BaseException:  # reported as the command's failure, as an uncaught exception would be
         import traceback
 
         traceback.print_exc()
         code = 1
     finally:
+        import atexit
+
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()  # what an interpreter runs at exit (logging's flush, trackers' close)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()

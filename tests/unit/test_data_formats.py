@@ -8,8 +8,6 @@ an UltraFeedback-binarized row with its extra columns, HH-RLHF transcripts)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -182,12 +180,6 @@ def test_the_readme_form_of_data_columns_composes_in_every_data_option(compose_c
 
     with pytest.raises(ConfigCompositionException):
         compose_cfg("data.colums={messages: a}")  # a misspelt knob still fails at compose time
-
-
-def hydratune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "recipes", *args], cwd=cwd, capture_output=True, text=True, timeout=180
-    )
 
 
 def test_column_hints_show_the_one_documented_form(tmp_path: Path) -> None:

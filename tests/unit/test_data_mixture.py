@@ -5,8 +5,6 @@ the summary and ``mode=plan`` give the rows taken from each. Bad entries are ref
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -163,9 +161,3 @@ def test_errors_at_load_name_the_entry(tmp_path: Path) -> None:
     assert err.key == "data.mixture[1].format" and "same kind of rows" in str(err)
     err = error(ChatDataset(path="", mixture=[{"path": b, "weight": 1.0, "columns": {"messages": "x"}}]).load)
     assert err.key == "data.mixture[0].columns", str(err)
-
-
-def hydratune(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "recipes", *args], capture_output=True, text=True, cwd=REPO, timeout=300
-    )

@@ -12,8 +12,6 @@ import errno
 import json
 import math
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -513,14 +511,6 @@ def test_a_real_file_size_limit_during_a_save_is_a_named_error(tmp_path: Path, w
 
 
 # ---- the CLI: exit 2, one paragraph, no traceback (mode=plan: nothing is loaded) ------------------------
-
-
-def hydratune(*args: str, cwd: Path, prefix: str = "") -> subprocess.CompletedProcess[str]:
-    command = " ".join([prefix, f"'{sys.executable}'", "-m", "recipes", *(f"'{a}'" for a in args)])
-    env = {k: v for k, v in os.environ.items() if k != "HT_PROBE_UNSET"}
-    return subprocess.run(
-        ["bash", "-c", command], cwd=cwd, capture_output=True, text=True, env=env, timeout=300
-    )
 
 
 def test_unset_environment_variable_refused_before_build(compose_cfg, monkeypatch) -> None:
