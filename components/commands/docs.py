@@ -1,7 +1,7 @@
 """``hydratune docs [--check]``: the documentation tables derived from conf/ and the components, written into
-the checkout (README.md's option lists, docs/strategies.md's strategy table, docs/matrix.md). A new option is
-its YAML file: this command puts it in the docs, and ``tests/test_options.py`` fails while the committed docs
-disagree.
+the checkout (README.md's option lists, docs/strategies.md's strategy table, docs/matrix.md). A new option
+is its YAML file: this command puts it in the docs, and ``tests/unit/test_options.py`` fails while the
+committed docs disagree.
 
 README.md and docs/strategies.md hold the generated parts between markers, so the prose around them stays
 hand-written::

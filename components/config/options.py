@@ -7,7 +7,8 @@ the support matrix, ``hydratune ls`` / ``--help``, and the tests that hold the R
 
 :func:`node` composes an option as Hydra does (its schema's defaults under the YAML's keys, interpolations
 left as written) without starting Hydra: a few milliseconds for a group, so ``hydratune estimate`` stays
-fast. ``tests/test_options.py`` checks it against Hydra's own composition for every option of every group.
+fast. ``tests/unit/test_options.py`` checks it against Hydra's own composition for every option of every
+group.
 """
 
 from __future__ import annotations

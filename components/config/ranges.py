@@ -13,8 +13,8 @@ The range is the field's metadata. A subclass that redeclares a field only for a
 (``lr: float = 1e-3``) keeps its base's range (:func:`range_of` reads the class's bases); one that declares
 ``knob`` again has its own. The schema Hydra composes with (``registry.schema_of``) carries it, and
 :func:`check_values` walks the composed config and refuses, naming the key and the range, any value outside
-it and any non-finite float. ``tests/test_value_probes.py`` fails when a numeric field declares no range, and
-when a component's own checks refuse a value its declared range allows.
+it and any non-finite float. ``tests/unit/test_value_probes.py`` fails when a numeric field declares no
+range, and when a component's own checks refuse a value its declared range allows.
 """
 
 from __future__ import annotations

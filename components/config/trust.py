@@ -390,7 +390,7 @@ def guarded_compositions(granted: Grants) -> Iterator[None]:
     """Check every config Hydra composes in this block (the run's, each sweep point's, ``estimate``'s)
     with :func:`check_composed` as it is composed: before Hydra configures logging, builds callbacks,
     sets ``env_set`` or launches anything. Hydra composes through ``ConfigLoaderImpl.load_configuration``
-    (pinned by tests/test_trust_probes.py)."""
+    (pinned by tests/unit/test_trust_probes.py)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     original = ConfigLoaderImpl.load_configuration

@@ -25,7 +25,7 @@ Model states (Φ parameters, N data-parallel ranks, mixed-precision Adam: 2 byte
 
 plus the fp32 gradient copy at the step (4Φ/N; ZeRO-3: 4·min(sub_group_size, Φ/N)), ZeRO-3's gathered
 modules and ZeRO++ hpZ's secondary copy (2Φ/hpz). Under ``offload_optimizer`` DeepSpeed keeps the
-gradients on the host (docs/memory.md cites its code); ``tests/test_estimate.py`` checks all of this
+gradients on the host (docs/memory.md cites its code); ``tests/unit/test_estimate.py`` checks all of this
 against DeepSpeed's own estimators or its code's allocation.
 
 Activations per layer per token follow what autograd actually saves in a Llama-style block (RMSNorm

@@ -2,9 +2,10 @@
 assembled from (:func:`hydratune_trainer`).
 
 Three of the hooks are private methods that transformers offers no public alternative for; each is listed
-in :data:`PRIVATE_OVERRIDES` with the signature it was written against, and ``tests/test_trainer_hooks.py``
-fails loudly when the installed transformers changes a signature or stops calling one of them (an override
-that silently stops being called would lose atomic checkpoints, token counts or the fp16 scaler knobs):
+in :data:`PRIVATE_OVERRIDES` with the signature it was written against, and
+``tests/unit/test_trainer_hooks.py`` fails loudly when the installed transformers changes a signature or
+stops calling one of them (an override that silently stops being called would lose atomic checkpoints,
+token counts or the fp16 scaler knobs):
 
 - ``_save_checkpoint(model, trial)``: the whole checkpoint (weights, optimizer, schedule, RNG, trainer
   state) is written into a staging dir and renamed into place when whole (``TrainerCallback.on_save``

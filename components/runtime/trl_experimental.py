@@ -2,7 +2,7 @@
 
 TRL says anything under ``trl.experimental`` may change or go in any release without deprecation. The
 recipes that train on it import it through :func:`experimental` (no warning at every run: the pin is the
-warning), and ``tests/test_unpaired_reference_free.py`` fails loudly when the installed TRL no longer has
+warning), and ``tests/unit/test_unpaired_reference_free.py`` fails loudly when the installed TRL no longer has
 a class, a method with the parameters listed here, or a config field the recipes set; the same file checks
 the losses themselves against the papers' formulas on a hand-computed batch.
 """

@@ -2,8 +2,8 @@
 time, exactly as TRL 1.16's ``SFTTrainer._prepare_dataset`` makes them one row at a time (its tokenizing,
 its label building from ``assistant_masks`` / ``completion_mask``, its truncation to ``max_length`` and its
 dropping of rows left with no trained token; packing is TRL's own ``pack_dataset`` on the result). The
-trainer is then handed the tokens with ``skip_prepare_dataset``; ``tests/test_sft_tokens.py`` compares them
-row by row with what TRL makes of the same rows.
+trainer is then handed the tokens with ``skip_prepare_dataset``; ``tests/unit/test_sft_tokens.py`` compares
+them row by row with what TRL makes of the same rows.
 
 Which mask (:func:`plan_tokens`): TRL's (the template's ``{% generation %}`` markers, or TRL's patched
 training template), hydratune's turn-by-turn mask for any other template, the completion of prompt /

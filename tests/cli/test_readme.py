@@ -15,7 +15,7 @@ across ``\\`` continuations, ``# comments`` dropped). How each runs:
   an unknown file, placeholder or run fails the test saying what to add.
 
 ALLOWLIST holds the commands that cannot run here, with the reason. To save ~8 s of imports per process,
-the commands run one after another in two concurrent worker processes (``python tests/test_readme.py JOBS
+the commands run one after another in two concurrent worker processes (``python tests/cli/test_readme.py JOBS
 OUT``) calling the console entry point ``recipes.cli.main`` with each command's argv, cwd and environment,
 restored after each; a command that fails there is run again alone in a fresh ``python -m recipes``
 process, and that result is the one judged. Commands are collected from README.md and every docs/*.md page
@@ -54,14 +54,15 @@ AS_WRITTEN = {"ls", "list", "estimate", "report", "export"}  # planning cannot s
 AS_WRITTEN_FLAGS = {"--help", "-h", "--cfg", "-c", "--info", "--hydra-help", "-sc", "--shell-completion"}
 
 SUBMITS = (
-    "submits SLURM jobs even with mode=plan (hydra-submitit-launcher, in `.[dev]`, launches every point of a "
-    "multirun through sbatch) and needs a cluster: tests/test_slurm.py runs such jobs on its test cluster"
+    "submits SLURM jobs even with mode=plan (hydra-submitit-launcher, in `.[dev]`, launches every point of "
+    "a multirun through sbatch) and needs a cluster: tests/slurm/test_slurm.py runs such jobs on its test "
+    "cluster"
 )
 # Commands that genuinely cannot run on a CPU host with the dev install, keyed by the command text as written
 # (continuations joined, prompt and comment stripped). Anything not listed here must pass.
 ALLOWLIST: dict[str, str] = {
     "hydratune chat outputs/<date>/<run>": (
-        "interactive: tests/test_after_training.py types into it through a pseudo-terminal"
+        "interactive: tests/integration/test_after_training.py types into it through a pseudo-terminal"
     ),
     "hydratune -m launcher=slurm hydra/launcher=submitit_slurm hydra.launcher.nodes=2 "
     "hydra.launcher.tasks_per_node=8 hydra.launcher.gpus_per_node=8 strategy=zero3 precision=bf16": SUBMITS,

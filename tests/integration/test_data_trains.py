@@ -84,7 +84,7 @@ def test_packed_sft_with_the_default_template(run_recipe, tmp_path: Path) -> Non
 
 def test_bundled_template_keeps_trls_path(run_recipe) -> None:
     ctx, _ = run_recipe(*STEPS, name="markers")
-    # TRL's masks, made by hydratune as TRL makes them (tests/test_sft_tokens.py), handed over as tokens
+    # TRL's masks, made by hydratune as TRL makes them (tests/unit/test_sft_tokens.py), handed over as tokens
     assert ctx.trainer.args.dataset_kwargs == {"skip_prepare_dataset": True}
     assert_assistant_only(ctx)
     assert (

@@ -3,7 +3,8 @@ on any change of the result (a row, the template, the tokenizer, max_length) and
 preparation leaves nothing readable; a damaged entry is never served; rows held memory-mapped, never as
 Python lists; worker processes give the same rows, tokens and errors as one process; the progress line;
 ``hydratune cache ls|clear``; ``mode=plan`` says hit or miss. (Two ranks preparing once is checked in
-tests/test_distributed.py's DDP run; TRL as the oracle of the tokens in tests/test_sft_tokens.py.)"""
+tests/multiproc/test_distributed.py's DDP run; TRL as the oracle of the tokens in
+tests/unit/test_sft_tokens.py.)"""
 
 from __future__ import annotations
 

@@ -181,7 +181,7 @@ def test_c10d_rendezvous_zero2_matches_one_node(tmp_path: Path, references) -> N
 def test_a_node_that_never_comes_is_named_and_a_waiting_node_answers_sigterm(tmp_path: Path) -> None:
     """Node 1 never starts: node 0 gives up after ``launcher.rdzv_timeout`` with exit 2 and one paragraph
     naming the missing node and the endpoint, no traceback (c10d here; the static wording is checked in
-    tests/test_rendezvous.py). A node still waiting at a static rendezvous stops at once on SIGTERM, as
+    tests/unit/test_rendezvous.py). A node still waiting at a static rendezvous stops at once on SIGTERM, as
     before any training (exit 128 + 15), leaving no run dir."""
     ports = {"missing": free_port(), "waiting": free_port()}
     job = [*RUN, "strategy=ddp", "launcher.nnodes=2"]

@@ -423,3 +423,54 @@ def test_every_path_in_architecture_md_exists() -> None:
     assert "components/runtime/run.py" in named and "runtime/pipeline_loop.py" in named, named
     missing = [p for p in named if not (REPO / p).is_file() and not (REPO / "components" / p).is_file()]
     assert not missing, f"ARCHITECTURE.md names files that are not there: {missing}"
+
+
+TEST_REFERENCE = r"\btests/[\w/]+\.py(?:::\w+)?"
+
+
+def named_tests(text: str) -> list[str]:
+    """``tests/<tier>/test_x.py`` or ``tests/<tier>/test_x.py::test_y`` as a text names them."""
+    import re
+
+    return sorted(set(re.findall(TEST_REFERENCE, text)))
+
+
+def stale_test_references(root: Path) -> list[str]:
+    """Every test file (and test or fixture) the docs, the README, ARCHITECTURE.md, conf/, the components and
+    recipes name that is not there."""
+    import ast
+
+    sources = [root / "README.md", root / "ARCHITECTURE.md", root / "pyproject.toml", *root.glob("docs/*.md")]
+    sources += [*root.glob("components/**/*.py"), *root.glob("recipes/*.py"), *root.glob("conf/**/*.yaml")]
+    stale = []
+    for source in sources:
+        for ref in named_tests(source.read_text()):
+            path, _, name = ref.partition("::")
+            if not (root / path).is_file():
+                stale.append(f"{source.relative_to(root)}: {ref}")
+            elif name:
+                tree = ast.parse((root / path).read_text())
+                if name not in {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}:
+                    stale.append(f"{source.relative_to(root)}: {ref}")
+    return stale
+
+
+def test_every_test_the_docs_and_the_code_name_is_there() -> None:
+    """A reader sent to ``tests/cli/test_cli.py::test_x`` finds it: tests move between tiers, the pointers
+    move with them."""
+    assert not stale_test_references(REPO), "\n".join(stale_test_references(REPO))
+
+
+def test_the_reference_check_sees_files_and_tests(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "unit").mkdir(parents=True)
+    (tmp_path / "tests" / "unit" / "test_a.py").write_text("def test_here():\n    pass\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "x.md").write_text(
+        "`tests/unit/test_a.py::test_here`, `tests/unit/test_a.py::test_gone`, `tests/test_old.py`"
+    )
+    for name in ("README.md", "ARCHITECTURE.md", "pyproject.toml"):
+        (tmp_path / name).write_text("")
+    assert stale_test_references(tmp_path) == [
+        "docs/x.md: tests/test_old.py",
+        "docs/x.md: tests/unit/test_a.py::test_gone",
+    ]
