@@ -43,6 +43,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.cli import child_env, fresh
+
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 #: the pages whose commands run: the README and every docs page
@@ -62,7 +64,7 @@ SUBMITS = (
 # (continuations joined, prompt and comment stripped). Anything not listed here must pass.
 ALLOWLIST: dict[str, str] = {
     "hydratune chat outputs/<date>/<run>": (
-        "interactive: tests/integration/test_after_training.py types into it through a pseudo-terminal"
+        "interactive: tests/cli/test_after_training_cli.py types into it through a pseudo-terminal"
     ),
     "hydratune -m launcher=slurm hydra/launcher=submitit_slurm hydra.launcher.nodes=2 "
     "hydra.launcher.tasks_per_node=8 hydra.launcher.gpus_per_node=8 strategy=zero3 precision=bf16": SUBMITS,
@@ -422,24 +424,6 @@ def write_user_file(command: Command, cwd: Path, key: str, value: str) -> None:
 
 
 # --- running ---------------------------------------------------------------------------------------------
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env.update(extra or {})
-    return env
-
-
-def cli(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None) -> Any:
-    """``hydratune *args`` in a fresh process, as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "recipes", *args],
-        cwd=cwd,
-        env=child_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def run_batches(batches: list[list[dict[str, Any]]], workdir: Path) -> list[dict[str, Any]]:
@@ -602,7 +586,7 @@ def results(
         job = job_of[command.id]
         result = {**by_job[job["id"]], "args": job["args"]}
         if failure(command, result):  # judged on a fresh process of its own, as a user runs it
-            proc = cli(*job["args"], cwd=Path(job["cwd"]), env=job["env"], timeout=300)
+            proc = fresh(*job["args"], cwd=Path(job["cwd"]), env=job["env"])
             result = {
                 "rc": proc.returncode,
                 "stdout": proc.stdout,
