@@ -23,6 +23,11 @@ from tests.support.tiers import Tiers
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+# OpenMP threads that sleep while they wait, as the CLI's thread policy sets them (components/runtime/
+# threads.py; a set OMP_NUM_THREADS turns that policy off, so it is set here too): spinning ones collapse
+# in-process training whenever anything else runs on the 2 cores (a LoRA step of SmolLM2 7x slower); read
+# when torch loads its OpenMP runtime, which nothing has imported yet
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # the prepared-data cache of every test, and of every command a test starts, is one temporary dir (never
 # ~/.cache), removed when the session ends; tests of the cache itself set data.cache_dir to their own
 DATA_CACHE = tempfile.mkdtemp(prefix="hydratune-test-data-")

