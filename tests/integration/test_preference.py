@@ -1,4 +1,5 @@
-"""Reward-model and DPO recipes on the tiny model and the demo preference pairs."""
+"""Reward-model and DPO recipes on the tiny model and the demo preference pairs (that they learn: a margin
+widening, pairs ranked: tests/learning/test_preference_learns.py)."""
 
 from __future__ import annotations
 
@@ -25,15 +26,6 @@ TRAINER_FACTS = {
     "orpo": lambda t: type(t).__name__ == "HydratuneORPOTrainer" and t.beta == 0.1,
     "simpo": lambda t: t.loss_type == "simpo" and t.cpo_alpha == 0.0 and t.simpo_gamma == 1.0,
 }
-
-
-def test_dpo_widens_the_chosen_rejected_margin(run_recipe) -> None:
-    """DPO's margin: beta * [(log pi - log ref)(chosen) - (log pi - log ref)(rejected)] on training pairs."""
-    ctx, _ = run_recipe("recipe=dpo", *SHORT, "train.max_steps=60", name="dpo")
-    before, after = ctx_report(ctx, "before"), ctx_report(ctx, "after")
-    assert before["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at the start
-    assert after["eval_rewards/margins"] > 0.005, after
-    assert ctx.trainer.ref_model is not None  # full fine-tuning: a frozen copy is the reference
 
 
 def test_dpo_with_lora_trains_only_the_adapter_and_keeps_no_reference_copy(run_recipe) -> None:
@@ -98,13 +90,11 @@ def test_sft_data_for_dpo_is_refused_before_load(run_recipe) -> None:
 
 
 def ctx_report(ctx, when: str) -> dict:
-    import json
 
     return json.loads((ctx.run_dir.path / "result.json").read_text())[f"training pairs ({when})"]
 
 
 def ctx_report_sections(ctx) -> set[str]:
-    import json
 
     return set(json.loads((ctx.run_dir.path / "result.json").read_text()))
 
@@ -116,6 +106,9 @@ def test_sft_then_dpo_chain(run_recipe, tmp_path) -> None:
     assert dpo.components.model.name_or_path == str(sft.run_dir.final)
     ctx_sections = ctx_report_sections(dpo)
     assert "training pairs (after)" in ctx_sections
+    assert dpo.trainer.ref_model is not None  # full fine-tuning: a frozen copy is the reference
+    # ... a copy of the policy as it started: no margin before the first step
+    assert ctx_report(dpo, "before")["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6)
     # the DPO policy started from the SFT weights, not from a fresh random init
     from safetensors.torch import load_file as load
 
@@ -130,37 +123,6 @@ def test_from_run_with_only_an_adapter_on_a_random_base_is_refused(run_recipe, t
     lora, _ = run_recipe("peft=lora", "train.max_steps=2", *SHORT, name="lora")
     with pytest.raises(ConfigError, match="merge=true"):
         run_recipe("recipe=dpo", f"model.from_run={lora.run_dir.path}", name="dpo")
-
-
-def test_reward_model_learns_to_rank_its_training_pairs(run_recipe, tmp_path) -> None:
-    """Pairwise accuracy on the training pairs rises from chance to >= 0.8.
-
-    The demo pairs (right sum vs a near miss) need arithmetic, which a random-init model does not learn
-    within a test's budget (150 steps: 0.45 -> 0.52). Here chosen is the bare number and rejected a
-    refusal in words: a surface feature a random-init score head separates in a few dozen steps. Coin
-    flipping scores 0.5; on the 128 probed pairs one binomial std at p = 0.5 is 0.044, so 0.8 is ~7 std
-    above it. (The untrained head is not a coin: it ranks these systematic pairs 0.16 at seed 42.)"""
-    import random
-
-    rng = random.Random(0)
-    refusals = ["I do not know", "no idea, sorry", "that is too hard", "ask someone else"]
-    rows = []
-    for _ in range(256):
-        a, b = rng.randrange(100), rng.randrange(10)
-        rows.append({"prompt": f"What is {a} + {b}?", "chosen": str(a + b), "rejected": rng.choice(refusals)})
-    path = tmp_path / "pairs.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    ctx, _ = run_recipe(
-        "recipe=reward",
-        f"data.path={path}",
-        "data.eval_path=null",
-        "train.eval_every=0",  # no eval split: the probe on the training pairs is the measurement
-        *SHORT,
-        "train.max_steps=30",
-        name="rm_acc",
-    )
-    before, after = ctx_report(ctx, "before")["eval_accuracy"], ctx_report(ctx, "after")["eval_accuracy"]
-    assert after >= 0.8 and after > before, (before, after)
 
 
 @pytest.mark.parametrize("recipe", list(TRAINER_FACTS))
