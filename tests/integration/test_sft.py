@@ -38,6 +38,8 @@ def test_full_finetune_learns_and_writes_the_run_dir(run_recipe) -> None:
     curve = losses(ctx)
     assert len(curve) >= 10
     assert sum(curve[-3:]) / 3 < 0.7 * sum(curve[:3]) / 3, curve
+    # the end-of-run evaluation once: not also the Trainer's own at the last step (train.eval_every=200)
+    assert [r["step"] for r in ctx.run_dir.read_metrics() if "eval_loss" in r] == [30]
     for item in ("versions.json", "metrics.jsonl", "summary.md", "generations.jsonl", "result.json"):
         assert (run / item).is_file(), item
     assert (run / "final" / "model.safetensors").is_file()
