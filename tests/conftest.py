@@ -22,6 +22,10 @@ from tests.support.tiers import Tiers
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+# OpenMP threads that sleep while they wait, as the hydratune command sets them (components/runtime/
+# threads.py): spinning ones collapse training when anything else runs on the cores (other tests, other
+# processes). Set before torch loads: for the runs of this process and the commands the tests start.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # the prepared-data cache of every test, and of every command a test starts, is one temporary dir (never
 # ~/.cache), removed when the session ends; tests of the cache itself set data.cache_dir to their own
 DATA_CACHE = tempfile.mkdtemp(prefix="hydratune-test-data-")
@@ -38,8 +42,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(Tiers(), "hydratune-tiers")
 
 
-# Small, fast settings for end-to-end tests on the tiny model.
-FAST = ["train.eval_generations=8", "train.log_every=1", "train.write_plots=false"]
+# Small, fast settings for end-to-end tests on the tiny model: no greedy generations before and after
+# training (a test of them asks for train.eval_generations), no plots, every step logged.
+FAST = ["train.eval_generations=0", "train.log_every=1", "train.write_plots=false"]
 
 
 @pytest.fixture
