@@ -55,15 +55,18 @@ def test_composer_equals_hydra(compose_cfg) -> None:
 
 def observed(compose_cell, cell: matrix.Cell) -> matrix.Verdict:
     """What the checks say: passes on CPU → cpu; refused on CPU but passes planned for CUDA → gpu; else
-    refused, with the key the GPU-planned error names."""
+    refused, with the key the GPU-planned error names. Both checks read the same components, built once:
+    they are frozen dataclasses equal to their config (test_components_still_equal_their_config_after_a_run),
+    which the checks only read, and building them is most of a cell's time."""
     cfg = compose_cell(cell)
+    comps = Components.from_config(cfg)
     try:
-        check_before_load(cfg, Components.from_config(cfg), "cpu")
+        check_before_load(cfg, comps, "cpu")
         return matrix.Verdict("cpu")
     except ConfigError:
         pass
     try:
-        check_before_load(cfg, Components.from_config(cfg), "cuda")
+        check_before_load(cfg, comps, "cuda")
         return matrix.Verdict("gpu")
     except ConfigError as err:
         return matrix.Verdict("refused", key=err.key)
