@@ -188,7 +188,9 @@ def test_ppo_with_lora_keeps_no_reference_copy_and_trains_only_adapter_and_head(
 
     monkeypatch.setattr(ppo, "frozen_copy", no_copy)
     monkeypatch.setattr(PeftModel, "disable_adapter", counting_disable)
-    ctx, _ = run_recipe(*FAST_PPO, "peft=lora", "recipe.num_iterations=3", name="ppo_lora")
+    # one iteration: a rollout, the reference's log-probs (through disable_adapter) and the updates of the
+    # adapter and the value head, which is all this test looks at
+    ctx, _ = run_recipe(*FAST_PPO, "peft=lora", "recipe.num_iterations=1", name="ppo_lora")
     assert base_models == [1]  # the reference ran through disable_adapter() on the one and only model
     final = ctx.run_dir.final
     adapter = load_file(final / "adapter_model.safetensors")
@@ -210,9 +212,12 @@ def test_ppo_with_lora_keeps_no_reference_copy_and_trains_only_adapter_and_head(
 def test_ppo_against_a_trained_reward_model_with_a_critic_from_it(run_recipe, tmp_path, monkeypatch) -> None:
     import copy
 
+    # a reward model trained 2 steps on 16 pairs, no eval split: scores of its own, not an untrained head's
     rm, _ = run_recipe(
-        "recipe=reward", "train.max_steps=2", "train.save_every=0", "train.eval_every=0", name="rm"
-    )
+        "recipe=reward", "train.max_steps=2", "train.save_every=0", "train.eval_every=0",
+        "data.max_samples=16", "data.eval_path=null", "data.eval_fraction=0", "train.micro_batch_size=4",
+        name="rm",
+    )  # fmt: skip
     built = []  # the critic as the loop built it, before any update
 
     def keep_initial(*args, **kwargs):
