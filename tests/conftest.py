@@ -48,21 +48,32 @@ def pytest_configure(config: pytest.Config) -> None:
 FROZEN_AT = {"modules": 0}
 
 
-@pytest.fixture(autouse=True)
-def long_lived_objects_frozen() -> None:
-    """Once torch is imported, what is alive as a test starts goes into the permanent generation (collected
-    first, so no garbage is frozen), as the hydratune command does when training starts
-    (components/runtime/startup.py): the full collection the HF Trainer runs as each training starts
-    (``accelerator.free_memory``) then scans what the tests made since, not the millions of objects the
-    imports made (measured: 45 full collections, 14.8 of 37 s in three integration files). Frozen objects are
-    freed by reference counting as usual. Again when a test imported more (a hundred modules: TRL, PEFT,
-    DeepSpeed, lm-eval come on first use) or an in-process command handed the frozen objects back
-    (``startup.run_ends``)."""
+def freeze_long_lived(*, again: bool = False) -> None:
+    """Once torch is imported, what is alive goes into the permanent generation (collected first, so no
+    garbage is frozen), as the hydratune command does when training starts (components/runtime/startup.py):
+    the full collection the HF Trainer runs as each training starts (``accelerator.free_memory``) then scans
+    what the tests made since, not the millions of objects the imports made (measured: 45 full collections,
+    14.8 of 37 s in three integration files). Frozen objects are freed by reference counting as usual.
+    Done when a hundred more modules were imported (TRL, PEFT, DeepSpeed, lm-eval come on first use) or
+    ``again``."""
     modules = len(sys.modules)
-    if "torch" in sys.modules and (gc.get_freeze_count() == 0 or modules > FROZEN_AT["modules"] + 100):
+    if "torch" in sys.modules and (again or modules > FROZEN_AT["modules"] + 100):
         gc.collect()
         gc.freeze()
         FROZEN_AT["modules"] = modules
+
+
+@pytest.fixture(scope="module", autouse=True)
+def long_lived_objects_frozen_per_module() -> None:
+    """Again when an in-process command handed the frozen objects back (``startup.run_ends``); asked once a
+    module: ``gc.get_freeze_count`` walks every frozen object."""
+    freeze_long_lived(again="torch" in sys.modules and gc.get_freeze_count() == 0)
+
+
+@pytest.fixture(autouse=True)
+def long_lived_objects_frozen() -> None:
+    """After the imports a test made (see :func:`freeze_long_lived`)."""
+    freeze_long_lived()
 
 
 # Small, fast settings for end-to-end tests on the tiny model: no greedy generations before and after
