@@ -24,11 +24,13 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "matrix.md"
 class Composer:
     """Cells composed fast: Hydra composes each recipe x strategy once and each peft / quantization /
     precision option once; a cell is the first with the others' group nodes put in (equal to composing the
-    cell whole: ``test_composer_equals_hydra``). Its components likewise: ``Components.from_config`` of each
-    recipe x strategy once, each of its peft / quantization / precision options instantiated once (no other
-    group node interpolates these three nor they another), equal to ``Components.from_config`` of the cell
-    (``test_composer_equals_hydra``); building them was most of a cell's time (profiled: ~80%, the checks
-    ~12%, the meta-device model builds among them ~3%)."""
+    cell whole: ``test_composer_equals_hydra``). The cells of a recipe x strategy share one working copy of
+    it, their three nodes put in in turn (the checks only read a config: ``changed`` says so after a walk).
+    Its components likewise: ``Components.from_config`` of each recipe x strategy once, each of its peft /
+    quantization / precision options instantiated once (no other group node interpolates these three nor
+    they another), equal to ``Components.from_config`` of the cell (``test_composer_equals_hydra``).
+    Profiled, building the components was ~80% of a cell's time, the checks ~12% (the meta-device model
+    builds among them ~3%)."""
 
     GROUPS = {"peft": matrix.PEFTS, "quantization": matrix.QUANTIZATIONS, "precision": matrix.PRECISIONS}
 
@@ -36,6 +38,7 @@ class Composer:
         self.compose = compose_cfg
         self.bases: dict[tuple[str, str], DictConfig] = {}
         self.nodes = {(g, o): compose_cfg(f"{g}={o}")[g] for g, opts in self.GROUPS.items() for o in opts}
+        self.working: dict[tuple[str, str], DictConfig] = {}
         self.built: dict[tuple[str, str], Components] = {}
         self.options: dict[tuple[str, str, str, str], object] = {}
 
@@ -45,11 +48,21 @@ class Composer:
             self.bases[key] = self.compose(
                 *(o for o in cell.overrides() if o.split("=")[0] not in self.GROUPS)
             )
-        cfg = copy.deepcopy(self.bases[key])
+            self.working[key] = copy.deepcopy(self.bases[key])
+        cfg = self.working[key]
         with open_dict(cfg):
             for group in self.GROUPS:
                 cfg[group] = self.nodes[(group, getattr(cell, group))]
         return cfg
+
+    def changed(self) -> list[tuple[str, str]]:
+        """The recipe x strategy pairs whose working copy differs from its composition outside the three
+        groups (none: nothing a cell's checks did leaked into the next cell)."""
+
+        def rest(cfg: DictConfig) -> str:
+            return OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, [k for k in cfg if k not in self.GROUPS]))
+
+        return [key for key, cfg in self.working.items() if rest(cfg) != rest(self.bases[key])]
 
     def components(self, cell: matrix.Cell, cfg: DictConfig) -> Components:
         """The components of ``cell``, whose config (``self(cell)``) is ``cfg``."""
@@ -112,6 +125,7 @@ def test_every_cell_gets_the_verdict_the_table_gives(compose_cfg, monkeypatch, r
         if (want.kind, want.key if want.kind == "refused" else None) != (got.kind, got.key):
             wrong.append(f"{' '.join(cell.overrides())}: table {want.kind} {want.key or ''}, checks {got}")
     assert not wrong, "\n".join(wrong)
+    assert not composer.changed()  # the checks changed no config the next cells shared
 
 
 def test_the_covering_sample_trains_every_recipe_and_strategy_once() -> None:
