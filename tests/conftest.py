@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import atexit
+import copy
+import gc
 import os
 import shutil
+import sys
 import tempfile
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +27,9 @@ from tests.support.tiers import Tiers
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
-# OpenMP threads that sleep while they wait, as the CLI's thread policy sets them (components/runtime/
-# threads.py; a set OMP_NUM_THREADS turns that policy off, so it is set here too): spinning ones collapse
-# in-process training whenever anything else runs on the 2 cores (a LoRA step of SmolLM2 7x slower); read
-# when torch loads its OpenMP runtime, which nothing has imported yet
+# OpenMP threads that sleep while they wait, as the hydratune command sets them (components/runtime/
+# threads.py): spinning ones collapse training when anything else runs on the cores (other tests, other
+# processes). Set before torch loads: for the runs of this process and the commands the tests start.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # the prepared-data cache of every test, and of every command a test starts, is one temporary dir (never
 # ~/.cache), removed when the session ends; tests of the cache itself set data.cache_dir to their own
@@ -44,8 +47,58 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(Tiers(), "hydratune-tiers")
 
 
-# Small, fast settings for end-to-end tests on the tiny model.
-FAST = ["train.eval_generations=8", "train.log_every=1", "train.write_plots=false"]
+#: how many modules were imported when the long-lived objects were last frozen
+FROZEN_AT = {"modules": 0}
+
+
+def freeze_long_lived(*, again: bool = False) -> None:
+    """Once torch is imported, what is alive goes into the permanent generation (collected first, so no
+    garbage is frozen), as the hydratune command does when training starts (components/runtime/startup.py):
+    the full collection the HF Trainer runs as each training starts (``accelerator.free_memory``) then scans
+    what the tests made since, not the millions of objects the imports made (measured: 45 full collections,
+    14.8 of 37 s in three integration files). Frozen objects are freed by reference counting as usual.
+    Done when a hundred more modules were imported (TRL, PEFT, DeepSpeed, lm-eval come on first use) or
+    ``again``."""
+    modules = len(sys.modules)
+    if "torch" in sys.modules and (again or modules > FROZEN_AT["modules"] + 100):
+        gc.collect()
+        gc.freeze()
+        FROZEN_AT["modules"] = modules
+
+
+@pytest.fixture(scope="module", autouse=True)
+def long_lived_objects_frozen_per_module() -> None:
+    """Again when an in-process command handed the frozen objects back (``startup.run_ends``); asked once a
+    module: ``gc.get_freeze_count`` walks every frozen object."""
+    freeze_long_lived(again="torch" in sys.modules and gc.get_freeze_count() == 0)
+
+
+@pytest.fixture(autouse=True)
+def long_lived_objects_frozen() -> None:
+    """After the imports a test made (see :func:`freeze_long_lived`)."""
+    freeze_long_lived()
+
+
+# Small, fast settings for end-to-end tests on the tiny model: no greedy generations before and after
+# training (a test of them asks for train.eval_generations), no plots, every step logged.
+FAST = ["train.eval_generations=0", "train.log_every=1", "train.write_plots=false"]
+
+
+#: the session's compositions by their overrides, the latest 256: Hydra takes ~0.1 s a composition, which
+#: was ~40% of the fast tiers' time, and a third of the ~1,070 they ask for repeat one (measured)
+COMPOSED: OrderedDict[tuple[str, ...], DictConfig] = OrderedDict()
+
+
+def composed(*overrides: str) -> DictConfig:
+    """The config Hydra composes from ``overrides`` (in an initialised Hydra), composed once a session and
+    handed out as a copy, which a test may change. Nothing else a composition reads changes in a session: the
+    files of conf/ and the schemas the components register as they are imported."""
+    if overrides not in COMPOSED:
+        COMPOSED[overrides] = compose(config_name="config", overrides=list(overrides))
+        if len(COMPOSED) > 256:
+            COMPOSED.popitem(last=False)
+    COMPOSED.move_to_end(overrides)
+    return copy.deepcopy(COMPOSED[overrides])
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +115,7 @@ def compose_cfg() -> Iterator[Callable[..., DictConfig]]:
     """``compose_cfg("peft=lora", ...)`` → the composed config, as the CLI would build it."""
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="conf", version_base=None):
-        yield lambda *overrides: compose(config_name="config", overrides=list(overrides))
+        yield composed
     GlobalHydra.instance().clear()
 
 

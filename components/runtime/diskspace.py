@@ -89,7 +89,9 @@ def planned_bytes(cfg: Any, comps: Any) -> tuple[int, int]:
     from components.memory.estimate import optimizer_bytes
     from components.memory.spec import spec_from_config
 
-    spec = spec_from_config(cfg)
+    # the groups the spec asks (built from their nodes otherwise) as the run already built them
+    built = {group: getattr(comps, group) for group in ("peft", "optimizer", "quantization", "strategy")}
+    spec = spec_from_config({**{key: cfg.get(key) for key in cfg}, **built})
     total_params = param_counts(spec.arch).total
     saved = total_params * spec.weight_bytes if spec.full_finetune else spec.trainable * 4
     moments = int(spec.trainable * optimizer_bytes(comps.optimizer.memory_kind, 4))

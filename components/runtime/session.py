@@ -24,6 +24,7 @@ from components.runtime.callbacks import (
     LayoutCheck,
     MetricsCallback,
     NonFiniteLossGuard,
+    OneEndOfRunEval,
     ResumeSplitRows,
     progress_callback,
 )
@@ -200,6 +201,7 @@ class Session:
             *engine,
             MetricsCallback(self.ctx.run_dir),
             NonFiniteLossGuard(),
+            OneEndOfRunEval(),  # the session evaluates after the last step (_finish): not the Trainer too
             progress_callback(c.recipe.name),
             self.interrupt,
             self.first_step,

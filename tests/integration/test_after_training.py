@@ -247,17 +247,28 @@ EVAL = ["recipe=eval"]
 
 
 def test_eval_scores_each_row_as_the_models_greedy_answer_and_writes_results_table_and_metrics(
-    partial_sft, run_recipe
+    run_recipe, tmp_path
 ) -> None:
-    """On the session's partly trained demo model (some sums right, some wrong): lm-eval's exact match per row
-    is hydratune's own greedy answer (recipe=generate, unbatched) compared with the reference, so a broken
-    filter, template, stop sequence or model (the base instead of the run's) changes the score."""
+    """On a model that answers every sum 36 (SFT on the demo's train prompts, each answered 36, which the tiny
+    model learns in a few steps where the sums take hundreds): 2 of the 64 eval sums right, the rest wrong.
+    lm-eval's exact match per row is hydratune's own greedy answer (recipe=generate, unbatched) compared with
+    the reference, so a broken filter, template, stop sequence or model (the base instead of the run's)
+    changes the score."""
     from components.generation.evaluation import normalise
 
-    ctx, scores = run_recipe(*EVAL, f"model.from_run={partial_sft}", "tracker=jsonl", name="eval")
+    prompts = [r["messages"][0] for r in read_jsonl(ASSETS / "demo" / "sft_train.jsonl")[:64]]
+    rows = [{"messages": [p, {"role": "assistant", "content": "36"}]} for p in prompts]
+    (tmp_path / "36.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # 20 steps at lr 1e-2: measured, every answer "36" from 14 on (at 8 it has not learnt to stop yet)
+    trained, _ = run_recipe(
+        "data=jsonl_messages", f"data.path={tmp_path / '36.jsonl'}", "data.eval_size=4", "train.max_steps=20",
+        "train.micro_batch_size=8", "optimizer.lr=1e-2", "scheduler=constant", "train.eval_every=0",
+        "train.eval_generations=0", "train.save_every=0", name="answers_36",
+    )  # fmt: skip
+    ctx, scores = run_recipe(*EVAL, f"model.from_run={trained.run_dir.path}", "tracker=jsonl", name="eval")
     gen, _ = run_recipe(
         "recipe=generate",
-        f"model.from_run={partial_sft}",
+        f"model.from_run={trained.run_dir.path}",
         "recipe.max_new_tokens=32",
         "recipe.batch_size=1",
         name="eval_gen",
@@ -275,7 +286,7 @@ def test_eval_scores_each_row_as_the_models_greedy_answer_and_writes_results_tab
         right = normalise(answer["completion"]) == normalise(answer["reference"])
         assert sample["exact_match"] == float(right), (sample, answer)
     score = sum(s["exact_match"] for s in samples) / 64
-    assert 0 < score < 1, "the partly trained model should get some sums right and some wrong"
+    assert 0 < score < 1, "the model answering 36 should get some sums right and some wrong"
     key = "lm_eval/hydratune_prompts/exact_match/strip"
     assert scores == {key: pytest.approx(score)}
     results = json.loads((run / "lm_eval_results.json").read_text())

@@ -220,6 +220,7 @@ def test_collector_pause_freeze_and_hand_back(monkeypatch) -> None:
 
     from components.runtime import startup
 
+    gc.unfreeze()  # the collector as a process starts it (not as tests/conftest.py leaves it)
     monkeypatch.setenv("HYDRATUNE_PAUSE_GC", "0")  # the off switch
     startup.pause_gc()
     assert gc.isenabled()
@@ -260,6 +261,7 @@ def test_the_cli_runs_no_full_collection_before_training(tmp_path, monkeypatch) 
 
     original = components.runtime.session.training_starts
     monkeypatch.setattr(components.runtime.session, "training_starts", training_starts)
+    gc.unfreeze()  # the collector as a process starts it (not as tests/conftest.py leaves it)
     gc.callbacks.append(on_gc)
     try:
         main([*SHORT, "train.write_plots=false", f"hydra.run.dir={tmp_path / 'run'}"])

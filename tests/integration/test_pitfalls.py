@@ -77,7 +77,11 @@ def test_packed_examples_do_not_attend_across_boundaries(compose_cfg) -> None:
 
 
 def test_packing_trains(run_recipe) -> None:
-    ctx, _ = run_recipe("train.max_steps=10", "data.packing=true", "train.eval_generations=0", name="packed")
+    # packed rows of 8 (not 32): measured, the loss 6.23 -> 4.65 over the 10 steps (6.24 -> 4.64 with 32)
+    ctx, _ = run_recipe(
+        "train.max_steps=10", "train.micro_batch_size=8", "data.packing=true", "train.eval_generations=0",
+        name="packed",
+    )  # fmt: skip
     curve = [r["loss"] for r in ctx.run_dir.read_metrics() if "loss" in r]
     assert curve[-1] < curve[0]
     assert ctx.run_dir.path.joinpath("final", "model.safetensors").is_file()

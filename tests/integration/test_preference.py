@@ -1,4 +1,5 @@
-"""Reward-model and DPO recipes on the tiny model and the demo preference pairs."""
+"""Reward-model and DPO recipes on the tiny model and the demo preference pairs (that they learn: a margin
+widening, pairs ranked: tests/learning/test_preference_learns.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ from safetensors.torch import load_file
 
 from components.config.errors import ConfigError
 
+#: the learning tier's settings (tests/learning/test_preference_learns.py)
 SHORT = ["train.micro_batch_size=16", "train.log_every=5", "train.eval_generations=0", "train.save_every=0"]
 
 
+# 16 rows, no eval split: the training pairs probed before and after are those 16 (not 128), nothing is
+# evaluated at the end. Two steps of 4 pairs (with "train.max_steps=2") are enough for what these tests check:
+# AdamW's first step moves every parameter with a gradient, DPO's included (at the start the policy equals
+# its reference, and the loss's gradient is -beta/2 times that of the chosen minus the rejected log-probs).
 RUN = [
     *("data.max_samples=16", "data.eval_path=null", "data.eval_fraction=0"),  # 16 rows, no eval split
     *("train.micro_batch_size=4", "train.eval_generations=0", "train.eval_every=0", "train.log_every=1"),
@@ -27,17 +33,8 @@ TRAINER_FACTS = {
 }
 
 
-def test_dpo_widens_the_chosen_rejected_margin(run_recipe) -> None:
-    """DPO's margin: beta * [(log pi - log ref)(chosen) - (log pi - log ref)(rejected)] on training pairs."""
-    ctx, _ = run_recipe("recipe=dpo", *SHORT, "train.max_steps=60", name="dpo")
-    before, after = ctx_report(ctx, "before"), ctx_report(ctx, "after")
-    assert before["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at the start
-    assert after["eval_rewards/margins"] > 0.005, after
-    assert ctx.trainer.ref_model is not None  # full fine-tuning: a frozen copy is the reference
-
-
 def test_dpo_with_lora_trains_only_the_adapter_and_keeps_no_reference_copy(run_recipe) -> None:
-    ctx, _ = run_recipe("recipe=dpo", "peft=lora", *SHORT, "train.max_steps=10", name="dpo_lora")
+    ctx, _ = run_recipe("recipe=dpo", "peft=lora", *RUN, "train.max_steps=2", name="dpo_lora")
     assert ctx.trainer.ref_model is None  # the reference is the policy with its initial adapter
     adapter = load_file(ctx.run_dir.final / "adapter_model.safetensors")
     assert adapter and all("lora_" in k for k in adapter)
@@ -57,13 +54,14 @@ def test_reward_model_with_lora_saves_its_score_head(run_recipe) -> None:
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification
 
-    ctx, _ = run_recipe("recipe=reward", "peft=lora", *SHORT, "train.max_steps=5", name="rm")
+    ctx, _ = run_recipe("recipe=reward", "peft=lora", *RUN, "train.max_steps=2", name="rm")
     adapter = load_file(ctx.run_dir.final / "adapter_model.safetensors")
     heads = [k for k in adapter if "score" in k]
     assert heads, "the score head was not saved: it would reload randomly initialised"
     trained_head = ctx.model.base_model.model.score.modules_to_save["default"].weight.detach()
     ctx.seed_everything()
     base = ctx.components.model.build(task="seq_cls")
+    assert not torch.equal(base.score.weight, trained_head)  # it trained: a reload of the init would differ
     reloaded = PeftModel.from_pretrained(base, ctx.run_dir.final).base_model.model.score
     torch.testing.assert_close(reloaded.modules_to_save["default"].weight, trained_head)
     assert AutoModelForSequenceClassification  # the full-model path is covered below
@@ -72,7 +70,7 @@ def test_reward_model_with_lora_saves_its_score_head(run_recipe) -> None:
 def test_reward_model_full_saves_a_sequence_classifier(run_recipe) -> None:
     from transformers import AutoModelForSequenceClassification
 
-    ctx, _ = run_recipe("recipe=reward", *SHORT, "train.max_steps=5", name="rm_full")
+    ctx, _ = run_recipe("recipe=reward", *RUN, "train.max_steps=2", name="rm_full")
     model = AutoModelForSequenceClassification.from_pretrained(ctx.run_dir.final)
     assert model.config.num_labels == 1 and model.config.pad_token_id is not None
     assert "training pairs (after)" in ctx_report_sections(ctx)
@@ -98,28 +96,30 @@ def test_sft_data_for_dpo_is_refused_before_load(run_recipe) -> None:
 
 
 def ctx_report(ctx, when: str) -> dict:
-    import json
-
     return json.loads((ctx.run_dir.path / "result.json").read_text())[f"training pairs ({when})"]
 
 
 def ctx_report_sections(ctx) -> set[str]:
-    import json
-
     return set(json.loads((ctx.run_dir.path / "result.json").read_text()))
 
 
 def test_sft_then_dpo_chain(run_recipe, tmp_path) -> None:
-    sft, _ = run_recipe("train.max_steps=20", *SHORT, name="sft")
+    sft, _ = run_recipe(*RUN, "train.max_steps=2", name="sft")
     chained = f"model.from_run=${{latest_run:sft,{tmp_path}/outputs}}"
-    dpo, _ = run_recipe("recipe=dpo", chained, *SHORT, "train.max_steps=4", name="dpo")
+    dpo, _ = run_recipe("recipe=dpo", chained, *RUN, "train.max_steps=2", name="dpo")
     assert dpo.components.model.name_or_path == str(sft.run_dir.final)
     ctx_sections = ctx_report_sections(dpo)
     assert "training pairs (after)" in ctx_sections
+    assert dpo.trainer.ref_model is not None  # full fine-tuning: a frozen copy is the reference
+    # ... a copy of the policy as it started: no margin before the first step
+    assert ctx_report(dpo, "before")["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6)
     # the DPO policy started from the SFT weights, not from a fresh random init
     from safetensors.torch import load_file as load
 
     start = load(sft.run_dir.final / "model.safetensors")
+    sft.seed_everything()  # the SFT steps moved the weights: a fresh random init would not pass below
+    fresh = sft.components.model.build().state_dict()
+    assert any(not torch.equal(v, fresh[k]) for k, v in start.items())
     dpo.seed_everything()
     assert all(
         torch.equal(v, start[k]) for k, v in dpo.components.model.build().state_dict().items() if k in start
@@ -127,40 +127,9 @@ def test_sft_then_dpo_chain(run_recipe, tmp_path) -> None:
 
 
 def test_from_run_with_only_an_adapter_on_a_random_base_is_refused(run_recipe, tmp_path) -> None:
-    lora, _ = run_recipe("peft=lora", "train.max_steps=2", *SHORT, name="lora")
+    lora, _ = run_recipe("peft=lora", *RUN, "train.max_steps=2", name="lora")
     with pytest.raises(ConfigError, match="merge=true"):
         run_recipe("recipe=dpo", f"model.from_run={lora.run_dir.path}", name="dpo")
-
-
-def test_reward_model_learns_to_rank_its_training_pairs(run_recipe, tmp_path) -> None:
-    """Pairwise accuracy on the training pairs rises from chance to >= 0.8.
-
-    The demo pairs (right sum vs a near miss) need arithmetic, which a random-init model does not learn
-    within a test's budget (150 steps: 0.45 -> 0.52). Here chosen is the bare number and rejected a
-    refusal in words: a surface feature a random-init score head separates in a few dozen steps. Coin
-    flipping scores 0.5; on the 128 probed pairs one binomial std at p = 0.5 is 0.044, so 0.8 is ~7 std
-    above it. (The untrained head is not a coin: it ranks these systematic pairs 0.16 at seed 42.)"""
-    import random
-
-    rng = random.Random(0)
-    refusals = ["I do not know", "no idea, sorry", "that is too hard", "ask someone else"]
-    rows = []
-    for _ in range(256):
-        a, b = rng.randrange(100), rng.randrange(10)
-        rows.append({"prompt": f"What is {a} + {b}?", "chosen": str(a + b), "rejected": rng.choice(refusals)})
-    path = tmp_path / "pairs.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    ctx, _ = run_recipe(
-        "recipe=reward",
-        f"data.path={path}",
-        "data.eval_path=null",
-        "train.eval_every=0",  # no eval split: the probe on the training pairs is the measurement
-        *SHORT,
-        "train.max_steps=30",
-        name="rm_acc",
-    )
-    before, after = ctx_report(ctx, "before")["eval_accuracy"], ctx_report(ctx, "after")["eval_accuracy"]
-    assert after >= 0.8 and after > before, (before, after)
 
 
 @pytest.mark.parametrize("recipe", list(TRAINER_FACTS))

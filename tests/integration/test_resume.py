@@ -126,11 +126,12 @@ def test_an_explicit_run_of_another_config_names_the_keys(compose_cfg, tmp_path)
 
 def test_resume_true_continues_the_matching_trained_run(run_recipe) -> None:
     """End to end on the tiny model: the older run with this lr is continued, not the newer other one."""
-    steps = ["train.max_steps=2", "train.save_every=1", "train.eval_every=0", "train.eval_generations=0"]
+    steps = ["train.max_steps=2", "train.save_every=1", "train.eval_every=0", "train.micro_batch_size=8"]
     first, _ = run_recipe(*steps, "optimizer.lr=1e-3", name="a")
     run_recipe(*steps, "optimizer.lr=2e-3", name="b")
     resumed, _ = run_recipe(*steps[1:], "train.max_steps=3", "optimizer.lr=1e-3", "resume=true", name="c")
     assert resumed.cfg.resume == str(checkpoints_in(first.run_dir.path)[-1])
+    assert resumed.cfg.resume in (resumed.run_dir.path / "summary.md").read_text()  # the summary names it
     assert [r["step"] for r in resumed.run_dir.read_metrics() if "loss" in r] == [3]
 
 

