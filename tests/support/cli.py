@@ -58,10 +58,15 @@ def fresh(
     )
 
 
+#: every command :func:`start` started, for :func:`kill_leftovers`
+STARTED: list[subprocess.Popen[str]] = []
+
+
 def start(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """``hydratune *args`` started in a new interpreter and a session of its own (a signal to its group
-    reaches it and its workers only, like Ctrl-C in a terminal); stdout and stderr piped."""
-    return subprocess.Popen(
+    reaches it and its workers only, like Ctrl-C in a terminal); stdout and stderr piped. Remembered:
+    :func:`kill_leftovers` kills what a test left running."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "recipes", *args],
         cwd=cwd,
         env=child_env({"PYTHONUNBUFFERED": "1", **(env or {})}),
@@ -70,6 +75,40 @@ def start(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subproces
         text=True,
         start_new_session=True,
     )
+    STARTED.append(proc)
+    return proc
+
+
+def group_members(group: int) -> list[int]:
+    """The processes of process group ``group`` (from /proc)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == group:  # state, ppid, pgrp, ...
+                members.append(int(stat.parent.name))
+    return members
+
+
+def kill_leftovers() -> list[int]:
+    """SIGKILL whatever the commands :func:`start` started left running: a command still running with its
+    whole process group; of one that ended, the processes of its group it left (workers outliving their
+    launcher). The pids killed."""
+    killed = []
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:  # still our child: its pid, and so its group, is ours
+            killed += [proc.pid, *(p for p in group_members(proc.pid) if p != proc.pid)]
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            continue
+        for pid in group_members(proc.pid):  # its pid may be reused; the orphans of its group are not
+            if pid != proc.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+    return killed
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = TIMEOUT) -> str:
@@ -83,18 +122,43 @@ def finish(proc: subprocess.Popen[str], timeout: float = TIMEOUT) -> str:
         raise
 
 
-def wait_for_step(cwd: Path, step: int, proc: subprocess.Popen[str], timeout: float = TIMEOUT) -> None:
-    """Block until some run under ``cwd`` has logged ``step`` (the process is mid-training)."""
+def finish_all(procs: list[subprocess.Popen[str]], timeout: float = TIMEOUT) -> list[str]:
+    """:func:`finish` for several commands that run side by side, within one ``timeout`` together; every
+    process group still running at the end (a failure, a timeout) is killed."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [finish(p, max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+
+
+def wait_for_step(
+    where: Path,
+    step: int,
+    proc: subprocess.Popen[str] | list[subprocess.Popen[str]],
+    timeout: float = TIMEOUT,
+) -> None:
+    """Block until a run has logged ``step`` (the processes are mid-training): the run dir ``where``, or
+    some run under ``where/outputs``. Fails at once, with their stderr, if one of the processes ended (and
+    kills the others)."""
+    procs = proc if isinstance(proc, list) else [proc]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for metrics in cwd.glob("outputs/*/*/metrics.jsonl"):
-            lines = metrics.read_text().splitlines()
+        for metrics in [where / "metrics.jsonl", *where.glob("outputs/*/*/metrics.jsonl")]:
+            lines = metrics.read_text().splitlines() if metrics.is_file() else []
             if any(json.loads(line).get("step", 0) >= step for line in lines if line.strip()):
                 return
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        if any(p.poll() is not None for p in procs):
+            errs = finish_all(procs, timeout=30)
+            raise AssertionError(
+                f"a process ended before step {step}:\n" + "\n---\n".join(e[-2000:] for e in errs)
+            )
         time.sleep(0.2)
-    finish(proc, timeout=0.1)
-    raise AssertionError("training never reached the step")
+    finish_all(procs, timeout=0.1)
+    raise AssertionError(f"training never reached step {step}")
 
 
 class Warm:
@@ -113,6 +177,7 @@ class Warm:
         self.lock = threading.Lock()
         self.scratch = Path(tempfile.mkdtemp(prefix="hydratune-warm-"))
         self.count = 0
+        self.busy = False  # a command was sent and its answer not read (a test stopped while it ran)
 
     def __call__(
         self,
@@ -135,9 +200,11 @@ class Warm:
                 "err": str(self.scratch / f"{self.count}.err"),
             }
             assert self.proc.stdin is not None and self.proc.stdout is not None
+            self.busy = True
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
             line = self.proc.stdout.readline()
+            self.busy = False
             if not line:
                 raise RuntimeError(f"the warm hydratune server died (exit {self.proc.wait()})")
             answer = json.loads(line)
@@ -149,13 +216,19 @@ class Warm:
             return subprocess.CompletedProcess(["hydratune", *args], answer["rc"], out, err)
 
     def close(self) -> None:
+        """Stop the server; a command still running (its test was stopped) is killed with its process group
+        (workers included) first."""
         if self.proc.poll() is None:
             assert self.proc.stdin is not None
-            self.proc.stdin.close()
+            if self.busy:
+                self.proc.terminate()  # the server kills the command's group, then exits
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
         for leftover in self.scratch.iterdir():
             leftover.unlink()
         self.scratch.rmdir()
@@ -176,13 +249,24 @@ def _serve() -> None:
     import recipes.cli  # noqa: F401  (the CLI, and with it hydra, omegaconf)
 
     protocol = sys.stdout
+    running: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:  # Warm.close() while a command runs: kill it, then exit
+        for pid in running:
+            _kill_group(pid)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
     for line in sys.stdin:
         request = json.loads(line)
         protocol.flush()
         pid = os.fork()
         if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             _child(request)  # never returns
+        running[:] = [pid]
         rc, timed_out = _wait(pid, request["timeout"])
+        running.clear()
         protocol.write(json.dumps({"rc": rc, "timed_out": timed_out}) + "\n")
         protocol.flush()
 
