@@ -111,6 +111,20 @@ def kill_leftovers() -> list[int]:
     return killed
 
 
+def kill_mentioning(text: str) -> list[int]:
+    """SIGKILL this user's processes whose command line contains ``text`` (a test's own temporary path):
+    for what a test started outside its process groups, e.g. commands an sshd ran for it."""
+    killed = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(cmdline.parent.name)
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if pid != os.getpid() and cmdline.parent.stat().st_uid == os.getuid() and text in line:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
+
+
 def finish(proc: subprocess.Popen[str], timeout: float = TIMEOUT) -> str:
     """Wait for a :func:`start`-ed command and return its stderr; on a timeout kill its whole process group
     (workers included) before failing, so a hung run leaves nothing behind."""
