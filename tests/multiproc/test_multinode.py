@@ -101,7 +101,11 @@ def test_static_rendezvous_sigterm_on_one_node_and_resume_on_both(tmp_path: Path
     for saved in (run / ".hydra" / "config.yaml", run / "frozen_config.yaml"):  # written once, by node 0
         assert OmegaConf.load(saved).launcher.node_rank == 0
 
-    resumed = [start(tmp_path, f"resume={run}"), start(tmp_path, f"resume={run}", "launcher.node_rank=1")]
+    # (the resumed nodes fork their workers: how they start is not what the resume shows)
+    resumed = [
+        start(tmp_path, f"resume={run}", FORK),
+        start(tmp_path, f"resume={run}", FORK, "launcher.node_rank=1"),
+    ]
     for node, err in zip(resumed, finish_all(resumed), strict=True):
         assert node.returncode == 0, err[-3000:]
         assert "continues in its own run dir on every node" in err
@@ -164,9 +168,10 @@ def test_a_node_that_never_comes_is_named_and_a_waiting_node_answers_sigterm(tmp
 def test_a_dead_node_stops_every_rank_and_is_named(tmp_path: Path) -> None:
     """SIGKILL to every process of node 1 mid-run: node 0's rank stops within seconds (no hang in a
     collective), node 0 exits 69 naming node 1 and its rank, no gloo traceback; the last whole checkpoint
-    is kept and named with the command that resumes it."""
+    is kept and named with the command that resumes it. (The nodes fork their workers: node 1's whole
+    process group dies either way.)"""
     run = tmp_path / "shared" / "run"
-    overrides = [*node_command(DDP, tmp_path), "train.max_steps=100000", "train.save_every=2"]
+    overrides = [*node_command(DDP, tmp_path), "train.max_steps=100000", "train.save_every=2", FORK]
     nodes = two_nodes(tmp_path, run, static_at(free_port()), *overrides)
     deadline = time.monotonic() + TIMEOUT
     while not checkpoints_in(run) and time.monotonic() < deadline:
