@@ -309,8 +309,8 @@ RUN_IN_TESTS: dict[Cell, Trained] = {
 @dataclass(frozen=True)
 class Split:
     """A split model (``strategy.tp_size`` / ``strategy.sp_size``) of recipe=sft on 2 processes: its
-    overrides, the verdict the pre-load checks give (``tests/test_matrix.py`` walks each), and where it was
-    trained and compared with one process."""
+    overrides, the verdict the pre-load checks give (``tests/unit/test_matrix.py`` walks each), and where it
+    was trained and compared with one process."""
 
     overrides: tuple[str, ...]
     kind: str  # cpu | gpu | refused

@@ -6,7 +6,7 @@ final norm + LM head (Llama, Mistral, Qwen2/3, Gemma 1-3, SmolLM): stage 0 holds
 layers, the last stage the last layers, the norm and the head; a middle stage only layers. The stage's
 forward is the family's own model forward restricted to its layers (causal mask per layer type: full or
 sliding window; rotary embeddings, per layer type where the family has several; Gemma's final logit
-soft-cap), checked against the whole model's logits family by family (``tests/test_pipeline.py``).
+soft-cap), checked against the whole model's logits family by family (``tests/multiproc/test_pipeline.py``).
 
 Pure model arithmetic and module surgery; the process groups and schedules are ``pp_schedule.py``'s.
 """

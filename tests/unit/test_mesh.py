@@ -1,7 +1,8 @@
 """The mesh of a split model (``strategy.tp_size`` / ``strategy.sp_size``), checked before anything loads:
 dp x tp x sp x pp = world, the model's heads and sizes divisible, and every combination the engines cannot
 run refused naming the key and the fix (components/distributed/mesh.py, components/runtime/checks.py). The
-trained runs are tests/test_nd_parallel.py; the layouts docs/matrix.md lists: tests/test_matrix.py."""
+trained runs are tests/multiproc/test_nd_parallel.py; the layouts docs/matrix.md lists:
+tests/unit/test_matrix.py."""
 
 from __future__ import annotations
 

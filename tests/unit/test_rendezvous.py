@@ -1,7 +1,7 @@
 """The multi-node pieces on their own, in this process (no training): the shared run id, the roll call's
 refusals, the race-free run-dir check, per-node keys under resume, a lost peer told apart from other
 errors, and DeepSpeed's hostfile checks and environment file. The end-to-end runs are in
-tests/test_multinode.py."""
+tests/multiproc/test_multinode.py."""
 
 from __future__ import annotations
 
