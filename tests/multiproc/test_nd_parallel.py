@@ -9,7 +9,10 @@ the final weights equal the single process's within tolerance (SGD with momentum
 gradient off by any factor shows; AdamW and clipping would hide one), the steps both runs trained (4 to the
 stop) bit-exact, each rank's parameter shapes (TP: half of every projection) or tokens per row (SP: half of
 each row) and its process groups as the live check recorded them, the token count, and the greedy answers
-to the eval prompts (tensor parallel generates on both ranks at once).
+to the eval prompts (tensor parallel generates on both ranks at once). Every run forks its workers
+(``launcher.start_method=fork``; the resumed runs and the oracle are forked from the tier's warm server): the
+signal comes after step 4, long after each worker set up its own handlers, and the workers' default start is
+what the signalled runs of test_reliability.py and test_multinode.py use.
 """
 
 from __future__ import annotations
@@ -56,8 +59,7 @@ LOSS_TOL, WEIGHT_TOL = 1e-4, 1e-5
 
 
 def cli(warm: Warm, run_dir: Path, *overrides: str) -> None:
-    """The hydratune command, forked from the tier's warm server, its workers forked from it (the stopped
-    runs start theirs the default way)."""
+    """The hydratune command, forked from the tier's warm server, its workers forked from it."""
     done = warm(*overrides, FORK, f"hydra.run.dir={run_dir}", cwd=run_dir.parent)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -80,7 +82,7 @@ def oracle(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> Path:
 def layout(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> dict:
     """The stopped run and the run resumed from its step-3 checkpoint, for one layout."""
     name, root = request.param, tmp_path_factory.mktemp(request.param)
-    proc = start(root, *TRAIN, *LAYOUTS[name])
+    proc = start(root, *TRAIN, *LAYOUTS[name], FORK)
     wait_for_step(root, 4, proc, timeout=600)
     proc.send_signal(signal.SIGTERM)
     err = finish(proc, timeout=600)

@@ -7,6 +7,9 @@ run stopped by a real SIGTERM and resumed, 30 optimizer steps each of 2 micro-ba
 model; and a LoRA pair (one process, 2 stages), 4 steps. Tolerances: a pipeline step's loss is the same
 sums in another order, so |Δloss| <= 1e-5 relative per step (seen: ~2e-7) and the final weights within 1e-5
 absolute (seen: ~4e-7); the resumed run is bit-exact against the uninterrupted one (same order of sums).
+Every run forks its workers (``launcher.start_method=fork``; the commands but the stopped one are forked from
+the tier's warm server): the signal comes after step 5, long after each worker set up its own handlers, and
+the workers' default start is what the signalled runs of test_reliability.py and test_multinode.py use.
 """
 
 from __future__ import annotations
@@ -36,8 +39,7 @@ INTERLEAVED_5 += ["model.architecture.num_hidden_layers=4", "train.gradient_accu
 
 # ---- two ranks against one process ------------------------------------------------------------------
 def hydratune(warm: Warm, run_dir: Path, *overrides: str) -> None:
-    """The command, forked from the tier's warm server; the workers forked from it (how they start is not
-    what these runs show: the SIGTERM'd run starts them the default way)."""
+    """The command, forked from the tier's warm server, its workers forked from it."""
     done = warm(*overrides, FORK, f"hydra.run.dir={run_dir}", cwd=run_dir.parent)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -84,7 +86,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> Runs:
     )
     victims = root / "victim"
     victims.mkdir()
-    victim = start(victims, *QUICK, *BATCH, *PIPELINE, "strategy.schedule=1f1b", "train.save_every=10")
+    victim = start(victims, *QUICK, *BATCH, *PIPELINE, "strategy.schedule=1f1b", "train.save_every=10", FORK)
     wait_for_step(victims, 5, victim, timeout=600)  # start-up on a loaded machine takes minutes
     victim.send_signal(signal.SIGTERM)
     err = finish(victim, timeout=180)
