@@ -9,10 +9,10 @@ the final weights equal the single process's within tolerance (SGD with momentum
 gradient off by any factor shows; AdamW and clipping would hide one), the steps both runs trained (4 to the
 stop) bit-exact, each rank's parameter shapes (TP: half of every projection) or tokens per row (SP: half of
 each row) and its process groups as the live check recorded them, the token count, and the greedy answers
-to the eval prompts (tensor parallel generates on both ranks at once). Every run forks its workers
-(``launcher.start_method=fork``; the resumed runs and the oracle are forked from the tier's warm server): the
-signal comes after step 4, long after each worker set up its own handlers, and the workers' default start is
-what the signalled runs of test_reliability.py and test_multinode.py use.
+to the eval prompts (tensor parallel generates on both ranks at once). Every command is forked from the tier's
+warm server and forks its workers (``launcher.start_method=fork``): the signal comes after step 4, long after
+each worker set up its own handlers, and the workers' default start is what the signalled runs of
+test_reliability.py and test_multinode.py use.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 from components.config.errors import EXIT_INTERRUPTED
 from components.runtime.checkpoint import checkpoints_in, verify
 from tests.support.cells import FORK
-from tests.support.cli import Warm, finish, start, wait_for_step
+from tests.support.cli import Warm, finish, wait_for_step
 
 STEPS = 40
 #: a gradient off by any factor changes SGD's step (AdamW and clipping are scale-free and would hide it)
@@ -82,7 +82,7 @@ def oracle(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> Path:
 def layout(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> dict:
     """The stopped run and the run resumed from its step-3 checkpoint, for one layout."""
     name, root = request.param, tmp_path_factory.mktemp(request.param)
-    proc = start(root, *TRAIN, *LAYOUTS[name], FORK)
+    proc = warm.start(*TRAIN, *LAYOUTS[name], FORK, cwd=root)
     wait_for_step(root, 4, proc, timeout=600)
     proc.send_signal(signal.SIGTERM)
     err = finish(proc, timeout=600)

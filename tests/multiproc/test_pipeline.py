@@ -7,9 +7,9 @@ run stopped by a real SIGTERM and resumed, 30 optimizer steps each of 2 micro-ba
 model; and a LoRA pair (one process, 2 stages), 4 steps. Tolerances: a pipeline step's loss is the same
 sums in another order, so |Δloss| <= 1e-5 relative per step (seen: ~2e-7) and the final weights within 1e-5
 absolute (seen: ~4e-7); the resumed run is bit-exact against the uninterrupted one (same order of sums).
-Every run forks its workers (``launcher.start_method=fork``; the commands but the stopped one are forked from
-the tier's warm server): the signal comes after step 5, long after each worker set up its own handlers, and
-the workers' default start is what the signalled runs of test_reliability.py and test_multinode.py use.
+Every command is forked from the tier's warm server and forks its workers (``launcher.start_method=fork``):
+the signal comes after step 5, long after each worker set up its own handlers, and the workers' default
+start is what the signalled runs of test_reliability.py and test_multinode.py use.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 
 from components.config.errors import EXIT_INTERRUPTED
 from tests.support.cells import FORK
-from tests.support.cli import Warm, finish, start, wait_for_step
+from tests.support.cli import Warm, finish, wait_for_step
 
 STEPS = 30
 BATCH = ["train.micro_batch_size=4", "train.gradient_accumulation_steps=2", f"train.max_steps={STEPS}"]
@@ -86,7 +86,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> Runs:
     )
     victims = root / "victim"
     victims.mkdir()
-    victim = start(victims, *QUICK, *BATCH, *PIPELINE, "strategy.schedule=1f1b", "train.save_every=10", FORK)
+    victim = warm.start(
+        *QUICK, *BATCH, *PIPELINE, "strategy.schedule=1f1b", "train.save_every=10", FORK, cwd=victims
+    )
     wait_for_step(victims, 5, victim, timeout=600)  # start-up on a loaded machine takes minutes
     victim.send_signal(signal.SIGTERM)
     err = finish(victim, timeout=180)

@@ -4,8 +4,10 @@ the workers, a killed launcher; a planted pickle in a sharded optimizer state.
 The runs that need no signal are the support matrix's cells (tests/multiproc/test_cells.py launches each
 once per session): the uninterrupted DDP run the signal-to-the-launcher test must end like is the sft-ddp
 cell (the victim runs its overrides); the planted pickle goes into a copy of the sft-zero2 cell's last
-checkpoint, whose clean resume is the cell's own resumed launch. The signalled runs start the default way
-(spawn, a new interpreter): how the processes start and stop is what these tests check.
+checkpoint, whose clean resume is the cell's own resumed launch. The signalled runs' workers start the
+default way (spawn): how the ranks start and stop is what these tests check. Their launchers are forked from
+the tier's warm server (``Warm.start``: a process of its own, its own group, its imports done), but the
+killed one, a new interpreter: the server would kill the workers it left, which must stop on their own.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from components.commands.matrix import Cell
 from components.config.errors import EXIT_INTERRUPTED
 from components.runtime.checkpoint import checkpoints_in, mark_complete, verify
 from tests.support.cells import FORK, command
-from tests.support.cli import finish, start, wait_for_step
+from tests.support.cli import WarmProcess, finish, start, wait_for_step
 
 #: a one-process run's overrides (tests/cli/test_signals.py's too)
 RUN = [
@@ -82,7 +83,7 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_resumes_exactly(tmp_path:
     stop``): it relays the signal, both ranks stop after the same step, one checkpoint, exit 75 like a
     single process; the printed advice resumes to the uninterrupted run's weights (the sft-ddp cell's, the
     same overrides), bit for bit."""
-    victim = start(tmp_path, *ddp(tmp_path))
+    victim = warm.start(*ddp(tmp_path), cwd=tmp_path)
     wait_for_step(tmp_path, 5, victim)
     victim.send_signal(signal.SIGTERM)
     err = finish(victim, timeout=180)
@@ -107,7 +108,7 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_resumes_exactly(tmp_path:
         assert torch.equal(expected[key], got[key]), key
 
 
-def own_processes(proc: subprocess.Popen[str], run: Path, who: str) -> None:
+def own_processes(proc: WarmProcess, run: Path, who: str) -> None:
     """Send a signal the way ``who`` gets it: Ctrl-C (SIGINT to the whole process group), or SLURM /
     an operator signalling one worker (SIGUSR1 to rank 1 only)."""
     if who == "group":
@@ -118,10 +119,12 @@ def own_processes(proc: subprocess.Popen[str], run: Path, who: str) -> None:
 
 
 @pytest.mark.parametrize(("who", "signum"), [("group", signal.SIGINT), ("rank 1", signal.SIGUSR1)])
-def test_a_signal_that_reaches_the_workers_stops_all_ranks_at_one_step(tmp_path: Path, who, signum) -> None:
+def test_a_signal_that_reaches_the_workers_stops_all_ranks_at_one_step(
+    tmp_path: Path, warm, who, signum
+) -> None:
     """Ctrl-C reaches the launcher and both workers at once (counted once, not as a second signal that
     kills); a signal to one worker only stops the other at the same step too (the ranks agree each step)."""
-    proc = start(tmp_path, *ddp(tmp_path))
+    proc = warm.start(*ddp(tmp_path), cwd=tmp_path)
     wait_for_step(tmp_path, 5, proc)
     (run,) = tmp_path.glob("outputs/*/*")
     own_processes(proc, run, who)

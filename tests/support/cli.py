@@ -58,8 +58,8 @@ def fresh(
     )
 
 
-#: every command :func:`start` started, for :func:`kill_leftovers`
-STARTED: list[subprocess.Popen[str]] = []
+#: every command :func:`start` or :meth:`Warm.start` started, for :func:`kill_leftovers`
+STARTED: list[Any] = []
 
 
 def start(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -91,9 +91,9 @@ def group_members(group: int) -> list[int]:
 
 
 def kill_leftovers() -> list[int]:
-    """SIGKILL whatever the commands :func:`start` started left running: a command still running with its
-    whole process group; of one that ended, the processes of its group it left (workers outliving their
-    launcher). The pids killed."""
+    """SIGKILL whatever the commands :func:`start` and :meth:`Warm.start` started left running: a command
+    still running with its whole process group; of one that ended, the processes of its group it left
+    (workers outliving their launcher). The pids killed."""
     killed = []
     while STARTED:
         proc = STARTED.pop()
@@ -177,7 +177,7 @@ def wait_for_step(
 
 class Warm:
     """``hydratune`` commands forked from one warm server (see the module doc). ``Warm()`` starts it;
-    ``close()`` stops it. One command at a time."""
+    ``close()`` stops it. One command at a time: ``warm(...)`` waits for it, ``warm.start(...)`` does not."""
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
@@ -202,7 +202,21 @@ class Warm:
         input: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """``hydratune *args`` in a forked child (:class:`subprocess.TimeoutExpired` past ``timeout``)."""
-        with self.lock:
+        return self.start(*args, cwd=cwd, env=env, timeout=timeout, input=input).result()
+
+    def start(
+        self,
+        *args: str,
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        timeout: float = TIMEOUT,
+        input: str | None = None,
+    ) -> WarmProcess:
+        """``hydratune *args`` in a forked child, not waited for: a handle like :func:`start`'s (``pid``, the
+        command's process group; ``poll``, ``send_signal``, ``communicate``), remembered for
+        :func:`kill_leftovers`. The server runs no other command until this one has ended."""
+        self.lock.acquire()
+        try:
             self.count += 1
             request = {
                 "args": list(args),
@@ -218,16 +232,12 @@ class Warm:
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
             line = self.proc.stdout.readline()
-            self.busy = False
             if not line:
                 raise RuntimeError(f"the warm hydratune server died (exit {self.proc.wait()})")
-            answer = json.loads(line)
-            out, err = (Path(request[k]).read_text(errors="replace") for k in ("out", "err"))
-            for k in ("out", "err"):
-                Path(request[k]).unlink()
-            if answer["timed_out"]:
-                raise subprocess.TimeoutExpired(["hydratune", *args], timeout, out, err)
-            return subprocess.CompletedProcess(["hydratune", *args], answer["rc"], out, err)
+        except BaseException:
+            self.lock.release()
+            raise
+        return WarmProcess(self, request, json.loads(line)["pid"])
 
     def close(self) -> None:
         """Stop the server; a command still running (its test was stopped) is killed with its process group
@@ -246,6 +256,63 @@ class Warm:
         for leftover in self.scratch.iterdir():
             leftover.unlink()
         self.scratch.rmdir()
+
+
+class WarmProcess:
+    """A command :meth:`Warm.start` forked: what the tests use of :class:`subprocess.Popen` (``pid``,
+    ``returncode``, ``poll``, ``send_signal``, ``kill``, ``communicate``). ``pid`` leads the command's own
+    process group (its workers are in it); the server kills what is left of the group when it ends."""
+
+    def __init__(self, warm: Warm, request: dict[str, Any], pid: int) -> None:
+        self.warm, self.request, self.pid = warm, request, pid
+        self.args = ["hydratune", *request["args"]]
+        self.returncode: int | None = None
+        self.answer: dict[str, Any] | None = None
+        self.output: tuple[str, str] = ("", "")
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        STARTED.append(self)
+
+    def _read(self) -> None:
+        assert self.warm.proc.stdout is not None
+        line = self.warm.proc.stdout.readline()
+        self.answer = json.loads(line) if line else {"rc": -signal.SIGKILL, "timed_out": False}
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self.reader.is_alive():
+            self._finish()
+        return self.returncode
+
+    def _finish(self) -> None:
+        assert self.answer is not None
+        paths = [Path(self.request[k]) for k in ("out", "err")]
+        out, err = (p.read_text(errors="replace") if p.is_file() else "" for p in paths)
+        for path in paths:
+            path.unlink(missing_ok=True)
+        self.output, self.returncode = (out, err), self.answer["rc"]
+        self.warm.busy = False
+        self.warm.lock.release()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Wait for the command (:class:`subprocess.TimeoutExpired` past ``timeout``); its stdout, stderr."""
+        self.reader.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.output
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def result(self) -> subprocess.CompletedProcess[str]:
+        out, err = self.communicate()
+        assert self.answer is not None
+        if self.answer["timed_out"]:
+            raise subprocess.TimeoutExpired(self.args, self.request["timeout"], out, err)
+        return subprocess.CompletedProcess(self.args, self.answer["rc"], out, err)
 
 
 # --- the server (python -m tests.support.cli --serve) ------------------------------------------------------
@@ -278,7 +345,11 @@ def _serve() -> None:
         if pid == 0:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             _child(request)  # never returns
+        with contextlib.suppress(OSError):  # the child does it too: whichever runs first
+            os.setpgid(pid, pid)
         running[:] = [pid]
+        protocol.write(json.dumps({"pid": pid}) + "\n")
+        protocol.flush()
         rc, timed_out = _wait(pid, request["timeout"])
         running.clear()
         protocol.write(json.dumps({"rc": rc, "timed_out": timed_out}) + "\n")
