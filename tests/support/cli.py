@@ -269,17 +269,21 @@ class WarmProcess:
         self.returncode: int | None = None
         self.answer: dict[str, Any] | None = None
         self.output: tuple[str, str] = ("", "")
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        self.answered = threading.Event()  # not Thread.is_alive: a join a timeout interrupts marks it ended
+        threading.Thread(target=self._read, daemon=True).start()
         STARTED.append(self)
 
     def _read(self) -> None:
         assert self.warm.proc.stdout is not None
-        line = self.warm.proc.stdout.readline()
-        self.answer = json.loads(line) if line else {"rc": -signal.SIGKILL, "timed_out": False}
+        try:
+            line = self.warm.proc.stdout.readline()
+            self.answer = json.loads(line) if line else None
+        finally:
+            self.answer = self.answer or {"rc": -signal.SIGKILL, "timed_out": False}  # the server died
+            self.answered.set()
 
     def poll(self) -> int | None:
-        if self.returncode is None and not self.reader.is_alive():
+        if self.returncode is None and self.answered.is_set():
             self._finish()
         return self.returncode
 
@@ -295,7 +299,7 @@ class WarmProcess:
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         """Wait for the command (:class:`subprocess.TimeoutExpired` past ``timeout``); its stdout, stderr."""
-        self.reader.join(timeout)
+        self.answered.wait(timeout)
         if self.poll() is None:
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
         return self.output
