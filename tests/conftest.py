@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import copy
 import gc
+import hashlib
 import os
 import shutil
 import sys
@@ -31,6 +32,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 # threads.py): spinning ones collapse training when anything else runs on the cores (other tests, other
 # processes). Set before torch loads: for the runs of this process and the commands the tests start.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# DeepSpeed builds its CPU ops (deepspeed_shm_comm, loaded as every DeepSpeed run starts on CPU) into
+# TORCH_EXTENSIONS_DIR: one dir per Python environment, or the checkouts of one machine rebuild it in turn
+# whenever another one ran last (their include paths differ): ~90 s in the first DeepSpeed run each time
+ENV_ID = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions" / ENV_ID))
 # the prepared-data cache of every test, and of every command a test starts, is one temporary dir (never
 # ~/.cache), removed when the session ends; tests of the cache itself set data.cache_dir to their own
 DATA_CACHE = tempfile.mkdtemp(prefix="hydratune-test-data-")

@@ -8,8 +8,10 @@ conf/strategy/ (``components.strategy.training_options``); a verdict is what the
 (the quantization's ``needs_adapter`` / ``sharding_refusal``, ``own_loop_refusal``: the strategy's
 ``OwnLoop`` hooks, for a recipe that owns its loop; its ``device_refusal`` on CPU).
 ``tests/unit/test_matrix.py`` walks every cell through the real composition and ``check_before_load`` and
-asserts the verdict. Which cells were also *trained* in a test is :data:`RUN_IN_TESTS` (a covering sample;
-the rest are checked, not run).
+asserts the verdict. Which
+cells were also *trained* in a test is :data:`RUN_IN_TESTS` (a covering sample; the rest are checked, not
+run); for the multi-process cells it is also how ``tests/multiproc/test_cells.py`` launches each (once) and
+what it asserts on the run.
 ``hydratune matrix --markdown > docs/matrix.md`` renders the table.
 """
 
@@ -104,43 +106,203 @@ def verdict(cell: Cell) -> Verdict:
     return Verdict("gpu", refusal.args[0]) if refusal is not None else Verdict("cpu")
 
 
-#: cells trained end to end by a test (the covering sample), with the test that does it
-RUN_IN_TESTS: dict[Cell, str] = {
-    Cell("sft", "single", "none", "none", "fp32"): "test_sft.py",
-    Cell(
-        "sft", "single", "lora", "nf4", "fp32"
-    ): "test_strategies.py::test_qlora_trains_only_the_adapter_on_cpu",
-    Cell(
-        "sft", "ddp", "none", "none", "fp32"
-    ): "test_distributed.py::test_ddp_two_processes_match_one_process",
-    Cell("sft", "zero1", "none", "none", "fp32"): "test_distributed.py::test_deepspeed_two_processes_…",
-    Cell("sft", "zero2", "none", "none", "fp32"): "test_distributed.py::test_deepspeed_two_processes_…",
-    Cell("sft", "zero3", "lora", "none", "fp32"): "test_distributed.py::test_deepspeed_two_processes_…",
-    Cell(
-        "sft", "zero2_offload", "none", "none", "fp32"
-    ): "test_distributed.py::test_deepspeed_two_processes_…",
-    Cell(
-        "sft", "zero3_offload", "none", "none", "fp32"
-    ): "test_distributed.py::test_deepspeed_two_processes_…",
-    Cell("reward", "single", "none", "none", "fp32"): "test_preference.py",
-    Cell("dpo", "single", "none", "none", "fp32"): "test_preference.py",
-    Cell("dpo", "single", "lora", "none", "fp32"): "test_preference.py",
-    Cell(
-        "dpo", "zero3", "none", "none", "fp32"
-    ): "test_distributed.py::test_dpo_under_zero3_loads_its_own_reference",
-    Cell("kto", "single", "none", "none", "fp32"): "test_unpaired_reference_free.py",
-    Cell("orpo", "single", "none", "none", "fp32"): "test_unpaired_reference_free.py",
-    Cell("simpo", "single", "none", "none", "fp32"): "test_unpaired_reference_free.py",
-    Cell("grpo", "single", "none", "none", "fp32"): "test_grpo.py",
-    Cell("grpo", "zero3", "none", "none", "fp32"): "test_distributed.py::test_grpo_under_zero3_…",
-    Cell("ppo", "single", "none", "none", "fp32"): "test_ppo.py",
-    Cell("ppo", "ddp", "none", "none", "fp32"): "test_distributed.py::test_ppo_on_two_processes",
-    Cell("ppo", "zero2", "none", "none", "fp32"): "test_distributed.py::test_ppo_on_two_processes",
-    Cell("ppo", "zero3", "none", "none", "fp32"): "test_distributed.py::test_ppo_under_zero3_…",
-    Cell("ppo", "zero3", "lora", "none", "fp32"): "test_distributed.py::test_ppo_with_lora_under_zero3_…",
-    Cell("ppo", "fsdp", "none", "none", "fp32"): "test_distributed.py::test_ppo_under_fsdp_…",
-    Cell("ppo", "fsdp", "lora", "none", "fp32"): "test_distributed.py::test_ppo_under_fsdp_with_lora_…",
-    Cell("sft", "pipeline", "none", "none", "fp32"): "test_pipeline.py::test_two_stages_train_like_one_…",
+@dataclass(frozen=True)
+class Trained:
+    """How a test trains a cell end to end. ``test``: the file (and test) that does it. A multi-process cell
+    is launched once by :data:`CELLS_TEST` and every test of it reads that one run dir: ``overrides`` are
+    what the launch adds to the cell's own (steps, batch, saves; ``{root}`` is the cell's own folder,
+    ``{reward_model}`` a run of :data:`REWARD_MODEL`), ``shows`` what its tests assert on the run (one test
+    each), ``resume`` the step of the checkpoint a second launch resumes from, to end like the first
+    (None: no second launch), ``one_process`` the overrides of a one-process run of the same batches (the
+    cell's strategy replaced by ``single``) that the run is compared with (None: none)."""
+
+    test: str
+    overrides: tuple[str, ...] = ()
+    shows: tuple[str, ...] = ()
+    resume: int | None = None
+    one_process: tuple[str, ...] | None = None
+
+    def launches(self) -> int:
+        """How many times the cell's test launches ``hydratune`` for it (0: another test's own runs)."""
+        if not self.shows:
+            return 0
+        return 1 + (self.resume is not None) + (self.one_process is not None)
+
+
+#: the multi-process cells' test: one launch per cell, one test per thing the cell shows
+CELLS_TEST = "tests/multiproc/test_cells.py"
+#: overrides of every launch of a cell: no eval, no generations, no plots; a record per step
+QUIET = ("train.eval_every=0", "train.eval_generations=0", "train.log_every=1", "train.write_plots=false")
+#: the reward model a PPO cell scores with (``{reward_model}``): one process, 2 steps of recipe=reward
+REWARD_MODEL = ("recipe=reward", "train.max_steps=2", "train.save_every=0")
+#: what every PPO cell's launch shares: 2 ranks x 8 rollouts of 16 prompts, 2 mini-batches of 8, scored by
+#: the brevity reward of tests/support/rewards.py (an EOS not required)
+PPO = (
+    "train.micro_batch_size=8",
+    "recipe.rollout_batch_size=16",
+    "recipe.mini_batch_size=8",
+    "recipe.reward._target_=tests.support.rewards.brevity",
+    "recipe.missing_eos_penalty=0",
+)
+#: a DeepSpeed SFT cell: 6 steps (the loss falls by then), checkpoints at 3 and 6; resumed from 3 the run
+#: repeats steps 4-6
+ZERO_SFT = ("train.micro_batch_size=8", "train.max_steps=6", "train.save_every=3", "train.keep_last=2")
+ZERO_SHOWS = (
+    "live strategy",
+    "ZeRO stage in deepspeed.json",
+    "loss falls",
+    "DeepSpeed's sharded optimizer state",
+    "non-empty weights",
+    "exact resume",
+)
+PPO_SHOWS = ("live strategy", "one record per iteration", "policy moved", "final weights")
+
+
+def _cell(recipe: str, strategy: str, peft: str = "none") -> Cell:
+    return Cell(recipe, strategy, peft, "none", "fp32")
+
+
+#: cells trained end to end by a test (the covering sample); the multi-process ones with their launch
+RUN_IN_TESTS: dict[Cell, Trained] = {
+    _cell("sft", "single"): Trained("tests/integration/test_sft.py"),
+    Cell("sft", "single", "lora", "nf4", "fp32"): Trained(
+        "tests/integration/test_sft.py::test_qlora_trains_only_the_adapter_on_cpu"
+    ),
+    # the reference of tests/multiproc/test_multinode.py's static rendezvous and of test_reliability.py's
+    # signal to the launcher (the same overrides, stopped and resumed): 30 steps leave room to stop after
+    # step 5
+    _cell("sft", "ddp"): Trained(
+        CELLS_TEST,
+        (
+            "train.micro_batch_size=8",
+            "train.max_steps=30",
+            "train.save_every=0",
+            "data.cache_dir={root}/data",
+        ),
+        (
+            "live strategy",
+            "data prepared once",
+            "one run dir",
+            "identical ranks",
+            "equal to one process",
+        ),
+        one_process=("train.micro_batch_size=16",),
+    ),
+    _cell("sft", "zero1"): Trained(CELLS_TEST, ZERO_SFT, ZERO_SHOWS, resume=3),
+    # also test_multinode.py's reference (c10d, hostfile) and test_reliability.py's planted pickle
+    _cell("sft", "zero2"): Trained(CELLS_TEST, ZERO_SFT, ZERO_SHOWS, resume=3),
+    # ZeRO-3 + LoRA: the adapter must be gathered, not saved as empty shards
+    _cell("sft", "zero3", "lora"): Trained(
+        CELLS_TEST,
+        ZERO_SFT,
+        (*ZERO_SHOWS[:4], "zero.Init: rank 0 held half", "adapter gathered and trained", "exact resume"),
+        resume=3,
+    ),
+    _cell("sft", "zero2_offload"): Trained(CELLS_TEST, ZERO_SFT, ZERO_SHOWS, resume=3),
+    _cell("sft", "zero3_offload"): Trained(
+        CELLS_TEST, ZERO_SFT, (*ZERO_SHOWS, "zero.Init: rank 0 held half"), resume=3
+    ),
+    _cell("reward", "single"): Trained("tests/integration/test_preference.py"),
+    _cell("dpo", "single"): Trained("tests/integration/test_preference.py"),
+    _cell("dpo", "single", "lora"): Trained("tests/integration/test_preference.py"),
+    # ZeRO-3 partitions the policy as it loads: the reference is loaded again into its own engine; 3 steps:
+    # step 1 has lr 0 (warm-up), so the policy moved by step 3
+    _cell("dpo", "zero3"): Trained(
+        CELLS_TEST,
+        ("train.micro_batch_size=4", "train.max_steps=3", "train.save_every=0"),
+        ("live strategy", "rewards 0 at step 1", "pairs probe after training", "non-empty weights"),
+    ),
+    _cell("kto", "single"): Trained("tests/unit/test_unpaired_reference_free.py"),
+    _cell("orpo", "single"): Trained("tests/unit/test_unpaired_reference_free.py"),
+    _cell("simpo", "single"): Trained("tests/unit/test_unpaired_reference_free.py"),
+    _cell("grpo", "single"): Trained("tests/integration/test_grpo.py"),
+    # a KL term: the random-init policy is saved (gathered first) for TRL to load as the reference
+    _cell("grpo", "zero3"): Trained(
+        CELLS_TEST,
+        (
+            "recipe.beta=0.1",
+            "recipe.reward_funcs=[tests.support.rewards.brevity]",
+            "data.eval_path=null",
+            "train.micro_batch_size=8",
+            "recipe.num_generations=4",
+            "train.max_steps=2",
+            "train.save_every=0",
+        ),
+        ("live strategy", "reference gathered", "KL 0 at step 1"),
+    ),
+    _cell("ppo", "single"): Trained("tests/integration/test_ppo.py"),
+    # 6 iterations: the cosine reaches 0 at the last (stepped once per process, it would end at 3 and
+    # climb back) and the policy is past KL 0.1
+    _cell("ppo", "ddp"): Trained(
+        CELLS_TEST,
+        (*PPO, "recipe.num_iterations=6"),
+        (*PPO_SHOWS, "identical ranks", "response lengths", "lr decays to 0"),
+    ),
+    _cell("ppo", "zero2"): Trained(
+        CELLS_TEST,
+        (*PPO, "recipe.num_iterations=6"),
+        (*PPO_SHOWS, "identical ranks", "response lengths", "lr decays to 0"),
+    ),
+    _cell("ppo", "zero3"): Trained(
+        CELLS_TEST,
+        (*PPO, "recipe.num_iterations=6", "train.save_every=3"),
+        (
+            *PPO_SHOWS,
+            "KL 0 at step 1",
+            "value head trained",
+            "the engine's sharded optimizer state",
+            "exact resume",
+        ),
+        resume=3,
+    ),
+    # the reward model the second (inference) ZeRO-3 engine: scores real-valued, the reference the
+    # adapter-free policy
+    _cell("ppo", "zero3", "lora"): Trained(
+        CELLS_TEST,
+        (
+            *(o for o in PPO if "reward._target_" not in o),
+            "recipe.reward.model={reward_model}",
+            "recipe.num_iterations=3",
+        ),
+        (
+            "live strategy",
+            "one record per iteration",
+            "KL 0 at step 1",
+            "reward model scores",
+            "adapter gathered and trained",
+        ),
+    ),
+    _cell("ppo", "fsdp"): Trained(
+        CELLS_TEST,
+        (*PPO, "recipe.num_iterations=6", "train.save_every=3"),
+        (
+            *PPO_SHOWS,
+            "KL 0 at step 1",
+            "value head trained",
+            "policy sharded",
+            "FSDP checkpoint gathered",
+            "exact resume",
+        ),
+        resume=3,
+    ),
+    # the reference is the sharded policy with its adapter disabled; the critic a second sharded model
+    _cell("ppo", "fsdp", "lora"): Trained(
+        CELLS_TEST,
+        (*PPO, "recipe.value_model=separate", "recipe.num_iterations=4", "train.save_every=2"),
+        (
+            "live strategy",
+            "one record per iteration",
+            "KL 0 at step 1",
+            "policy sharded",
+            "adapter gathered and trained",
+            "critic saved whole",
+            "exact resume",
+        ),
+        resume=2,
+    ),
+    _cell("sft", "pipeline"): Trained(
+        "tests/multiproc/test_pipeline.py::test_two_stages_train_like_one_process"
+    ),
 }
 
 
@@ -260,8 +422,28 @@ def markdown() -> str:
         mark = "✗ `" + str(split.key) + "`" if split.kind == "refused" else split.kind.upper()
         out.append(f"| `{' '.join(split.overrides)}` | {mark} | {split.trained} |")
     out += ["", "## Trained in tests", ""]
-    for cell, test in RUN_IN_TESTS.items():
-        out.append(f"- `{' '.join(cell.overrides()[:5])}`: `{test}`")
+    out += [
+        f"Each multi-process cell is launched once by `{CELLS_TEST}` (with `{' '.join(QUIET)}`,",
+        "and `launcher.start_method=fork` from a warm interpreter: the start-up is not what these tests",
+        "check; the signal, multi-node and pipeline tests start their workers the default way), and one test",
+        "per thing it shows reads that run dir; *resumed* is a second launch, from that checkpoint, ending",
+        "like the first; *one process* a one-process run of the same batches, its oracle. `<its reward",
+        f"model>`: a one-process run of `{' '.join(REWARD_MODEL)}`.",
+        "",
+    ]
+    for cell, trained in RUN_IN_TESTS.items():
+        line = f"- `{' '.join(cell.overrides()[:5])}`: `{trained.test}`"
+        if trained.shows:
+            overrides = (
+                o.format(root="<its dir>", reward_model="<its reward model>") for o in trained.overrides
+            )
+            line += f" (`{' '.join(overrides)}`"
+            if trained.resume is not None:
+                line += f"; resumed from checkpoint-{trained.resume}"
+            if trained.one_process is not None:
+                line += f"; one process with `{' '.join(trained.one_process)}`"
+            line += "): " + ", ".join(trained.shows)
+        out.append(line)
     return "\n".join(out) + "\n"
 
 

@@ -2,8 +2,8 @@
 on any change of the result (a row, the template, the tokenizer, max_length) and hits otherwise; a killed
 preparation leaves nothing readable; a damaged entry is never served; rows held memory-mapped, never as
 Python lists; worker processes give the same rows, tokens and errors as one process; the progress line;
-``hydratune cache ls|clear``; ``mode=plan`` says hit or miss. (Two ranks preparing once is checked in
-tests/multiproc/test_distributed.py's DDP run; TRL as the oracle of the tokens in
+``hydratune cache ls|clear``; ``mode=plan`` says hit or miss. (Two ranks preparing once is checked
+on tests/multiproc/test_cells.py's sft-ddp cell; TRL as the oracle of the tokens in
 tests/unit/test_sft_tokens.py.)"""
 
 from __future__ import annotations

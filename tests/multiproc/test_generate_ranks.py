@@ -6,15 +6,17 @@ from __future__ import annotations
 import re
 
 from tests.conftest import GENERATE
-from tests.support.cli import fresh
+from tests.support.cells import FORK
 from tests.support.runs import read_jsonl
 
 
-def test_generate_on_two_processes_equals_one_process(sft_runs, greedy_one_process, tmp_path) -> None:
-    proc = fresh(
+def test_generate_on_two_processes_equals_one_process(sft_runs, greedy_one_process, tmp_path, warm) -> None:
+    """(Forked from the tier's warm server, its workers forked from it: how they start is not the point.)"""
+    proc = warm(
         *GENERATE,
         f"model.from_run={sft_runs['full']}",
         "launcher.nproc_per_node=2",
+        FORK,
         "hydra.run.dir=out",
         cwd=tmp_path,
     )

@@ -1,10 +1,12 @@
 """Several nodes, for real: two "nodes" on 127.0.0.1, each a hydratune command with one process
 (``launcher.nnodes=2``), side by side in one pinned run dir, as docs/multinode.md's commands run them;
 and DeepSpeed's hostfile launcher over a real sshd. The oracle is a one-node 2-process run with the same
-seed: on CPU the final weights are equal bit for bit.
+seed and overrides: on CPU the final weights are equal bit for bit.
 
-Runs are shared where they can be: the SIGTERM run's resumed end state is the static rendezvous' weights
-check, the ZeRO-2 reference serves the c10d run and the hostfile run alike.
+The oracles are the support matrix's sft-ddp and sft-zero2 cells (tests/multiproc/test_cells.py launches
+each once per session; ``cells`` gives their run dirs): the nodes run the same overrides, on one process
+each. The static rendezvous' SIGTERM run, resumed, ends with the DDP cell's weights; the c10d run and the
+hostfile run with the ZeRO-2 cell's.
 """
 
 from __future__ import annotations
@@ -15,9 +17,7 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +25,20 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
+from components.commands.matrix import Cell
 from components.config.errors import EXIT_INTERRUPTED, EXIT_NODE_LOST
 from components.launcher import free_port
 from components.runtime.checkpoint import checkpoints_in, verify
-from tests.multiproc import test_reliability
-from tests.support.cli import finish, start
+from tests.support.cells import FORK, command
+from tests.support.cli import TIMEOUT, finish, finish_all, kill_mentioning, start, wait_for_step
 
-RUN = [*test_reliability.RUN, "train.max_steps=12"]  # short: most of a run's time is its start-up
-TIMEOUT = 420  # seconds a run may take on a loaded 2-core machine before the test gives up on it
+DDP, ZERO2 = Cell("sft", "ddp", "none", "none", "fp32"), Cell("sft", "zero2", "none", "none", "fp32")
+
+
+def node_command(cell: Cell, root: Path) -> list[str]:
+    """The cell's overrides for one node of two (one process each: the same 2 ranks as the cell's one
+    node of 2 processes)."""
+    return [o for o in command(cell, root) if not o.startswith("launcher.nproc_per_node=")]
 
 
 def two_nodes(cwd: Path, run: Path, rendezvous: list[str], *overrides: str) -> list[subprocess.Popen[str]]:
@@ -58,40 +64,6 @@ def c10d_at(port: int) -> list[str]:
     return [f"launcher.rdzv_endpoint=127.0.0.1:{port}"]
 
 
-def finish_all(procs: list[subprocess.Popen[str]], timeout: float = TIMEOUT) -> list[str]:
-    """Every process's stderr (each process group killed if it outlives ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    try:
-        return [finish(p, max(1.0, deadline - time.monotonic())) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.communicate()
-
-
-def wait_for_step(run: Path, step: int, procs: list[subprocess.Popen[str]], timeout: float = TIMEOUT) -> None:
-    """Until ``run``'s metrics show ``step`` (both nodes are training); fails if a node ended first."""
-    deadline = time.monotonic() + timeout
-    metrics = run / "metrics.jsonl"
-    while time.monotonic() < deadline:
-        if metrics.is_file() and any(
-            json.loads(line).get("step", 0) >= step
-            for line in metrics.read_text().splitlines()
-            if line.strip()
-        ):
-            return
-        ended = [p for p in procs if p.poll() is not None]
-        if ended:
-            errs = finish_all(procs, timeout=30)
-            raise AssertionError(
-                f"a node ended before step {step}:\n" + "\n---\n".join(e[-2000:] for e in errs)
-            )
-        time.sleep(0.2)
-    finish_all(procs, timeout=0.1)
-    raise AssertionError(f"training never reached step {step}")
-
-
 def weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "final" / "model.safetensors")
 
@@ -109,39 +81,13 @@ def one_run_dir(cwd: Path, run: Path) -> None:
     assert run.is_dir()
 
 
-class References:
-    """One-node 2-process runs (DDP and ZeRO-2), the same seed and steps: the oracle of every multi-node
-    layout here. Started in the background; ``ready(strategy)`` waits for one."""
-
-    def __init__(self, root: Path) -> None:
-        self.runs = {s: root / s for s in ("ddp", "zero2")}
-        self.procs = {
-            s: start(root, *RUN, f"strategy={s}", "launcher.nproc_per_node=2", f"hydra.run.dir={run}")
-            for s, run in self.runs.items()
-        }
-
-    def ready(self, strategy: str) -> Path:
-        proc = self.procs[strategy]
-        if proc.returncode is None:
-            err = finish(proc, TIMEOUT)
-            assert proc.returncode == 0, err[-3000:]
-        return self.runs[strategy]
-
-
-@pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> Iterator[References]:
-    refs = References(tmp_path_factory.mktemp("one_node"))
-    yield refs
-    finish_all([p for p in refs.procs.values() if p.returncode is None], timeout=TIMEOUT)
-
-
-def test_static_rendezvous_sigterm_on_one_node_and_resume_on_both(tmp_path: Path, references) -> None:
+def test_static_rendezvous_sigterm_on_one_node_and_resume_on_both(tmp_path: Path, cells) -> None:
     """Static rendezvous, DDP. A SIGTERM to node 1's launcher: every rank (both nodes) checkpoints the same
     step and exits 75, as on one node. ``resume=`` on both nodes continues in the one run dir and ends with
     the one-node run's weights, bit for bit; the run's files were written once, by node 0."""
     run = tmp_path / "shared" / "run"
-    nodes = two_nodes(tmp_path, run, static_at(free_port()), *RUN, "strategy=ddp")
-    wait_for_step(run, 3, nodes)
+    nodes = two_nodes(tmp_path, run, static_at(free_port()), *node_command(DDP, tmp_path))
+    wait_for_step(run, 3, nodes, timeout=TIMEOUT)
     nodes[1].send_signal(signal.SIGTERM)
     errs = finish_all(nodes)
     for node, err in zip(nodes, errs, strict=True):
@@ -155,27 +101,32 @@ def test_static_rendezvous_sigterm_on_one_node_and_resume_on_both(tmp_path: Path
     for saved in (run / ".hydra" / "config.yaml", run / "frozen_config.yaml"):  # written once, by node 0
         assert OmegaConf.load(saved).launcher.node_rank == 0
 
-    resumed = [start(tmp_path, f"resume={run}"), start(tmp_path, f"resume={run}", "launcher.node_rank=1")]
+    # (the resumed nodes fork their workers: how they start is not what the resume shows)
+    resumed = [
+        start(tmp_path, f"resume={run}", FORK),
+        start(tmp_path, f"resume={run}", FORK, "launcher.node_rank=1"),
+    ]
     for node, err in zip(resumed, finish_all(resumed), strict=True):
         assert node.returncode == 0, err[-3000:]
         assert "continues in its own run dir on every node" in err
     one_run_dir(tmp_path, run)
     again = OmegaConf.load(run / ".hydra" / "config.yaml")  # node 0's again: node 1 never wrote its own
     assert again.launcher.node_rank == 0 and again.resume == str(run)
-    assert_bit_identical(run, references.ready("ddp"))
+    assert_bit_identical(run, cells[DDP].run)
 
 
-def test_c10d_rendezvous_zero2_matches_one_node(tmp_path: Path, references) -> None:
+def test_c10d_rendezvous_zero2_matches_one_node(tmp_path: Path, cells) -> None:
     """c10d rendezvous (node ranks by arrival), DeepSpeed ZeRO-2: both nodes exit 0, one run dir, the
-    one-node run's weights bit for bit."""
+    one-node run's weights bit for bit. (Each node forks its worker: how a worker starts is not what this
+    checks, and the static rendezvous test starts them the default way.)"""
     run = tmp_path / "shared" / "run"
-    nodes = two_nodes(tmp_path, run, c10d_at(free_port()), *RUN, "strategy=zero2")
+    nodes = two_nodes(tmp_path, run, c10d_at(free_port()), *node_command(ZERO2, tmp_path), FORK)
     for node, err in zip(nodes, finish_all(nodes), strict=True):
         assert node.returncode == 0, err[-3000:]
     one_run_dir(tmp_path, run)
     live = json.loads((run / "result.json").read_text())["run"]["live strategy"]
     assert live == "DEEPSPEED, ZeRO stage 2, 2 process(es)"  # not a silent fallback to DDP
-    assert_bit_identical(run, references.ready("zero2"))
+    assert_bit_identical(run, cells[ZERO2].run)
 
 
 def test_a_node_that_never_comes_is_named_and_a_waiting_node_answers_sigterm(tmp_path: Path) -> None:
@@ -184,7 +135,7 @@ def test_a_node_that_never_comes_is_named_and_a_waiting_node_answers_sigterm(tmp
     tests/unit/test_rendezvous.py). A node still waiting at a static rendezvous stops at once on SIGTERM, as
     before any training (exit 128 + 15), leaving no run dir."""
     ports = {"missing": free_port(), "waiting": free_port()}
-    job = [*RUN, "strategy=ddp", "launcher.nnodes=2"]
+    job = [*node_command(DDP, tmp_path), "launcher.nnodes=2"]
     missing = start(
         tmp_path,
         *job,
@@ -217,9 +168,10 @@ def test_a_node_that_never_comes_is_named_and_a_waiting_node_answers_sigterm(tmp
 def test_a_dead_node_stops_every_rank_and_is_named(tmp_path: Path) -> None:
     """SIGKILL to every process of node 1 mid-run: node 0's rank stops within seconds (no hang in a
     collective), node 0 exits 69 naming node 1 and its rank, no gloo traceback; the last whole checkpoint
-    is kept and named with the command that resumes it."""
+    is kept and named with the command that resumes it. (The nodes fork their workers: node 1's whole
+    process group dies either way.)"""
     run = tmp_path / "shared" / "run"
-    overrides = [*RUN, "strategy=ddp", "train.max_steps=100000", "train.save_every=2"]
+    overrides = [*node_command(DDP, tmp_path), "train.max_steps=100000", "train.save_every=2", FORK]
     nodes = two_nodes(tmp_path, run, static_at(free_port()), *overrides)
     deadline = time.monotonic() + TIMEOUT
     while not checkpoints_in(run) and time.monotonic() < deadline:
@@ -287,7 +239,7 @@ def ssh_transport_missing() -> str | None:
 
 
 @pytest.mark.skipif(ssh_transport_missing() is not None, reason=str(ssh_transport_missing()))
-def test_deepspeed_hostfile_over_ssh_matches_local_zero2(tmp_path: Path, references) -> None:
+def test_deepspeed_hostfile_over_ssh_matches_local_zero2(tmp_path: Path, cells) -> None:
     """DeepSpeed's launcher with a 2-host hostfile (two names of this machine), pdsh over a real sshd:
     ZeRO-2 ends bit-identical to the local 2-process run. The run's environment reached the hosts (a
     fresh ssh login has none of it) through a private .deepspeed_env; the token in it was never printed
@@ -299,31 +251,20 @@ def test_deepspeed_hostfile_over_ssh_matches_local_zero2(tmp_path: Path, referen
     secret = "hf_multinode_test_secret"
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HF_TOKEN": secret, "HF_HUB_OFFLINE": "1"}
     try:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "recipes",
-                *RUN,
-                "strategy=zero2",
-                "launcher=deepspeed",
-                f"launcher.hostfile={hostfile}",
-                f"launcher.ssh_port={port}",
-                f"hydra.run.dir={run}",
-            ],
-            cwd=tmp_path,
-            env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
+        proc = start(
+            tmp_path,
+            *node_command(ZERO2, tmp_path),
+            "launcher=deepspeed",
+            f"launcher.hostfile={hostfile}",
+            f"launcher.ssh_port={port}",
+            f"hydra.run.dir={run}",
+            env=env,
         )
         out, err = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if "proc" in locals() and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    finally:  # the runner's group (pdsh, ssh) is killed after the test; what the sshd ran for it here
         server.terminate()
         server.wait(timeout=30)
+        kill_mentioning(str(run))
     assert proc.returncode == 0, err[-3000:]
     assert "--launcher pdsh" in err and "every host gets" in err and "HF_TOKEN (secret)" in err
     assert secret not in out + err
@@ -333,4 +274,4 @@ def test_deepspeed_hostfile_over_ssh_matches_local_zero2(tmp_path: Path, referen
     leftovers = [p for p in (*run.rglob("*"), *tmp_path.glob(".deepspeed_env")) if p.is_file()]
     assert not any(secret in p.read_text(errors="replace") for p in leftovers)
     assert not any(p.name == ".deepspeed_env" for p in leftovers)
-    assert_bit_identical(run, references.ready("zero2"))
+    assert_bit_identical(run, cells[ZERO2].run)

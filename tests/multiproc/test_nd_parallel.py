@@ -9,7 +9,10 @@ the final weights equal the single process's within tolerance (SGD with momentum
 gradient off by any factor shows; AdamW and clipping would hide one), the steps both runs trained (4 to the
 stop) bit-exact, each rank's parameter shapes (TP: half of every projection) or tokens per row (SP: half of
 each row) and its process groups as the live check recorded them, the token count, and the greedy answers
-to the eval prompts (tensor parallel generates on both ranks at once).
+to the eval prompts (tensor parallel generates on both ranks at once). Every command is forked from the tier's
+warm server and forks its workers (``launcher.start_method=fork``): the signal comes after step 4, long after
+each worker set up its own handlers, and the workers' default start is what the signalled runs of
+test_reliability.py and test_multinode.py use.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from safetensors.torch import load_file
 
 from components.config.errors import EXIT_INTERRUPTED
 from components.runtime.checkpoint import checkpoints_in, verify
-from tests.support.cli import finish, start, wait_for_step
+from tests.support.cells import FORK
+from tests.support.cli import Warm, finish, wait_for_step
 
 STEPS = 40
 #: a gradient off by any factor changes SGD's step (AdamW and clipping are scale-free and would hide it)
@@ -54,17 +58,10 @@ LAYOUTS = {
 LOSS_TOL, WEIGHT_TOL = 1e-4, 1e-5
 
 
-def cli(run_dir: Path, *overrides: str) -> None:
-    """The hydratune command in this process (the launcher spawns the workers)."""
-    import os
-
-    from hydra.core.global_hydra import GlobalHydra
-
-    from recipes.cli import main
-
-    os.environ["OMP_NUM_THREADS"] = "1"
-    GlobalHydra.instance().clear()
-    main([*overrides, f"hydra.run.dir={run_dir}"])
+def cli(warm: Warm, run_dir: Path, *overrides: str) -> None:
+    """The hydratune command, forked from the tier's warm server, its workers forked from it."""
+    done = warm(*overrides, FORK, f"hydra.run.dir={run_dir}", cwd=run_dir.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def records(run: Path) -> dict[int, dict]:
@@ -74,24 +71,24 @@ def records(run: Path) -> dict[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def oracle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One process, micro-batch 32, the same steps, and the eval answers at the end."""
+def oracle(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> Path:
+    """One process, micro-batch 36, the same steps, and the eval answers at the end."""
     run = tmp_path_factory.mktemp("single") / "run"
-    cli(run, *TRAIN, *FINISH)
+    cli(warm, run, *TRAIN, *FINISH)
     return run
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
-def layout(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def layout(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> dict:
     """The stopped run and the run resumed from its step-3 checkpoint, for one layout."""
     name, root = request.param, tmp_path_factory.mktemp(request.param)
-    proc = start(root, *TRAIN, *LAYOUTS[name])
+    proc = warm.start(*TRAIN, *LAYOUTS[name], FORK, cwd=root)
     wait_for_step(root, 4, proc, timeout=600)
     proc.send_signal(signal.SIGTERM)
     err = finish(proc, timeout=600)
     (stopped,) = root.glob("outputs/*/*")
     resumed = root / "resumed"
-    cli(resumed, *TRAIN, *LAYOUTS[name], *FINISH, f"resume={stopped / 'checkpoints' / 'checkpoint-3'}")
+    cli(warm, resumed, *TRAIN, *LAYOUTS[name], *FINISH, f"resume={stopped / 'checkpoints' / 'checkpoint-3'}")
     return {"name": name, "code": proc.returncode, "err": err, "stopped": stopped, "resumed": resumed}
 
 

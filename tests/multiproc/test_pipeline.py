@@ -7,12 +7,14 @@ run stopped by a real SIGTERM and resumed, 30 optimizer steps each of 2 micro-ba
 model; and a LoRA pair (one process, 2 stages), 4 steps. Tolerances: a pipeline step's loss is the same
 sums in another order, so |Δloss| <= 1e-5 relative per step (seen: ~2e-7) and the final weights within 1e-5
 absolute (seen: ~4e-7); the resumed run is bit-exact against the uninterrupted one (same order of sums).
+Every command is forked from the tier's warm server and forks its workers (``launcher.start_method=fork``):
+the signal comes after step 5, long after each worker set up its own handlers, and the workers' default
+start is what the signalled runs of test_reliability.py and test_multinode.py use.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 from dataclasses import dataclass
@@ -23,6 +25,8 @@ import torch
 from safetensors.torch import load_file
 
 from components.config.errors import EXIT_INTERRUPTED
+from tests.support.cells import FORK
+from tests.support.cli import Warm, finish, wait_for_step
 
 STEPS = 30
 BATCH = ["train.micro_batch_size=4", "train.gradient_accumulation_steps=2", f"train.max_steps={STEPS}"]
@@ -34,11 +38,10 @@ INTERLEAVED_5 += ["model.architecture.num_hidden_layers=4", "train.gradient_accu
 
 
 # ---- two ranks against one process ------------------------------------------------------------------
-def hydratune(run_dir: Path, *overrides: str) -> None:
-    from recipes.cli import main
-
-    os.environ["OMP_NUM_THREADS"] = "1"
-    main([*QUICK, *BATCH, *overrides, f"hydra.run.dir={run_dir}"])
+def hydratune(warm: Warm, run_dir: Path, *overrides: str) -> None:
+    """The command, forked from the tier's warm server, its workers forked from it."""
+    done = warm(*overrides, FORK, f"hydra.run.dir={run_dir}", cwd=run_dir.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def records(run: Path) -> list[dict]:
@@ -73,18 +76,19 @@ class Runs:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+def runs(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> Runs:
     """The single-process reference and a GPipe run of the same batches, and a 1F1B run stopped by a real
     SIGTERM to its launcher after step 5 and resumed with the command it printed."""
-    from recipes.cli import main
-    from tests.support.cli import finish, start, wait_for_step
-
     root = tmp_path_factory.mktemp("pipeline")
-    hydratune(root / "single", "train.save_every=0")
-    hydratune(root / "gpipe", *PIPELINE, "strategy.schedule=gpipe", "train.save_every=0")
+    hydratune(warm, root / "single", *QUICK, *BATCH, "train.save_every=0")
+    hydratune(
+        warm, root / "gpipe", *QUICK, *BATCH, *PIPELINE, "strategy.schedule=gpipe", "train.save_every=0"
+    )
     victims = root / "victim"
     victims.mkdir()
-    victim = start(victims, *QUICK, *BATCH, *PIPELINE, "strategy.schedule=1f1b", "train.save_every=10")
+    victim = warm.start(
+        *QUICK, *BATCH, *PIPELINE, "strategy.schedule=1f1b", "train.save_every=10", FORK, cwd=victims
+    )
     wait_for_step(victims, 5, victim, timeout=600)  # start-up on a loaded machine takes minutes
     victim.send_signal(signal.SIGTERM)
     err = finish(victim, timeout=180)
@@ -92,7 +96,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     stopped = [json.loads(p.read_text()) for p in sorted(run.glob(".rank*.stopped.json"))]
     advice = re.search(r"Resume with: hydratune (resume=\S+)", err)
     if victim.returncode == EXIT_INTERRUPTED and advice:  # the printed advice: the run's own config
-        main([advice.group(1), f"hydra.run.dir={root / 'resumed'}"])
+        hydratune(warm, root / "resumed", advice.group(1))
     return Runs(root / "single", root / "gpipe", run, root / "resumed", err, victim.returncode, stopped)
 
 
@@ -173,12 +177,12 @@ def test_sigterm_stops_both_stages_and_the_resume_is_bit_exact(runs: Runs) -> No
 
 
 @pytest.fixture(scope="module")
-def lora_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def lora_runs(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> tuple[Path, Path]:
     """LoRA (dropout 0: with dropout every rank draws its own masks) on one process and on 2 stages."""
     root = tmp_path_factory.mktemp("pipeline_lora")
-    lora = ["peft=lora", "peft.dropout=0", "train.max_steps=4", "train.save_every=0"]
-    hydratune(root / "single", *lora)
-    hydratune(root / "stages", *lora, *PIPELINE)
+    lora = [*QUICK, *BATCH, "peft=lora", "peft.dropout=0", "train.max_steps=4", "train.save_every=0"]
+    hydratune(warm, root / "single", *lora)
+    hydratune(warm, root / "stages", *lora, *PIPELINE)
     return root / "single", root / "stages"
 
 

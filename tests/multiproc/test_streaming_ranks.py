@@ -3,36 +3,30 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from components.runtime.feed import TRACE
-from tests.conftest import REPO
 from tests.integration.test_streaming import RUN, chat, write_jsonl
+from tests.support.cells import FORK
 from tests.support.runs import read_jsonl
 
 
-def test_two_ranks_train_on_disjoint_rows(tmp_path: Path) -> None:
+def test_two_ranks_train_on_disjoint_rows(tmp_path: Path, warm) -> None:
     """DDP on 2 CPU ranks, streaming one file: each rank trains on its own rows (row i to rank i % 2), none
     on the other's; both end with the same weights; the summary counts each rank's rows."""
     path = write_jsonl(tmp_path / "rows.jsonl", [chat(i) for i in range(40)])
     run, trace = tmp_path / "ddp", tmp_path / "trace"
     trace.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), TRACE: str(trace)}
     args = [
         *RUN,
         "train.save_every=0",
         "strategy=ddp",
         "launcher.nproc_per_node=2",
+        FORK,  # forked from the warm server, its workers forked from it: how they start is not the point
         f"data.path={path}",
         f"data.eval_path={path}",
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "recipes", *args, "train.max_steps=4", f"hydra.run.dir={run}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    proc = warm(*args, "train.max_steps=4", f"hydra.run.dir={run}", cwd=tmp_path, env={TRACE: str(trace)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [read_jsonl(trace / f"rank{rank}.jsonl") for rank in (0, 1)]  # the feed's trace
     assert len(rows[0]) == len(rows[1]) == 32

@@ -62,10 +62,15 @@ def fresh(
     )
 
 
+#: every command :func:`start` or :meth:`Warm.start` started, for :func:`kill_leftovers`
+STARTED: list[Any] = []
+
+
 def start(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """``hydratune *args`` started in a new interpreter and a session of its own (a signal to its group
-    reaches it and its workers only, like Ctrl-C in a terminal); stdout and stderr piped."""
-    return subprocess.Popen(
+    reaches it and its workers only, like Ctrl-C in a terminal); stdout and stderr piped. Remembered:
+    :func:`kill_leftovers` kills what a test left running."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "recipes", *args],
         cwd=cwd,
         env=child_env({"PYTHONUNBUFFERED": "1", **(env or {})}),
@@ -74,6 +79,54 @@ def start(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subproces
         text=True,
         start_new_session=True,
     )
+    STARTED.append(proc)
+    return proc
+
+
+def group_members(group: int) -> list[int]:
+    """The processes of process group ``group`` (from /proc)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == group:  # state, ppid, pgrp, ...
+                members.append(int(stat.parent.name))
+    return members
+
+
+def kill_leftovers() -> list[int]:
+    """SIGKILL whatever the commands :func:`start` and :meth:`Warm.start` started left running: a command
+    still running with its whole process group; of one that ended, the processes of its group it left
+    (workers outliving their launcher). The pids killed."""
+    killed = []
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:  # still our child: its pid, and so its group, is ours
+            killed += [proc.pid, *(p for p in group_members(proc.pid) if p != proc.pid)]
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            continue
+        for pid in group_members(proc.pid):  # its pid may be reused; the orphans of its group are not
+            if pid != proc.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+    return killed
+
+
+def kill_mentioning(text: str) -> list[int]:
+    """SIGKILL this user's processes whose command line contains ``text`` (a test's own temporary path):
+    for what a test started outside its process groups, e.g. commands an sshd ran for it."""
+    killed = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(cmdline.parent.name)
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if pid != os.getpid() and cmdline.parent.stat().st_uid == os.getuid() and text in line:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = TIMEOUT) -> str:
@@ -87,18 +140,43 @@ def finish(proc: subprocess.Popen[str], timeout: float = TIMEOUT) -> str:
         raise
 
 
-def wait_for_step(cwd: Path, step: int, proc: subprocess.Popen[str], timeout: float = TIMEOUT) -> None:
-    """Block until some run under ``cwd`` has logged ``step`` (the process is mid-training)."""
+def finish_all(procs: list[subprocess.Popen[str]], timeout: float = TIMEOUT) -> list[str]:
+    """:func:`finish` for several commands that run side by side, within one ``timeout`` together; every
+    process group still running at the end (a failure, a timeout) is killed."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [finish(p, max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+
+
+def wait_for_step(
+    where: Path,
+    step: int,
+    proc: subprocess.Popen[str] | list[subprocess.Popen[str]],
+    timeout: float = TIMEOUT,
+) -> None:
+    """Block until a run has logged ``step`` (the processes are mid-training): the run dir ``where``, or
+    some run under ``where/outputs``. Fails at once, with their stderr, if one of the processes ended (and
+    kills the others)."""
+    procs = proc if isinstance(proc, list) else [proc]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for metrics in cwd.glob("outputs/*/*/metrics.jsonl"):
-            lines = metrics.read_text().splitlines()
+        for metrics in [where / "metrics.jsonl", *where.glob("outputs/*/*/metrics.jsonl")]:
+            lines = metrics.read_text().splitlines() if metrics.is_file() else []
             if any(json.loads(line).get("step", 0) >= step for line in lines if line.strip()):
                 return
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        if any(p.poll() is not None for p in procs):
+            errs = finish_all(procs, timeout=30)
+            raise AssertionError(
+                f"a process ended before step {step}:\n" + "\n---\n".join(e[-2000:] for e in errs)
+            )
         time.sleep(0.2)
-    finish(proc, timeout=0.1)
-    raise AssertionError("training never reached the step")
+    finish_all(procs, timeout=0.1)
+    raise AssertionError(f"training never reached step {step}")
 
 
 def in_process(*args: str) -> None:
@@ -131,8 +209,8 @@ def sigterm_on(hook: str) -> None:
 
 
 class Warm:
-    """``hydratune`` commands forked from one warm server (see the module doc). One command at a time;
-    :meth:`close` stops the server."""
+    """``hydratune`` commands forked from one warm server (see the module doc). ``Warm()`` starts it;
+    ``close()`` stops it. One command at a time: ``warm(...)`` waits for it, ``warm.start(...)`` does not."""
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
@@ -146,6 +224,7 @@ class Warm:
         self.lock = threading.Lock()
         self.scratch = Path(tempfile.mkdtemp(prefix="hydratune-warm-"))
         self.count = 0
+        self.busy = False  # a command was sent and its answer not read (a test stopped while it ran)
 
     def __call__(
         self,
@@ -158,7 +237,22 @@ class Warm:
     ) -> subprocess.CompletedProcess[str]:
         """``hydratune *args`` in a forked child; ``prelude``: Python run in the child first (a hook, a
         resource limit). Raises :class:`subprocess.TimeoutExpired` past ``timeout``."""
-        with self.lock:
+        return self.start(*args, cwd=cwd, env=env, timeout=timeout, input=input, prelude=prelude).result()
+
+    def start(
+        self,
+        *args: str,
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        timeout: float = TIMEOUT,
+        input: str | None = None,
+        prelude: str | None = None,
+    ) -> WarmProcess:
+        """``hydratune *args`` in a forked child, not waited for: a handle like :func:`start`'s (``pid``, the
+        command's process group; ``poll``, ``send_signal``, ``communicate``), remembered for
+        :func:`kill_leftovers`. The server runs no other command until this one has ended."""
+        self.lock.acquire()
+        try:
             self.count += 1
             files = {k: str(self.scratch / f"{self.count}.{k}") for k in ("out", "err", "in")}
             request = {
@@ -171,30 +265,95 @@ class Warm:
                 **files,
             }
             assert self.proc.stdin is not None and self.proc.stdout is not None
+            self.busy = True
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
             line = self.proc.stdout.readline()
             if not line:
                 raise RuntimeError(f"the warm hydratune server died (exit {self.proc.wait()})")
-            answer = json.loads(line)
-            out, err = (Path(files[k]).read_text(errors="replace") for k in ("out", "err"))
-            for path in files.values():
-                Path(path).unlink(missing_ok=True)
-            if answer["timed_out"]:
-                raise subprocess.TimeoutExpired(["hydratune", *args], timeout, out, err)
-            return subprocess.CompletedProcess(["hydratune", *args], answer["rc"], out, err)
+        except BaseException:
+            self.lock.release()
+            raise
+        return WarmProcess(self, request, json.loads(line)["pid"])
 
     def close(self) -> None:
+        """Stop the server; a command still running (its test was stopped) is killed with its process group
+        (workers included) first."""
         if self.proc.poll() is None:
             assert self.proc.stdin is not None
-            self.proc.stdin.close()
+            if self.busy:
+                self.proc.terminate()  # the server kills the command's group, then exits
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
         for leftover in self.scratch.iterdir():
             leftover.unlink()
         self.scratch.rmdir()
+
+
+class WarmProcess:
+    """A command :meth:`Warm.start` forked: what the tests use of :class:`subprocess.Popen` (``pid``,
+    ``returncode``, ``poll``, ``send_signal``, ``kill``, ``communicate``). ``pid`` leads the command's own
+    process group (its workers are in it); the server kills what is left of the group when it ends."""
+
+    def __init__(self, warm: Warm, request: dict[str, Any], pid: int) -> None:
+        self.warm, self.request, self.pid = warm, request, pid
+        self.args = ["hydratune", *request["args"]]
+        self.returncode: int | None = None
+        self.answer: dict[str, Any] | None = None
+        self.output: tuple[str, str] = ("", "")
+        self.answered = threading.Event()  # not Thread.is_alive: a join a timeout interrupts marks it ended
+        threading.Thread(target=self._read, daemon=True).start()
+        STARTED.append(self)
+
+    def _read(self) -> None:
+        assert self.warm.proc.stdout is not None
+        try:
+            line = self.warm.proc.stdout.readline()
+            self.answer = json.loads(line) if line else None
+        finally:
+            self.answer = self.answer or {"rc": -signal.SIGKILL, "timed_out": False}  # the server died
+            self.answered.set()
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.answered.is_set():
+            self._finish()
+        return self.returncode
+
+    def _finish(self) -> None:
+        assert self.answer is not None
+        paths = [Path(self.request[k]) for k in ("out", "err")]
+        out, err = (p.read_text(errors="replace") if p.is_file() else "" for p in paths)
+        for path in [*paths, Path(self.request["in"])]:
+            path.unlink(missing_ok=True)
+        self.output, self.returncode = (out, err), self.answer["rc"]
+        self.warm.busy = False
+        self.warm.lock.release()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Wait for the command (:class:`subprocess.TimeoutExpired` past ``timeout``); its stdout, stderr."""
+        self.answered.wait(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.output
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def result(self) -> subprocess.CompletedProcess[str]:
+        out, err = self.communicate()
+        assert self.answer is not None
+        if self.answer["timed_out"]:
+            raise subprocess.TimeoutExpired(self.args, self.request["timeout"], out, err)
+        return subprocess.CompletedProcess(self.args, self.answer["rc"], out, err)
 
 
 # --- the server (python -m tests.support.cli --serve) ------------------------------------------------------
@@ -211,15 +370,31 @@ def _serve() -> None:
     import components.runtime.run  # noqa: F401
     import recipes.cli  # noqa: F401
 
+    protocol = sys.stdout
+    running: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:  # Warm.close() while a command runs: kill it, then exit
+        for pid in running:
+            _kill_group(pid)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
     for line in sys.stdin:
         request = json.loads(line)
         sys.stdout.flush()
         pid = os.fork()
         if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             _child(request)  # never returns
+        with contextlib.suppress(OSError):  # the child does it too: whichever runs first
+            os.setpgid(pid, pid)
+        running[:] = [pid]
+        protocol.write(json.dumps({"pid": pid}) + "\n")
+        protocol.flush()
         rc, timed_out = _wait(pid, request["timeout"])
-        sys.stdout.write(json.dumps({"rc": rc, "timed_out": timed_out}) + "\n")
-        sys.stdout.flush()
+        running.clear()
+        protocol.write(json.dumps({"rc": rc, "timed_out": timed_out}) + "\n")
+        protocol.flush()
 
 
 def _wait(pid: int, timeout: float) -> tuple[int, bool]:

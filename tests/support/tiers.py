@@ -144,5 +144,11 @@ class BudgetCheck(pytest.Item):
                 + "\nmake them faster or move what launches processes or trains for long to its tier"
             )
 
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: str | None = None) -> str:
+        """The message alone: the traceback would only show this plugin and pluggy."""
+        if isinstance(excinfo.value, AssertionError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
     def reportinfo(self) -> tuple[str, int, str]:
         return "tests/support/tiers.py", 0, f"the fast tiers within {FAST_BUDGET_S:.0f} s"

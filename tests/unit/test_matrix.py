@@ -18,7 +18,8 @@ from components.config.errors import ConfigError
 from components.runtime.checks import check_before_load
 from components.runtime.run import Components
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "matrix.md"
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs" / "matrix.md"
 
 
 class Composer:
@@ -135,6 +136,23 @@ def test_the_covering_sample_trains_every_recipe_and_strategy_once() -> None:
     untrained = set(matrix.strategies()) - {c.strategy for c in run}
     # GPU-only strategies on this host: zero3pp (CUDA quantizer); zero0 and zero3_nvme are checked only
     assert untrained == {"zero0", "zero3_nvme", "zero3pp"}, untrained
+
+
+def test_each_trained_cell_names_a_test_that_exists_and_what_its_launch_shows() -> None:
+    """Every test file named exists; the cells test launches every multi-process cell but the pipeline's (its
+    own file) and nothing else; a resumed launch is there for the resume check and a one-process run for
+    the comparison with one, each only then."""
+    for cell, trained in matrix.RUN_IN_TESTS.items():
+        assert (REPO / trained.test.split("::")[0]).is_file(), trained.test
+        several = matrix.strategies()[cell.strategy].max_processes != 1
+        assert (trained.test == matrix.CELLS_TEST) == (several and cell.strategy != "pipeline"), cell
+        assert bool(trained.shows) == (trained.test == matrix.CELLS_TEST), cell
+        assert (trained.resume is not None) == ("exact resume" in trained.shows), cell
+        assert (trained.one_process is not None) == ("equal to one process" in trained.shows), cell
+        assert len(set(trained.shows)) == len(trained.shows), cell
+        if trained.resume is not None:  # the checkpoint resumed from is one the launch saves
+            every = next(o for o in trained.overrides if o.startswith("train.save_every="))
+            assert trained.resume % int(every.split("=")[1]) == 0, cell
 
 
 def test_docs_matrix_is_up_to_date() -> None:
