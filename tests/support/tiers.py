@@ -31,7 +31,8 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
-#: tier -> per-test timeout in seconds (pytest-timeout): a hang fails its test, not the whole CI run
+#: tier -> per-test timeout in seconds (pytest-timeout): a hang fails its test, not the whole CI run; a run
+#: goes through the tiers in this order (the fast ones first, in a process nothing heavy has run in yet)
 TIERS: dict[str, int] = {
     "unit": 120,
     "integration": 600,
@@ -86,6 +87,10 @@ class Tiers:
                 "tests outside a tier folder (move each into tests/<tier>/, see tests/README.md): "
                 + ", ".join(untiered[:5])
             )
+        # tier by tier, the fast ones first (cheap failures early; the fast tiers timed as the inner loop runs
+        # them); a stable sort keeps the files' order inside a tier
+        order = {tier: i for i, tier in enumerate(TIERS)}
+        items.sort(key=lambda item: order.get(self.tier.get(item.nodeid, ""), len(order)))
         selected = set(self.tier.values())
         if all(tier in selected for tier in FAST):  # a run of both fast tiers (or more): judge their time
             items.append(BudgetCheck.from_parent(session, name="fast-tier-budget", plugin=self))
