@@ -685,10 +685,14 @@ class DeepSpeedLauncher(Local):
 
     def command(self, run_dir: Path, worker: Callable[[str], Any], quiet: bool = False) -> list[str]:
         """The ``deepspeed`` command (an argument list, no shell) running the frozen config's workers: every
-        process runs ``worker``'s module (``python -m <module> <run dir>``). ``quiet``: DeepSpeed's runner
+        process runs ``worker``'s module (``python -m <module> <run dir>``). DeepSpeed's runner is started by
+        this interpreter (``python -m deepspeed.launcher.runner``), so a venv that is not activated (its
+        ``deepspeed`` script not on ``PATH``) launches the same installation. ``quiet``: DeepSpeed's runner
         logs no command line (it would show the exported secrets)."""
         hosts = self.hosts()
-        cmd = ["deepspeed"]
+        import sys
+
+        cmd = [sys.executable, "-m", "deepspeed.launcher.runner"]
         if hosts is not None:
             cmd += ["--hostfile", str(self.hostfile), "--launcher", self.transport]
             cmd += ["--no_ssh_check"]  # launch() tried every host itself; one local host needs no ssh

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,7 @@ def test_the_hostfile_is_checked_before_anything_starts(tmp_path: Path, monkeypa
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
     cmd = DeepSpeedLauncher(hostfile=str(hostfile)).command(tmp_path, free_port)
+    assert cmd[:3] == [sys.executable, "-m", "deepspeed.launcher.runner"]  # PATH (emptied above) not asked
     assert "--no_ssh_check" in cmd and "--force_multi" not in cmd  # DeepSpeed would ssh to localhost
     assert cmd[cmd.index("--master_addr") + 1] == "localhost"
 
