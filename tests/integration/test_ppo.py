@@ -13,6 +13,7 @@ from components.config.errors import ConfigError
 from components.rl import ppo_parts as ppo
 from tests.support import rewards
 from tests.support.rl import FAST_PPO, PER_ITERATION
+from tests.support.runs import assert_base_untouched
 
 
 # ---------------------------------------------------------------------------------------- the pieces
@@ -198,15 +199,7 @@ def test_ppo_with_lora_keeps_no_reference_copy_and_trains_only_adapter_and_head(
     assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)
     head = load_file(final / "value.safetensors")
     assert head["weight"].abs().sum() > 0  # the value head (zero at the start) was trained
-    ctx.seed_everything()
-    base = ctx.components.model.build().state_dict()
-    trained = {
-        k.replace(".base_layer", ""): v
-        for k, v in ctx.model.get_base_model().state_dict().items()
-        if "lora_" not in k
-    }
-    assert trained.keys() == base.keys()
-    assert all(torch.equal(trained[k], v) for k, v in base.items())
+    assert_base_untouched(ctx)
 
 
 def test_ppo_against_a_trained_reward_model_with_a_critic_from_it(run_recipe, tmp_path, monkeypatch) -> None:

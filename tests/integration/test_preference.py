@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from components.config.errors import ConfigError
+from tests.support.runs import assert_base_untouched
 
 #: the learning tier's settings (tests/learning/test_preference_learns.py)
 SHORT = ["train.micro_batch_size=16", "train.log_every=5", "train.eval_generations=0", "train.save_every=0"]
@@ -39,15 +40,7 @@ def test_dpo_with_lora_trains_only_the_adapter_and_keeps_no_reference_copy(run_r
     adapter = load_file(ctx.run_dir.final / "adapter_model.safetensors")
     assert adapter and all("lora_" in k for k in adapter)
     assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)
-    ctx.seed_everything()
-    base = ctx.components.model.build().state_dict()
-    trained = {
-        k.replace(".base_layer", ""): v
-        for k, v in ctx.model.get_base_model().state_dict().items()
-        if "lora_" not in k
-    }
-    assert trained.keys() == base.keys()
-    assert all(torch.equal(trained[k], v) for k, v in base.items())
+    assert_base_untouched(ctx)
 
 
 def test_reward_model_with_lora_saves_its_score_head(run_recipe) -> None:

@@ -9,6 +9,7 @@ import json
 import math
 
 from tests.support.rl import FAST_GRPO, FAST_PPO, PER_ITERATION, train_rewards
+from tests.support.runs import first_and_last
 
 
 def test_ppo_raises_the_reward(run_recipe) -> None:
@@ -23,7 +24,7 @@ def test_ppo_raises_the_reward(run_recipe) -> None:
     records = ctx.run_dir.read_metrics()
     assert len(records) == 30
     rewards = [r["reward/mean"] for r in records]
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    first, last = first_and_last(rewards, 30, window=5)
     assert last > first + 0.3, rewards  # measured: -0.88 -> -0.16 (seed 42)
     assert all(math.isfinite(r["kl"]) and math.isfinite(r["loss"]) for r in records)
     for key in (*PER_ITERATION, "reward/std", "kl_coef", "eos_fraction", "approx_kl", "lr"):
@@ -52,8 +53,7 @@ def test_ppo_raises_exact_match_after_a_partial_sft(run_recipe, partial_sft) -> 
         name="ppo_exact_match",
     )
     rewards = [r["reward/mean"] for r in ctx.run_dir.read_metrics() if "reward/mean" in r]
-    assert len(rewards) == 100
-    first, last = sum(rewards[:20]) / 20, sum(rewards[-20:]) / 20
+    first, last = first_and_last(rewards, 100)
     assert 0.1 < first < 0.6, rewards  # a partly trained start
     # measured +0.086 (seed 42); the same chain with PPO seeds 43 / 44: +0.124 / +0.102
     assert last > first + 0.04, rewards
@@ -73,8 +73,7 @@ def test_grpo_raises_the_reward(run_recipe) -> None:
         name="grpo",
     )
     rewards = train_rewards(ctx)
-    assert len(rewards) == 16
-    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    first, last = first_and_last(rewards, 16, window=4)
     assert last > first + 0.3, rewards
     run = ctx.run_dir.path
     assert (run / "final" / "model.safetensors").is_file()
@@ -98,8 +97,7 @@ def test_grpo_raises_exact_match_after_a_partial_sft(run_recipe, partial_sft) ->
         name="grpo_exact_match",
     )
     rewards = [r["rewards/exact_match/mean"] for r in ctx.run_dir.read_metrics() if "reward" in r]
-    assert len(rewards) == 120
-    first, last = sum(rewards[:20]) / 20, sum(rewards[-20:]) / 20
+    first, last = first_and_last(rewards, 120)
     assert 0.1 < first < 0.6, rewards  # a partly trained start: groups with reward variance
     # measured +0.095 (seed 42); the same chain with GRPO seeds 43 / 44: +0.044 / +0.044
     assert last > first + 0.04, rewards

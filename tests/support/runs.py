@@ -36,3 +36,25 @@ def as_cli_run(ctx, overrides: list[str]) -> Path:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_base_untouched(ctx) -> None:
+    """A LoRA run left its base weights as they were built: the same seed builds them again, equal to the
+    trained model's base layers (the adapter's ``lora_`` weights aside)."""
+    import torch
+
+    ctx.seed_everything()
+    base = ctx.components.model.build().state_dict()
+    trained = {
+        k.replace(".base_layer", ""): v
+        for k, v in ctx.model.get_base_model().state_dict().items()
+        if "lora_" not in k
+    }
+    assert trained.keys() == base.keys()
+    assert all(torch.equal(trained[k], v) for k, v in base.items())
+
+
+def first_and_last(values: list[float], count: int, window: int = 20) -> tuple[float, float]:
+    """The means of the first and last ``window`` of ``count`` logged values (a learning curve's ends)."""
+    assert len(values) == count, values
+    return sum(values[:window]) / window, sum(values[-window:]) / window
