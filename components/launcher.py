@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -690,8 +691,6 @@ class DeepSpeedLauncher(Local):
         ``deepspeed`` script not on ``PATH``) launches the same installation. ``quiet``: DeepSpeed's runner
         logs no command line (it would show the exported secrets)."""
         hosts = self.hosts()
-        import sys
-
         cmd = [sys.executable, "-m", "deepspeed.launcher.runner"]
         if hosts is not None:
             cmd += ["--hostfile", str(self.hostfile), "--launcher", self.transport]

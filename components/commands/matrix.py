@@ -156,10 +156,22 @@ ZERO_SHOWS = (
     "exact resume",
 )
 PPO_SHOWS = ("live strategy", "one record per iteration", "policy moved", "final weights")
+#: a sharded PPO cell (ZeRO-3, FSDP2): 6 iterations, checkpoints at 3 and 6, resumed from 3
+PPO_SHARDED = ("recipe.num_iterations=6", "train.save_every=3")
+PPO_SHARDED_SHOWS = (*PPO_SHOWS, "KL 0 at step 1", "value head trained")
 
 
 def _cell(recipe: str, strategy: str, peft: str = "none") -> Cell:
     return Cell(recipe, strategy, peft, "none", "fp32")
+
+
+#: a PPO cell whose ranks hold whole replicas (DDP, ZeRO-2). 6 iterations: the cosine reaches 0 at the last
+#: (stepped once per process, it would end at 3 and climb back) and the policy is past KL 0.1
+PPO_REPLICATED = Trained(
+    CELLS_TEST,
+    (*PPO, "recipe.num_iterations=6"),
+    (*PPO_SHOWS, "identical ranks", "response lengths", "lr decays to 0"),
+)
 
 
 #: cells trained end to end by a test (the covering sample); the multi-process ones with their launch
@@ -231,28 +243,12 @@ RUN_IN_TESTS: dict[Cell, Trained] = {
         ("live strategy", "reference gathered", "KL 0 at step 1"),
     ),
     _cell("ppo", "single"): Trained("tests/integration/test_ppo.py"),
-    # 6 iterations: the cosine reaches 0 at the last (stepped once per process, it would end at 3 and
-    # climb back) and the policy is past KL 0.1
-    _cell("ppo", "ddp"): Trained(
-        CELLS_TEST,
-        (*PPO, "recipe.num_iterations=6"),
-        (*PPO_SHOWS, "identical ranks", "response lengths", "lr decays to 0"),
-    ),
-    _cell("ppo", "zero2"): Trained(
-        CELLS_TEST,
-        (*PPO, "recipe.num_iterations=6"),
-        (*PPO_SHOWS, "identical ranks", "response lengths", "lr decays to 0"),
-    ),
+    _cell("ppo", "ddp"): PPO_REPLICATED,
+    _cell("ppo", "zero2"): PPO_REPLICATED,
     _cell("ppo", "zero3"): Trained(
         CELLS_TEST,
-        (*PPO, "recipe.num_iterations=6", "train.save_every=3"),
-        (
-            *PPO_SHOWS,
-            "KL 0 at step 1",
-            "value head trained",
-            "the engine's sharded optimizer state",
-            "exact resume",
-        ),
+        (*PPO, *PPO_SHARDED),
+        (*PPO_SHARDED_SHOWS, "the engine's sharded optimizer state", "exact resume"),
         resume=3,
     ),
     # the reward model the second (inference) ZeRO-3 engine: scores real-valued, the reference the
@@ -274,15 +270,8 @@ RUN_IN_TESTS: dict[Cell, Trained] = {
     ),
     _cell("ppo", "fsdp"): Trained(
         CELLS_TEST,
-        (*PPO, "recipe.num_iterations=6", "train.save_every=3"),
-        (
-            *PPO_SHOWS,
-            "KL 0 at step 1",
-            "value head trained",
-            "policy sharded",
-            "FSDP checkpoint gathered",
-            "exact resume",
-        ),
+        (*PPO, *PPO_SHARDED),
+        (*PPO_SHARDED_SHOWS, "policy sharded", "FSDP checkpoint gathered", "exact resume"),
         resume=3,
     ),
     # the reference is the sharded policy with its adapter disabled; the critic a second sharded model

@@ -1,6 +1,6 @@
-"""The multi-process tier's shared things: one warm server for the commands whose start-up is not the point
-(:class:`tests.support.cli.Warm`), the support matrix's multi-process cells, each launched once per session
-(:class:`tests.support.cells.Cells`), and no process left behind by any test."""
+"""The multi-process tier's shared things: the session's warm server for the commands whose start-up is not
+the point (:class:`tests.support.cli.Warm`), the support matrix's multi-process cells, each launched once
+per session (:class:`tests.support.cells.Cells`), and no process left behind by any test."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from tests.support.cli import Warm, kill_leftovers
 
 
 @pytest.fixture(scope="session")
-def warm() -> Iterator[Warm]:
-    server = Warm()
-    yield server
-    server.close()
+def warm(hydratune: Warm) -> Warm:
+    """The session's one warm server (tests/conftest.py's ``hydratune``), under the name this tier's helpers
+    take it by."""
+    return hydratune
 
 
 @pytest.fixture(scope="session")

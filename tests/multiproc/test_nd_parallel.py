@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 from components.config.errors import EXIT_INTERRUPTED
 from components.runtime.checkpoint import checkpoints_in, verify
-from tests.support.cells import FORK
+from tests.support.cells import FORK, forked, records
 from tests.support.cli import Warm, finish, wait_for_step
 
 STEPS = 40
@@ -58,23 +58,16 @@ LAYOUTS = {
 LOSS_TOL, WEIGHT_TOL = 1e-4, 1e-5
 
 
-def cli(warm: Warm, run_dir: Path, *overrides: str) -> None:
-    """The hydratune command, forked from the tier's warm server, its workers forked from it."""
-    done = warm(*overrides, FORK, f"hydra.run.dir={run_dir}", cwd=run_dir.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
-def records(run: Path) -> dict[int, dict]:
+def by_step(run: Path) -> dict[int, dict]:
     """The training records of ``metrics.jsonl`` by step."""
-    rows = (json.loads(line) for line in (run / "metrics.jsonl").open())
-    return {r["step"]: r for r in rows if "loss" in r}
+    return {r["step"]: r for r in records(run) if "loss" in r}
 
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> Path:
     """One process, micro-batch 36, the same steps, and the eval answers at the end."""
     run = tmp_path_factory.mktemp("single") / "run"
-    cli(warm, run, *TRAIN, *FINISH)
+    forked(warm, run, *TRAIN, *FINISH)
     return run
 
 
@@ -88,7 +81,8 @@ def layout(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     err = finish(proc, timeout=600)
     (stopped,) = root.glob("outputs/*/*")
     resumed = root / "resumed"
-    cli(warm, resumed, *TRAIN, *LAYOUTS[name], *FINISH, f"resume={stopped / 'checkpoints' / 'checkpoint-3'}")
+    checkpoint = stopped / "checkpoints" / "checkpoint-3"
+    forked(warm, resumed, *TRAIN, *LAYOUTS[name], *FINISH, f"resume={checkpoint}")
     return {"name": name, "code": proc.returncode, "err": err, "stopped": stopped, "resumed": resumed}
 
 
@@ -101,7 +95,7 @@ def test_a_signal_stops_both_ranks_at_a_checkpoint(layout: dict) -> None:
 
 
 def test_losses_and_final_weights_equal_one_process(layout: dict, oracle: Path) -> None:
-    stopped, resumed, one = records(layout["stopped"]), records(layout["resumed"]), records(oracle)
+    stopped, resumed, one = by_step(layout["stopped"]), by_step(layout["resumed"]), by_step(oracle)
     first = min(resumed)
     assert first == 4 and json.loads((layout["resumed"] / "result.json").read_text())["run"][
         "resumed from"

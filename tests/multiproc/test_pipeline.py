@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from components.config.errors import EXIT_INTERRUPTED
-from tests.support.cells import FORK
+from tests.support.cells import FORK, forked, losses, records, result
 from tests.support.cli import Warm, finish, wait_for_step
 
 STEPS = 30
@@ -38,26 +38,8 @@ INTERLEAVED_5 += ["model.architecture.num_hidden_layers=4", "train.gradient_accu
 
 
 # ---- two ranks against one process ------------------------------------------------------------------
-def hydratune(warm: Warm, run_dir: Path, *overrides: str) -> None:
-    """The command, forked from the tier's warm server, its workers forked from it."""
-    done = warm(*overrides, FORK, f"hydra.run.dir={run_dir}", cwd=run_dir.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").open()]
-
-
-def losses(run: Path) -> list[float]:
-    return [r["loss"] for r in records(run) if "loss" in r]
-
-
 def logged(run: Path) -> list[dict]:
     return [r for r in records(run) if "loss" in r]
-
-
-def result(run: Path) -> dict:
-    return json.loads((run / "result.json").read_text())
 
 
 def final(run: Path) -> dict[str, torch.Tensor]:
@@ -80,10 +62,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> Runs:
     """The single-process reference and a GPipe run of the same batches, and a 1F1B run stopped by a real
     SIGTERM to its launcher after step 5 and resumed with the command it printed."""
     root = tmp_path_factory.mktemp("pipeline")
-    hydratune(warm, root / "single", *QUICK, *BATCH, "train.save_every=0")
-    hydratune(
-        warm, root / "gpipe", *QUICK, *BATCH, *PIPELINE, "strategy.schedule=gpipe", "train.save_every=0"
-    )
+    forked(warm, root / "single", *QUICK, *BATCH, "train.save_every=0")
+    forked(warm, root / "gpipe", *QUICK, *BATCH, *PIPELINE, "strategy.schedule=gpipe", "train.save_every=0")
     victims = root / "victim"
     victims.mkdir()
     victim = warm.start(
@@ -96,7 +76,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> Runs:
     stopped = [json.loads(p.read_text()) for p in sorted(run.glob(".rank*.stopped.json"))]
     advice = re.search(r"Resume with: hydratune (resume=\S+)", err)
     if victim.returncode == EXIT_INTERRUPTED and advice:  # the printed advice: the run's own config
-        hydratune(warm, root / "resumed", advice.group(1))
+        forked(warm, root / "resumed", advice.group(1))
     return Runs(root / "single", root / "gpipe", run, root / "resumed", err, victim.returncode, stopped)
 
 
@@ -181,8 +161,8 @@ def lora_runs(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> tuple[Pat
     """LoRA (dropout 0: with dropout every rank draws its own masks) on one process and on 2 stages."""
     root = tmp_path_factory.mktemp("pipeline_lora")
     lora = [*QUICK, *BATCH, "peft=lora", "peft.dropout=0", "train.max_steps=4", "train.save_every=0"]
-    hydratune(warm, root / "single", *lora)
-    hydratune(warm, root / "stages", *lora, *PIPELINE)
+    forked(warm, root / "single", *lora)
+    forked(warm, root / "stages", *lora, *PIPELINE)
     return root / "single", root / "stages"
 
 

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from components.commands.matrix import QUIET, REWARD_MODEL, RUN_IN_TESTS, Cell, Trained
 from tests.support.cli import Warm
+from tests.support.runs import read_jsonl
 
 FORK = "launcher.start_method=fork"
 
@@ -49,6 +50,13 @@ def check(proc: subprocess.CompletedProcess[str], what: str) -> subprocess.Compl
     if proc.returncode != 0:
         raise LaunchFailed(f"{what} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
     return proc
+
+
+def forked(warm: Warm, run: Path, *args: str, what: str = "") -> subprocess.CompletedProcess[str]:
+    """``hydratune *args`` into the run dir ``run`` (its parent the cwd), forked from ``warm``, its workers
+    forked from it (:data:`FORK`); :class:`LaunchFailed`, with the stderr, when it fails."""
+    run.parent.mkdir(parents=True, exist_ok=True)
+    return check(warm(*args, FORK, f"hydra.run.dir={run}", cwd=run.parent), what or str(run))
 
 
 @dataclass
@@ -100,9 +108,7 @@ class Cells:
 
     def launch(self, what: str, run: Path, *args: str) -> subprocess.CompletedProcess[str]:
         self.launches.append(what)
-        cwd = run.parent
-        cwd.mkdir(parents=True, exist_ok=True)
-        return check(self.warm(*args, FORK, f"hydra.run.dir={run}", cwd=cwd), what)
+        return forked(self.warm, run, *args, what=what)
 
     @functools.cached_property
     def reward_model(self) -> Path:
@@ -134,7 +140,7 @@ def result(run: Path) -> dict:
 
 
 def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    return read_jsonl(run / "metrics.jsonl")
 
 
 def losses(run: Path) -> list[float]:

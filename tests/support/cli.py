@@ -94,6 +94,13 @@ def group_members(group: int) -> list[int]:
     return members
 
 
+def kill_running(proc: Any) -> None:
+    """SIGKILL a command still running (:func:`start`'s or :meth:`Warm.start`'s) with its whole process group
+    (its workers), and collect it."""
+    _kill_group(proc.pid)
+    proc.communicate()
+
+
 def kill_leftovers() -> list[int]:
     """SIGKILL whatever the commands :func:`start` and :meth:`Warm.start` started left running: a command
     still running with its whole process group; of one that ended, the processes of its group it left
@@ -103,9 +110,7 @@ def kill_leftovers() -> list[int]:
         proc = STARTED.pop()
         if proc.poll() is None:  # still our child: its pid, and so its group, is ours
             killed += [proc.pid, *(p for p in group_members(proc.pid) if p != proc.pid)]
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            kill_running(proc)
             continue
         for pid in group_members(proc.pid):  # its pid may be reused; the orphans of its group are not
             if pid != proc.pid:
@@ -149,8 +154,7 @@ def finish_all(procs: list[subprocess.Popen[str]], timeout: float = TIMEOUT) -> 
     finally:
         for p in procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.communicate()
+                kill_running(p)
 
 
 def wait_for_step(
@@ -381,7 +385,7 @@ def _serve() -> None:
     signal.signal(signal.SIGTERM, stop)
     for line in sys.stdin:
         request = json.loads(line)
-        sys.stdout.flush()
+        protocol.flush()
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
