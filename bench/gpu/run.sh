@@ -18,6 +18,14 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
     touch "$site/.installed"
   fi
   export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  # a carried wheel whose own dependencies the machine has too old (tokenizers, huggingface-hub) gives way to
+  # the machine's copy, saying so
+  for mod in transformers peft; do
+    if ! err=$("${PYTHON:-python3}" -c "import $mod" 2>&1 >/dev/null); then
+      echo "run.sh: the carried $mod does not import here (${err##*$'\n'}); the machine's own is used" >&2
+      rm -rf "$site/$mod" "$site/$mod"-*.dist-info
+    fi
+  done
 else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
