@@ -145,6 +145,7 @@ class StageSchedules:
     loss_fn: Callable[..., torch.Tensor]
     _built: dict[tuple[int, int, bool], tuple[Any, list[Any], str]] = field(default_factory=dict)
     _loss_seconds: float = 0.0
+    _loss_kwargs: dict[str, Any] = field(default_factory=dict)  # this step's, for every micro-batch's loss
 
     @property
     def has_first(self) -> bool:
@@ -197,8 +198,10 @@ class StageSchedules:
         return self._built[key]
 
     def _timed_loss(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The loss of one micro-batch, with this step's ``loss_kwargs`` (given here: torch < 2.13
+        has no ``schedule.step(loss_kwargs=...)`` and passes such keywords to the first stage's forward)."""
         with stopwatch(self._add_loss_seconds):
-            return self.loss_fn(*args, **kwargs)
+            return self.loss_fn(*args, **{**self._loss_kwargs, **kwargs})
 
     def _add_loss_seconds(self, seconds: float) -> None:
         self._loss_seconds += seconds
@@ -220,12 +223,13 @@ class StageSchedules:
         for stage in stages:
             stage.busy = 0.0
         self._loss_seconds = 0.0
+        self._loss_kwargs = loss_kwargs or {}
         args = (inputs,) if self.has_first else ()
         begun = time.perf_counter()
         if train:
             losses: list[Any] = []
             target = labels if self.has_last else None
-            schedule.step(*args, target=target, losses=losses, return_outputs=False, loss_kwargs=loss_kwargs)
+            schedule.step(*args, target=target, losses=losses, return_outputs=False)
             result = [loss.detach() for loss in losses]
         else:
             with torch.no_grad():

