@@ -18,6 +18,7 @@ long preparation is moving.
 from __future__ import annotations
 
 import datetime
+import errno
 import functools
 import hashlib
 import logging
@@ -43,6 +44,8 @@ SHARD_ROWS = 2048  # rows per batch written to an Arrow shard (memory held: one 
 MAP_ROWS = 256  # rows per batch of ``Workers.map_rows`` (tokenizing: progress moves every few hundred)
 FIRST_LINE_AFTER = 2.0  # a preparation shorter than this prints no progress at all
 #: the least work (by unit) that worker processes are started for (starting them costs a few seconds)
+#: a worker's OSError of these is raised again in the parent (which names the disk), not as a traceback
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
 PARALLEL_FROM = {"rows": 20_000, "bytes": 16 << 20}
 #: what the server process the workers are forked from imports once
 PRELOAD = [
@@ -154,6 +157,8 @@ class Workers:
             if kind == "config":
                 message, key, hint = value
                 raise ConfigError(message, key=key, hint=hint)
+            if kind == "disk":  # re-raised here, where the caller names the disk (a full cache...)
+                raise OSError(*value)
             if kind == "error":
                 raise RuntimeError(f"a data preparation worker failed:\n{value}")
             results.append(value)
@@ -226,6 +231,10 @@ def _outcome(task: Task, tick: Tick) -> tuple[str, Any]:
         return "ok", task(tick)
     except ConfigError as err:
         return "config", (err.args[0], err.key, err.hint)
+    except OSError as err:
+        if err.errno not in DISK_ERRORS:
+            return "error", traceback.format_exc()
+        return "disk", (err.errno, err.strerror, err.filename)
     except Exception:  # returned, not raised: the parent names the worker's traceback
         return "error", traceback.format_exc()
 

@@ -5,28 +5,34 @@ files with the chat template) under ``$HYDRATUNE_CACHE/gguf/<stem>-<size>-<mtime
 everything downstream (tokenizer, build, quantization, PEFT, checks, save, ``from_run``) then works on
 that dir. The weights are dequantized: a Q4 base is the Q4 model's (lossy) weights in fp32, not the
 original full-precision checkpoint. The dir is written into a temporary sibling and renamed into place
-under a file lock, so a concurrent or interrupted conversion never leaves a half dir that is used.
+under a file lock, so a concurrent or interrupted conversion never leaves a half dir that is used; its
+manifest (every file's sha256, written last) is checked before a conversion is used, so an edited,
+damaged or linked-in file is converted again, never loaded.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from components.config.errors import ConfigError
+from components.config.files import file_lock, inside, mismatch, sha256s
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 log = logging.getLogger("hydratune")
 
+#: written last into a conversion: every file's sha256
+MANIFEST = "hydratune_files.json"
+_VERIFIED: set[Path] = set()
 INSTALL_HINT = "pip install 'hydratune[real]' (or: pip install gguf)"
 _CONFIGS: dict[Path, PretrainedConfig] = {}  # GGUF file -> its parsed config (a parse reads ~5-10 s)
 _ANNOUNCED: set[Path] = set()  # conversions already named in this process's log
@@ -78,7 +84,26 @@ def converted_dir(path: Path) -> Path:
 
 
 def is_converted(path: Path) -> bool:
-    return (converted_dir(path) / "config.json").is_file()
+    """Whether ``path``'s conversion is in the cache and whole (:func:`verified`)."""
+    return verified(converted_dir(path))
+
+
+def verified(out: Path) -> bool:
+    """Whether the conversion ``out`` is what was written: its manifest (written last) lists every file
+    with its sha256 and each still matches, a plain file inside ``out`` (checked once per process)."""
+    if out in _VERIFIED:
+        return True
+    try:
+        digests = json.loads(inside(out, MANIFEST).read_text())["sha256"]
+        problem = mismatch(out, digests) if "config.json" in digests else "config.json is not listed"
+    except (ValueError, KeyError, TypeError, OSError) as err:
+        problem = f"no readable {MANIFEST} ({err})"
+    if problem is None:
+        _VERIFIED.add(out)
+        return True
+    if out.exists():
+        log.warning("the GGUF conversion %s is not whole (%s): converting again", out, problem)
+    return False
 
 
 def read_config(path: Path) -> PretrainedConfig:
@@ -105,19 +130,32 @@ def read_config(path: Path) -> PretrainedConfig:
 def ensure_converted(path: Path) -> Path:
     """The plain HF model dir of GGUF file ``path``: converted now (once, atomically) or from the cache."""
     out = converted_dir(path)
-    if (out / "config.json").is_file():
+    if verified(out):
         return _announce(out, f"using cached conversion of {path.name}: {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(out.with_name(out.name + ".lock")):
-        if (out / "config.json").is_file():  # another process converted it while we waited
+        if verified(out):  # another process converted it while we waited
             return _announce(out, f"using cached conversion of {path.name}: {out}")
+        if out.is_symlink() or out.is_file():
+            out.unlink()
+        elif out.exists():  # damaged or edited: never used
+            shutil.rmtree(out)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
         try:
             _convert(path, tmp)
+            _write_manifest(tmp)
             tmp.rename(out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return _announce(out, f"converted {path.name} (GGUF, dequantized to float32) once into {out}")
+
+
+def _write_manifest(out: Path) -> None:
+    """Record every file of the finished conversion ``out`` with its sha256 (last: it is whole)."""
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    names = [p.relative_to(out).as_posix() for p in files]
+    record = {"sha256": dict(zip(names, sha256s(files), strict=True))}
+    (out / MANIFEST).write_text(json.dumps(record, indent=1))
 
 
 def _announce(out: Path, message: str) -> Path:
@@ -151,32 +189,3 @@ def _convert(path: Path, out: Path) -> None:
     (out / "SOURCE.txt").write_text(
         f"Converted by hydratune from {path} (GGUF; weights dequantized to float32).\n"
     )
-
-
-class file_lock:
-    """An exclusive ``flock`` on ``path`` (POSIX; a no-op where fcntl is missing). ``on_wait`` is called
-    once when another process holds it (then this one waits)."""
-
-    def __init__(self, path: Path, on_wait: Callable[[], None] | None = None) -> None:
-        self.path, self.on_wait = path, on_wait
-        self.fd: int | None = None
-
-    def __enter__(self) -> None:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            return
-        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if self.on_wait is not None:
-                self.on_wait()
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            import fcntl
-
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)

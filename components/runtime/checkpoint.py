@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.config.errors import ConfigError
+from components.config.files import inside, mismatch, sha256s
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -24,29 +24,7 @@ COMPLETE = "hydratune_complete.json"  # written last: every file's size and sha2
 DATA_FINGERPRINT = (
     "data_fingerprint.json"  # in the run dir: what the run trains on (components/runtime/datafp.py)
 )
-CHUNK = 1 << 20
 log = logging.getLogger("hydratune")
-
-
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file's bytes, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def sha256s(paths: list[Path]) -> list[str]:
-    """:func:`file_sha256` of each path, files hashed in parallel threads (hashlib releases the GIL): a
-    checkpoint of many shards is hashed at the disk's speed rather than one core's (~0.35-1 GB/s)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    workers = max(1, min(8, len(paths), os.cpu_count() or 1))
-    if workers == 1:
-        return [file_sha256(p) for p in paths]
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(file_sha256, paths))
 
 
 def mark_complete(checkpoint: Path, step: int, run_dir: Path | None = None) -> None:
@@ -87,17 +65,13 @@ def verify(checkpoint: Path, *, content: bool = False) -> str | None:
     if record is None:
         return "unreadable completion marker"
     for name, size in record["files"].items():
-        path = checkpoint / name
-        if not path.is_file():
-            return f"{name} is missing"
+        try:
+            path = inside(checkpoint, name)
+        except ValueError as err:
+            return str(err)
         if path.stat().st_size != size:
             return f"{name} has {path.stat().st_size} bytes, {size} were written"
-    sums = (record.get("sha256") or {}) if content else {}
-    names = list(sums)
-    for name, digest in zip(names, sha256s([checkpoint / n for n in names]), strict=True):
-        if digest != sums[name]:
-            return f"{name} does not match the sha256 recorded when it was written (its bytes changed)"
-    return None
+    return mismatch(checkpoint, record.get("sha256") or {}) if content else None
 
 
 def has_checksums(checkpoint: Path) -> bool:

@@ -19,6 +19,12 @@ One preparation per key: a process takes the key's lock (``flock``: across the r
 sharing the cache dir, the points of a sweep), prepares into ``.staging/`` and renames the finished entry
 into place (its ``meta.json`` last), so a killed preparation leaves nothing that is read; the others wait
 for the lock and memory-map the entry. Each process prints whether it prepared or reused the entry.
+
+An entry is trusted only when it is what was written (checked on every open): ``meta.json`` of this key,
+its parts hashing to that key, and every Arrow and index file a plain file inside the entry (no link, no
+absolute or ``..`` name) with the sha256 recorded when it was written (components/config/files.py). An
+entry edited, truncated, swapped with another's files or pointing elsewhere is prepared again (in a cache
+that cannot be written: refused, naming the damage), never served; a full disk is the named exit 2.
 """
 
 from __future__ import annotations
@@ -39,16 +45,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.config.files import file_lock, inside, mismatch, sha256s
 from components.distributed.workers import SHARD_ROWS, Workers, open_shards
 from components.launcher import alive
 from components.runtime.datafp import FileHashes, cache_root, fingerprint_node
 
 log = logging.getLogger("hydratune")
 
-ENTRY_FORMAT = 1
+ENTRY_FORMAT = 2  # 2: every file of an entry recorded by sha256 (1: by size)
 META = "meta.json"
 KEY = re.compile(r"[0-9a-f]{32}")  # an entry's name
 STAGING = ".staging"
+#: what _open says of a key with no entry
+ABSENT = "absent"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 TEMPORARY = ".tmp"
 #: the modules whose code shapes a prepared entry (their bytes are in the key)
 DATA_CODE = (
@@ -211,13 +221,11 @@ def prepare(
     key = key_of(parts)
     entry = root / key
     found = _open(entry, key)
-    if found is not None:
+    if not isinstance(found, str):
         announce(f"reusing the prepared data {key} ({entry})")
         return Outcome(found[0], "reused", key, entry, found[1])
-    from components.modeling.gguf import file_lock
-
     lock = root / f"{key}.lock"
-    with _named_errors(root):
+    with _named_errors(root, damaged=found if found != ABSENT else None):
         root.mkdir(parents=True, exist_ok=True)
         lock.touch()
     start = time.monotonic()
@@ -229,19 +237,19 @@ def prepare(
     with file_lock(lock, on_wait=waiting):
         waited = time.monotonic() - start
         found = _open(entry, key)
-        if found is not None:
+        if not isinstance(found, str):
             announce(f"reusing the prepared data {key} (prepared by another process; waited {waited:.1f} s)")
             return Outcome(found[0], "reused", key, entry, found[1], waited)
-        lock.write_text(f"{who()} on {socket.gethostname()} (pid {os.getpid()})")
-        if entry.exists():  # an entry that is not whole (edited, truncated): never served
-            log.warning("data cache: %s is damaged; preparing it again", entry)
-            shutil.rmtree(entry, ignore_errors=True)
-        announce(f"preparing the data {key} into {entry}")
-        with _named_errors(root):
+        with _named_errors(root, damaged=found if found != ABSENT else None):
+            lock.write_text(f"{who()} on {socket.gethostname()} (pid {os.getpid()})")
+            if found != ABSENT:  # an entry that is not what was written: never served
+                announce(f"the prepared data {key} is damaged ({found}); preparing it again")
+                _remove(entry)
+            announce(f"preparing the data {key} into {entry}")
             meta = _build(root, entry, key, parts, build, num_proc)
     found = _open(entry, key)
-    if found is None:
-        raise RuntimeError(f"the data cache entry {entry} just written cannot be read back")
+    if isinstance(found, str):
+        raise RuntimeError(f"the data cache entry {entry} just written cannot be read back: {found}")
     return Outcome(found[0], "prepared", key, entry, meta)
 
 
@@ -299,23 +307,33 @@ def _build(
     return meta
 
 
+def _remove(entry: Path) -> None:
+    """Remove a damaged entry (a link in its place: the link only, never what it points at)."""
+    if entry.is_symlink() or entry.is_file():
+        entry.unlink()
+    else:
+        shutil.rmtree(entry)
+
+
 @contextmanager
-def _named_errors(root: Path) -> Iterator[None]:
-    """A cache dir that cannot be written, or a full disk, as a ConfigError naming ``data.cache_dir``."""
+def _named_errors(root: Path, damaged: str | None = None) -> Iterator[None]:
+    """A cache dir that cannot be written, or a full disk, as a ConfigError naming ``data.cache_dir``
+    (and ``damaged``: why the entry there could not be used)."""
     from components.config.errors import ConfigError
 
+    why = f"its entry for this data is damaged ({damaged}) and " if damaged else ""
     try:
         yield
     except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        if err.errno in DISK_FULL:
             raise ConfigError(
                 f"the disk of the data cache {root} is full ({err.strerror}); nothing was left half-written",
                 key="data.cache_dir",
                 hint="free it (hydratune cache clear), or point data.cache_dir at a disk with room",
             ) from None
-        if err.errno in (errno.EACCES, errno.EROFS, errno.ENOTDIR, errno.EPERM):
+        if err.errno in (errno.EACCES, errno.EROFS, errno.ENOTDIR, errno.EPERM, errno.EBUSY):
             raise ConfigError(
-                f"cannot write the data cache {root}: {err.strerror}",
+                f"{why}cannot write the data cache {root}: {err.strerror}",
                 key="data.cache_dir",
                 hint="point data.cache_dir (or $HYDRATUNE_DATA_CACHE) at a writable dir, or data.cache=false",
             ) from None
@@ -335,7 +353,8 @@ def _persist(dataset: Any, staging: Path, name: str) -> dict[str, Any]:
         spec["indices"] = f"{name.replace('/', '-')}.indices.npy"
         np.save(staging / spec["indices"], dataset._indices.column(0).to_numpy())
     spec["files"] = [Path(f).relative_to(staging).as_posix() for f in files if f]
-    spec["sizes"] = {f: (staging / f).stat().st_size for f in spec["files"]}
+    named = [*spec["files"], *([spec["indices"]] if spec["indices"] else [])]
+    spec["sha256"] = dict(zip(named, sha256s([staging / f for f in named]), strict=True))
     return spec
 
 
@@ -375,20 +394,31 @@ def _copy(dataset: Any, path: Path) -> str | None:
     return str(path)
 
 
-def _open(entry: Path, key: str) -> tuple[Prepared, dict[str, Any]] | None:
-    """The entry's datasets memory-mapped and its meta, when it is whole: ``meta.json`` (written last)
-    says this key and format, and every file it lists has the size it had; else None."""
+def _open(entry: Path, key: str) -> tuple[Prepared, dict[str, Any]] | str:
+    """The entry's datasets memory-mapped and its meta when it is what was written, else why not
+    (:data:`ABSENT` when there is none): the entry a plain dir, ``meta.json`` (written last) of this key
+    (its parts give the key) and format, and every file of every split a plain file inside the entry with
+    the sha256 it was written with (read once per open: components/config/files.py)."""
+    if not entry.exists() and not entry.is_symlink():
+        return ABSENT
     try:
-        meta = json.loads((entry / META).read_text())
-        if meta.get("format") != ENTRY_FORMAT or meta.get("key") != key:
-            return None
+        if entry.is_symlink():
+            return f"{entry} is a symbolic link"
+        meta = json.loads(inside(entry, META).read_text())
+        if meta.get("format") != ENTRY_FORMAT:
+            return f"written by another hydratune (entry format {meta.get('format')}, not {ENTRY_FORMAT})"
+        if meta.get("key") != key or key_of(meta["parts"]) != key:
+            return f"{META} is not this key's"
         for spec in meta["splits"].values():
-            for name, size in spec["sizes"].items():
-                if (entry / name).stat().st_size != size:
-                    return None
-    except (OSError, ValueError, KeyError):
-        return None
-    datasets = {name: _load(entry, name, spec) for name, spec in meta["splits"].items()}
+            named = [*spec["files"], *([spec["indices"]] if spec.get("indices") else [])]
+            if sorted(named) != sorted(spec["sha256"]):
+                return f"{META} lists files without their sha256"
+            problem = mismatch(entry, spec["sha256"])
+            if problem is not None:
+                return problem
+        datasets = {name: _load(entry, name, spec) for name, spec in meta["splits"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # pyarrow's are among them
+        return f"unreadable: {type(err).__name__}: {err}"
     return Prepared(datasets, meta.get("facts", {})), meta
 
 

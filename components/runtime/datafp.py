@@ -15,7 +15,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from components.config.errors import ConfigError
-from components.runtime.checkpoint import CHUNK, DATA_FINGERPRINT, file_sha256, manifest
+from components.config.files import CHUNK, file_sha256
+from components.runtime.checkpoint import DATA_FINGERPRINT, manifest
 
 log = logging.getLogger("hydratune")
 

@@ -218,3 +218,99 @@ def test_a_cache_dir_that_cannot_be_written_is_named(chats: Path, tmp_path: Path
     with pytest.raises(ConfigError, match="cannot write the data cache") as err:
         prepare(chats, blocker / "cache")
     assert err.value.key == "data.cache_dir"
+
+
+def test_a_planted_or_edited_entry_is_never_served(chats: Path, tmp_path: Path) -> None:
+    """Every file of an entry is checked by sha256, inside its own dir: tokens edited at the same size, two
+    entries' files swapped, a file replaced by a link to one outside the cache, a meta.json that points
+    outside or cannot be parsed — each is prepared again, and nothing outside the cache is read or removed."""
+    cache = tmp_path / "cache"
+    first = prepare(chats, cache)
+    other = prepare(chats, cache, max_length=64)
+    expected = rows_and_tokens(first)  # read now: the planting below edits the files it maps
+    entry, other_entry = (Path(p.notes["data cache"].split(" into ")[1]) for p in (first, other))
+    meta = json.loads((entry / datacache.META).read_text())
+    shard = entry / meta["splits"]["tokens/train"]["files"][0]
+    outside = tmp_path / "outside.arrow"
+
+    def edit_in_place() -> None:  # one token changed, same size
+        data = bytearray(shard.read_bytes())
+        data[-200] ^= 1
+        shard.write_bytes(bytes(data))
+
+    def swap() -> None:
+        theirs = (
+            other_entry
+            / json.loads((other_entry / datacache.META).read_text())["splits"]["tokens/train"]["files"][0]
+        )
+        mine = shard.read_bytes()
+        shard.write_bytes(theirs.read_bytes())
+        theirs.write_bytes(mine)
+
+    def link_outside() -> None:
+        outside.write_bytes(shard.read_bytes())
+        shard.unlink()
+        shard.symlink_to(outside)
+
+    def meta_points_outside() -> None:
+        outside.write_bytes(shard.read_bytes())
+        planted = json.loads((entry / datacache.META).read_text())
+        spec = planted["splits"]["tokens/train"]
+        digest = spec["sha256"].pop(spec["files"][0])
+        spec["files"][0] = str(outside)
+        spec["sha256"][str(outside)] = digest
+        (entry / datacache.META).write_text(json.dumps(planted))
+
+    def unparsable() -> None:
+        (entry / datacache.META).write_text('{"format": 2, "key": ')
+
+    for plant in (edit_in_place, swap, link_outside, meta_points_outside, unparsable):
+        plant()
+        again = prepare(chats, cache)
+        assert status(again) == "miss", plant.__name__
+        assert rows_and_tokens(again) == expected, plant.__name__
+        if outside.exists():  # read by nobody, removed by nobody
+            assert outside.is_file() and not outside.is_symlink(), plant.__name__
+            outside.unlink()
+    assert status(prepare(chats, cache, max_length=64)) == "miss"  # the swap damaged the other entry too
+
+
+def test_a_damaged_entry_in_a_cache_that_cannot_be_written_is_refused(
+    chats: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neither served nor prepared again: refused, naming the damage (a read-only cache refuses removing the
+    entry; simulated, since this suite may run as root, which writes anywhere)."""
+    import errno
+
+    cache = tmp_path / "cache"
+    prepare(chats, cache)
+    (entry,) = datacache.entries(cache)
+    shard = next(entry["path"].rglob("*.arrow"))
+    data = bytearray(shard.read_bytes())
+    data[-200] ^= 1
+    shard.write_bytes(bytes(data))
+
+    def read_only(path: Path) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(datacache, "_remove", read_only)
+    with pytest.raises(ConfigError, match=r"is damaged .*does not match the sha256") as err:
+        prepare(chats, cache)
+    assert err.value.key == "data.cache_dir" and "cannot write the data cache" in str(err.value)
+
+
+def test_a_full_disk_in_a_worker_is_named_not_a_traceback(tmp_path: Path) -> None:
+    """A worker's ENOSPC (pyarrow writing a shard) reaches the cache as the OSError it is: the named exit."""
+    import errno
+
+    def full(tick: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x.arrow"))
+
+    def build(workers: Any) -> Any:
+        workers.run([full], "rows", 1)
+
+    data = ChatDataset(path="unused.jsonl", cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match=r"the disk of the data cache .* is full") as err:
+        datacache.prepare(data, {"any": "parts"}, build, 1)
+    assert err.value.key == "data.cache_dir"
+    assert not list((tmp_path / "cache" / datacache.STAGING).iterdir())  # nothing half-written is left

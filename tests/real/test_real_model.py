@@ -165,8 +165,26 @@ def test_conversion_is_atomic_and_cached(tmp_path, monkeypatch, caplog) -> None:
         second = gguf.ensure_converted(source)
     assert first == second == gguf.converted_dir(source) and len(calls) == 1
     assert (first / "config.json").is_file() and "converted m.gguf" in caplog.text
+    # a conversion edited, or a file of it swapped for a link, behind the cache's back: converted again
+    outside = tmp_path / "planted.json"
+    outside.write_text('{"planted": 1}')
+    for plant in (
+        lambda: (first / "config.json").write_text("{ }"),
+        lambda: _link(first / "config.json", outside),
+    ):
+        gguf._VERIFIED.clear()
+        plant()
+        assert not gguf.is_converted(source)
+        assert gguf.ensure_converted(source) == first and len(calls) == 2
+        assert (first / "config.json").read_text() == "{}" and outside.read_text() == '{"planted": 1}'
+        calls.pop()
     source.write_bytes(b"GGUF v2")  # an edited file converts anew
     assert gguf.converted_dir(source) != first
+
+
+def _link(path: Path, target: Path) -> None:
+    path.unlink()
+    path.symlink_to(target)
 
 
 @needs_real
