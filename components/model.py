@@ -114,7 +114,8 @@ class CausalLM:
         self.check_attention_package()
 
     def check_local_dir(self) -> None:
-        """A local ``name_or_path`` must be a model dir: a folder holding config.json."""
+        """A local ``name_or_path`` must be a model dir: a folder holding config.json, that loads without
+        running its own code unasked, with weights that unpickle safely (components/modeling/model_dir.py)."""
         path = Path(self.name_or_path).expanduser()
         problem = "not found" if not path.is_dir() else "has no config.json"
         if not (path / "config.json").is_file():
@@ -123,6 +124,11 @@ class CausalLM:
                 key="model.name_or_path",
                 hint="point it at a directory holding config.json, or at a hub id such as Qwen/Qwen2.5-0.5B",
             )
+        from components.modeling.model_dir import check_model_dir
+
+        key = "model.from_run" if self.from_run else "model.name_or_path"
+        flag = "model.trust_remote_code"
+        check_model_dir(path, key=key, trust_remote_code=self.trust_remote_code, flag=flag)
 
     def check_attention_package(self) -> None:
         """flash_attention_2/3 need their package installed (else transformers fails at load)."""

@@ -275,8 +275,10 @@ def detach_file_handlers(directory: Path) -> None:
 def compose_error(err: Exception) -> ConfigError:
     """Hydra's own composition error (misspelt key, unknown option, wrong type, bad override syntax) as
     a ConfigError naming the key, with the allowed options where Hydra knows them."""
-    from hydra.errors import MissingConfigException
+    from hydra.errors import MissingConfigException, OverrideParseException
 
+    if isinstance(err, OverrideParseException):
+        return override_syntax_error(err.override, err.message)
     cause = err.__cause__
     key = getattr(cause, "full_key", None) or None
     if isinstance(err, MissingConfigException) and err.missing_cfg_file:
@@ -294,17 +296,62 @@ def compose_error(err: Exception) -> ConfigError:
     return ConfigError("; ".join(lines), key=key, hint=hint)
 
 
+def override_syntax_error(override: str, message: str) -> ConfigError:
+    """An override Hydra's grammar cannot read, named with its key and how to write it: a value with
+    characters outside the grammar (non-ASCII, quotes, brackets, ``#``...) goes in Hydra's own quotes, inside
+    the shell's; an unclosed list or dict is closed."""
+    key, sep, value = override.lstrip("+~").partition("=")
+    first = message.strip().splitlines()[0] if message.strip() else "cannot be read"
+    if not sep:
+        hint = "an override is key=value (+key=value adds a key, ~key removes one)"
+    elif value.count("[") != value.count("]") or value.count("{") != value.count("}"):
+        hint = f"close the list ({key}=[a,b]) or quote a value that holds brackets: '{key}=\"{value}\"'"
+    else:
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        hint = f"quote the value for Hydra inside the shell's quotes: '{key}=\"{escaped}\"'"
+    return ConfigError(f"the override {override!r} cannot be read: {first}", key=key or None, hint=hint)
+
+
+def override_value(override: str) -> Any:
+    """The value of ``key=value`` as Hydra reads it (its quotes and escapes undone); the raw text when its
+    grammar cannot read it (composing then names the problem)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        return OverridesParser.create().parse_overrides([override])[0].value()
+    except OverrideParseException:
+        return override.partition("=")[2]
+
+
 def resumed_run(args: list[str]) -> Path | None:
     """The run dir a ``resume=<run dir or checkpoint dir>`` argument names, when it has a saved config
     (``resume=true`` / ``false`` and sweeps compose as usual)."""
     if any(a in ("-m", "--multirun") or a.startswith("--config") for a in args):
         return None
-    paths = [a.split("=", 1)[1] for a in args if a.startswith("resume=")]
-    if not paths or paths[-1] in ("true", "True", "false", "False", "latest", "null"):
+    paths = [a for a in args if a.startswith("resume=")]
+    value = override_value(paths[-1]) if paths else None
+    from components.runtime.resume import LATEST
+
+    if value in LATEST:
+        return pinned_run(args)
+    if not isinstance(value, str) or value in ("false", "False", "null"):
         return None
-    path = Path(paths[-1]).expanduser().resolve()
+    path = Path(value).expanduser().resolve()
     run = path.parent.parent if path.parent.name == "checkpoints" else path
     return run if (run / ".hydra" / "config.yaml").is_file() else None
+
+
+def pinned_run(args: list[str]) -> Path | None:
+    """``resume=true hydra.run.dir=<dir>`` where ``<dir>`` holds a run: that run is the one to continue
+    (in place), as ``resume=<dir>`` would."""
+    from components.runtime.resume import holds_a_run
+
+    pinned = [override_value(a) for a in args if a.startswith("hydra.run.dir=")]
+    if not pinned or not isinstance(pinned[-1], str):
+        return None
+    run = Path(pinned[-1]).expanduser().resolve()
+    return run if holds_a_run(run) and (run / ".hydra" / "config.yaml").is_file() else None
 
 
 def resume_argv(run: Path, args: list[str]) -> list[str]:
@@ -312,9 +359,13 @@ def resume_argv(run: Path, args: list[str]) -> list[str]:
     top (listed on stderr). Overrides the run was started with are in that config already: dropped (a
     ``group=option`` among them could not be applied to a saved config a second time)."""
     from components.runtime.multinode import in_place
+    from components.runtime.resume import LATEST
 
     saved = run / ".hydra" / "overrides.yaml"
     original = {str(o) for o in OmegaConf.load(saved)} if saved.is_file() else set()
+    quoted = str(run).replace("\\", "\\\\").replace('"', '\\"')
+    latest = [a for a in args if a.startswith("resume=") and override_value(a) in LATEST]
+    args = [f'resume="{quoted}"' if a in latest else a for a in args]  # resume=true: this run (pinned_run)
     others = [a for a in args if a not in original]
     listed = " ".join(a for a in others if not a.startswith("resume=")) or "none"
     print(f"hydratune: continuing {run} with its own config; overrides on top: {listed}", file=sys.stderr)

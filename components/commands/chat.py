@@ -56,14 +56,18 @@ def load(path: Path, remote_code: bool = False) -> tuple[Any, Any]:
         return TrainedRun.open(path, key="chat", trust_remote_code=remote_code).load()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    from components.modeling.model_dir import check_model_dir
+
+    check_model_dir(path, key="chat", trust_remote_code=remote_code, flag=REMOTE_CODE.split("=")[0])
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote_code)
     if not tokenizer.chat_template:
         raise ConfigError(
             f"{path}'s tokenizer has no chat template",
             key="chat",
             hint="chat with a hydratune run dir (its final/ saves the template it trained with)",
         )
-    return AutoModelForCausalLM.from_pretrained(path).eval(), tokenizer
+    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=remote_code)
+    return model.eval(), tokenizer
 
 
 def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], options: dict[str, Any]) -> str:

@@ -80,6 +80,7 @@ def _instantiate(cfg: DictConfig, group: str) -> Any:
         if cause is not None:
             raise cause from None
         if "Error locating target" in str(err):
+            nested_target_error(cfg[group], group, str(err))
             raise ConfigError(
                 f"cannot build {group}: {first or err}",
                 key=f"{group}._target_",
@@ -92,6 +93,30 @@ def _instantiate(cfg: DictConfig, group: str) -> Any:
                 hint=f"hydratune --cfg job prints the {group} node; its keys must be the _target_'s fields",
             ) from None
         raise
+
+
+def nested_target_error(node: Any, group: str, message: str) -> None:
+    """When the ``_target_`` Hydra could not locate is one nested in ``group``'s node (a reward function in
+    ``recipe.reward_funcs``, a callback...), a ConfigError naming that node's key and the close matches."""
+    import re
+
+    from components.config.errors import ConfigError
+    from components.config.trust import is_reward_knob, targets
+    from components.rewards import import_reward
+
+    found = re.search(r"Error (?:locating target|loading) '([^']+)'", message)
+    container = OmegaConf.to_container(node, resolve=False)
+    paths = [path for path, target, _ in targets(container) if found and target == found.group(1)]
+    if not paths or paths[0] == "<root>":
+        return
+    key = f"{group}.{paths[0]}._target_"
+    if is_reward_knob(f"{group}.{paths[0]}"):
+        import_reward(found.group(1), key=key)  # names the module or function missing, and close matches
+    raise ConfigError(
+        f"cannot locate {found.group(1)} (the _target_ of {group}.{paths[0]})",
+        key=key,
+        hint="fix the dotted path: module.function or module.Class, importable here",
+    )
 
 
 def refused_keys(cause: BaseException | None) -> bool:

@@ -147,6 +147,19 @@ def test_a_run_dir_holding_a_run_is_only_resumed(shared, tmp_path, monkeypatch, 
     assert (run / ".hydra" / "config.yaml").read_text() == saved
     in_process(f"resume={run}", f"hydra.run.dir={run}")
     assert ran == [str(run / "checkpoints" / "checkpoint-3")]
+    in_process("resume=true", f"hydra.run.dir={run}")  # the run the pinned dir holds: continued in place
+    assert ran[-1] == str(run / "checkpoints" / "checkpoint-3") and len(ran) == 2
+
+
+def test_a_quoted_resume_path_with_spaces_is_that_runs_config(shared, tmp_path, monkeypatch) -> None:
+    """``resume="<dir with spaces and é>"`` in Hydra's quotes: the run's own config, not the defaults."""
+    from recipes.sft import SFT
+
+    run = copy_of(shared[0], tmp_path / "a run é")
+    ran: list[Any] = []
+    monkeypatch.setattr(SFT, "run", lambda self, ctx: ran.append((ctx.cfg.resume, ctx.cfg.train.max_steps)))
+    in_process(f'resume="{run}"', f"hydra.run.dir={tmp_path / 'next'}")
+    assert ran == [(str(run / "checkpoints" / "checkpoint-3"), 3)]
 
 
 def test_resuming_from_the_last_steps_checkpoint_trains_no_step(shared, run_recipe) -> None:

@@ -1,0 +1,94 @@
+"""A local model dir checked before anything loads from it: a readable config.json, no code of its own
+to run unless ``model.trust_remote_code=true`` was given, and pickle weights that torch's safe unpickler
+accepts (the weights are not read: their pickle is, mapped onto the meta device)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+from components.config.errors import ConfigError
+
+#: files transformers loads as pickles when the dir has no safetensors weights
+PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.pkl", "*.ckpt")
+
+
+def check_model_dir(path: Path, *, key: str, trust_remote_code: bool, flag: str) -> None:
+    """ConfigError (``key``; ``flag``: the switch granting remote code) when ``path`` cannot load as it is."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"{path / 'config.json'} cannot be read: {err}",
+            key=key,
+            hint="point it at a model dir written by save_pretrained (its config.json is a JSON object)",
+        ) from None
+    if not trust_remote_code:
+        check_no_remote_code(path, config, key=flag)
+    check_pickle_weights(path, key=key)
+
+
+def check_no_remote_code(path: Path, config: dict, *, key: str) -> None:
+    """A config whose ``model_type`` transformers does not know and whose ``auto_map`` names the dir's own
+    classes needs that code run: refused, naming the files, unless the user grants it."""
+    from transformers import CONFIG_MAPPING
+
+    auto_map = config.get("auto_map")
+    if not auto_map or config.get("model_type") in CONFIG_MAPPING:
+        return
+    modules = sorted({str(v).split("--")[-1].rsplit(".", 1)[0] + ".py" for v in _flat(auto_map)})
+    raise ConfigError(
+        f"{path} needs its own code to load ({', '.join(modules)}): transformers has no "
+        f"'{config.get('model_type')}' model",
+        key=key,
+        hint=f"read that code, then pass {key}=true on the command line (code in a model dir never runs "
+        "unasked)",
+    )
+
+
+def check_pickle_weights(path: Path, *, key: str) -> None:
+    """Pickle weights (used when there are no safetensors) must pass torch's ``weights_only`` unpickler:
+    a pickle that would run code, or is not a checkpoint at all, is named here rather than after load."""
+    if any(path.glob("*.safetensors")):
+        return
+    import pickle
+
+    for file in sorted(p for pattern in PICKLE_WEIGHTS for p in path.glob(pattern)):
+        if file.name == "training_args.bin":  # Trainer's settings, never loaded as weights
+            continue
+        try:
+            with warnings.catch_warnings():  # the unpickler's notes on pickle protocols
+                warnings.simplefilter("ignore")
+                _load_meta(file)
+        except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError, OSError) as err:
+            first = str(err).strip().split(". ")[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(
+                f"{file} is not a weights-only checkpoint ({first}): loading it would unpickle objects "
+                "other than tensors",
+                key=key,
+                hint="use a model dir with safetensors weights (save_pretrained(safe_serialization=True)), "
+                "or remove the file if it is not yours",
+            ) from None
+
+
+def _load_meta(file: Path) -> None:
+    """``file``'s pickle through torch's weights-only unpickler, its tensors on the meta device."""
+    import torch
+
+    try:
+        torch.load(file, map_location="meta", weights_only=True, mmap=True)
+    except RuntimeError as err:  # a legacy (not zip) checkpoint cannot be mapped: read it
+        if "mmap" not in str(err):
+            raise
+        torch.load(file, map_location="meta", weights_only=True)
+
+
+def _flat(node: object) -> list[object]:
+    if isinstance(node, dict):
+        return [leaf for value in node.values() for leaf in _flat(value)]
+    if isinstance(node, (list, tuple)):
+        return [leaf for value in node for leaf in _flat(value)]
+    return [node] if node else []
