@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
 from components.config.errors import ConfigError
 from components.launcher import PLACEMENT
@@ -114,9 +114,23 @@ def differences(old: DictConfig, new: DictConfig) -> list[Difference]:
 
 
 def saved_config(run: Path) -> DictConfig | None:
-    """The config Hydra saved in ``run`` (None for a dir without one)."""
-    path = run / ".hydra" / "config.yaml"
-    return OmegaConf.load(path) if path.is_file() else None  # type: ignore[return-value]
+    """The config Hydra saved in ``run`` (None for a dir without one, or with one that cannot be read: a
+    damaged run dir among many is passed over, not a traceback)."""
+    return _saved(run / ".hydra" / "config.yaml")  # type: ignore[return-value]
+
+
+def _saved(path: Path) -> Any:
+    """``path`` read with OmegaConf, or None when it is missing or not readable YAML of a config."""
+    import yaml
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not path.is_file():
+        return None
+    try:
+        return OmegaConf.load(path)
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as err:
+        log.warning("cannot read %s (%s): passed over", path, type(err).__name__)
+        return None
 
 
 def point(overrides: list[str]) -> list[str]:
@@ -129,8 +143,15 @@ def point(overrides: list[str]) -> list[str]:
 
 
 def saved_point(run: Path) -> list[str] | None:
-    path = run / ".hydra" / "overrides.yaml"
-    return point(list(OmegaConf.load(path))) if path.is_file() else None  # type: ignore[arg-type]
+    saved = _saved(run / ".hydra" / "overrides.yaml")
+    if not isinstance(saved, ListConfig):
+        return None
+    from hydra.errors import OverrideParseException
+
+    try:
+        return point([str(o) for o in saved])
+    except OverrideParseException:  # an override Hydra's grammar cannot read: not a point of this sweep
+        return None
 
 
 def candidates(root: Path, exclude: Path) -> list[Path]:
@@ -152,7 +173,7 @@ def why_not(run: Path, cfg: DictConfig, sweep_point: list[str] | None) -> list[D
     """Why ``run`` cannot be continued by this run ([] = it can): differing keys, or a sentence."""
     saved = saved_config(run)
     if saved is None:
-        return "no saved config (.hydra/config.yaml)"
+        return "no readable saved config (.hydra/config.yaml)"
     if sweep_point is not None and saved_point(run) != sweep_point:
         return f"{OTHER_POINT} ({' '.join(saved_point(run) or []) or 'no overrides'})"
     return differences(saved, cfg)
@@ -220,6 +241,12 @@ def check_explicit(checkpoint: Path, cfg: DictConfig) -> None:
     """``resume=<dir>``: that run's config must match this one outside :data:`MANAGEMENT`."""
     run = checkpoint.parent.parent
     saved = saved_config(run)
+    if saved is None and (run / ".hydra" / "config.yaml").exists():
+        raise ConfigError(
+            f"{run / '.hydra' / 'config.yaml'} cannot be read: the run to continue cannot be compared",
+            key="resume",
+            hint="restore that file from a copy of the run, or start afresh without resume",
+        )
     if saved is None:
         log.warning("resume: %s has no saved config (.hydra/config.yaml): it cannot be compared", run)
         return

@@ -202,8 +202,11 @@ def test_latest_is_the_run_recorded_last_not_the_dir_touched_last(compose_cfg, t
     cfg = compose_cfg()
     older = stamped(day / "older", cfg, recorded=1_700_000_000, mtime=1_700_000_900)  # exported later
     newer = stamped(day / "newer", cfg, recorded=1_700_000_500, mtime=1_700_000_500)
+    damaged = stamped(day / "damaged", cfg, recorded=1_700_000_700, mtime=1_700_000_700)
+    (damaged.parent.parent / ".hydra" / "config.yaml").write_text("optimizer: [lr: \n")  # not YAML
     cfg.resume = True
-    assert resolve(cfg, day / "next") == str(newer)
+    assert resolve(cfg, day / "next") == str(newer)  # the damaged record is passed over, not a traceback
+    shutil.rmtree(damaged.parent.parent)
     for run, finished, mtime in (
         (older, "2023-11-14T22:13:20+00:00", 900),
         (newer, "2023-11-14T22:21:40+00:00", 500),
