@@ -22,6 +22,7 @@ from components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSIT
 from components.config.registry import component
 from components.memory.arch import (
     Arch,
+    expert_lora_params,
     extra_module_params,
     lora_inputs,
     lora_params,
@@ -430,11 +431,42 @@ class LoRA(TargetedAdapter):
     use_rslora: bool = False  # scale by alpha/sqrt(r) instead of alpha/r
     use_dora: bool = False
     init_lora_weights: Any = True  # true | false | gaussian | olora | pissa | pissa_niter_<n> | orthogonal
+    # a mixture's experts (fused 3-D parameters, not Linear modules): e.g. [mlp.experts.gate_up_proj,
+    # mlp.experts.down_proj] beside named target_modules (all-linear already reaches the router and every
+    # expert); peft puts r adapters per expert on each (LoraConfig.target_parameters)
+    target_parameters: list[str] | None = None
 
     def trainable_params(self, arch: Arch) -> int:
-        return lora_params(
+        plain = lora_params(
             arch, self.r, self.target_modules, dora=self.use_dora, modules_to_save=self.modules_to_save
         )
+        experts = expert_lora_params(arch, self.r, self.target_modules, self.target_parameters or [])
+        return plain + arch.num_layers * experts
+
+    def check_targets(self, module_names: list[str]) -> None:
+        super().check_targets(module_names)
+        experts = any(n.endswith(".experts") for n in module_names)
+        if experts and self.targets() == "all-linear" and (self.dropout or self.use_dora):
+            raise ConfigError(
+                "on a mixture of experts, all-linear puts adapters on the experts too (peft's ParamWrapper), "
+                "which take no dropout and no DoRA",
+                key="peft.dropout" if self.dropout else "peft.use_dora",
+                hint="peft.dropout=0 (peft=lora), or adapt the attention only: "
+                "peft.target_modules=[q_proj,k_proj,v_proj,o_proj]",
+            )
+        for target in self.target_parameters or []:
+            module = target.rpartition(".")[0]
+            if not module or not any(n == module or n.endswith("." + module) for n in module_names):
+                experts = sorted(
+                    {n.split(".layers.")[-1].split(".", 1)[-1] for n in module_names if n.endswith("experts")}
+                )
+                raise ConfigError(
+                    f"target parameter '{target}' names no module of the model",
+                    key="peft.target_parameters",
+                    hint=f"a mixture's experts, e.g. {experts[0]}.gate_up_proj and {experts[0]}.down_proj"
+                    if experts
+                    else "target_parameters reaches a mixture of experts' weights; this model has none",
+                )
 
     def adapter_inputs(self, arch: Arch) -> int:
         return lora_inputs(arch, self.target_modules)
@@ -445,6 +477,19 @@ class LoRA(TargetedAdapter):
 
     def validate(self) -> None:
         super().validate()
+        targets = self.target_parameters
+        if targets is not None and (
+            not isinstance(targets, list | tuple) or not all(isinstance(t, str) for t in targets)
+        ):
+            raise ConfigError(
+                f"must be a list of parameter names, got {targets!r}", key="peft.target_parameters"
+            )
+        if targets and (self.dropout or self.use_dora):
+            raise ConfigError(
+                "adapters on expert parameters (peft's ParamWrapper) take no dropout and no DoRA",
+                key="peft.dropout" if self.dropout else "peft.use_dora",
+                hint="peft.dropout=0 (and peft=lora, not dora) with peft.target_parameters",
+            )
         if self.bias not in ("none", "all", "lora_only"):
             raise ConfigError(
                 f"unknown bias '{self.bias}'", key="peft.bias", hint="use none, all or lora_only"
@@ -479,6 +524,7 @@ class LoRA(TargetedAdapter):
             use_dora=self.use_dora,
             init_lora_weights=self.init_lora_weights,
             modules_to_save=self.saved_modules(),
+            target_parameters=list(self.target_parameters) if self.target_parameters else None,
         )
 
 

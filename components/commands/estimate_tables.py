@@ -8,6 +8,7 @@ from typing import Any
 
 from components.auto import decide, is_auto
 from components.distributed.mesh import Mesh
+from components.memory.arch import param_counts
 from components.memory.estimate import CUDA_CONTEXT_BYTES, FRAGMENTATION, Estimate, GiB, RunSpec, estimate
 from components.memory.ladder import choose
 from components.memory.spec import compare, get, gpu_memory_of, spec_from_config, strategy_rungs
@@ -45,10 +46,15 @@ def render(cfg: Any, console: Any = None) -> bool:
     margin = float(get(get(cfg, "estimate", {}), "safety_margin", 0.1))
     auto = is_auto(cfg)
     a = spec.arch
+    moe = ""
+    if a.is_moe:
+        active = param_counts(a).active
+        moe = f"; a mixture of experts: {a.num_experts} experts, {a.experts_per_token} per token, "
+        moe += f"{active / 1e9:.3f} B active per token"
     title = (
         f"{get(get(cfg, 'model'), 'name_or_path', '?')}: {est.params_total / 1e9:.3f} B params "
-        f"({est.params_trainable:,} trainable), {spec.world_size} GPU(s), micro-batch {spec.micro_batch} x "
-        f"{spec.seq_len} tokens, {a.num_layers} layers"
+        f"({est.params_trainable:,} trainable{moe}), {spec.world_size} GPU(s), "
+        f"micro-batch {spec.micro_batch} x {spec.seq_len} tokens, {a.num_layers} layers"
     )
     if not auto:
         console.print(f"mesh: {Mesh(spec.world_size, spec.tp, spec.sp, spec.pp).describe()}")

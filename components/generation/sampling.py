@@ -58,6 +58,9 @@ def complete(
     width = max(len(ids) for ids in prompts)
     input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], device=device)
+    # a mixture of experts trained with its load-balancing loss on: no router logits while generating (with
+    # a KV cache they cover the new tokens only, and transformers' loss then fails against the whole mask)
+    moe = hasattr(getattr(model, "config", None), "output_router_logits")
     with torch.no_grad():
         out = model.generate(
             input_ids=input_ids,
@@ -66,6 +69,7 @@ def complete(
             pad_token_id=pad,
             eos_token_id=stops,
             streamer=streamer,
+            **({"output_router_logits": False} if moe else {}),
             **sampling.generate_kwargs(),
         )
     n = sampling.num_return_sequences

@@ -29,6 +29,13 @@ class Arch:
     o_bias: bool = False
     mlp_bias: bool = False
     norms_per_layer: int = 2
+    qk_norm: int = 0  # parameters of a layer's q/k norms (Qwen3, OLMoE)
+    sinks: int = 0  # a layer's attention-sink logits (gpt-oss: one per head)
+    # a mixture of experts (every decoder layer's MLP; 0 experts: a dense model)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    expert_bias: bool = False  # gpt-oss: biases on the experts and the router
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Arch:
@@ -37,7 +44,10 @@ class Arch:
         h = int(d["hidden_size"])
         heads = int(d["num_attention_heads"])
         head_dim = d.get("head_dim") or h // heads
-        attention_bias = bool(d.get("attention_bias", False))
+        attention_bias = bool(d.get("attention_bias", model_type == "gpt_oss"))
+        experts = int(d.get("num_experts") or d.get("num_local_experts") or 0)
+        if experts and (d.get("mlp_only_layers") or int(d.get("decoder_sparse_step") or 1) != 1):
+            raise ValueError("a mixture of experts with dense layers between is not modelled")
         return cls(
             model_type=model_type,
             hidden_size=h,
@@ -54,6 +64,12 @@ class Arch:
             o_bias=attention_bias and model_type not in ("qwen2",),
             mlp_bias=bool(d.get("mlp_bias", False)),
             norms_per_layer=4 if model_type in ("gemma2", "gemma3") else 2,
+            qk_norm=_qk_norm(model_type, int(head_dim), heads, int(d.get("num_key_value_heads") or heads)),
+            sinks=heads if model_type == "gpt_oss" else 0,
+            num_experts=experts,
+            experts_per_token=int(d.get("num_experts_per_tok") or d.get("experts_per_token") or 0),
+            expert_intermediate_size=int(d.get("moe_intermediate_size") or d["intermediate_size"]),
+            expert_bias=model_type == "gpt_oss",
         )
 
     @property
@@ -64,18 +80,46 @@ class Arch:
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def mlp_width(self) -> int:
+        """The MLP's inner width one token goes through: the dense MLP's, or its experts' together."""
+        return (
+            self.experts_per_token * self.expert_intermediate_size if self.is_moe else self.intermediate_size
+        )
+
     def linears(self) -> dict[str, tuple[int, int, bool]]:
-        """One decoder layer's linear modules: qualified name -> (in features, out features, has bias)."""
+        """One decoder layer's ``nn.Linear`` modules: qualified name -> (in features, out features, has bias).
+        A mixture of experts keeps its router and experts as plain parameters (transformers' fused
+        ``experts.gate_up_proj`` / ``down_proj``): :meth:`expert_params`, not here."""
         h, i = self.hidden_size, self.intermediate_size
-        return {
+        attention = {
             "self_attn.q_proj": (h, self.q_dim, self.qkv_bias),
             "self_attn.k_proj": (h, self.kv_dim, self.qkv_bias),
             "self_attn.v_proj": (h, self.kv_dim, self.qkv_bias),
             "self_attn.o_proj": (self.q_dim, h, self.o_bias),
+        }
+        if self.is_moe:
+            return attention
+        return {
+            **attention,
             "mlp.gate_proj": (h, i, self.mlp_bias),
             "mlp.up_proj": (h, i, self.mlp_bias),
             "mlp.down_proj": (i, h, self.mlp_bias),
         }
+
+    def expert_params(self, experts: int | None = None) -> int:
+        """Parameters of ``experts`` experts of one layer (all: None): gate, up, down (gpt-oss: biases)."""
+        n = self.num_experts if experts is None else experts
+        h, i = self.hidden_size, self.expert_intermediate_size
+        return n * (3 * h * i + ((2 * i + h) if self.expert_bias else 0))
+
+    @property
+    def router_params(self) -> int:
+        return self.num_experts * (self.hidden_size + (1 if self.expert_bias else 0))
 
 
 @dataclass(frozen=True)
@@ -89,6 +133,8 @@ class ParamCounts:
     num_layers: int
     final_norm: int
     lm_head: int  # 0 when tied to the embedding
+    layer_experts: int = 0  # of ``layer``: every expert of a mixture (router not included)
+    layer_active_experts: int = 0  # of those: the ones a token goes through
 
     @property
     def layers(self) -> int:
@@ -97,6 +143,11 @@ class ParamCounts:
     @property
     def total(self) -> int:
         return self.embedding + self.layers + self.final_norm + self.lm_head
+
+    @property
+    def active(self) -> int:
+        """Parameters one token goes through (a mixture's experts per token; = ``total`` when dense)."""
+        return self.total - self.num_layers * (self.layer_experts - self.layer_active_experts)
 
     @property
     def linear(self) -> int:
@@ -109,24 +160,37 @@ def param_counts(arch: Arch) -> ParamCounts:
     lin = arch.linears()
     weights = sum(i * o for i, o, _ in lin.values())
     biases = sum(o for _, o, b in lin.values() if b)
-    norms = arch.norms_per_layer * arch.hidden_size
+    norms = arch.norms_per_layer * arch.hidden_size + arch.qk_norm + arch.sinks
     embedding = arch.vocab_size * arch.hidden_size
+    experts = arch.expert_params() if arch.is_moe else 0
     return ParamCounts(
         embedding=embedding,
-        layer=weights + biases + norms,
+        layer=weights + biases + norms + experts + (arch.router_params if arch.is_moe else 0),
         layer_linear=weights,
         layer_bias=biases,
         num_layers=arch.num_layers,
         final_norm=arch.hidden_size,
         lm_head=0 if arch.tie_word_embeddings else embedding,
+        layer_experts=experts,
+        layer_active_experts=arch.expert_params(arch.experts_per_token) if arch.is_moe else 0,
     )
+
+
+def _qk_norm(model_type: str, head_dim: int, heads: int, kv_heads: int) -> int:
+    """Parameters of one layer's q/k norms: per head (Qwen3, Gemma3) or over the projections (OLMoE)."""
+    if model_type in ("qwen3", "qwen3_moe", "gemma3"):
+        return 2 * head_dim
+    if model_type == "olmoe":
+        return (heads + kv_heads) * head_dim
+    return 0
 
 
 def largest_param(arch: Arch) -> int:
     """Elements of the largest single parameter (the embedding or lm_head, else an MLP matrix): the size of
     DeepSpeed's per-parameter offload buffers and of ZeRO-3's largest gathered module."""
     lin = arch.linears().values()
-    return max(arch.vocab_size * arch.hidden_size, *(i * o + (o if b else 0) for i, o, b in lin))
+    fused = arch.num_experts * 2 * arch.expert_intermediate_size * arch.hidden_size  # experts.gate_up_proj
+    return max(arch.vocab_size * arch.hidden_size, fused, *(i * o + (o if b else 0) for i, o, b in lin))
 
 
 # ---- what PEFT methods train (their components call these) --------------------------------------
@@ -169,6 +233,24 @@ def lora_params(
     per_layer = sum(r * (i + o) + (o if dora else 0) for i, o in pairs)
     extra = r * (arch.hidden_size + arch.vocab_size) if head else 0
     return per_layer * arch.num_layers + extra + extra_module_params(arch, modules_to_save)
+
+
+def expert_lora_params(arch: Arch, r: int, target_modules: Any, target_parameters: Iterable[str]) -> int:
+    """One layer's LoRA parameters on a mixture's router and fused expert weights, as peft 0.21 places
+    them: ``all-linear`` reaches the router (r x (h + experts)) and every expert (``gate_up_proj`` as two
+    r·experts adapters, ``down_proj`` one); otherwise each parameter named in ``target_parameters`` (experts x
+    out x in) gets ``lora_A`` (r·experts x in) and ``lora_B`` (out x r·experts), and a router named in
+    ``target_modules`` (``gate`` / ``router``) its own adapter."""
+    if not arch.is_moe:
+        return 0
+    h, i, e = arch.hidden_size, arch.expert_intermediate_size, arch.num_experts
+    router = r * (h + e)
+    if target_modules in (None, "all-linear"):
+        return router + 2 * r * e * (h + 2 * i) + r * e * (i + h)
+    sizes = {"gate_up_proj": h + 2 * i, "down_proj": i + h, "gate_proj": h + i, "up_proj": h + i}
+    names = [target_modules] if isinstance(target_modules, str) else list(target_modules or [])
+    routed = router if any(n in ("gate", "router") for n in names) else 0
+    return routed + sum(r * e * sizes.get(name.rsplit(".", 1)[-1], 0) for name in target_parameters)
 
 
 def lora_inputs(arch: Arch, target_modules: Any = "all-linear") -> int:

@@ -217,7 +217,7 @@ def layer_activation_terms(spec: RunSpec) -> tuple[float, float, float]:
     a = spec.arch
     c = spec.compute_bytes
     r = spec.residual_bytes  # fp32 when fp32 weights meet autocast (bf16 matmul outputs + fp32 residual)
-    h, i = a.hidden_size, a.intermediate_size
+    h, i = a.hidden_size, a.mlp_width  # a mixture: the experts a token goes through
     # an RMSNorm keeps its input (fp32 behind autocast) and, when its weight trains, the normalised output
     outside = a.norms_per_layer * (2 if spec.full_finetune else 1) * r * h
     kv = c * 2 * a.kv_dim  # k and v, saved by the attention kernel

@@ -64,14 +64,18 @@ class Slice:
 
 
 def tp_layer(arch: Arch, tp: int = 1) -> tuple[int, int]:
-    """(parameters of one decoder layer on a tp rank, of which linear weights): every weight split, the
-    row-parallel biases and the norms whole."""
+    """(parameters of one decoder layer on a tp rank, of which linear weights): every linear weight split,
+    the row-parallel biases, the norms and a mixture's router and experts whole (experts are split by
+    expert parallelism, not by tp)."""
     linear = bias = 0
     for name, (i, o, has_bias) in arch.linears().items():
         linear += ceil_div(i * o, tp)
         if has_bias:
             bias += o if name in ROW_PARALLEL else ceil_div(o, tp)
-    return linear + bias + arch.norms_per_layer * arch.hidden_size, linear
+    whole = arch.norms_per_layer * arch.hidden_size + arch.qk_norm + arch.sinks
+    if arch.is_moe:
+        whole += arch.router_params + arch.expert_params()
+    return linear + bias + whole, linear
 
 
 def balanced_split(weights: Sequence[int], parts: int) -> list[int]:
@@ -161,6 +165,8 @@ def slices(
     counts = param_counts(arch)
     layer, linear = tp_layer(arch, tp)
     biggest_linear = max(ceil_div(i * o, tp) + (o if b else 0) for i, o, b in arch.linears().values())
+    fused_experts = arch.num_experts * 2 * arch.expert_intermediate_size * arch.hidden_size  # gate_up_proj
+    biggest_linear = max(biggest_linear, fused_experts)
     head = ceil_div(counts.lm_head, tp) if counts.lm_head else counts.embedding  # tied: whole
     logits = max(1, micro_batches) if schedule == "gpipe" and pp > 1 else 1  # GPipe: every loss kept
     out = []

@@ -31,6 +31,7 @@ from components.runtime.callbacks import (
 from components.runtime.checkpoint import checkpoints_in, save_final
 from components.runtime.dataprep import eval_every, prepare_data
 from components.runtime.diskspace import ensure_room_for_final
+from components.runtime.expert_load import ExpertLoad, routers
 from components.runtime.feed import Feed
 from components.runtime.resume import loss_span, pinned
 from components.runtime.run import RunContext, peak_memory_gb
@@ -197,6 +198,8 @@ class Session:
             engine.append(LayoutCheck(c.strategy.model_split, mesh, self.layout))
         if c.strategy.model_split.splits_sequences:
             engine.append(ResumeSplitRows())  # Ulysses' data loader where the resumed run left it
+        if self.model is not None and routers(self.model):  # a mixture of experts: its routers' choices
+            engine.append(ExpertLoad(self.model, self.report))  # before MetricsCallback: logs what it adds
         return [
             *engine,
             MetricsCallback(self.ctx.run_dir),

@@ -1,0 +1,101 @@
+"""How a mixture of experts spreads its tokens: every router's top-k choices counted while training (a
+forward hook on each router module, training passes only), the imbalance logged with the losses
+(``expert_imbalance``: the busiest expert's load over the mean, averaged over layers, since the last log)
+and a per-layer table in the summary (``expert load``). A dense model gets neither.
+
+The load-balancing (router auxiliary) loss itself is TRL's: on with the architecture's own
+``router_aux_loss_coef`` and logged as ``aux_loss``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from transformers import TrainerCallback
+
+
+def routers(model: Any) -> list[tuple[str, Any]]:
+    """``(name, module)`` of every router of a mixture of experts (transformers' ``*TopKRouter``s)."""
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if type(module).__name__.endswith("Router") and hasattr(module, "top_k")
+    ]
+
+
+def _experts(module: Any) -> int:
+    return int(getattr(module, "num_experts", 0) or module.weight.shape[0])
+
+
+class ExpertLoad(TrainerCallback):
+    """Counts each router's expert choices over the run and per logging interval (see the module doc);
+    ``report``: the session's summary sections, where ``expert load`` is written at the end."""
+
+    def __init__(self, model: Any, report: dict[str, Any]) -> None:
+        import torch
+
+        self.report = report
+        self.names: list[str] = []
+        self.run: list[Any] = []  # per layer: tokens routed to each expert over the run
+        self.interval: list[Any] = []
+        self.handles = []
+        for i, (name, module) in enumerate(routers(model)):
+            found = re.search(r"layers\.(\d+)\.", name)
+            self.names.append(f"layer {found.group(1)}" if found else name)
+            self.run.append(torch.zeros(_experts(module), dtype=torch.float64))
+            self.interval.append(torch.zeros(_experts(module), dtype=torch.float64))
+            self.handles.append(module.register_forward_hook(self._hook(i)))
+
+    def _hook(self, layer: int) -> Any:
+        import torch
+
+        def count(module: Any, inputs: Any, output: Any) -> None:
+            if not module.training:
+                return
+            outputs = output if isinstance(output, tuple) else (output,)
+            indices = next(t for t in reversed(outputs) if not torch.is_floating_point(t))
+            found = torch.bincount(indices.detach().reshape(-1), minlength=len(self.run[layer]))
+            self.interval[layer] += found.cpu().to(torch.float64)
+
+        return count
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any
+    ) -> None:
+        loads = [c for c in self.interval if c.sum() > 0]
+        if logs is not None and loads and "loss" in logs:
+            logs["expert_imbalance"] = round(sum(float(c.max() / c.mean()) for c in loads) / len(loads), 4)
+        for layer, counts in enumerate(self.interval):
+            self.run[layer] += counts
+            counts.zero_()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        import torch.distributed as dist
+
+        for layer, counts in enumerate(self.interval):
+            self.run[layer] += counts
+            counts.zero_()
+        if dist.is_available() and dist.is_initialized():  # every rank's tokens
+            for counts in self.run:
+                dist.all_reduce(counts)
+        for handle in self.handles:
+            handle.remove()
+        self.report["expert load"] = self.table()
+
+    def table(self) -> dict[str, str]:
+        """Per layer: top-k assignments, the least and most loaded expert's share, imbalance (max/mean)."""
+        rows = {}
+        for name, counts in zip(self.names, self.run, strict=True):
+            total = float(counts.sum())
+            if not total:
+                rows[name] = "no token routed while training"
+                continue
+            share = counts / total
+            low, high = int(share.argmin()), int(share.argmax())
+            rows[name] = (
+                f"{int(total):,} assignments; share min {float(share[low]):.1%} (expert {low}), "
+                f"max {float(share[high]):.1%} (expert {high}); imbalance "
+                f"{float(counts.max() / counts.mean()):.2f}; idle experts {int((counts == 0).sum())}"
+            )
+        return rows

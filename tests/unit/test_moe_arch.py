@@ -1,0 +1,123 @@
+"""Mixtures of experts in the arithmetic (components/memory/arch.py): parameter counts equal transformers'
+own models built on the meta device, the shipped MoE options give their published totals and active
+parameters, LoRA's trainable count equals peft's, and the estimate names total and active parameters."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from components.memory.arch import Arch, param_counts
+from components.memory.spec import arch_of_model
+from components.peft import LoRA
+from tests.support.data import REPO
+
+TINY = dict(vocab_size=512, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3_moe": dict(
+        intermediate_size=64, moe_intermediate_size=16, head_dim=8, num_experts=4, num_experts_per_tok=2
+    ),
+    "mixtral": dict(intermediate_size=24, num_local_experts=4, num_experts_per_tok=2),
+    "olmoe": dict(intermediate_size=24, num_experts=4, num_experts_per_tok=2),
+    "gpt_oss": dict(
+        intermediate_size=24,
+        head_dim=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
+}
+
+
+def meta_model(model_type: str) -> tuple[Any, Any]:
+    config = AutoConfig.for_model(model_type, **TINY, **SHAPES[model_type])
+    with torch.device("meta"):
+        return config, AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize("model_type", sorted(SHAPES))
+def test_total_and_active_parameters_equal_transformers(model_type: str) -> None:
+    config, model = meta_model(model_type)
+    counts = param_counts(Arch.from_dict(config.to_dict()))
+    assert counts.total == sum(p.numel() for p in model.parameters())
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)  # every layer's
+    arch = Arch.from_dict(config.to_dict())
+    idle = experts * (arch.num_experts - arch.experts_per_token) // arch.num_experts
+    assert counts.active == counts.total - idle
+
+
+@pytest.mark.parametrize(
+    ("option", "total", "active"),
+    [  # the model cards' figures (B, rounded); gpt-oss counts its active ones without the embedding
+        ("qwen3_30b_a3b", 30.5, 3.3),
+        ("mixtral_8x7b", 46.7, 12.9),
+        ("olmoe_1b_7b", 6.9, 1.3),
+        ("gpt_oss_20b", 20.9, 3.6),
+    ],
+)
+def test_shipped_moe_options_give_the_published_sizes(
+    compose_cfg, option: str, total: float, active: float
+) -> None:
+    arch = arch_of_model(compose_cfg(f"model={option}").model)
+    counts = param_counts(arch)
+    embedding = counts.embedding if option == "gpt_oss_20b" else 0
+    assert counts.total / 1e9 == pytest.approx(total, rel=0.02)
+    assert (counts.active - embedding) / 1e9 == pytest.approx(active, rel=0.02)
+
+
+def test_the_tiny_moe_asset_is_a_mixture() -> None:
+    arch = Arch.from_dict(json.loads((REPO / "components/assets/tiny_moe/config.json").read_text()))
+    assert (arch.num_experts, arch.experts_per_token, arch.is_moe) == (8, 2, True)
+    assert not Arch.from_dict(json.loads((REPO / "components/assets/tiny/config.json").read_text())).is_moe
+
+
+@pytest.mark.parametrize(
+    ("r", "targets", "parameters"),
+    [
+        (16, "all-linear", None),  # peft 0.21's all-linear reaches the router and every expert
+        (8, ["q_proj", "v_proj"], ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
+        (4, ["q_proj", "gate"], ["mlp.experts.down_proj"]),
+    ],
+)
+def test_lora_on_experts_counts_what_peft_trains(r: int, targets: Any, parameters: Any) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    folder = REPO / "components/assets/tiny_moe"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    config = LoraConfig(
+        r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=targets, target_parameters=parameters
+    )
+    peft_model = get_peft_model(model, config)
+    trained = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    arch = Arch.from_dict(json.loads((folder / "config.json").read_text()))
+    assert (
+        LoRA(r=r, dropout=0.0, target_modules=targets, target_parameters=parameters).trainable_params(arch)
+        == trained
+    )
+
+
+def test_the_estimate_names_total_and_active_parameters(compose_cfg, capsys) -> None:
+    from components.commands.estimate_tables import cli
+
+    assert cli(["model=qwen3_30b_a3b", "estimate.num_gpus=8"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    found = re.search(r"([\d.]+) B params .*128 experts, 8 per token, ([\d.]+) B active per token", out)
+    assert found and float(found.group(1)) == pytest.approx(30.5, rel=0.02)
+    assert float(found.group(2)) == pytest.approx(3.3, rel=0.02)
+
+
+def test_the_estimate_holds_every_expert(compose_cfg) -> None:
+    """Weights in memory are all the experts' (the active ones are what a token computes with)."""
+    from components.memory.estimate import estimate
+    from components.memory.spec import spec_from_config
+
+    cfg = compose_cfg("model=qwen3_30b_a3b", "strategy=ddp", "precision=bf16", "estimate.num_gpus=1")
+    spec = spec_from_config(cfg)
+    held = estimate(spec).row("parameters")
+    assert held == pytest.approx(4 * param_counts(spec.arch).total, rel=0.01)  # fp32 weights, bf16 autocast
