@@ -83,4 +83,4 @@ class DPO(Recipe):
             )
         )
         trainer = session.trainer(DPOTrainer, args, data, ref_model=reference)
-        return session.train_and_finish(trainer, probes=training_pairs(trainer))
+        return session.train_and_finish(trainer, probes=training_pairs(trainer, ctx.train.probe_pairs))

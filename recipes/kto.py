@@ -77,5 +77,6 @@ class KTO(Recipe):
         args = KTOConfig(**ctx.training_args(**self.trainer_args(c.data.max_length)))
         trainer = session.trainer(KTOTrainer, args, data, ref_model=reference)
         # with log-probs precomputed and no reference kept, TRL cannot score new rows after training
-        probes = {} if self.precompute_ref_log_probs and reference is None else training_pairs(trainer)
+        scorable = not (self.precompute_ref_log_probs and reference is None)
+        probes = training_pairs(trainer, ctx.train.probe_pairs) if scorable else {}
         return session.train_and_finish(trainer, probes=probes)

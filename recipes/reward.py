@@ -40,4 +40,4 @@ class Reward(Recipe):
             )
         )
         trainer = session.trainer(RewardTrainer, args, data)
-        return session.train_and_finish(trainer, probes=training_pairs(trainer))
+        return session.train_and_finish(trainer, probes=training_pairs(trainer, ctx.train.probe_pairs))

@@ -43,7 +43,6 @@ from components.tracker import TrackerRun
 
 log = logging.getLogger("hydratune")
 
-PROBE_PAIRS = 128  # training pairs scored before and after training (reward, DPO)
 
 
 @dataclass
@@ -69,6 +68,7 @@ class Session:
     attention: Any = None
     pipeline: Any = None  # strategy=pipeline: this rank's stages and mesh (runtime/pipeline_loop.py)
     eval_cost: dict[str, Any] = field(default_factory=dict)  # the end-of-run evaluation: seconds, rows
+    probe_cost: dict[str, Any] = field(default_factory=dict)  # the probes before / after training: seconds
 
     @classmethod
     def start(cls, ctx: RunContext) -> Session:
@@ -298,9 +298,11 @@ class Session:
             )
 
     def probe(self, trainer: Any, probes: dict[str, Any], when: str) -> None:
-        """Evaluate the trainer on extra datasets (e.g. training pairs) and keep the metrics."""
+        """Evaluate the trainer on extra datasets (e.g. training pairs) and keep the metrics and seconds."""
         for name, dataset in probes.items():
+            started = time.perf_counter()
             metrics = trainer.evaluate(eval_dataset=dataset, metric_key_prefix="probe")
+            self.probe_cost[f"{name} probe {when} (s)"] = round(time.perf_counter() - started, 1)
             kept = {
                 k.removeprefix("probe_"): v
                 for k, v in metrics.items()
@@ -521,6 +523,7 @@ class Session:
             "tokens/s (train, non-pad)": _tokens_per_second(ctx),
             **_eval_during_training(ctx, final=bool(self.eval_cost)),
             **self.eval_cost,
+            **self.probe_cost,
             **(cost or {}),
             "peak memory (GiB)": round(peak_memory_gb(ctx.device), 3),
             "command to first step (s)": self.first_step.seconds,
@@ -564,11 +567,13 @@ def train_on_pairs(
     data = session.load_data()
     session.build_model()
     trainer = session.trainer(trainer_cls, config_cls(**ctx.training_args(**trainer_args)), data)
-    return session.train_and_finish(trainer, probes=training_pairs(trainer))
+    return session.train_and_finish(trainer, probes=training_pairs(trainer, ctx.train.probe_pairs))
 
 
-def training_pairs(trainer: Any) -> dict[str, Any]:
-    """Reward and DPO: the first ``PROBE_PAIRS`` training pairs, scored before and after training (the
-    ``probes`` of :meth:`Session.train_and_finish`)."""
+def training_pairs(trainer: Any, pairs: int) -> dict[str, Any]:
+    """Reward and the preference recipes: the first ``pairs`` (``train.probe_pairs``; 0: none) training
+    pairs, scored before and after training (the ``probes`` of :meth:`Session.train_and_finish`)."""
     rows = trainer.train_dataset
-    return {"training pairs": rows.select(range(min(PROBE_PAIRS, len(rows))))}
+    if not pairs:
+        return {}
+    return {"training pairs": rows.select(range(min(pairs, len(rows))))}

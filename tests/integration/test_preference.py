@@ -63,10 +63,15 @@ def test_reward_model_with_lora_saves_its_score_head(run_recipe) -> None:
 def test_reward_model_full_saves_a_sequence_classifier(run_recipe) -> None:
     from transformers import AutoModelForSequenceClassification
 
-    ctx, _ = run_recipe("recipe=reward", *RUN, "train.max_steps=2", name="rm_full")
+    ctx, _ = run_recipe("recipe=reward", *RUN, "train.max_steps=2", "train.probe_pairs=3", name="rm_full")
     model = AutoModelForSequenceClassification.from_pretrained(ctx.run_dir.final)
     assert model.config.num_labels == 1 and model.config.pad_token_id is not None
     assert "training pairs (after)" in ctx_report_sections(ctx)
+    # the probe is bounded, timed and can be turned off (no hidden pass: issue 39)
+    result = json.loads((ctx.run_dir.path / "result.json").read_text())
+    assert {"training pairs probe before (s)", "training pairs probe after (s)"} <= set(result["cost"])
+    off, _ = run_recipe("recipe=reward", *RUN, "train.max_steps=1", "train.probe_pairs=0", name="rm_off")
+    assert not any(k.startswith("training pairs") for k in ctx_report_sections(off))
 
 
 def test_preference_file_missing_rejected_fails_before_model_load(run_recipe, tmp_path, monkeypatch) -> None:
@@ -141,3 +146,16 @@ def test_each_recipe_trains_checkpoints_resumes_and_exports(run_recipe, tmp_path
     assert "training pairs (after)" in report and "rewards/margins" in report
     model = AutoModelForCausalLM.from_pretrained(export(resumed.run_dir.path, tmp_path / "exported"))
     assert model.config.vocab_size > 0
+
+
+def test_the_probe_takes_the_first_probe_pairs() -> None:
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    from components.runtime.session import training_pairs
+
+    trainer = SimpleNamespace(train_dataset=Dataset.from_dict({"i": list(range(10))}))
+    assert training_pairs(trainer, 3)["training pairs"]["i"] == [0, 1, 2]
+    assert training_pairs(trainer, 50)["training pairs"]["i"] == list(range(10))
+    assert training_pairs(trainer, 0) == {}

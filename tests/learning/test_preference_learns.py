@@ -13,7 +13,7 @@ from tests.integration.test_preference import SHORT, ctx_report
 
 def test_dpo_widens_the_chosen_rejected_margin(run_recipe) -> None:
     """DPO's margin: beta * [(log pi - log ref)(chosen) - (log pi - log ref)(rejected)] on training pairs."""
-    ctx, _ = run_recipe("recipe=dpo", *SHORT, "train.max_steps=60", name="dpo")
+    ctx, _ = run_recipe("recipe=dpo", *SHORT, "train.max_steps=60", "train.probe_pairs=128", name="dpo")
     before, after = ctx_report(ctx, "before"), ctx_report(ctx, "after")
     assert before["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at the start
     assert after["eval_rewards/margins"] > 0.005, after
@@ -43,6 +43,7 @@ def test_reward_model_learns_to_rank_its_training_pairs(run_recipe, tmp_path) ->
         f"data.path={path}",
         "data.eval_path=null",
         "train.eval_every=0",  # no eval split: the probe on the training pairs is the measurement
+        "train.probe_pairs=128",
         *SHORT,
         "train.max_steps=30",
         name="rm_acc",
