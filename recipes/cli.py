@@ -71,6 +71,7 @@ def execute(cfg: DictConfig) -> Any:
         from components.runtime.dataprep import eval_every, plan_data
 
         print("\n".join(plan_data(comps, cfg.train.eval_generations, eval_every(comps, cfg.train))))
+        print(f"# model weights: {comps.model.describe_weights()}")
         print(f"# {comps.launcher.describe(run_id)}")
         print_job_script(comps)
         host = "" if device == comps.strategy.resolve_device() else " (planned for a GPU: this host has none)"

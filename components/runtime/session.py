@@ -92,6 +92,7 @@ class Session:
         session.report["run"] = {
             "recipe": c.recipe.name,
             "model": c.model.name_or_path,
+            "model weights": c.model.describe_weights(),
             "peft": type(c.peft).__name__,
             "strategy": c.strategy.label,
             "processes": ctx.plan.world_size,
