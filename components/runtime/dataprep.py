@@ -90,7 +90,7 @@ def prepare_data(
     token_facts = facts.get("tokens") or {}
     split_tokens = {name[len("tokens/") :]: d for name, d in made.items() if name.startswith("tokens/")}
     if token_facts:
-        notes.update(length_notes(data_component, token_facts))
+        notes.update(length_notes(data_component, token_facts, getattr(tokenizer, "model_max_length", None)))
         check_tokens(data_component, token_facts, {name: len(rows) for name, rows in data.items()})
         check_trained_tokens(split_tokens["train"], tokenizer, token_facts)
     notes["data cache"] = STREAM_NOT_CACHED if streaming else outcome.note()
@@ -109,10 +109,13 @@ def prepare_data(
     return prepared
 
 
-def length_notes(data_component: Any, token_facts: dict[str, Any]) -> dict[str, str]:
+def length_notes(
+    data_component: Any, token_facts: dict[str, Any], context: int | None = None
+) -> dict[str, str]:
     """One line per split of what the length policy did to the tokens (``SFTTokens.prepare``'s counts):
     rows cut at data.max_length and the tokens cut, rows dropped with nothing left to train, the share of
-    the tokens to train that is kept."""
+    the tokens to train that is kept; and a longest row past the model's context (``context``: the
+    tokenizer's ``model_max_length``)."""
     from components.text.sft_tokens import COUNTS
 
     plan = token_facts["plan"]
@@ -120,18 +123,18 @@ def length_notes(data_component: Any, token_facts: dict[str, Any]) -> dict[str, 
     for name, found in (token_facts.get("counts") or {}).items():
         c = dict.fromkeys(COUNTS, 0) | found
         where = f"length ({name}, data.max_length={plan['max_length']})"
+        rows = f"{c['rows']:,} row{'' if c['rows'] == 1 else 's'}, the longest {c['longest']:,} tokens"
+        if context and min(plan["max_length"], c["longest"]) > context:  # rows kept past the context
+            rows += f" (past the tokenizer's model_max_length={context:,}, the model's context)"
         if plan["packing"]:
-            notes[where] = (
-                f"{c['rows']:,} rows, the longest {c['longest']:,} tokens (packed: no row is cut here)"
-            )
+            notes[where] = f"{rows} (packed: no row is cut here)"
             continue
         kept = c["trained"] / c["trainable"] if c["trainable"] else 0.0
+        dropped = c["cut_out"] + c["empty"]
         notes[where] = (
-            f"{c['rows']:,} rows, the longest {c['longest']:,} tokens; {c['truncated']:,} truncated "
-            f"({c['tokens_cut']:,} tokens cut); {c['cut_out'] + c['empty']:,} dropped with nothing left to "
-            f"train ({c['cut_out']:,} cut off, {c['empty']:,} with no turn to train); {kept:.0%} of the "
-            "tokens "
-            "to train kept"
+            f"{rows}; {c['truncated']:,} truncated ({c['tokens_cut']:,} tokens cut); {dropped:,} dropped "
+            f"with nothing left to train ({c['cut_out']:,} cut off, {c['empty']:,} with no turn to train); "
+            f"{kept:.0%} of the tokens to train kept"
         )
     return notes
 

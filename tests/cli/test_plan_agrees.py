@@ -35,6 +35,12 @@ BAD = {
         ["data.max_length=64", "data.min_trained_fraction=0"],
         "[data.max_length] only 0% of train rows train the end-of-sequence token",
     ),
+    # a template whose end-of-turn token the tokenizer lacks (refused only after load before)
+    "gemma template": (
+        [turns(("user", f"capital {i}?"), ("assistant", f"city {i}")) for i in range(12)],
+        ["model.chat_template=gemma"],
+        "[model.chat_template] only 0% of rows train the end-of-sequence token",
+    ),
     "reasoning the template drops": (
         [
             turns(("user", f"{i}+1?"), ("assistant", str(i + 1)), **{"1": {"reasoning_content": "THINK"}})

@@ -198,6 +198,9 @@ def test_truncation_is_counted_per_split(tokenizer, tmp_path) -> None:
     assert all("<|im_end|>" not in t for t in texts)  # the stop token was cut: trained text proves it
     line = length_notes(ChatDataset(path="x.jsonl"), facts)["length (train, data.max_length=40)"]
     assert "4 truncated" in line and f"{counts['tokens_cut']:,} tokens cut" in line
+    assert "model_max_length" not in line
+    past = length_notes(ChatDataset(path="x.jsonl"), facts, context=30)["length (train, data.max_length=40)"]
+    assert "past the tokenizer's model_max_length=30" in past
     with pytest.raises(ConfigError) as err:  # most of the answer cut off
         check_tokens(ChatDataset(path="x.jsonl"), facts, {"train": 4})
     assert err.value.key == "data.max_length" and "data.min_trained_fraction" in err.value.hint
