@@ -291,8 +291,9 @@ def check_reasoning_rendered(splits: dict[str, Any], tokenizer: Any, label: str,
     (the first such row, rendered with and without it, must differ), or the model would be trained on the
     answers without their reasoning. ConfigError naming the template and the fix otherwise."""
     from components.config.errors import ConfigError
-    from components.text.chat_template import row_tools
+    from components.text.chat_template import choose_method, row_tools
 
+    template = choose_method(tokenizer)[1]  # TRL's training template where it patches this one (e.g. qwen3)
     for name, split in splits.items():
         columns = ["messages", *(["tools"] if "tools" in split.column_names else [])]
         found = rows_where(
@@ -303,8 +304,12 @@ def check_reasoning_rendered(splits: dict[str, Any], tokenizer: Any, label: str,
         row = split[found[0]]
         tools = row_tools(row.get("tools"))
         bare = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in row["messages"]]
-        rendered = tokenizer.apply_chat_template(row["messages"], tools=tools, tokenize=False)
-        if rendered == tokenizer.apply_chat_template(bare, tools=tools, tokenize=False):
+        rendered = tokenizer.apply_chat_template(
+            row["messages"], tools=tools, tokenize=False, chat_template=template
+        )
+        if rendered == tokenizer.apply_chat_template(
+            bare, tools=tools, tokenize=False, chat_template=template
+        ):
             raise ConfigError(
                 f"{name} row {found[0]}: the chat template ({label}) does not render the assistant turns' "
                 f"reasoning (reasoning_content; {count:,} rows have it): the model would be trained on the "

@@ -175,6 +175,14 @@ def _untrain_turns(
             add_generation_prompt=generation,
         )
 
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError(
+            f"{where}: assistant turns flagged not to train are located with a fast tokenizer's offsets; "
+            f"{type(tokenizer).__name__} is not one",
+            key="model.tokenizer",
+            hint="use a fast tokenizer (tokenizer.json), or drop the per-turn training flags (weight / "
+            "training)",
+        )
     full = render(messages, False)
     spans = []
     for k, message in enumerate(messages):

@@ -170,6 +170,22 @@ def test_reasoning_reaches_the_template_and_is_trained(tokenizer, tmp_path, key)
     assert all(f"THINK {i}" in t and f"</think>\n\n{i + 1}" in t for i, t in enumerate(texts)), texts
 
 
+def test_reasoning_of_an_earlier_turn_passes_with_the_template_trl_trains(tokenizer, tmp_path) -> None:
+    """qwen3 renders reasoning only after the last user turn; TRL trains with its qwen3_training template,
+    which renders every turn's: the check and the tokens use that one."""
+    from components.runtime.dataprep import fit_template
+    from components.text.chat_template import resolve_chat_template
+
+    pairs = (("user", "q"), ("assistant", "a"), ("user", "again"), ("assistant", "b"))
+    rows = [turns(*pairs, **{"1": {"reasoning_content": f"THINK {i}"}}) for i in range(3)]
+    data = load(tmp_path, rows)
+    tokenizer = type(tokenizer).from_pretrained(str(TINY))
+    tokenizer.chat_template = resolve_chat_template("qwen3")[0]
+    data = fit_template(ChatDataset(path="x.jsonl"), data, tokenizer, scratch_workers())
+    texts, _ = trained_text(tokenizer, data)
+    assert all(f"<think>\nTHINK {i}\n</think>\n\na<|im_end|>" in t for i, t in enumerate(texts)), texts
+
+
 def test_keep_reasoning_false_drops_and_counts_it(tmp_path) -> None:
     rows = [turns(("user", "q"), ("assistant", "a"), **{"1": {"reasoning_content": "THINK"}})] * 3
     data = load(tmp_path, rows, keep_reasoning=False)
