@@ -155,9 +155,9 @@ class CausalLM:
         self.check_attention_package()
 
     def check_local_dir(self) -> None:
-        """A local ``name_or_path`` must be a model dir: a folder holding config.json, with ``init=pretrained``
-        a weight file, that loads without running its own code unasked, with weights that unpickle safely
-        (components/modeling/model_dir.py)."""
+        """A local ``name_or_path`` must be a model dir: a folder holding config.json, with
+        ``init=pretrained`` a weight file, that loads without running its own code unasked, with weights that
+        unpickle safely (components/modeling/model_dir.py)."""
         path = Path(self.name_or_path).expanduser()
         problem = "not found" if not path.is_dir() else "has no config.json"
         if not (path / "config.json").is_file():
