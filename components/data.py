@@ -105,6 +105,14 @@ ROLES = ("system", "user", "assistant", "tool")
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "observation": "tool", "function_call": "assistant"}
 TURN_KEYS = (("role", "content"), ("from", "value"))  # OpenAI-style and ShareGPT-style turns
 TOOL_TURN_KEYS = ("tool_call_id", "name")  # kept on tool turns (which call each result answers)
+#: per-turn training flags, in the shapes fine-tuning data carries them: OpenAI's fine-tuning format (and
+#: ShareGPT files) ``"weight": 0 | 1``, Axolotl's ``"training"`` (or ``"train"``) ``true | false``. Chat
+#: data honours them on assistant turns (a flagged-off turn is kept as context, its tokens untrained: the
+#: turn is stored with ``"train": false``); LLaMA-Factory's files carry none
+TRAIN_FLAG_KEYS = ("weight", "training", "train")
+#: an assistant turn's reasoning (DeepSeek-R1 / Qwen3 ``reasoning_content``; also ``reasoning``,
+#: ``thinking``): stored as ``reasoning_content``, the key chat templates render (data.keep_reasoning)
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 PREFERENCE_FORMATS = ("auto", "explicit", "implicit", "hh")
 PREFERENCE_SIGNATURES = {
     "explicit": "prompt + chosen + rejected (responses: text or assistant messages)",
@@ -161,6 +169,15 @@ class LoadReport:
     # rows the conversion flagged (``CHAT_FLAGS``: a leading system turn, tool calls...), summed over the
     # files: what the later checks look for, so they read the rows only when there is something to find
     flags: dict[str, int] = field(default_factory=dict)
+    # message keys not used (``parse_turn``'s ``TURN_NOTES``) -> the rows that have them
+    keys: dict[str, int] = field(default_factory=dict)
+
+    def account_keys(self, keys: Mapping[str, int]) -> None:
+        """Add the rows naming each message key not used; ``info`` lists them ("none" when none)."""
+        for key, n in keys.items():
+            self.keys[key] = self.keys.get(key, 0) + n
+        shown = ", ".join(f"{k} ({n:,} rows)" for k, n in self.keys.items())
+        self.info["message keys ignored"] = shown or "none"
 
     def account(self, used: list[str], ignored: list[str]) -> None:
         """Add one file's used and ignored columns; ``info`` lists them all (the summary, ``mode=plan``)."""
@@ -607,11 +624,69 @@ def _sharegpt_call(text: str) -> list[dict[str, Any]] | None:
     return value if calls and named else None
 
 
-def parse_turn(message: Any, i: int, column: str, names: dict[str, str]) -> dict[str, Any]:
+#: what ``parse_turn`` left out of the row being converted (message keys not used, reasoning dropped), one
+#: entry per key; ``convert_range`` clears it before each row and counts the rows that name each key
+TURN_NOTES: list[str] = []
+
+
+def _train_flag(message: dict[str, Any], role: str, i: int, column: str) -> bool | None:
+    """The turn's training flag (``TRAIN_FLAG_KEYS``): False for a turn not to train, True to train it, None
+    without one. A value other than 0/1 (true/false), two flags, or a flag that asks a non-assistant turn to
+    be trained is a ``RowError``."""
+    found = [k for k in TRAIN_FLAG_KEYS if k in message and message[k] is not None]
+    if not found:
+        return None
+    where = f"message {i} in column '{column}'"
+    if len(found) > 1:
+        raise RowError(f"{where} has two training flags ({', '.join(found)}): give one")
+    key, value = found[0], message[found[0]]
+    if value not in (0, 1) or isinstance(value, str):
+        allowed = "0 or 1" if key == "weight" else "true or false"
+        raise RowError(
+            f"{where}: '{key}' should be {allowed} (whether the turn is trained), got {value!r}",
+            key="data.path",
+            hint=f"write '{key}' as {allowed}, or set data.on_error=skip to drop such rows and count them",
+        )
+    if value and role != "assistant":
+        raise RowError(
+            f"{where} is a {role} turn with {key}={value!r}: only assistant turns are trained (the flags say "
+            "which assistant turns are not)",
+            key="data.path",
+            hint=f"drop '{key}' from the {role} turns",
+        )
+    return bool(value)
+
+
+def _reasoning(message: dict[str, Any], i: int, column: str) -> tuple[str, str] | None:
+    """(the key, the text) of an assistant turn's reasoning (``REASONING_KEYS``), None without one."""
+    for key in REASONING_KEYS:
+        value = message.get(key)
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str):
+            raise RowError(
+                f"message {i} in column '{column}': '{key}' should be text, got {type(value).__name__}"
+            )
+        return key, value
+    return None
+
+
+def parse_turn(
+    message: Any,
+    i: int,
+    column: str,
+    names: dict[str, str],
+    *,
+    flags: bool = False,
+    reasoning: bool | None = None,
+) -> dict[str, Any]:
     """One ``{"role", "content"}`` or ShareGPT ``{"from", "value"}`` turn as ``{"role", "content"}`` (content
     text), plus what tool calling needs: an assistant turn's ``tool_calls`` (OpenAI's shape; also from a
     legacy ``function_call`` key or a ShareGPT ``function_call`` turn), a tool turn's ``tool_call_id`` and
-    ``name``."""
+    ``name``. ``flags``: a per-turn training flag (``TRAIN_FLAG_KEYS``) that turns an assistant turn off
+    becomes ``"train": False``. ``reasoning``: an assistant turn's reasoning (``REASONING_KEYS``) is kept as
+    ``reasoning_content`` (True) or dropped and counted (False); None: not read. Every other key of the
+    message is noted in ``TURN_NOTES`` (the summary counts the rows)."""
     keys = next(
         (
             k
@@ -645,15 +720,29 @@ def parse_turn(message: Any, i: int, column: str, names: dict[str, str]) -> dict
         if turn["role"] != "assistant":
             raise RowError(f"message {i} in column '{column}' is a {turn['role']} turn with tool calls")
         turn["tool_calls"] = parse_tool_calls(calls, i, column)
+    used = {*keys, "tool_calls", "function_call"}
     if turn["role"] == "tool":
         turn |= {k: str(message[k]) for k in TOOL_TURN_KEYS if message.get(k) is not None}
+        used.update(TOOL_TURN_KEYS)
+    if flags:
+        used.update(TRAIN_FLAG_KEYS)
+        if _train_flag(message, turn["role"], i, column) is False and turn["role"] == "assistant":
+            turn["train"] = False
+    if reasoning is not None and turn["role"] == "assistant":
+        used.update(REASONING_KEYS)
+        found = _reasoning(message, i, column)
+        if found and reasoning:
+            turn["reasoning_content"] = found[1]
+        elif found:
+            TURN_NOTES.append(f"{found[0]} (data.keep_reasoning=false)")
+    TURN_NOTES.extend(str(k) for k in message if k not in used)
     return turn
 
 
-def parse_messages(value: Any, column: str, roles: dict[str, str] | None = None) -> Messages:
+def parse_messages(value: Any, column: str, roles: dict[str, str] | None = None, **options: Any) -> Messages:
     """A list of ``{"role", "content"}`` (or ShareGPT ``{"from", "value"}``) turns (a JSON string of one is
-    parsed), reduced to ``role`` and ``content`` (text) and the tool-calling keys (``parse_turn``), roles
-    mapped to ours (``role_names``)."""
+    parsed), reduced to ``role`` and ``content`` (text) and the tool-calling keys (``parse_turn``, with its
+    ``options``: training flags, reasoning), roles mapped to ours (``role_names``)."""
     if isinstance(value, str) and value.lstrip().startswith("["):  # e.g. a csv cell holding JSON
         try:
             value = json.loads(value)
@@ -667,7 +756,7 @@ def parse_messages(value: Any, column: str, roles: dict[str, str] | None = None)
             f"column '{column}' should be a non-empty list of {{role, content}} messages, got {got}"
         )
     names = role_names(roles)
-    return [parse_turn(message, i, column, names) for i, message in enumerate(value)]
+    return [parse_turn(message, i, column, names, **options) for i, message in enumerate(value)]
 
 
 def parse_tools(value: Any) -> str | None:
@@ -703,12 +792,14 @@ def json_turns(value: Any) -> list[Any] | None:
     return value if isinstance(value, list) and value and all(isinstance(m, dict) for m in value) else None
 
 
-def as_messages(value: Any, role: str, column: str, roles: dict[str, str] | None = None) -> Messages:
+def as_messages(
+    value: Any, role: str, column: str, roles: dict[str, str] | None = None, **options: Any
+) -> Messages:
     """Text becomes one message of ``role`` (it must not be blank); a message list (or a JSON string of one)
-    is checked."""
+    is checked (``parse_turn``'s ``options``)."""
     if isinstance(value, str) and json_turns(value) is None:
         return [{"role": role, "content": text_of({column: value}, column)}]
-    return parse_messages(value, column, roles)
+    return parse_messages(value, column, roles, **options)
 
 
 def hh_messages(value: Any, column: str) -> Messages:
@@ -836,6 +927,7 @@ class Converted:
     first_skip: str | None = None
     flags: dict[str, int] = field(default_factory=dict)
     firsts: dict[str, str] = field(default_factory=dict)
+    keys: dict[str, int] = field(default_factory=dict)  # message keys not used -> rows (``TURN_NOTES``)
 
     def merge(self, other: Converted) -> None:
         """Add ``other``, a later range (its first rows come after these)."""
@@ -846,6 +938,8 @@ class Converted:
         for name, n in other.flags.items():
             self.flags[name] = self.flags.get(name, 0) + n
             self.firsts.setdefault(name, other.firsts[name])
+        for key, n in other.keys.items():
+            self.keys[key] = self.keys.get(key, 0) + n
 
 
 def convert_range(
@@ -887,6 +981,7 @@ def convert_range(
         batch = []
 
     for index, line, row in table.read(*span):
+        TURN_NOTES.clear()
         try:
             converted = fn(row)
         except RowError as err:
@@ -896,6 +991,8 @@ def convert_range(
             out.skipped += 1
             out.first_skip = out.first_skip or f"{where}: {err}"
             continue
+        for key in dict.fromkeys(TURN_NOTES):
+            out.keys[key] = out.keys.get(key, 0) + 1
         for name, test in flags.items():
             if test(converted):
                 out.flags[name] = out.flags.get(name, 0) + 1
@@ -1019,7 +1116,12 @@ class Source:
 
     def messages(self, value: Any, role: str, column: str) -> Messages:
         """``as_messages`` with this option's ``roles``."""
-        return as_messages(value, role, column, self.roles)
+        return as_messages(value, role, column, self.roles, **self.turn_options())
+
+    def turn_options(self) -> dict[str, Any]:
+        """What ``parse_turn`` reads besides roles, content and tool calls (here: nothing more; chat data
+        reads training flags and reasoning)."""
+        return {}
 
     def formats_hint(self) -> str:
         """What this data option accepts (each component says), for errors about a whole file."""
@@ -1181,6 +1283,8 @@ class Source:
         report.first_skip = report.first_skip or done.first_skip
         for name, n in done.flags.items():
             _count(report.flags, name, n)
+        if any(c in MESSAGE_COLUMNS for c in columns):  # every message key is used or named
+            report.account_keys(done.keys)
         if not done.paths:
             return empty_rows(columns), done
         shards = [open_shards([path]) for path in done.paths]
@@ -1530,11 +1634,21 @@ def _tools(row: Row) -> bool:
     return bool(row.get(CHAT_TOOLS_COLUMN))
 
 
+def _reasoning_turns(row: Row) -> bool:
+    return any(m.get("reasoning_content") for m in row["messages"])
+
+
+def _untrained_turns(row: Row) -> bool:
+    return any(m.get("train") is False for m in row["messages"])
+
+
 CHAT_FLAGS: dict[str, Callable[[Row], bool]] = {
     "unanswered": _unanswered,
     "system": _system,
     "tool_calls": _tool_calls,
     "tools": _tools,
+    "reasoning": _reasoning_turns,
+    "untrained turns": _untrained_turns,
 }
 
 
@@ -1561,8 +1675,15 @@ class ChatDataset(Source):
     # a chat template without a system role (Gemma): true folds the system turn into the first user turn,
     # false refuses such rows before load
     fold_system: bool = True
+    # assistant turns' reasoning (reasoning_content, reasoning or thinking) goes to the chat template as
+    # reasoning_content (a template that does not render it is refused before load); false drops it and
+    # counts the rows ("message keys ignored")
+    keep_reasoning: bool = True
     max_length: int = knob(1024, MAX_LENGTH, hint=MAX_LENGTH_HINT)  # tokens per example (see on_overlong)
     on_overlong: str = "truncate"  # truncate | drop | error: rows longer than max_length tokens
+    # the share of the train split's tokens to train that truncation at max_length must keep, else the run
+    # is refused before load (0: train on whatever is left)
+    min_trained_fraction: float = knob(0.5, Range(0, 1))
     packing: bool = False
     packing_strategy: str = "bfd"  # bfd (best-fit, boundary-safe) | bfd_split | wrapped
     # each micro-batch flattened into one row (position_ids restart per example): no pad tokens, same
@@ -1613,6 +1734,10 @@ class ChatDataset(Source):
             "or data.columns='{prompt: question, completion: reply}'",
         )
 
+    def turn_options(self) -> dict[str, Any]:
+        """Chat turns carry per-turn training flags and reasoning (``parse_turn``)."""
+        return {"flags": True, "reasoning": self.keep_reasoning}
+
     def reads_task_columns(self, columns: list[str]) -> set[str]:
         """``tools``, beside chat messages (``messages`` or ShareGPT ``conversations``)."""
         return {"tools"} if {"messages", "conversations"} & set(columns) else set()
@@ -1645,6 +1770,13 @@ class ChatDataset(Source):
             return self.convert(tables, convert_row, columns, key, report, workers, used)[0]
         table, done = self.convert(tables, convert_row, columns, key, report, workers, used, CHAT_FLAGS)
         note_unanswered(done, key, report)
+        untrained = done.flags.get("untrained turns", 0)
+        if untrained:
+            name = f"rows with assistant turns flagged not to train ({key})"
+            report.info[name] = (
+                f"{untrained} (weight 0 / training false: kept as context, not trained; the first: "
+                f"{done.firsts['untrained turns']})"
+            )
         return table
 
     def converter(
@@ -1668,7 +1800,7 @@ class ChatDataset(Source):
         completion: Messages = []
         if fmt in ("messages", "sharegpt"):
             column = SIGNATURES[fmt][0]
-            messages = parse_messages(row.get(column), column, self.roles)
+            messages = parse_messages(row.get(column), column, self.roles, **self.turn_options())
         elif fmt == "alpaca":
             user = text_of(row, "instruction")
             extra = text_of(row, "input", required=False)

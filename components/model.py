@@ -36,13 +36,16 @@ class CausalLM:
     (``components/modeling/gguf.py``).
     ``init=random`` builds the architecture from ``name_or_path``'s config (plus ``architecture``
     overrides) with fresh weights; the shipped ``conf/model/*.yaml`` carry the architecture numbers of
-    popular models so they compose offline.
+    popular models so they compose offline. ``init=auto`` (``model=tiny``'s) decides from
+    ``name_or_path`` as the component is built: a local dir holding no weight file is built at random
+    (the bundled tiny model), anything holding weights (a dir with safetensors / .bin files, a GGUF file,
+    a hub id) is loaded; ``init_note`` says which and why (``mode=plan`` and the summary print it).
     """
 
     name_or_path: str = "???"
     from_run: str | None = None  # start from an earlier run dir's final/ model (overrides name_or_path)
     gguf_file: str | None = None  # a .gguf file inside name_or_path (llama.cpp / Ollama checkpoints)
-    init: str = "pretrained"  # pretrained | random
+    init: str = "pretrained"  # pretrained | random | auto (random only for a dir without weights)
     architecture: dict[str, Any] = field(default_factory=dict)  # config.json numbers (offline / overrides)
     tokenizer: str | None = None  # defaults to name_or_path
     revision: str | None = None
@@ -57,12 +60,15 @@ class CausalLM:
     compile_mode: str = "default"  # default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
     #: from_run left an adapter alone: its dir (the base is rebuilt from that run's model node); not a knob
     adapter: str | None = field(default=None, init=False)
+    #: init=auto: what it became and why (the plan and the summary say it); not a knob
+    init_note: str | None = field(default=None, init=False)
 
     # ---- checks (no weights touched) -------------------------------------------------------------
     def __post_init__(self) -> None:
         """``from_run`` is resolved as the component is built (never later): it then names the model that
         run left, a whole model dir or an adapter on the run's own base."""
         if not self.from_run:
+            self.resolve_auto_init()
             return
         from components.modeling.trained import TrainedRun, final_model_dir
 
@@ -76,12 +82,47 @@ class CausalLM:
             resolved.update(tokenizer=str(final), adapter=str(final))
         for name, value in resolved.items():
             object.__setattr__(self, name, value)  # frozen: only construction sets fields
+        self.resolve_auto_init()
+
+    def resolve_auto_init(self) -> None:
+        """``init=auto`` becomes ``random`` for a local dir that holds no weight file, else ``pretrained``:
+        a ``name_or_path`` that names weights means those weights (``model.init=random``, written by the
+        user, still trains from random init)."""
+        if self.init != "auto":
+            return
+        if self.gguf_file or not self.is_local:
+            init, why = "pretrained", "a GGUF checkpoint" if self.gguf_file else "a hub id"
+        else:
+            found = weight_files(Path(self.name_or_path).expanduser())
+            init = "pretrained" if found else "random"
+            why = "a dir with weights" if found else "a dir without weight files"
+        then = "model.init=random to train from random init instead" if init == "pretrained" else ""
+        note = f"model.init=auto chose {init}: model.name_or_path is {why}" + (f" ({then})" if then else "")
+        object.__setattr__(self, "init", init)
+        object.__setattr__(self, "init_note", note)
+
+    def describe_weights(self) -> str:
+        """Where the weights come from, for ``mode=plan`` and the summary: the dir, hub id or GGUF file they
+        load from, or random init (and, for ``init=auto``, why)."""
+        if self.init == "random":
+            what = f"random init (no weights read) from the config of {self.name_or_path}"
+            what += "" if self.init_note else " (model.init=random)"
+        elif self.gguf_file:
+            what = f"loaded from {Path(self.name_or_path) / self.gguf_file} (GGUF, converted once)"
+        elif self.is_local:
+            found = weight_files(Path(self.name_or_path).expanduser())
+            what = f"loaded from {self.name_or_path} ({', '.join(found[:3]) or 'no weight file found'})"
+        else:
+            what = f"loaded from the hub id {self.name_or_path}" + (
+                f"@{self.revision}" if self.revision else ""
+            )
+        return f"{what}; {self.init_note}" if self.init_note else what
 
     def validate(self) -> None:
         """Cheap checks of the knobs themselves."""
-        if self.init not in ("pretrained", "random"):
+        if self.init not in ("pretrained", "random"):  # auto is resolved as the component is built
             raise ConfigError(
-                f"unknown init '{self.init}'", key="model.init", hint="use pretrained or random"
+                f"unknown init '{self.init}'", key="model.init", hint="use pretrained, random or auto"
             )
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise ConfigError(
@@ -114,8 +155,9 @@ class CausalLM:
         self.check_attention_package()
 
     def check_local_dir(self) -> None:
-        """A local ``name_or_path`` must be a model dir: a folder holding config.json, that loads without
-        running its own code unasked, with weights that unpickle safely (components/modeling/model_dir.py)."""
+        """A local ``name_or_path`` must be a model dir: a folder holding config.json, with
+        ``init=pretrained`` a weight file, that loads without running its own code unasked, with weights that
+        unpickle safely (components/modeling/model_dir.py)."""
         path = Path(self.name_or_path).expanduser()
         problem = "not found" if not path.is_dir() else "has no config.json"
         if not (path / "config.json").is_file():
@@ -123,6 +165,14 @@ class CausalLM:
                 f"model directory {problem}: {self.name_or_path}",
                 key="model.name_or_path",
                 hint="point it at a directory holding config.json, or at a hub id such as Qwen/Qwen2.5-0.5B",
+            )
+        if self.init == "pretrained" and not weight_files(path):
+            raise ConfigError(
+                f"model.init=pretrained, but {self.name_or_path} holds no weight file "
+                f"({', '.join(WEIGHT_PATTERNS)})",
+                key="model.name_or_path",
+                hint="point it at a dir with the weights (save_pretrained's), or model.init=random to train "
+                "from random init with its config",
             )
         from components.modeling.model_dir import check_model_dir
 
@@ -344,6 +394,17 @@ class CausalLM:
             chat_template=self.chat_template,
             padding_side=self.padding_side,
         )
+
+
+#: the files ``from_pretrained`` reads weights from (a dir holding none of them has no weights)
+WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.pt", "*.pth")
+
+
+def weight_files(path: Path) -> list[str]:
+    """The weight files in model dir ``path`` (sorted names; none for a file or a missing dir)."""
+    if not path.is_dir():
+        return []
+    return sorted({f.name for pattern in WEIGHT_PATTERNS for f in path.glob(pattern) if f.is_file()})
 
 
 def base_loads_in_half(peft: Any, quantization: Any, strategy: Any) -> bool:

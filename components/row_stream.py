@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.config.errors import ConfigError
-from components.data import CHAT_TOOLS_COLUMN, LoadReport, Part, Row, looks_local, scratch_workers
+from components.data import (
+    CHAT_TOOLS_COLUMN,
+    TURN_NOTES,
+    LoadReport,
+    Part,
+    Row,
+    looks_local,
+    scratch_workers,
+)
 from components.datareader import (
     BUILDERS,
     ListTable,
@@ -379,6 +387,7 @@ class RowStream:
         try:
             row = self.mapper.mapped(raw)
             self.data.task_columns(Table(where, list(row), 1))
+            TURN_NOTES.clear()  # the stream does not count ignored message keys: keep the list to one row
             out = self.convert(row)
             for fn, drop in self.steps:
                 out = {k: v for k, v in out.items() if k not in drop} | fn(out)

@@ -171,10 +171,12 @@ class Workers:
         features: Any,
         label: str,
         stem: str,
+        counts: dict[str, int] | None = None,
     ) -> Any:
         """``fn(batch, first)`` on every batch of ``table``'s rows (a ``datasets.Dataset``; ``first``: the
         index of the batch's first row), the batches it returns (columns -> values, any number of rows)
-        written as memory-mapped Arrow shards of ``features``, in order."""
+        written as memory-mapped Arrow shards of ``features``, in order. What ``fn`` returns under
+        ``COUNTS_KEY`` (name -> number) is summed into ``counts`` (``longest``: the largest)."""
         from datasets import Dataset
 
         spans = ranges(len(table), 4 * self.num_proc)
@@ -182,32 +184,46 @@ class Workers:
         tasks = [
             functools.partial(_map, table, fn, features, s, p) for s, p in zip(spans, paths, strict=True)
         ]
-        shards = [p for p in self.run(tasks, label, len(table)) if p is not None]
+        results = self.run(tasks, label, len(table))
+        for _, found in results:
+            _add_counts(counts if counts is not None else {}, found)
+        shards = [p for p, _ in results if p is not None]
         if not shards:
             return Dataset.from_dict({name: [] for name in features}, features=features)
         return open_shards(shards)
 
 
+#: the key under which a ``map_rows`` function returns its counts (not a column)
+COUNTS_KEY = "__counts__"
+
+
+def _add_counts(into: dict[str, int], found: dict[str, int]) -> None:
+    for name, n in found.items():
+        into[name] = max(into.get(name, 0), n) if name == "longest" else into.get(name, 0) + n
+
+
 def _map(
     table: Any, fn: Callable[..., Any], features: Any, span: tuple[int, int], path: Path, tick: Tick
-) -> Any:
+) -> tuple[Path | None, dict[str, int]]:
     """One task of ``Workers.map_rows``: rows ``span`` of ``table`` through ``fn`` into the shard ``path``
-    (None when ``fn`` kept no row)."""
+    (None when ``fn`` kept no row), and the counts ``fn`` returned (``COUNTS_KEY``), summed."""
     from datasets.arrow_writer import ArrowWriter
 
     writer = None
+    counts: dict[str, int] = {}
     for a in range(span[0], span[1], MAP_ROWS):
         b = min(a + MAP_ROWS, span[1])
         out = fn(table[a:b], a)
+        _add_counts(counts, out.pop(COUNTS_KEY, {}))
         if writer is None:
             writer = ArrowWriter(features=features, path=str(path))
         writer.write_batch(out)
         tick(b - a)
     if writer is None:
-        return None
+        return None, counts
     writer.finalize()
     writer.close()
-    return path
+    return path, counts
 
 
 def _serial(tasks: Sequence[Task], progress: Progress) -> list[tuple[str, Any]]:

@@ -88,10 +88,12 @@ def prepare_data(
     notes.update(data.stats)
     notes.update(data.info)  # the format, where the eval rows came from
     token_facts = facts.get("tokens") or {}
-    for name, n in token_facts.get("dropped", {}).items():
-        notes[f"dropped ({name}: no trained token left within data.max_length)"] = n
-    notes["data cache"] = STREAM_NOT_CACHED if streaming else outcome.note()
     split_tokens = {name[len("tokens/") :]: d for name, d in made.items() if name.startswith("tokens/")}
+    if token_facts:
+        notes.update(length_notes(data_component, token_facts, getattr(tokenizer, "model_max_length", None)))
+        check_tokens(data_component, token_facts, {name: len(rows) for name, rows in data.items()})
+        check_trained_tokens(split_tokens["train"], tokenizer, token_facts)
+    notes["data cache"] = STREAM_NOT_CACHED if streaming else outcome.note()
     prepared = PreparedData(data, notes, [], defaulted, split_tokens or None, token_facts)
     pairs = eval_pairs(data_component, data, eval_generations) if tokenizer is not None else []
     if pairs:
@@ -105,6 +107,110 @@ def prepare_data(
 
         as_streamed(prepared, stream, data_component, tokenizer, tokens)
     return prepared
+
+
+def length_notes(
+    data_component: Any, token_facts: dict[str, Any], context: int | None = None
+) -> dict[str, str]:
+    """One line per split of what the length policy did to the tokens (``SFTTokens.prepare``'s counts):
+    rows cut at data.max_length and the tokens cut, rows dropped with nothing left to train, the share of
+    the tokens to train that is kept; and a longest row past the model's context (``context``: the
+    tokenizer's ``model_max_length``)."""
+    from components.text.sft_tokens import COUNTS
+
+    plan = token_facts["plan"]
+    notes = {}
+    for name, found in (token_facts.get("counts") or {}).items():
+        c = dict.fromkeys(COUNTS, 0) | found
+        where = f"length ({name}, data.max_length={plan['max_length']})"
+        rows = f"{c['rows']:,} row{'' if c['rows'] == 1 else 's'}, the longest {c['longest']:,} tokens"
+        if context and min(plan["max_length"], c["longest"]) > context:  # rows kept past the context
+            rows += f" (past the tokenizer's model_max_length={context:,}, the model's context)"
+        if plan["packing"]:
+            notes[where] = f"{rows} (packed: no row is cut here)"
+            continue
+        kept = c["trained"] / c["trainable"] if c["trainable"] else 0.0
+        dropped = c["cut_out"] + c["empty"]
+        notes[where] = (
+            f"{rows}; {c['truncated']:,} truncated ({c['tokens_cut']:,} tokens cut); {dropped:,} dropped "
+            f"with nothing left to train ({c['cut_out']:,} cut off, {c['empty']:,} with no turn to train); "
+            f"{kept:.0%} of the tokens to train kept"
+        )
+    return notes
+
+
+def _suggested_length(longest: int) -> int:
+    """A data.max_length that holds a row of ``longest`` tokens (rounded up to a multiple of 256)."""
+    return -(-longest // 256) * 256
+
+
+def check_tokens(data_component: Any, token_facts: dict[str, Any], rows: dict[str, int]) -> None:
+    """Before the model loads (``mode=plan`` too): a split that had rows and kept none after the length
+    policy (TRL would stop on an empty dataset after the load), or a train split keeping less than
+    data.min_trained_fraction of its tokens to train, is refused naming the fix."""
+    from components.config.errors import ConfigError
+
+    plan = token_facts["plan"]
+    limit = plan["max_length"]
+    floor = getattr(data_component, "min_trained_fraction", 0.0)
+    for name, c in (token_facts.get("counts") or {}).items():
+        if not rows.get(name) or not c or plan["packing"]:
+            continue
+        left = c["rows"] - c["cut_out"] - c["empty"]
+        if left == 0 and c["cut_out"]:
+            raise ConfigError(
+                f"no {name} row is left to train within data.max_length={limit}: {c['cut_out']} of "
+                f"{c['rows']} rows lose every token to train to the cut, {c['empty']} have none (the longest "
+                f"row has {c['longest']:,} tokens; a system prompt or tool schemas alone past the limit "
+                "leave "
+                "nothing)",
+                key="data.max_length",
+                hint=f"raise data.max_length (e.g. data.max_length={_suggested_length(c['longest'])}), or "
+                "shorten the rows",
+            )
+        if left == 0:
+            raise ConfigError(
+                f"no {name} row has a token to train: every assistant turn of its {c['rows']} rows is "
+                "flagged "
+                "not to train (weight 0 / training false) or empty",
+                key="data.path",
+                hint="flag the turns to train with weight 1 (training true), or drop the flags",
+            )
+        kept = c["trained"] / c["trainable"] if c["trainable"] else 1.0
+        if name == "train" and kept < floor:
+            raise ConfigError(
+                f"only {kept:.0%} of the {name} tokens to train are kept within data.max_length={limit} "
+                f"({c['truncated']:,} of {c['rows']:,} rows truncated, {c['tokens_cut']:,} tokens cut; "
+                f"the longest row has {c['longest']:,} tokens), below data.min_trained_fraction={floor:g}",
+                key="data.max_length",
+                hint=f"raise data.max_length (e.g. data.max_length={_suggested_length(c['longest'])}), or "
+                "data.min_trained_fraction=0 to train on what is left",
+            )
+
+
+def check_trained_tokens(tokens: Any, tokenizer: Any, token_facts: dict[str, Any]) -> None:
+    """The loss-mask checks (``check_label_mask``: nothing, everything or never the stop token trained) on
+    the prepared train tokens, before the model loads, as training repeats them on its trainer's data."""
+    from components.config.errors import ConfigError
+    from components.text.masking import check_label_mask, label_mask_stats, stop_token_ids
+
+    plan = token_facts["plan"]
+    stats = label_mask_stats(tokens, stop_token_ids(tokenizer))
+    try:
+        check_label_mask(stats, masked=plan["mask"] != "none" or plan["completion"])
+    except ConfigError as err:
+        cut = (token_facts.get("counts") or {}).get("train", {})
+        if err.key != "model.chat_template" or not cut.get("truncated"):
+            raise
+        raise ConfigError(  # the stop token is past the cut: the length, not the template, is the cause
+            f"only {stats['rows_with_eos_trained']:.0%} of train rows train the end-of-sequence token: "
+            f"{cut['truncated']:,} of {cut['rows']:,} rows are cut at data.max_length={plan['max_length']} "
+            f"before their end (the longest has {cut['longest']:,} tokens), so the model would not learn to "
+            "stop",
+            key="data.max_length",
+            hint=f"raise data.max_length (e.g. data.max_length={_suggested_length(cut['longest'])}), or "
+            "data.on_overlong=drop to leave the long rows out (counted)",
+        ) from None
 
 
 def _load(data_component: Any, load: Any, tokenizer: Any, workers: Any) -> tuple[Any, str | None]:
@@ -163,6 +269,8 @@ def fit_template(data_component: Any, data: Any, tokenizer: Any, workers: Any) -
                 f"{folded} folded into the first user turn (the chat template has no system role; "
                 "data.fold_system=false refuses them instead)"
             )
+    if flags.get("reasoning"):
+        check_reasoning_rendered(splits, tokenizer, label, flags["reasoning"])
     for name, split in splits.items():  # whether the template renders them is the template's property
         if "messages" not in split.column_names or not (flags.get("tool_calls") or flags.get("tools")):
             continue
@@ -176,6 +284,41 @@ def fit_template(data_component: Any, data: Any, tokenizer: Any, workers: Any) -
             except ConfigError as err:
                 raise ConfigError(f"{name} row {i}: {err.args[0]}", key=err.key, hint=err.hint) from None
     return LoadedData(splits, data.report)
+
+
+def check_reasoning_rendered(splits: dict[str, Any], tokenizer: Any, label: str, count: int) -> None:
+    """Rows whose assistant turns carry reasoning (``reasoning_content``): the chat template must render it
+    (the first such row, rendered with and without it, must differ), or the model would be trained on the
+    answers without their reasoning. ConfigError naming the template and the fix otherwise."""
+    from components.config.errors import ConfigError
+    from components.text.chat_template import choose_method, row_tools
+
+    template = choose_method(tokenizer)[1]  # TRL's training template where it patches this one (e.g. qwen3)
+    for name, split in splits.items():
+        columns = ["messages", *(["tools"] if "tools" in split.column_names else [])]
+        found = rows_where(
+            split, columns, lambda row: any(m.get("reasoning_content") for m in row["messages"]), 1
+        )
+        if not found:
+            continue
+        row = split[found[0]]
+        tools = row_tools(row.get("tools"))
+        bare = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in row["messages"]]
+        rendered = tokenizer.apply_chat_template(
+            row["messages"], tools=tools, tokenize=False, chat_template=template
+        )
+        if rendered == tokenizer.apply_chat_template(
+            bare, tools=tools, tokenize=False, chat_template=template
+        ):
+            raise ConfigError(
+                f"{name} row {found[0]}: the chat template ({label}) does not render the assistant turns' "
+                f"reasoning (reasoning_content; {count:,} rows have it): the model would be trained on the "
+                "answers without it",
+                key="model.chat_template",
+                hint="set model.chat_template to a template that renders reasoning_content (e.g. qwen3), or "
+                "data.keep_reasoning=false to train without the reasoning (the rows are counted)",
+            )
+        return
 
 
 def rows_where(split: Any, columns: list[str], test: Any, limit: int | None = None) -> list[int]:

@@ -37,7 +37,7 @@ from components.runtime.resume import loss_span, pinned
 from components.runtime.run import RunContext, peak_memory_gb
 from components.runtime.startup import training_starts
 from components.runtime.streamprep import is_stream
-from components.text.chat_template import label_for, mask_segments
+from components.text.chat_template import generation_header, label_for, mask_segments
 from components.text.masking import check_label_mask, label_mask_stats, stop_token_ids
 from components.tracker import TrackerRun
 
@@ -92,6 +92,7 @@ class Session:
         session.report["run"] = {
             "recipe": c.recipe.name,
             "model": c.model.name_or_path,
+            "model weights": c.model.describe_weights(),
             "peft": type(c.peft).__name__,
             "strategy": c.strategy.label,
             "processes": ctx.plan.world_size,
@@ -294,7 +295,7 @@ class Session:
         first = next(iter(dataset), None)  # a stream's too (its first example, tokenized)
         if first is not None and "labels" in first:
             self.report["loss mask: first training example"] = mask_segments(
-                self.tokenizer, first["input_ids"], first["labels"]
+                self.tokenizer, first["input_ids"], first["labels"], header=generation_header(self.tokenizer)
             )
 
     def probe(self, trainer: Any, probes: dict[str, Any], when: str) -> None:

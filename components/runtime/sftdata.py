@@ -10,7 +10,7 @@ import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.distributed.workers import Workers
+from components.distributed.workers import COUNTS_KEY, Workers
 from components.text.sft_tokens import TokenPlan, pack, plan_tokens, tokenize_batch
 
 
@@ -60,22 +60,26 @@ class SFTTokens:
         """The tokens of every split, and the facts for the summary: the plan, and the rows that
         truncation left with no trained token (dropped, as TRL drops them)."""
         plan = self.plan(splits["train"].column_names, tokenizer)
-        out, dropped = {}, {}
+        out, dropped, counts = {}, {}, {}
         for name, split in splits.items():
             tokenize = functools.partial(_tokenize, plan, tokenizer, name)
+            found: dict[str, int] = {}
             tokens = workers.map_rows(
-                split, tokenize, token_features(), f"tokenizing {name} rows", f"tokens-{name}"
+                split, tokenize, token_features(), f"tokenizing {name} rows", f"tokens-{name}", found
             )
+            counts[name] = found
             if plan.packing:
                 tokens = pack(tokens, plan)
             elif len(tokens) < len(split):
                 dropped[name] = len(split) - len(tokens)
             out[name] = tokens
-        return out, {"plan": asdict(plan), "dropped": dropped}
+        return out, {"plan": asdict(plan), "dropped": dropped, "counts": counts}
 
 
 def _tokenize(plan: TokenPlan, tokenizer: Any, where: str, batch: dict[str, list[Any]], first: int) -> Any:
-    return tokenize_batch(plan, tokenizer, batch, where=where, first=first)
+    counts: dict[str, int] = {}
+    out = tokenize_batch(plan, tokenizer, batch, where=where, first=first, counts=counts)
+    return {**out, COUNTS_KEY: counts}
 
 
 def token_plan(facts: dict[str, Any]) -> TokenPlan:

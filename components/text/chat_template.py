@@ -466,10 +466,43 @@ def label_for(model: Any, tokenizer: Any) -> str:
 
 
 # ---- the summary's view of one example -----------------------------------------------------------
+def generation_header(tokenizer: Any) -> list[int]:
+    """The tokens the chat template puts before an assistant turn (its generation prompt, e.g.
+    ``<|im_start|>assistant\n``); [] when the template does not tell."""
+    turn = [{"role": "user", "content": "x"}]
+    try:
+        bare = tokenizer.apply_chat_template(turn, tokenize=False)
+        prompted = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    except Exception:  # a template that cannot render this probe: no split
+        return []
+    if not prompted.startswith(bare) or len(prompted) == len(bare):
+        return []
+    return list(tokenizer(prompted[len(bare) :], add_special_tokens=False)["input_ids"])
+
+
+def _split_after_header(tokens: list[int], header: list[int]) -> list[list[int]]:
+    """An untrained run cut after each generation prompt inside it (not at its end): an assistant turn that
+    is not trained (a per-turn flag, a prompt's turn) starts a row of its own."""
+    pieces, start, n = [], 0, len(header)
+    for i in range(len(tokens) - n):
+        if n and tokens[i : i + n] == header and i + n > start:
+            pieces.append(tokens[start : i + n])
+            start = i + n
+    return [*pieces, tokens[start:]]
+
+
 def mask_segments(
-    tokenizer: Any, input_ids: list[int], labels: list[int], *, max_segments: int = 24, max_chars: int = 100
+    tokenizer: Any,
+    input_ids: list[int],
+    labels: list[int],
+    *,
+    max_segments: int = 24,
+    max_chars: int = 100,
+    header: list[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Consecutive runs of trained / untrained tokens, decoded, newlines escaped, long runs shortened."""
+    """Consecutive runs of trained / untrained tokens, decoded, newlines escaped, long runs shortened; an
+    untrained run is also cut after each ``header`` (``generation_header``) inside it, so an assistant turn
+    left untrained shows in a row of its own."""
     runs: list[tuple[bool, list[int]]] = []
     for token, label in zip(input_ids, labels, strict=True):
         trained = label != -100
@@ -477,6 +510,10 @@ def mask_segments(
             runs[-1][1].append(token)
         else:
             runs.append((trained, [token]))
+    if header:
+        runs = [
+            (t, piece) for t, run in runs for piece in (_split_after_header(run, header) if not t else [run])
+        ]
     rows = []
     for i, (trained, tokens) in enumerate(runs[:max_segments]):
         text = tokenizer.decode(tokens, skip_special_tokens=False)

@@ -90,13 +90,26 @@ def plan_tokens(
     return TokenPlan(mask, template, label, completion, max_length, packing, packing_strategy)
 
 
+#: what ``tokenize_batch`` counts per split (``counts``): rows, rows cut at max_length and the tokens cut,
+#: rows dropped with nothing to train (none before the cut: ``empty``; all cut off: ``cut_out``), and the
+#: tokens to train before the cut and those kept
+COUNTS = ("rows", "truncated", "tokens_cut", "empty", "cut_out", "trainable", "trained", "longest")
+
+
 def tokenize_batch(
-    plan: TokenPlan, tokenizer: Any, rows: dict[str, list[Any]], *, where: str, first: int
+    plan: TokenPlan,
+    tokenizer: Any,
+    rows: dict[str, list[Any]],
+    *,
+    where: str,
+    first: int,
+    counts: dict[str, int] | None = None,
 ) -> dict[str, list[Any]]:
     """``input_ids`` and ``labels`` (-100: not trained) of a batch of rows (columns -> values), truncated to
     ``max_length`` and without the rows left with no trained token, unless packing (which keeps every row
-    whole for ``pack_dataset``). ``first``: the index of the batch's first row in its split, named with
-    ``where`` (the split) in errors."""
+    whole for ``pack_dataset``). Assistant turns flagged not to train (``"train": False``) have their labels
+    masked. ``first``: the index of the batch's first row in its split, named with ``where`` (the split) in
+    errors. ``counts`` (``COUNTS``) is added to."""
     if "messages" not in rows:
         ids, masks = _text(tokenizer, rows["text"]), None
     elif plan.mask == "hydratune":
@@ -106,19 +119,94 @@ def tokenize_batch(
     else:
         ids, masks = _conversations(plan, tokenizer, rows, where, first)
     out: dict[str, list[Any]] = {"input_ids": [], "labels": []}
+    tally = dict.fromkeys(COUNTS, 0)
     for i, row_ids in enumerate(ids):
         labels = (
             list(row_ids)
             if masks is None
             else [t if m else IGNORE for t, m in zip(row_ids, masks[i], strict=False)]
         )
+        if "messages" in rows and any(m.get("train") is False for m in rows["messages"][i]):
+            labels = _untrain_turns(plan, tokenizer, rows, i, row_ids, labels, f"{where} row {first + i}")
+        trainable = sum(t != IGNORE for t in labels)
+        tally["rows"] += 1
+        tally["trainable"] += trainable
+        tally["longest"] = max(tally["longest"], len(row_ids))
         if not plan.packing:  # TRL truncates after building labels, then drops rows with nothing to train
+            if len(row_ids) > plan.max_length:
+                tally["truncated"] += 1
+                tally["tokens_cut"] += len(row_ids) - plan.max_length
             row_ids, labels = row_ids[: plan.max_length], labels[: plan.max_length]
             if all(t == IGNORE for t in labels):
+                tally["empty" if not trainable else "cut_out"] += 1
                 continue
+        tally["trained"] += sum(t != IGNORE for t in labels)
         out["input_ids"].append(list(row_ids))
         out["labels"].append(labels)
+    if counts is not None:
+        for name, n in tally.items():
+            counts[name] = max(counts.get(name, 0), n) if name == "longest" else counts.get(name, 0) + n
     return out
+
+
+def _untrain_turns(
+    plan: TokenPlan,
+    tokenizer: Any,
+    rows: dict[str, list[Any]],
+    i: int,
+    row_ids: list[int],
+    labels: list[int],
+    where: str,
+) -> list[int]:
+    """``labels`` with the tokens of row ``i``'s assistant turns flagged ``"train": False`` masked: each
+    turn's characters are what its rendering adds after the generation prompt (the template must render
+    the turns before it unchanged), mapped to tokens by the fast tokenizer's offsets."""
+    from components.text.chat_template import token_mask
+
+    messages = rows["messages"][i]
+    tools = (rows.get("tools") or [None] * len(rows["messages"]))[i]
+
+    def render(turns: list[Any], generation: bool) -> str:
+        return tokenizer.apply_chat_template(
+            turns,
+            tools=json.loads(tools) if tools else None,
+            chat_template=plan.template,
+            tokenize=False,
+            add_generation_prompt=generation,
+        )
+
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError(
+            f"{where}: assistant turns flagged not to train are located with a fast tokenizer's offsets; "
+            f"{type(tokenizer).__name__} is not one",
+            key="model.tokenizer",
+            hint="use a fast tokenizer (tokenizer.json), or drop the per-turn training flags (weight / "
+            "training)",
+        )
+    full = render(messages, False)
+    spans = []
+    for k, message in enumerate(messages):
+        if message.get("role") != "assistant" or message.get("train") is not False:
+            continue
+        head, through = render(messages[:k], True), render(messages[: k + 1], False)
+        if not (through.startswith(head) and full.startswith(through)):
+            raise ConfigError(
+                f"{where}: assistant turn {k} is flagged not to train, but the chat template ({plan.label}) "
+                "renders the turns before it differently once more follow, so its tokens cannot be found",
+                key=KEY,
+                hint=f"{WAY_OUT}; or drop the per-turn training flags (weight / training) from the data",
+            )
+        spans.append((len(head), len(through)))
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    if list(enc["input_ids"]) != list(row_ids):
+        raise ConfigError(
+            f"{where}: the tokens of the rendered conversation differ from the trained ones, so the turns "
+            "flagged not to train cannot be located",
+            key=KEY,
+            hint=f"{WAY_OUT}; or drop the per-turn training flags (weight / training) from the data",
+        )
+    mask = token_mask([tuple(o) for o in enc["offset_mapping"]], spans)
+    return [IGNORE if hit else label for label, hit in zip(labels, mask, strict=True)]
 
 
 def _text(tokenizer: Any, texts: list[str]) -> list[list[int]]:

@@ -516,7 +516,13 @@ def test_empty_data_after_filtering_fails_before_the_model_loads(
     monkeypatch.setattr(CausalLM, "build", no_load)
     path = write(tmp_path / "x.jsonl", [{"prompt": "long " * 80, "completion": "b"}] * 4)
     with pytest.raises(ConfigError, match="no training rows left"):
-        run_recipe(f"data.path={path}", "data.eval_path=null", "data.format=auto", "data.on_overlong=drop")
+        run_recipe(
+            f"data.path={path}",
+            "data.eval_path=null",
+            "data.format=auto",
+            "data.on_overlong=drop",
+            "data.max_length=128",
+        )
 
 
 def test_overlong_eval_prompts_are_truncated_to_their_end_dropped_or_named(tokenizer: Any) -> None:

@@ -222,16 +222,23 @@ def test_plan_checks_every_row_not_the_first_eight(compose_cfg: Any, tmp_path: P
 def test_a_template_without_a_system_role_gets_the_system_prompt_folded(
     compose_cfg: Any, tmp_path: Path
 ) -> None:
+    from components.text.chat_template import resolve_chat_template
+
     path = write_jsonl(tmp_path / "chat.jsonl", [chat(f"{i}+1?", str(i + 1)) for i in range(10)])
+    # Gemma's template on the tiny tokenizer's markers (its <end_of_turn> is no token of it: mode=plan refuses
+    # that template before load, as the model would not learn to stop)
+    gemma = resolve_chat_template("gemma")[0].replace("<start_of_turn>", "<|im_start|>")
+    template = tmp_path / "gemma.jinja"
+    template.write_text(gemma.replace("<end_of_turn>", "<|im_end|>"))
     overrides = (
         "data=jsonl_messages",
         f"data.path={path}",
-        "model.chat_template=gemma",
+        f"model.chat_template={template}",
         "data.system_prompt=Be brief.",
     )
     lines = plan(compose_cfg, *overrides)
     assert any("system turns: 10 folded into the first user turn" in line for line in lines), lines
-    with pytest.raises(ConfigError, match=r"\(gemma\) has no system role, and 9 train rows") as info:
+    with pytest.raises(ConfigError, match=r"\) has no system role, and 9 train rows") as info:
         plan(compose_cfg, *overrides, "data.fold_system=false")
     assert info.value.key == "data.fold_system"
     from components.text.chat_template import fold_system
