@@ -44,7 +44,6 @@ from components.tracker import TrackerRun
 log = logging.getLogger("hydratune")
 
 
-
 @dataclass
 class Session:
     """One run's live state around its trainer: what the run derives from its components (which stay as
