@@ -740,9 +740,7 @@ def split_shared(chosen: Messages, rejected: Messages) -> Row:
             f"(their first turns: {chosen[0]['role']} / {rejected[0]['role']})",
             key="data.format",
         )
-    if chosen == rejected:
-        raise RowError("'chosen' and 'rejected' are the same conversation")
-    out: Row = {"prompt": chosen[:k]}
+    out: Row = {"prompt": chosen[:k]}  # identical conversations: counted by the load (``identical_pair``)
     for name, reply in (("chosen", chosen[k:]), ("rejected", rejected[k:])):
         user = next((j for j, m in enumerate(reply) if m["role"] == "user"), None)
         if user is not None:
@@ -1858,9 +1856,40 @@ class PreferenceDataset(Source):
             needed = self.CANONICAL if kind == "explicit" else self.CANONICAL[1:]
             self.require(tables, needed, f"of a preference pair (format={kind})")
             pair = functools.partial(self.to_pair, fmt=kind)
-            return self.convert(tables, pair, self.CANONICAL, key, report, workers, needed)[0]
+            flags = {"identical": identical_pair}
+            table, done = self.convert(tables, pair, self.CANONICAL, key, report, workers, needed, flags)
+            return drop_identical(table, done, key, self.on_error, report)
 
         return self.load_splits(build, report, workers)
+
+
+def identical_pair(row: Row) -> bool:
+    """A pair whose chosen and rejected responses are the same turns: nothing to prefer."""
+    return bool(row["chosen"] == row["rejected"])
+
+
+def drop_identical(table: Dataset, done: Converted, key: str, on_error: str, report: LoadReport) -> Dataset:
+    """Pairs with identical chosen and rejected (``identical_pair``, counted by the conversion) refused,
+    naming how many and the first; ``on_error=skip``: dropped and counted."""
+    n = done.flags.get("identical", 0)
+    if not n:
+        return table
+    first = done.firsts["identical"]
+    if on_error != "skip":
+        raise ConfigError(
+            f"{n} of {done.rows} pairs {'has' if n == 1 else 'have'} the same 'chosen' and 'rejected' "
+            f"response (nothing to prefer; the first: {first})",
+            key=key,
+            hint="drop those rows, or set data.on_error=skip to drop them and count them",
+        )
+    keep, pairs = [], table.select_columns(["chosen", "rejected"])
+    for a in range(0, len(pairs), SHARD_ROWS):
+        batch = pairs[a : a + SHARD_ROWS]
+        same = [c == r for c, r in zip(batch["chosen"], batch["rejected"], strict=True)]
+        keep += [a + i for i, s in enumerate(same) if not s]
+    _count(report.stats, "dropped (identical chosen/rejected)", n)
+    report.info.setdefault("first identical pair dropped", f"{first} (data.on_error=skip)")
+    return pick(table, keep)
 
 
 @component("data")
