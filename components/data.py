@@ -431,6 +431,10 @@ def local_layout(
             ignored[rel] = why
         else:
             files.append(rel)
+    texts = [f for f in files if data_suffix(Path(f)) == ".txt"]
+    if texts and len(texts) < len(files):  # notes, licences beside the data: a corpus folder is all .txt
+        ignored |= dict.fromkeys(texts, "plain text beside other data files (a corpus folder is all .txt)")
+        files = [f for f in files if f not in texts]
     if not files:
         raise ConfigError(f"no data files ({READ_TYPES}) in directory {path}", key=key)
     splits, unsplit, rule = split_files(files)
@@ -473,6 +477,10 @@ def read_part(
         return read_arrow(part.path, part.split, key=key, limit=limit)
     if BUILDERS[suffix] == "json":
         return read_json(part.path, key=key, skip=skip, stats=stats, workers=workers, limit=limit)
+    if BUILDERS[suffix] == "text":
+        from components.textcorpus import read_text
+
+        return read_text(part.path, key=key, workers=workers, limit=limit)
     return read_table(part.path, key=key, workers=workers, limit=limit)
 
 
@@ -1047,6 +1055,9 @@ class Source:
             stats=report.stats,
             parts=parts,
         )
+        from components.textcorpus import documents_note
+
+        report.info.update(documents_note(tables))
         return self.shape(tables, key, report)
 
     def shape(self, tables: list[Table], key: str, report: LoadReport) -> list[Table]:

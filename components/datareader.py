@@ -35,10 +35,11 @@ if TYPE_CHECKING:
 Row = dict[str, Any]
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+BUILDERS[".txt"] = "text"  # one document per blank-line-separated block (components/textcorpus.py)
 # compressed text files (``x.jsonl.gz``): the suffix -> how to decompress (``zstd`` needs ``zstandard``,
 # as it does for ``datasets``)
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": "zstd"}
-COMPRESSIBLE = (".jsonl", ".json", ".csv")
+COMPRESSIBLE = (".jsonl", ".json", ".csv", ".txt")
 PROBE_ROWS = 5  # when this many first rows (or all, if fewer) fail alike, the format or mapping is wrong
 UTF8_BOM = b"\xef\xbb\xbf"
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")

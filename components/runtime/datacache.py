@@ -64,6 +64,7 @@ TEMPORARY = ".tmp"
 DATA_CODE = (
     "components/data.py",
     "components/datareader.py",
+    "components/textcorpus.py",
     "components/text/chat_template.py",
     "components/text/sft_tokens.py",
     "components/runtime/dataprep.py",
