@@ -241,6 +241,7 @@ class Part:
 
     path: Path
     split: str | None = None  # the DatasetDict split (save_to_disk folders only)
+    reader: Any = field(default=None, compare=False)  # a LLaMA-Factory entry (components/llamafactory.py)
 
     def name(self, root: Path) -> str:
         if self.split is not None:
@@ -442,6 +443,25 @@ def local_layout(
     layout = _choose(path, parts, rule, split, key, separate_eval)
     layout.ignored = dict(sorted((ignored | unsplit | layout.ignored).items()))
     return layout
+
+
+def entry_layout(root: Path, entry: Any) -> Layout:
+    """A LLaMA-Factory dataset dir read as its ``dataset_info.json`` entry says (``components/llamafactory``):
+    the entry's file (or its folder's data files), each part carrying the entry; the dir's other data files
+    named as not read (its folders are not searched)."""
+    if entry.file.is_dir():
+        parts = [dataclasses.replace(p, reader=entry) for p in local_layout(entry.file, "train").train]
+    else:
+        parts = [Part(entry.file, reader=entry)]
+    read = {p.path.resolve() for p in parts}
+    others = [
+        f.relative_to(root).as_posix()
+        for f in sorted(root.iterdir())  # the dir's own files: the other entries' (not a run dir inside)
+        if f.is_file() and f.name != "dataset_info.json" and f.resolve() not in read and not unread_reason(f)
+    ]
+    why = f"not the file of the dataset_info.json entry '{entry.name}'"
+    ignored = {f: why for f in others} if len(others) <= 6 else {f"{len(others)} other data files": why}
+    return Layout(root, parts, ignored=ignored)
 
 
 def check_path(path: str, key: str, split: str | None = "train", separate_eval: bool = False) -> None:
@@ -915,6 +935,15 @@ def convert_range(
     return out
 
 
+def prepared(table: Table, fn: Callable[[Row], Row]) -> Callable[[Row], Row]:
+    """``fn`` after the table's own row conversion (``Table.prepare``), when it has one."""
+    return fn if table.prepare is None else functools.partial(_then, table.prepare, fn)
+
+
+def _then(first: Callable[[Row], Row], then: Callable[[Row], Row], row: Row) -> Row:
+    return then(first(row))
+
+
 def note_unanswered(converted: Converted, key: str, report: LoadReport) -> None:
     """Count the conversations whose last turn is not the assistant's (that turn is not trained) and name
     the first, in the load's report (the summary and ``mode=plan`` show it)."""
@@ -971,9 +1000,11 @@ class Source:
     def validate(self) -> None:
         """Cheap checks (no ``datasets`` import): paths, enums, column-mapping keys (the knobs' ranges:
         ``check_values``; a mixture entry's: here)."""
+        from components import llamafactory
+
         if self.mixture:
             mixture_entries(self)  # each entry's path and knobs, checked as data.mixture[i].<knob>
-        else:
+        elif not llamafactory.check(self):  # a LLaMA-Factory dataset dir: its dataset_info.json entry
             check_path(self.path, "data.path", self.split, separate_eval=bool(self.eval_path))
         if self.eval_path:
             check_path(self.eval_path, "data.eval_path", None)
@@ -1058,6 +1089,11 @@ class Source:
         from components.textcorpus import documents_note
 
         report.info.update(documents_note(tables))
+        entry = next((p.reader for p in parts or [] if p.reader is not None), None)
+        if entry is not None:  # a LLaMA-Factory dataset dir's entry
+            from components.llamafactory import wrap
+
+            tables = wrap(entry, tables, self.kind, report)
         return self.shape(tables, key, report)
 
     def shape(self, tables: list[Table], key: str, report: LoadReport) -> list[Table]:
@@ -1168,17 +1204,19 @@ class Source:
         from datasets import concatenate_datasets
 
         for table in tables:
-            self.account(table, used or self.CANONICAL, report)
+            if table.prepare is None:  # else the reader accounted for the file's columns
+                self.account(table, used or self.CANONICAL, report)
         if self.on_error == "raise":
-            self.check_first_rows(tables[0], fn)
+            self.check_first_rows(tables[0], prepared(tables[0], fn))
         skip = self.on_error == "skip"
         tasks = [
             functools.partial(
-                convert_range, table, span, fn, columns, workers.file("rows"), key, skip, flags or {}
+                convert_range, table, span, prepared(table, fn), columns, workers.file("rows"), key, skip,
+                flags or {},
             )
             for table in tables
             for span in table.ranges(4 * workers.num_proc)
-        ]
+        ]  # fmt: skip
         more = f" (+{len(tables) - 1} files)" if len(tables) > 1 else ""
         label = f"converting {Path(tables[0].source).name}{more}"
         results = workers.run(tasks, label, sum(t.rows for t in tables))
@@ -1313,7 +1351,12 @@ class Source:
         if not looks_local(path):
             return None
         key = "data.path" if split is not None else "data.eval_path"
-        return local_layout(Path(path).expanduser(), split, key, separate_eval=bool(self.eval_path))
+        from components import llamafactory
+
+        root = Path(path).expanduser()
+        if split is not None and llamafactory.is_dir(root):  # a LLaMA-Factory dataset dir: its entry's file
+            return entry_layout(root, llamafactory.entry(root, self.subset))
+        return local_layout(root, split, key, separate_eval=bool(self.eval_path))
 
     def _finish(self, splits: dict[str, Dataset], report: LoadReport) -> LoadedData:
         if len(splits["train"]) == 0:
@@ -1863,7 +1906,9 @@ class PreferenceDataset(Source):
 
         def build(tables: list[Table], path: str, key: str) -> Dataset:
             nonlocal fmt
-            kind = fmt = fmt or self.detect(tables[0].head(1)[0], report)
+            if fmt is None and tables[0].shape:
+                report.info["format"] = f"{tables[0].shape} (dataset_info.json)"
+            kind = fmt = fmt or tables[0].shape or self.detect(tables[0].head(1)[0], report)
             needed = self.CANONICAL if kind == "explicit" else self.CANONICAL[1:]
             self.require(tables, needed, f"of a preference pair (format={kind})")
             pair = functools.partial(self.to_pair, fmt=kind)

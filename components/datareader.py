@@ -109,6 +109,10 @@ class Table:
     rows: int
     drop: frozenset[str] = frozenset()
     rename: dict[str, str] = field(default_factory=dict)
+    # a conversion each row needs before the data option's own (a LLaMA-Factory entry's,
+    # components/llamafactory.py): ``columns`` are then what it gives, and ``shape`` the format it gives
+    prepare: Callable[[Row], Row] | None = None
+    shape: str | None = None
 
     def ranges(self, parts: int) -> list[tuple[int, int]]:
         """Row ranges for ``parts`` tasks (in order, covering every row)."""

@@ -65,6 +65,7 @@ DATA_CODE = (
     "components/data.py",
     "components/datareader.py",
     "components/textcorpus.py",
+    "components/llamafactory.py",
     "components/text/chat_template.py",
     "components/text/sft_tokens.py",
     "components/runtime/dataprep.py",
