@@ -2002,10 +2002,27 @@ class PromptDataset(Source):
     CANONICAL: ClassVar[tuple[str, ...]] = ("prompt", "answer")
     kind: ClassVar[str] = "prompts"
 
-    max_prompt_length: int = knob(256, AT_LEAST_ONE)  # tokens
+    max_prompt_length: int = knob(256, AT_LEAST_ONE)  # tokens, the chat template's generation prompt included
+    # prompts longer than max_prompt_length: truncate (generation keeps their end: PPO, generate, best_of_n,
+    # eval; GRPO cannot cut a prompt and refuses) | drop (counted) | error (names the first)
+    on_overlong: str = "truncate"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.on_overlong not in ON_OVERLONG:
+            raise ConfigError(
+                f"unknown '{self.on_overlong}'", key="data.on_overlong", hint=f"one of {ON_OVERLONG}"
+            )
 
     def prompt_limit(self) -> tuple[int, str, str]:
-        return self.max_prompt_length, "data.max_prompt_length", "truncate"
+        return self.max_prompt_length, "data.max_prompt_length", self.on_overlong
+
+    def enforce_length(self, data: LoadedData, tokenizer: Any, workers: Workers | None = None) -> LoadedData:
+        """Measure every prompt (with the generation prompt) against ``max_prompt_length`` and apply
+        ``on_overlong``; the longer ones are counted per split (``prompt_lengths``)."""
+        from components.promptlength import enforce_prompt_length
+
+        return self._finish(enforce_prompt_length(self, data, tokenizer), data.report)
 
     def pairs(self, data: LoadedData, split: str, limit: int | None = None) -> list[Pair] | None:
         """(the prompt turns, the ``answer`` column's text, or None without that column) per row (of the

@@ -66,6 +66,7 @@ DATA_CODE = (
     "components/datareader.py",
     "components/textcorpus.py",
     "components/llamafactory.py",
+    "components/promptlength.py",
     "components/text/chat_template.py",
     "components/text/sft_tokens.py",
     "components/runtime/dataprep.py",
