@@ -967,7 +967,7 @@ class Source:
     eval_path: str | None = None  # a separate eval set; else eval_size / eval_fraction rows are held out
     # the split to read: a hub dataset's, a save_to_disk DatasetDict's or a folder's split-named files
     split: str = "train"
-    subset: str | None = None  # hub datasets: the config (subset) name
+    subset: str | None = None  # hub datasets: the config (subset) name; a LLaMA-Factory dir: the entry
     columns: dict[str, str] = field(default_factory=dict)  # canonical name -> the file's column name
     # the share of data.path's rows held out for eval; null (the default): 5%, at most 1,000 rows
     eval_fraction: float | None = knob(None, FRACTION)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config.errors import ConfigError
-from components.datareader import RowError, Table
+from components.datareader import RowError, Table, is_blank
 
 INFO = "dataset_info.json"
 KEY = "data.path"
@@ -319,9 +319,12 @@ def check(data: Any) -> Entry | None:
 
 
 def _text(row: dict[str, Any], column: str | None) -> str:
+    """The text of ``column`` ("" when unmapped, missing or blank; numbers as text)."""
     value = row.get(column) if column else None
-    if value is None:
+    if is_blank(value):
         return ""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
     if not isinstance(value, str):
         raise RowError(f"column '{column}' should hold text, got {type(value).__name__}")
     return value
@@ -375,8 +378,11 @@ def _sharegpt(entry: Entry, row: dict[str, Any]) -> tuple[list[dict[str, Any]], 
     SharegptDatasetConverter aligns them (a wrong role or count is a ``RowError``)."""
     column, tags = entry.column["messages"], entry.tag
     messages = row.get(column)
-    if isinstance(messages, str) and messages.lstrip().startswith("["):
-        messages = json.loads(messages)
+    if isinstance(messages, str) and messages.lstrip().startswith("["):  # a csv cell holding JSON
+        try:
+            messages = json.loads(messages)
+        except json.JSONDecodeError as err:
+            raise RowError(f"column '{column}' holds malformed JSON ({err.msg})") from None
     if not isinstance(messages, list):
         raise RowError(f"column '{column}' should be a list of messages, got {type(messages).__name__}")
     system = _text(row, entry.column.get("system"))
