@@ -110,11 +110,12 @@ class GRPO(Recipe, RewardURL):
 
         columns = splits["train"].column_names
         check_columns(self.reward_functions(), columns, str(comps.data.path))
-        over = getattr(splits, "info", {}).get(OVERLONG)
-        if over and getattr(comps.data, "on_overlong", "") == "truncate":
+        over = splits.info.get(OVERLONG)
+        limit, _, policy = comps.data.prompt_limit()
+        if over and policy == "truncate":
             raise ConfigError(
-                f"{OVERLONG}={comps.data.max_prompt_length}: {over.split(':')[0]}, and GRPO cannot cut "
-                "a prompt (TRL renders each one whole)",
+                f"{OVERLONG}={limit}: {over.split(':')[0]}, and GRPO cannot cut a prompt (TRL renders each "
+                "one whole)",
                 key="data.on_overlong",
                 hint="data.on_overlong=drop (counted) or error, or raise data.max_prompt_length",
             )
