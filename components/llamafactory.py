@@ -305,8 +305,9 @@ def check(data: Any) -> Entry | None:
             f"the {INFO} entry '{found.name}' holds {what.get(kind, 'SFT rows (ranking: false)')}, and this "
             f"recipe's data is {data.kind} data",
             key="data.subset",
-            hint="pick an entry of the recipe's kind, or the recipe for this entry (ranking: recipe=dpo or "
-            "reward; kto_tag: recipe=kto; else recipe=sft, ppo or grpo)",
+            hint="pick an entry of the recipe's kind, or the recipe for this entry (ranking: recipe=dpo, "
+            "reward, orpo or simpo, or recipe=kto data=demo_dpo, which splits pairs; kto_tag: recipe=kto; "
+            "else recipe=sft, ppo or grpo)",
         )
     if found.pretraining and data.kind != "chat":
         raise ConfigError(
