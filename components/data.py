@@ -500,7 +500,8 @@ def read_part(
     if BUILDERS[suffix] == "text":
         from components.textcorpus import read_text
 
-        return read_text(part.path, key=key, workers=workers, limit=limit)
+        # a LLaMA-Factory entry's .txt: one row per line, as LLaMA-Factory reads it
+        return read_text(part.path, key=key, workers=workers, limit=limit, by_line=part.reader is not None)
     return read_table(part.path, key=key, workers=workers, limit=limit)
 
 

@@ -6,7 +6,8 @@ run of non-blank lines; one or more blank lines (white space only) end it, so a 
 (no blank line) is one row, and a dump of articles or paragraphs separated by blank lines is one row each.
 Line breaks inside a document are kept (``\\r\\n`` becomes ``\\n``); a UTF-8 BOM is skipped; a file that is
 not UTF-8 is refused naming its line. The file is scanned once for where each document starts (8 bytes a
-document), then read range by range like JSON lines: nothing holds the whole file.
+document), then read range by range like JSON lines: nothing holds the whole file. A ``.txt`` file a
+LLaMA-Factory entry names is read as LLaMA-Factory reads it: one document per non-blank line (``by_line``).
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ UNIT = "one document per blank-line-separated block"
 
 
 def documents(
-    f: IO[bytes], source: str, key: str, *, first_line: int = 1, at_start: bool = True
+    f: IO[bytes], source: str, key: str, *, first_line: int = 1, at_start: bool = True, by_line: bool = False
 ) -> Iterator[tuple[int, int, str]]:
     """``(byte offset, first line number, text)`` of each document of a binary file (``at_start``: read
     from its start, a BOM skipped; else positioned at a document's start, line ``first_line``). The
-    offsets count from where reading began."""
+    offsets count from where reading began. ``by_line``: every non-blank line is a document (how
+    LLaMA-Factory reads a ``.txt`` file its dataset_info.json names: ``datasets``' text builder)."""
     head = f.read(3) if at_start else b""
     offset = bom_of(head, source, key) if at_start else 0
     lines: list[str] = []
@@ -44,7 +46,7 @@ def documents(
             if not lines:
                 start, first = offset, number
             lines.append(line)
-        elif lines:
+        if lines and (by_line or not line.strip()):
             yield start, first, "\n".join(lines)
             lines = []
         offset += len(raw)
@@ -70,6 +72,7 @@ class TextTable(Table):
     path: Path = Path()
     starts: array[int] = field(default_factory=lambda: array("q"))
     lines: array[int] = field(default_factory=lambda: array("q"))
+    by_line: bool = False
 
     def _raw(self, start: int, stop: int) -> Iterator[tuple[int, int | None, dict[str, Any]]]:
         if start >= stop:
@@ -78,7 +81,12 @@ class TextTable(Table):
             f.seek(self.starts[start])
             index = start
             for _, _, text in documents(
-                f, self.source, "data.path", first_line=self.lines[start], at_start=False
+                f,
+                self.source,
+                "data.path",
+                first_line=self.lines[start],
+                at_start=False,
+                by_line=self.by_line,
             ):
                 if index >= stop:
                     return
@@ -86,18 +94,22 @@ class TextTable(Table):
                 index += 1
 
 
-def read_text(path: Path, *, key: str, workers: Workers, limit: int | None = None) -> TextTable:
-    """A ``.txt`` file (decompressed first when compressed) as a table of its documents, at most
-    ``limit``."""
+def read_text(
+    path: Path, *, key: str, workers: Workers, limit: int | None = None, by_line: bool = False
+) -> TextTable:
+    """A ``.txt`` file (decompressed first when compressed) as a table of its documents (``by_line``: its
+    non-blank lines), at most ``limit``."""
     plain = decompressed(path, key, workers)
     starts, lines = array("q"), array("q")
     with open(plain, "rb") as f:
-        for offset, first, _ in documents(f, str(path), key):
+        for offset, first, _ in documents(f, str(path), key, by_line=by_line):
             if limit is not None and len(starts) >= limit:
                 break
             starts.append(offset)
             lines.append(first)
-    return TextTable(str(path), ["text"], len(starts), path=plain, starts=starts, lines=lines)
+    return TextTable(
+        str(path), ["text"], len(starts), path=plain, starts=starts, lines=lines, by_line=by_line
+    )
 
 
 def text_rows(path: Path, skip: int, key: str) -> Iterator[tuple[int, dict[str, Any], None]]:
@@ -119,4 +131,5 @@ def documents_note(tables: list[Table]) -> dict[str, str]:
     if not texts:
         return {}
     files = f"{len(texts)} .txt files" if len(texts) > 1 else Path(texts[0].source).name
-    return {"text documents": f"{sum(t.rows for t in texts):,} from {files} ({UNIT})"}
+    unit = "one per non-blank line, as LLaMA-Factory reads it" if texts[0].by_line else UNIT
+    return {"text documents": f"{sum(t.rows for t in texts):,} from {files} ({unit})"}

@@ -191,6 +191,7 @@ INFO = {
         "columns": {"prompt": "instruction", "response": "output"},
     },
     "pretrain": {"file_name": "text.json", "columns": {"prompt": "text"}},
+    "wiki": {"file_name": "wiki.txt", "columns": {"prompt": "text"}},
     "sharegpt_tools": {
         "file_name": "sharegpt.json",
         "formatting": "sharegpt",
@@ -247,6 +248,7 @@ def factory(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (root / name).write_text(json.dumps(rows))
     write_jsonl(root / "openai.jsonl", OPENAI)
     write_jsonl(root / "speakers.jsonl", SPEAKERS)
+    (root / "wiki.txt").write_text("First article.\nSecond article.\n\nThird article.\n")
     (root / "dataset_info.json").write_text(json.dumps(INFO))
     return root
 
@@ -281,7 +283,7 @@ def test_llamafactory_alpaca_rows_train_the_history_and_the_response(factory: Pa
     assert "instruction (LLaMA-Factory prompt)" in data.info["columns used"]
     assert (
         data.info["files not read"]
-        == "7 other data files (not the file of the dataset_info.json entry 'alpaca_sft')"
+        == "8 other data files (not the file of the dataset_info.json entry 'alpaca_sft')"
     )
 
     from transformers import AutoTokenizer
@@ -304,6 +306,9 @@ def test_llamafactory_alpaca_rows_train_the_history_and_the_response(factory: Pa
     assert narrow["train"][0]["messages"][-2] == {"role": "user", "content": "Add 2 and 3."}
     assert "input (not in the dataset_info.json entry)" in narrow.info["columns ignored"]
     assert list(lf(ChatDataset, factory, "pretrain")["train"]["text"]) == ["A document.", "Another one."]
+    wiki = lf(ChatDataset, factory, "wiki")  # a .txt entry: one row per line, as LLaMA-Factory reads it
+    assert list(wiki["train"]["text"]) == ["First article.", "Second article.", "Third article."]
+    assert "(one per non-blank line, as LLaMA-Factory reads it)" in wiki.info["text documents"]
 
 
 def test_llamafactory_sharegpt_rows_keep_tools_system_and_custom_tags(factory: Path) -> None:
@@ -408,7 +413,7 @@ def test_llamafactory_entry_choice_and_kind_are_checked_before_load(factory: Pat
     err = refused(ChatDataset(path=str(factory)).validate)
     assert (
         err.key == "data.subset"
-        and "names 9 datasets" in str(err)
+        and "names 10 datasets" in str(err)
         and "data.subset=alpaca_sft" in (err.hint or "")
     )
     err = refused(ChatDataset(path=str(factory), subset="dpo_sharegpt").validate)
