@@ -258,6 +258,7 @@ class Part:
 
     path: Path
     split: str | None = None  # the DatasetDict split (save_to_disk folders only)
+    reader: Any = field(default=None, compare=False)  # a LLaMA-Factory entry (components/llamafactory.py)
 
     def name(self, root: Path) -> str:
         if self.split is not None:
@@ -448,6 +449,10 @@ def local_layout(
             ignored[rel] = why
         else:
             files.append(rel)
+    texts = [f for f in files if data_suffix(Path(f)) == ".txt"]
+    if texts and len(texts) < len(files):  # notes, licences beside the data: a corpus folder is all .txt
+        ignored |= dict.fromkeys(texts, "plain text beside other data files (a corpus folder is all .txt)")
+        files = [f for f in files if f not in texts]
     if not files:
         raise ConfigError(f"no data files ({READ_TYPES}) in directory {path}", key=key)
     splits, unsplit, rule = split_files(files)
@@ -455,6 +460,25 @@ def local_layout(
     layout = _choose(path, parts, rule, split, key, separate_eval)
     layout.ignored = dict(sorted((ignored | unsplit | layout.ignored).items()))
     return layout
+
+
+def entry_layout(root: Path, entry: Any) -> Layout:
+    """A LLaMA-Factory dataset dir read as its ``dataset_info.json`` entry says (``components/llamafactory``):
+    the entry's file (or its folder's data files), each part carrying the entry; the dir's other data files
+    named as not read (its folders are not searched)."""
+    if entry.file.is_dir():
+        parts = [dataclasses.replace(p, reader=entry) for p in local_layout(entry.file, "train").train]
+    else:
+        parts = [Part(entry.file, reader=entry)]
+    read = {p.path.resolve() for p in parts}
+    others = [
+        f.relative_to(root).as_posix()
+        for f in sorted(root.iterdir())  # the dir's own files: the other entries' (not a run dir inside)
+        if f.is_file() and f.name != "dataset_info.json" and f.resolve() not in read and not unread_reason(f)
+    ]
+    why = f"not the file of the dataset_info.json entry '{entry.name}'"
+    ignored = {f: why for f in others} if len(others) <= 6 else {f"{len(others)} other data files": why}
+    return Layout(root, parts, ignored=ignored)
 
 
 def check_path(path: str, key: str, split: str | None = "train", separate_eval: bool = False) -> None:
@@ -490,6 +514,11 @@ def read_part(
         return read_arrow(part.path, part.split, key=key, limit=limit)
     if BUILDERS[suffix] == "json":
         return read_json(part.path, key=key, skip=skip, stats=stats, workers=workers, limit=limit)
+    if BUILDERS[suffix] == "text":
+        from components.textcorpus import read_text
+
+        # a LLaMA-Factory entry's .txt: one row per line, as LLaMA-Factory reads it
+        return read_text(part.path, key=key, workers=workers, limit=limit, by_line=part.reader is not None)
     return read_table(part.path, key=key, workers=workers, limit=limit)
 
 
@@ -831,9 +860,7 @@ def split_shared(chosen: Messages, rejected: Messages) -> Row:
             f"(their first turns: {chosen[0]['role']} / {rejected[0]['role']})",
             key="data.format",
         )
-    if chosen == rejected:
-        raise RowError("'chosen' and 'rejected' are the same conversation")
-    out: Row = {"prompt": chosen[:k]}
+    out: Row = {"prompt": chosen[:k]}  # identical conversations: counted by the load (``identical_pair``)
     for name, reply in (("chosen", chosen[k:]), ("rejected", rejected[k:])):
         user = next((j for j, m in enumerate(reply) if m["role"] == "user"), None)
         if user is not None:
@@ -1006,6 +1033,15 @@ def convert_range(
     return out
 
 
+def prepared(table: Table, fn: Callable[[Row], Row]) -> Callable[[Row], Row]:
+    """``fn`` after the table's own row conversion (``Table.prepare``), when it has one."""
+    return fn if table.prepare is None else functools.partial(_then, table.prepare, fn)
+
+
+def _then(first: Callable[[Row], Row], then: Callable[[Row], Row], row: Row) -> Row:
+    return then(first(row))
+
+
 def note_unanswered(converted: Converted, key: str, report: LoadReport) -> None:
     """Count the conversations whose last turn is not the assistant's (that turn is not trained) and name
     the first, in the load's report (the summary and ``mode=plan`` show it)."""
@@ -1029,7 +1065,7 @@ class Source:
     eval_path: str | None = None  # a separate eval set; else eval_size / eval_fraction rows are held out
     # the split to read: a hub dataset's, a save_to_disk DatasetDict's or a folder's split-named files
     split: str = "train"
-    subset: str | None = None  # hub datasets: the config (subset) name
+    subset: str | None = None  # hub datasets: the config (subset) name; a LLaMA-Factory dir: the entry
     columns: dict[str, str] = field(default_factory=dict)  # canonical name -> the file's column name
     # the share of data.path's rows held out for eval; null (the default): 5%, at most 1,000 rows
     eval_fraction: float | None = knob(None, FRACTION)
@@ -1062,9 +1098,11 @@ class Source:
     def validate(self) -> None:
         """Cheap checks (no ``datasets`` import): paths, enums, column-mapping keys (the knobs' ranges:
         ``check_values``; a mixture entry's: here)."""
+        from components import llamafactory
+
         if self.mixture:
             mixture_entries(self)  # each entry's path and knobs, checked as data.mixture[i].<knob>
-        else:
+        elif not llamafactory.check(self):  # a LLaMA-Factory dataset dir: its dataset_info.json entry
             check_path(self.path, "data.path", self.split, separate_eval=bool(self.eval_path))
         if self.eval_path:
             check_path(self.eval_path, "data.eval_path", None)
@@ -1151,6 +1189,14 @@ class Source:
             stats=report.stats,
             parts=parts,
         )
+        from components.textcorpus import documents_note
+
+        report.info.update(documents_note(tables))
+        entry = next((p.reader for p in parts or [] if p.reader is not None), None)
+        if entry is not None:  # a LLaMA-Factory dataset dir's entry
+            from components.llamafactory import wrap
+
+            tables = wrap(entry, tables, self.kind, report)
         return self.shape(tables, key, report)
 
     def shape(self, tables: list[Table], key: str, report: LoadReport) -> list[Table]:
@@ -1261,17 +1307,19 @@ class Source:
         from datasets import concatenate_datasets
 
         for table in tables:
-            self.account(table, used or self.CANONICAL, report)
+            if table.prepare is None:  # else the reader accounted for the file's columns
+                self.account(table, used or self.CANONICAL, report)
         if self.on_error == "raise":
-            self.check_first_rows(tables[0], fn)
+            self.check_first_rows(tables[0], prepared(tables[0], fn))
         skip = self.on_error == "skip"
         tasks = [
             functools.partial(
-                convert_range, table, span, fn, columns, workers.file("rows"), key, skip, flags or {}
+                convert_range, table, span, prepared(table, fn), columns, workers.file("rows"), key, skip,
+                flags or {},
             )
             for table in tables
             for span in table.ranges(4 * workers.num_proc)
-        ]
+        ]  # fmt: skip
         more = f" (+{len(tables) - 1} files)" if len(tables) > 1 else ""
         label = f"converting {Path(tables[0].source).name}{more}"
         results = workers.run(tasks, label, sum(t.rows for t in tables))
@@ -1408,7 +1456,12 @@ class Source:
         if not looks_local(path):
             return None
         key = "data.path" if split is not None else "data.eval_path"
-        return local_layout(Path(path).expanduser(), split, key, separate_eval=bool(self.eval_path))
+        from components import llamafactory
+
+        root = Path(path).expanduser()
+        if split is not None and llamafactory.is_dir(root):  # a LLaMA-Factory dataset dir: its entry's file
+            return entry_layout(root, llamafactory.entry(root, self.subset))
+        return local_layout(root, split, key, separate_eval=bool(self.eval_path))
 
     def _finish(self, splits: dict[str, Dataset], report: LoadReport) -> LoadedData:
         if len(splits["train"]) == 0:
@@ -1986,13 +2039,46 @@ class PreferenceDataset(Source):
 
         def build(tables: list[Table], path: str, key: str) -> Dataset:
             nonlocal fmt
-            kind = fmt = fmt or self.detect(tables[0].head(1)[0], report)
+            if fmt is None and tables[0].shape:
+                report.info["format"] = f"{tables[0].shape} (dataset_info.json)"
+            kind = fmt = fmt or tables[0].shape or self.detect(tables[0].head(1)[0], report)
             needed = self.CANONICAL if kind == "explicit" else self.CANONICAL[1:]
             self.require(tables, needed, f"of a preference pair (format={kind})")
             pair = functools.partial(self.to_pair, fmt=kind)
-            return self.convert(tables, pair, self.CANONICAL, key, report, workers, needed)[0]
+            flags = {"identical": identical_pair}
+            table, done = self.convert(tables, pair, self.CANONICAL, key, report, workers, needed, flags)
+            return drop_identical(table, done, key, self.on_error, report)
 
         return self.load_splits(build, report, workers)
+
+
+def identical_pair(row: Row) -> bool:
+    """A pair whose chosen and rejected responses are the same turns: nothing to prefer."""
+    return bool(row["chosen"] == row["rejected"])
+
+
+def drop_identical(table: Dataset, done: Converted, key: str, on_error: str, report: LoadReport) -> Dataset:
+    """Pairs with identical chosen and rejected (``identical_pair``, counted by the conversion) refused,
+    naming how many and the first; ``on_error=skip``: dropped and counted."""
+    n = done.flags.get("identical", 0)
+    if not n:
+        return table
+    first = done.firsts["identical"]
+    if on_error != "skip":
+        raise ConfigError(
+            f"{n} of {done.rows} pairs {'has' if n == 1 else 'have'} the same 'chosen' and 'rejected' "
+            f"response (nothing to prefer; the first: {first})",
+            key=key,
+            hint="drop those rows, or set data.on_error=skip to drop them and count them",
+        )
+    keep, pairs = [], table.select_columns(["chosen", "rejected"])
+    for a in range(0, len(pairs), SHARD_ROWS):
+        batch = pairs[a : a + SHARD_ROWS]
+        same = [c == r for c, r in zip(batch["chosen"], batch["rejected"], strict=True)]
+        keep += [a + i for i, s in enumerate(same) if not s]
+    _count(report.stats, "dropped (identical chosen/rejected)", n)
+    report.info.setdefault("first identical pair dropped", f"{first} (data.on_error=skip)")
+    return pick(table, keep)
 
 
 @component("data")
@@ -2049,10 +2135,27 @@ class PromptDataset(Source):
     CANONICAL: ClassVar[tuple[str, ...]] = ("prompt", "answer")
     kind: ClassVar[str] = "prompts"
 
-    max_prompt_length: int = knob(256, AT_LEAST_ONE)  # tokens
+    max_prompt_length: int = knob(256, AT_LEAST_ONE)  # tokens, the chat template's generation prompt included
+    # prompts longer than max_prompt_length: truncate (generation keeps their end: PPO, generate, best_of_n,
+    # eval; GRPO cannot cut a prompt and refuses) | drop (counted) | error (names the first)
+    on_overlong: str = "truncate"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.on_overlong not in ON_OVERLONG:
+            raise ConfigError(
+                f"unknown '{self.on_overlong}'", key="data.on_overlong", hint=f"one of {ON_OVERLONG}"
+            )
 
     def prompt_limit(self) -> tuple[int, str, str]:
-        return self.max_prompt_length, "data.max_prompt_length", "truncate"
+        return self.max_prompt_length, "data.max_prompt_length", self.on_overlong
+
+    def enforce_length(self, data: LoadedData, tokenizer: Any, workers: Workers | None = None) -> LoadedData:
+        """Measure every prompt (with the generation prompt) against ``max_prompt_length`` and apply
+        ``on_overlong``; the longer ones are counted per split (``prompt_lengths``)."""
+        from components.promptlength import enforce_prompt_length
+
+        return self._finish(enforce_prompt_length(self, data, tokenizer), data.report)
 
     def pairs(self, data: LoadedData, split: str, limit: int | None = None) -> list[Pair] | None:
         """(the prompt turns, the ``answer`` column's text, or None without that column) per row (of the

@@ -35,10 +35,11 @@ if TYPE_CHECKING:
 Row = dict[str, Any]
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+BUILDERS[".txt"] = "text"  # one document per blank-line-separated block (components/textcorpus.py)
 # compressed text files (``x.jsonl.gz``): the suffix -> how to decompress (``zstd`` needs ``zstandard``,
 # as it does for ``datasets``)
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": "zstd"}
-COMPRESSIBLE = (".jsonl", ".json", ".csv")
+COMPRESSIBLE = (".jsonl", ".json", ".csv", ".txt")
 PROBE_ROWS = 5  # when this many first rows (or all, if fewer) fail alike, the format or mapping is wrong
 UTF8_BOM = b"\xef\xbb\xbf"
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
@@ -108,6 +109,10 @@ class Table:
     rows: int
     drop: frozenset[str] = frozenset()
     rename: dict[str, str] = field(default_factory=dict)
+    # a conversion each row needs before the data option's own (a LLaMA-Factory entry's,
+    # components/llamafactory.py): ``columns`` are then what it gives, and ``shape`` the format it gives
+    prepare: Callable[[Row], Row] | None = None
+    shape: str | None = None
 
     def ranges(self, parts: int) -> list[tuple[int, int]]:
         """Row ranges for ``parts`` tasks (in order, covering every row)."""

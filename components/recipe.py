@@ -78,6 +78,10 @@ class Recipe:
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """``mode=plan``: what the recipe checks of the loaded rows before training."""
 
+    def warnings(self, cfg: DictConfig, comps: Components) -> list[str]:
+        """Legal but suspicious settings of this recipe (said at start and in ``mode=plan``, never fatal)."""
+        return []
+
     def tokens(self, comps: Components) -> Any:
         """What makes the tokens its trainer reads, when the recipe has them made with the data (cached
         with it, every row checked before the model loads): an object with ``key()`` and

@@ -5,11 +5,12 @@ lists (``answer=[...]``) and returns one float per completion. Name one in a con
 ``recipe.reward._target_=components.rewards.exact_match`` (PPO) or in ``recipe.reward_funcs`` (GRPO).
 Completions arrive as text (PPO) or as assistant messages (GRPO on chat data); both are accepted.
 
-User functions resolve before any model loads (:func:`check_reward`): a module in the working directory or
-next to the experiment file imports without ``PYTHONPATH``; a misspelt name is a ``ConfigError`` with the
-close matches. Unless ``trust_targets=true`` a reward must be a plain function of hydratune's or of the
-user's own modules (not of an installed package or the standard library, e.g. ``torch.hub.load``), and its
-bound keywords plain data (no callables).
+User functions resolve before any model loads (:func:`check_reward`): a module in the working directory,
+next to the experiment file or beside the command line's ``data.path`` imports without ``PYTHONPATH``; a
+misspelt name is a ``ConfigError`` with the close matches. Every recipe calls a reward by keyword, so it
+needs a ``completions`` parameter (and ``prompts`` or ``**kwargs``). Unless ``trust_targets=true`` a reward
+must be a plain function of hydratune's or of the user's own modules (not of an installed package or the
+standard library, e.g. ``torch.hub.load``), and its bound keywords plain data (no callables).
 """
 
 from __future__ import annotations
@@ -149,11 +150,24 @@ CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "l
 
 
 def user_module_dirs(args: Sequence[str] = ()) -> list[Path]:
-    """Where a user's reward module may sit: the working directory, and next to each experiment file the
-    command line names (``+experiment=x`` in conf/ or a ``--config-dir``)."""
+    """Where a user's reward module may sit: the working directory, next to each experiment file the
+    command line names (``+experiment=x`` in conf/ or a ``--config-dir``), and beside the data the command
+    line names (``data.path=<file>``: its folder; ``data.path=<folder>``: that folder)."""
     from components.config.trust import experiment_files
 
-    return [Path.cwd(), *(f.parent for f in experiment_files(list(args)))]
+    return [Path.cwd(), *(f.parent for f in experiment_files(list(args))), *data_dirs(args)]
+
+
+def data_dirs(args: Sequence[str]) -> list[Path]:
+    """The folder of a local ``data.path=`` typed on the command line (only there: a file's path grants
+    nothing)."""
+    found = []
+    for arg in args:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        path = Path(value.strip("'\"")).expanduser()
+        if key == "data.path" and sep and value and path.exists():
+            found.append(path if path.is_dir() else path.parent)
+    return found
 
 
 def add_user_module_dirs(args: Sequence[str] = ()) -> None:
@@ -203,7 +217,7 @@ def import_reward(dotted: str, key: str = "recipe.reward_funcs") -> Callable[...
 
     add_user_module_dirs(sys.argv[1:])
     module_name, _, name = dotted.rpartition(".")
-    where = "the working directory, next to the experiment file, or an installed package"
+    where = "the working directory, next to the experiment file, beside data.path, or an installed package"
     fix = f"put {module_name or '<module>'}.py holding def {name}(prompts, completions, **columns) in {where}"
     if not module_name:
         raise ConfigError(f"'{dotted}' is not module.function", key=key, hint=fix)
@@ -225,21 +239,6 @@ def import_reward(dotted: str, key: str = "recipe.reward_funcs") -> Callable[...
     return function
 
 
-def installed_module(module_name: str) -> bool:
-    """Whether ``module_name`` comes from the standard library or an installed package (site-packages)."""
-    import sysconfig
-
-    if module_name.startswith(("components.", "recipes.")):
-        return False  # hydratune's own, installed or not
-    module = sys.modules.get(module_name)
-    origin = getattr(module, "__file__", None)
-    if origin is None:
-        return True  # builtins and namespace oddities: not a user's file
-    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    resolved = Path(origin).resolve()
-    return any(resolved.is_relative_to(Path(root).resolve()) for root in roots)
-
-
 def check_trusted(function: Any, key: str) -> None:
     """Refuse (without ``trust_targets=true``) what a shared config could turn into code it should not
     run: a reward that is not a plain function of hydratune's or the user's own modules, or a partial
@@ -248,6 +247,7 @@ def check_trusted(function: Any, key: str) -> None:
     import inspect
 
     from components.config.errors import ConfigError
+    from components.config.trust import installed_module
 
     hint = (
         "a plain def in your own module (or components.rewards); if you trust the config: trust_targets=true"
@@ -282,9 +282,30 @@ def check_reward(spec: Any, key: str, *, trusted: bool) -> Callable[..., Any] | 
         function = resolve_reward(spec)
     else:
         function = spec
-    if not trusted:
+    if not trusted:  # trust_targets=true: the user vouches for whatever the config names
         check_trusted(function, key)
+        check_signature(function, key)
     return function
+
+
+def check_signature(function: Any, key: str) -> None:
+    """A plain function the recipes could not call by keyword (``f(prompts=…, completions=…,
+    <column>=…)``) is refused before load, naming its parameters (``trust.signature_refusal``)."""
+    import functools
+    import inspect
+
+    from components.config.errors import ConfigError
+    from components.config.trust import signature_refusal
+
+    inner = function.func if isinstance(function, functools.partial) else function
+    why = signature_refusal(inner) if inspect.isfunction(inner) else None
+    if why:
+        name = f"{inner.__module__}.{inner.__qualname__}"
+        raise ConfigError(
+            f"reward {name} {why}",
+            key=key,
+            hint="name the completions parameter: def f(prompts, completions, **columns) -> list[float]",
+        )
 
 
 def required_columns(function: Any) -> list[str]:

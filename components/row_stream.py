@@ -318,6 +318,10 @@ class RowStream:
             return arrow_rows(part, at)
         if BUILDERS[data_suffix(part.path)] == "json":
             return json_rows(part.path, at, skip=self.data.on_error == "skip", stats={})
+        if BUILDERS[data_suffix(part.path)] == "text":
+            from components.textcorpus import text_rows
+
+            return text_rows(part.path, at.row, KEY)
         return table_rows(part.path, at)
 
     def rows(self, start: Position) -> Iterator[tuple[Row, Position]]:

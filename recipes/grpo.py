@@ -103,11 +103,43 @@ class GRPO(Recipe, RewardURL):
         return [(key, f) for key, f in functions if f is not None]
 
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
-        """The columns the reward functions read are in the rows (``answer`` for exact_match)."""
+        """The columns the reward functions read are in the rows (``answer`` for exact_match); no prompt
+        over data.max_prompt_length left to cut (TRL renders each prompt whole: it cannot)."""
+        from components.promptlength import OVERLONG
         from components.rewards import check_columns
 
         columns = splits["train"].column_names
         check_columns(self.reward_functions(), columns, str(comps.data.path))
+        over = splits.info.get(OVERLONG)
+        limit, _, policy = comps.data.prompt_limit()
+        if over and policy == "truncate":
+            raise ConfigError(
+                f"{OVERLONG}={limit}: {over.split(':')[0]}, and GRPO cannot cut a prompt (TRL renders each "
+                "one whole)",
+                key="data.on_overlong",
+                hint="data.on_overlong=drop (counted) or error, or raise data.max_prompt_length",
+            )
+
+    def warnings(self, cfg: DictConfig, comps: Components) -> list[str]:
+        """Your data.path with the knobs left at the tiny demo's values (tuned for its 8-token sums)."""
+        from components.config.resolvers import is_demo_asset
+
+        if is_demo_asset(str(comps.data.path)):
+            return []
+        kept = {
+            "optimizer.lr": (comps.optimizer.lr, 1e-3),
+            "train.micro_batch_size": (cfg.train.micro_batch_size, 32),
+            "recipe.max_completion_length": (self.max_completion_length, 8),
+        }
+        same = [f"{k}={v:g}" for k, (v, demo) in kept.items() if v == demo]
+        if not same:
+            return []
+        prompts = cfg.train.micro_batch_size * cfg.train.gradient_accumulation_steps // self.num_generations
+        return [
+            f"recipe=grpo on your data.path keeps the demo's {', '.join(same)} (tuned for the tiny demo: "
+            f"{prompts} prompts x {self.num_generations} completions a step); real models usually want "
+            "optimizer.lr=1e-6..1e-5 and completions of hundreds of tokens (recipe.max_completion_length)"
+        ]
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import GRPOConfig, GRPOTrainer

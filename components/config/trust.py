@@ -37,6 +37,9 @@ PICKLED = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")  # torch.save / pi
 NEVER_LOADED = ("training_args.bin",)
 OWN = ("components.", "recipes.")  # hydratune's own _target_ namespaces
 REWARD_KNOBS = ("recipe.reward", "recipe.reward_funcs")  # user-named reward functions (partials)
+REWARD_SIGNATURE = "a reward function is called by keyword with prompts= and completions="
+INSTALLED = "an installed package or the standard library, not your code"
+SIGNATURE_FIX = "name the completions parameter: def f(prompts, completions, **columns) -> list[float]"
 # what Hydra may build from its own node: ours, Hydra's launchers, sweepers and callbacks, Optuna's samplers
 HYDRA_TARGETS = (*OWN, "hydra._internal.core_plugins.", "hydra_plugins.", "hydra.experimental.callbacks.")
 HYDRA_TARGETS += ("optuna.samplers.", "optuna.pruners.")
@@ -181,10 +184,11 @@ def is_reward_knob(path: str) -> bool:
 def reward_refusal(target: str) -> str | None:
     """Why ``target`` (a reward knob's ``_target_`` or dotted name) is not a reward function, or None.
 
-    A reward function is a plain Python function whose first parameters are ``prompts`` and
-    ``completions``: the recipes call it with those (by position or name) and the row's columns. Anything
-    else named there (``torch.hub.load``, ``functools.partial``, a class, a builtin) would be called with
-    whatever keywords the file bound to it."""
+    A reward function is a plain Python function with a ``completions`` parameter that also takes
+    ``prompts`` (a parameter or ``**kwargs``): the recipes call it by keyword, ``f(prompts=…,
+    completions=…, <column>=…)`` (TRL's GRPO does; so ``def correct(completions, answer, **kw)`` is one).
+    Anything else named there (``torch.hub.load``, ``functools.partial``, a class, a builtin) would be
+    called with whatever keywords the file bound to it."""
     import inspect
 
     from hydra.utils import get_method
@@ -196,9 +200,43 @@ def reward_refusal(target: str) -> str | None:
 
     if not inspect.isfunction(fn):
         return f"is a {type(fn).__name__}, not a plain Python function"
-    names = [p.name for p in inspect.signature(fn).parameters.values()][:2]
-    if names != ["prompts", "completions"]:
-        return f"takes ({', '.join(names)}, …), not (prompts, completions, …) as a reward function does"
+    why = signature_refusal(fn)
+    if why and installed_module(fn.__module__):
+        return f"{why} ({fn.__module__} is {INSTALLED})"
+    return why
+
+
+def installed_module(module_name: str) -> bool:
+    """Whether ``module_name`` comes from the standard library or an installed package (site-packages)."""
+    import sys
+    import sysconfig
+
+    if module_name.startswith(("components.", "recipes.")):
+        return False  # hydratune's own, installed or not
+    module = sys.modules.get(module_name)
+    origin = getattr(module, "__file__", None)
+    if origin is None:
+        return True  # builtins and namespace oddities: not a user's file
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    resolved = Path(origin).resolve()
+    return any(resolved.is_relative_to(Path(root).resolve()) for root in roots)
+
+
+def signature_refusal(fn: Callable[..., Any]) -> str | None:
+    """Why a plain function cannot be called as a reward (``f(prompts=…, completions=…, <column>=…)``),
+    or None."""
+    import inspect
+
+    parameters = inspect.signature(fn).parameters
+    named = {n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    rest = any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+    if "completions" not in named or not ("prompts" in named or rest):
+        stars = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+        shown = ", ".join(stars.get(p.kind, "") + n for n, p in parameters.items())
+        return (
+            f"takes ({shown}): {REWARD_SIGNATURE} (and the rows' columns), so it takes (prompts, "
+            "completions, **columns), or (completions, **kwargs)"
+        )
     return None
 
 
@@ -258,7 +296,8 @@ def check_targets(config: Any, *, trusted: bool, source: str = "") -> None:
         raise ConfigError(
             f"{source}: {why}" if source else why,
             key=key,
-            hint="if you wrote this config (or trust whoever did), pass trust_targets=true",
+            hint=signature_hint(why)
+            or "if you wrote this config (or trust whoever did), pass trust_targets=true",
         )
 
 
@@ -343,11 +382,14 @@ def check_composed(
     command-line switch that allows it."""
     for key, why in refusals(cfg, granted):
         source = origin(key)
-        raise ConfigError(
-            f"{source}: {why}",
-            key=key,
-            hint=f"pass {switch_for(key)} on the command line if you wrote {source} or trust whoever did",
-        )
+        hint = f"pass {switch_for(key)} on the command line if you wrote {source} or trust whoever did"
+        raise ConfigError(f"{source}: {why}", key=key, hint=signature_hint(why) or hint)
+
+
+def signature_hint(why: str) -> str | None:
+    """The fix of a reward refused for its parameters (:func:`signature_refusal`): the parameters, not
+    ``trust_targets``."""
+    return SIGNATURE_FIX if REWARD_SIGNATURE in why and INSTALLED not in why else None
 
 
 def origin(loader: Any, config_name: str | None, overrides: list[str], key: str) -> str:
@@ -370,6 +412,11 @@ def origin(loader: Any, config_name: str | None, overrides: list[str], key: str)
         if loaded is not None and sets(OmegaConf.to_container(loaded.config, resolve=False), relative):
             root = str(loaded.path).removeprefix("file://")
             found = f"{root}/{entry.config_path}.yaml"
+    for override in overrides:  # the command line's overrides come last: they win
+        name, sep, _ = override.partition("=")
+        name = name.lstrip("+~")
+        if sep and "." in name and (key == name or key.startswith((name + ".", name + "["))):  # not a group
+            found = f"the command line ({override if len(override) <= 80 else override[:77] + '...'})"
     return found
 
 

@@ -182,7 +182,8 @@ class PPOLoop:
         acc.unwrap_model(policy).train()
         completions = tok.batch_decode(ro.response, skip_special_tokens=True)
         columns = {name: v for name, v in rows.items() if name != "prompt"}
-        raw = torch.tensor(self.reward(rows["prompt"], completions, **columns), device=acc.device)
+        scores = self.reward(prompts=rows["prompt"], completions=completions, **columns)  # by keyword, as TRL
+        raw = torch.tensor(scores, device=acc.device)
         score = ppo_parts.shape_scores(
             raw.float(), ro.has_eos, missing_eos_penalty=k.missing_eos_penalty, moments=self.moments,
             clip=k.reward_clip,

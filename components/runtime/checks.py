@@ -207,6 +207,7 @@ def warnings_for(cfg: DictConfig, comps: Components, device: str = "cpu") -> lis
         )
     notes += schedule_warnings(cfg, comps)
     notes += split_warnings(cfg, comps)
+    notes += comps.recipe.warnings(cfg, comps)
     return notes
 
 

@@ -64,6 +64,9 @@ TEMPORARY = ".tmp"
 DATA_CODE = (
     "components/data.py",
     "components/datareader.py",
+    "components/textcorpus.py",
+    "components/llamafactory.py",
+    "components/promptlength.py",
     "components/text/chat_template.py",
     "components/text/sft_tokens.py",
     "components/runtime/dataprep.py",
@@ -433,7 +436,8 @@ def _load(entry: Path, name: str, spec: dict[str, Any]) -> Any:
     fingerprint = hashlib.sha256(f"{entry.name}/{name}".encode()).hexdigest()[:16]
     table = open_shards([entry / f for f in spec["files"]], fingerprint)
     if spec.get("indices"):
-        indices = np.load(entry / spec["indices"])
+        # int64: a selection of a selection (a pick of rows, then the eval split) saves uint64 indices
+        indices = np.load(entry / spec["indices"]).astype(np.int64, copy=False)
         table = table.select(indices, keep_in_memory=True, new_fingerprint=f"{fingerprint[:12]}sel")
     return table
 

@@ -164,7 +164,34 @@ def alpaca_json() -> str:
     return json.dumps(rows, indent=1)
 
 
-FILES: dict[str, Callable[[], str]] = {
+def llamafactory_dir() -> dict[str, str]:
+    """A LLaMA-Factory data dir: dataset_info.json naming an alpaca entry and a sharegpt ranking entry."""
+    pairs = [
+        {
+            "conversations": [{"from": "human", "value": q}],
+            "chosen": {"from": "gpt", "value": str(a)},
+            "rejected": {"from": "gpt", "value": str(r)},
+        }
+        for q, a, r in _sums()
+    ]
+    info = {
+        "alpaca_demo": {"file_name": "alpaca.json"},
+        "dpo_demo": {
+            "file_name": "dpo.json",
+            "formatting": "sharegpt",
+            "ranking": True,
+            "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected"},
+        },
+    }
+    return {
+        "dataset_info.json": json.dumps(info),
+        "alpaca.json": alpaca_json(),
+        "dpo.json": json.dumps(pairs),
+    }
+
+
+FILES: dict[str, Callable[[], str | dict[str, str]]] = {
+    "lf_data": llamafactory_dir,  # a folder: name -> text
     "alpaca.json": alpaca_json,
     "my_chats.jsonl": messages_jsonl,
     "chats.jsonl": messages_jsonl,
@@ -419,8 +446,10 @@ def write_user_file(command: Command, cwd: Path, key: str, value: str) -> None:
             f"{command.id}: {key}={value} names a user file the test has no fixture for: add a "
             f"generator for '{value}' to FILES in {__file__}"
         )
-    (cwd / value).parent.mkdir(parents=True, exist_ok=True)
-    (cwd / value).write_text(FILES[value]())
+    made = FILES[value]()
+    for name, text in made.items() if isinstance(made, dict) else [("", made)]:  # a folder, or a file
+        (cwd / value / name).parent.mkdir(parents=True, exist_ok=True)
+        (cwd / value / name).write_text(text)
 
 
 # --- running ---------------------------------------------------------------------------------------------

@@ -46,3 +46,59 @@ def test_grpo_refuses_bad_settings_before_load(run_recipe, monkeypatch, override
     with pytest.raises(ConfigError) as info:
         run_recipe("recipe=grpo", *overrides)
     assert info.value.key == key, info.value
+
+
+def test_grpo_on_your_data_keeps_no_demo_length_and_applies_data_max_prompt_length(
+    run_recipe, compose_cfg, tmp_path, monkeypatch
+) -> None:
+    """Your data.path: not the demo's max_completion_length 8 or max_prompt_length 64, and plan warns about
+    the demo's lr and micro-batch kept. Prompts over data.max_prompt_length are dropped and counted (each
+    kept one measures within it, chat template and generation prompt included: what TRL renders), and
+    those left to cut (``on_overlong=truncate``, which GRPO cannot do) are refused before the model loads,
+    in plan and training alike."""
+    from components.runtime.checks import warnings_for
+    from components.runtime.dataprep import plan_data
+    from components.runtime.run import Components
+    from components.runtime.session import Session
+    from tests.support.data import write_jsonl
+
+    long = "Explain every step carefully. " * 30
+    rows = [{"prompt": f"{i}+1?" + (long if i % 3 == 0 else ""), "answer": str(i + 1)} for i in range(24)]
+    path = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    demo = compose_cfg("recipe=grpo")
+    assert (demo.recipe.max_completion_length, demo.data.max_prompt_length) == (8, 64)
+    cfg = compose_cfg("recipe=grpo", f"data.path={path}")
+    assert (cfg.recipe.max_completion_length, cfg.data.max_prompt_length, cfg.data.on_overlong) == (
+        256,
+        256,
+        "drop",
+    )
+    notes = warnings_for(cfg, Components.from_config(cfg))
+    assert any("keeps the demo's optimizer.lr=0.001, train.micro_batch_size=32" in n for n in notes), notes
+    tuned = compose_cfg("recipe=grpo", f"data.path={path}", "optimizer.lr=1e-6", "train.micro_batch_size=16")
+    assert not any("keeps the demo's" in n for n in warnings_for(tuned, Components.from_config(tuned)))
+
+    limit = ["data.max_prompt_length=64", "data.eval_fraction=0.0"]
+    comps = Components.from_config(compose_cfg("recipe=grpo", f"data.path={path}", *limit))
+    lines = plan_data(comps, 0)
+    assert "# data: dropped (prompt over data.max_prompt_length): 8" in lines, lines
+    assert "# data: train rows: 16" in lines
+    tok = comps.model.build_tokenizer(convert=False)
+    kept = comps.data.enforce_length(comps.data.load(), tok)["train"]
+    assert len(kept) == 16 and all(
+        len(tok.apply_chat_template(p, add_generation_prompt=True)) <= 64 for p in kept["prompt"]
+    )
+    assert sorted(int(a) - 1 for a in kept["answer"]) == [i for i in range(24) if i % 3]
+
+    def loaded(*args: object) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(Session, "build_model", loaded)
+    cut = [f"data.path={path}", *limit, "data.on_overlong=truncate"]
+    with pytest.raises(ConfigError) as training:
+        run_recipe(*FAST_GRPO, *cut, name="grpo_cut")
+    comps = Components.from_config(compose_cfg("recipe=grpo", *cut))
+    with pytest.raises(ConfigError) as plan:
+        plan_data(comps, 0)
+    assert training.value.key == plan.value.key == "data.on_overlong"
+    assert "8 of 24 train (longest" in str(plan.value) and str(training.value) == str(plan.value)

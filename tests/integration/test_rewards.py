@@ -124,6 +124,44 @@ def test_a_reward_module_in_the_working_directory_resolves_before_load(
             import_reward(spec)
 
 
+def test_a_reward_module_beside_the_data_resolves_and_is_called_by_keyword(
+    compose_cfg, tmp_path, monkeypatch, user_dirs
+) -> None:
+    """``rewards.py`` next to data.jsonl, run from another folder: imported from beside the data.path the
+    command line names (a data.path set anywhere else grants nothing); ``correct(completions, answer,
+    **kw)`` passes, as TRL calls it by keyword; one without a ``completions`` parameter is refused naming
+    its parameters."""
+    from components.rewards import resolve_reward
+    from tests.support.data import write_jsonl
+
+    data = tmp_path / "data"
+    data.mkdir()
+    path = write_jsonl(data / "data.jsonl", [{"prompt": f"{i}+1?", "answer": str(i + 1)} for i in range(8)])
+    (data / "beside_rewards_a.py").write_text(
+        "def correct(completions, answer, **kw):\n"
+        "    return [float(a in c) for c, a in zip(completions, answer)]\n\n"
+        "def wrong(answer, completion):\n    return [0.0]\n"
+    )
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    args = ["recipe=grpo", f"data.path={path}", "recipe.reward_funcs=[beside_rewards_a.correct]"]
+    monkeypatch.setattr(sys, "argv", ["hydratune"])  # data.path not on the command line: not searched
+    with pytest.raises(ConfigError, match="no module 'beside_rewards_a'"):
+        checked(compose_cfg, *args)
+    monkeypatch.setattr(sys, "argv", ["hydratune", *args])
+    checked(compose_cfg, *args)
+    assert resolve_reward("beside_rewards_a.correct")(
+        prompts=["p"], completions=["2", "x"], answer=["2", "3"]
+    ) == [
+        1.0,
+        0.0,
+    ]
+    with pytest.raises(ConfigError) as info:
+        checked(compose_cfg, *args[:2], "recipe.reward_funcs=[beside_rewards_a.wrong]")
+    assert info.value.key == "recipe.reward_funcs[0]"
+    assert "takes (answer, completion)" in str(info.value) and "trust_targets" not in (info.value.hint or "")
+
+
 # ---- trust: a reward is a plain function of the user's own code --------------------------------------
 @pytest.mark.parametrize(
     ("overrides", "key"),

@@ -32,3 +32,13 @@ def brevity_then_sigterm(prompts: list, completions: list, **columns) -> list[fl
 def constant(prompts: list, completions: list, **_) -> list[float]:
     """1.0 for every completion (what a value baseline absorbs)."""
     return [1.0] * len(completions)
+
+
+def by_keyword(completions: list, answer: list, **_) -> list[float]:
+    """1.0 where the answer is in the completion: no ``prompts`` parameter (the recipes call by keyword)."""
+    return [float(str(a) in text_of(c)) for c, a in zip(completions, answer, strict=True)]
+
+
+def misnamed(answer: list, completion: list) -> list[float]:
+    """A function no recipe can call as a reward (no ``completions`` parameter)."""
+    return [0.0 for _ in completion]

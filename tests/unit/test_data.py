@@ -246,9 +246,9 @@ def test_validate_missing_file_names_key_and_path(path: str) -> None:
 def test_validate_missing_eval_file_and_bad_suffix(tmp_path: Path) -> None:
     err = error(ChatDataset(path=numbered(tmp_path), eval_path="/nonexistent.jsonl").validate)
     assert err.key == "data.eval_path" and "/nonexistent.jsonl" in str(err)
-    (tmp_path / "notes.txt").write_text("hello")
-    err = error(ChatDataset(path=str(tmp_path / "notes.txt")).validate)
-    assert err.key == "data.path" and "'.txt'" in str(err) and ".jsonl" in (err.hint or "")
+    (tmp_path / "notes.md").write_text("hello")  # (.txt is read: a corpus, components/textcorpus.py)
+    err = error(ChatDataset(path=str(tmp_path / "notes.md")).validate)
+    assert err.key == "data.path" and "'.md'" in str(err) and ".jsonl" in (err.hint or "")
     (tmp_path / "empty_dir").mkdir()
     assert error(ChatDataset(path=str(tmp_path / "empty_dir")).validate).key == "data.path"
 

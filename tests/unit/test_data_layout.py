@@ -170,7 +170,8 @@ def test_a_file_that_cannot_be_read_is_named_or_refused(tmp_path: Path) -> None:
     data = ChatDataset(path=str(tmp_path), eval_fraction=0.0).load()
     assert len(data["train"]) == 4
     assert data.info["files not read"] == (
-        "dataset_info.json (metadata, not rows); notes.txt (not a data file type)"
+        "dataset_info.json (metadata, not rows); notes.txt (plain text beside other data files (a corpus "
+        "folder is all .txt))"
     )
 
 

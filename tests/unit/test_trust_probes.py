@@ -226,6 +226,18 @@ def test_only_plain_reward_functions_pass() -> None:
     assert "not a plain Python function" in (reward_refusal("functools.partial") or "")
     assert "not a plain Python function" in (reward_refusal("os.system") or "")
     assert "(repo_or_dir, model" in (reward_refusal("torch.hub.load") or "")
+    assert reward_refusal("tests.support.rewards.by_keyword") is None  # (completions, answer, **_)
+    assert "takes (answer, completion)" in (reward_refusal("tests.support.rewards.misnamed") or "")
+
+
+def test_a_reward_that_cannot_be_called_names_its_parameters_and_the_command_line(capsys) -> None:
+    """A reward typed on the command line whose parameters are wrong is refused naming them and the
+    command line (not a schema file), with the signature as the fix (not trust_targets)."""
+    err = refused(capsys, "recipe=grpo", "recipe.reward_funcs=[tests.support.rewards.misnamed]", "mode=plan")
+    assert "the command line (recipe.reward_funcs=[tests.support.rewards.misnamed])" in err
+    assert "takes (answer, completion)" in err and "schema" not in err
+    assert "fix: name the completions parameter: def f(prompts, completions, **columns)" in err
+    assert "trust_targets" not in err
 
 
 # ---- the boundary itself ------------------------------------------------------------------------------
