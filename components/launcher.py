@@ -513,9 +513,10 @@ class Slurm(Local):
 
     def validate(self) -> None:
         super().validate()
-        from components.distributed.slurm import signal_number
+        from components.distributed.slurm import check_script_knobs, signal_number
 
         signal_number(self.signal)
+        check_script_knobs(self)
         import re
 
         if self.time is not None and not re.fullmatch(
@@ -720,9 +721,17 @@ class DeepSpeedLauncher(Local):
         import sys
 
         from components.config.trust import secret_name
-        from components.distributed.hostfile import check_ssh, environment_file, forwarded, shown
+        from components.distributed.hostfile import (
+            check_remote_line,
+            check_ssh,
+            environment_file,
+            forwarded,
+            shown,
+        )
 
         hosts = self.hosts()
+        if hosts is not None and hosts.multi and self.transport == "pdsh":
+            check_remote_line(run_dir, self.master_addr or hosts.names[0])
         if hosts is not None:
             check_ssh(hosts, self.ssh_port)
         clear_markers(run_dir)

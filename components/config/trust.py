@@ -1,7 +1,8 @@
 """What a shared run dir, experiment file or checkpoint may make hydratune do: by default nothing but data.
 
 Only the user's own command line grants more (:class:`Grants`): ``trust_targets=true`` (trust the whole
-config), ``trust_checkpoints=true``, ``model.trust_remote_code=true``, ``hydra.job.env_set.<VAR>=…``. The
+config), ``trust_checkpoints=true``, ``model.trust_remote_code=true``, ``hydra.job.env_set.<VAR>=…``, the
+lines of a job script (``launcher.setup=[…]``, ``launcher.sbatch_args=[…]``: :data:`COMMANDS`). The
 same switches set by a file (an experiment, a ``--config-dir``, a replayed run dir's ``.hydra/``, a sweeper's
 parameters) grant nothing: the composition is refused, naming the file and key (exit 2).
 
@@ -47,6 +48,8 @@ LOGGING_CLASSES = ("logging.", "colorlog.", "hydra.", "hydra_plugins.")  # dictC
 LOGGING_STREAMS = ("ext://sys.stdout", "ext://sys.stderr")
 LOG_DIRS = ("${hydra.runtime.output_dir}/", "${hydra:runtime.output_dir}/")  # where a log file may be written
 SWITCHES = ("trust_targets", "trust_checkpoints", "model.trust_remote_code")
+#: knobs whose entries become lines of a generated job script (shell commands, ``#SBATCH`` options)
+COMMANDS = ("launcher.setup", "launcher.sbatch_args", "hydra.launcher.setup", "hydra.launcher.srun_args")
 #: a word of a variable's name that makes it a secret (``PAT``: a personal access token, ``GITHUB_PAT``) ...
 SECRET_WORDS = (
     *("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PAT", "CREDENTIAL", "CREDENTIALS", "AUTH"),
@@ -125,6 +128,7 @@ class Grants:
 
     switches: frozenset[str] = frozenset()
     env: frozenset[str] = frozenset()
+    commands: frozenset[str] = frozenset()  # the :data:`COMMANDS` knobs the command line sets itself
 
     @property
     def everything(self) -> bool:
@@ -140,17 +144,20 @@ def grants(args: list[str]) -> Grants:
     them)."""
     switches: set[str] = set()
     env: set[str] = set()
+    commands: set[str] = set()
     for arg in args:
         key, sep, value = arg.lstrip("+~").partition("=")
         if not sep:
             continue
-        if key in SWITCHES and value.strip().lower() == "true":
+        if key in COMMANDS:
+            commands.add(key)
+        elif key in SWITCHES and value.strip().lower() == "true":
             switches.add(key)
         elif key.startswith("hydra.job.env_set."):
             env.add(key.removeprefix("hydra.job.env_set."))
         elif key == "hydra.job.env_copy":
             env.update(name.strip() for name in value.strip("[] ").split(",") if name.strip())
-    return Grants(frozenset(switches), frozenset(env))
+    return Grants(frozenset(switches), frozenset(env), frozenset(commands))
 
 
 def switch_for(key: str) -> str:
@@ -161,6 +168,8 @@ def switch_for(key: str) -> str:
         return f"{key}=<value> (or trust_targets=true)"
     if key.startswith("hydra.job.env_copy"):
         return "hydra.job.env_copy=[<names>] (or trust_targets=true)"
+    if key in COMMANDS:
+        return f"{key}=[…] yourself (or trust_targets=true)"
     return "trust_targets=true"
 
 
@@ -371,6 +380,9 @@ def refusals(cfg: Any, granted: Grants) -> Iterator[tuple[str, str]]:
         if OmegaConf.select(cfg, switch, default=False) is True and not granted.allows(switch):
             code = " (the model dir's Python code would run)" if switch == "model.trust_remote_code" else ""
             yield switch, f"{switch}=true{code}: only your command line can grant trust"
+    for key in COMMANDS:
+        if OmegaConf.select(cfg, key, default=None) and key not in granted.commands:
+            yield key, f"{key} puts commands into the job script it generates"
     yield from hydra_refusals(config.pop("hydra", None) or {}, granted)
     yield from target_refusals(config)
 

@@ -19,9 +19,11 @@ and secrets never printed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.config.errors import ConfigError
+from components.config.scriptvalues import CONTROL, ENV_NAME, check_shell_word, printable
 from components.config.trust import secret_name
 
 #: DeepSpeed's ``--launcher`` choices → the programs its runner needs on this host (``backend_exists``);
@@ -82,6 +85,8 @@ NOT_FORWARDED = ("CUDA_VISIBLE_DEVICES", "DS_ENV_FILE", "PYTHONPATH")
 #: what the runner's ``export K=V;`` (in a pdsh / ssh command line) cannot carry intact
 UNSAFE = ('"', "$", "`", "\\", "\n")
 ENV_FILE = ".deepspeed_env"  # the name runner.py looks for in $HOME and the working dir
+#: a host as ssh and pdsh take it: never an option (``-oProxyCommand=…``), never shell text
+HOST_NAME = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9_.:\[\]-]*")
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,15 @@ def read_hosts(hostfile: str, include: str | None) -> Hosts:
             else "launcher.hostfile",
             hint="one 'host slots=N' line per host (# comments allowed); launcher.include names its hosts",
         ) from None
+    for host in active:
+        if not HOST_NAME.fullmatch(host):
+            raise ConfigError(
+                f"'{printable(host)}' in the hostfile {hostfile} is not a host name: it reaches ssh's and "
+                "the transport's command lines",
+                key="launcher.hostfile",
+                hint="one 'host slots=N' line per host; a host is a name or an address (letters, digits, "
+                ". - _ :)",
+            )
     return Hosts({host: list(slots) for host, slots in active.items()})
 
 
@@ -225,11 +239,44 @@ def env_lines(variables: dict[str, str]) -> tuple[list[str], list[str]]:
     """(``KEY=value`` lines, names left out because the runner's command line cannot carry their value)."""
     lines, skipped = [], []
     for key, value in variables.items():
-        if any(c in value for c in UNSAFE):
+        if not ENV_NAME.fullmatch(key) or any(c in value for c in UNSAFE) or CONTROL.search(value):
             skipped.append(key)
         else:
             lines.append(f"{key}={value}")
     return lines, skipped
+
+
+def user_env_lines(path: Path) -> list[str]:
+    """The ``KEY=value`` lines of a user's ``.deepspeed_env``: DeepSpeed's runner writes each as
+    ``export KEY="value";`` into the command line every host's shell runs (the key unquoted, the value in
+    double quotes), so a line that would be more than one assignment there is refused, naming the file and
+    the line."""
+    lines = []
+    for number, line in enumerate(path.read_text(errors="replace").split("\n"), 1):
+        line = line.removesuffix("\r")
+        if not line.strip() or line.startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        plain = ENV_NAME.fullmatch(key) and not any(c in value for c in UNSAFE)
+        if not _ or not plain or CONTROL.search(value):
+            raise ConfigError(
+                f"{path}, line {number}: '{printable(line)}' is not a plain KEY=value line: DeepSpeed's "
+                "runner hands it to every host's shell",
+                key=str(path),
+                hint='one KEY=value per line: a name of letters, digits and _; a value without " $ ` \\',
+            )
+        lines.append(line)
+    return lines
+
+
+def check_remote_line(run_dir: Path, master_addr: str) -> None:
+    """What DeepSpeed's pdsh transport writes unquoted into every host's command line (``cd <cwd>;
+    <python> … --master_addr=<addr> … <run dir>``) is plain words."""
+    why = "DeepSpeed's pdsh transport writes it unquoted into every host's command line"
+    check_shell_word(Path.cwd(), "the working directory", why)
+    check_shell_word(sys.executable, "the Python interpreter", why)
+    check_shell_word(master_addr, "launcher.master_addr", why)
+    check_shell_word(run_dir.resolve(), "hydra.run.dir", why)
 
 
 def shown(variables: dict[str, str]) -> str:
@@ -244,7 +291,7 @@ def environment_file(variables: dict[str, str]) -> Iterator[tuple[Path, list[str
     reads them last): yields its path, for ``DS_ENV_FILE``, and the names left out."""
     lines, skipped = env_lines(variables)
     for path in user_env_files():
-        lines += [line for line in path.read_text().splitlines() if "=" in line and not line.startswith("#")]
+        lines += user_env_lines(path)
     folder = Path(tempfile.mkdtemp(prefix="hydratune-dsenv-"))  # 0700
     path = folder / ENV_FILE
     try:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config.errors import ConfigError
+from components.config.scriptvalues import check_one_line, check_sbatch_option, check_slurm_name
 
 SUBMITIT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"  # submitit's own knob (submitit/core/job_environment.py)
 SUBMITIT_DEFAULT_SIGNAL = "USR2"
@@ -142,6 +143,22 @@ def _submitit_requeue(handler: Callable[..., Any], signum: int) -> Requeue:
     return Requeue(False, "not requeued: submitit's handler returned without requeueing")
 
 
+def check_script_knobs(launcher: Any) -> None:
+    """The job script's knobs, each for its field (``Slurm.validate``: before load, ``mode=plan`` too):
+    SLURM names for account, partition and QOS, one line for the job name and every ``setup`` line,
+    options for ``sbatch_args``."""
+    for name, listed in (("partition", True), ("account", False), ("qos", False)):
+        value = getattr(launcher, name)
+        if value is not None:
+            check_slurm_name(value, f"launcher.{name}", listed=listed)
+    if launcher.job_name is not None:
+        check_one_line(launcher.job_name, "launcher.job_name")
+    for i, arg in enumerate(launcher.sbatch_args):
+        check_sbatch_option(arg, f"launcher.sbatch_args[{i}]")
+    for i, line in enumerate(launcher.setup):
+        check_one_line(line, f"launcher.setup[{i}]", hint="one shell command per entry, each on one line")
+
+
 def sbatch_script(
     launcher: Any, run_dir: Path, worker_module: str, job_name: str, python: str = sys.executable
 ) -> str:
@@ -149,7 +166,14 @@ def sbatch_script(
     (``python -m <worker_module> <run dir>``), the first node of the allocation as the rendezvous master, the
     pre-emption signal to every task and ``--requeue``. Submitted again (after a ``scancel``, or requeued by
     SLURM), it continues from the run dir's latest whole checkpoint."""
-    run_dir = run_dir.resolve()
+    check_script_knobs(launcher)
+    run_dir = Path(check_one_line(run_dir.resolve(), "hydra.run.dir"))
+    cwd = check_one_line(Path.cwd(), "the working directory", hint="start hydratune from another directory")
+    pythonpath = os.environ.get("PYTHONPATH")
+    if pythonpath:
+        check_one_line(pythonpath, "PYTHONPATH", hint="unset PYTHONPATH or fix it")
+    check_one_line(python, "the Python interpreter")
+    check_one_line(job_name, "launcher.job_name")
     gpus = launcher.nproc_per_node if launcher.gpus_per_node is None else launcher.gpus_per_node
     options: list[tuple[str, Any]] = [
         ("job-name", job_name),
@@ -168,9 +192,9 @@ def sbatch_script(
     ]
     lines = [
         "#!/bin/bash",
-        f"# hydratune's job script for the run dir {run_dir}",
+        f"# hydratune's job script for the run dir {shlex.quote(str(run_dir))}",
         "# (every rank loads its frozen_config.yaml). Submit it with:",
-        f"#   sbatch {run_dir / SCRIPT}",
+        f"#   sbatch {shlex.quote(str(run_dir / SCRIPT))}",
         "# Submitted again, or requeued after the pre-emption signal, it continues from the run dir's",
         "# latest whole checkpoint.",
     ]
@@ -184,12 +208,8 @@ def sbatch_script(
     )
     lines += [
         "set -euo pipefail",
-        f"cd {shlex.quote(str(Path.cwd()))}",
-        *(
-            [f"export PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])}"]
-            if os.environ.get("PYTHONPATH")
-            else []
-        ),
+        f"cd {shlex.quote(cwd)}",
+        *([f"export PYTHONPATH={shlex.quote(pythonpath)}"] if pythonpath else []),
         *launcher.setup,
         "# rendezvous: the first node of the allocation is the master; each srun task reads its rank from",
         "# SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS (components/launcher.py Slurm.rank_env)",
@@ -197,7 +217,7 @@ def sbatch_script(
         f"export MASTER_PORT={port}",
         'echo "hydratune: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST,'
         ' master $MASTER_ADDR:$MASTER_PORT"',
-        f"srun --kill-on-bad-exit=1 {shlex.quote(python)} -m {worker_module} {shlex.quote(str(run_dir))}",
+        f"srun --kill-on-bad-exit=1 {shlex.join([python, '-m', worker_module, str(run_dir)])}",
         "",
     ]
     return "\n".join(lines)
