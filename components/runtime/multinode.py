@@ -78,6 +78,7 @@ def save_hydra_files(cfg: DictConfig) -> None:
     files (node 0; every node of a c10d job, which all hold the same config)."""
     from hydra.core.hydra_config import HydraConfig
 
+    from components.config.redact import redacted
     from components.launcher import shared_by_nodes
 
     if not HydraConfig.initialized() or HydraConfig.get().output_subdir is not None:
@@ -91,8 +92,8 @@ def save_hydra_files(cfg: DictConfig) -> None:
     out = Path(HydraConfig.get().runtime.output_dir) / HYDRA_DIR
     out.mkdir(parents=True, exist_ok=True)
     write_atomically(out / "config.yaml", OmegaConf.to_yaml(cfg))
-    write_atomically(out / "hydra.yaml", OmegaConf.to_yaml(saved))
-    write_atomically(out / "overrides.yaml", OmegaConf.to_yaml(hydra_cfg.hydra.overrides.task))
+    write_atomically(out / "hydra.yaml", OmegaConf.to_yaml(redacted(saved)))
+    write_atomically(out / "overrides.yaml", OmegaConf.to_yaml(redacted(hydra_cfg.hydra.overrides.task)))
 
 
 def node_config(cfg: DictConfig) -> dict[str, Any]:

@@ -30,3 +30,10 @@ if _SubmititSlurm is not None:
             from components.distributed.slurm_sweep import launch
 
             return launch(self, job_overrides, initial_job_idx)
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            """A sweep point's job, in its SLURM task: the configs Hydra saves there are redacted too."""
+            from components.config.redact import redacted_saves
+
+            with redacted_saves():
+                return super().__call__(*args, **kwargs)
