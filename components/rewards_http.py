@@ -5,9 +5,14 @@ The contract (docs/recipes.md, "A reward served over HTTP"): one ``POST <reward_
 (one entry per completion: the prompt as text or chat messages, the completion's text, each other column of
 the rows, e.g. ``answer``); the answer ``{"scores": [<float>, ...]}``, one number per completion. A request
 that fails to connect, times out (``recipe.reward_timeout`` seconds) or gets a 5xx is retried
-``recipe.reward_retries`` times (0.5 s, 1 s, 2 s ... apart); a 4xx or a malformed answer is not. Before any
-model loads (``mode=plan`` too) the URL is probed with an empty batch, which must be answered
-``{"scores": []}``.
+``recipe.reward_retries`` times (0.5 s, 1 s, 2 s ... apart); a 4xx or a malformed answer is not. A redirect
+(3xx) is never followed, not even to the same host: the completions would go where the URL does not say
+(urllib would follow it as a GET, without them); the answer names where it pointed. Before any model loads
+(``mode=plan`` too) the URL is probed with an empty batch, which must be answered ``{"scores": []}``.
+
+What a failure does (components/runtime/session.py ``server_failed``): before the first step of a run
+finished, exit 2 naming the URL and what came back; after it, a checkpoint of the last finished step, then
+exit :data:`~components.config.errors.EXIT_SERVER_FAILED` (76) with the ``resume=`` command.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from components.config.errors import ConfigError
+from components.config.errors import ConfigError, ServerError
 from components.config.ranges import NON_NEGATIVE, POSITIVE, knob
 from components.rewards import (
     CALL_KEYWORDS,
@@ -34,8 +39,18 @@ from components.rewards import (
 )
 
 
-class RewardServerError(RuntimeError):
+class RewardServerError(ServerError):
     """The reward server did not answer, or answered outside the contract."""
+
+
+class NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx stays an answer (an ``HTTPError``): never followed."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+OPENER = urllib.request.build_opener(NoRedirects)
 
 
 @dataclass(frozen=True)
@@ -59,10 +74,17 @@ class HttpReward:
     def scores(self, answer: Any, n: int) -> list[float]:
         """The ``scores`` of an answer: ``n`` finite numbers, else a RewardServerError saying what came."""
         scores = answer.get("scores") if isinstance(answer, dict) else None
-        ok = isinstance(scores, list) and len(scores) == n
-        if not ok or not all(isinstance(s, (int, float)) and math.isfinite(s) for s in scores):
+        if not isinstance(scores, list):
+            why = 'no "scores" list'
+        elif len(scores) != n:
+            why = f"{len(scores)} scores for {n} completions"
+        else:
+            bad = [i for i, s in enumerate(scores) if isinstance(s, bool) or not isinstance(s, (int, float))]
+            bad = bad or [i for i, s in enumerate(scores) if not math.isfinite(s)]
+            why = f"scores[{bad[0]}] is {scores[bad[0]]!r}, not a finite number" if bad else ""
+        if why:
             raise RewardServerError(
-                f'{self.url} answered {str(answer)[:200]!r}: expected {{"scores": [{n} numbers]}}'
+                f'{self.url} answered {str(answer)[:200]!r}: {why} (expected {{"scores": [{n} numbers]}})'
             )
         return [float(s) for s in scores]
 
@@ -76,9 +98,14 @@ class HttpReward:
                 time.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
             request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                with OPENER.open(request, timeout=self.timeout) as response:
                     text = response.read()
             except urllib.error.HTTPError as err:
+                if 300 <= err.code < 400:
+                    raise RewardServerError(
+                        f"{self.url} answered HTTP {err.code}, a redirect to "
+                        f"{err.headers.get('Location') or 'nowhere'}: redirects are not followed"
+                    ) from None
                 if err.code < 500:
                     raise RewardServerError(f"{self.url} refused the request: HTTP {err.code}") from None
                 last = err
@@ -88,7 +115,7 @@ class HttpReward:
                 continue
             try:
                 return json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise RewardServerError(f"{self.url} answered no JSON: {text[:200]!r}") from None
         tries = self.retries + 1
         raise RewardServerError(f"{self.url} did not answer ({tries} tries, {self.timeout:g} s each): {last}")
@@ -102,7 +129,7 @@ class HttpReward:
                 f"the reward server does not answer: {err}",
                 key=key,
                 hint='start the server (it must answer POST {"prompts": [], "completions": []} with '
-                '{"scores": []}), or fix the URL',
+                '{"scores": []}), or fix the URL (a redirect: give the URL it points to)',
             ) from None
 
 

@@ -76,6 +76,7 @@ def execute(cfg: DictConfig) -> Any:
         print_job_script(comps)
         host = "" if device == comps.strategy.resolve_device() else " (planned for a GPU: this host has none)"
         print(f"# checks passed; device: {device}{host}; nothing was loaded (mode=plan)")
+        remove_unused_run_dir()  # plan writes nothing: Hydra's .hydra/ and log go with the dir it made
         return None
 
     from components.runtime.resume import hydra_sweep_point, pin
@@ -173,10 +174,19 @@ def check_not_under_outside_launcher(comps: Any) -> None:
 
 @hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
 def _hydra_app(cfg: DictConfig) -> Any:
-    from components.config.errors import EXIT_INTERRUPTED, Interrupted
+    from components.config.errors import (
+        EXIT_INTERRUPTED,
+        EXIT_SERVER_FAILED,
+        Interrupted,
+        ServerError,
+        ServerFailed,
+    )
 
     try:
-        return execute(cfg)
+        try:
+            return execute(cfg)
+        except ServerError as err:  # before anything worth keeping (a mid-run failure is ServerFailed)
+            raise ConfigError(str(err), key=err.key, hint="fix the server, then run again") from None
     except ConfigError as err:
         print_error(err)
         if keep_refused_point(err):
@@ -186,6 +196,13 @@ def _hydra_app(cfg: DictConfig) -> Any:
     except KeyboardInterrupt:
         remove_unused_run_dir()
         raise
+    except ServerFailed as failed:
+        from components.runtime.multinode import on_every_node
+        from components.runtime.run import hydra_run_dir
+
+        advice = f"Resume with: hydratune resume={hydra_run_dir()}{on_every_node(cfg.launcher)}"
+        print(f"hydratune: {failed}. {advice} once the server answers", file=sys.stderr)
+        sys.exit(EXIT_SERVER_FAILED)
     except Interrupted as stop:
         from components.distributed.slurm import under_submitit
         from components.runtime.multinode import on_every_node
@@ -222,9 +239,6 @@ def keep_refused_point(err: ConfigError) -> bool:
     return str(HydraConfig.get().sweeper.get("_target_", "")).endswith(".BasicSweeper")
 
 
-#: the run dir RunDirCheck created (before Hydra's job has its HydraConfig), for cleanup after an early Ctrl-C
-CHECKED_RUN_DIR: list[Path] = []
-
 #: what a run dir holds before anything of value is written: Hydra's config and log, the start-up files
 STARTUP_FILES = (
     ".hydra",
@@ -238,28 +252,28 @@ STARTUP_FILES = (
 )
 
 
-def remove_unused_run_dir() -> None:
-    """After a run failed before writing anything of value: remove its run dir (holding only
-    ``STARTUP_FILES`` and Hydra's log), then the date folder above it if that is left empty."""
-    import shutil
+def startup_clutter(path: Path) -> bool:
+    """A run dir's entry written before anything of value: :data:`STARTUP_FILES` and Hydra's log."""
+    return path.name in STARTUP_FILES or path.suffix == ".log"
 
+
+def remove_unused_run_dir() -> None:
+    """After a run failed before writing anything of value (or ``mode=plan`` finished): remove what this run
+    created (components/runtime/created.py): its run dir when it holds only start-up clutter, and the folders
+    above it that this run created and left empty; in a pinned run dir that existed, only what this run
+    added there."""
     from hydra.core.hydra_config import HydraConfig
 
+    from components.runtime.created import MADE, remove_unused
+
     if HydraConfig.initialized():
-        run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
-    elif CHECKED_RUN_DIR:  # interrupted between RunDirCheck creating the dir and Hydra's job set-up
-        run_dir = CHECKED_RUN_DIR[-1]
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+    elif MADE:  # interrupted between RunDirCheck recording the dir and Hydra's job set-up
+        run_dir = MADE[-1].path
     else:
         return
-    if not run_dir.is_dir() or any(
-        p.name not in STARTUP_FILES and p.suffix != ".log" for p in run_dir.iterdir()
-    ):
-        return
-    detach_file_handlers(run_dir)  # Hydra's file handler holds the log open (and would reopen it)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    for parent in list(run_dir.parents)[:2]:  # outputs/<date>, outputs
-        if parent.is_dir() and not any(parent.iterdir()) and Path.cwd() in parent.parents:
-            parent.rmdir()
+    detach_file_handlers(run_dir.resolve())  # Hydra's file handler holds the log open (and would reopen it)
+    remove_unused(run_dir, startup_clutter)
 
 
 def detach_file_handlers(directory: Path) -> None:
@@ -425,21 +439,43 @@ class RunDirCheck(Callback):
     config Hydra composed for the job, so checking costs no composition of its own."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from components.config.scriptvalues import check_one_line
+        from components.runtime.created import remember
         from components.runtime.multinode import quiet_hydra_files
         from components.runtime.resume import check_run_dir
 
         quiet_hydra_files(config)  # a multi-node job writes its .hydra/ itself, once (execute)
         try:
+            check_one_line(config.hydra.run.dir, "hydra.run.dir")  # it reaches job scripts and their comments
             check_run_dir(Path(config.hydra.run.dir), config.get("resume"))  # before Hydra writes .hydra/
         except ConfigError as err:
             print_error(err)
             sys.exit(2)
+        remember(Path(config.hydra.run.dir))  # a cleanup removes only what this run creates
         exit_unless_writable(Path(config.hydra.run.dir), "hydra.run.dir")
-        CHECKED_RUN_DIR.append(Path(config.hydra.run.dir).resolve())
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from components.config.scriptvalues import check_one_line
+        from components.runtime.created import remember
+        from components.runtime.sweepdir import check_sweep_dir
+
+        try:
+            check_one_line(config.hydra.sweep.dir, "hydra.sweep.dir")
+            check_sweep_dir(Path(config.hydra.sweep.dir))
+        except ConfigError as err:
+            print_error(err)
+            sys.exit(2)
+        remember(Path(config.hydra.sweep.dir))
         exit_unless_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
         wait_for_every_slurm_point(config)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """``-m … mode=plan`` writes nothing: the sweep dir (its ``multirun.yaml``) goes too, unless a
+        refused point left its error there."""
+        from components.runtime.created import remove_unused
+
+        if config.get("mode") == "plan":
+            remove_unused(Path(config.hydra.sweep.dir), lambda p: p.name == "multirun.yaml")
 
 
 def wait_for_every_slurm_point(config: DictConfig) -> None:
@@ -522,11 +558,12 @@ def _main(args: list[str]) -> None:
     if "--cfg" in args or "-c" in args:  # prints the config, runs nothing: no callback, logging or env_set
         _commands(args)
         return
+    from components.config.redact import redacted_saves
     from components.config.trust import grants, guarded_compositions
 
     # every composition below (the run, each sweep point, estimate's) is checked as Hydra composes it:
-    # only this command line grants trust (components/config/trust.py)
-    with guarded_compositions(grants(args)):
+    # only this command line grants trust (components/config/trust.py); no config is saved with a secret
+    with guarded_compositions(grants(args)), redacted_saves():
         _commands(args)
 
 

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from components.config.errors import ConfigError
+from components.config.errors import ConfigError, ServerError
 from components.config.ranges import AT_LEAST_ONE, FINITE, NON_NEGATIVE, POSITIVE, Range, knob
 from components.recipe import Recipe, recipe
 from components.rewards import reward_model_path
@@ -125,22 +125,31 @@ class PPO(Recipe, OneReward):
         session.report["run"]["iterations run"] = f"iterations {first} to {loop.iterations}{earlier}"
         save_every, record = ctx.train.save_every, {}
         training_starts()  # everything is built: the collector's start-up pause ends here
-        session.interrupt.install()
+        session.interrupt.install()  # through the final save too: a signal then finishes it
         try:
-            for it in range(first, loop.iterations + 1):
-                record = loop.iteration(it)  # rollouts, rewards, advantages, updates (every rank)
-                session.log_metrics(record)  # metrics.jsonl + the configured trackers, rank 0
-                loop.progress(it, first, record)
-                stop = session.interrupt.agreed()  # collective: every rank stops after the same iteration
-                if (save_every and it % save_every == 0) or stop:
-                    saved = loop.save(it)
-                if stop:
-                    raise session.stopped(it, str(saved), {"train_runtime": loop.elapsed(), **record})
+            try:
+                for it in range(first, loop.iterations + 1):
+                    drawn = loop.sampler.state_dict()  # a failed reward server: checkpointed as before it
+                    try:
+                        record = loop.iteration(it)  # rollouts, rewards, advantages, updates (every rank)
+                    except ServerError as err:
+                        loop.sampler.load_state_dict(drawn)
+                        save = lambda: loop.save(it - 1)  # noqa: B023, E731
+                        raise session.server_failed(err, it - 1, first - 1, save) from None
+                    session.log_metrics(record)  # metrics.jsonl + the configured trackers, rank 0
+                    loop.progress(it, first, record)
+                    stop = session.interrupt.agreed()  # collective: every rank stops after the same one
+                    if (save_every and it % save_every == 0) or stop:
+                        saved = loop.save(it)
+                    if stop:
+                        raise session.stopped(it, str(saved), {"train_runtime": loop.elapsed(), **record})
+            finally:
+                session.finish_trackers()
+            session.interrupt.finishing = True  # training is done: a signal now finishes final/
+            metrics = {"train_runtime": loop.elapsed(), "iterations": loop.iterations, **record}
+            return session.finish_loop(metrics=metrics, **loop.final())  # ZeRO-3 / FSDP: gathered on rank 0
         finally:
             session.interrupt.uninstall()
-            session.finish_trackers()
-        metrics = {"train_runtime": loop.elapsed(), "iterations": loop.iterations, **record}
-        return session.finish_loop(metrics=metrics, **loop.final())  # ZeRO-3 / FSDP: gathered on rank 0
 
 
 def check_reward(spec: Any) -> None:

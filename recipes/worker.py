@@ -24,8 +24,11 @@ def run_worker(run_dir: str) -> Any:
     from components.config.errors import (
         EXIT_INTERRUPTED,
         EXIT_NODE_LOST,
+        EXIT_SERVER_FAILED,
         ConfigError,
         Interrupted,
+        ServerError,
+        ServerFailed,
         print_error,
     )
     from components.config.resolvers import register_resolvers
@@ -60,6 +63,12 @@ def run_worker(run_dir: str) -> Any:
     except ConfigError as err:
         print_error(err)
         sys.exit(2)
+    except ServerError as err:  # a reward server, before anything worth keeping
+        print_error(ConfigError(str(err), key=err.key, hint="fix the server, then run again"))
+        sys.exit(2)
+    except ServerFailed as failed:  # mid-run, checkpointed
+        print(f"hydratune: rank {os.environ.get('RANK', 0)}: {failed}", file=sys.stderr)
+        sys.exit(EXIT_SERVER_FAILED)
     except Interrupted as stop:
         ended = True  # every rank stopped after the same step
         rank = int(os.environ.get("RANK", 0))

@@ -56,6 +56,28 @@ EXIT_INTERRUPTED = 75
 #: exit code of a rank (and its launcher) that stopped because another node went away mid-run
 #: (EX_UNAVAILABLE: resume from the last whole checkpoint once every node is back)
 EXIT_NODE_LOST = 69
+#: exit code of a run stopped mid-run, after checkpointing, because a server it calls (``recipe.reward_url``)
+#: failed or answered outside its contract (EX_PROTOCOL: a remote error): resume once the server answers
+EXIT_SERVER_FAILED = 76
+
+
+class ServerError(RuntimeError):
+    """A server the run calls (the reward server) did not answer, or answered outside its contract. ``key``:
+    the knob that names it."""
+
+    key: str = "recipe.reward_url"
+
+
+class ServerFailed(Exception):
+    """Raised after a run whose server failed mid-run has checkpointed; the CLI exits with
+    ``EXIT_SERVER_FAILED`` and says how to resume."""
+
+    def __init__(self, reason: str, step: int, checkpoint: str | None) -> None:
+        self.step, self.checkpoint = step, checkpoint
+        super().__init__(f"{reason}; stopped after step {step}, checkpoint: {checkpoint or 'none'}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return rebuilt_error(self)
 
 
 class Interrupted(Exception):

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.config.errors import Interrupted
+from components.config.errors import ConfigError, Interrupted, ServerError, ServerFailed
 from components.distributed.interrupt import GracefulInterrupt
 from components.generation.evaluation import EvalPrompt, evaluate_generations
 from components.model import base_loads_in_half, describe_dtypes, upcast_trainable
@@ -363,7 +363,12 @@ class Session:
         self.interrupt.install()  # through the final save too: a signal then finishes it (see _finish)
         training_starts()  # everything is built: the collector's start-up pause ends here
         try:
-            result = trainer.train(resume_from_checkpoint=resume)
+            try:
+                result = trainer.train(resume_from_checkpoint=resume)
+            except ServerError as err:  # the reward server, mid-step: checkpoint the last finished step
+                first = getattr(trainer, "_initial_global_step", 0)
+                save = lambda: trainer._save_checkpoint(trainer.model, trial=None)  # noqa: E731
+                raise self.server_failed(err, trainer.state.global_step, first, save) from None
             self.report_loss_span(trainer, resume)
             self.report.setdefault("data", {}).update(getattr(trainer, "stream_report", {}))
             if self.interrupt.requested and trainer.state.global_step < trainer.state.max_steps:
@@ -436,6 +441,29 @@ class Session:
         self.report["run"]["signal"] = note
         print(f"hydratune: {note}", file=sys.stderr, flush=True)
 
+    def server_failed(self, err: ServerError, step: int, first: int, save: Any) -> Exception:
+        """A server the run calls failed during step ``step + 1``: the error to raise. Before any step of
+        this run finished (``step == first``): a ConfigError naming the server (exit 2, nothing written
+        worth keeping). After: ``save()`` checkpoints the last finished step (a collective call), the summary
+        says how to resume, and the CLI exits ``EXIT_SERVER_FAILED``."""
+        if step <= first:
+            return ConfigError(
+                f"the reward server failed before the first training step: {err}",
+                key=err.key,
+                hint="fix the server (it must answer every batch with one finite score per completion), "
+                "then run again",
+            )
+        save()
+        saved = checkpoints_in(self.ctx.run_dir.path)
+        failed = ServerFailed(str(err), step, str(saved[-1]) if saved else None)
+        if self.ctx.is_main_process:
+            self.report["stopped"] = {
+                "reason": str(failed),
+                "resume with": f"hydratune resume={self.ctx.run_dir.path} (once the server answers)",
+            }
+            self.write_report({})
+        return failed
+
     def stopped(self, step: int, checkpoint: str | None, metrics: dict[str, Any]) -> Interrupted:
         """After a signal and its checkpoint: the summary (rank 0) says where the run stopped and how to
         resume; returns the ``Interrupted`` to raise (the CLI exits 75)."""
@@ -490,7 +518,8 @@ class Session:
         self.ctx.record_rank_weights(model)
         if not self.ctx.is_main_process:  # rank 0 writes the run dir
             return metrics
-        self.evaluate_generations("after")
+        if not self.interrupt.requested:  # a signal after the last step: final/ and the summary only
+            self.evaluate_generations("after")
         gathered = gathered or {}
         ensure_room_for_final(model, self.ctx.run_dir.final, self.ctx.cfg.merge)
         self.report["outputs"] = save_final(
@@ -504,6 +533,7 @@ class Session:
             state = gathered.get(name) or module.state_dict()
             state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
             save_file(state, str(self.ctx.run_dir.final / f"{name}.safetensors"))
+        self.note_late_signal()
         self.write_report(metrics)
         return metrics
 
