@@ -533,7 +533,10 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point (``hydratune`` and ``python -m recipes``)."""
     import signal
 
+    from components.runtime.created import MADE
+
     args = list(sys.argv[1:] if argv is None else argv)
+    MADE.clear()  # what this command creates (main may run more than once in a process: tests)
     pause_gc()  # until training starts: see components/runtime/startup.py
     previous = {s: signal.signal(s, stop_at_startup) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
@@ -641,6 +644,7 @@ def run_hydra_app() -> None:
 
     previous = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    REFUSED.clear()  # this command's points only (main may run more than once in a process: tests)
     try:
         _hydra_app()
         if REFUSED:
