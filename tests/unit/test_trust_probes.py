@@ -331,16 +331,22 @@ def test_no_module_keeps_a_secret_detector_of_its_own() -> None:
 
 def test_a_secret_read_by_a_shared_file_never_reaches_the_run_dir(tmp_path, capsys, monkeypatch) -> None:
     """One tiny training run from an experiment that reads the key into run_name (summary.md,
-    training_args.bin) and a tracker tag: no file of the run dir holds it."""
+    training_args.bin) and a tracker tag, the command line copying it into the run's environment
+    (``hydra.job.env_copy``: Hydra wrote it into .hydra/hydra.yaml) and setting a token (an override Hydra
+    records there too): no file of the run dir holds either."""
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
     monkeypatch.setenv("ALIAS", FAKE_KEY)  # a secret's value under another name
     node = {"run_name": "${oc.env:WANDB_API_KEY}", "data": {"system_prompt": "${oc.env:ALIAS}"}}
     write_yaml(tmp_path / "experiment" / "exp.yaml", node)
     run = tmp_path / "run"
     args = ["train.max_steps=2", "train.save_every=2", "train.eval_generations=0", "train.write_plots=false"]
-    cli("--config-dir", str(tmp_path), "+experiment=exp", *args, f"hydra.run.dir={run}")
+    env = ["hydra.job.env_copy=[WANDB_API_KEY]", f"+hydra.job.env_set.HF_TOKEN={FAKE_KEY}"]
+    cli("--config-dir", str(tmp_path), "+experiment=exp", *args, *env, f"hydra.run.dir={run}")
     files = [p for p in run.rglob("*") if p.is_file()]
     assert any(p.name == "training_args.bin" for p in files) and (run / "summary.md").is_file()
     leaked = [str(p.relative_to(run)) for p in files if FAKE_KEY.encode() in p.read_bytes()]
     assert not leaked
     assert "<redacted>" in (run / "summary.md").read_text()
+    saved = (run / ".hydra" / "hydra.yaml").read_text()
+    assert "WANDB_API_KEY: <redacted>" in saved and "HF_TOKEN: <redacted>" in saved
+    assert "+hydra.job.env_set.HF_TOKEN=<redacted>" in saved  # the command line's overrides
