@@ -33,13 +33,27 @@ GRPO = [
 ]
 
 
+#: answers outside the contract, from the list of good scores: (JSON text, what the error must say)
+BAD_ANSWERS = {
+    "malformed": (lambda s: '{"scores": [1, 2', "answered no JSON"),
+    "nan": (lambda s: json.dumps({"scores": [float("nan")] * len(s)}), "scores[0] is nan, not a finite"),
+    "count": (lambda s: json.dumps({"scores": s[:-1]}), "for 2 completions"),
+    "missing": (lambda s: json.dumps({"score": s}), 'no "scores" list'),
+}
+
+
 class RewardServer:
     """A reward server on a free local port: scores ``-len(completion)``, records every request body; the
-    first ``fail`` requests get HTTP 503, and while ``hold`` is clear a request waits (a timeout)."""
+    first ``fail`` requests get HTTP 503, and while ``hold`` is clear a request waits (a timeout). ``bad``
+    (a key of :data:`BAD_ANSWERS`) answers every scored batch after the first ``good`` ones that way;
+    ``redirect`` answers every request with a 302 to that URL."""
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.fail = 0
+        self.bad: str | None = None
+        self.good = 0
+        self.redirect: str | None = None
         self.hold = threading.Event()
         self.hold.set()
         server = self
@@ -49,12 +63,16 @@ class RewardServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.hold.wait(10)
                 server.requests.append(body)
-                if server.fail > 0:
-                    server.fail -= 1
-                    self.send_response(503)
+                if server.fail > 0 or server.redirect:
+                    server.fail -= not server.redirect
+                    self.send_response(302 if server.redirect else 503)
+                    self.send_header("Location", server.redirect or "")
                     self.end_headers()
                     return
-                answer = json.dumps({"scores": [-float(len(c)) for c in body["completions"]]}).encode()
+                scores = [-float(len(c)) for c in body["completions"]]
+                answer = json.dumps({"scores": scores}).encode()
+                if server.bad and scores and len(server.scored()) > server.good:
+                    answer = BAD_ANSWERS[server.bad][0](scores).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(answer)))
@@ -73,14 +91,17 @@ class RewardServer:
         return [r for r in self.requests if r["completions"]]
 
 
-@pytest.fixture
-def server() -> Iterator[RewardServer]:
+def serving() -> Iterator[RewardServer]:
     served = RewardServer()
     served.thread.start()
     yield served
     served.hold.set()
     served.httpd.shutdown()
     served.httpd.server_close()
+
+
+server = pytest.fixture(serving)
+other_server = pytest.fixture(serving)
 
 
 @pytest.fixture
@@ -276,3 +297,82 @@ def test_grpo_ppo_and_best_of_n_score_with_a_reward_url(run_recipe, server) -> N
     assert metrics["mean reward, all samples"] == pytest.approx(
         sum(-len(c) for c in bon[0]["completions"]) / 6
     )
+
+
+# ---- a reward server that misbehaves: named before the first step, checkpointed after it ------------------
+def test_a_redirect_is_never_followed(server, other_server) -> None:
+    """The issue's probe: a redirect to another host was followed (as a GET, without the completions) and
+    that host's scores accepted. Refused before load, naming where it pointed; the other host gets nothing."""
+    from components.rewards_http import HttpReward, RewardURL
+
+    server.redirect = other_server.url
+    with pytest.raises(ConfigError) as info:
+        RewardURL(reward_url=server.url).check_reward_url()
+    assert info.value.key == "recipe.reward_url" and server.url in str(info.value), str(info.value)
+    assert f"HTTP 302, a redirect to {other_server.url}: redirects are not followed" in str(info.value)
+    with pytest.raises(ConfigError, match="redirects are not followed"):
+        HttpReward(server.url).probe("recipe.reward_url")
+    assert not other_server.requests and len(server.requests) == 2
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_ANSWERS))
+def test_an_answer_outside_the_contract_is_named_with_what_came_back(server, bad: str) -> None:
+    from components.rewards_http import HttpReward, RewardServerError
+
+    server.bad = bad
+    with pytest.raises(RewardServerError) as info:
+        HttpReward(server.url, retries=0)(["p", "q"], ["ab", "c"])
+    assert str(info.value).startswith(server.url) and BAD_ANSWERS[bad][1] in str(info.value), str(info.value)
+
+
+def test_a_reward_server_failing_in_the_first_step_is_exit_2_naming_it(run_recipe, server) -> None:
+    """The probe's empty batch passes; the first scored batch holds a NaN: refused as a config error (exit
+    2, no traceback), naming the URL and the answer; no checkpoint (nothing to resume)."""
+    server.bad = "nan"
+    with pytest.raises(ConfigError) as info:
+        run_recipe(*GRPO, "recipe.reward_funcs=[]", f"recipe.reward_url={server.url}", name="first")
+    text = str(info.value)
+    assert info.value.key == "recipe.reward_url" and "before the first training step" in text, text
+    assert server.url in text and "scores[0] is nan" in text
+
+
+def test_ppo_checkpoints_the_last_finished_iteration_when_the_server_fails(
+    run_recipe, compose_cfg, server
+) -> None:
+    """The second iteration's answer is short by one: PPO writes checkpoint-1, its prompt sampler set back to
+    where iteration 1 left it (the failed iteration's prompts are drawn again on resume), and stops with
+    ServerFailed (the CLI's exit 76)."""
+    import torch
+
+    from components.config.errors import ServerFailed
+
+    server.bad, server.good = "count", 1
+    ppo = ["recipe=ppo", "recipe.num_iterations=3", "recipe.rollout_batch_size=4", "recipe.mini_batch_size=4"]
+    ppo += ["recipe.response_length=4", "train.micro_batch_size=4", "train.eval_generations=0"]
+    with pytest.raises(ServerFailed) as info:
+        run_recipe(*ppo, "train.save_every=0", f"recipe.reward_url={server.url}", name="ppo_fails")
+    assert info.value.step == 1 and info.value.checkpoint and info.value.checkpoint.endswith("checkpoint-1")
+    assert server.url in str(info.value) and "3 scores for 4 completions" in str(info.value)
+    state = torch.load(Path(info.value.checkpoint) / "loop_state.pt", weights_only=False)
+    rows = sum(1 for line in open(compose_cfg(*ppo).data.path) if line.strip())
+    assert state["iteration"] == 1 and len(state["sampler"]["queue"]) == rows - 4  # not rows - 8
+
+
+def test_grpo_checkpoints_when_the_server_fails_mid_run_and_resumes(hydratune, server, tmp_path) -> None:
+    """The issue's probe: NaN, a wrong count, a timeout after the retries ended mid-run in a
+    RewardServerError traceback, exit 1. Now: step 2's answer is malformed, the run checkpoints step 1 and
+    exits 76 with the resume command (no traceback); resumed once the server answers, it finishes."""
+    server.bad, server.good = "malformed", 1
+    run = tmp_path / "outputs" / "day" / "grpo"
+    args = [*GRPO, "train.max_steps=2", "recipe.reward_funcs=[]", f"recipe.reward_url={server.url}"]
+    proc = hydratune(*args, f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == 76 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("hydratune: "))
+    assert line.startswith(f"hydratune: {server.url} answered no JSON"), line
+    assert f"checkpoint: {run}/checkpoints/checkpoint-1. Resume with: hydratune resume={run}" in line
+    assert "resume=" in (run / "summary.md").read_text()
+    server.bad = None
+    resumed = hydratune(f"resume={run}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    done = Path(resumed.stdout.split("run dir: ")[-1].strip())
+    assert (done / "final").is_dir() and "resumed from" in (done / "summary.md").read_text()
