@@ -494,6 +494,9 @@ def test_ppo_clips_the_policy_ratio_over_several_epochs(run_recipe) -> None:
     assert tight[1]["kl"] < 0.9 * loose[1]["kl"], (tight[1], loose[1])
 
 
+FINAL_SAVE = "components.runtime.session.save_final"
+
+
 def test_a_signal_during_ppos_final_save_finishes_it(hydratune, tmp_path) -> None:
     """The issue's probe: PPO sent SIGTERM while writing final/ exited 143 "before training started,
     nothing to resume", its iterations run and lost. Now, as the trainer recipes do: final/ (the value head
@@ -505,7 +508,7 @@ def test_a_signal_during_ppos_final_save_finishes_it(hydratune, tmp_path) -> Non
         "train.micro_batch_size=8",
         f"hydra.run.dir={run}",
         cwd=tmp_path,
-        prelude="from tests.support.cli import sigterm_on; sigterm_on('components.runtime.session.save_final')",
+        prelude=f"from tests.support.cli import sigterm_on; sigterm_on({FINAL_SAVE!r})",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "SIGTERM after the last training step" in proc.stderr and "nothing to resume" not in proc.stderr

@@ -354,7 +354,7 @@ def test_ppo_checkpoints_the_last_finished_iteration_when_the_server_fails(
     assert info.value.step == 1 and info.value.checkpoint and info.value.checkpoint.endswith("checkpoint-1")
     assert server.url in str(info.value) and "3 scores for 4 completions" in str(info.value)
     state = torch.load(Path(info.value.checkpoint) / "loop_state.pt", weights_only=False)
-    rows = sum(1 for line in open(compose_cfg(*ppo).data.path) if line.strip())
+    rows = sum(1 for line in Path(compose_cfg(*ppo).data.path).read_text().splitlines() if line.strip())
     assert state["iteration"] == 1 and len(state["sampler"]["queue"]) == rows - 4  # not rows - 8
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.slurm.test_slurm import cluster_problem
 
-ODD = "it's a \"test\" $(touch M) `touch M`"  # M: a marker, in whatever dir something would run it
+ODD = 'it\'s a "test" $(touch M) `touch M`'  # M: a marker, in whatever dir something would run it
 
 
 def test_sbatch_reads_the_quoted_values_as_given(compose_cfg, tmp_path: Path, monkeypatch) -> None:
