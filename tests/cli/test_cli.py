@@ -281,7 +281,7 @@ def test_report_lists_a_refused_sweep_point(hydratune, tmp_path: Path) -> None:
     assert "checks passed" in proc.stdout  # the second point was planned
     (sweep,) = tmp_path.glob("multirun/*/*")
     markdown, rows = write_report(sweep)
-    assert [r["status"] for r in rows] == ["refused", "failed"]  # plan mode saves no final/
+    assert [r["status"] for r in rows] == ["refused"]  # the planned point wrote nothing (mode=plan)
     assert "[train.max_steps] must be" in rows[0]["error"] and "points failed" in markdown
 
 
