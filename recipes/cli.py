@@ -456,12 +456,16 @@ class RunDirCheck(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from components.config.scriptvalues import check_one_line
+        from components.distributed.slurm_sweep import check_submitit_values
         from components.runtime.created import remember
         from components.runtime.sweepdir import check_sweep_dir
+        from hydra_plugins.hydratune.submitit_slurm import SUBMITIT_TARGET
 
         try:
             check_one_line(config.hydra.sweep.dir, "hydra.sweep.dir")
             check_sweep_dir(Path(config.hydra.sweep.dir))
+            if config.hydra.get("launcher", {}).get("_target_") == SUBMITIT_TARGET:
+                check_submitit_values(config.hydra.launcher)  # each point's sbatch script
         except ConfigError as err:
             print_error(err)
             sys.exit(2)

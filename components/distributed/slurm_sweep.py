@@ -75,6 +75,26 @@ class PointsFailed(RuntimeError):
         super().__init__(f"{len(failed)} sweep point(s) failed:\n  {listed}\n{report}")
 
 
+def check_submitit_values(node: Any, prefix: str = "hydra.launcher") -> None:
+    """What submitit writes into each point's sbatch script (``#SBATCH --<key>=<value>`` lines, ``setup``
+    lines, srun's arguments): every text one line, account / partition / qos SLURM names. submitit quotes
+    the values, but a newline in a ``#SBATCH`` comment line still starts a command of its own."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    from components.config.scriptvalues import check_one_line, check_slurm_name
+
+    plain = OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
+    items = plain.items() if isinstance(plain, dict) else enumerate(plain) if isinstance(plain, list) else []
+    for key, value in items:
+        path = f"{prefix}.{key}" if isinstance(plain, dict) else f"{prefix}[{key}]"
+        if isinstance(value, (dict, list)):
+            check_submitit_values(value, path)
+        elif isinstance(value, str):
+            check_one_line(value, path)
+            if key in ("partition", "account", "qos"):
+                check_slurm_name(value, path, listed=key == "partition")
+
+
 def launch(launcher: Any, job_overrides: Any, initial_job_idx: int) -> list[Any]:
     """hydra-submitit-launcher's ``launch``: the same submission, then :func:`wait` for every point."""
     import submitit

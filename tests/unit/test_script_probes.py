@@ -242,3 +242,19 @@ def test_plan_adds_nothing_to_a_pinned_run_dir_that_existed(tmp_path, capsys, mo
     cli("mode=plan", f"hydra.run.dir={tmp_path / 'pinned'}", "hydra.job.env_copy=[WANDB_API_KEY]")
     assert "checks passed" in capsys.readouterr().out
     assert tree(tmp_path) == ["pinned"]
+
+
+def test_a_newline_in_submitits_sbatch_values_is_refused_before_the_sweep(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """hydra-submitit-launcher writes ``hydra.launcher.*`` into each point's sbatch script (quoted, but a
+    newline in a ``#SBATCH`` comment line still starts a command): refused before the sweep dir exists."""
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "marker"
+    submitit = ["-m", "launcher=slurm", "hydra/launcher=submitit_slurm", f"hydra.sweep.dir={tmp_path / 'sw'}"]
+    for key in ("partition", "comment"):
+        err = refused(capsys, *submitit, f"hydra.launcher.{key}={newline(marker)}")
+        assert f"[hydra.launcher.{key}]" in err and "control character" in err, err
+    err = refused(capsys, *submitit, "hydra.launcher.account='ml team'")
+    assert "[hydra.launcher.account]" in err and "not a SLURM account name" in err
+    assert not marker.exists() and not list(tmp_path.iterdir())
