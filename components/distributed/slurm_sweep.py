@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +98,40 @@ def check_submitit_values(node: Any, prefix: str = "hydra.launcher") -> None:
                 check_slurm_name(value, path, listed=key == "partition")
 
 
+@contextmanager
+def secrets_through_the_environment(configs: list[Any]) -> Iterator[None]:
+    """While the sweep's jobs are pickled into the sweep dir (submitit's ``.submitit/``): every secret
+    ``hydra.job.env_set`` entry (``env_copy`` of ``WANDB_API_KEY``, ``+hydra.job.env_set.HF_TOKEN=…``; see
+    components/config/trust.py ``is_secret``) is taken out of ``configs`` (its value and the override that
+    set it) and put into this process's environment, which ``sbatch`` hands every job (SLURM's default
+    ``--export=ALL``): the job's processes have it without Hydra setting it. Put back afterwards."""
+    from omegaconf import open_dict, read_write
+
+    from components.config.trust import is_secret
+
+    kept: list[tuple[Any, dict[str, Any], list[str]]] = []
+    for cfg in configs:
+        env_set = dict(cfg.hydra.job.env_set or {})
+        secret = {k: str(v) for k, v in env_set.items() if is_secret(str(k), str(v))}
+        overrides = list(cfg.hydra.overrides.hydra)
+        if not secret:
+            continue
+        os.environ.update(secret)
+        setting = tuple(f"hydra.job.env_set.{k}=" for k in secret)
+        with read_write(cfg), open_dict(cfg):
+            for name in secret:
+                del cfg.hydra.job.env_set[name]
+            cfg.hydra.overrides.hydra = [o for o in overrides if not o.lstrip("+~").startswith(setting)]
+        kept.append((cfg, env_set, overrides))
+    try:
+        yield
+    finally:
+        for cfg, env_set, overrides in kept:
+            with read_write(cfg), open_dict(cfg):
+                cfg.hydra.job.env_set = env_set
+                cfg.hydra.overrides.hydra = overrides
+
+
 def launch(launcher: Any, job_overrides: Any, initial_job_idx: int) -> list[Any]:
     """hydra-submitit-launcher's ``launch``: the same submission, then :func:`wait` for every point."""
     import submitit
@@ -118,11 +155,15 @@ def launch(launcher: Any, job_overrides: Any, initial_job_idx: int) -> list[Any]
     numbers = range(initial_job_idx, initial_job_idx + len(job_overrides))
     for number, overrides in zip(numbers, job_overrides, strict=True):
         log.info(f"\t#{number} : {' '.join(filter_overrides(overrides))}")
-    args = [
-        (list(o), "hydra.sweep.dir", n, f"job_id_for_{n}", Singleton.get_state())
-        for n, o in zip(numbers, job_overrides, strict=True)
-    ]
-    jobs = executor.map_array(launcher, *zip(*args, strict=True))
+    from hydra.core.hydra_config import HydraConfig
+
+    pickled = [launcher.config, *([HydraConfig.instance().cfg] if HydraConfig.initialized() else [])]
+    with secrets_through_the_environment(pickled):  # the job files in the sweep dir hold no secret
+        args = [
+            (list(o), "hydra.sweep.dir", n, f"job_id_for_{n}", Singleton.get_state())
+            for n, o in zip(numbers, job_overrides, strict=True)
+        ]
+        jobs = executor.map_array(launcher, *zip(*args, strict=True))
     log.info(f"SLURM job(s) {', '.join(j.job_id for j in jobs)}: waiting for them (squeue shows them)")
     points = [Point(n, list(o), job) for n, o, job in zip(numbers, job_overrides, jobs, strict=True)]
     return wait(points, lambda p: point_dir(launcher, p), sweep_dir)

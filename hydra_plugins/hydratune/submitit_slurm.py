@@ -32,8 +32,12 @@ if _SubmititSlurm is not None:
             return launch(self, job_overrides, initial_job_idx)
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            """A sweep point's job, in its SLURM task: the configs Hydra saves there are redacted too."""
-            from components.config.redact import redacted_saves
+            """A sweep point's job, in its SLURM task: the configs Hydra saves there are redacted too, and
+            so is the job's result (submitit pickles it into the sweep dir)."""
+            from components.config.redact import redacted, redacted_saves
 
             with redacted_saves():
-                return super().__call__(*args, **kwargs)
+                result = super().__call__(*args, **kwargs)
+            if getattr(result, "hydra_cfg", None) is not None:
+                result.hydra_cfg = redacted(result.hydra_cfg)
+            return result
