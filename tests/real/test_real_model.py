@@ -297,19 +297,15 @@ def test_full_sft_multiturn_saves_a_reloadable_model(converted: Path, run_recipe
     assert "Paris" in greedy(model, tokenizer, FRANCE)
 
 
-def test_reward_and_dpo_with_lora(converted: Path, run_recipe, monkeypatch) -> None:
+def test_reward_and_dpo_with_lora(converted: Path, run_recipe) -> None:
     from safetensors.torch import load_file
 
-    from components.runtime import session
-
-    # no probes of the training pairs before and after training (most of this test's time, and nothing here
-    # reads them; tests/integration/test_preference.py checks them on the tiny model)
-    monkeypatch.setattr(session, "training_pairs", lambda trainer: {})
     # 4 training pairs, 2 a step, no eval split: 2 steps are all the assertions need (step 1's DPO loss is
     # log 2 whatever the batch: the policy is its reference until the first update)
     short = ["model=smollm2_135m", "peft=lora", "optimizer.lr=2e-4", "data.max_samples=4"]
     short += ["data.eval_path=null", "data.max_length=64", "train.micro_batch_size=2"]
-    short += ["train.eval_every=0", "train.save_every=0"]
+    # no probes of the training pairs (nothing here reads them; test_preference.py checks them)
+    short += ["train.eval_every=0", "train.save_every=0", "train.probe_pairs=0"]
     rm, _ = run_recipe("recipe=reward", *short, "train.max_steps=2", name="rm")
     assert any("score" in k for k in load_file(rm.run_dir.final / "adapter_model.safetensors"))
     dpo, _ = run_recipe("recipe=dpo", *short, "train.max_steps=2", name="dpo")

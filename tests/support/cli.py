@@ -196,6 +196,11 @@ def in_process(*args: str) -> None:
 def sigterm_on(hook: str) -> None:
     """Make ``hook`` (``module.attr`` or ``module.Class:attr``) send this process SIGTERM when it is called
     (a :class:`Warm` prelude: the signal lands exactly there)."""
+    signal_on(hook, signal.SIGTERM)
+
+
+def signal_on(hook: str, signum: int) -> None:
+    """Make ``hook`` (``module.attr`` or ``module.Class:attr``) send this process ``signum`` when called."""
     import importlib
 
     module, name = hook.rsplit(".", 1)
@@ -206,7 +211,7 @@ def sigterm_on(hook: str) -> None:
     real = getattr(owner, name)
 
     def hooked(*args: Any, **kwargs: Any) -> Any:
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signum)
         return real(*args, **kwargs)
 
     setattr(owner, name, hooked)
