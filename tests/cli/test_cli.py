@@ -178,7 +178,9 @@ def test_ctrl_c_during_start_up_exits_130_quietly(tmp_path: Path) -> None:
     # run dir exists, nothing is built): polling for the run dir from outside raced a short run's end
     ctrl_c = "check_before_load"
     code = (
-        "import signal, sys; from tests.support.cli import signal_on; "
+        # Ctrl-C as a terminal delivers it (a suite started in the background inherits SIGINT ignored)
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from tests.support.cli import signal_on; "
         f"signal_on('components.runtime.checks.{ctrl_c}', signal.SIGINT); "
         "from recipes.cli import main; main(sys.argv[1:])"
     )
