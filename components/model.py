@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from components.config.errors import ConfigError
 from components.config.registry import component
+from components.modeling.model_dir import WEIGHT_PATTERNS, check_model_dir, weight_files
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -174,8 +175,6 @@ class CausalLM:
                 hint="point it at a dir with the weights (save_pretrained's), or model.init=random to train "
                 "from random init with its config",
             )
-        from components.modeling.model_dir import check_model_dir
-
         key = "model.from_run" if self.from_run else "model.name_or_path"
         flag = "model.trust_remote_code"
         check_model_dir(path, key=key, trust_remote_code=self.trust_remote_code, flag=flag)
@@ -397,16 +396,6 @@ class CausalLM:
 
 
 #: the files ``from_pretrained`` reads weights from (a dir holding none of them has no weights)
-WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.pt", "*.pth")
-
-
-def weight_files(path: Path) -> list[str]:
-    """The weight files in model dir ``path`` (sorted names; none for a file or a missing dir)."""
-    if not path.is_dir():
-        return []
-    return sorted({f.name for pattern in WEIGHT_PATTERNS for f in path.glob(pattern) if f.is_file()})
-
-
 def base_loads_in_half(peft: Any, quantization: Any, strategy: Any) -> bool:
     """Whether the base may load in bf16 under bf16 precision (``CausalLM.weight_dtype``'s ``frozen_base``):
     the PEFT option freezes it, it is not quantized (bitsandbytes has its own storage) and the strategy does

@@ -118,6 +118,11 @@ class Arch:
         return n * (3 * h * i + ((2 * i + h) if self.expert_bias else 0))
 
     @property
+    def fused_expert_param(self) -> int:
+        """Elements of a layer's largest expert parameter, ``experts.gate_up_proj`` (0 when dense)."""
+        return self.num_experts * 2 * self.expert_intermediate_size * self.hidden_size
+
+    @property
     def router_params(self) -> int:
         return self.num_experts * (self.hidden_size + (1 if self.expert_bias else 0))
 
@@ -189,7 +194,7 @@ def largest_param(arch: Arch) -> int:
     """Elements of the largest single parameter (the embedding or lm_head, else an MLP matrix): the size of
     DeepSpeed's per-parameter offload buffers and of ZeRO-3's largest gathered module."""
     lin = arch.linears().values()
-    fused = arch.num_experts * 2 * arch.expert_intermediate_size * arch.hidden_size  # experts.gate_up_proj
+    fused = arch.fused_expert_param
     return max(arch.vocab_size * arch.hidden_size, fused, *(i * o + (o if b else 0) for i, o, b in lin))
 
 

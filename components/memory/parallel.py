@@ -165,8 +165,7 @@ def slices(
     counts = param_counts(arch)
     layer, linear = tp_layer(arch, tp)
     biggest_linear = max(ceil_div(i * o, tp) + (o if b else 0) for i, o, b in arch.linears().values())
-    fused_experts = arch.num_experts * 2 * arch.expert_intermediate_size * arch.hidden_size  # gate_up_proj
-    biggest_linear = max(biggest_linear, fused_experts)
+    biggest_linear = max(biggest_linear, arch.fused_expert_param)
     head = ceil_div(counts.lm_head, tp) if counts.lm_head else counts.embedding  # tied: whole
     logits = max(1, micro_batches) if schedule == "gpipe" and pp > 1 else 1  # GPipe: every loss kept
     out = []

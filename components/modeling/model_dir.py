@@ -10,8 +10,17 @@ from pathlib import Path
 
 from components.config.errors import ConfigError
 
-#: files transformers loads as pickles when the dir has no safetensors weights
+#: the weight files a model dir may hold (one of them: the dir has weights to load)
+WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.pt", "*.pth")
+#: pickle files checked by the weights-only unpickler when the dir has no safetensors weights
 PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.pkl", "*.ckpt")
+
+
+def weight_files(path: Path) -> list[str]:
+    """The weight files in model dir ``path`` (sorted names; none for a file or a missing dir)."""
+    if not path.is_dir():
+        return []
+    return sorted({f.name for pattern in WEIGHT_PATTERNS for f in path.glob(pattern) if f.is_file()})
 
 
 def check_model_dir(path: Path, *, key: str, trust_remote_code: bool, flag: str) -> None:

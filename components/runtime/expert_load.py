@@ -66,6 +66,10 @@ class ExpertLoad(TrainerCallback):
         loads = [c for c in self.interval if c.sum() > 0]
         if logs is not None and loads and "loss" in logs:
             logs["expert_imbalance"] = round(sum(float(c.max() / c.mean()) for c in loads) / len(loads), 4)
+        self._close_interval()
+
+    def _close_interval(self) -> None:
+        """Add the interval's counts to the run's and start a new interval."""
         for layer, counts in enumerate(self.interval):
             self.run[layer] += counts
             counts.zero_()
@@ -73,9 +77,7 @@ class ExpertLoad(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         import torch.distributed as dist
 
-        for layer, counts in enumerate(self.interval):
-            self.run[layer] += counts
-            counts.zero_()
+        self._close_interval()
         if dist.is_available() and dist.is_initialized():  # every rank's tokens
             for counts in self.run:
                 dist.all_reduce(counts)

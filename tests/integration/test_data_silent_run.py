@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.data import TINY, write_jsonl
+from tests.support.data import tiny_export, write_jsonl
 from tests.unit.test_chat_template import STEPS
 
 IGNORE = -100
@@ -29,14 +29,7 @@ def row(i: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory) -> Path:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    out = tmp_path_factory.mktemp("export")
-    torch.manual_seed(11)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(out)
-    AutoTokenizer.from_pretrained(TINY).save_pretrained(out)
-    return out
+    return tiny_export(tmp_path_factory.mktemp("export"), seed=11)
 
 
 def test_the_run_trains_what_the_file_means(run_recipe, tmp_path: Path, export_dir: Path) -> None:

@@ -66,3 +66,15 @@ def multi_turn(n: int, seed: int = 0) -> list[dict[str, Any]]:
             )
         rows.append({"messages": messages})
     return rows
+
+
+def tiny_export(out: Path, seed: int) -> Path:
+    """A model dir as save_pretrained writes it (config.json, tokenizer, safetensors weights) of the tiny
+    model, randomly initialised with ``seed``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(out)
+    AutoTokenizer.from_pretrained(TINY).save_pretrained(out)
+    return out

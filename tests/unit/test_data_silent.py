@@ -16,7 +16,7 @@ from components.datareader import RowError
 from components.runtime.dataprep import check_tokens, length_notes
 from components.runtime.sftdata import SFTTokens
 from components.text.sft_tokens import IGNORE
-from tests.support.data import TINY, write_jsonl
+from tests.support.data import TINY, tiny_export, write_jsonl
 
 
 def turns(*pairs: tuple[str, str], **extra: dict[str, Any]) -> dict[str, Any]:
@@ -246,14 +246,7 @@ def test_your_file_does_not_inherit_the_demos_length(compose_cfg, tmp_path) -> N
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory) -> Path:
     """A model dir as save_pretrained writes it: config.json, tokenizer and safetensors weights."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    out = tmp_path_factory.mktemp("export")
-    torch.manual_seed(7)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(out)
-    AutoTokenizer.from_pretrained(TINY).save_pretrained(out)
-    return out
+    return tiny_export(tmp_path_factory.mktemp("export"), seed=7)
 
 
 def test_a_dir_with_weights_is_loaded_not_built_at_random(compose_cfg, export_dir) -> None:
