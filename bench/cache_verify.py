@@ -21,11 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from data_scale import MAX_LENGTH, make_chats, tokenizer
 
-from components.runtime import datacache
+from components.data import prepared_cache
 
 
 def warm_call(data: Any, tokens: Any) -> float:
-    from components.runtime.dataprep import prepare_data
+    from components.data.prepare import prepare_data
 
     start = time.perf_counter()
     prepared = prepare_data(data, tokenizer(), 0, 0, tokens)
@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--work", type=Path, help="keep the file and the cache here")
     args = parser.parse_args(argv)
-    from components.data import ChatDataset
-    from components.runtime.dataprep import prepare_data
-    from components.runtime.sftdata import SFTTokens
+    from components.data.chats import ChatDataset
+    from components.data.prepare import prepare_data
+    from components.data.tokens import SFTTokens
 
     work = args.work or Path(tempfile.mkdtemp(prefix="cache_verify."))
     work.mkdir(parents=True, exist_ok=True)
@@ -56,16 +56,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     prepare_data(data, tokenizer(), 0, 0, tokens)  # cold (or already there)
     cold = time.perf_counter() - start
-    (entry,) = datacache.entries(Path(data.cache_dir))
-    checked = datacache.mismatch
+    (entry,) = prepared_cache.entries(Path(data.cache_dir))
+    checked = prepared_cache.mismatch
     times: dict[str, list[float]] = {"checked": [], "unchecked": []}
     for _ in range(args.repeats):
         times["checked"].append(warm_call(data, tokens))
-        datacache.mismatch = lambda folder, digests: None  # the check skipped
+        prepared_cache.mismatch = lambda folder, digests: None  # the check skipped
         try:
             times["unchecked"].append(warm_call(data, tokens))
         finally:
-            datacache.mismatch = checked
+            prepared_cache.mismatch = checked
     median = {k: statistics.median(v) for k, v in times.items()}
     result = {
         "rows": args.rows,

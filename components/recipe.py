@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 R = TypeVar("R", bound=type)
 
-#: what each data component ``kind`` holds, for messages (``components/data.py`` sets the kinds)
+#: what each data component ``kind`` holds, for messages (``components/data/``'s options set the kinds)
 DATA_KINDS = {
     "chat": "chat / instruction / text data",
     "preference": "preference pairs (prompt, chosen, rejected)",
@@ -42,7 +42,7 @@ class Recipe:
     name: ClassVar[str] = ""
     #: the heading of the run's summary (``summary.md``)
     title: ClassVar[str] = ""
-    #: the data components it reads, by their ``kind`` (``components/data.py``): checked before load
+    #: the data components it reads, by their ``kind`` (``components/data/``): checked before load
     data_kinds: ClassVar[tuple[str, ...]] = ("chat",)
     #: the data option of its demo; empty: ``demo_<name>`` (``conf/config.yaml`` picks ``data=demo_<recipe>``)
     demo_data: ClassVar[str] = ""
@@ -85,7 +85,7 @@ class Recipe:
     def tokens(self, comps: Components) -> Any:
         """What makes the tokens its trainer reads, when the recipe has them made with the data (cached
         with it, every row checked before the model loads): an object with ``key()`` and
-        ``prepare(splits, tokenizer, workers)`` (SFT: ``components/runtime/sftdata.py``). None: the trainer
+        ``prepare(splits, tokenizer, workers)`` (SFT: ``components/data/tokens.py``). None: the trainer
         tokenizes the rows itself."""
         return None
 

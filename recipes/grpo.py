@@ -105,7 +105,7 @@ class GRPO(Recipe, RewardURL):
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """The columns the reward functions read are in the rows (``answer`` for exact_match); no prompt
         over data.max_prompt_length left to cut (TRL renders each prompt whole: it cannot)."""
-        from components.promptlength import OVERLONG
+        from components.data.promptlength import OVERLONG
         from components.rewards import check_columns
 
         columns = splits["train"].column_names

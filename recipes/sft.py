@@ -53,7 +53,7 @@ class SFT(Recipe):
 
     def tokens(self, comps: Components) -> Any:
         """Every row tokenized and masked before the model loads, as TRL would (cached with the data)."""
-        from components.runtime.sftdata import SFTTokens
+        from components.data.tokens import SFTTokens
 
         d = comps.data
         return SFTTokens(
@@ -68,9 +68,9 @@ class SFT(Recipe):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import SFTConfig, SFTTrainer
 
+        from components.data.stream_prepare import sft_data_args
+        from components.data.tokens import token_plan
         from components.runtime.session import Session
-        from components.runtime.sftdata import token_plan
-        from components.runtime.streamprep import sft_data_args
 
         c = ctx.components
         session = Session.start(ctx)

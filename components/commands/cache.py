@@ -1,4 +1,4 @@
-"""``hydratune cache ls`` lists the prepared-data cache (components/runtime/datacache.py): each entry's key,
+"""``hydratune cache ls`` lists the prepared-data cache (components/data/prepared_cache.py): each entry's key,
 when and by whom it was prepared and in how long, its rows and size, the data files it was made from;
 ``hydratune cache clear [key ...]`` frees it (every entry no process is preparing, or only the keys named).
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config.errors import ConfigError
-from components.runtime.datacache import cache_root, clear, entries
+from components.data.prepared_cache import cache_root, clear, entries
 
 
 def size(n: float) -> str:

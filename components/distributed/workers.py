@@ -23,6 +23,7 @@ import functools
 import hashlib
 import logging
 import multiprocessing
+import os
 import sys
 import time
 import traceback
@@ -56,6 +57,20 @@ PRELOAD = [
 ]
 
 _DONE: list[Any] = []  # in a worker process: the shared row counter of its pool (multiprocessing.Value)
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity: taskset, cgroups cpusets, SLURM)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def data_processes(num_proc: int | None) -> int:
+    """The processes a data preparation uses: ``data.num_proc``, else every core this process may run on
+    (one process prepares while the other ranks of the job wait for it), at least one."""
+    return num_proc if num_proc else max(1, available_cores())
 
 
 class Progress:
@@ -95,15 +110,8 @@ class Progress:
 
     def _bar(self) -> None:
         if self.bar is None:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                TextColumn,
-                TimeRemainingColumn,
-            )
-            from rich.progress import (
-                Progress as RichProgress,
-            )
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
 
             self.bar = RichProgress(
                 TextColumn(f"data: {self.label}"),

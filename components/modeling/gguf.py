@@ -40,7 +40,7 @@ _ANNOUNCED: set[Path] = set()  # conversions already named in this process's log
 
 def cache_home() -> Path:
     """``$HYDRATUNE_CACHE``, by default ``~/.cache/hydratune``: where hydratune caches what it derives once
-    (GGUF conversions here, prepared data in components/runtime/datacache.py)."""
+    (GGUF conversions here, prepared data in components/data/prepared_cache.py)."""
     return Path(os.environ.get("HYDRATUNE_CACHE") or Path.home() / ".cache" / "hydratune").expanduser()
 
 

@@ -15,15 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from components.config.errors import ConfigError
 from components.config.files import inside, mismatch, sha256s
+from components.data.fingerprint import DATA_FINGERPRINT
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _STEP = re.compile(r"checkpoint-(\d+)$")
 COMPLETE = "hydratune_complete.json"  # written last: every file's size and sha256, the data fingerprint
-DATA_FINGERPRINT = (
-    "data_fingerprint.json"  # in the run dir: what the run trains on (components/runtime/datafp.py)
-)
 log = logging.getLogger("hydratune")
 
 

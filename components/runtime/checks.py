@@ -8,10 +8,10 @@ from omegaconf import DictConfig
 
 from components.config.errors import ConfigError
 from components.config.registry import check_known_keys
+from components.data.stream_prepare import check_streaming
 from components.recipe import DATA_KINDS
 from components.runtime.diskspace import DiskFull, check_room_before_load, planned_run_dir
 from components.runtime.run import Components, batch_plan, world_size
-from components.runtime.streamprep import check_streaming
 from components.strategy import own_loop_refusal
 
 

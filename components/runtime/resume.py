@@ -20,8 +20,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
 from components.config.errors import ConfigError
+from components.data import fingerprint
 from components.launcher import PLACEMENT
-from components.runtime import datafp
 from components.runtime.checkpoint import checkpoints_in, manifest, resolve_resume, verify
 
 log = logging.getLogger("hydratune")
@@ -48,7 +48,7 @@ MANAGEMENT: tuple[str, ...] = (
     "train.max_new_tokens",
     "train.write_plots",
     "train.num_workers",
-    "data.cache",  # where and how the data is prepared, not what it is (datafp.NOT_DATA)
+    "data.cache",  # where and how the data is prepared, not what it is (fingerprint.NOT_DATA)
     "data.cache_dir",
     "data.num_proc",
     "hydra",  # run/sweep dirs and the like (overrides only: the task config has no hydra node)
@@ -285,9 +285,9 @@ def resolve(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None
         assert checkpoint is not None
         check_explicit(Path(checkpoint), cfg)
     assert checkpoint is not None
-    datafp.check(Path(checkpoint), cfg)
+    check_data(Path(checkpoint), cfg)
     if cfg.data.get("streaming"):  # every rank's stream position, written by as many ranks
-        from components.runtime.streamprep import check_positions, planned_world
+        from components.data.stream_prepare import check_positions, planned_world
 
         check_positions(Path(checkpoint), planned_world(cfg))
     check_checkpoint(Path(checkpoint), trusted=bool(cfg.get("trust_checkpoints", False)))
@@ -311,7 +311,7 @@ def pin(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None) ->
     checkpoint = resolve(cfg, run_dir, sweep_point)
     first_node = int(cfg.launcher.get("node_rank", 0) or 0) == 0  # a multi-node job writes it once
     if cfg.train.get("save_every", 0) and int(os.environ.get("RANK", 0)) == 0 and first_node:
-        datafp.write(cfg, run_dir)
+        fingerprint.write(cfg, run_dir)
     with read_write(cfg), open_dict(cfg):
         cfg.resume = checkpoint or False
     return cfg
@@ -375,7 +375,7 @@ def continue_in_place(cfg: DictConfig, run_dir: Path) -> DictConfig:
         return cfg
     checkpoint = resolve_resume(str(run_dir))
     assert checkpoint is not None
-    datafp.check(Path(checkpoint), cfg)
+    check_data(Path(checkpoint), cfg)
     check_checkpoint(Path(checkpoint), trusted=bool(cfg.get("trust_checkpoints", False)))
     if int(os.environ.get("RANK", 0)) == 0:
         drop_metrics_after(run_dir / "metrics.jsonl", int(Path(checkpoint).name.rsplit("-", 1)[1]))
@@ -404,3 +404,8 @@ def drop_metrics_after(metrics: Path, step: int) -> None:
         len(lines) - len(kept),
         step,
     )
+
+
+def check_data(checkpoint: Path, cfg: DictConfig) -> None:
+    """Refuse to resume ``checkpoint`` on other data than its completion marker records."""
+    fingerprint.check(checkpoint, (manifest(checkpoint) or {}).get("data"), cfg)

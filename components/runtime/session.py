@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.config.errors import ConfigError, Interrupted, ServerError, ServerFailed
+from components.data.feed import Feed
+from components.data.prepare import eval_every, prepare_data
+from components.data.stream_prepare import is_stream
 from components.distributed.interrupt import GracefulInterrupt
 from components.generation.evaluation import EvalPrompt, evaluate_generations
 from components.model import base_loads_in_half, describe_dtypes, upcast_trainable
@@ -29,14 +32,11 @@ from components.runtime.callbacks import (
     progress_callback,
 )
 from components.runtime.checkpoint import checkpoints_in, save_final
-from components.runtime.dataprep import eval_every, prepare_data
 from components.runtime.diskspace import ensure_room_for_final
 from components.runtime.expert_load import ExpertLoad, routers
-from components.runtime.feed import Feed
 from components.runtime.resume import loss_span, pinned
 from components.runtime.run import RunContext, peak_memory_gb
 from components.runtime.startup import training_starts
-from components.runtime.streamprep import is_stream
 from components.text.chat_template import generation_header, label_for, mask_segments
 from components.text.masking import check_label_mask, label_mask_stats, stop_token_ids
 from components.tracker import TrackerRun
@@ -117,7 +117,7 @@ class Session:
         self.report["data"] = prepared.notes
         method = (prepared.token_facts.get("plan") or {}).get("mask")
         if method and method != "none":
-            from components.runtime.sftdata import token_plan
+            from components.data.tokens import token_plan
 
             self.report.setdefault("loss mask", {})["method"] = token_plan(prepared.token_facts).method
         self.report_chat_template(prepared.default_template)

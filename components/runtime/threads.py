@@ -14,13 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
-
-def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity: taskset, cgroups cpusets, SLURM)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+from components.distributed.workers import available_cores
 
 
 def threads_per_process(cores: int, local_processes: int) -> int:
@@ -39,9 +33,3 @@ def apply_thread_policy(
     chosen = {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     environ.update(chosen)
     return chosen
-
-
-def data_processes(num_proc: int | None) -> int:
-    """The processes a data preparation uses: ``data.num_proc``, else every core this process may run on
-    (one process prepares while the other ranks of the job wait for it), at least one."""
-    return num_proc if num_proc else max(1, available_cores())

@@ -132,7 +132,7 @@ class AtomicCheckpoints:
 
 class StreamedData:
     """``data.streaming``: the training batches come from the stream's feed
-    (``components/runtime/feed.py``): this rank's own loader, not re-sharded by accelerate (the stream
+    (``components/data/feed.py``): this rank's own loader, not re-sharded by accelerate (the stream
     is this rank's share already); every checkpoint holds each rank's stream position, and a resume starts
     the stream there (``ignore_data_skip``: no batch is read again to be passed over)."""
 

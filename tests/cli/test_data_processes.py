@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from components.runtime import datacache
+from components.data import prepared_cache
 from tests.integration.test_datacache import prepare, status
 from tests.support.data import multi_turn, write_jsonl
 
@@ -38,9 +38,11 @@ def test_a_killed_preparation_leaves_nothing_that_is_read(tmp_path: Path) -> Non
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert datacache.entries(cache) == []  # nothing was put in place
-    assert list((cache / datacache.STAGING).glob("*"))  # it was killed mid-write
+    assert prepared_cache.entries(cache) == []  # nothing was put in place
+    assert list((cache / prepared_cache.STAGING).glob("*"))  # it was killed mid-write
     prepared = prepare(data, cache)
     assert status(prepared) == "miss" and len(prepared.splits["train"]) == 5400
-    assert [p.name.split(".")[0] for p in (cache / datacache.STAGING).iterdir()] == []  # leftovers removed
+    assert [
+        p.name.split(".")[0] for p in (cache / prepared_cache.STAGING).iterdir()
+    ] == []  # leftovers removed
     assert status(prepare(data, cache)) == "hit"

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from components.config.errors import EXIT_INTERRUPTED
+from components.data.feed import TRACE
+from components.data.stream_prepare import POSITION_FILE
 from components.runtime.checkpoint import checkpoints_in, verify
-from components.runtime.feed import TRACE
-from components.runtime.streamprep import POSITION_FILE
 from tests.integration.test_resume_safety import STEPS, signalled
 from tests.integration.test_streaming import RUN as STREAMED
 from tests.integration.test_streaming import chat, same_weights, write_jsonl
@@ -156,7 +156,7 @@ def test_sigterm_before_the_first_step_leaves_no_run_dir(hydratune, tmp_path) ->
 #: a prelude (tests/support/cli.py): the command sends itself SIGTERM when the feed hands out micro-batch 7
 SIGTERM_AT_BATCH_7 = """
 import os, signal
-from components.runtime import feed
+from components.data import feed
 real, at = feed.Feed.collate, 7
 def collate(self, collator):
     inner, calls = real(self, collator), []

@@ -1,4 +1,4 @@
-"""The prepared-data cache (components/runtime/datacache.py) and the data path behind it: a key that misses
+"""The prepared-data cache (components/data/prepared_cache.py) and the data path behind it: a key that misses
 on any change of the result (a row, the template, the tokenizer, max_length) and hits otherwise; a killed
 preparation leaves nothing readable; a damaged entry is never served; rows held memory-mapped, never as
 Python lists; worker processes give the same rows, tokens and errors as one process; the progress line;
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from components.config.errors import ConfigError
-from components.data import ChatDataset
-from components.runtime import datacache
-from components.runtime.dataprep import prepare_data
-from components.runtime.sftdata import SFTTokens
+from components.data import prepared_cache
+from components.data.chats import ChatDataset
+from components.data.prepare import prepare_data
+from components.data.tokens import SFTTokens
 from tests.support.data import TINY, multi_turn, write_jsonl
 
 
@@ -80,19 +80,19 @@ def test_the_key_misses_on_a_row_the_template_the_tokenizer_and_max_length(
     assert status(prepare(chats, cache, max_length=64)) == "miss"
     assert status(prepare(chats, cache, num_proc=2)) == "hit"  # how it is prepared is not what it is
     assert status(prepare(chats, cache, stream_window=7, stream_shuffle=False)) == "hit"  # streams' knobs
-    assert len(datacache.entries(cache)) == 5
+    assert len(prepared_cache.entries(cache)) == 5
 
 
 def test_a_damaged_entry_is_never_served(chats: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     first = prepare(chats, cache)
-    (entry,) = datacache.entries(cache)
+    (entry,) = prepared_cache.entries(cache)
     shard = next(entry["path"].rglob("*.arrow"))
     shard.write_bytes(shard.read_bytes()[:-100])  # truncated behind the cache's back
     again = prepare(chats, cache)
     assert status(again) == "miss"  # prepared again, not read
     assert rows_and_tokens(again) == rows_and_tokens(first)
-    (entry["path"] / datacache.META).unlink()
+    (entry["path"] / prepared_cache.META).unlink()
     assert status(prepare(chats, cache)) == "miss"  # no meta.json: not whole
 
 
@@ -115,11 +115,11 @@ def test_rows_stay_memory_mapped(chats: Path, tmp_path: Path) -> None:
 @pytest.fixture
 def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     """Byte ranges of 1 KB, row ranges of 8 rows: many tasks on a small file, run by worker processes."""
-    from components import data, datareader
+    from components.data import preferences, readers
     from components.distributed import workers
 
-    monkeypatch.setattr(datareader, "MIN_RANGE", 1024)
-    for module in (workers, datareader, data):
+    monkeypatch.setattr(readers, "MIN_RANGE", 1024)
+    for module in (workers, readers, preferences):
         monkeypatch.setattr(module, "SHARD_ROWS", 8)
     monkeypatch.setattr(workers, "PARALLEL_FROM", {"rows": 0, "bytes": 0})  # worker processes however small
 
@@ -187,17 +187,19 @@ def test_cache_ls_and_clear(chats: Path, tmp_path: Path, capsys: Any) -> None:
         and str(chats) in listing
         and "ChatDataset, tokens" in listing
     )
-    key = datacache.entries(cache)[0]["key"]
+    key = prepared_cache.entries(cache)[0]["key"]
     assert cli(["clear", key[:8], "--dir", str(cache)]) == 0
-    assert [e["key"] for e in datacache.entries(cache)] != [key] and len(datacache.entries(cache)) == 1
+    assert [e["key"] for e in prepared_cache.entries(cache)] != [key] and len(
+        prepared_cache.entries(cache)
+    ) == 1
     with pytest.raises(ConfigError, match="no entry"):
         cli(["clear", "zzzz", "--dir", str(cache)])
     assert cli(["clear", "--dir", str(cache)]) == 0
-    assert datacache.entries(cache) == [] and not (cache / "hashes").exists()
+    assert prepared_cache.entries(cache) == [] and not (cache / "hashes").exists()
 
 
 def test_plan_says_whether_it_prepared_or_reused(compose_cfg: Any, tmp_path: Path) -> None:
-    from components.runtime.dataprep import plan_data
+    from components.data.prepare import plan_data
     from components.runtime.run import Components
 
     def plan() -> list[str]:
@@ -229,7 +231,7 @@ def test_a_planted_or_edited_entry_is_never_served(chats: Path, tmp_path: Path) 
     other = prepare(chats, cache, max_length=64)
     expected = rows_and_tokens(first)  # read now: the planting below edits the files it maps
     entry, other_entry = (Path(p.notes["data cache"].split(" into ")[1]) for p in (first, other))
-    meta = json.loads((entry / datacache.META).read_text())
+    meta = json.loads((entry / prepared_cache.META).read_text())
     shard = entry / meta["splits"]["tokens/train"]["files"][0]
     outside = tmp_path / "outside.arrow"
 
@@ -241,7 +243,9 @@ def test_a_planted_or_edited_entry_is_never_served(chats: Path, tmp_path: Path) 
     def swap() -> None:
         theirs = (
             other_entry
-            / json.loads((other_entry / datacache.META).read_text())["splits"]["tokens/train"]["files"][0]
+            / json.loads((other_entry / prepared_cache.META).read_text())["splits"]["tokens/train"]["files"][
+                0
+            ]
         )
         mine = shard.read_bytes()
         shard.write_bytes(theirs.read_bytes())
@@ -254,15 +258,15 @@ def test_a_planted_or_edited_entry_is_never_served(chats: Path, tmp_path: Path) 
 
     def meta_points_outside() -> None:
         outside.write_bytes(shard.read_bytes())
-        planted = json.loads((entry / datacache.META).read_text())
+        planted = json.loads((entry / prepared_cache.META).read_text())
         spec = planted["splits"]["tokens/train"]
         digest = spec["sha256"].pop(spec["files"][0])
         spec["files"][0] = str(outside)
         spec["sha256"][str(outside)] = digest
-        (entry / datacache.META).write_text(json.dumps(planted))
+        (entry / prepared_cache.META).write_text(json.dumps(planted))
 
     def unparsable() -> None:
-        (entry / datacache.META).write_text('{"format": 2, "key": ')
+        (entry / prepared_cache.META).write_text('{"format": 2, "key": ')
 
     for plant in (edit_in_place, swap, link_outside, meta_points_outside, unparsable):
         plant()
@@ -284,7 +288,7 @@ def test_a_damaged_entry_in_a_cache_that_cannot_be_written_is_refused(
 
     cache = tmp_path / "cache"
     prepare(chats, cache)
-    (entry,) = datacache.entries(cache)
+    (entry,) = prepared_cache.entries(cache)
     shard = next(entry["path"].rglob("*.arrow"))
     data = bytearray(shard.read_bytes())
     data[-200] ^= 1
@@ -293,7 +297,7 @@ def test_a_damaged_entry_in_a_cache_that_cannot_be_written_is_refused(
     def read_only(path: Path) -> None:
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr(datacache, "_remove", read_only)
+    monkeypatch.setattr(prepared_cache, "_remove", read_only)
     with pytest.raises(ConfigError, match=r"is damaged .*does not match the sha256") as err:
         prepare(chats, cache)
     assert err.value.key == "data.cache_dir" and "cannot write the data cache" in str(err.value)
@@ -311,6 +315,6 @@ def test_a_full_disk_in_a_worker_is_named_not_a_traceback(tmp_path: Path) -> Non
 
     data = ChatDataset(path="unused.jsonl", cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ConfigError, match=r"the disk of the data cache .* is full") as err:
-        datacache.prepare(data, {"any": "parts"}, build, 1)
+        prepared_cache.prepare(data, {"any": "parts"}, build, 1)
     assert err.value.key == "data.cache_dir"
-    assert not list((tmp_path / "cache" / datacache.STAGING).iterdir())  # nothing half-written is left
+    assert not list((tmp_path / "cache" / prepared_cache.STAGING).iterdir())  # nothing half-written is left

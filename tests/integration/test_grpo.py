@@ -56,8 +56,8 @@ def test_grpo_on_your_data_keeps_no_demo_length_and_applies_data_max_prompt_leng
     kept one measures within it, chat template and generation prompt included: what TRL renders), and
     those left to cut (``on_overlong=truncate``, which GRPO cannot do) are refused before the model loads,
     in plan and training alike."""
+    from components.data.prepare import plan_data
     from components.runtime.checks import warnings_for
-    from components.runtime.dataprep import plan_data
     from components.runtime.run import Components
     from components.runtime.session import Session
     from tests.support.data import write_jsonl

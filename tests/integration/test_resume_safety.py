@@ -2,8 +2,8 @@
 data is the data it was trained on, and a signal at any moment leaves either a whole result or nothing.
 
 One short SFT run (3 steps, a checkpoint each) is shared: its final save is hit by a SIGTERM; then its
-checkpoints are damaged, its data edited and its dir reused (components/runtime/checkpoint.py, datafp.py,
-resume.py, recipes/cli.py)."""
+checkpoints are damaged, its data edited and its dir reused (components/runtime/checkpoint.py and resume.py,
+components/data/fingerprint.py, recipes/cli.py)."""
 
 from __future__ import annotations
 

@@ -212,7 +212,7 @@ def test_a_reward_from_an_installed_package_or_binding_a_call_is_refused(compose
 def test_a_blank_reference_or_a_missing_answer_column_fails_before_the_model_loads(
     run_recipe, compose_cfg, tmp_path, monkeypatch
 ) -> None:
-    from components.runtime.dataprep import plan_data
+    from components.data.prepare import plan_data
     from components.runtime.session import Session
 
     def loaded(*args: Any) -> None:

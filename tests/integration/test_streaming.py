@@ -1,4 +1,4 @@
-"""``data.streaming=true`` (components/row_stream.py, components/runtime/streamprep.py): rows read lazily in
+"""``data.streaming=true`` (components/data/stream.py, components/data/stream_prepare.py): rows read lazily in
 every format ``load()`` reads and converted exactly as loaded rows are; ranks read disjoint rows; a bad row
 still names its file and line (or is counted); the feed resumes at the exact example; a run stopped by a
 real SIGTERM and resumed trains on the same rows and ends with the same weights as one that never stopped;
@@ -19,10 +19,10 @@ import torch
 from safetensors.torch import load_file
 
 from components.config.errors import EXIT_INTERRUPTED, ConfigError
-from components.data import ChatDataset
-from components.row_stream import PROBE, STREAM, Position, open_stream
-from components.runtime.feed import Place, Windows
-from components.runtime.streamprep import POSITION_FILE, check_positions
+from components.data.chats import ChatDataset
+from components.data.feed import Place, Windows
+from components.data.stream import PROBE, STREAM, Position, open_stream
+from components.data.stream_prepare import POSITION_FILE, check_positions
 from tests.conftest import REPO
 from tests.support.cli import in_process
 
@@ -198,7 +198,7 @@ def test_a_bad_row_past_the_checked_ones_names_its_file_and_line_or_is_counted(t
 
 def test_the_length_policy_applies_to_every_streamed_row(tmp_path: Path) -> None:
     """data.on_overlong on a row read after the checked ones: dropped and counted, or named."""
-    from components.runtime.dataprep import prepare_data
+    from components.data.prepare import prepare_data
     from components.text.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(str(REPO / "components" / "assets" / "tiny"))
@@ -221,8 +221,8 @@ def test_a_streamed_row_has_the_tokens_of_the_loaded_row(tmp_path: Path, templat
     """The trainer's tokens of a stream, each row tokenized as it is read, are those the loaded (cached)
     path makes of the same rows: the same ids, labels and mask, cut at max_length, rows with nothing left
     to train dropped."""
-    from components.runtime.dataprep import prepare_data
-    from components.runtime.sftdata import SFTTokens
+    from components.data.prepare import prepare_data
+    from components.data.tokens import SFTTokens
     from components.text.chat_template import resolve_chat_template
     from components.text.tokenizer import build_tokenizer
 
@@ -389,7 +389,7 @@ def same_weights(a: Path, b: Path) -> None:
 
 def test_a_packed_stream_resumes_to_the_same_weights(tmp_path, monkeypatch) -> None:
     """The same with data.packing (bfd, padding-free batches), stopped by a SIGTERM to this process."""
-    from components.runtime import feed
+    from components.data import feed
 
     path = write_jsonl(tmp_path / "rows.jsonl", [chat(i * 37) for i in range(40)])
     common = [*RUN, "data.packing=true", "data.max_length=48", f"data.path={path}", f"data.eval_path={path}"]

@@ -197,7 +197,7 @@ def test_from_run_of_a_gguf_model_loads_the_saved_dir(compose_cfg, tmp_path) -> 
 
 @needs_real
 def test_plan_reads_the_gguf_metadata_without_converting(compose_cfg, tmp_path, monkeypatch) -> None:
-    from components.runtime.dataprep import plan_data
+    from components.data.prepare import plan_data
 
     monkeypatch.setenv("HYDRATUNE_CACHE", str(tmp_path / "empty"))
 

@@ -142,7 +142,7 @@ def test_invalid_config_fails_before_model_load(
 def test_an_empty_eval_split_fails_when_the_data_is_read(
     compose_cfg, no_model_load, places, overrides: list[str], key: str
 ) -> None:
-    from components.runtime.dataprep import eval_every, prepare_data
+    from components.data.prepare import eval_every, prepare_data
 
     cfg = compose_cfg(*(o.format(**places) for o in overrides))
     comps = Components.from_config(cfg)

@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 
 from components.config.errors import ConfigError
-from components.data import ChatDataset, PreferenceDataset, PromptDataset, Source
+from components.data.chats import ChatDataset
+from components.data.preferences import PreferenceDataset
+from components.data.prompts import PromptDataset
+from components.data.source import Source
 
 # TRL's unpaired preference format (KTO): a completion and whether it is good
 KTO = [

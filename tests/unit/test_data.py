@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from components.config.errors import ConfigError
-from components.data import ChatDataset, PreferenceDataset, PromptDataset
+from components.data.chats import ChatDataset
+from components.data.preferences import PreferenceDataset
+from components.data.prompts import PromptDataset
 from components.generation.evaluation import eval_prompts
 from tests.support.data import chat, write_jsonl
 
@@ -246,7 +248,7 @@ def test_validate_missing_file_names_key_and_path(path: str) -> None:
 def test_validate_missing_eval_file_and_bad_suffix(tmp_path: Path) -> None:
     err = error(ChatDataset(path=numbered(tmp_path), eval_path="/nonexistent.jsonl").validate)
     assert err.key == "data.eval_path" and "/nonexistent.jsonl" in str(err)
-    (tmp_path / "notes.md").write_text("hello")  # (.txt is read: a corpus, components/textcorpus.py)
+    (tmp_path / "notes.md").write_text("hello")  # (.txt is read: a corpus, components/data/textcorpus.py)
     err = error(ChatDataset(path=str(tmp_path / "notes.md")).validate)
     assert err.key == "data.path" and "'.md'" in str(err) and ".jsonl" in (err.hint or "")
     (tmp_path / "empty_dir").mkdir()

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from components.config.errors import ConfigError
-from components.data import ChatDataset, PreferenceDataset, PromptDataset
+from components.data.chats import ChatDataset
+from components.data.preferences import PreferenceDataset
+from components.data.prompts import PromptDataset
 from tests.support.data import write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from components.config.errors import ConfigError
-from components.data import ChatDataset, PreferenceDataset, PromptDataset
+from components.data.chats import ChatDataset
+from components.data.preferences import PreferenceDataset
+from components.data.prompts import PromptDataset
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from components.config.errors import ConfigError
-from components.data import ChatDataset, scratch_workers
-from components.datareader import RowError
-from components.runtime.dataprep import check_tokens, length_notes
-from components.runtime.sftdata import SFTTokens
+from components.data.chats import ChatDataset
+from components.data.prepare import check_tokens, length_notes
+from components.data.readers import RowError
+from components.data.rows import scratch_workers
+from components.data.tokens import SFTTokens
 from components.text.sft_tokens import IGNORE
 from tests.support.data import TINY, tiny_export, write_jsonl
 
@@ -135,7 +136,7 @@ def test_a_bad_flag_is_a_row_error(tmp_path, extra, words) -> None:
 
 
 def test_a_flag_asking_to_train_a_user_turn_is_refused() -> None:
-    from components.data import parse_messages
+    from components.data.formats import parse_messages
 
     with pytest.raises(RowError, match="only assistant turns are trained"):
         parse_messages([{"role": "user", "content": "hi", "weight": 1}], "messages", flags=True)
@@ -173,7 +174,7 @@ def test_reasoning_reaches_the_template_and_is_trained(tokenizer, tmp_path, key)
 def test_reasoning_of_an_earlier_turn_passes_with_the_template_trl_trains(tokenizer, tmp_path) -> None:
     """qwen3 renders reasoning only after the last user turn; TRL trains with its qwen3_training template,
     which renders every turn's: the check and the tokens use that one."""
-    from components.runtime.dataprep import fit_template
+    from components.data.prepare import fit_template
     from components.text.chat_template import resolve_chat_template
 
     pairs = (("user", "q"), ("assistant", "a"), ("user", "again"), ("assistant", "b"))
@@ -194,7 +195,7 @@ def test_keep_reasoning_false_drops_and_counts_it(tmp_path) -> None:
 
 
 def test_a_template_that_drops_reasoning_is_refused(tokenizer, tmp_path) -> None:
-    from components.runtime.dataprep import fit_template
+    from components.data.prepare import fit_template
 
     rows = [turns(("user", "q"), ("assistant", "a"), **{"1": {"reasoning_content": "THINK"}})] * 3
     data = load(tmp_path, rows)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from components.config.errors import ConfigError
-from components.data import ChatDataset
+from components.data.chats import ChatDataset
 from components.text.chat_template import HYDRATUNE, choose_method, mask_conversations, resolve_chat_template
 from components.text.sft_tokens import pack, plan_tokens, tokenize_batch
 from tests.support.data import TINY, chat, multi_turn, write_jsonl

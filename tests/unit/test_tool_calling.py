@@ -11,13 +11,9 @@ from typing import Any
 import pytest
 
 from components.config.errors import ConfigError
-from components.data import ChatDataset, parse_messages
-from components.text.chat_template import (
-    HYDRATUNE,
-    choose_method,
-    mask_conversation,
-    trl_template_files,
-)
+from components.data.chats import ChatDataset
+from components.data.formats import parse_messages
+from components.text.chat_template import HYDRATUNE, choose_method, mask_conversation, trl_template_files
 from tests.support.data import TINY, chat, tiny_tokenizer_for, trained_text, write_jsonl
 
 TOOLS = [
@@ -58,7 +54,7 @@ def tool_chat(city: str = "Paris", result: str = TOOL_RESULT) -> dict[str, Any]:
 
 def plan(compose_cfg: Any, *overrides: str) -> list[str]:
     """``mode=plan``'s data check, in process: the lines it prints, or its ConfigError."""
-    from components.runtime.dataprep import plan_data
+    from components.data.prepare import plan_data
     from components.runtime.run import Components
 
     comps = Components.from_config(compose_cfg("mode=plan", *overrides))

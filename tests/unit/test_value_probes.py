@@ -299,7 +299,7 @@ def test_dpo_label_smoothing_is_what_trl_takes(compose_cfg) -> None:
 
 
 def test_a_mixture_entry_knob_is_checked_against_its_declared_range(tmp_path: Path) -> None:
-    from components.data import ChatDataset
+    from components.data.chats import ChatDataset
 
     path = tmp_path / "a.jsonl"
     path.write_text(ROW + "\n")
@@ -386,7 +386,8 @@ ROW = json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assis
 def test_brackets_nested_too_deep_are_a_named_row_error(
     tmp_path: Path, lines: list[str], suffix: str
 ) -> None:
-    from components.data import read_json, scratch_workers
+    from components.data.readers import read_json
+    from components.data.rows import scratch_workers
 
     path = tmp_path / f"deep{suffix}"
     path.write_text("\n".join(lines) + "\n")
@@ -396,7 +397,8 @@ def test_brackets_nested_too_deep_are_a_named_row_error(
 
 
 def test_brackets_nested_too_deep_skipped_with_on_error_skip(tmp_path: Path) -> None:
-    from components.data import read_json, scratch_workers
+    from components.data.readers import read_json
+    from components.data.rows import scratch_workers
 
     path = tmp_path / "deep.jsonl"
     path.write_text("\n".join([ROW, DEEP, ROW]) + "\n")

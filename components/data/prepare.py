@@ -36,37 +36,39 @@ def prepare_data(
 ) -> PreparedData:
     """Load the splits (format, mapping, row errors), fit the chat template, apply the component's length
     policy and, for a recipe that has them made here (``tokens``: SFT), tokenize every row; all of it
-    through the prepared-data cache (components/runtime/datacache.py: made once, memory-mapped after).
+    through the prepared-data cache (components/runtime/prepared_cache.py: made once, memory-mapped after).
     Then tokenize the first ``eval_generations`` eval prompts under the same limit. ``tokenizer=None`` (not
     available offline, in ``mode=plan``) checks the rows only. A tokenizer without a chat template gets the
     documented default when the rows are conversations (before anything renders them). ``eval_every`` > 0
     (the trainer evaluates every so many steps) needs eval rows. A stream (``data.streaming``) is not
     cached: its first rows and its eval rows go through all of this, the others as training reads them
-    (``components/runtime/streamprep.py``)."""
+    (``components/data/stream_prepare.py``)."""
     from dataclasses import asdict
 
-    from components.data import LoadedData, LoadReport
-    from components.runtime import datacache
-    from components.runtime.threads import data_processes
+    from components.data import prepared_cache
+    from components.data.rows import LoadedData, LoadReport
+    from components.distributed.workers import data_processes
     from components.text.chat_template import default_template
 
     tokens = tokens if tokenizer is not None else None
     streaming = getattr(data_component, "streaming", False)
     parts = None
     if getattr(data_component, "cache", True) and not streaming:  # a stream is read as it trains: not cached
-        parts = datacache.key_parts(data_component, tokenizer, tokens.key() if tokens is not None else None)
+        parts = prepared_cache.key_parts(
+            data_component, tokenizer, tokens.key() if tokens is not None else None
+        )
     stream = None
 
     def load(workers: Any) -> Any:
         nonlocal stream
         if not streaming:
             return data_component.load(workers)
-        from components.runtime.streamprep import load_stream
+        from components.data.stream_prepare import load_stream
 
         stream, loaded = load_stream(data_component, workers)  # train: its first rows, checked as loaded ones
         return loaded
 
-    def build(workers: Any) -> datacache.Prepared:
+    def build(workers: Any) -> prepared_cache.Prepared:
         data, defaulted = _load(data_component, load, tokenizer, workers)
         made = {"rows/train": data["train"], "rows/eval": data["eval"]}
         facts: dict[str, Any] = {"report": asdict(data.report), "default template": defaulted}
@@ -75,9 +77,9 @@ def prepare_data(
             token_maker = tokens.unpacked() if streaming else tokens
             token_splits, facts["tokens"] = token_maker.prepare(data, tokenizer, workers)
             made |= {f"tokens/{name}": split for name, split in token_splits.items()}
-        return datacache.Prepared(made, facts)
+        return prepared_cache.Prepared(made, facts)
 
-    outcome = datacache.prepare(data_component, parts, build, data_processes(data_component.num_proc))
+    outcome = prepared_cache.prepare(data_component, parts, build, data_processes(data_component.num_proc))
     made, facts = outcome.prepared.datasets, outcome.prepared.facts
     data = LoadedData({"train": made["rows/train"], "eval": made["rows/eval"]}, LoadReport(**facts["report"]))
     defaulted = facts.get("default template")
@@ -103,7 +105,7 @@ def prepare_data(
         )
         notes.update(counts)
     if stream is not None:
-        from components.runtime.streamprep import as_streamed
+        from components.data.stream_prepare import as_streamed
 
         as_streamed(prepared, stream, data_component, tokenizer, tokens)
     return prepared
@@ -238,7 +240,8 @@ def fit_template(data_component: Any, data: Any, tokenizer: Any, workers: Any) -
     would silently drop refused (a ConfigError naming the template and the first such row). The rows are
     read only when the conversion counted such rows (``LoadReport.flags``)."""
     from components.config.errors import ConfigError
-    from components.data import MESSAGE_COLUMNS, LoadedData
+    from components.data.rows import LoadedData
+    from components.data.tables import MESSAGE_COLUMNS
     from components.text.chat_template import check_tools_rendered, rejects_system, row_tools, template_label
 
     label = template_label(tokenizer.chat_template)
@@ -357,7 +360,7 @@ def check_eval_split(data_component: Any, eval_rows: int, eval_every: int) -> No
 
     if eval_rows or eval_every <= 0:
         return
-    from components.data import DEFAULT_EVAL_FRACTION
+    from components.data.rows import DEFAULT_EVAL_FRACTION
 
     fraction = getattr(data_component, "eval_fraction", 0)
     fraction = DEFAULT_EVAL_FRACTION if fraction is None else fraction  # unset: the default share

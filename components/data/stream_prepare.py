@@ -1,7 +1,7 @@
 """``data.streaming=true`` in a run: the refusals before load, the stream's preparation beside the loaded
-eval rows (never cached: ``components/runtime/dataprep.py``), its rows tokenized as they are read exactly as
+eval rows (never cached: ``components/data/prepare.py``), its rows tokenized as they are read exactly as
 loaded rows are (``components/text/sft_tokens.py``), SFTConfig's data fields, the positions a resume needs.
-No torch import here (the checks run before it); the feed is ``components/runtime/feed.py``.
+No torch import here (the checks run before it); the feed is ``components/data/feed.py``.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.config.errors import ConfigError
-from components.row_stream import Dropped, RowStream
+from components.data.stream import Dropped, RowStream
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from components.data import LoadedData
+    from components.data.rows import LoadedData
+    from components.data.tokens import SFTTokens
     from components.distributed.workers import Workers
     from components.runtime.run import Components
-    from components.runtime.sftdata import SFTTokens
 
 POSITION_FILE = "stream_position_{rank}.json"  # in a checkpoint: where each rank's stream stands
 
@@ -126,8 +126,8 @@ def load_stream(data: Any, workers: Workers) -> tuple[RowStream, LoadedData]:
     """This rank's stream, and the splits ``prepare_data`` checks as it checks loaded ones: the stream's
     first rows (checked before the model loads) as train, the eval rows (a finite file, loaded whole);
     ``workers`` write them as Arrow."""
-    from components.data import LoadedData
-    from components.row_stream import open_stream
+    from components.data.rows import LoadedData
+    from components.data.stream import open_stream
 
     rank, world = rank_and_world()
     stream, report, evals = open_stream(data, rank=rank, world=world, workers=workers)
@@ -155,7 +155,8 @@ def as_streamed(
     later row goes through what ``prepare_data`` did to the first ones (the system turn folded or refused
     for a template without one, the length policy), as it is read; with ``tokens``, the train tokens are
     the stream's rows tokenized as they are read (:func:`token_stream`)."""
-    from components.data import LoadedData, batch_lengths
+    from components.data.rows import LoadedData
+    from components.data.tables import batch_lengths
     from components.text.chat_template import fold_system, is_conversational, rejects_system, template_label
 
     checked = prepared.splits["train"]
@@ -204,7 +205,7 @@ def token_stream(stream: RowStream, prepared: Any, tokens: SFTTokens, tokenizer:
     and counted. The first rows' tokens, made before the model loaded (unpacked), are its probe."""
     import dataclasses
 
-    from components.runtime.sftdata import token_plan
+    from components.data.tokens import token_plan
     from components.text.sft_tokens import tokenize_batch
 
     plan = dataclasses.replace(token_plan(prepared.token_facts), packing=tokens.packing)

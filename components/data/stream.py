@@ -27,16 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.config.errors import ConfigError
-from components.data import (
-    CHAT_TOOLS_COLUMN,
-    TURN_NOTES,
-    LoadReport,
-    Part,
-    Row,
-    looks_local,
-    scratch_workers,
-)
-from components.datareader import (
+from components.data.formats import TURN_NOTES
+from components.data.layout import Part, looks_local
+from components.data.readers import (
     BUILDERS,
     ListTable,
     RowError,
@@ -54,11 +47,12 @@ from components.datareader import (
     read_json,
     row_error,
 )
+from components.data.rows import CHAT_TOOLS_COLUMN, LoadReport, Row, scratch_workers
 
 if TYPE_CHECKING:
     from datasets import Dataset, IterableDataset
 
-    from components.data import ChatDataset
+    from components.data.chats import ChatDataset
     from components.distributed.workers import Workers
 
 PROBE = 1000  # rows of the stream read and checked before the model loads (mode=plan: the same rows)
@@ -233,7 +227,7 @@ class RowStream:
     """One rank's rows of data.path, converted and checked one by one, endless; each with the
     :class:`Position` after it. ``map`` adds a per-row step (as ``Dataset.map`` does: the step's columns
     replace ``remove_columns``); ``dataset()`` is the ``datasets.IterableDataset`` the trainer reads (its
-    rows tokenized by a step: ``components/runtime/streamprep.py``), starting at ``start``."""
+    rows tokenized by a step: ``components/data/stream_prepare.py``), starting at ``start``."""
 
     def __init__(
         self,
@@ -319,7 +313,7 @@ class RowStream:
         if BUILDERS[data_suffix(part.path)] == "json":
             return json_rows(part.path, at, skip=self.data.on_error == "skip", stats={})
         if BUILDERS[data_suffix(part.path)] == "text":
-            from components.textcorpus import text_rows
+            from components.data.textcorpus import text_rows
 
             return text_rows(part.path, at.row, KEY)
         return table_rows(part.path, at)
@@ -497,7 +491,7 @@ def held_out(shell: RowStream) -> int:
     """How many of the stream's first rows are its eval rows: data.eval_size, or by default the share
     ``load()`` holds out of a file of as many rows (5%, at most 1,000: the stream's rows are counted up
     to 20,000); none with data.eval_path, a folder's validation split or data.eval_fraction=0."""
-    from components.data import DEFAULT_EVAL_FRACTION, DEFAULT_EVAL_ROWS
+    from components.data.rows import DEFAULT_EVAL_FRACTION, DEFAULT_EVAL_ROWS
 
     data = shell.data
     layout = data.layout(data.path, data.split) if shell.local else None

@@ -16,12 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from components.config.errors import ConfigError
 from components.config.files import CHUNK, file_sha256
-from components.runtime.checkpoint import DATA_FINGERPRINT, manifest
 
 log = logging.getLogger("hydratune")
 
 #: the switch that accepts resuming on changed data
 ALLOW = "resume_allow_data_change"
+#: in the run dir: what the run trains on (copied into every checkpoint's completion marker)
+DATA_FINGERPRINT = "data_fingerprint.json"
 
 
 #: data knobs that change how the data is prepared, not what it is (left out of the fingerprint)
@@ -39,7 +40,7 @@ def fingerprint(cfg: DictConfig) -> dict[str, Any]:
 
 def fingerprint_node(node: dict[str, Any], hashes: FileHashes | None = None) -> dict[str, Any]:
     """:func:`fingerprint` of a data node (a dict); ``hashes``: where file hashes are remembered."""
-    from components.data import looks_local
+    from components.data.layout import looks_local
 
     hashes = hashes or FileHashes(None)
     files: dict[str, str] = {}
@@ -107,7 +108,7 @@ class FileHashes:
 
 
 def cache_root(data: Any) -> Path:
-    """The prepared-data cache dir (components/runtime/datacache.py) of a data component or node:
+    """The prepared-data cache dir (components/data/prepared_cache.py) of a data component or node:
     ``data.cache_dir``, ``$HYDRATUNE_DATA_CACHE``, or ``$HYDRATUNE_CACHE/data`` (default
     ``~/.cache/hydratune/data``); the file hashes are remembered there too."""
     from components.modeling.gguf import cache_home
@@ -147,9 +148,9 @@ def changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return problems
 
 
-def check(checkpoint: Path, cfg: DictConfig) -> None:
-    """Refuse to resume ``checkpoint`` on other data than it was trained on (unless :data:`ALLOW`)."""
-    recorded = (manifest(checkpoint) or {}).get("data")
+def check(checkpoint: Path, recorded: dict[str, Any] | None, cfg: DictConfig) -> None:
+    """Refuse to resume ``checkpoint`` (``recorded``: the fingerprint its completion marker holds) on other
+    data than it was trained on (unless :data:`ALLOW`)."""
     if recorded is None:
         log.warning(
             "checkpoint %s records no data fingerprint (older hydratune): data not compared", checkpoint

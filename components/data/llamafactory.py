@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config.errors import ConfigError
-from components.datareader import RowError, Table, is_blank
+from components.data.readers import RowError, Table, is_blank
 
 INFO = "dataset_info.json"
 KEY = "data.path"
@@ -72,7 +72,7 @@ DEFAULT_TAGS = {
     "system_tag": "system",
 }
 #: LLaMA-Factory's roles as hydratune's turn names (``function_call``: the assistant's tool call,
-#: ``observation``: a tool result; components/data.py's ROLE_ALIASES)
+#: ``observation``: a tool result; components/data/rows.py's ROLE_ALIASES)
 ROLE_OF = {
     "user_tag": "user",
     "assistant_tag": "assistant",

@@ -6,10 +6,10 @@ Where: ``data.cache_dir``, else ``$HYDRATUNE_DATA_CACHE``, else ``$HYDRATUNE_CAC
 ``~/.cache/hydratune/data``); ``data.cache=false`` prepares into a temporary dir instead (every run and
 rank then prepares its own). ``hydratune cache ls`` lists the entries, ``hydratune cache clear`` frees them.
 
-The key (:func:`key_parts`) holds everything that changes the result: the sha256 of every data file (size,
-mtime, ctime and inode only decide whether a file is hashed again: ``datafp.FileHashes``) or a hub split's
-own fingerprint, every data knob but those that only say how to prepare (``datafp.NOT_DATA``) or only a
-stream reads (``STREAM_ONLY``: ``data.streaming`` is never cached), the data
+The key (:func:`key_parts`) holds everything that changes the result: the sha256 of every data file
+(size, mtime, ctime and inode only decide whether a file is hashed again: ``fingerprint.FileHashes``) or a hub
+split's own fingerprint, every data knob but those that only say how to prepare (``fingerprint.NOT_DATA``) or
+only a stream reads (``STREAM_ONLY``: ``data.streaming`` is never cached), the data
 component, the tokenizer (its whole vocabulary, merges, normalizer, special tokens) and chat template, what
 the recipe makes of the rows (SFT: masking, ``max_length``, packing), the bytes of hydratune's data code
 and the versions of the libraries it prepares with. Editing one row, the template or any of those gives a
@@ -46,9 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from components.config.files import file_lock, inside, mismatch, sha256s
+from components.data.fingerprint import FileHashes, cache_root, fingerprint_node
 from components.distributed.workers import SHARD_ROWS, Workers, open_shards
 from components.launcher import alive
-from components.runtime.datafp import FileHashes, cache_root, fingerprint_node
 
 log = logging.getLogger("hydratune")
 
@@ -60,18 +60,20 @@ STAGING = ".staging"
 ABSENT = "absent"
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 TEMPORARY = ".tmp"
-#: the modules whose code shapes a prepared entry (their bytes are in the key)
+#: the code that shapes a prepared entry (its bytes are in the key): every module of the data wing and the
+#: text helpers it renders and tokenizes with
+DATA_CODE = ("components/data/*.py", "components/text/chat_template.py", "components/text/sft_tokens.py")
 DATA_CODE = (
     "components/data.py",
-    "components/datareader.py",
-    "components/textcorpus.py",
-    "components/llamafactory.py",
-    "components/promptlength.py",
+    "components/data/readers.py",
+    "components/data/textcorpus.py",
+    "components/data/llamafactory.py",
+    "components/data/promptlength.py",
     "components/text/chat_template.py",
     "components/text/sft_tokens.py",
-    "components/runtime/dataprep.py",
-    "components/runtime/datacache.py",
-    "components/runtime/sftdata.py",
+    "components/data/prepare.py",
+    "components/data/prepared_cache.py",
+    "components/data/tokens.py",
 )
 LIBRARIES = ("datasets", "pyarrow", "transformers", "tokenizers", "trl", "jinja2")
 #: the knobs of data.streaming only (a stream is never cached): not in the key of what a loaded run prepares
@@ -87,7 +89,7 @@ def key_parts(data: Any, tokenizer: Any, tokens: dict[str, Any] | None) -> dict[
     import dataclasses
     from importlib.metadata import PackageNotFoundError, version
 
-    from components.data import looks_local
+    from components.data.layout import looks_local
 
     node = {k: v for k, v in dataclasses.asdict(data).items() if k not in STREAM_ONLY}
     libraries = {}
@@ -122,9 +124,9 @@ def _paths(node: dict[str, Any]) -> list[str]:
 def code_fingerprint() -> str:
     """The sha256 of hydratune's data code (``DATA_CODE``)."""
     digest = hashlib.sha256()
-    for name in DATA_CODE:
-        path = REPO / name
-        digest.update(name.encode() + (path.read_bytes() if path.is_file() else b"<missing>"))
+    for pattern in DATA_CODE:
+        for path in sorted(REPO.glob(pattern)):
+            digest.update(path.relative_to(REPO).as_posix().encode() + path.read_bytes())
     return digest.hexdigest()
 
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 Row = dict[str, Any]
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-BUILDERS[".txt"] = "text"  # one document per blank-line-separated block (components/textcorpus.py)
+BUILDERS[".txt"] = "text"  # one document per blank-line-separated block (components/data/textcorpus.py)
 # compressed text files (``x.jsonl.gz``): the suffix -> how to decompress (``zstd`` needs ``zstandard``,
 # as it does for ``datasets``)
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": "zstd"}
@@ -110,7 +110,7 @@ class Table:
     drop: frozenset[str] = frozenset()
     rename: dict[str, str] = field(default_factory=dict)
     # a conversion each row needs before the data option's own (a LLaMA-Factory entry's,
-    # components/llamafactory.py): ``columns`` are then what it gives, and ``shape`` the format it gives
+    # components/data/llamafactory.py): ``columns`` are then what it gives, and ``shape`` the format it gives
     prepare: Callable[[Row], Row] | None = None
     shape: str | None = None
 
@@ -157,7 +157,7 @@ class Table:
 @dataclass
 class ListTable(Table):
     """Rows held in a list: a ``.json`` file that is one document (parsed whole), or a stream's first rows
-    (``components/row_stream.py``; ``lines``: the JSON line each came from)."""
+    (``components/data/stream.py``; ``lines``: the JSON line each came from)."""
 
     data: list[Row] = field(default_factory=list)
     lines: list[int] | None = None
