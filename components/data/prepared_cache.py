@@ -63,18 +63,6 @@ TEMPORARY = ".tmp"
 #: the code that shapes a prepared entry (its bytes are in the key): every module of the data wing and the
 #: text helpers it renders and tokenizes with
 DATA_CODE = ("components/data/*.py", "components/text/chat_template.py", "components/text/sft_tokens.py")
-DATA_CODE = (
-    "components/data.py",
-    "components/data/readers.py",
-    "components/data/textcorpus.py",
-    "components/data/llamafactory.py",
-    "components/data/promptlength.py",
-    "components/text/chat_template.py",
-    "components/text/sft_tokens.py",
-    "components/data/prepare.py",
-    "components/data/prepared_cache.py",
-    "components/data/tokens.py",
-)
 LIBRARIES = ("datasets", "pyarrow", "transformers", "tokenizers", "trl", "jinja2")
 #: the knobs of data.streaming only (a stream is never cached): not in the key of what a loaded run prepares
 STREAM_ONLY = ("streaming", "stream_window", "stream_shuffle")

@@ -477,3 +477,14 @@ def test_the_reference_check_sees_files_and_tests(tmp_path: Path) -> None:
         "docs/x.md: tests/test_old.py",
         "docs/x.md: tests/unit/test_a.py::test_gone",
     ]
+
+
+def test_the_cache_key_covers_every_module_of_the_data_wing() -> None:
+    """A prepared-data cache entry is keyed on the bytes of the code that made it: every module of
+    components/data/ (a new one too) and the text helpers it renders with."""
+    from components.data.prepared_cache import DATA_CODE
+
+    covered = {p for pattern in DATA_CODE for p in REPO.glob(pattern)}
+    wing = set((REPO / "components" / "data").glob("*.py"))
+    assert len(wing) > 10 and wing <= covered, sorted(p.name for p in wing - covered)
+    assert {REPO / "components/text/chat_template.py", REPO / "components/text/sft_tokens.py"} <= covered
