@@ -63,6 +63,9 @@ class Recipe:
     trains_in_stages: ClassVar[bool] = False
     #: trains on ``data.streaming``'s rows as they are read (no whole data set up front)
     streams_data: ClassVar[bool] = False
+    #: what its trainer does with a preference row past data.max_length: "truncate" (cut, the start kept:
+    #: TRL's DPO, CPO, KTO trainers) or "drop" (the pair left out: its RewardTrainer); counted before load
+    overlong_pairs: ClassVar[str] = "truncate"
 
     @classmethod
     def demo(cls) -> str:
@@ -85,8 +88,14 @@ class Recipe:
     def tokens(self, comps: Components) -> Any:
         """What makes the tokens its trainer reads, when the recipe has them made with the data (cached
         with it, every row checked before the model loads): an object with ``key()`` and
-        ``prepare(splits, tokenizer, workers)`` (SFT: ``components/data/tokens.py``). None: the trainer
-        tokenizes the rows itself."""
+        ``prepare(splits, tokenizer, workers)`` (SFT: ``components/data/tokens.py``). Preference data
+        (reward, DPO, ORPO, SimPO, KTO): the trainer tokenizes, and what data.max_length does to the rows is
+        measured and counted first (``components/data/pair_lengths.py``). None: the trainer tokenizes the
+        rows itself."""
+        if comps.data.kind in ("preference", "unpaired"):
+            from components.data.pair_lengths import PairLengths
+
+            return PairLengths(comps.data.max_length, self.overlong_pairs)
         return None
 
     def run(self, ctx: RunContext) -> dict[str, Any]:

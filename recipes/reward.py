@@ -19,6 +19,7 @@ class Reward(Recipe):
     title: ClassVar[str] = "Reward model"
     data_kinds: ClassVar[tuple[str, ...]] = ("preference",)
     produces_causal_lm: ClassVar[bool] = False  # a sequence classifier: PPO, GRPO and best_of_n score with it
+    overlong_pairs: ClassVar[str] = "drop"  # RewardTrainer drops a pair with a side past max_length
 
     # pushes mean rewards towards 0 (Eisenstein et al.)
     center_rewards_coefficient: float | None = knob(None, NON_NEGATIVE)

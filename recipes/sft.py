@@ -74,7 +74,7 @@ class SFT(Recipe):
 
         c = ctx.components
         session = Session.start(ctx)
-        session.load_data(self.tokens(c))  # the rows checked and tokenized (TRL's masks or hydratune's)
+        session.load_data()  # the rows checked and tokenized (TRL's masks or hydratune's): self.tokens(c)
         plan = token_plan(session.token_facts)
         model = session.build_model()
         session.evaluate_generations("before")

@@ -46,6 +46,7 @@ def prepare_data(
     from dataclasses import asdict
 
     from components.data import prepared_cache
+    from components.data.pair_lengths import check_pairs, pair_notes
     from components.data.rows import LoadedData, LoadReport
     from components.distributed.workers import data_processes
     from components.text.chat_template import default_template
@@ -91,7 +92,10 @@ def prepare_data(
     notes.update(data.info)  # the format, where the eval rows came from
     token_facts = facts.get("tokens") or {}
     split_tokens = {name[len("tokens/") :]: d for name, d in made.items() if name.startswith("tokens/")}
-    if token_facts:
+    if "pairs" in token_facts:  # preference rows: the trainer tokenizes; the limit's effect counted
+        notes.update(pair_notes(token_facts))
+        check_pairs(token_facts, {name: len(rows) for name, rows in data.items()})
+    elif token_facts:
         notes.update(length_notes(data_component, token_facts, getattr(tokenizer, "model_max_length", None)))
         check_tokens(data_component, token_facts, {name: len(rows) for name, rows in data.items()})
         check_trained_tokens(split_tokens["train"], tokenizer, token_facts)

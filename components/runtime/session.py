@@ -105,12 +105,14 @@ class Session:
         }
         return session
 
-    def load_data(self, tokens: Any = None) -> Any:
+    def load_data(self) -> Any:
         """The data component's train/eval splits, length policy applied, and the eval prompts for
         generation tokenized under the same policy; bad or empty data fails here, before any model loads.
-        A tokenizer without a chat template gets the documented default for conversational data.
-        ``tokens`` (the recipe's ``tokens()``): also every row tokenized, in ``self.tokens``."""
+        A tokenizer without a chat template gets the documented default for conversational data. What the
+        recipe's ``tokens()`` makes with the rows (SFT: every row tokenized, in ``self.tokens``; preference
+        recipes: the lengths counted) is made here too, as ``mode=plan`` makes it."""
         c, train = self.ctx.components, self.ctx.train
+        tokens = c.recipe.tokens(c)
         prepared = prepare_data(c.data, self.tokenizer, train.eval_generations, eval_every(c, train), tokens)
         self.eval_prompts = prepared.prompts
         self.tokens, self.token_facts = prepared.tokens, prepared.token_facts

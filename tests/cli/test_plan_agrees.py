@@ -49,6 +49,13 @@ BAD = {
         [],
         "[model.chat_template] train row 0: the chat template",
     ),
+    # preference rows whose prompt alone fills max_length: TRL's DPOTrainer drops every one (an empty
+    # dataset after the load before)
+    "pairs whose prompt fills the limit": (
+        [{"prompt": f"{i}: {LONG}", "chosen": f"yes {i}", "rejected": f"no {i}"} for i in range(12)],
+        ["recipe=dpo", "data.max_length=32"],
+        "[data.max_length] no train row is left to train within data.max_length=32",
+    ),
     "every turn flagged off": (
         [turns(("user", f"{i}+1?"), ("assistant", str(i + 1)), **{"1": {"weight": 0}}) for i in range(12)],
         [],
