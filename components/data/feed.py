@@ -159,4 +159,9 @@ class Feed:
             "dropped (too long)"
             for r, c in enumerate(every)
         )
-        return {"streamed (per rank)": lines}
+        keys: dict[str, int] = {}
+        for c in every:
+            for key, n in c["keys"].items():
+                keys[key] = keys.get(key, 0) + n
+        shown = ", ".join(f"{k} ({n:,} rows)" for k, n in keys.items()) or "none"
+        return {"streamed (per rank)": lines, "streamed message keys ignored (every rank)": shown}

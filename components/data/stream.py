@@ -79,17 +79,22 @@ class Position:
     read: int = 0  # this rank's rows read, every pass
     skipped: int = 0  # of which bad (data.on_error=skip)
     dropped: int = 0  # of which too long (data.on_overlong=drop)
+    keys: dict[str, int] = dataclasses.field(default_factory=dict)  # message keys not used: rows naming each
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The position as a flat record (``keys`` as a JSON string: one Arrow type for every row)."""
+        return dataclasses.asdict(self) | {"keys": json.dumps(self.keys)}
 
     @classmethod
     def of(cls, record: dict[str, Any]) -> Position:
-        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls)})
+        known = {f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record}
+        if isinstance(known.get("keys"), str):
+            known["keys"] = json.loads(known["keys"])
+        return cls(**known)  # a position saved before ``keys`` was counted starts it empty
 
-    def counts(self) -> dict[str, int]:
-        """This rank's rows read, skipped and dropped (for the summary)."""
-        return {"read": self.read, "skipped": self.skipped, "dropped": self.dropped}
+    def counts(self) -> dict[str, Any]:
+        """This rank's rows read, skipped and dropped, and the message keys not used (for the summary)."""
+        return {"read": self.read, "skipped": self.skipped, "dropped": self.dropped, "keys": dict(self.keys)}
 
 
 # ----------------------------------------------------------------------------------------------- readers
@@ -385,8 +390,10 @@ class RowStream:
         try:
             row = self.mapper.mapped(raw)
             self.data.task_columns(Table(where, list(row), 1))
-            TURN_NOTES.clear()  # the stream does not count ignored message keys: keep the list to one row
+            TURN_NOTES.clear()  # this row's message keys not used
             out = self.convert(row)
+            for key in dict.fromkeys(TURN_NOTES):
+                at.keys[key] = at.keys.get(key, 0) + 1
             for fn, drop in self.steps:
                 out = {k: v for k, v in out.items() if k not in drop} | fn(out)
             return out

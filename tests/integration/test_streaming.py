@@ -188,12 +188,25 @@ def test_a_bad_row_past_the_checked_ones_names_its_file_and_line_or_is_counted(t
 
     skipping = ChatDataset(path=str(path), eval_fraction=0.0, streaming=True, on_error="skip")
     *_, (_, after) = streamed(skipping, PROBE + 49)
-    assert after.counts() == {"read": PROBE + 50, "skipped": 1, "dropped": 0}
+    assert after.counts() == {"read": PROBE + 50, "skipped": 1, "dropped": 0, "keys": {}}
 
     rows[3] = {"messages": "not a list"}  # among the first rows: refused before load, as load() refuses it
     write_jsonl(path, rows)
     with pytest.raises(ConfigError, match=rf"{path}:4 \(row 4\)"):
         open_stream(raising)
+
+
+def test_message_keys_a_stream_does_not_use_are_counted_past_the_checked_rows(tmp_path: Path) -> None:
+    """A key no template renders (``meta``), on rows read after the checked first ones, is counted per row
+    (the summary's ``streamed message keys ignored``), and the count survives a position's JSON."""
+    rows = [chat(i) for i in range(PROBE + 30)]
+    for i in range(PROBE + 5, PROBE + 12):
+        rows[i]["messages"][0]["meta"] = {"source": "forum", "i": i}
+    path = write_jsonl(tmp_path / "keys.jsonl", rows)
+    stream = open_stream(ChatDataset(path=str(path), eval_fraction=0.0, streaming=True))[0]
+    *_, (_, at) = list(islice(stream.rows(Position()), PROBE + 30))
+    assert at.counts()["keys"] == {"meta": 7}
+    assert Position.of(json.loads(json.dumps(at.as_dict()))).keys == {"meta": 7}
 
 
 def test_the_length_policy_applies_to_every_streamed_row(tmp_path: Path) -> None:
@@ -208,7 +221,7 @@ def test_the_length_policy_applies_to_every_streamed_row(tmp_path: Path) -> None
     knobs = {"path": str(path), "eval_fraction": 0.0, "streaming": True, "max_length": 64}
     stream = prepare_data(ChatDataset(**knobs, on_overlong="drop"), tokenizer, 0).splits["train"]
     *_, (_, after) = islice(stream.rows(Position()), PROBE + 19)
-    assert after.counts() == {"read": PROBE + 20, "skipped": 0, "dropped": 1}
+    assert after.counts() == {"read": PROBE + 20, "skipped": 0, "dropped": 1, "keys": {}}
     stream = prepare_data(ChatDataset(**knobs, on_overlong="error"), tokenizer, 0).splits["train"]
     with pytest.raises(
         ConfigError, match=rf"{path}:{PROBE + 6} \(row {PROBE + 6}\): \d+ tokens > data.max_length=64"
