@@ -19,6 +19,7 @@ class Mesh:
     tp: int = 1
     sp: int = 1
     pp: int = 1
+    ep: int = 1  # expert parallel: a mixture's experts split over ep ranks of the data-parallel ones
 
     @property
     def model_parallel(self) -> int:
@@ -47,11 +48,20 @@ class Mesh:
                 key=f"strategy.{first}_size",
                 hint=f"launcher.nproc_per_node x launcher.nnodes must be a multiple of {self.model_parallel}",
             )
+        sharding = self.dp * self.tp  # the ranks FSDP and TP shard one copy of the model over
+        if self.ep < 1 or sharding % self.ep or self.ep % self.tp:
+            raise ConfigError(
+                f"ep_size={self.ep} must divide the {sharding} data x tensor parallel ranks and be a "
+                f"multiple of tp_size={self.tp}: the experts split over ep of the ranks sharding the model",
+                key="strategy.ep_size",
+                hint=f"strategy.ep_size dividing {sharding} (launcher.nproc_per_node x launcher.nnodes)",
+            )
 
     def describe(self) -> str:
-        """``dp 1 x tp 2 x sp 1 x pp 1 = 2 processes``."""
+        """``dp 1 x tp 2 x sp 1 x pp 1 = 2 processes`` (``; experts over ep 2`` with expert parallel)."""
         sizes = " x ".join(f"{dim} {getattr(self, dim)}" for dim in ("dp", "tp", "sp", "pp"))
-        return f"{sizes} = {self.world} process{'es' if self.world != 1 else ''}"
+        experts = f"; experts split over ep {self.ep} of them" if self.ep > 1 else ""
+        return f"{sizes} = {self.world} process{'es' if self.world != 1 else ''}{experts}"
 
     def per_node(self, nnodes: int) -> str:
         """``1 node x 2 processes``: how the world sits on the nodes."""
@@ -67,6 +77,7 @@ class ModelDims:
     hidden: int
     intermediate: int
     layers: int
+    experts: int = 0  # a mixture of experts' experts per layer (0: dense)
 
     @classmethod
     def from_config(cls, config: object) -> ModelDims:
@@ -79,6 +90,7 @@ class ModelDims:
             hidden=int(text.hidden_size),
             intermediate=int(getattr(text, "intermediate_size", None) or 4 * int(text.hidden_size)),
             layers=int(text.num_hidden_layers),
+            experts=int(getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None) or 0),
         )
 
 
@@ -91,6 +103,19 @@ def check_model(mesh: Mesh, dims: ModelDims) -> None:
     ranks, and the key/value heads too (or, with fewer of them, each replicated to ``sp / kv_heads``
     ranks). The pipeline dimension's own checks (layers per stage) belong here as well."""
     tp, sp = mesh.tp, mesh.sp
+    if mesh.ep > 1 and (not dims.experts or dims.experts % mesh.ep):
+        if dims.experts:
+            why, fix = (
+                f"its {dims.experts} experts are not divisible by",
+                f"strategy.ep_size dividing {dims.experts}",
+            )
+        else:
+            why, fix = "it has no experts to split at", "strategy.ep_size=1 for a dense model"
+        raise ConfigError(
+            f"expert parallel cannot split this model: {why} ep_size={mesh.ep}",
+            key="strategy.ep_size",
+            hint=fix,
+        )
     fits = {
         ("tp", "attention heads"): dims.heads % tp == 0,
         ("tp", "key/value heads"): dims.kv_heads % tp == 0,

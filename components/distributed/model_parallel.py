@@ -66,6 +66,97 @@ def distributed_config(tp: int, dp: int) -> Any:
     return DistributedConfig(tp_size=tp, fsdp_size=dp)
 
 
+#: the mixtures whose experts AutoEP splits and ``full_expert_state_dict`` gathers back into the model's own
+#: parameters (transformers 5's fused ``gate_up_proj`` [experts, 2 x ffn, hidden] and ``down_proj`` [experts,
+#: hidden, ffn]); checked against the weights the model was built with
+AUTOEP_MODEL_TYPES = ("qwen3_moe", "mixtral")
+
+
+def autoep_block(ep: int, device: str) -> dict[str, Any]:
+    """DeepSpeed's ``expert_parallel`` block (AutoEP): the experts split over ``ep`` ranks, the preset found
+    from the model's type; on CPU the experts run as plain batched matmuls (no grouped-GEMM kernel)."""
+    return {"enabled": True, "autoep_size": ep, "use_grouped_mm": device == "cuda"}
+
+
+def autoep_transformers_compat() -> None:
+    """DeepSpeed 0.19.8's AutoEP reads transformers' output-recorder registry as a plain dict
+    (``registry.get(name, default)``); transformers 5.23's ``_CanRecordRegistry.get`` takes the model only.
+    Make ``get`` take both forms (idempotent); without it ``deepspeed.initialize`` stops with a TypeError."""
+    from transformers.utils import output_capturing
+
+    registry = output_capturing._CanRecordRegistry
+    if getattr(registry.get, "_hydratune", False):
+        return
+    original = registry.get
+
+    def get(self: Any, key: Any, default: Any = None) -> Any:
+        return dict.get(self, key, default) if isinstance(key, str) else original(self, key)
+
+    get._hydratune = True  # type: ignore[attr-defined]
+    registry.get = get
+
+
+def autoep_layers(model: Any) -> dict[str, Any]:
+    """``{name: layer}`` of the mixture blocks AutoEP put in place of the model's own."""
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if hasattr(module, "expert_placement_descriptor") and hasattr(module, "experts")
+    }
+
+
+def full_expert_state_dict(model: Any) -> dict[str, Any]:
+    """The model's state dict under its own names, every expert whole: each AutoEP block's local experts
+    (``w1`` gate, ``w3`` up, ``w2`` down, [local experts, ...]) gathered from the ranks of its expert-parallel
+    group and put back as ``gate_up_proj`` / ``down_proj`` over all experts, its router as ``gate.weight``.
+    A collective: every rank calls it (the answer is the same on every rank)."""
+    import torch
+    import torch.distributed as dist
+    from deepspeed.checkpoint.autoep_affine import autoep_experts_for_rank
+
+    state = model.state_dict()
+    for name, layer in autoep_layers(model).items():
+        prefix = f"{name}."
+        for key in [k for k in state if k.startswith(prefix)]:
+            del state[key]
+        ranks = dist.get_world_size(layer.ep_group)
+        owned = [list(autoep_experts_for_rank(layer.expert_placement_descriptor, r)) for r in range(ranks)]
+        whole = {}
+        for part in ("w1", "w2", "w3"):
+            local = getattr(layer.experts, part).detach().contiguous()
+            pieces = [torch.empty_like(local) for _ in range(ranks)]
+            dist.all_gather(pieces, local, group=layer.ep_group)
+            full = torch.empty((layer.num_experts, *local.shape[1:]), dtype=local.dtype, device=local.device)
+            for experts, piece in zip(owned, pieces, strict=True):
+                full[experts] = piece
+            whole[part] = full
+        state[f"{prefix}gate.weight"] = layer.router.gate.weight.detach()
+        state[f"{prefix}experts.gate_up_proj"] = torch.cat([whole["w1"], whole["w3"]], dim=1)
+        state[f"{prefix}experts.down_proj"] = whole["w2"]
+    return state
+
+
+def expert_layout(model: Any) -> dict[str, Any]:
+    """Which experts this rank holds of the first AutoEP block, out of how many, and its group's size."""
+    import torch.distributed as dist
+    from deepspeed.checkpoint.autoep_affine import autoep_experts_for_rank
+
+    layers = autoep_layers(model)
+    if not layers:
+        raise ConfigError(
+            "asked for expert parallel but DeepSpeed left every mixture block whole (AutoEP found none)",
+            key="strategy.ep_size",
+            hint=f"a model of a type AutoEP splits ({', '.join(AUTOEP_MODEL_TYPES)}), or strategy.ep_size=1",
+        )
+    name, layer = next(iter(layers.items()))
+    held = list(autoep_experts_for_rank(layer.expert_placement_descriptor, layer.ep_rank))
+    return {
+        "blocks split": len(layers),
+        "expert parallel group": dist.get_world_size(layer.ep_group),
+        f"{name} experts held": f"{held} of {layer.num_experts} ({tuple(layer.experts.w1.shape)} w1)",
+    }
+
+
 def deepspeed_layout(model: Any, mesh: Mesh) -> dict[str, Any]:
     """What DeepSpeed built, read back after ``deepspeed.initialize``: the sizes of its TP, SP and data
     parallel groups, and this rank's shape of each split projection next to its whole shape. A ConfigError

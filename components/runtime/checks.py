@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 from components.config.errors import ConfigError
 from components.config.registry import check_known_keys
 from components.data.stream_prepare import check_streaming
+from components.distributed.mesh import Mesh
 from components.recipe import DATA_KINDS
 from components.runtime.diskspace import DiskFull, check_room_before_load, planned_run_dir
 from components.runtime.run import Components, batch_plan, world_size
@@ -120,9 +121,12 @@ def check_split(cfg: DictConfig, comps: Components, device: str) -> None:
     the model's heads and sizes divide by it, and nothing it cannot go with is asked for (the recipe, the
     engine's knobs, quantization, PEFT, the attention on packed rows), each refused with its fix."""
     from components.distributed.mesh import ModelDims, check_model
+    from components.distributed.model_parallel import AUTOEP_MODEL_TYPES
 
     split, recipe = comps.strategy.model_split, comps.recipe
     mesh = split.mesh(world_size(comps))
+    if mesh.ep > 1:
+        check_expert_split(comps, mesh)
     if mesh.tp == 1 and mesh.sp == 1:  # data parallel, or pipeline stages (strategy=pipeline checks those)
         return
     knob = "strategy.tp_size" if mesh.tp > 1 else "strategy.sp_size"
@@ -167,9 +171,60 @@ def check_split(cfg: DictConfig, comps: Components, device: str) -> None:
     for bad, key, why, fix in refused:
         if bad:
             raise ConfigError(why, key=key, hint=fix)
-    check_model(mesh, ModelDims.from_config(comps.model.load_config()))
+    config = comps.model.load_config()
+    check_model(mesh, ModelDims.from_config(config))
+    kind = getattr(getattr(config, "text_config", config), "model_type", None)
+    if kind not in AUTOEP_MODEL_TYPES:
+        raise ConfigError(
+            f"expert parallel splits the experts of {', '.join(AUTOEP_MODEL_TYPES)} models here (gathered "
+            f"back whole for final/ and verified against one process); this model is {kind}",
+            key="strategy.ep_size",
+            hint=f"{drop} (the experts stay whole on every rank; ZeRO still shards the optimizer state)",
+        )
     if mesh.sp > 1:
         check_sequence_split(cfg, comps, device)
+
+
+def check_expert_split(comps: Components, mesh: Mesh) -> None:
+    """Expert parallel (``strategy.ep_size``): the mesh divides, the model is a mixture whose experts ep
+    divides, and only what is verified with it is asked for (a Trainer recipe, full fine-tuning, no
+    quantization), each refused with its fix."""
+    from components.distributed.mesh import ModelDims, check_model
+
+    recipe, drop = comps.recipe, "strategy.ep_size=1"
+    mesh.check()
+    refused = [
+        (
+            recipe.inference_only or recipe.owns_loop or not recipe.splits_model,
+            "strategy.ep_size",
+            f"expert parallel: recipe={recipe.name} is not one it is verified with (recipe=sft is)",
+            drop,
+        ),
+        (
+            comps.peft.enabled,
+            "peft",
+            f"expert parallel with peft={type(comps.peft).__name__.lower()}: adapters on split experts are "
+            "not verified",
+            f"peft=none (full fine-tuning), or {drop}",
+        ),
+        (
+            comps.quantization.enabled,
+            "quantization",
+            "expert parallel with a quantized base is not supported",
+            f"quantization=none, or {drop}",
+        ),
+        (  # DeepSpeed builds the optimizer after AutoEP (the experts in their own groups): its Adam only
+            not comps.optimizer.deepspeed_cpu_adam,
+            "optimizer",
+            f"expert parallel trains with DeepSpeed's own AdamW (built after the experts are split, each in "
+            f"its own group); optimizer={type(comps.optimizer).__name__.lower()} is not one it builds",
+            f"optimizer=adamw, or {drop}",
+        ),
+    ]
+    for bad, key, why, fix in refused:
+        if bad:
+            raise ConfigError(why, key=key, hint=fix)
+    check_model(mesh, ModelDims.from_config(comps.model.load_config()))
 
 
 def check_sequence_split(cfg: DictConfig, comps: Components, device: str) -> None:

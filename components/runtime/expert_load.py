@@ -4,7 +4,9 @@ forward hook on each router module, training passes only), the imbalance logged 
 and a per-layer table in the summary (``expert load``). A dense model gets neither.
 
 The load-balancing (router auxiliary) loss itself is TRL's: on with the architecture's own
-``router_aux_loss_coef`` and logged as ``aux_loss``.
+``router_aux_loss_coef`` and logged as ``aux_loss``. Under expert parallel (DeepSpeed AutoEP, which puts its
+own blocks in place of the model's when the engine is built) the counts are read from each block's
+``tokens_per_expert`` instead, hooked when training begins.
 """
 
 from __future__ import annotations
@@ -46,6 +48,33 @@ class ExpertLoad(TrainerCallback):
             self.run.append(torch.zeros(_experts(module), dtype=torch.float64))
             self.interval.append(torch.zeros(_experts(module), dtype=torch.float64))
             self.handles.append(module.register_forward_hook(self._hook(i)))
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+        """The engine is built: where AutoEP replaced the mixture blocks, count at its blocks instead."""
+        from components.distributed.model_parallel import autoep_layers
+
+        blocks = list(autoep_layers(model).values()) if model is not None else []
+        if len(blocks) != len(self.run):
+            return
+        for handle in self.handles:
+            handle.remove()
+        self.handles = [block.register_forward_hook(self._count_block(i)) for i, block in enumerate(blocks)]
+
+    def _count_block(self, layer: int) -> Any:
+        """An AutoEP block's hook: the growth of its ``tokens_per_expert`` (every expert's tokens from this
+        rank) since its last training pass."""
+        import torch
+
+        last: list[Any] = []
+
+        def count(module: Any, inputs: Any, output: Any) -> None:
+            now = module.tokens_per_expert.detach().to("cpu", copy=True).to(torch.float64)
+            before = last[0] if last and bool((now >= last[0]).all()) else torch.zeros_like(now)
+            last[:] = [now]
+            if module.training:
+                self.interval[layer] += now - before
+
+        return count
 
     def _hook(self, layer: int) -> Any:
         import torch

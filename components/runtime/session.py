@@ -88,6 +88,7 @@ class Session:
         interrupt = GracefulInterrupt(c.launcher.preemption_signals())  # SLURM's pre-emption signal too
         session = cls(ctx, c.model.build_tokenizer(), interrupt=interrupt, trackers=trackers)
         mesh = ctx.plan.mesh
+        shown = mesh is not None and (not mesh.is_data_parallel_only or mesh.ep > 1)  # a split to describe
         session.report["run"] = {
             "recipe": c.recipe.name,
             "model": c.model.name_or_path,
@@ -95,7 +96,7 @@ class Session:
             "peft": type(c.peft).__name__,
             "strategy": c.strategy.label,
             "processes": ctx.plan.world_size,
-            **({"mesh": ctx.plan.mesh.describe()} if mesh and not mesh.is_data_parallel_only else {}),
+            **({"mesh": mesh.describe()} if shown else {}),
             # a recipe that generates or scores has no batch arithmetic
             **({} if c.recipe.inference_only else {"global batch": ctx.plan.global_batch_size}),
             "precision": c.precision.resolve(ctx.device),
@@ -568,9 +569,9 @@ class Session:
 
 
 def split(mesh: Any) -> bool:
-    """The run splits the model's layers over ranks (tensor / sequence parallel): its engine's build is
-    checked before step 1 (pipeline stages are checked by ``components/runtime/pipeline_loop.py``)."""
-    return mesh is not None and (mesh.tp > 1 or mesh.sp > 1)
+    """The run splits the model's layers over ranks (tensor / sequence / expert parallel): its engine's build
+    is checked before step 1 (pipeline stages are checked by ``components/runtime/pipeline_loop.py``)."""
+    return mesh is not None and (mesh.tp > 1 or mesh.sp > 1 or mesh.ep > 1)
 
 
 def _eval_during_training(ctx: RunContext, *, final: bool) -> dict[str, Any]:

@@ -22,6 +22,7 @@ Ulysses' data loader on across epochs (:class:`ContinuousEpochs`).
 ``compute_loss(...)`` is public: under DeepSpeed Ulysses it keeps the loss and divides its gradient by the
 sequence-parallel size (:class:`SequenceParallelLoss`).
 ``get_train_dataloader()`` and ``train(...)`` are overridden for ``data.streaming`` (:class:`StreamedData`).
+``save_model(...)`` is public: under expert parallel it writes every expert whole (:class:`WholeExperts`).
 """
 
 from __future__ import annotations
@@ -128,6 +129,23 @@ class AtomicCheckpoints:
     def checkpoint_extras(self, folder: Path) -> None:
         """What a run adds to each checkpoint beside the Trainer's files, on every rank, before the
         checkpoint is marked whole (nothing here)."""
+
+
+class WholeExperts:
+    """Expert parallel (DeepSpeed AutoEP): the model weights of each checkpoint are the model's own, every
+    expert gathered whole from its rank (``full_expert_state_dict``, a collective), so a checkpoint loads
+    as the model it is; the engine's own files (each rank's experts and optimizer state) resume training.
+    The Trainer's save would write rank 0's AutoEP blocks: half the experts, under DeepSpeed's names."""
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        from components.distributed.model_parallel import autoep_layers, full_expert_state_dict
+
+        if not autoep_layers(self.model):  # type: ignore[attr-defined]
+            return super().save_model(output_dir, _internal_call)  # type: ignore[misc]
+        state = full_expert_state_dict(self.model)  # type: ignore[attr-defined]
+        if self.args.should_save:  # type: ignore[attr-defined]
+            self._save(output_dir or self.args.output_dir, state_dict=state)  # type: ignore[attr-defined]
+        return None
 
 
 class StreamedData:
@@ -253,6 +271,7 @@ def hydratune_trainer(
         ContinuousEpochs,
         LossScaling,
         SequenceParallelLoss,
+        WholeExperts,
     )
     mixins = (StreamedData, *mixins) if feed is not None else mixins
     attrs = {

@@ -220,9 +220,15 @@ class Strategy:
             f"{plan.data_parallel_size}{' data-parallel replicas' if split else ''} "
             f"= {plan.global_batch_size}",
         }
-        if plan.mesh is None or plan.mesh.is_data_parallel_only:
+        if plan.mesh is None or (plan.mesh.is_data_parallel_only and plan.mesh.ep == 1):
             return {"batch": batch}
         mesh = plan.mesh
+        if mesh.ep > 1:
+            batch["each rank"] = (
+                f"its own micro-batch of {plan.micro_batch_size} rows; the tokens routed to experts another "
+                f"rank holds go there and back (all-to-all within each group of {mesh.ep} expert-parallel "
+                "ranks)"
+            )
         if mesh.tp > 1:
             batch["each rank"] = (
                 f"the {mesh.tp} ranks of a tensor-parallel group read the same micro-batch of "
@@ -274,13 +280,15 @@ class ModelSplit:
     #: whose engines split the model that way (DeepSpeed, FSDP); 1 elsewhere
     tp_size: ClassVar[int] = 1
     sp_size: ClassVar[int] = 1
+    #: expert parallel ranks (``strategy.ep_size``: a mixture's experts split over them; FSDP); 1 elsewhere
+    ep_size: ClassVar[int] = 1
     #: the model is built whole, then cut into pipeline stages, one part per rank: a recipe trains through
     #: the pipeline's own loop (``components/runtime/pipeline_loop.py``) when it declares ``trains_in_stages``
     splits_layers: ClassVar[bool] = False
 
     def mesh(self, world_size: int) -> Mesh:
         """How ``world_size`` processes split into dp x tp x sp x pp under this strategy."""
-        return Mesh(world_size, tp=self.tp_size, sp=self.sp_size)
+        return Mesh(world_size, tp=self.tp_size, sp=self.sp_size, ep=self.ep_size)
 
     @property
     def splits_sequences(self) -> bool:

@@ -1,6 +1,6 @@
 """``strategy=zero0``..``zero3pp``: DeepSpeed ZeRO, its config generated from the composed run (every
-``"auto"`` resolved, see :meth:`DeepSpeed.deepspeed_config`), AutoTP / Ulysses as ``tp_size`` /
-``sp_size``."""
+``"auto"`` resolved, see :meth:`DeepSpeed.deepspeed_config`), AutoTP / Ulysses / AutoEP as ``tp_size`` /
+``sp_size`` / ``ep_size``."""
 
 from __future__ import annotations
 
@@ -74,6 +74,8 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
     # tensor parallel ranks (DeepSpeed AutoTP); data parallel = world / (tp x sp)
     tp_size: int = knob(1, AT_LEAST_ONE)
     sp_size: int = knob(1, AT_LEAST_ONE)  # sequence parallel ranks (DeepSpeed Ulysses)
+    # expert parallel ranks (DeepSpeed AutoEP, ZeRO 0-2): a mixture's experts split over them, all-to-all
+    ep_size: int = knob(1, AT_LEAST_ONE)
     aio: dict[str, Any] = field(
         default_factory=lambda: {
             "block_size": 1048576,
@@ -131,6 +133,14 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
                 hint="auto, torch or deepspeed",
             )
         check_split_sizes(self)
+        if self.ep_size > 1 and (self.stage == 3 or self.tp_size > 1 or self.sp_size > 1):
+            key = "strategy.stage" if self.stage == 3 else "strategy.ep_size"
+            raise ConfigError(
+                f"expert parallel (AutoEP, ep_size={self.ep_size}) runs here with ZeRO stage 0-2 and no "
+                "tensor or sequence parallel (verified against one process only there)",
+                key=key,
+                hint="strategy=zero1 or zero2 with strategy.ep_size, and tp_size=1, sp_size=1",
+            )
 
     needs_process_group: ClassVar[bool] = True
     wraps_model: ClassVar[bool] = True
@@ -143,7 +153,7 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
 
     @property
     def generates_together(self) -> bool:
-        return self.tp_size > 1
+        return self.tp_size > 1 or self.ep_size > 1  # a split layer's forward is collective
 
     @property
     def partitions_at_load(self) -> bool:  # type: ignore[override]
@@ -153,6 +163,7 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
     def label(self) -> str:
         split = f", AutoTP {self.tp_size}" if self.tp_size > 1 else ""
         split += f", Ulysses SP {self.sp_size}" if self.sp_size > 1 else ""
+        split += f", AutoEP {self.ep_size}" if self.ep_size > 1 else ""
         return f"DeepSpeed (ZeRO-{self.stage}{split})"
 
     @property
@@ -292,7 +303,11 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
 
     def uses_deepspeed_optimizer(self, device: str, optimizer: Any) -> bool:
         """DeepSpeed's own (CPU) Adam under optimizer offload on GPU: the torch optimizer would run the
-        step on CPU tensors ~5x slower. On CPU-only hosts the torch optimizer avoids a 60 s JIT build."""
+        step on CPU tensors ~5x slower. On CPU-only hosts the torch optimizer avoids a 60 s JIT build. Expert
+        parallel: DeepSpeed builds the optimizer after AutoEP replaced the mixture blocks, with the experts in
+        their own groups (a caller's optimizer has none: ZeRO stops on it)."""
+        if self.ep_size > 1:
+            return True
         if self.optimizer_impl != "auto":
             return self.optimizer_impl == "deepspeed"
         return self.offload_optimizer != "none" and device == "cuda" and optimizer.deepspeed_cpu_adam
@@ -403,6 +418,8 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
             )
         if self.tp_size > 1:
             config["tensor_parallel"] = model_parallel.autotp_block(self.tp_size)
+        if self.ep_size > 1:
+            config["expert_parallel"] = model_parallel.autoep_block(self.ep_size, device)
         if self.tp_size * self.sp_size > 1:
             # DeepSpeed derives it (micro x accumulation x its own count of ranks); a value here would have to
             # be world-based for the HF Trainer's check and data-parallel based for DeepSpeed's, both at once
@@ -420,6 +437,7 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
                     "betas": [float(b) for b in o.betas],
                     "eps": float(o.eps),
                     "weight_decay": float(o.weight_decay),
+                    **({} if device == "cuda" else {"torch_adam": True}),  # torch's AdamW: no kernel to build
                 },
             }
         return config
@@ -447,6 +465,8 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
         only its shard instead of a full copy in host RAM. Returns the registered config: transformers
         keeps only a weak reference, so the run holds it while it trains. Ulysses (and ZeRO-3) make their
         process groups through DeepSpeed's comm layer, which is brought up here first."""
+        if self.ep_size > 1:
+            model_parallel.autoep_transformers_compat()
         if self.stage != 3 and self.sp_size == 1:
             return None
         import deepspeed
@@ -524,9 +544,12 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
     def gather_state_dict(self, trainer: Any) -> dict[str, Any] | None:
         """ZeRO-3: the 16-bit weights gathered on rank 0, or, with gathering turned off, a DeepSpeed
         checkpoint in ``final_zero/`` to consolidate offline (see ``ZERO_CHECKPOINT``). Tensor parallel:
-        the shards gathered into whole weights (in the training dtype)."""
+        the shards gathered into whole weights (in the training dtype). Expert parallel: every rank's experts
+        gathered back into the model's own parameters (``model_parallel.full_expert_state_dict``)."""
         if self.tp_size > 1:
             return trainer.accelerator.get_state_dict(trainer.model_wrapped)
+        if self.ep_size > 1:
+            return model_parallel.full_expert_state_dict(trainer.model_wrapped.module)
         if self.stage != 3:
             return None
         if self.stage3_gather_16bit_weights_on_model_save:
@@ -565,11 +588,12 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
             )
 
     def verify_built(self, model: Any, mesh: Mesh) -> dict[str, Any]:
-        """The TP / SP groups DeepSpeed made and this rank's shards (``model_parallel.deepspeed_layout``)."""
+        """The TP / SP groups DeepSpeed made and this rank's shards (``model_parallel.deepspeed_layout``);
+        with expert parallel, the experts this rank holds (``model_parallel.expert_layout``)."""
+        if mesh.ep > 1:
+            return {"experts": model_parallel.expert_layout(model)}
         if mesh.is_data_parallel_only:
             return {}
-        from components.distributed import model_parallel
-
         return model_parallel.deepspeed_layout(model, mesh)
 
 
