@@ -202,6 +202,17 @@ class Peft:
         """This option for a model of ``task`` (``seq_cls``: a reward model's score head): itself here."""
         return self
 
+    def for_model(self, exclusion: str | None) -> Peft:
+        """This option on a model whose modules matching ``exclusion`` (a vision-language model's vision
+        tower and projector: ``CausalLM.adapter_exclusion``) take no adapter by default: itself here."""
+        return self
+
+    @property
+    def adapts_vision(self) -> bool:
+        """Its adapters may sit on a vision-language model's vision modules (the user set which modules
+        are excluded); False: none there (the default), or no adapter at all."""
+        return False
+
     @property
     def is_adapter(self) -> bool:
         """True when ``apply`` returns a ``peft.PeftModel`` (saving then writes the adapter only)."""
@@ -358,6 +369,32 @@ class TargetedAdapter(Adapter):
 
     target_modules: Any = "all-linear"  # all-linear | [q_proj, v_proj, ...] | a regex on full names
     modules_to_save: list[str] | None = None  # extra modules trained in full and saved with the adapter
+    # modules never adapted: a list of names or a regex on full names (peft's exclude_modules); None: on a
+    # vision-language model its vision tower and projector (the language model alone), else none; []: none
+    exclude_modules: Any = None
+
+    def for_model(self, exclusion: str | None) -> Peft:
+        """Unset ``exclude_modules`` becomes ``exclusion`` (a VLM's vision tower and projector)."""
+        if self.exclude_modules is None and exclusion:
+            return dataclasses.replace(self, exclude_modules=exclusion)
+        return self
+
+    @property
+    def adapts_vision(self) -> bool:
+        return self.exclude_modules is not None
+
+    def excluded(self) -> str | list[str] | None:
+        """``exclude_modules`` as peft takes it (None or [] : nothing excluded)."""
+        return _as_targets(self.exclude_modules) if self.exclude_modules else None
+
+    def is_excluded(self, name: str) -> bool:
+        """peft's rule for ``exclude_modules``: a regex full-matches, a list entry matches by name suffix."""
+        excluded = self.excluded()
+        if excluded is None:
+            return False
+        if isinstance(excluded, str):
+            return re.fullmatch(excluded, name) is not None
+        return any(name == e or name.endswith(f".{e}") for e in excluded)
 
     def targets(self) -> str | list[str]:
         """``all-linear``, a list of names, or a regex string (peft full-matches it against module names)."""
@@ -382,6 +419,7 @@ class TargetedAdapter(Adapter):
     def check_targets(self, module_names: list[str]) -> None:
         self.validate()
         targets = self.targets()
+        module_names = [n for n in module_names if not self.is_excluded(n)]  # what peft may adapt
         hint = f"use all-linear or names such as {', '.join(linear_leaf_names(module_names)[:20])}"
         if targets == "all-linear":
             pass
@@ -525,6 +563,7 @@ class LoRA(TargetedAdapter):
             init_lora_weights=self.init_lora_weights,
             modules_to_save=self.saved_modules(),
             target_parameters=list(self.target_parameters) if self.target_parameters else None,
+            exclude_modules=self.excluded(),
         )
 
 
@@ -578,6 +617,7 @@ class IA3(TargetedAdapter):
             target_modules=self.targets(),
             feedforward_modules=self.feedforward(),
             modules_to_save=self.saved_modules(),
+            exclude_modules=self.excluded(),
         )
 
 

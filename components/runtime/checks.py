@@ -172,6 +172,20 @@ def check_split(cfg: DictConfig, comps: Components, device: str) -> None:
         check_sequence_split(cfg, comps, device)
 
 
+def check_freeze(comps: Components) -> None:
+    """``model.freeze`` (a vision-language model's parts) leaves something to train: an adapter option
+    trains the language model alone by default, so freezing it leaves nothing."""
+    frozen = list(comps.model.freeze)
+    if "language_model" in frozen and comps.peft.freezes_base and not comps.peft.adapts_vision:
+        raise ConfigError(
+            f"model.freeze={frozen} freezes the language model, which is all that "
+            f"{type(comps.peft).__name__} adapts on a vision-language model by default: nothing would train",
+            key="model.freeze",
+            hint="drop language_model from model.freeze, or put adapters on the vision modules too "
+            "(peft.exclude_modules=[])",
+        )
+
+
 def check_sequence_split(cfg: DictConfig, comps: Components, device: str) -> None:
     """The attention the model is built with keeps documents apart on the rows the engine splits (packed
     rows need one that reads the position ids), and on gloo the collator's collective runs in the
@@ -294,7 +308,9 @@ def check_before_load(cfg: DictConfig, comps: Components, device: str | None = N
     check_generated(cfg, comps, device)
     comps.recipe.check(cfg, comps)
     check_streaming(cfg, comps)  # data.streaming: what a stream cannot do
-    comps.peft.check_targets(comps.model.module_names())  # meta-device model: no weights, no memory
+    # meta-device model: no weights, no memory; a VLM's vision modules are not adapted by default
+    comps.peft.for_model(comps.model.adapter_exclusion()).check_targets(comps.model.module_names())
+    check_freeze(comps)
     check_disk(cfg, comps, planned_elsewhere=device_given or planned_for_gpus(cfg, device))
     stale = stale_accelerate_env()
     if stale:
