@@ -260,6 +260,37 @@ class CausalLM:
                 f"parts: {', '.join(PARTS)}",
             )
 
+    def describe_vision(self) -> str | None:
+        """A VLM's parts for ``mode=plan`` and the summary (from its config numbers, no weights): the
+        parameters of the vision tower, projector and language model, what ``freeze`` keeps frozen, the
+        image tokens the estimate assumes per row; None for a text model."""
+        from components.memory.arch import Arch, param_counts
+
+        family = self.vision_family
+        if family is None:
+            return None
+        try:
+            arch = Arch.from_dict(self.config_dict())
+        except (KeyError, TypeError, ValueError) as err:
+            return f"a vision-language model ({family.model_type}); its parts are not counted: {err}"
+        v = arch.vision
+        assert v is not None
+        language = param_counts(arch).total - v.params
+        tokens = self.image_tokens_per_row
+        said = (
+            f"{tokens} (model.image_tokens_per_row)"
+            if tokens is not None
+            else (
+                f"{v.default_image_tokens} (one {v.image_size}-pixel image; set model.image_tokens_per_row)"
+            )
+        )
+        return (
+            f"a vision-language model ({family.model_type}): vision tower {v.tower:,} params "
+            f"({v.num_layers} layers of {v.hidden_size}), projector {v.projector:,}, language model "
+            f"{language:,}; frozen: {', '.join(self.freeze) or 'none'} (model.freeze); image tokens per "
+            f"row for the estimate: {said}"
+        )
+
     def adapter_exclusion(self) -> str | None:
         """peft's ``exclude_modules`` regex for a VLM (its vision tower and projector), None for text."""
         from components.modeling.vision import adapter_exclusion

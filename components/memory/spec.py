@@ -199,9 +199,10 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
     weight = DTYPE_BYTES.get(str(get(model, "dtype", "auto")), 4)
     if str(get(model, "dtype", "auto")) == "auto" and precision in ("bf16", "auto"):
         weight = 2 if base_loads_in_half(peft, quant, strategy_component) else weight  # CausalLM.weight_dtype
+    vision = vision_knobs(model, peft, arch)
     spec = RunSpec(
         arch=arch,
-        trainable=peft.trainable_params(arch),
+        trainable=peft.trainable_params(arch) - vision.get("frozen_params", 0),
         full_finetune=not peft.enabled,
         weight_bytes=weight,
         compute_bytes=compute,
@@ -222,7 +223,7 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
         sp=mesh.sp,
         pp=mesh.pp,
         micro_batches=int(get(train, "gradient_accumulation_steps", 1) or 1),
-        **vision_knobs(model, peft, arch),
+        **vision,
     )
     return replace(spec, **over) if over else spec
 

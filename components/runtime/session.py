@@ -97,6 +97,7 @@ class Session:
             "recipe": c.recipe.name,
             "model": c.model.name_or_path,
             "model weights": c.model.describe_weights(),
+            **({"vision": c.model.describe_vision()} if c.model.is_vision else {}),
             "peft": type(c.peft).__name__,
             "strategy": c.strategy.label,
             "processes": ctx.plan.world_size,
