@@ -108,7 +108,8 @@ def greedy(model: Any, processor: Any, rgb: tuple[int, int, int]) -> list[int]:
 def test_checkpoints_final_and_export_hold_the_processor(run_recipe, tmp_path) -> None:
     """A run of the tiny VLM (model.freeze=[vision_tower]) saves the processor into its checkpoint and
     final/; the export holds it too, and AutoProcessor + AutoModelForImageTextToText load the export
-    offline and answer an image prompt with the run's own greedy tokens. The frozen tower kept its init."""
+    offline and answer an image prompt with the run's own greedy tokens. The frozen tower kept its init
+    (the rows are text, so that alone proves little: the trainable count says the tower was frozen)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from components.commands.export import export
@@ -124,6 +125,8 @@ def test_checkpoints_final_and_export_hold_the_processor(run_recipe, tmp_path) -
         name="vlm",
     )
     run = ctx.run_dir.path
+    # the session froze the tower (812,608 - its 105,792); text rows alone would leave it unchanged anyway
+    assert "trainable 706,816 / 812,608 params" in (run / "summary.md").read_text()
     for folder in (run / "checkpoints" / "checkpoint-2", run / "final"):
         saved = AutoProcessor.from_pretrained(folder)
         assert type(saved).__name__ == "Idefics3Processor" and saved.image_seq_len == 4, folder
