@@ -63,6 +63,7 @@ def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
             hint="merge offline into the unquantized base, or drop merge=true",
         )
     comps.optimizer.check_device(device)
+    check_vision_split(comps)
     check_strategy(cfg, comps, device)
     check_loss_scaling(comps, device)
     weights = comps.model.dtype
@@ -170,6 +171,26 @@ def check_split(cfg: DictConfig, comps: Components, device: str) -> None:
     check_model(mesh, ModelDims.from_config(comps.model.load_config()))
     if mesh.sp > 1:
         check_sequence_split(cfg, comps, device)
+
+
+def check_vision_split(comps: Components) -> None:
+    """A vision-language model is not split over ranks: tensor / sequence parallel and pipeline stages
+    know a decoder's layers, not an image encoder beside them (not verified: refused). Data parallel, FSDP
+    and ZeRO keep whole models (or shard parameters) and pass."""
+    if not comps.model.is_vision:
+        return
+    split = comps.strategy.model_split
+    mesh = split.mesh(world_size(comps))
+    dims = [(f"strategy.{d}_size", size) for d, size in (("tp", mesh.tp), ("sp", mesh.sp), ("pp", mesh.pp))]
+    dims = [(knob, size) for knob, size in dims if size > 1]
+    if dims or split.splits_layers:
+        knob = dims[0][0] if dims else "strategy"
+        raise ConfigError(
+            f"{comps.model.name_or_path} is a vision-language model: splitting it over ranks "
+            "(tensor / sequence parallel, pipeline stages) is not supported",
+            key=knob,
+            hint="use data parallel, FSDP or ZeRO (strategy=ddp / fsdp / zero2 / zero3 ...)",
+        )
 
 
 def check_freeze(comps: Components) -> None:

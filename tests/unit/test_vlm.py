@@ -147,6 +147,16 @@ def test_lora_adapts_the_language_model_only_by_default(compose_cfg) -> None:
         (["model=tiny_vlm", "peft=lora", "model.freeze=[language_model]"], "model.freeze", "nothing"),
         (["model=tiny_vlm", "model.attn_implementation=varlen_sdpa"], "model.attn_implementation", "packed"),
         (["model=tiny_vlm", "peft=lora", "peft.target_modules=[fc1]"], "peft.target_modules", "fc1"),
+        (
+            ["model=tiny_vlm", "strategy=zero1", "strategy.tp_size=2", "launcher.nproc_per_node=2"],
+            "strategy.tp_size",
+            "vision-language",
+        ),
+        (
+            ["model=tiny_vlm", "strategy=pipeline", "launcher.nproc_per_node=2"],
+            "strategy.pp_size",
+            "splitting",
+        ),
     ],
 )
 def test_vision_knobs_are_refused_before_load(compose_cfg, monkeypatch, overrides, key, words) -> None:
