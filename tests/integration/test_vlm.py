@@ -138,6 +138,9 @@ def test_checkpoints_final_and_export_hold_the_processor(run_recipe, tmp_path) -
     for rgb in (RED, BLUE):
         assert greedy(plain, plain_processor, rgb) == greedy(trained, processor, rgb)
     assert "AutoProcessor" in (out / "README.md").read_text()
+    from components.commands.chat import load
+
+    assert type(load(out)[0]).__name__ == "Idefics3ForConditionalGeneration"  # chat on the export: text turns
     ctx.seed_everything()  # as build_model seeds before the init
     fresh = ctx.components.model.build()
     tower = "model.vision_model."
