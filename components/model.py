@@ -251,6 +251,13 @@ class CausalLM:
         check_parts(self.freeze)  # unknown names first: the same message for text and vision models
         given = [k for k in ("freeze", "processor") if getattr(self, k)]
         given += ["image_tokens_per_row"] if self.image_tokens_per_row is not None else []
+        if given and not self.config_dict():
+            raise ConfigError(
+                f"model.{given[0]} needs the config of {self.name_or_path} (which parts it has), and it is "
+                "neither shipped, local, cached nor reachable",
+                key=f"model.{given[0]}",
+                hint="use a shipped option (model=qwen2_5_vl_7b, ...), a local dir, or reach the hub",
+            )
         if given and self.vision_family is None:
             raise ConfigError(
                 f"{self.name_or_path} is a text model (its config has no vision_config): "

@@ -211,7 +211,7 @@ def model_card(run: TrainedRun, model: Any, dtype: str) -> str:
         "## Use",
         "",
         "```python",
-        *(VISION_USE if getattr(model.config, "vision_config", None) is not None else TEXT_USE),
+        *(VISION_USE if getattr(getattr(model, "config", None), "vision_config", None) else TEXT_USE),
         "```",
         "",
         "## Config",

@@ -221,3 +221,17 @@ def test_plan_prints_the_vision_parts(capsys, monkeypatch, tmp_path) -> None:
     line = next(x for x in out.splitlines() if x.startswith("# vision:"))
     assert "vision tower 631,975,680 params" in line and "projector 44,574,464" in line
     assert "language model 7,615,616,512" in line and "frozen: projector" in line
+
+
+def test_freeze_on_a_model_whose_config_is_out_of_reach_says_so(monkeypatch) -> None:
+    """A hub id without shipped numbers, offline: model.freeze cannot know the parts, and says why (not
+    'a text model')."""
+    from components.model import CausalLM
+
+    def offline(self):
+        raise ConfigError("unreachable", key="model.name_or_path")
+
+    monkeypatch.setattr(CausalLM, "load_config", offline)
+    with pytest.raises(ConfigError) as err:
+        CausalLM(name_or_path="nobody/some-vlm", freeze=["projector"]).check_vision_knobs()
+    assert err.value.key == "model.freeze" and "reachable" in str(err.value)
