@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.config.errors import ConfigError
+from components.config.ranges import NON_NEGATIVE, knob
 from components.config.registry import component
 from components.modeling.model_dir import WEIGHT_PATTERNS, check_model_dir, weight_files
 from components.modeling.vision import Family
@@ -71,7 +72,7 @@ class CausalLM:
     processor: str | None = None  # the processor's source (image processor settings); default: tokenizer's
     freeze: list[str] = field(default_factory=list)  # frozen parts: vision_tower, projector, language_model
     # the estimate's image tokens per row (all its images); None: one image at the processor's default size
-    image_tokens_per_row: int | None = None
+    image_tokens_per_row: int | None = knob(None, NON_NEGATIVE)
     #: from_run left an adapter alone: its dir (the base is rebuilt from that run's model node); not a knob
     adapter: str | None = field(default=None, init=False)
     #: init=auto: what it became and why (the plan and the summary say it); not a knob
@@ -244,8 +245,6 @@ class CausalLM:
         for text models (naming the key), freeze's parts checked; no weight is read."""
         from components.modeling.vision import PARTS, check_parts
 
-        if self.image_tokens_per_row is not None and self.image_tokens_per_row < 0:
-            raise ConfigError("must be >= 0", key="model.image_tokens_per_row")
         if not isinstance(self.freeze, list | tuple):
             raise ConfigError(f"must be a list of parts, got {self.freeze!r}", key="model.freeze")
         check_parts(self.freeze)  # unknown names first: the same message for text and vision models
