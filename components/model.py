@@ -443,6 +443,9 @@ class CausalLM:
             # TRL's configs default to gradient checkpointing on: say what the user chose
             "gradient_checkpointing": self.gradient_checkpointing,
             "gradient_checkpointing_kwargs": {"use_reentrant": False},
+            # DDP: a vision-language model's tower is unused by a batch without images (strategy=ddp's
+            # find_unused_parameters, when set, overrides this)
+            "ddp_find_unused_parameters": self.is_vision,
         }
         if self.compile:
             args["torch_compile_mode"] = self.compile_mode

@@ -235,3 +235,20 @@ def test_freeze_on_a_model_whose_config_is_out_of_reach_says_so(monkeypatch) -> 
     with pytest.raises(ConfigError) as err:
         CausalLM(name_or_path="nobody/some-vlm", freeze=["projector"]).check_vision_knobs()
     assert err.value.key == "model.freeze" and "reachable" in str(err.value)
+
+
+def test_ddp_finds_a_vlms_unused_tower(compose_cfg) -> None:
+    """strategy=ddp on a VLM: a batch without images leaves the tower unused, so DDP must look for unused
+    parameters (it died at step 2 without: 'Expected to have finished reduction'); the model says so unless
+    strategy.find_unused_parameters is set; a text model keeps DDP's fast path."""
+    from components.runtime.run import Components
+
+    def args(*overrides: str) -> dict:
+        comps = Components.from_config(compose_cfg("strategy=ddp", "launcher.nproc_per_node=2", *overrides))
+        return {**comps.model.training_args("cpu"), **comps.strategy.training_args("cpu")}
+
+    assert args("model=tiny_vlm")["ddp_find_unused_parameters"] is True  # break: False -> this fails
+    assert args()["ddp_find_unused_parameters"] is False
+    assert (
+        args("model=tiny_vlm", "strategy.find_unused_parameters=false")["ddp_find_unused_parameters"] is False
+    )
