@@ -247,7 +247,7 @@ def test_ddp_finds_a_vlms_unused_tower(compose_cfg) -> None:
         comps = Components.from_config(compose_cfg("strategy=ddp", "launcher.nproc_per_node=2", *overrides))
         return {**comps.model.training_args("cpu"), **comps.strategy.training_args("cpu")}
 
-    assert args("model=tiny_vlm")["ddp_find_unused_parameters"] is True  # break: False -> this fails
+    assert args("model=tiny_vlm")["ddp_find_unused_parameters"] is True
     assert args()["ddp_find_unused_parameters"] is False
     assert (
         args("model=tiny_vlm", "strategy.find_unused_parameters=false")["ddp_find_unused_parameters"] is False
