@@ -57,13 +57,18 @@ def trainable_summary(model: nn.Module) -> str:
 
 
 def decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The decoder blocks as (qualified name, module): the longest ModuleList named layers / h / blocks."""
+    """The decoder blocks as (qualified name, module): the longest ModuleList named layers / h / blocks, a
+    vision-language model's image encoder passed over."""
     from torch import nn
+
+    from components.modeling.vision import in_vision_part
 
     lists = [
         (name, module)
         for name, module in model.named_modules()
-        if isinstance(module, nn.ModuleList) and re.search(r"(^|\.)(layers|h|blocks)$", name)
+        if isinstance(module, nn.ModuleList)
+        and re.search(r"(^|\.)(layers|h|blocks)$", name)
+        and not in_vision_part(name)
     ]
     if not lists:
         raise ConfigError(
@@ -77,9 +82,13 @@ def decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def count_layers(module_names: list[str]) -> int | None:
     """Number of decoder layers judged from module names alone (None if there is no layer list)."""
+    from components.modeling.vision import in_vision_part
+
     counts: dict[str, int] = {}
     for name in module_names:
         m = _LAYER_LIST.match(name)
+        if m and in_vision_part(name):  # a vision-language model's image encoder is not the decoder
+            continue
         if m:
             prefix = m.group("prefix") or ""
             counts[prefix] = max(counts.get(prefix, 0), int(m.group("index")) + 1)

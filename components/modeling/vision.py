@@ -71,6 +71,13 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+def in_vision_part(name: str) -> bool:
+    """``name`` (a module or parameter, peft's prefix allowed) sits in a known family's vision tower or
+    projector: what a search for the decoder's layers passes over (Qwen2.5-VL-7B's tower has 32 blocks, its
+    decoder 28 layers)."""
+    return any(family.part_of(name) in ("vision_tower", "projector") for family in FAMILIES.values())
+
+
 def is_vision_config(config: Mapping[str, Any] | None) -> bool:
     """A config (config.json's keys) of a vision-language model: it has a ``vision_config``."""
     return bool(config) and config.get("vision_config") is not None

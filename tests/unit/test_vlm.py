@@ -252,3 +252,19 @@ def test_ddp_finds_a_vlms_unused_tower(compose_cfg) -> None:
     assert (
         args("model=tiny_vlm", "strategy.find_unused_parameters=false")["ddp_find_unused_parameters"] is False
     )
+
+
+def test_peft_freeze_opens_the_decoders_last_layers(meta_vlms: dict, compose_cfg) -> None:
+    """peft=freeze's last_n_layers are the decoder's, never the image encoder's, even where the encoder has
+    more blocks (Qwen2.5-VL-7B: 32 vision blocks, 28 decoder layers)."""
+    import torch
+
+    from components.peft import count_layers, decoder_layers
+
+    cfg = meta_vlms["qwen2_5_vl_7b"]["cfg"]
+    model = instantiate(cfg.model, _convert_="all")
+    with torch.device("meta"):
+        built = model.auto_class().from_config(model.load_config())
+    layers = decoder_layers(built)
+    assert len(layers) == 28 and layers[-1][0] == "model.language_model.layers.27"
+    assert count_layers([n for n, _ in built.named_modules()]) == 28
