@@ -268,3 +268,30 @@ def test_peft_freeze_opens_the_decoders_last_layers(meta_vlms: dict, compose_cfg
     layers = decoder_layers(built)
     assert len(layers) == 28 and layers[-1][0] == "model.language_model.layers.27"
     assert count_layers([n for n, _ in built.named_modules()]) == 28
+
+
+@pytest.mark.parametrize(
+    "family", ["idefics3", "smolvlm", "llava", "gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+)
+def test_every_family_is_counted_at_transformers_defaults(family: str) -> None:
+    """Other shapes than the shipped ones (transformers' default configs: SigLIP's pooling head on, a
+    SmolVLM class): parts claim every parameter and the arithmetic is exact; qwen2_vl's tower is not
+    modelled (its estimate is refused, its parts are known)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from components.memory.arch import Arch
+    from components.modeling.vision import FAMILIES, part_params
+
+    config = AutoConfig.for_model(family)
+    with torch.device("meta"):
+        built = AutoModelForImageTextToText.from_config(config)
+    assert all(FAMILIES[family].part_of(n) for n, _ in built.named_parameters())
+    if family == "qwen2_vl":
+        with pytest.raises(ValueError, match="not modelled"):
+            Arch.from_dict(config.to_dict())
+        return
+    arch = Arch.from_dict(config.to_dict())
+    parts = part_params(built, FAMILIES[family])
+    assert (parts["vision_tower"][0], parts["projector"][0]) == (arch.vision.tower, arch.vision.projector)
+    assert param_counts(arch).total == sum(p.numel() for p in built.parameters())
