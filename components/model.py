@@ -243,7 +243,8 @@ class CausalLM:
     def check_vision_knobs(self) -> None:
         """``freeze``, ``processor`` and ``image_tokens_per_row`` belong to vision-language models: refused
         for text models (naming the key), freeze's parts checked; no weight is read."""
-        from components.modeling.vision import PARTS, check_parts
+        from components.modeling.hub import is_local
+        from components.modeling.vision import PARTS, check_parts, has_processor
 
         if not isinstance(self.freeze, list | tuple):
             raise ConfigError(f"must be a list of parts, got {self.freeze!r}", key="model.freeze")
@@ -264,6 +265,12 @@ class CausalLM:
                 key=f"model.{given[0]}",
                 hint=f"drop it, or pick a vision-language model (model=tiny_vlm, model=qwen2_5_vl_7b, ...); "
                 f"parts: {', '.join(PARTS)}",
+            )
+        if self.processor and is_local(self.processor) and not has_processor(self.processor):
+            raise ConfigError(
+                f"{self.processor} holds no processor (processor_config.json / preprocessor_config.json)",
+                key="model.processor",
+                hint="point it at a dir a processor was saved to (a VLM's export or final/), or drop it",
             )
 
     def describe_vision(self) -> str | None:

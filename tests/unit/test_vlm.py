@@ -157,16 +157,19 @@ def test_lora_adapts_the_language_model_only_by_default(compose_cfg) -> None:
             "strategy.pp_size",
             "splitting",
         ),
+        (["model=tiny_vlm", "model.processor={tmp}"], "model.processor", "holds no processor"),
     ],
 )
-def test_vision_knobs_are_refused_before_load(compose_cfg, monkeypatch, overrides, key, words) -> None:
+def test_vision_knobs_are_refused_before_load(
+    compose_cfg, monkeypatch, tmp_path, overrides, key, words
+) -> None:
     """Each refusal names its key before any weight is read (CausalLM.build would fail the test)."""
     from components.model import CausalLM
     from components.runtime.checks import check_before_load
     from components.runtime.run import Components
 
     monkeypatch.setattr(CausalLM, "build", lambda *a, **k: pytest.fail("a model was loaded"))
-    cfg = compose_cfg(*overrides)
+    cfg = compose_cfg(*(o.format(tmp=tmp_path) for o in overrides))
     with pytest.raises(ConfigError) as err:
         comps = Components.from_config(cfg)
         check_before_load(cfg, comps, "cpu")
