@@ -75,7 +75,8 @@ def tiny_vlm_config(vocab_size: int, image_token_id: int) -> dict:
     return json.loads(config.to_json_string(use_diff=True))
 
 
-def main() -> None:
+def main(out: Path = OUT) -> None:
+    """Write the bundled dir (``out``: elsewhere, to compare with what is shipped)."""
     from transformers import AutoTokenizer, Idefics3ImageProcessor, Idefics3Processor
 
     tokenizer = AutoTokenizer.from_pretrained(TINY)
@@ -99,12 +100,12 @@ def main() -> None:
         for key in ("is_local", "local_files_only", "name_or_path", "_name_or_path"):
             keys.pop(key, None)
         saved.write_text(json.dumps(keys, indent=2, sort_keys=True) + "\n")
-        shutil.rmtree(OUT, ignore_errors=True)
-        shutil.copytree(tmp, OUT)
-    OUT.chmod(0o755)
-    for path in OUT.iterdir():
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(tmp, out)
+    out.chmod(0o755)
+    for path in out.iterdir():
         path.chmod(0o644)
-    print(f"wrote {OUT}: vocab {len(tokenizer)}, {seq_len} image tokens per image")
+    print(f"wrote {out}: vocab {len(tokenizer)}, {seq_len} image tokens per image")
 
 
 if __name__ == "__main__":

@@ -298,3 +298,27 @@ def test_every_family_is_counted_at_transformers_defaults(family: str) -> None:
     parts = part_params(built, FAMILIES[family])
     assert (parts["vision_tower"][0], parts["projector"][0]) == (arch.vision.tower, arch.vision.projector)
     assert param_counts(arch).total == sum(p.numel() for p in built.parameters())
+
+
+def test_the_bundled_tiny_vlm_is_what_its_script_makes(tmp_path) -> None:
+    """scripts/make_tiny_vlm.py regenerates components/assets/tiny_vlm byte for byte, and its tokenizer is
+    model=tiny's (every id the same) plus the 40 image tokens after it."""
+    import importlib.util
+    import json
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "make_tiny_vlm.py"
+    spec = importlib.util.spec_from_file_location("make_tiny_vlm", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(tmp_path / "tiny_vlm")
+    shipped = module.OUT
+    assert sorted(p.name for p in shipped.iterdir()) == sorted(
+        p.name for p in (tmp_path / "tiny_vlm").iterdir()
+    )
+    for path in shipped.iterdir():
+        assert path.read_bytes() == (tmp_path / "tiny_vlm" / path.name).read_bytes(), path.name
+    tiny = json.loads((module.TINY / "tokenizer.json").read_text())["model"]["vocab"]
+    vlm = json.loads((shipped / "tokenizer.json").read_text())
+    assert vlm["model"]["vocab"] == tiny
+    added = {t["content"]: t["id"] for t in vlm["added_tokens"]}
+    assert {added[t] for t in module.IMAGE_TOKENS + module.TILE_TOKENS} == set(range(602, 642))
