@@ -158,6 +158,7 @@ def test_lora_adapts_the_language_model_only_by_default(compose_cfg) -> None:
             "splitting",
         ),
         (["model=tiny_vlm", "model.processor={tmp}"], "model.processor", "holds no processor"),
+        (["model=tiny_vlm", "+model.architecture.model_type=paligemma"], "model.name_or_path", "not know"),
     ],
 )
 def test_vision_knobs_are_refused_before_load(
