@@ -1,4 +1,5 @@
-"""Model component: a causal LM from a hub id, a local dir, or random init from shipped config numbers."""
+"""Model component: a causal LM (or a vision-language model generating text) from a hub id, a local dir, or
+random init from shipped config numbers."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.config.errors import ConfigError
+from components.config.ranges import NON_NEGATIVE, knob
 from components.config.registry import component
 from components.modeling.model_dir import WEIGHT_PATTERNS, check_model_dir, weight_files
+from components.modeling.vision import Family
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -41,6 +44,12 @@ class CausalLM:
     ``name_or_path`` as the component is built: a local dir holding no weight file is built at random
     (the bundled tiny model), anything holding weights (a dir with safetensors / .bin files, a GGUF file,
     a hub id) is loaded; ``init_note`` says which and why (``mode=plan`` and the summary print it).
+
+    A config with a ``vision_config`` is a vision-language model (docs/vlm.md): it loads as
+    ``AutoModelForImageTextToText``, its processor (``processor``, default: the tokenizer's source) is
+    built with the run's tokenizer and saved with every checkpoint and export, ``freeze`` keeps named parts
+    (``vision_tower``, ``projector``, ``language_model``) frozen, and LoRA adapts the language model only
+    unless ``peft.exclude_modules`` says otherwise.
     """
 
     name_or_path: str = "???"
@@ -59,6 +68,11 @@ class CausalLM:
     liger: bool | None = None  # Liger Triton kernels (RMSNorm, SwiGLU, RoPE); None = on CUDA if installed
     compile: bool = False  # torch.compile the model (the first steps pay the compile time)
     compile_mode: str = "default"  # default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
+    # ---- vision-language models only (a config with vision_config; refused for text models) ----
+    processor: str | None = None  # the processor's source (image processor settings); default: tokenizer's
+    freeze: list[str] = field(default_factory=list)  # frozen parts: vision_tower, projector, language_model
+    # the estimate's image tokens per row (all its images); None: one image at the processor's default size
+    image_tokens_per_row: int | None = knob(None, NON_NEGATIVE)
     #: from_run left an adapter alone: its dir (the base is rebuilt from that run's model node); not a knob
     adapter: str | None = field(default=None, init=False)
     #: init=auto: what it became and why (the plan and the summary say it); not a knob
@@ -147,6 +161,7 @@ class CausalLM:
             resolve_chat_template(self.chat_template)  # an unknown name or a missing file fails here
         if self.padding_side not in ("left", "right"):
             raise ConfigError("padding_side must be left or right", key="model.padding_side")
+        self.check_vision_knobs()
         if self.gguf_file:
             from components.modeling import gguf
 
@@ -193,6 +208,129 @@ class CausalLM:
                 hint="model.attn_implementation=auto (or sdpa), or pip install flash-attn "
                 "--no-build-isolation on a CUDA machine",
             )
+
+    # ---- vision-language models -------------------------------------------------------------------
+    def config_dict(self) -> dict[str, Any]:
+        """config.json's keys without transformers: ``architecture`` over a local dir's config.json; a hub
+        id without shipped numbers asks transformers (cached or served; {} when neither answers)."""
+        import json
+
+        if self.is_local and not self.gguf_file:
+            path = Path(self.name_or_path).expanduser() / "config.json"
+            found = json.loads(path.read_text()) if path.is_file() else {}
+            return {**found, **self.architecture}
+        if self.architecture or self.gguf_file:
+            return dict(self.architecture)
+        try:
+            return self.load_config().to_dict()
+        except ConfigError:
+            return {}
+
+    @property
+    def vision_family(self) -> Family | None:
+        """The VLM family of this model (None for a text model); an unknown VLM is refused."""
+        from components.modeling.vision import family_of, is_vision_config
+
+        config = self.config_dict()
+        return family_of(config) if is_vision_config(config) else None
+
+    @property
+    def is_vision(self) -> bool:
+        from components.modeling.vision import is_vision_config
+
+        return is_vision_config(self.config_dict())
+
+    def check_vision_knobs(self) -> None:
+        """``freeze``, ``processor`` and ``image_tokens_per_row`` belong to vision-language models: refused
+        for text models (naming the key), freeze's parts checked; no weight is read."""
+        from components.modeling.hub import is_local
+        from components.modeling.vision import PARTS, check_parts, has_processor
+
+        if not isinstance(self.freeze, list | tuple):
+            raise ConfigError(f"must be a list of parts, got {self.freeze!r}", key="model.freeze")
+        check_parts(self.freeze)  # unknown names first: the same message for text and vision models
+        given = [k for k in ("freeze", "processor") if getattr(self, k)]
+        given += ["image_tokens_per_row"] if self.image_tokens_per_row is not None else []
+        if given and not self.config_dict():
+            raise ConfigError(
+                f"model.{given[0]} needs the config of {self.name_or_path} (which parts it has), and it is "
+                "neither shipped, local, cached nor reachable",
+                key=f"model.{given[0]}",
+                hint="use a shipped option (model=qwen2_5_vl_7b, ...), a local dir, or reach the hub",
+            )
+        if given and self.vision_family is None:
+            raise ConfigError(
+                f"{self.name_or_path} is a text model (its config has no vision_config): "
+                f"model.{given[0]} applies to vision-language models only",
+                key=f"model.{given[0]}",
+                hint=f"drop it, or pick a vision-language model (model=tiny_vlm, model=qwen2_5_vl_7b, ...); "
+                f"parts: {', '.join(PARTS)}",
+            )
+        if self.processor and is_local(self.processor) and not has_processor(self.processor):
+            raise ConfigError(
+                f"{self.processor} holds no processor (processor_config.json / preprocessor_config.json)",
+                key="model.processor",
+                hint="point it at a dir a processor was saved to (a VLM's export or final/), or drop it",
+            )
+
+    def describe_vision(self) -> str | None:
+        """A VLM's parts for ``mode=plan`` and the summary (from its config numbers, no weights): the
+        parameters of the vision tower, projector and language model, what ``freeze`` keeps frozen, the
+        image tokens the estimate assumes per row; None for a text model."""
+        from components.memory.arch import Arch, param_counts
+
+        family = self.vision_family
+        if family is None:
+            return None
+        try:
+            arch = Arch.from_dict(self.config_dict())
+        except (KeyError, TypeError, ValueError) as err:
+            return f"a vision-language model ({family.model_type}); its parts are not counted: {err}"
+        v = arch.vision
+        assert v is not None
+        language = param_counts(arch).total - v.params
+        tokens = self.image_tokens_per_row
+        said = (
+            f"{tokens} (model.image_tokens_per_row)"
+            if tokens is not None
+            else (
+                f"{v.default_image_tokens} (one {v.image_size}-pixel image; set model.image_tokens_per_row)"
+            )
+        )
+        return (
+            f"a vision-language model ({family.model_type}): vision tower {v.tower:,} params "
+            f"({v.num_layers} layers of {v.hidden_size}), projector {v.projector:,}, language model "
+            f"{language:,}; frozen: {', '.join(self.freeze) or 'none'} (model.freeze); image tokens per "
+            f"row for the estimate: {said}"
+        )
+
+    def adapter_exclusion(self) -> str | None:
+        """peft's ``exclude_modules`` regex for a VLM (its vision tower and projector), None for text."""
+        from components.modeling.vision import adapter_exclusion
+
+        family = self.vision_family
+        return adapter_exclusion(family) if family is not None else None
+
+    def apply_freeze(self, model: Any) -> int:
+        """Freeze the parts ``freeze`` names (after PEFT, which sets what trains); returns the tensors
+        frozen."""
+        from components.modeling.vision import freeze
+
+        family = self.vision_family
+        if not self.freeze or family is None:
+            return 0
+        return freeze(model, family, self.freeze)
+
+    def build_processor(self, tokenizer: Any = None) -> Any:
+        """A VLM's processor (its image processor + ``tokenizer``, the run's), None for a text model."""
+        if not self.is_vision:
+            return None
+        from components.modeling.vision import load_processor
+
+        source = self.processor or self.tokenizer or self.source_dir()
+        return load_processor(
+            source, tokenizer, revision=self.revision, trust_remote_code=self.trust_remote_code
+        )
 
     def check_sources(self) -> None:
         """The hub ids a training run will read: the tokenizer always, the weights (``init=pretrained``) or
@@ -258,11 +396,30 @@ class CausalLM:
     def module_names(self) -> list[str]:
         """Fully-qualified module names of the model, built on the meta device (no memory, no weights)."""
         import torch
-        from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(self.load_config())
+            model = self.auto_class().from_config(self.load_config())
         return [name for name, _ in model.named_modules()]
+
+    def auto_class(self, task: str = "causal_lm") -> Any:
+        """The transformers Auto class this model builds with: image-text-to-text for a VLM (no score head:
+        a VLM reward model is refused), sequence classification for ``seq_cls``, else causal LM."""
+        from transformers import (
+            AutoModelForCausalLM,
+            AutoModelForImageTextToText,
+            AutoModelForSequenceClassification,
+        )
+
+        if self.is_vision:
+            if task == "seq_cls":
+                raise ConfigError(
+                    f"{self.name_or_path} is a vision-language model: a score head (reward / value model) on "
+                    "it is not supported",
+                    key="model.name_or_path",
+                    hint="use a text model for reward and value models",
+                )
+            return AutoModelForImageTextToText
+        return AutoModelForSequenceClassification if task == "seq_cls" else AutoModelForCausalLM
 
     def use_liger(self, device: str) -> bool:
         """Whether Liger's kernels apply: ``liger=None`` means on CUDA when liger-kernel is installed."""
@@ -293,6 +450,9 @@ class CausalLM:
             # TRL's configs default to gradient checkpointing on: say what the user chose
             "gradient_checkpointing": self.gradient_checkpointing,
             "gradient_checkpointing_kwargs": {"use_reentrant": False},
+            # DDP: a vision-language model's tower is unused by a batch without images (strategy=ddp's
+            # find_unused_parameters, when set, overrides this)
+            "ddp_find_unused_parameters": self.is_vision,
         }
         if self.compile:
             args["torch_compile_mode"] = self.compile_mode
@@ -305,6 +465,14 @@ class CausalLM:
 
         if self.attn_implementation not in ("auto", attention.NAME):
             return self.attn_implementation
+        if self.is_vision:  # varlen_sdpa is for packed text rows; the vision tower attends its own way
+            if self.attn_implementation == attention.NAME:
+                raise ConfigError(
+                    f"{attention.NAME} is for text models' packed rows; this is a vision-language model",
+                    key="model.attn_implementation",
+                    hint="use auto (sdpa for vision-language models), sdpa or eager",
+                )
+            return "sdpa"
         config = self.load_config()
         if self.attn_implementation == attention.NAME:
             fallback = attention.fallback_for(config)
@@ -337,9 +505,7 @@ class CausalLM:
         """Load (or randomly initialise) the model in ``dtype`` (default: ``weight_dtype()``);
         ``task="seq_cls"`` puts a one-logit score head on it (reward / value models). Seed the RNGs
         before calling for a reproducible init."""
-        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-        auto = AutoModelForSequenceClassification if task == "seq_cls" else AutoModelForCausalLM
+        auto = self.auto_class(task)
         common: dict[str, Any] = {
             "attn_implementation": self.resolved_attn_implementation(),
             "dtype": self.torch_dtype(dtype),

@@ -57,13 +57,18 @@ def trainable_summary(model: nn.Module) -> str:
 
 
 def decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The decoder blocks as (qualified name, module): the longest ModuleList named layers / h / blocks."""
+    """The decoder blocks as (qualified name, module): the longest ModuleList named layers / h / blocks, a
+    vision-language model's image encoder passed over."""
     from torch import nn
+
+    from components.modeling.vision import in_vision_part
 
     lists = [
         (name, module)
         for name, module in model.named_modules()
-        if isinstance(module, nn.ModuleList) and re.search(r"(^|\.)(layers|h|blocks)$", name)
+        if isinstance(module, nn.ModuleList)
+        and re.search(r"(^|\.)(layers|h|blocks)$", name)
+        and not in_vision_part(name)
     ]
     if not lists:
         raise ConfigError(
@@ -77,9 +82,13 @@ def decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def count_layers(module_names: list[str]) -> int | None:
     """Number of decoder layers judged from module names alone (None if there is no layer list)."""
+    from components.modeling.vision import in_vision_part
+
     counts: dict[str, int] = {}
     for name in module_names:
         m = _LAYER_LIST.match(name)
+        if m and in_vision_part(name):  # a vision-language model's image encoder is not the decoder
+            continue
         if m:
             prefix = m.group("prefix") or ""
             counts[prefix] = max(counts.get(prefix, 0), int(m.group("index")) + 1)
@@ -201,6 +210,17 @@ class Peft:
     def for_task(self, task: str) -> Peft:
         """This option for a model of ``task`` (``seq_cls``: a reward model's score head): itself here."""
         return self
+
+    def for_model(self, exclusion: str | None) -> Peft:
+        """This option on a model whose modules matching ``exclusion`` (a vision-language model's vision
+        tower and projector: ``CausalLM.adapter_exclusion``) take no adapter by default: itself here."""
+        return self
+
+    @property
+    def adapts_vision(self) -> bool:
+        """Its adapters may sit on a vision-language model's vision modules (the user set which modules
+        are excluded); False: none there (the default), or no adapter at all."""
+        return False
 
     @property
     def is_adapter(self) -> bool:
@@ -358,6 +378,32 @@ class TargetedAdapter(Adapter):
 
     target_modules: Any = "all-linear"  # all-linear | [q_proj, v_proj, ...] | a regex on full names
     modules_to_save: list[str] | None = None  # extra modules trained in full and saved with the adapter
+    # modules never adapted: a list of names or a regex on full names (peft's exclude_modules); None: on a
+    # vision-language model its vision tower and projector (the language model alone), else none; []: none
+    exclude_modules: Any = None
+
+    def for_model(self, exclusion: str | None) -> Peft:
+        """Unset ``exclude_modules`` becomes ``exclusion`` (a VLM's vision tower and projector)."""
+        if self.exclude_modules is None and exclusion:
+            return dataclasses.replace(self, exclude_modules=exclusion)
+        return self
+
+    @property
+    def adapts_vision(self) -> bool:
+        return self.exclude_modules is not None
+
+    def excluded(self) -> str | list[str] | None:
+        """``exclude_modules`` as peft takes it (None or [] : nothing excluded)."""
+        return _as_targets(self.exclude_modules) if self.exclude_modules else None
+
+    def is_excluded(self, name: str) -> bool:
+        """peft's rule for ``exclude_modules``: a regex full-matches, a list entry matches by name suffix."""
+        excluded = self.excluded()
+        if excluded is None:
+            return False
+        if isinstance(excluded, str):
+            return re.fullmatch(excluded, name) is not None
+        return any(name == e or name.endswith(f".{e}") for e in excluded)
 
     def targets(self) -> str | list[str]:
         """``all-linear``, a list of names, or a regex string (peft full-matches it against module names)."""
@@ -382,6 +428,7 @@ class TargetedAdapter(Adapter):
     def check_targets(self, module_names: list[str]) -> None:
         self.validate()
         targets = self.targets()
+        module_names = [n for n in module_names if not self.is_excluded(n)]  # what peft may adapt
         hint = f"use all-linear or names such as {', '.join(linear_leaf_names(module_names)[:20])}"
         if targets == "all-linear":
             pass
@@ -525,6 +572,7 @@ class LoRA(TargetedAdapter):
             init_lora_weights=self.init_lora_weights,
             modules_to_save=self.saved_modules(),
             target_parameters=list(self.target_parameters) if self.target_parameters else None,
+            exclude_modules=self.excluded(),
         )
 
 
@@ -578,6 +626,7 @@ class IA3(TargetedAdapter):
             target_modules=self.targets(),
             feedforward_modules=self.feedforward(),
             modules_to_save=self.saved_modules(),
+            exclude_modules=self.excluded(),
         )
 
 

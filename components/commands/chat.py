@@ -7,6 +7,7 @@ The conversation is kept and rendered with the chat template the model was saved
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ def load(path: Path, remote_code: bool = False) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from components.modeling.model_dir import check_model_dir
+    from components.modeling.vision import is_vision_config
 
     check_model_dir(path, key="chat", trust_remote_code=remote_code, flag=REMOTE_CODE.split("=")[0])
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote_code)
@@ -66,7 +68,11 @@ def load(path: Path, remote_code: bool = False) -> tuple[Any, Any]:
             key="chat",
             hint="chat with a hydratune run dir (its final/ saves the template it trained with)",
         )
-    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=remote_code)
+    auto = AutoModelForCausalLM
+    config = json.loads((path / "config.json").read_text())
+    if is_vision_config(config):  # text turns only for now (no --image yet): the decoder answers
+        from transformers import AutoModelForImageTextToText as auto
+    model = auto.from_pretrained(path, trust_remote_code=remote_code)
     return model.eval(), tokenizer
 
 

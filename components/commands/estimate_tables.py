@@ -51,6 +51,10 @@ def render(cfg: Any, console: Any = None) -> bool:
         active = param_counts(a).active
         moe = f"; a mixture of experts: {a.num_experts} experts, {a.experts_per_token} per token, "
         moe += f"{active / 1e9:.3f} B active per token"
+    if a.vision:
+        v = a.vision
+        moe += f"; vision tower {v.tower / 1e9:.3f} B + projector {v.projector / 1e9:.3f} B"
+        moe += f", {spec.image_tokens} image tokens/row" + ("" if spec.vision_trains else " (tower frozen)")
     title = (
         f"{get(get(cfg, 'model'), 'name_or_path', '?')}: {est.params_total / 1e9:.3f} B params "
         f"({est.params_trainable:,} trainable{moe}), {spec.world_size} GPU(s), "
@@ -102,7 +106,7 @@ def render(cfg: Any, console: Any = None) -> bool:
             gib(e.row("parameters") + e.row("quantized weights")),
             gib(e.row("gradients")),
             gib(e.row("optimizer states")),
-            gib(e.row("activations") + e.row("logits + loss")),
+            gib(e.row("activations") + e.row("vision activations") + e.row("logits + loss")),
             gib(e.total),
             gib(e.cpu_bytes),
             f"{e.spec.strategy.speed:.2f}",
@@ -220,7 +224,7 @@ def stage_table(est: Estimate) -> Any:
             gib(e.row("gradients")),
             gib(e.row("optimizer states")),
             f"{part.in_flight:g}",
-            gib(e.row("activations") + e.row("logits + loss")),
+            gib(e.row("activations") + e.row("vision activations") + e.row("logits + loss")),
             gib(e.total),
         )
     return table

@@ -91,6 +91,11 @@ def export(run_dir: Path, out: Path | None = None, dtype: str = "float32", remot
     model.generation_config = generation_config(model, tokenizer)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    processor = run.processor(tokenizer)  # a vision-language model's: AutoProcessor loads the export
+    if processor is not None:
+        from components.modeling.vision import save_processor
+
+        save_processor(processor, tmp)
     drop_machine_keys(tmp / "tokenizer_config.json")
     (tmp / "README.md").write_text(model_card(run, model, dtype))
     publish_modes(tmp)
@@ -206,9 +211,7 @@ def model_card(run: TrainedRun, model: Any, dtype: str) -> str:
         "## Use",
         "",
         "```python",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        'model = AutoModelForCausalLM.from_pretrained("<this folder>")',
-        'tokenizer = AutoTokenizer.from_pretrained("<this folder>")',
+        *(VISION_USE if getattr(getattr(model, "config", None), "vision_config", None) else TEXT_USE),
         "```",
         "",
         "## Config",
@@ -221,6 +224,19 @@ def model_card(run: TrainedRun, model: Any, dtype: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+TEXT_USE = (
+    "from transformers import AutoModelForCausalLM, AutoTokenizer",
+    'model = AutoModelForCausalLM.from_pretrained("<this folder>")',
+    'tokenizer = AutoTokenizer.from_pretrained("<this folder>")',
+)
+#: a vision-language model: the processor (image processor + tokenizer) is saved beside the weights
+VISION_USE = (
+    "from transformers import AutoModelForImageTextToText, AutoProcessor",
+    'model = AutoModelForImageTextToText.from_pretrained("<this folder>")',
+    'processor = AutoProcessor.from_pretrained("<this folder>")',
+)
 
 
 def _report(path: Path) -> dict[str, Any]:
@@ -324,5 +340,7 @@ def cli(args: list[str]) -> int:
 
     run_dir, out, dtype = parse_args(args)
     written = export(run_dir, out, dtype, grants(args).allows("model.trust_remote_code"))
-    print(f"exported {run_dir} to {written} (load with AutoModelForCausalLM.from_pretrained)")
+    vision = (written / "processor_config.json").is_file()
+    auto = "AutoModelForImageTextToText + AutoProcessor" if vision else "AutoModelForCausalLM"
+    print(f"exported {run_dir} to {written} (load with {auto}.from_pretrained)")
     return 0

@@ -1,15 +1,110 @@
 """The numbers of a decoder-only transformer that memory depends on, and its parameter counts.
 
 Pure arithmetic over config.json keys: no torch, no Hydra. The PEFT components count their own trainable
-parameters with the helpers here (``Peft.trainable_params`` in ``components/peft.py``).
+parameters with the helpers here (``Peft.trainable_params`` in ``components/peft.py``). A vision-language
+model (a config with ``vision_config``) is its decoder (``text_config``) plus a :class:`VisionArch`: the
+image encoder and the projector into the decoder, counted exactly per family (tests/unit/test_vlm.py
+checks every shipped option against transformers' meta-device model).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+#: a vision-language model's family -> the architecture its decoder is (for the rules below)
+VLM_TEXT_TYPES = {
+    "idefics3": "llama",
+    "smolvlm": "llama",
+    "llava": "llama",
+    "gemma3": "gemma3",
+    "qwen2_5_vl": "qwen2",
+    "qwen3_vl": "qwen3",
+}
+
+
+@dataclass(frozen=True)
+class VisionArch:
+    """A vision-language model's image encoder and projector: the numbers memory depends on."""
+
+    family: str  # the VLM's model_type
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    patch_size: int
+    image_size: int  # the tower's input side (Qwen's dynamic resolution: 448, the default assumed)
+    merge: int  # patches per image token in the decoder (pixel shuffle / spatial merge squared)
+    tower: int  # parameters of the encoder
+    projector: int  # parameters of what maps its features into the decoder
+
+    @property
+    def params(self) -> int:
+        return self.tower + self.projector
+
+    @property
+    def default_image_tokens(self) -> int:
+        """Decoder tokens of one image of ``image_size`` (Gemma 3 pools to 256 whatever the tower sees)."""
+        if self.family == "gemma3":
+            return 256
+        return (self.image_size // self.patch_size) ** 2 // self.merge
+
+    @classmethod
+    def from_dict(
+        cls, family: str, v: Mapping[str, Any], top: Mapping[str, Any], text_hidden: int
+    ) -> VisionArch:
+        """From a VLM config's ``vision_config`` (``v``) and top-level keys, counted as transformers 5
+        builds each family; a family not modelled is a ValueError."""
+        if family not in VLM_TEXT_TYPES:
+            raise ValueError(f"the vision tower of {family} is not modelled")
+        qwen = family.startswith("qwen")
+        h = int(v.get("hidden_size") or v.get("embed_dim"))
+        i = int(v["intermediate_size"])
+        layers = int(v.get("depth") or v.get("num_hidden_layers"))
+        heads = int(v.get("num_heads") or v.get("num_attention_heads"))
+        p, c = int(v.get("patch_size", 14)), int(v.get("in_channels") or v.get("num_channels") or 3)
+        size = 448 if qwen else int(v.get("image_size", 224))
+        patches = (size // p) ** 2
+        attention = 4 * (h * h + h)  # q, k, v, o (Qwen: one fused qkv), all with biases
+        if family == "qwen2_5_vl":  # RMSNorms, a gated MLP with biases, Conv3d patches without bias
+            m = int(v.get("spatial_merge_size", 2))
+            t = int(v.get("temporal_patch_size", 2))
+            layer = 2 * h + attention + 2 * (h * i + i) + i * h + h
+            tower = c * t * p * p * h + layers * layer
+            wide, out = h * m * m, int(v.get("out_hidden_size", text_hidden))
+            projector = h + wide * wide + wide + wide * out + out  # merger: ln_q + 2-layer MLP
+            return cls(family, h, i, layers, heads, p, size, m * m, tower, projector)
+        layer = 4 * h + attention + h * i + i + i * h + h  # two LayerNorms, fc1, fc2
+        if family == "qwen3_vl":  # Conv3d with bias, learned positions, DeepStack mergers
+            m = int(v.get("spatial_merge_size", 2))
+            t = int(v.get("temporal_patch_size", 2))
+            tower = c * t * p * p * h + h + int(v.get("num_position_embeddings", 2304)) * h + layers * layer
+            wide, out = h * m * m, int(v.get("out_hidden_size", text_hidden))
+            merger = wide * wide + wide + wide * out + out
+            deepstack = len(v.get("deepstack_visual_indexes") or [])
+            projector = (2 * h + merger) + deepstack * (2 * wide + merger)  # LayerNorm before / after shuffle
+            return cls(family, h, i, layers, heads, p, size, m * m, tower, projector)
+        if family == "llava":  # CLIP: class token, pre- and post-LayerNorm, patch conv without bias
+            tower = h + c * p * p * h + (patches + 1) * h + 4 * h + layers * layer
+            heads_in = (
+                h * len(top["vision_feature_layer"])
+                if isinstance(top.get("vision_feature_layer"), list)
+                else h
+            )
+            bias = bool(top.get("multimodal_projector_bias", True))
+            projector = heads_in * text_hidden + text_hidden * text_hidden + (2 * text_hidden if bias else 0)
+            return cls(family, h, i, layers, heads, p, size, 1, tower, projector)
+        # SigLIP (Idefics3 / SmolVLM, Gemma 3): patch conv with bias, learned positions, post-LayerNorm
+        tower = c * p * p * h + h + patches * h + layers * layer + 2 * h
+        if family == "gemma3" and v.get("vision_use_head", True):  # SigLIP's attention-pooling head
+            tower += h + 4 * h * h + 4 * h + 2 * h + h * i + i + i * h + h
+        if family == "gemma3":  # RMSNorm + projection matrix (no bias); 256 pooled tokens per image
+            return cls(family, h, i, layers, heads, p, size, patches // 256, tower, h + h * text_hidden)
+        scale = int(top.get("scale_factor", 2))
+        projector = h * scale * scale * text_hidden  # the connector's one linear, no bias
+        return cls(family, h, i, layers, heads, p, size, scale * scale, tower, projector)
 
 
 @dataclass(frozen=True)
@@ -36,10 +131,23 @@ class Arch:
     experts_per_token: int = 0
     expert_intermediate_size: int = 0
     expert_bias: bool = False  # gpt-oss: biases on the experts and the router
+    vision: VisionArch | None = None  # a vision-language model's image encoder and projector
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Arch:
-        """From config.json-style keys, with each model type's transformers defaults."""
+        """From config.json-style keys, with each model type's transformers defaults; a vision-language
+        model's (a ``vision_config``): its decoder (``text_config``, over legacy top-level keys) + vision."""
+        if d.get("vision_config") is not None:
+            family = str(d.get("model_type", ""))
+            if family not in VLM_TEXT_TYPES:
+                raise ValueError(f"the vision-language model type {family!r} is not modelled")
+            skip = ("vision_config", "text_config", "model_type")
+            text = {k: v for k, v in d.items() if k not in skip}
+            text.update(d.get("text_config") or {})
+            text["model_type"] = VLM_TEXT_TYPES[family]
+            decoder = cls.from_dict(text)
+            vision = VisionArch.from_dict(family, d["vision_config"], d, decoder.hidden_size)
+            return replace(decoder, vision=vision)
         model_type = str(d.get("model_type", "llama"))
         h = int(d["hidden_size"])
         heads = int(d["num_attention_heads"])
@@ -140,6 +248,7 @@ class ParamCounts:
     lm_head: int  # 0 when tied to the embedding
     layer_experts: int = 0  # of ``layer``: every expert of a mixture (router not included)
     layer_active_experts: int = 0  # of those: the ones a token goes through
+    vision: int = 0  # a vision-language model's image encoder + projector (held with the embedding)
 
     @property
     def layers(self) -> int:
@@ -147,7 +256,7 @@ class ParamCounts:
 
     @property
     def total(self) -> int:
-        return self.embedding + self.layers + self.final_norm + self.lm_head
+        return self.embedding + self.layers + self.final_norm + self.lm_head + self.vision
 
     @property
     def active(self) -> int:
@@ -178,6 +287,7 @@ def param_counts(arch: Arch) -> ParamCounts:
         lm_head=0 if arch.tie_word_embeddings else embedding,
         layer_experts=experts,
         layer_active_experts=arch.expert_params(arch.experts_per_token) if arch.is_moe else 0,
+        vision=arch.vision.params if arch.vision else 0,
     )
 
 

@@ -133,6 +133,11 @@ class RunSpec:
     sp: int = 1  # sequence-parallel (Ulysses) ranks: each holds 1/sp of every sequence
     pp: int = 1  # pipeline stages
     micro_batches: int = 1  # per optimizer step and replica (train.gradient_accumulation_steps): PP's m
+    # a vision-language model: image tokens per row (already inside seq_len), parameters model.freeze keeps
+    # frozen under full fine-tuning, whether the vision tower trains (then autograd keeps its activations)
+    image_tokens: int = 0
+    frozen_params: int = 0
+    vision_trains: bool = False
 
     @property
     def world_size(self) -> int:
@@ -271,6 +276,26 @@ def activations(spec: RunSpec, part: Slice | None = None) -> tuple[float, float]
     return stack, logits
 
 
+def vision_activations(spec: RunSpec, part: Slice | None = None) -> float:
+    """Bytes autograd keeps in a vision-language model's image encoder for one micro-batch: nothing when the
+    tower does not train (its input, the pixels, needs no gradient, so no block keeps its input); else per
+    patch and layer what a pre-norm ViT block keeps, as the decoder's terms count it: the two norms' inputs
+    and outputs, the shared q/k/v input, q, k, v, the attention output and log-sum-exp, o's input, the MLP's
+    input, its inner activation before and after the nonlinearity. Patches = image tokens x ``merge``
+    (patches per decoder token). With gradient checkpointing: each layer's input plus one layer. Held on
+    the first pipeline stage, whole on every tp rank (engines do not split the tower)."""
+    v = spec.arch.vision
+    if v is None or not spec.vision_trains or not spec.image_tokens or (part is not None and not part.first):
+        return 0.0
+    c, r = spec.compute_bytes, spec.residual_bytes
+    h, i = v.hidden_size, v.intermediate_size
+    per_layer = 2 * 2 * r * h + c * (6 * h + 2 * i) + 4 * v.num_heads
+    patches = spec.image_tokens * v.merge * spec.micro_batch
+    kept = v.num_layers * (r * h if spec.gradient_checkpointing else per_layer)
+    kept += per_layer if spec.gradient_checkpointing else 0  # the one layer recomputed at a time
+    return kept * patches * (1 + ACTIVATION_SLACK)
+
+
 def _phase_rows(
     terms: list[tuple[str, float, str]], fwd_bwd: set[str], step: set[str]
 ) -> tuple[list[Row], float, str]:
@@ -315,6 +340,8 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
     total_params = part.params
     # adapters live on the decoder layers (whole on every tp rank: their sharding is not modelled)
     trainable = total_params if spec.full_finetune else round(spec.trainable * part.layers / a.num_layers)
+    if spec.full_finetune and spec.frozen_params and part.first:  # model.freeze's parts of a VLM
+        trainable = max(total_params - spec.frozen_params, 0)
     frozen = total_params - trainable
     ds = s.is_deepspeed
     tp = max(1, spec.tp)
@@ -426,6 +453,7 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
         note = "gradient buckets (a second copy of the gradients)"
 
     stack, logits = activations(spec, part)
+    vision = vision_activations(spec, part)
     mb = f"{spec.micro_batch}x{spec.seq_len} tokens" + _split_note(spec, part)
     terms: list[tuple[str, float, str]] = [
         (
@@ -474,6 +502,13 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
             + (f" x {part.logits_in_flight} in flight" if part.logits_in_flight > 1 else "")
             + (" (on the last stage only)" if part.stages > 1 else ""),
         ),
+        (
+            "vision activations",
+            vision,
+            f"{spec.micro_batch} rows x {spec.image_tokens} image tokens x "
+            f"{a.vision.merge if a.vision else 1} patches each, {a.vision.num_layers if a.vision else 0} "
+            "encoder layers" + (", checkpointed" if spec.gradient_checkpointing else ""),
+        ),
         ("buffers", buffers, note or "communication buffers"),
     ]
     always = {
@@ -485,7 +520,7 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
         "gathered params",
         "buffers",
     }
-    fwd_bwd = always | {"autocast weight copies", "activations", "logits + loss"}
+    fwd_bwd = always | {"autocast weight copies", "activations", "vision activations", "logits + loss"}
     if ds:  # DeepSpeed keeps its gradient partitions for the whole backward
         fwd_bwd.add("gradients")
     step = always | {"gradients", "fp32 gradient copy", "step temporaries"}

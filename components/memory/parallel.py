@@ -171,7 +171,7 @@ def slices(
     out = []
     for stage, layers in enumerate(stage_layers(arch, pp)):
         first, last = stage == 0, stage == pp - 1
-        held = [counts.embedding] if first else []
+        held = [counts.embedding, counts.vision] if first else []  # a VLM's image encoder: the first stage
         if last:  # a tied head is the embedding itself on a single stage, a copy of it on a later one
             held += [counts.final_norm, head] if counts.lm_head or pp > 1 else [counts.final_norm]
         params = layers * layer + sum(held)

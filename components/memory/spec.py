@@ -18,7 +18,7 @@ from typing import Any
 
 from components.config.errors import ConfigError
 from components.distributed.mesh import Mesh
-from components.memory.arch import Arch
+from components.memory.arch import Arch, param_counts
 from components.memory.estimate import DTYPE_BYTES, Estimate, GiB, KiB, MiB, RunSpec, estimate
 from components.memory.ladder import Rung
 from components.memory.parallel import mesh_refusal
@@ -58,7 +58,8 @@ def arch_of_model(model: Any) -> Arch:
             arch = {**json.loads(config.read_text()), **arch}
             break
     needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-    missing = [k for k in needed if k not in arch]
+    text = {**arch, **(arch.get("text_config") or {})}  # a vision-language model's decoder
+    missing = [k for k in needed if k not in text]
     if missing:
         from components.config.errors import ConfigError
 
@@ -68,7 +69,33 @@ def arch_of_model(model: Any) -> Arch:
             key="model.architecture",
             hint="use a shipped model (conf/model/), or pass model.architecture.<key>=… from its config.json",
         )
-    return Arch.from_dict(arch)
+    try:
+        return Arch.from_dict(arch)
+    except ValueError as err:  # a vision-language family whose tower is not modelled
+        raise ConfigError(f"cannot estimate '{name}': {err}", key="model.architecture") from None
+
+
+def vision_knobs(model: Any, peft: Any, arch: Arch) -> dict[str, Any]:
+    """A vision-language model's part of the RunSpec: image tokens per row (``model.image_tokens_per_row``,
+    else one image at the processor's default size), parameters ``model.freeze`` keeps frozen under full
+    fine-tuning, and whether the vision tower trains (full fine-tuning not freezing it, or adapters let onto
+    it with ``peft.exclude_modules=[]``): only then does autograd keep its activations."""
+    vision = arch.vision
+    if vision is None:
+        return {}
+    frozen_parts = list(get(model, "freeze", []) or [])
+    tokens = get(model, "image_tokens_per_row", None)
+    tokens = vision.default_image_tokens if tokens is None else int(tokens)
+    frozen = 0
+    if not peft.enabled:  # an adapter freezes the base anyway: its trainable count is its own
+        sizes = {
+            "vision_tower": vision.tower,
+            "projector": vision.projector,
+            "language_model": param_counts(arch).total - vision.params,
+        }
+        frozen = sum(sizes[part] for part in frozen_parts if part in sizes)
+    trains = (not peft.enabled or peft.adapts_vision) and "vision_tower" not in frozen_parts
+    return {"image_tokens": tokens, "frozen_params": frozen, "vision_trains": trains}
 
 
 def parse_memory(text: Any) -> float | None:
@@ -172,9 +199,10 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
     weight = DTYPE_BYTES.get(str(get(model, "dtype", "auto")), 4)
     if str(get(model, "dtype", "auto")) == "auto" and precision in ("bf16", "auto"):
         weight = 2 if base_loads_in_half(peft, quant, strategy_component) else weight  # CausalLM.weight_dtype
+    vision = vision_knobs(model, peft, arch)
     spec = RunSpec(
         arch=arch,
-        trainable=peft.trainable_params(arch),
+        trainable=peft.trainable_params(arch) - vision.get("frozen_params", 0),
         full_finetune=not peft.enabled,
         weight_bytes=weight,
         compute_bytes=compute,
@@ -195,6 +223,7 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
         sp=mesh.sp,
         pp=mesh.pp,
         micro_batches=int(get(train, "gradient_accumulation_steps", 1) or 1),
+        **vision,
     )
     return replace(spec, **over) if over else spec
 

@@ -147,6 +147,10 @@ class TrainedRun:
 
         tokenizer = AutoTokenizer.from_pretrained(self.final)
         auto = AutoModelForSequenceClassification if task == "seq_cls" else AutoModelForCausalLM
+        if self.kind != "adapter" and self.is_vision:
+            from transformers import AutoModelForImageTextToText
+
+            auto = AutoModelForImageTextToText
         if self.kind != "adapter":
             model = auto.from_pretrained(self.model_dir(), dtype=getattr(torch, dtype))
             return model.eval(), tokenizer
@@ -168,6 +172,28 @@ class TrainedRun:
 
             model = merge_and_unload(model)
         return model.eval(), tokenizer
+
+    @property
+    def is_vision(self) -> bool:
+        """The model left in final/ is a vision-language model (its config has a vision_config)."""
+        import json
+
+        from components.modeling.vision import is_vision_config
+
+        folder = self.final if self.kind == "adapter" else self.model_dir()
+        config = folder / "config.json"
+        if config.is_file():
+            return is_vision_config(json.loads(config.read_text()))
+        return self.kind == "adapter" and self.base_component().is_vision
+
+    def processor(self, tokenizer: Any = None) -> Any:
+        """The processor saved in final/ (a vision-language model's), with ``tokenizer`` in it; None
+        when the run saved none (a text model)."""
+        from components.modeling.vision import has_processor, load_processor
+
+        if not has_processor(self.final):
+            return None
+        return load_processor(str(self.final), tokenizer)
 
     def overrides(self) -> list[str]:
         """The command-line overrides the run was started with."""

@@ -143,9 +143,11 @@ def save_final(
     *,
     merge: bool = False,
     state_dict: dict[str, Any] | None = None,
+    processor: Any = None,
 ) -> dict[str, Any]:
     """Write the final model as safetensors (the adapter alone for PEFT) and the tokenizer with its
-    chat template; ``merge`` also writes ``merged/``, the adapter folded into the base weights.
+    chat template (a vision-language model's ``processor`` too); ``merge`` also writes ``merged/``, the
+    adapter folded into the base weights.
 
     Writes into ``<out>.tmp`` and renames, so a crash never leaves a half-written ``final/``.
     """
@@ -168,10 +170,16 @@ def save_final(
     else:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)  # gathered if sharded
     tokenizer.save_pretrained(tmp)
+    if processor is not None:
+        from components.modeling.vision import save_processor
+
+        save_processor(processor, tmp)
     if merge:
         merged = merge_and_unload(model)
         merged.save_pretrained(tmp / "merged", safe_serialization=True)
         tokenizer.save_pretrained(tmp / "merged")
+        if processor is not None:
+            save_processor(processor, tmp / "merged")
         info["merged"] = str(out / "merged")
     if out.exists():
         shutil.rmtree(out)

@@ -64,6 +64,7 @@ def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
             hint="merge offline into the unquantized base, or drop merge=true",
         )
     comps.optimizer.check_device(device)
+    check_vision_split(comps)
     check_strategy(cfg, comps, device)
     check_loss_scaling(comps, device)
     weights = comps.model.dtype
@@ -121,7 +122,6 @@ def check_split(cfg: DictConfig, comps: Components, device: str) -> None:
     the model's heads and sizes divide by it, and nothing it cannot go with is asked for (the recipe, the
     engine's knobs, quantization, PEFT, the attention on packed rows), each refused with its fix."""
     from components.distributed.mesh import ModelDims, check_model
-    from components.distributed.model_parallel import AUTOEP_MODEL_TYPES
 
     split, recipe = comps.strategy.model_split, comps.recipe
     mesh = split.mesh(world_size(comps))
@@ -171,16 +171,7 @@ def check_split(cfg: DictConfig, comps: Components, device: str) -> None:
     for bad, key, why, fix in refused:
         if bad:
             raise ConfigError(why, key=key, hint=fix)
-    config = comps.model.load_config()
-    check_model(mesh, ModelDims.from_config(config))
-    kind = getattr(getattr(config, "text_config", config), "model_type", None)
-    if kind not in AUTOEP_MODEL_TYPES:
-        raise ConfigError(
-            f"expert parallel splits the experts of {', '.join(AUTOEP_MODEL_TYPES)} models here (gathered "
-            f"back whole for final/ and verified against one process); this model is {kind}",
-            key="strategy.ep_size",
-            hint=f"{drop} (the experts stay whole on every rank; ZeRO still shards the optimizer state)",
-        )
+    check_model(mesh, ModelDims.from_config(comps.model.load_config()))
     if mesh.sp > 1:
         check_sequence_split(cfg, comps, device)
 
@@ -190,6 +181,7 @@ def check_expert_split(comps: Components, mesh: Mesh) -> None:
     divides, and only what is verified with it is asked for (a Trainer recipe, full fine-tuning, no
     quantization), each refused with its fix."""
     from components.distributed.mesh import ModelDims, check_model
+    from components.distributed.model_parallel import AUTOEP_MODEL_TYPES
 
     recipe, drop = comps.recipe, "strategy.ep_size=1"
     mesh.check()
@@ -224,7 +216,50 @@ def check_expert_split(comps: Components, mesh: Mesh) -> None:
     for bad, key, why, fix in refused:
         if bad:
             raise ConfigError(why, key=key, hint=fix)
-    check_model(mesh, ModelDims.from_config(comps.model.load_config()))
+    config = comps.model.load_config()
+    check_model(mesh, ModelDims.from_config(config))
+    kind = getattr(getattr(config, "text_config", config), "model_type", None)
+    if kind not in AUTOEP_MODEL_TYPES:
+        raise ConfigError(
+            f"expert parallel splits the experts of {', '.join(AUTOEP_MODEL_TYPES)} models here (gathered "
+            f"back whole for final/ and verified against one process); this model is {kind}",
+            key="strategy.ep_size",
+            hint=f"{drop} (the experts stay whole on every rank; ZeRO still shards the optimizer state)",
+        )
+
+
+def check_vision_split(comps: Components) -> None:
+    """A vision-language model is not split over ranks: tensor / sequence parallel and pipeline stages
+    know a decoder's layers, not an image encoder beside them (not verified: refused). Data parallel, FSDP
+    and ZeRO keep whole models (or shard parameters) and pass."""
+    if not comps.model.is_vision:
+        return
+    split = comps.strategy.model_split
+    mesh = split.mesh(world_size(comps))
+    dims = [(f"strategy.{d}_size", size) for d, size in (("tp", mesh.tp), ("sp", mesh.sp), ("pp", mesh.pp))]
+    dims = [(knob, size) for knob, size in dims if size > 1]
+    if dims or split.splits_layers:
+        knob = dims[0][0] if dims else "strategy"
+        raise ConfigError(
+            f"{comps.model.name_or_path} is a vision-language model: splitting it over ranks "
+            "(tensor / sequence parallel, pipeline stages) is not supported",
+            key=knob,
+            hint="use data parallel, FSDP or ZeRO (strategy=ddp / fsdp / zero2 / zero3 ...)",
+        )
+
+
+def check_freeze(comps: Components) -> None:
+    """``model.freeze`` (a vision-language model's parts) leaves something to train: an adapter option
+    trains the language model alone by default, so freezing it leaves nothing."""
+    frozen = list(comps.model.freeze)
+    if "language_model" in frozen and comps.peft.freezes_base and not comps.peft.adapts_vision:
+        raise ConfigError(
+            f"model.freeze={frozen} freezes the language model, which is all that "
+            f"{type(comps.peft).__name__} adapts on a vision-language model by default: nothing would train",
+            key="model.freeze",
+            hint="drop language_model from model.freeze, or put adapters on the vision modules too "
+            "(peft.exclude_modules=[])",
+        )
 
 
 def check_sequence_split(cfg: DictConfig, comps: Components, device: str) -> None:
@@ -349,7 +384,9 @@ def check_before_load(cfg: DictConfig, comps: Components, device: str | None = N
     check_generated(cfg, comps, device)
     comps.recipe.check(cfg, comps)
     check_streaming(cfg, comps)  # data.streaming: what a stream cannot do
-    comps.peft.check_targets(comps.model.module_names())  # meta-device model: no weights, no memory
+    # meta-device model: no weights, no memory; a VLM's vision modules are not adapted by default
+    comps.peft.for_model(comps.model.adapter_exclusion()).check_targets(comps.model.module_names())
+    check_freeze(comps)
     check_disk(cfg, comps, planned_elsewhere=device_given or planned_for_gpus(cfg, device))
     stale = stale_accelerate_env()
     if stale:

@@ -162,6 +162,7 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
 
     try:
         config = comps.model.load_config()
+        config = config.get_text_config()  # a vision-language model's decoder (a text model: itself)
         hidden = int(config.hidden_size)
         wide = max(
             int(getattr(config, "vocab_size", 0) or 0), int(getattr(config, "intermediate_size", 0) or 0)

@@ -68,6 +68,9 @@ class Session:
     pipeline: Any = None  # strategy=pipeline: this rank's stages and mesh (runtime/pipeline_loop.py)
     eval_cost: dict[str, Any] = field(default_factory=dict)  # the end-of-run evaluation: seconds, rows
     probe_cost: dict[str, Any] = field(default_factory=dict)  # the probes before / after training: seconds
+    #: a vision-language model's processor (its image processor + this tokenizer); None for text models.
+    #: Saved with every checkpoint and final/ (and so with every export)
+    processor: Any = None
 
     @classmethod
     def start(cls, ctx: RunContext) -> Session:
@@ -86,13 +89,16 @@ class Session:
                 ctx.run_dir.write_json(name, content)  # e.g. the generated deepspeed.json
             trackers = c.tracker.start(ctx.run_info())
         interrupt = GracefulInterrupt(c.launcher.preemption_signals())  # SLURM's pre-emption signal too
-        session = cls(ctx, c.model.build_tokenizer(), interrupt=interrupt, trackers=trackers)
+        tokenizer = c.model.build_tokenizer()
+        session = cls(ctx, tokenizer, interrupt=interrupt, trackers=trackers)
+        session.processor = c.model.build_processor(tokenizer)
         mesh = ctx.plan.mesh
         shown = mesh is not None and (not mesh.is_data_parallel_only or mesh.ep > 1)  # a split to describe
         session.report["run"] = {
             "recipe": c.recipe.name,
             "model": c.model.name_or_path,
             "model weights": c.model.describe_weights(),
+            **({"vision": c.model.describe_vision()} if c.model.is_vision else {}),
             "peft": type(c.peft).__name__,
             "strategy": c.strategy.label,
             "processes": ctx.plan.world_size,
@@ -157,7 +163,14 @@ class Session:
             model.config.pad_token_id = (
                 self.tokenizer.pad_token_id
             )  # the score is read at the last real token
-        model = c.peft.for_task(task).apply(model)  # a SEQ_CLS adapter saves the score head with it
+        # a SEQ_CLS adapter saves the score head with it; a VLM's adapters stay off its vision modules
+        model = c.peft.for_task(task).for_model(c.model.adapter_exclusion()).apply(model)
+        if c.model.apply_freeze(model) and not any(p.requires_grad for p in model.parameters()):
+            raise ConfigError(
+                f"model.freeze={list(c.model.freeze)} leaves nothing to train under this peft option",
+                key="model.freeze",
+                hint="leave the part the PEFT option trains (language_model for adapters) out of it",
+            )
         upcast_trainable(model)  # a half-precision frozen base keeps fp32 trained weights
         self.report["run"]["weights"] = describe_dtypes(model)
         # No KV cache while training: besides wasting memory, a cache makes transformers skip the
@@ -230,7 +243,9 @@ class Session:
         train, feed = data["train"], None
         if is_stream(train):  # tokenized as it is read; the feed batches it and keeps its position
             feed, train = Feed(train, c.data), train.dataset()
-        trainer = hydratune_trainer(trainer_cls, handlers, feed, token_replicas=replicas)(
+        trainer = hydratune_trainer(
+            trainer_cls, handlers, feed, token_replicas=replicas, processor=self.processor
+        )(
             model=self.model,
             args=args,
             train_dataset=train,
@@ -409,7 +424,12 @@ class Session:
             self.evaluate_generations("after")
         ensure_room_for_final(trainer.model, ctx.run_dir.final, ctx.cfg.merge)
         self.report["outputs"] = save_final(
-            trainer.model, self.tokenizer, ctx.run_dir.final, merge=ctx.cfg.merge, state_dict=state_dict
+            trainer.model,
+            self.tokenizer,
+            ctx.run_dir.final,
+            merge=ctx.cfg.merge,
+            state_dict=state_dict,
+            processor=self.processor,
         )
         self.note_late_signal()
         self.write_report(metrics)
@@ -531,6 +551,7 @@ class Session:
             self.ctx.run_dir.final,
             merge=self.ctx.cfg.merge,
             state_dict=gathered.get("model"),
+            processor=self.processor,
         )
         for name, module in (extra or {}).items():
             state = gathered.get(name) or module.state_dict()

@@ -128,7 +128,12 @@ class AtomicCheckpoints:
 
     def checkpoint_extras(self, folder: Path) -> None:
         """What a run adds to each checkpoint beside the Trainer's files, on every rank, before the
-        checkpoint is marked whole (nothing here)."""
+        checkpoint is marked whole: a vision-language model's processor (rank 0 writes it)."""
+        processor = getattr(self, "hydratune_processor", None)
+        if processor is not None and self.args.should_save:  # type: ignore[attr-defined]
+            from components.modeling.vision import save_processor
+
+            save_processor(processor, folder)
 
 
 class WholeExperts:
@@ -259,11 +264,12 @@ def hydratune_trainer(
     feed: Any = None,
     *,
     token_replicas: int = 1,
+    processor: Any = None,
 ) -> type:
     """``trainer_cls`` (TRL's SFTTrainer, DPOTrainer, ...) with the hooks above: atomic checkpoints, the
     token count read at log steps only (divided by ``token_replicas``, the ranks that see the same tokens),
     no step past ``max_steps``, the fp16 scaler knobs, Ulysses' gradient; ``feed``: the training data is a
-    stream (``StreamedData``)."""
+    stream (``StreamedData``); ``processor``: a vision-language model's, saved into every checkpoint."""
     mixins = (
         DeferredTokenCount,
         AtomicCheckpoints,
@@ -278,5 +284,6 @@ def hydratune_trainer(
         "scaler_handlers": tuple(scaler_handlers),
         "token_replicas": token_replicas,
         "feed": feed,
+        "hydratune_processor": processor,
     }
     return type(f"Hydratune{trainer_cls.__name__}", (*mixins, trainer_cls), attrs)

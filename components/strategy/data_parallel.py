@@ -30,7 +30,9 @@ class DDP(OwnLoop, Strategy):
     """torch DistributedDataParallel: one process per device, gradients all-reduced."""
 
     backend: str = "auto"  # auto = nccl on GPU, gloo on CPU
-    find_unused_parameters: bool = False
+    # None: the model decides (CausalLM.training_args): True for a vision-language model, whose tower a
+    # batch without images leaves unused, else False
+    find_unused_parameters: bool | None = None
     bucket_cap_mb: int = knob(25, POSITIVE)  # MB of gradients per all-reduce bucket
     broadcast_buffers: bool = False
 
@@ -43,10 +45,11 @@ class DDP(OwnLoop, Strategy):
         args = super().training_args(device, plan)
         args.update(
             ddp_backend=None if self.backend == "auto" else self.backend,
-            ddp_find_unused_parameters=self.find_unused_parameters,
             ddp_bucket_cap_mb=self.bucket_cap_mb,
             ddp_broadcast_buffers=self.broadcast_buffers,
         )
+        if self.find_unused_parameters is not None:  # else the model's training_args say
+            args["ddp_find_unused_parameters"] = self.find_unused_parameters
         return args
 
     def expected_distributed_types(self, world_size: int) -> set[str]:
