@@ -73,6 +73,7 @@ def prepare_data(
         made = {"rows/train": data["train"], "rows/eval": data["eval"]}
         facts: dict[str, Any] = {"report": asdict(data.report), "default template": defaulted}
         if tokens is not None:
+            check_image_tokens(data, tokens)
             # a stream: its first rows and eval rows as unpacked tokens (the feed packs the stream)
             token_maker = tokens.unpacked() if streaming else tokens
             token_splits, facts["tokens"] = token_maker.prepare(data, tokenizer, workers)
@@ -109,6 +110,24 @@ def prepare_data(
 
         as_streamed(prepared, stream, data_component, tokenizer, tokens)
     return prepared
+
+
+def check_image_tokens(data: Any, tokens: Any) -> None:
+    """Image rows reach a trainer untokenized (TRL's vision collator runs the model's processor batch by
+    batch); a recipe that tokenizes its rows here (SFT's ``SFTTokens``) is refused on them, before load,
+    until its token maker declares ``accepts_images`` (the model phase of issue 36)."""
+    from components.config.errors import ConfigError
+    from components.data.images import CAPABILITY, IMAGES_COLUMN
+
+    if IMAGES_COLUMN not in data["train"].column_names or getattr(tokens, CAPABILITY, False):
+        return
+    raise ConfigError(
+        "the rows have images, and this recipe tokenizes its rows before training (text only): image rows "
+        "are tokenized by the model's processor as batches are made",
+        key="data.images",
+        hint="train a vision-language model (its recipe path hands image rows to TRL's vision collator), or "
+        "data.images=false for text-only rows",
+    )
 
 
 def length_notes(

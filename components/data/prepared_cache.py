@@ -87,16 +87,36 @@ def key_parts(data: Any, tokenizer: Any, tokens: dict[str, Any] | None) -> dict[
         except PackageNotFoundError:
             libraries[name] = None
     hub = [p for p in _paths(node) if not looks_local(p)]
-    return {
+    hashes = FileHashes(cache_root(data) / "hashes")
+    parts = {
         "entry format": ENTRY_FORMAT,
         "code": code_fingerprint(),
         "libraries": libraries,
         "component": type(data).__name__,
-        "data": fingerprint_node(node, FileHashes(cache_root(data) / "hashes")),
+        "data": fingerprint_node(node, hashes),
         "hub": {name: hub_fingerprint(name, data) for name in hub},
         "tokenizer": tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
         "tokens": tokens,
     }
+    if getattr(data, "images", False):
+        parts["images"] = image_fingerprint(node, hashes)
+    return parts
+
+
+def image_fingerprint(node: dict[str, Any], hashes: FileHashes) -> dict[str, str]:
+    """The sha256 of every image file the local data files may name (``images.referenced_files``): an
+    image edited in place gives a new key though the data file that names it did not change."""
+    from components.data.fingerprint import files_under
+    from components.data.images import referenced_files
+    from components.data.layout import looks_local
+
+    files, roots = [], []
+    for given in _paths(node):
+        path = Path(given).expanduser()
+        if looks_local(given) and path.exists():
+            files += files_under(path)
+            roots += [path] if path.is_dir() else []
+    return {str(p): hashes.sha256(p) for p in referenced_files(files, roots, hashes.root, hashes.sha256)}
 
 
 def key_of(parts: dict[str, Any]) -> str:

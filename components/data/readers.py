@@ -113,6 +113,8 @@ class Table:
     # components/data/llamafactory.py): ``columns`` are then what it gives, and ``shape`` the format it gives
     prepare: Callable[[Row], Row] | None = None
     shape: str | None = None
+    # where the rows' relative image paths are resolved (None: the file's folder; components/data/images.py)
+    image_dir: Path | None = None
 
     def ranges(self, parts: int) -> list[tuple[int, int]]:
         """Row ranges for ``parts`` tasks (in order, covering every row)."""
@@ -600,8 +602,23 @@ def read_table(path: Path, *, key: str, workers: Workers, limit: int | None = No
 
 
 def arrow_table(source: str, dataset: Dataset, limit: int | None, crlf: bool = False) -> ArrowTable:
+    dataset = undecoded_images(dataset)
     rows = len(dataset) if limit is None else min(limit, len(dataset))
     return ArrowTable(source, list(dataset.column_names), rows, dataset=dataset, crlf=crlf)
+
+
+def undecoded_images(dataset: Dataset) -> Dataset:
+    """``dataset`` with its ``Image`` features (alone or in a list) read as ``{"bytes", "path"}``: the
+    image bytes as stored, not decoded (components/data/images.py opens and checks them)."""
+    from datasets import Image, List, Sequence
+
+    for name, feature in dataset.features.items():  # cast_column: the same Arrow storage, nothing written
+        inner = getattr(feature, "feature", None)
+        if isinstance(feature, Image) and feature.decode:
+            dataset = dataset.cast_column(name, Image(decode=False))
+        elif isinstance(feature, (List, Sequence)) and isinstance(inner, Image) and inner.decode:
+            dataset = dataset.cast_column(name, List(Image(decode=False)))
+    return dataset
 
 
 def read_arrow(path: Path, split: str | None, *, key: str, limit: int | None = None) -> Table:
