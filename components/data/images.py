@@ -67,10 +67,19 @@ def image_feature() -> Any:
 def with_images(data: Any, model: Any) -> Any:
     """``data`` with ``images`` decided: ``data.images`` when set, else (null: auto) whether the model
     component declares it takes images (its ``accepts_images``; a text model has none: False). A data option
-    that reads no images (``reads_images`` False) is left as it is (``validate`` refuses ``images=true``)."""
+    that reads no images (``reads_images`` False) is left as it is (``validate`` refuses ``images=true``).
+    ``data.images=true`` with a model that declares ``accepts_images = False`` is refused; one that declares
+    nothing (today's ``CausalLM``) is not judged here."""
+    declared = getattr(model, CAPABILITY, None)
+    if getattr(data, "images", None) and declared is False:
+        raise ConfigError(
+            f"data.images=true, and the model ({type(model).__name__}) does not take images",
+            key="data.images",
+            hint="use a vision-language model, or data.images=false (image parts are then refused by name)",
+        )
     if not getattr(data, "reads_images", False) or getattr(data, "images", False) is not None:
         return data
-    return dataclasses.replace(data, images=bool(getattr(model, CAPABILITY, False)))
+    return dataclasses.replace(data, images=bool(declared))
 
 
 # ------------------------------------------------------------------------------------- one row's images
