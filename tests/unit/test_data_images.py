@@ -24,10 +24,12 @@ RED, BLUE = (255, 0, 0), (0, 0, 255)
 
 
 def png(path: Path, color: tuple[int, int, int], size: tuple[int, int] = (8, 8)) -> Path:
-    from PIL import Image
+    from PIL import Image, PngImagePlugin
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    Image.new("RGB", size, color).save(path, format="PNG")
+    note = PngImagePlugin.PngInfo()
+    note.add_text("Comment", "kept: the bytes as given, never decoded and encoded again")
+    Image.new("RGB", size, color).save(path, format="PNG", pnginfo=note)
     return path
 
 
