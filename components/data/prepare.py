@@ -69,11 +69,10 @@ def prepare_data(
         return loaded
 
     def build(workers: Any) -> prepared_cache.Prepared:
-        data, defaulted = _load(data_component, load, tokenizer, workers)
+        data, defaulted = _load(data_component, load, tokenizer, workers, tokens)
         made = {"rows/train": data["train"], "rows/eval": data["eval"]}
         facts: dict[str, Any] = {"report": asdict(data.report), "default template": defaulted}
         if tokens is not None:
-            check_image_tokens(data, tokens)
             # a stream: its first rows and eval rows as unpacked tokens (the feed packs the stream)
             token_maker = tokens.unpacked() if streaming else tokens
             token_splits, facts["tokens"] = token_maker.prepare(data, tokenizer, workers)
@@ -234,13 +233,18 @@ def check_trained_tokens(tokens: Any, tokenizer: Any, token_facts: dict[str, Any
         ) from None
 
 
-def _load(data_component: Any, load: Any, tokenizer: Any, workers: Any) -> tuple[Any, str | None]:
+def _load(
+    data_component: Any, load: Any, tokenizer: Any, workers: Any, tokens: Any = None
+) -> tuple[Any, str | None]:
     """The rows as training reads them: loaded (``load(workers)``), the chat template given (the default
     for a tokenizer without one) and fitted, the length policy applied. Returns them and the default
-    template's name."""
+    template's name. Image rows for a recipe that tokenizes here (``tokens``) are refused first
+    (``check_image_tokens``)."""
     from components.text.chat_template import default_template, is_conversational
 
     data = load(workers)
+    if tokens is not None:
+        check_image_tokens(data, tokens)
     defaulted = None
     conversational = is_conversational(data["train"][0])
     if tokenizer is not None and not tokenizer.chat_template and conversational:

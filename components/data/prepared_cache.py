@@ -6,8 +6,9 @@ Where: ``data.cache_dir``, else ``$HYDRATUNE_DATA_CACHE``, else ``$HYDRATUNE_CAC
 ``~/.cache/hydratune/data``); ``data.cache=false`` prepares into a temporary dir instead (every run and
 rank then prepares its own). ``hydratune cache ls`` lists the entries, ``hydratune cache clear`` frees them.
 
-The key (:func:`key_parts`) holds everything that changes the result: the sha256 of every data file
-(size, mtime, ctime and inode only decide whether a file is hashed again: ``fingerprint.FileHashes``) or a hub
+The key (:func:`key_parts`) holds everything that changes the result: the sha256 of every data file (with
+data.images, of every image file the rows may name too) (size, mtime, ctime and inode only decide whether a
+file is hashed again: ``fingerprint.FileHashes``) or a hub
 split's own fingerprint, every data knob but those that only say how to prepare (``fingerprint.NOT_DATA``) or
 only a stream reads (``STREAM_ONLY``: ``data.streaming`` is never cached), the data
 component, the tokenizer (its whole vocabulary, merges, normalizer, special tokens) and chat template, what
@@ -87,36 +88,16 @@ def key_parts(data: Any, tokenizer: Any, tokens: dict[str, Any] | None) -> dict[
         except PackageNotFoundError:
             libraries[name] = None
     hub = [p for p in _paths(node) if not looks_local(p)]
-    hashes = FileHashes(cache_root(data) / "hashes")
-    parts = {
+    return {
         "entry format": ENTRY_FORMAT,
         "code": code_fingerprint(),
         "libraries": libraries,
         "component": type(data).__name__,
-        "data": fingerprint_node(node, hashes),
+        "data": fingerprint_node(node, FileHashes(cache_root(data) / "hashes")),  # images too (data.images)
         "hub": {name: hub_fingerprint(name, data) for name in hub},
         "tokenizer": tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
         "tokens": tokens,
     }
-    if getattr(data, "images", False):
-        parts["images"] = image_fingerprint(node, hashes)
-    return parts
-
-
-def image_fingerprint(node: dict[str, Any], hashes: FileHashes) -> dict[str, str]:
-    """The sha256 of every image file the local data files may name (``images.referenced_files``): an
-    image edited in place gives a new key though the data file that names it did not change."""
-    from components.data.fingerprint import files_under
-    from components.data.images import referenced_files
-    from components.data.layout import looks_local
-
-    files, roots = [], []
-    for given in _paths(node):
-        path = Path(given).expanduser()
-        if looks_local(given) and path.exists():
-            files += files_under(path)
-            roots += [path] if path.is_dir() else []
-    return {str(p): hashes.sha256(p) for p in referenced_files(files, roots, hashes.root, hashes.sha256)}
 
 
 def key_of(parts: dict[str, Any]) -> str:
