@@ -609,16 +609,29 @@ def arrow_table(source: str, dataset: Dataset, limit: int | None, crlf: bool = F
 
 def undecoded_images(dataset: Dataset) -> Dataset:
     """``dataset`` with its ``Image`` features (alone or in a list) read as ``{"bytes", "path"}``: the
-    image bytes as stored, not decoded (components/data/images.py opens and checks them)."""
-    from datasets import Image, List, Sequence
+    image bytes as stored, not decoded (components/data/images.py opens and checks them). Only the
+    features change, the Arrow storage is the same: nothing is read or written (``cast_column`` would
+    rewrite a list of images through ``map``, next to the user's files; this is its own path for one
+    ``Image``)."""
+    import copy
 
-    for name, feature in dataset.features.items():  # cast_column: the same Arrow storage, nothing written
+    from datasets import Image, List, Sequence
+    from datasets.arrow_dataset import update_metadata_with_features
+
+    undecoded = {}
+    for name, feature in dataset.features.items():
         inner = getattr(feature, "feature", None)
         if isinstance(feature, Image) and feature.decode:
-            dataset = dataset.cast_column(name, Image(decode=False))
+            undecoded[name] = Image(decode=False)
         elif isinstance(feature, (List, Sequence)) and isinstance(inner, Image) and inner.decode:
-            dataset = dataset.cast_column(name, List(Image(decode=False)))
-    return dataset
+            undecoded[name] = List(Image(decode=False))
+    if not undecoded:
+        return dataset
+    out = copy.deepcopy(dataset)
+    for name, feature in undecoded.items():
+        out._info.features[name] = feature
+    out._data = update_metadata_with_features(out._data, out._info.features)
+    return out
 
 
 def read_arrow(path: Path, split: str | None, *, key: str, limit: int | None = None) -> Table:

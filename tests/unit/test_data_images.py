@@ -132,12 +132,36 @@ def test_the_shapes_give_the_same_rows_and_bytes(tmp_path: Path, pictures: tuple
     )
     hf.to_parquet(tmp_path / "hf.parquet")
     hf.save_to_disk(tmp_path / "hf_disk")
+    saved = sorted((tmp_path / "hf_disk").iterdir())
+
+    # the hub's vision datasets (trl-lib/llava-instruct-mix...): content parts as Arrow structs (every part
+    # every key, None where absent) with bare image parts
+    def struct_parts(k: int) -> list[dict[str, Any]]:
+        user = [{"type": "image", "text": None}, {"type": "text", "text": f"{QUESTION}{k}"}]
+        user.append({"type": "image", "text": None})
+        return [
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": [{"type": "text", "text": ANSWER}]},
+        ]
+
+    Dataset.from_dict(
+        {
+            "messages": [struct_parts(k) for k in range(n)],
+            "images": [
+                [{"bytes": red.read_bytes(), "path": None}, {"bytes": blue.read_bytes(), "path": None}]
+            ]
+            * n,
+        },
+        features=None,
+    ).cast_column("images", List(Image())).to_parquet(tmp_path / "structs.parquet")
 
     expected = None
-    for path in (parts, llava, sharegpt, factory, tmp_path / "hf.parquet", tmp_path / "hf_disk"):
+    shapes = (parts, llava, sharegpt, factory, tmp_path / "hf.parquet", tmp_path / "hf_disk")
+    for path in (*shapes, tmp_path / "structs.parquet"):
         got = canonical(load(path))
         expected = expected or got
         assert got == expected, path
+    assert sorted((tmp_path / "hf_disk").iterdir()) == saved  # nothing written beside the user's files
     messages, images = expected[0]
     assert images == [red.read_bytes(), blue.read_bytes()]  # the bytes as given, in placeholder order
     assert messages == [  # TRL's vision shape: every turn a list of parts
