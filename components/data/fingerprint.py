@@ -76,7 +76,7 @@ def image_files(given_paths: list[Any], hashes: FileHashes) -> dict[str, str]:
             data_files += files_under(path)
             roots += [path] if path.is_dir() else []
     found = referenced_files(data_files, roots, hashes.root, hashes.sha256)
-    return {str(p): hashes.sha256(p) for p in found}
+    return {str(p): hashes.sha256(p) if p.is_file() else "missing" for p in found}
 
 
 def ends_sha256(path: Path) -> str:

@@ -37,7 +37,7 @@ import io
 import math
 import re
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,8 @@ PLACEHOLDER = "<image>"
 #: the canonical column of a row's images (TRL's ``images``); ``image`` (one image) is read too
 IMAGES_COLUMN = "images"
 IMAGE_COLUMNS = ("images", "image")
+#: the suffixes of image files (a missing file named with one is still in the cache key: ``referenced_files``)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".ico")
 #: what the model component declares when it takes images (``data.images=null`` follows it)
 CAPABILITY = "accepts_images"
 
@@ -375,11 +377,11 @@ def referenced_files(
     files: list[Path], roots: list[Path], remember: Path | None, digest: Callable[[Path], str]
 ) -> list[Path]:
     """The image files the rows of JSON / JSON lines data ``files`` may name: every string value of every
-    row (nested ones too) that is a path or ``file://`` URL of an existing file, relative to the data file's
-    folder or one of ``roots``. A superset of what the conversion reads (the cache key hashes them:
-    an image whose bytes change gives another key though the data file did not change). Remembered per data
-    file's sha256 (``digest``) under ``remember``; other file types hold their images inside (parquet,
-    Arrow)."""
+    row (nested ones too) that is a path or ``file://`` URL of an existing file, or of a missing one with an
+    image suffix, relative to the data file's folder or one of ``roots``. A superset of what the conversion
+    reads (the cache key hashes them: an image whose bytes change gives another key though the data file
+    did not change). Remembered per data file's sha256 (``digest``) under ``remember``; other file types
+    hold their images inside (parquet, Arrow)."""
     import json
 
     found: dict[str, None] = {}
@@ -399,13 +401,16 @@ def referenced_files(
                 pass
         mine: dict[str, None] = {}
         folders = [data_file.parent, *roots]
-        text = data_file.read_text(encoding="utf-8", errors="replace")
-        for value in _strings(text):
+        for value in _strings(data_file):
             path = Path(unquote(urlparse(value).path) if value.startswith("file://") else value).expanduser()
             for folder in [Path()] if path.is_absolute() else folders:
                 candidate = folder / path
-                if candidate.is_file() and candidate.resolve() != data_file.resolve():
-                    mine[str(candidate.resolve())] = None
+                try:  # a missing image too (on_error=skip dropped its row): the key changes when it appears
+                    named = candidate.is_file() or candidate.suffix.lower() in IMAGE_SUFFIXES
+                    if named and candidate.resolve() != data_file.resolve():
+                        mine[str(candidate.resolve())] = None
+                except (OSError, ValueError):  # a name no file can have (a NUL, too long)
+                    continue
         found.update(mine)
         if record is not None:
             try:
@@ -416,32 +421,34 @@ def referenced_files(
     return [Path(p) for p in found]
 
 
-def _strings(text: str) -> list[str]:
-    """The short one-line strings of a JSON or JSON lines document (candidate paths)."""
+def _strings(data_file: Path) -> Iterator[str]:
+    """The short one-line strings of a JSON lines file, read a line at a time, or of a JSON document
+    (parsed whole, as the reader parses it): the candidate paths."""
     import json
 
-    out: list[str] = []
-
-    def walk(value: Any) -> None:
+    def walk(value: Any) -> Iterator[str]:
         if isinstance(value, str):
             if 0 < len(value) < 1024 and "\n" not in value and not value.startswith("data:"):
-                out.append(value)
+                yield value
         elif isinstance(value, dict):
             for v in value.values():
-                walk(v)
+                yield from walk(v)
         elif isinstance(value, list):
             for v in value:
-                walk(v)
+                yield from walk(v)
 
-    try:
-        walk(json.loads(text))
-    except ValueError:
-        for line in text.splitlines():
+    if data_file.name.lower().endswith(".json"):
+        try:
+            yield from walk(json.loads(data_file.read_text(encoding="utf-8", errors="replace")))
+            return
+        except ValueError:
+            pass  # JSON lines in a .json file
+    with data_file.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
             try:
-                walk(json.loads(line))
+                yield from walk(json.loads(line))
             except ValueError:
                 continue
-    return out
 
 
 def check_combination(data: Any) -> None:

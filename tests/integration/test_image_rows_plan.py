@@ -98,3 +98,18 @@ def test_the_cache_key_changes_with_an_image_s_bytes(tmp_path: Path, pictures: A
     assert prepared() == ("hit", (0, 255, 0))
     # a resume compares the same files: the image edited since is named
     assert changed(before, fingerprint_node({"path": path, "images": True})) == [f"{red.resolve()} changed"]
+    # a missing image's row skipped (data.on_error=skip): the key changes when the image appears
+    write_jsonl(
+        Path(path),
+        [
+            placeholder_row(["img/red.png", "img/late.png"], 0),
+            *[placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(5)],
+        ],
+    )
+    data = ChatDataset(
+        path=path, images=True, eval_fraction=0.0, cache_dir=str(tmp_path / "cache"), on_error="skip"
+    )
+    assert [prepare_data(data, None, 0).notes["data cache"][:4] for _ in range(2)] == ["miss", "hit:"]
+    png(tmp_path / "img" / "late.png", (0, 0, 0))
+    again = prepare_data(data, None, 0)
+    assert again.notes["data cache"].startswith("miss") and len(again.splits["train"]) == 6
