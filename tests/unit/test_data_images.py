@@ -334,3 +334,28 @@ def test_a_data_url_must_be_base64_and_decodable(tmp_path: Path) -> None:
         image_rows.load_image({"bytes": buffer.getvalue(), "path": None}, "here")["bytes"]
         == buffer.getvalue()
     )
+
+
+def test_one_image_column_and_an_eval_file_of_its_own_folder(tmp_path: Path, pictures: Any) -> None:
+    from datasets import Dataset, Features, Image, Value
+
+    red, _ = pictures
+    turns = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "colour?"}]}]
+    turns.append({"role": "assistant", "content": "red"})
+    features = Features(  # an image column of one image (datasets' Image), bare placeholders
+        {
+            "messages": [
+                {"role": Value("string"), "content": [{"type": Value("string"), "text": Value("string")}]}
+            ]
+        }
+        | {"image": Image()}
+    )
+    turns[1]["content"] = [{"type": "text", "text": "red"}]
+    rows = {"messages": [turns] * 3, "image": [{"bytes": red.read_bytes(), "path": None}] * 3}
+    Dataset.from_dict(rows, features=features).to_parquet(tmp_path / "one.parquet")
+    png(tmp_path / "eval" / "img" / "red.png", RED)  # the eval file's own img/ folder
+    evals = write_jsonl(tmp_path / "eval" / "rows.jsonl", [placeholder_row(["img/red.png"] * 2, 0)])
+    loaded = load(tmp_path / "one.parquet", eval_path=evals)
+    train = canonical(loaded)
+    assert train[0][1] == [red.read_bytes()] and train[0][0][0]["content"][0] == {"type": "image"}
+    assert len(loaded["eval"]) == 1 and loaded.info["images (data.eval_path)"].startswith("2 in 1 of 1 rows")
