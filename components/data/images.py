@@ -219,7 +219,8 @@ def finish_row(row: dict[str, Any], lists: dict[str, list[dict[str, Any]]]) -> l
             f'{{"type": "image"}}) and {len(given)} image{"" if len(given) == 1 else "s"} ({found}): each '
             "placeholder takes one image, in order",
             key="data.path",
-            hint="give one image per placeholder, or set data.on_error=skip to drop such rows and count them",
+            hint="put one placeholder (<image>) where each image goes, in order, or set data.on_error=skip "
+            "to drop such rows and count them",
         )
     images = [load_image(ref, where) for ref, where in refs]
     if images:

@@ -137,7 +137,8 @@ class Source:
             check_path(self.eval_path, "data.eval_path", None)
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"unknown '{self.on_error}'", key="data.on_error", hint=f"one of {ON_ERROR}")
-        unknown = [c for c in self.columns if c not in self.CANONICAL]
+        known = (*self.CANONICAL, *(image_rows.IMAGE_COLUMNS if self.reads_images else ()))
+        unknown = [c for c in self.columns if c not in known]
         if unknown:
             raise ConfigError(
                 f"unknown column name '{unknown[0]}' for {type(self).__name__}",

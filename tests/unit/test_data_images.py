@@ -359,3 +359,11 @@ def test_one_image_column_and_an_eval_file_of_its_own_folder(tmp_path: Path, pic
     train = canonical(loaded)
     assert train[0][1] == [red.read_bytes()] and train[0][0][0]["content"][0] == {"type": "image"}
     assert len(loaded["eval"]) == 1 and loaded.info["images (data.eval_path)"].startswith("2 in 1 of 1 rows")
+
+
+def test_an_images_column_of_another_name_is_mapped(tmp_path: Path, pictures: Any) -> None:
+    rows = [placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(2)]
+    rows = [{"messages": r["messages"], "pictures": r["images"]} for r in rows]
+    loaded = load(write_jsonl(tmp_path / "rows.jsonl", rows), columns={"images": "pictures"})
+    assert [im.size for im in loaded["train"][0]["images"]] == [(8, 8), (16, 8)]
+    assert "pictures (as images)" in loaded.info["columns used"]
