@@ -364,6 +364,8 @@ def test_one_image_column_and_an_eval_file_of_its_own_folder(tmp_path: Path, pic
 def test_an_images_column_of_another_name_is_mapped(tmp_path: Path, pictures: Any) -> None:
     rows = [placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(2)]
     rows = [{"messages": r["messages"], "pictures": r["images"]} for r in rows]
-    loaded = load(write_jsonl(tmp_path / "rows.jsonl", rows), columns={"images": "pictures"})
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    ChatDataset(path=path, images=True, columns={"images": "pictures"}).validate()  # what compose checks
+    loaded = load(path, columns={"images": "pictures"})
     assert [im.size for im in loaded["train"][0]["images"]] == [(8, 8), (16, 8)]
     assert "pictures (as images)" in loaded.info["columns used"]
