@@ -369,3 +369,18 @@ def test_an_images_column_of_another_name_is_mapped(tmp_path: Path, pictures: An
     loaded = load(path, columns={"images": "pictures"})
     assert [im.size for im in loaded["train"][0]["images"]] == [(8, 8), (16, 8)]
     assert "pictures (as images)" in loaded.info["columns used"]
+
+
+def test_options_that_read_no_images_refuse_the_knob(tmp_path: Path) -> None:
+    from components.data.preferences import UnpairedPreferenceDataset
+    from components.data.prompts import PromptDataset
+
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "hi", "completion": "yo", "label": True}])
+    for option in (PromptDataset, UnpairedPreferenceDataset):
+        with pytest.raises(ConfigError) as info:
+            option(path=path, images=True).validate()
+        assert info.value.key == "data.images" and "does not read images" in str(info.value)
+        assert (
+            image_rows.with_images(option(path=path), type("Vision", (), {"accepts_images": True})()).images
+            is None
+        )
