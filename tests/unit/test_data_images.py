@@ -384,3 +384,46 @@ def test_options_that_read_no_images_refuse_the_knob(tmp_path: Path) -> None:
             image_rows.with_images(option(path=path), type("Vision", (), {"accepts_images": True})()).images
             is None
         )
+
+
+def test_trl_s_vision_collators_take_the_rows(tmp_path: Path) -> None:
+    """TRL as the oracle of the shape: its SFT and DPO vision collators (what its trainers batch image rows
+    with) take the loaded rows as they are, with a processor assembled offline (the tiny tokenizer, an
+    <image> token, CLIP's image processor)."""
+    from transformers import AutoTokenizer, CLIPImageProcessor, LlavaProcessor
+    from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
+    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+
+    from tests.support.data import TINY
+
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['content'] is string %}{{ m['content'] }}"
+        "{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>{% else %}{{ p['text'] }}"
+        "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tok = AutoTokenizer.from_pretrained(TINY)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}),
+        tokenizer=tok,
+        patch_size=14,
+        vision_feature_select_strategy="default",
+        chat_template=template,
+        image_token="<image>",
+    )
+    png(tmp_path / "img" / "red.png", RED, (28, 28)), png(tmp_path / "img" / "blue.png", BLUE, (56, 28))
+    rows = [placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(3)]
+    rows.append(
+        {"messages": [{"role": "user", "content": "text only"}, {"role": "assistant", "content": "ok"}]}
+    )
+    chats = load(write_jsonl(tmp_path / "rows.jsonl", rows))["train"]
+    batch = DataCollatorForVisionLanguageModeling(processor)([dict(row) for row in chats])
+    assert batch["pixel_values"].shape[0] == 6 and batch["input_ids"].shape[0] == 4  # 3 rows x 2 images
+    assert int((batch["input_ids"] == tok.convert_tokens_to_ids("<image>")).sum()) > 0
+    pair = {"chosen": "red", "rejected": "blue", "images": ["img/red.png"]}
+    path = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": f"<image>Which? {k}", **pair} for k in range(3)])
+    prefs = PreferenceDataset(path=path, images=True, eval_fraction=0.0, cache=False).load()["train"]
+    batch = DataCollatorForVisionPreference(processor)([dict(row) for row in prefs])
+    assert batch["pixel_values"].shape[0] == 6 and batch["input_ids"].shape[0] == 6  # chosen and rejected
