@@ -276,6 +276,13 @@ class ChatDataset(Source):
 
         if self.on_overlong == "truncate":
             return data
+        if image_rows.IMAGES_COLUMN in data["train"].column_names:
+            raise ConfigError(
+                f"data.on_overlong={self.on_overlong} measures rows with the tokenizer, and these rows have "
+                "images, whose tokens only the model's processor counts",
+                key="data.on_overlong",
+                hint="data.on_overlong=truncate (the trainer cuts rows at data.max_length)",
+            )
         workers = workers or scratch_workers()
         out = {}
         for name, table in data.items():

@@ -427,3 +427,32 @@ def test_trl_s_vision_collators_take_the_rows(tmp_path: Path) -> None:
     prefs = PreferenceDataset(path=path, images=True, eval_fraction=0.0, cache=False).load()["train"]
     batch = DataCollatorForVisionPreference(processor)([dict(row) for row in prefs])
     assert batch["pixel_values"].shape[0] == 6 and batch["input_ids"].shape[0] == 6  # chosen and rejected
+
+
+def test_what_reads_image_rows_with_a_text_tokenizer_is_refused_or_kept_exact(
+    tmp_path: Path, pictures: Any
+) -> None:
+    from components.text.chat_template import fold_system
+
+    path = write_jsonl(tmp_path / "rows.jsonl", [placeholder_row(["img/red.png", "img/blue.png"], 0)] * 2)
+    data = ChatDataset(path=path, images=True, eval_fraction=0.0, cache=False, on_overlong="drop")
+    with pytest.raises(ConfigError) as info:  # lengths without the image tokens would be wrong
+        data.enforce_length(data.load(), tokenizer=None)
+    assert info.value.key == "data.on_overlong"
+    image = [{"type": "image"}, {"type": "text", "text": "what?"}]
+    folded = fold_system(
+        [
+            {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+            {"role": "user", "content": image},
+        ]
+    )
+    assert folded == [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "\n\n"}, *image],
+        }
+    ]
+    assert (
+        fold_system([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])[0]["content"]
+        == "S\n\nU"
+    )
