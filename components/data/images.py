@@ -73,6 +73,7 @@ def with_images(data: Any, model: Any) -> Any:
     ``data.images=true`` with a model that declares ``accepts_images = False`` is refused; one that declares
     nothing (today's ``CausalLM``) is not judged here."""
     declared = getattr(model, CAPABILITY, None)
+    declared = declared() if callable(declared) else declared  # a ClassVar, a property or a method
     if getattr(data, "images", None) and declared is False:
         raise ConfigError(
             f"data.images=true, and the model ({type(model).__name__}) does not take images",

@@ -280,6 +280,12 @@ def test_the_images_knob_follows_the_model_component() -> None:
     data = ChatDataset(path="x.jsonl")
     assert image_rows.with_images(data, Text()).images is False  # today's CausalLM declares nothing
     assert image_rows.with_images(data, Vision()).images is True
+
+    class Method:
+        def accepts_images(self) -> bool:
+            return False
+
+    assert image_rows.with_images(data, Method()).images is False  # a method is asked, not taken as truthy
     assert image_rows.with_images(ChatDataset(path="x.jsonl", images=False), Vision()).images is False
     with pytest.raises(ConfigError, match="does not take images"):
         image_rows.with_images(ChatDataset(path="x.jsonl", images=True), Declared())
