@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from components.config.errors import ConfigError
 from components.config.ranges import AT_LEAST_ONE, Range, knob
 from components.config.registry import component
+from components.data import images as image_rows
 from components.data.formats import last_answer, parse_messages, parse_tools, text_of, turn_text
 from components.data.readers import Table
 from components.data.rows import (
@@ -93,6 +94,7 @@ class ChatDataset(Source):
         "tools",  # CHAT_TOOLS_COLUMN: the tool schemas a row's conversation may call
     )
     kind: ClassVar[str] = "chat"
+    reads_images: ClassVar[bool] = True
 
     format: str = "auto"  # auto | messages | sharegpt | alpaca | prompt_completion | text
     system_prompt: str | None = None  # prepended as a system turn to rows that have none
@@ -160,11 +162,13 @@ class ChatDataset(Source):
 
     def turn_options(self) -> dict[str, Any]:
         """Chat turns carry per-turn training flags and reasoning (``parse_turn``)."""
-        return {"flags": True, "reasoning": self.keep_reasoning}
+        return {"flags": True, "reasoning": self.keep_reasoning, "images": bool(self.images)}
 
     def reads_task_columns(self, columns: list[str]) -> set[str]:
-        """``tools``, beside chat messages (``messages`` or ShareGPT ``conversations``)."""
-        return {"tools"} if {"messages", "conversations"} & set(columns) else set()
+        """``tools``, beside chat messages (``messages`` or ShareGPT ``conversations``); ``images`` /
+        ``image`` with data.images."""
+        found = {"tools"} if {"messages", "conversations"} & set(columns) else set()
+        return found | (set(image_rows.IMAGE_COLUMNS) if self.images else set())
 
     def load(self, workers: Workers | None = None) -> LoadedData:
         """Train/eval in the canonical shape: ``messages`` + ``answer``, or ``text``. The format is detected
@@ -193,6 +197,13 @@ class ChatDataset(Source):
         if fmt == "text":
             return self.convert(tables, convert_row, columns, key, report, workers, used)[0]
         table, done = self.convert(tables, convert_row, columns, key, report, workers, used, CHAT_FLAGS)
+        if done.images.rows and self.packing:  # the hook the model phase (issue 36) may lift
+            raise ConfigError(
+                f"{done.images.rows:,} rows of {key} have images, and data.packing=true: packed rows would "
+                "cut image tokens apart from their images (TRL does not pack vision datasets)",
+                key="data.packing",
+                hint="data.packing=false",
+            )
         note_unanswered(done, key, report)
         untrained = done.flags.get("untrained turns", 0)
         if untrained:
@@ -214,13 +225,18 @@ class ChatDataset(Source):
             return text_row, ("text",), used
         columns = ("messages", "answer", *(("completion_turns",) if fmt in COMPLETION_FORMATS else ()))
         columns += (CHAT_TOOLS_COLUMN,) if tools else ()
+        if self.images:
+            columns += (image_rows.IMAGES_COLUMN,)
+            used += image_rows.IMAGE_COLUMNS
         return functools.partial(self.to_chat, fmt=fmt, tools=tools), columns, used
 
     def to_chat(self, row: Row, fmt: str, *, tools: bool = False) -> Row:
         """One row of format ``fmt`` as ``{"messages": [...], "answer": str}``, plus ``completion_turns``
         (the number of last turns that are the completion) for prompt/completion formats and ``tools`` (JSON
         text of the row's tool schemas, or None) when the data has them. A ``system`` column, else
-        ``system_prompt``, becomes a leading system turn unless the messages already start with one."""
+        ``system_prompt``, becomes a leading system turn unless the messages already start with one. With
+        data.images: ``images``, the row's images, checked (components/data/images.py)."""
+        image_rows.start_row()
         completion: Messages = []
         if fmt in ("messages", "sharegpt"):
             column = SIGNATURES[fmt][0]
@@ -237,7 +253,15 @@ class ChatDataset(Source):
         system = text_of(row, "system", required=False) or self.system_prompt
         if system and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": system}, *messages]
+        found = None
+        if self.images:
+            if fmt == "alpaca":  # the text columns' <image> placeholders (the other formats' are parsed)
+                for turn in messages:
+                    turn["content"] = image_rows.content_parts(turn["content"], 0, "instruction")
+            found = image_rows.finish_row(row, {"messages": messages})
         out: Row = {"messages": messages, "answer": turn_text(messages[last_answer(messages)])}
+        if found is not None:
+            out[image_rows.IMAGES_COLUMN] = found
         if fmt in COMPLETION_FORMATS:
             out["completion_turns"] = len(completion)
         if tools:
@@ -252,6 +276,13 @@ class ChatDataset(Source):
 
         if self.on_overlong == "truncate":
             return data
+        if image_rows.IMAGES_COLUMN in data["train"].column_names:
+            raise ConfigError(
+                f"data.on_overlong={self.on_overlong} measures rows with the tokenizer, and these rows have "
+                "images, whose tokens only the model's processor counts",
+                key="data.on_overlong",
+                hint="data.on_overlong=truncate (the trainer cuts rows at data.max_length)",
+            )
         workers = workers or scratch_workers()
         out = {}
         for name, table in data.items():

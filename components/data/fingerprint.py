@@ -1,5 +1,6 @@
 """What a run trains on, as a fingerprint: the sha256 of every local data file (``data.path``,
-``data.eval_path``; a folder: each of its data files) and of the data config. Written into the run dir
+``data.eval_path``; a folder: each of its data files; with ``data.images=true``, every image file the rows
+may name) and of the data config. Written into the run dir
 before training (``data_fingerprint.json``), copied into every checkpoint's completion marker, and
 compared on resume, so a run never continues silently on data edited since it was interrupted."""
 
@@ -55,9 +56,27 @@ def fingerprint_node(node: dict[str, Any], hashes: FileHashes | None = None) -> 
             continue
         for file in files_under(path):
             files[str(file.resolve())] = ends_sha256(file) if node.get("streaming") else hashes.sha256(file)
+    if node.get("images"):  # an image edited in place changes what the run trains on (images.py)
+        files.update(image_files(given_paths, hashes))
     kept = {k: v for k, v in node.items() if k not in NOT_DATA}
     config = hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
     return {"config": config, "files": files}
+
+
+def image_files(given_paths: list[Any], hashes: FileHashes) -> dict[str, str]:
+    """The sha256 of every image file the local data files of ``given_paths`` may name
+    (``images.referenced_files``: relative to each data file's folder or to a data.path folder)."""
+    from components.data.images import referenced_files
+    from components.data.layout import looks_local
+
+    data_files, roots = [], []
+    for given in given_paths:
+        path = Path(str(given)).expanduser()
+        if given and given != "???" and looks_local(str(given)) and path.exists():
+            data_files += files_under(path)
+            roots += [path] if path.is_dir() else []
+    found = referenced_files(data_files, roots, hashes.root, hashes.sha256)
+    return {str(p): hashes.sha256(p) if p.is_file() else "missing" for p in found}
 
 
 def ends_sha256(path: Path) -> str:

@@ -8,6 +8,7 @@ import json
 import math
 from typing import Any
 
+from components.data import images as image_rows
 from components.data.readers import RowError
 from components.data.rows import (
     HH_TURN,
@@ -167,6 +168,7 @@ def parse_turn(
     *,
     flags: bool = False,
     reasoning: bool | None = None,
+    images: bool = False,
 ) -> dict[str, Any]:
     """One ``{"role", "content"}`` or ShareGPT ``{"from", "value"}`` turn as ``{"role", "content"}`` (content
     text), plus what tool calling needs: an assistant turn's ``tool_calls`` (OpenAI's shape; also from a
@@ -174,7 +176,9 @@ def parse_turn(
     ``name``. ``flags``: a per-turn training flag (``TRAIN_FLAG_KEYS``) that turns an assistant turn off
     becomes ``"train": False``. ``reasoning``: an assistant turn's reasoning (``REASONING_KEYS``) is kept as
     ``reasoning_content`` (True) or dropped and counted (False); None: not read. Every other key of the
-    message is noted in ``TURN_NOTES`` (the summary counts the rows)."""
+    message is noted in ``TURN_NOTES`` (the summary counts the rows). ``images`` (data.images): image parts
+    and ``<image>`` placeholders become ``{"type": "image"}`` parts (``images.content_parts``), else an
+    image part is a ``RowError`` (a text model)."""
     keys = next(
         (
             k
@@ -199,9 +203,14 @@ def parse_turn(
             hint=f"map your role names with data.roles='{{{name}: <user|assistant|system|tool>}}', "
             "e.g. data.roles='{bot: assistant, me: user}'",
         )
-    turn: dict[str, Any] = {"role": names[name], "content": _content_text(message.get(keys[1]), i, column)}
+    content = message.get(keys[1])
+    if images and isinstance(content, (str, list)):
+        text: Any = image_rows.content_parts(content, i, column)
+    else:
+        text = _content_text(content, i, column)
+    turn: dict[str, Any] = {"role": names[name], "content": text}
     calls = message.get("tool_calls") or message.get("function_call")
-    if name == "function_call" and turn["role"] == "assistant" and not calls:
+    if name == "function_call" and turn["role"] == "assistant" and not calls and isinstance(text, str):
         calls = _sharegpt_call(turn["content"])
         turn["content"] = "" if calls else turn["content"]
     if calls:
@@ -264,9 +273,10 @@ def parse_tools(value: Any) -> str | None:
 
 
 def turn_text(message: dict[str, Any]) -> str:
-    """What an assistant turn says: its content, else its tool calls as JSON."""
-    if message["content"].strip() or not message.get("tool_calls"):
-        return message["content"]
+    """What an assistant turn says: its content (parts: their text), else its tool calls as JSON."""
+    content = image_rows.text_of_content(message["content"])
+    if content.strip() or not message.get("tool_calls"):
+        return content
     return json.dumps([c["function"] for c in message["tool_calls"]], ensure_ascii=False)
 
 
@@ -286,7 +296,10 @@ def as_messages(
     """Text becomes one message of ``role`` (it must not be blank); a message list (or a JSON string of one)
     is checked (``parse_turn``'s ``options``)."""
     if isinstance(value, str) and json_turns(value) is None:
-        return [{"role": role, "content": text_of({column: value}, column)}]
+        text: Any = text_of({column: value}, column)
+        if options.get("images"):
+            text = image_rows.content_parts(text, 0, column)
+        return [{"role": role, "content": text}]
     return parse_messages(value, column, roles, **options)
 
 
@@ -327,7 +340,11 @@ def split_shared(chosen: Messages, rejected: Messages) -> Row:
                 f"'chosen' and 'rejected' differ before their last user turn ('{name}' turn {k + user} is a "
                 "user turn after the shared prompt)"
             )
-        if not reply or reply[-1]["role"] != "assistant" or not reply[-1]["content"].strip():
+        if (
+            not reply
+            or reply[-1]["role"] != "assistant"
+            or not image_rows.text_of_content(reply[-1]["content"]).strip()
+        ):
             last = "missing" if not reply else f"a '{reply[-1]['role']}' turn"
             last = "an empty assistant turn" if reply and reply[-1]["role"] == "assistant" else last
             raise RowError(

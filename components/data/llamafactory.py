@@ -21,7 +21,8 @@ converters convert it (``src/llamafactory/data/converter.py``), into the rows of
 
 As LLaMA-Factory does, a ``columns`` (``tags``) object replaces the defaults: a name it leaves out is not
 read. Everything else an entry may say is refused before anything loads, naming it: hub / script /
-cloud sources, ``subset``, ``folder``, ``num_samples``, media columns (images, videos, audios), columns or
+cloud sources, ``subset``, ``folder``, ``num_samples``, media columns (videos, audios; images unless
+``data.images``: then read as components/data/images.py reads an ``images`` column), columns or
 tags the formatting does not read, and the knobs the entry decides (``data.columns``, ``data.roles``,
 ``data.format``, ``data.ignore_columns``, ``data.streaming``).
 """
@@ -53,9 +54,12 @@ UNSUPPORTED = {
     "revision": "a hub revision: download that revision and point data.path at it",
     "num_samples": "LLaMA-Factory samples rows at random: data.max_samples takes the first N",
 }
-COLUMNS = {
-    "alpaca": ("prompt", "query", "response", "history", "system", "tools", "chosen", "rejected", "kto_tag"),
-    "sharegpt": ("messages", "system", "tools", "chosen", "rejected", "kto_tag"),
+COLUMNS = {  # ``images``: read with data.images (a vision-language model), refused otherwise (``check``)
+    "alpaca": (
+        *("prompt", "query", "response", "history", "system", "tools", "chosen", "rejected", "kto_tag"),
+        "images",
+    ),
+    "sharegpt": ("messages", "system", "tools", "chosen", "rejected", "kto_tag", "images"),
 }
 DEFAULT_COLUMNS = {
     "alpaca": {"prompt": "instruction", "query": "input", "response": "output"},
@@ -247,7 +251,7 @@ def _names(spec: dict[str, Any], field: str, known: tuple[str, ...], where: str,
             hint='drop "tags", or set "formatting": "sharegpt"',
         )
     for name in given:
-        if name in MEDIA:
+        if name in MEDIA and not (name == "images" and field == "columns"):
             raise ConfigError(
                 f"{where} maps columns.{name}: only text can be trained",
                 key="data.subset",
@@ -274,6 +278,12 @@ def check(data: Any) -> Entry | None:
             )
         return None
     found = entry(Path(data.path).expanduser(), data.subset)
+    if "images" in found.column and not getattr(data, "images", False):  # a text model, as before
+        raise ConfigError(
+            f"{INFO} entry '{found.name}' maps columns.images: only text can be trained",
+            key="data.subset",
+            hint="drop images, or train a model that takes images (data.images=true)",
+        )
     for knob, why in DECIDED.items():
         if getattr(data, knob, None):
             raise ConfigError(
@@ -415,8 +425,9 @@ def convert(entry: Entry, kind: str, row: dict[str, Any]) -> dict[str, Any]:
         turns, system = _sharegpt(entry, row)
         prompt, response = (turns, []) if entry.ranking else (turns[:-1], turns[-1:])
     lead = [{"role": "system", "content": system}] if system else []
+    media = {"images": row.get(col["images"])} if "images" in col else {}  # the data option reads them
     if kind == "preference":
-        out = {"prompt": lead + prompt}
+        out = {"prompt": lead + prompt, **media}
         for name in ("chosen", "rejected"):
             value = row.get(col[name])
             if entry.formatting == "sharegpt":
@@ -433,7 +444,7 @@ def convert(entry: Entry, kind: str, row: dict[str, Any]) -> dict[str, Any]:
         if response:
             out["answer"] = str(response[0].get("content") or "")
         return out
-    out = {"messages": lead + prompt + response}
+    out = {"messages": lead + prompt + response, **media}
     if "tools" in col:
         out["tools"] = row.get(col["tools"])
     return out
@@ -443,14 +454,15 @@ def columns_of(entry: Entry, kind: str) -> list[str]:
     """The canonical columns :func:`convert` gives rows of ``kind``."""
     if entry.pretraining:
         return ["text"]
+    media = ["images"] if "images" in entry.column else []
     return {
-        "preference": ["prompt", "chosen", "rejected"],
+        "preference": ["prompt", "chosen", "rejected", *media],
         "unpaired": ["prompt", "completion", "label"],
         "prompts": [
             "prompt",
             *(["answer"] if "response" in entry.column or entry.formatting == "sharegpt" else []),
         ],
-    }.get(kind, ["messages", *(["tools"] if "tools" in entry.column else [])])
+    }.get(kind, ["messages", *(["tools"] if "tools" in entry.column else []), *media])
 
 
 def wrap(entry: Entry, tables: list[Table], kind: str, report: Any) -> list[Table]:
@@ -478,5 +490,6 @@ def wrap(entry: Entry, tables: list[Table], kind: str, report: Any) -> list[Tabl
         table.prepare = functools.partial(convert, entry, kind)
         table.columns = columns_of(entry, kind)
         table.shape = "explicit" if kind == "preference" else None
+        table.image_dir = entry.root  # LLaMA-Factory's media_dir defaults to the dataset dir
     report.info[INFO] = entry.describe()
     return tables

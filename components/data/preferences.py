@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, ClassVar
 from components.config.errors import ConfigError
 from components.config.ranges import knob
 from components.config.registry import component
-from components.data.formats import hh_messages, json_turns, parse_messages, split_shared
+from components.data import images as image_rows
+from components.data.formats import as_messages, hh_messages, json_turns, parse_messages, split_shared
 from components.data.readers import RowError, Table
 from components.data.rows import (
     MAX_LENGTH,
@@ -44,12 +45,17 @@ class PreferenceDataset(Source):
 
     CANONICAL: ClassVar[tuple[str, ...]] = ("prompt", "chosen", "rejected")
     kind: ClassVar[str] = "preference"
+    reads_images: ClassVar[bool] = True
 
     format: str = "auto"  # auto | explicit | implicit (shared leading turns) | hh (Human:/Assistant: text)
     max_length: int = knob(1024, MAX_LENGTH, hint=MAX_LENGTH_HINT)  # tokens of prompt + response
 
     def prompt_limit(self) -> tuple[int, str, str]:
         return self.max_length, "data.max_length", "truncate"
+
+    def reads_task_columns(self, columns: list[str]) -> set[str]:
+        """The pair's columns; ``images`` / ``image`` with data.images."""
+        return set(self.CANONICAL) | (set(image_rows.IMAGE_COLUMNS) if self.images else set())
 
     def validate(self) -> None:
         super().validate()
@@ -84,13 +90,28 @@ class PreferenceDataset(Source):
         return fmt
 
     def to_pair(self, row: Row, fmt: str) -> Row:
-        """One row of format ``fmt`` as ``prompt``/``chosen``/``rejected`` message lists."""
+        """One row of format ``fmt`` as ``prompt``/``chosen``/``rejected`` message lists. With data.images
+        (explicit pairs): the prompt's images (``images``, checked), as TRL's DPO collator reads them; the
+        responses are text."""
         if fmt == "explicit":
-            return {
-                "prompt": self.messages(row.get("prompt"), "user", "prompt"),
+            image_rows.start_row()
+            prompt = as_messages(row.get("prompt"), "user", "prompt", self.roles, images=bool(self.images))
+            out = {
+                "prompt": prompt,
                 "chosen": self.messages(row.get("chosen"), "assistant", "chosen"),
                 "rejected": self.messages(row.get("rejected"), "assistant", "rejected"),
             }
+            if self.images:
+                out[image_rows.IMAGES_COLUMN] = image_rows.finish_row(row, {"prompt": prompt})
+            return out
+        if self.images:
+            raise RowError(
+                "data.images reads the images of explicit pairs (prompt with images, text chosen / "
+                f"rejected); this file's pairs are {fmt}",
+                key="data.format",
+                hint="write the pairs as prompt / chosen / rejected columns (data.format=explicit), or "
+                "data.images=false",
+            )
         if fmt == "hh":
             return split_shared(
                 hh_messages(row.get("chosen"), "chosen"), hh_messages(row.get("rejected"), "rejected")
@@ -116,7 +137,10 @@ class PreferenceDataset(Source):
             self.require(tables, needed, f"of a preference pair (format={kind})")
             pair = functools.partial(self.to_pair, fmt=kind)
             flags = {"identical": identical_pair}
-            table, done = self.convert(tables, pair, self.CANONICAL, key, report, workers, needed, flags)
+            columns, used = self.CANONICAL, needed
+            if self.images:
+                columns, used = (*columns, image_rows.IMAGES_COLUMN), (*used, *image_rows.IMAGE_COLUMNS)
+            table, done = self.convert(tables, pair, columns, key, report, workers, used, flags)
             return drop_identical(table, done, key, self.on_error, report)
 
         return self.load_splits(build, report, workers)

@@ -70,7 +70,7 @@ def prepare_data(
         return loaded
 
     def build(workers: Any) -> prepared_cache.Prepared:
-        data, defaulted = _load(data_component, load, tokenizer, workers)
+        data, defaulted = _load(data_component, load, tokenizer, workers, tokens)
         made = {"rows/train": data["train"], "rows/eval": data["eval"]}
         facts: dict[str, Any] = {"report": asdict(data.report), "default template": defaulted}
         if tokens is not None:
@@ -113,6 +113,24 @@ def prepare_data(
 
         as_streamed(prepared, stream, data_component, tokenizer, tokens)
     return prepared
+
+
+def check_image_tokens(data: Any, tokens: Any) -> None:
+    """Image rows reach a trainer untokenized (TRL's vision collator runs the model's processor batch by
+    batch); a recipe that tokenizes its rows here (SFT's ``SFTTokens``) is refused on them, before load,
+    until its token maker declares ``accepts_images`` (the model phase of issue 36)."""
+    from components.config.errors import ConfigError
+    from components.data.images import CAPABILITY, IMAGES_COLUMN
+
+    if IMAGES_COLUMN not in data["train"].column_names or getattr(tokens, CAPABILITY, False):
+        return
+    raise ConfigError(
+        "the rows have images, and this recipe tokenizes its rows before training (text only): image rows "
+        "are tokenized by the model's processor as batches are made",
+        key="data.images",
+        hint="train a vision-language model (its recipe path hands image rows to TRL's vision collator), or "
+        "data.images=false for text-only rows",
+    )
 
 
 def length_notes(
@@ -219,13 +237,18 @@ def check_trained_tokens(tokens: Any, tokenizer: Any, token_facts: dict[str, Any
         ) from None
 
 
-def _load(data_component: Any, load: Any, tokenizer: Any, workers: Any) -> tuple[Any, str | None]:
+def _load(
+    data_component: Any, load: Any, tokenizer: Any, workers: Any, tokens: Any = None
+) -> tuple[Any, str | None]:
     """The rows as training reads them: loaded (``load(workers)``), the chat template given (the default
     for a tokenizer without one) and fitted, the length policy applied. Returns them and the default
-    template's name."""
+    template's name. Image rows for a recipe that tokenizes here (``tokens``) are refused first
+    (``check_image_tokens``)."""
     from components.text.chat_template import default_template, is_conversational
 
     data = load(workers)
+    if tokens is not None:
+        check_image_tokens(data, tokens)
     defaulted = None
     conversational = is_conversational(data["train"][0])
     if tokenizer is not None and not tokenizer.chat_template and conversational:

@@ -6,8 +6,9 @@ Where: ``data.cache_dir``, else ``$HYDRATUNE_DATA_CACHE``, else ``$HYDRATUNE_CAC
 ``~/.cache/hydratune/data``); ``data.cache=false`` prepares into a temporary dir instead (every run and
 rank then prepares its own). ``hydratune cache ls`` lists the entries, ``hydratune cache clear`` frees them.
 
-The key (:func:`key_parts`) holds everything that changes the result: the sha256 of every data file
-(size, mtime, ctime and inode only decide whether a file is hashed again: ``fingerprint.FileHashes``) or a hub
+The key (:func:`key_parts`) holds everything that changes the result: the sha256 of every data file (with
+data.images, of every image file the rows may name too) (size, mtime, ctime and inode only decide whether a
+file is hashed again: ``fingerprint.FileHashes``) or a hub
 split's own fingerprint, every data knob but those that only say how to prepare (``fingerprint.NOT_DATA``) or
 only a stream reads (``STREAM_ONLY``: ``data.streaming`` is never cached), the data
 component, the tokenizer (its whole vocabulary, merges, normalizer, special tokens) and chat template, what
@@ -92,7 +93,7 @@ def key_parts(data: Any, tokenizer: Any, tokens: dict[str, Any] | None) -> dict[
         "code": code_fingerprint(),
         "libraries": libraries,
         "component": type(data).__name__,
-        "data": fingerprint_node(node, FileHashes(cache_root(data) / "hashes")),
+        "data": fingerprint_node(node, FileHashes(cache_root(data) / "hashes")),  # images too (data.images)
         "hub": {name: hub_fingerprint(name, data) for name in hub},
         "tokenizer": tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
         "tokens": tokens,

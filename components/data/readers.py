@@ -113,6 +113,8 @@ class Table:
     # components/data/llamafactory.py): ``columns`` are then what it gives, and ``shape`` the format it gives
     prepare: Callable[[Row], Row] | None = None
     shape: str | None = None
+    # where the rows' relative image paths are resolved (None: the file's folder; components/data/images.py)
+    image_dir: Path | None = None
 
     def ranges(self, parts: int) -> list[tuple[int, int]]:
         """Row ranges for ``parts`` tasks (in order, covering every row)."""
@@ -600,8 +602,36 @@ def read_table(path: Path, *, key: str, workers: Workers, limit: int | None = No
 
 
 def arrow_table(source: str, dataset: Dataset, limit: int | None, crlf: bool = False) -> ArrowTable:
+    dataset = undecoded_images(dataset)
     rows = len(dataset) if limit is None else min(limit, len(dataset))
     return ArrowTable(source, list(dataset.column_names), rows, dataset=dataset, crlf=crlf)
+
+
+def undecoded_images(dataset: Dataset) -> Dataset:
+    """``dataset`` with its ``Image`` features (alone or in a list) read as ``{"bytes", "path"}``: the
+    image bytes as stored, not decoded (components/data/images.py opens and checks them). Only the
+    features change, the Arrow storage is the same: nothing is read or written (``cast_column`` would
+    rewrite a list of images through ``map``, next to the user's files; this is its own path for one
+    ``Image``)."""
+    import copy
+
+    from datasets import Image, List, Sequence
+    from datasets.arrow_dataset import update_metadata_with_features
+
+    undecoded = {}
+    for name, feature in dataset.features.items():
+        inner = getattr(feature, "feature", None)
+        if isinstance(feature, Image) and feature.decode:
+            undecoded[name] = Image(decode=False)
+        elif isinstance(feature, (List, Sequence)) and isinstance(inner, Image) and inner.decode:
+            undecoded[name] = List(Image(decode=False))
+    if not undecoded:
+        return dataset
+    out = copy.deepcopy(dataset)
+    for name, feature in undecoded.items():
+        out._info.features[name] = feature
+    out._data = update_metadata_with_features(out._data, out._info.features)
+    return out
 
 
 def read_arrow(path: Path, split: str | None, *, key: str, limit: int | None = None) -> Table:

@@ -88,6 +88,13 @@ TASK_COLUMNS = {
         "tool definitions, which only chat messages (a messages or conversations column) take along",
         "put the tools beside a messages column",
     ),
+    **dict.fromkeys(
+        ("images", "image"),
+        (
+            "images for a vision-language model, which this run would not see (the text alone trained)",
+            "use a model that takes images, or data.images=true",
+        ),
+    ),
     "chosen": ("preference pairs", "use recipe=dpo or recipe=reward"),
     "rejected": ("preference pairs", "use recipe=dpo or recipe=reward"),
     **dict.fromkeys(

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from components.config.errors import ConfigError
 from components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, SEED, knob
+from components.data import images as image_rows
 from components.data.formats import as_messages
+from components.data.images import check_combination
 from components.data.layout import (
     Layout,
     Part,
@@ -79,6 +81,8 @@ class Source:
     CANONICAL: ClassVar[tuple[str, ...]] = ()
     #: what the rows hold (a recipe declares the kinds it reads: ``Recipe.data_kinds``)
     kind: ClassVar[str] = ""
+    #: whether this option reads image rows (``data.images``; components/data/images.py)
+    reads_images: ClassVar[bool] = False
 
     path: str = "???"  # local jsonl/json/parquet/csv file, a directory of them, or a hub dataset name
     eval_path: str | None = None  # a separate eval set; else eval_size / eval_fraction rows are held out
@@ -113,6 +117,12 @@ class Source:
     # with train.max_steps; eval rows: data.eval_path, or the stream's own first rows; never cached
     # (data.cache has no effect). docs/data.md, "Streaming"
     streaming: bool = False
+    # image rows (content parts, an images column, <image> placeholders; docs/data.md, "Images"): null
+    # follows the model (a model component that declares accepts_images), false refuses image parts as a
+    # text model must, true reads them
+    images: bool | None = None
+    # images with more pixels than this are downsized (aspect kept) while the rows are prepared; null: kept
+    image_max_pixels: int | None = knob(None, AT_LEAST_ONE)
 
     def validate(self) -> None:
         """Cheap checks (no ``datasets`` import): paths, enums, column-mapping keys (the knobs' ranges:
@@ -127,7 +137,8 @@ class Source:
             check_path(self.eval_path, "data.eval_path", None)
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"unknown '{self.on_error}'", key="data.on_error", hint=f"one of {ON_ERROR}")
-        unknown = [c for c in self.columns if c not in self.CANONICAL]
+        known = (*self.CANONICAL, *(image_rows.IMAGE_COLUMNS if self.reads_images else ()))
+        unknown = [c for c in self.columns if c not in known]
         if unknown:
             raise ConfigError(
                 f"unknown column name '{unknown[0]}' for {type(self).__name__}",
@@ -142,6 +153,14 @@ class Source:
                 key="data.ignore_columns",
                 hint=f"drop '{mapped}' from data.ignore_columns, or its mapping from data.columns",
             )
+        if self.images and not self.reads_images:
+            raise ConfigError(
+                f"{type(self).__name__} ({self.kind} data) does not read images",
+                key="data.images",
+                hint="data.images=false (or null); image rows are read by SFT (ChatDataset) and preference "
+                "pairs (PreferenceDataset)",
+            )
+        check_combination(self)
         bad = next(((k, v) for k, v in self.roles.items() if v not in ROLES), None)
         if bad:
             raise ConfigError(
@@ -328,13 +347,16 @@ class Source:
         for table in tables:
             if table.prepare is None:  # else the reader accounted for the file's columns
                 self.account(table, used or self.CANONICAL, report)
+        pixels = self.image_max_pixels
+        if self.images:  # check_first_rows converts rows here: relative paths from the first table's folder
+            image_rows.start_table(tables[0].image_dir or image_rows.table_folder(tables[0].source), pixels)
         if self.on_error == "raise":
             self.check_first_rows(tables[0], prepared(tables[0], fn))
         skip = self.on_error == "skip"
         tasks = [
             functools.partial(
                 convert_range, table, span, prepared(table, fn), columns, workers.file("rows"), key, skip,
-                flags or {},
+                flags or {}, images=(table.image_dir, pixels) if self.images else None,
             )
             for table in tables
             for span in table.ranges(4 * workers.num_proc)
@@ -352,6 +374,8 @@ class Source:
             add_count(report.flags, name, n)
         if any(c in MESSAGE_COLUMNS for c in columns):  # every message key is used or named
             report.account_keys(done.keys)
+        if self.images:
+            report.info[f"images ({key})"] = done.images.note(done.rows, pixels)
         if not done.paths:
             return empty_rows(columns), done
         shards = [open_shards([path]) for path in done.paths]

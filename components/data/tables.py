@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from components.data import images as image_rows
 from components.data.formats import TURN_NOTES
 from components.data.readers import RowError, Table, row_error
 from components.data.rows import CHAT_TOOLS_COLUMN, LoadReport, Row
@@ -34,14 +35,27 @@ def row_features(columns: tuple[str, ...], json_turns: bool = False) -> Any:
 
     turn = Json() if json_turns else {"role": Value("string"), "content": Value("string")}
     return Features(
-        {c: List(turn) if c in MESSAGE_COLUMNS else Value(SCALAR_TYPES.get(c, "string")) for c in columns}
+        {
+            c: List(turn)
+            if c in MESSAGE_COLUMNS
+            else image_rows.image_feature()
+            if c == image_rows.IMAGES_COLUMN
+            else Value(SCALAR_TYPES.get(c, "string"))
+            for c in columns
+        }
     )
 
 
 def plain_turns(rows: list[Row], columns: tuple[str, ...]) -> bool:
-    """Whether every turn of every message list in ``rows`` is exactly ``{role, content}``."""
+    """Whether every turn of every message list in ``rows`` is exactly ``{role, content}``, content text
+    (content parts, an image row's, are kept as JSON turns)."""
     lists = [c for c in columns if c in MESSAGE_COLUMNS]
-    return all(turn.keys() == PLAIN_TURN for row in rows for c in lists for turn in row[c])
+    return all(
+        turn.keys() == PLAIN_TURN and isinstance(turn["content"], str)
+        for row in rows
+        for c in lists
+        for turn in row[c]
+    )
 
 
 def empty_rows(columns: tuple[str, ...]) -> Dataset:
@@ -78,6 +92,7 @@ class Converted:
     flags: dict[str, int] = field(default_factory=dict)
     firsts: dict[str, str] = field(default_factory=dict)
     keys: dict[str, int] = field(default_factory=dict)  # message keys not used -> rows (``TURN_NOTES``)
+    images: image_rows.ImageCounts = field(default_factory=image_rows.ImageCounts)  # data.images
 
     def merge(self, other: Converted) -> None:
         """Add ``other``, a later range (its first rows come after these)."""
@@ -90,6 +105,7 @@ class Converted:
             self.firsts.setdefault(name, other.firsts[name])
         for key, n in other.keys.items():
             self.keys[key] = self.keys.get(key, 0) + n
+        self.images.merge(other.images)
 
 
 def convert_range(
@@ -102,9 +118,12 @@ def convert_range(
     skip: bool,
     flags: Mapping[str, Callable[[Row], bool]],
     tick: Callable[[int], None],
+    images: tuple[Path | None, int | None] | None = None,
 ) -> Converted:
     """Rows ``span`` of ``table`` through ``fn`` into Arrow shards (``path``, a batch at a time). A
-    ``RowError`` names the file and line/row (``skip``: the row is dropped and counted)."""
+    ``RowError`` names the file and line/row (``skip``: the row is dropped and counted). ``images`` (image
+    rows: data.images): (the folder relative image paths are read from, None: the table's file's;
+    data.image_max_pixels), and each row's images counted."""
     from datasets.arrow_writer import ArrowWriter
 
     out, batch = Converted(), []
@@ -130,8 +149,11 @@ def convert_range(
         out.rows += len(batch)
         batch = []
 
+    if images is not None:
+        image_rows.start_table(images[0] or image_rows.table_folder(table.source), images[1])
     for index, line, row in table.read(*span):
         TURN_NOTES.clear()
+        image_rows.start_row()
         try:
             converted = fn(row)
         except RowError as err:
@@ -143,6 +165,8 @@ def convert_range(
             continue
         for key in dict.fromkeys(TURN_NOTES):
             out.keys[key] = out.keys.get(key, 0) + 1
+        if images is not None:
+            out.images.add_row(image_rows.ROW)
         for name, test in flags.items():
             if test(converted):
                 out.flags[name] = out.flags.get(name, 0) + 1

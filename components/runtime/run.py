@@ -43,6 +43,7 @@ class Components:
         from components.config.registry import check_known_keys, check_recipe
         from components.config.resolvers import check_resolves
         from components.config.trust import check_targets
+        from components.data.images import with_images
         from components.tracker import Trackers
 
         check_resolves(cfg)  # ${oc.env:UNSET} and the like, naming the key
@@ -51,6 +52,8 @@ class Components:
         check_values(cfg)  # every numeric knob finite and in its declared range (config/ranges.py)
         built = {g: _instantiate(cfg, g) for g in GROUPS}
         check_recipe(built["recipe"])  # everything after reads the recipe's declarations
+        # data.images=null follows the model component's accepts_images (components/data/images.py)
+        built["data"] = with_images(built["data"], built["model"])
         built["tracker"] = Trackers.of(built["tracker"])
         return cls(**built)
 

@@ -447,15 +447,26 @@ def rejects_system(tokenizer: Any) -> bool:
 
 
 def fold_system(messages: Messages) -> Messages:
-    """A leading system turn folded into the first user turn (``system + "\n\n" + user``); unchanged
-    without one, or without a user turn after it."""
+    """A leading system turn folded into the first user turn (``system + "\n\n" + user``; content parts,
+    an image row's: the system's parts, a ``"\n\n"`` text part, the user's); unchanged without one, or
+    without a user turn after it."""
     if not messages or messages[0].get("role") != "system":
         return messages
     user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
     if user is None:
         return messages
-    folded = dict(messages[user], content=f"{messages[0]['content']}\n\n{messages[user]['content']}")
+    system, first = messages[0]["content"], messages[user]["content"]
+    if isinstance(system, list) or isinstance(first, list):
+        content: Any = [*_parts(system), {"type": "text", "text": "\n\n"}, *_parts(first)]
+    else:
+        content = f"{system}\n\n{first}"
+    folded = dict(messages[user], content=content)
     return [*messages[1:user], folded, *messages[user + 1 :]]
+
+
+def _parts(content: Any) -> list[dict[str, Any]]:
+    """A turn's content as content parts (text: one text part)."""
+    return content if isinstance(content, list) else [{"type": "text", "text": str(content)}]
 
 
 def label_for(model: Any, tokenizer: Any) -> str:

@@ -1,0 +1,115 @@
+"""Image rows before any model loads: ``mode=plan`` (the preparation training runs) exits 2 on each bad
+image naming file:line and column, and prints the images' report; the prepared-data cache key changes when
+an image file's bytes change though the data file does not (components/data/images.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.data.chats import ChatDataset
+from components.data.fingerprint import changed, fingerprint_node
+from components.data.prepare import prepare_data
+from tests.support.cli import in_process
+from tests.support.data import write_jsonl
+from tests.unit.test_data_images import BAD, placeholder_row, png
+
+
+@pytest.fixture
+def pictures(tmp_path: Path) -> tuple[Path, Path]:
+    return png(tmp_path / "img" / "red.png", (255, 0, 0)), png(tmp_path / "img" / "blue.png", (0, 0, 255))
+
+
+def plan(tmp_path: Path, capsys: Any, *args: str) -> tuple[int, str, str]:
+    """``hydratune mode=plan *args`` in this process: (exit code, stdout, stderr)."""
+    code = 0
+    try:
+        in_process("mode=plan", *args, f"hydra.run.dir={tmp_path / 'plan'}", "train.eval_generations=0")
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_plan_exits_2_on_a_bad_image_naming_file_line_and_column(
+    tmp_path: Path, pictures: Any, capsys: Any, monkeypatch: Any, case: str
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    def no_model(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_model)
+    images, says = BAD[case]
+    rows = [placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(12)]
+    rows.insert(2, placeholder_row(images(tmp_path), 9))
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    code, out, err = plan(tmp_path, capsys, f"data.path={path}", "data.images=true")
+    assert code == 2 and "checks passed" not in out, err[-2000:]
+    assert f"{path}:3 (row 3)" in err and says.format(tmp=tmp_path) in err, err[-2000:]
+    assert "Traceback" not in err
+
+
+def test_plan_prints_the_images_report(tmp_path: Path, pictures: Any, capsys: Any) -> None:
+    rows = [
+        {
+            "prompt": f"<image>Which colour? {k}",
+            "chosen": "red",
+            "rejected": "blue",
+            "images": ["img/red.png"],
+        }
+        for k in range(12)
+    ]
+    path = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    code, out, err = plan(tmp_path, capsys, "recipe=dpo", f"data.path={path}", "data.images=true")
+    assert code == 0, err[-2000:]
+    assert (
+        "# data: images (data.path): 12 in 12 of 12 rows (at most 1 per row); pixels per image min 64" in out
+    )
+    assert "# data: train rows: 11" in out  # the count is of data.path's rows, before the eval split
+    # SFT tokenizes its rows before training: image rows are refused there, naming the knob, until the
+    # model phase hands them to TRL's vision collator
+    sft = write_jsonl(
+        tmp_path / "sft.jsonl", [placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(12)]
+    )
+    code, out, err = plan(tmp_path, capsys, f"data.path={sft}", "data.images=true")
+    assert code == 2 and "[data.images] the rows have images" in err, err[-2000:]
+
+
+def test_the_cache_key_changes_with_an_image_s_bytes(tmp_path: Path, pictures: Any) -> None:
+    red, _ = pictures
+    path = write_jsonl(
+        tmp_path / "rows.jsonl", [placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(6)]
+    )
+    data = ChatDataset(path=path, images=True, eval_fraction=0.0, cache_dir=str(tmp_path / "cache"))
+
+    def prepared() -> tuple[str, Any]:
+        done = prepare_data(data, None, 0)
+        return done.notes["data cache"].split(":")[0], done.splits["train"][0]["images"][0].getpixel((0, 0))
+
+    assert prepared() == ("miss", (255, 0, 0))
+    assert prepared() == ("hit", (255, 0, 0))
+    before = fingerprint_node({"path": path, "images": True})
+    png(red, (0, 255, 0))  # the same name, other bytes: the jsonl is unchanged
+    assert prepared() == ("miss", (0, 255, 0))
+    assert prepared() == ("hit", (0, 255, 0))
+    # a resume compares the same files: the image edited since is named
+    assert changed(before, fingerprint_node({"path": path, "images": True})) == [f"{red.resolve()} changed"]
+    # a missing image's row skipped (data.on_error=skip): the key changes when the image appears
+    write_jsonl(
+        Path(path),
+        [
+            placeholder_row(["img/red.png", "img/late.png"], 0),
+            *[placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(5)],
+        ],
+    )
+    data = ChatDataset(
+        path=path, images=True, eval_fraction=0.0, cache_dir=str(tmp_path / "cache"), on_error="skip"
+    )
+    assert [prepare_data(data, None, 0).notes["data cache"][:4] for _ in range(2)] == ["miss", "hit:"]
+    png(tmp_path / "img" / "late.png", (0, 0, 0))
+    again = prepare_data(data, None, 0)
+    assert again.notes["data cache"].startswith("miss") and len(again.splits["train"]) == 6
