@@ -235,6 +235,11 @@ class CausalLM:
         return family_of(config) if is_vision_config(config) else None
 
     @property
+    def accepts_images(self) -> bool:
+        """Image rows are read for this model (``components/data/images.py``): a vision-language one."""
+        return self.is_vision
+
+    @property
     def is_vision(self) -> bool:
         from components.modeling.vision import is_vision_config
 

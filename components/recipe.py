@@ -90,9 +90,9 @@ class Recipe:
         with it, every row checked before the model loads): an object with ``key()`` and
         ``prepare(splits, tokenizer, workers)`` (SFT: ``components/data/tokens.py``). Preference data
         (reward, DPO, ORPO, SimPO, KTO): the trainer tokenizes, and what data.max_length does to the rows is
-        measured and counted first (``components/data/pair_lengths.py``). None: the trainer tokenizes the
-        rows itself."""
-        if comps.data.kind in ("preference", "unpaired"):
+        measured and counted first (``components/data/pair_lengths.py``; not with images, whose tokens only
+        the processor counts). None: the trainer tokenizes the rows itself."""
+        if comps.data.kind in ("preference", "unpaired") and not comps.data.images:
             from components.data.pair_lengths import PairLengths
 
             return PairLengths(comps.data.max_length, self.overlong_pairs)

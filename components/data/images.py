@@ -72,17 +72,18 @@ def with_images(data: Any, model: Any) -> Any:
     that reads no images (``reads_images`` False) is left as it is (``validate`` refuses ``images=true``).
     ``data.images=true`` with a model that declares ``accepts_images = False`` is refused; one that declares
     nothing (today's ``CausalLM``) is not judged here."""
-    declared = getattr(model, CAPABILITY, None)
-    declared = declared() if callable(declared) else declared  # a ClassVar, a property or a method
-    if getattr(data, "images", None) and declared is False:
+    asked = getattr(data, "images", None)
+    if not getattr(data, "reads_images", False) or asked is False:
+        return data  # nothing to decide: the model's config is not read
+    declared = getattr(model, CAPABILITY, None)  # a ClassVar, a property or a method
+    declared = declared() if callable(declared) else declared
+    if asked and declared is False:
         raise ConfigError(
             f"data.images=true, and the model ({type(model).__name__}) does not take images",
             key="data.images",
             hint="use a vision-language model, or data.images=false (image parts are then refused by name)",
         )
-    if not getattr(data, "reads_images", False) or getattr(data, "images", False) is not None:
-        return data
-    return dataclasses.replace(data, images=bool(declared))
+    return data if asked is not None else dataclasses.replace(data, images=bool(declared))
 
 
 # ------------------------------------------------------------------------------------- one row's images

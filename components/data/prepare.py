@@ -118,12 +118,17 @@ def prepare_data(
 def check_image_tokens(data: Any, tokens: Any) -> None:
     """Image rows reach a trainer untokenized (TRL's vision collator runs the model's processor batch by
     batch); a recipe that tokenizes its rows here (SFT's ``SFTTokens``) is refused on them, before load,
-    until its token maker declares ``accepts_images`` (the model phase of issue 36)."""
+    until its token maker declares ``accepts_images`` (the model phase of issue 36). Text rows pass."""
     from components.config.errors import ConfigError
     from components.data.images import CAPABILITY, IMAGES_COLUMN
 
     if IMAGES_COLUMN not in data["train"].column_names or getattr(tokens, CAPABILITY, False):
         return
+    import pyarrow.compute as pc
+
+    found = data["train"].with_format("arrow")[IMAGES_COLUMN]  # the lists' lengths: no image decoded
+    if not (pc.sum(pc.list_value_length(found)).as_py() or 0):
+        return  # text rows for a vision-language model: tokenized as text
     raise ConfigError(
         "the rows have images, and this recipe tokenizes its rows before training (text only): image rows "
         "are tokenized by the model's processor as batches are made",

@@ -47,7 +47,7 @@ def test_plan_exits_2_on_a_bad_image_naming_file_line_and_column(
     rows = [placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(12)]
     rows.insert(2, placeholder_row(images(tmp_path), 9))
     path = write_jsonl(tmp_path / "rows.jsonl", rows)
-    code, out, err = plan(tmp_path, capsys, f"data.path={path}", "data.images=true")
+    code, out, err = plan(tmp_path, capsys, f"data.path={path}", "model=tiny_vlm")
     assert code == 2 and "checks passed" not in out, err[-2000:]
     assert f"{path}:3 (row 3)" in err and says.format(tmp=tmp_path) in err, err[-2000:]
     assert "Traceback" not in err
@@ -64,7 +64,7 @@ def test_plan_prints_the_images_report(tmp_path: Path, pictures: Any, capsys: An
         for k in range(12)
     ]
     path = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    code, out, err = plan(tmp_path, capsys, "recipe=dpo", f"data.path={path}", "data.images=true")
+    code, out, err = plan(tmp_path, capsys, "recipe=dpo", f"data.path={path}", "model=tiny_vlm")
     assert code == 0, err[-2000:]
     assert (
         "# data: images (data.path): 12 in 12 of 12 rows (at most 1 per row); pixels per image min 64" in out
@@ -75,7 +75,7 @@ def test_plan_prints_the_images_report(tmp_path: Path, pictures: Any, capsys: An
     sft = write_jsonl(
         tmp_path / "sft.jsonl", [placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(12)]
     )
-    code, out, err = plan(tmp_path, capsys, f"data.path={sft}", "data.images=true")
+    code, out, err = plan(tmp_path, capsys, f"data.path={sft}", "model=tiny_vlm")
     assert code == 2 and "[data.images] the rows have images" in err, err[-2000:]
 
 
