@@ -13,6 +13,8 @@ from components.config.errors import ConfigError
 from components.runtime.checks import check_before_load
 from components.runtime.run import Components
 
+EP = ["strategy=zero1", "strategy.ep_size=2", "launcher.nproc_per_node=2"]
+
 
 @dataclasses.dataclass
 class NotARecipe:
@@ -101,6 +103,19 @@ AFTER_COMPOSE = [
         "tracker.mlflow.tracking_uri",
     ),
     (["model.name_or_path={empty_dir}"], "model.name_or_path"),
+    # expert parallel (DeepSpeed AutoEP): only what is verified against one process
+    *(
+        ([*EP, *extra], key)
+        for extra, key in (
+            (["model=tiny"], "strategy.ep_size"),  # a dense model: no experts to split
+            (["model=tiny_moe", "strategy.ep_size=3", "launcher.nproc_per_node=3"], "strategy.ep_size"),
+            (["model=tiny_moe", "strategy=zero3"], "strategy.stage"),
+            (["model=tiny_moe", "strategy.tp_size=2"], "strategy.ep_size"),
+            (["model=tiny_moe", "peft=lora"], "peft"),
+            (["model=tiny_moe", "optimizer=sgd"], "optimizer"),
+            (["model=olmoe_1b_7b"], "strategy.ep_size"),  # experts not gathered back for this type
+        )
+    ),
     (["tracker=wandb"], "tracker.wandb.mode"),  # no WANDB_API_KEY, no ~/.netrc, WANDB_MODE unset (see below)
     # resume=<bad path>: test_a_bad_resume_path_fails_before_load (resolved by the CLI after these checks)
 ]
