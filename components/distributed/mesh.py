@@ -48,13 +48,12 @@ class Mesh:
                 key=f"strategy.{first}_size",
                 hint=f"launcher.nproc_per_node x launcher.nnodes must be a multiple of {self.model_parallel}",
             )
-        sharding = self.dp * self.tp  # the ranks FSDP and TP shard one copy of the model over
-        if self.ep < 1 or sharding % self.ep or self.ep % self.tp:
+        if self.ep < 1 or (self.ep > 1 and self.dp % self.ep):
             raise ConfigError(
-                f"ep_size={self.ep} must divide the {sharding} data x tensor parallel ranks and be a "
-                f"multiple of tp_size={self.tp}: the experts split over ep of the ranks sharding the model",
+                f"ep_size={self.ep} must divide the {self.dp} data-parallel ranks: the experts split over ep "
+                "of the ranks holding one copy of the rest of the model",
                 key="strategy.ep_size",
-                hint=f"strategy.ep_size dividing {sharding} (launcher.nproc_per_node x launcher.nnodes)",
+                hint=f"strategy.ep_size dividing {self.dp} (launcher.nproc_per_node x launcher.nnodes)",
             )
 
     def describe(self) -> str:

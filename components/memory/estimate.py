@@ -132,6 +132,7 @@ class RunSpec:
     tp: int = 1  # tensor-parallel ranks of one model replica (the strategy's mesh)
     sp: int = 1  # sequence-parallel (Ulysses) ranks: each holds 1/sp of every sequence
     pp: int = 1  # pipeline stages
+    ep: int = 1  # expert-parallel ranks (of the data-parallel ones): each holds 1/ep of a mixture's experts
     micro_batches: int = 1  # per optimizer step and replica (train.gradient_accumulation_steps): PP's m
     # a vision-language model: image tokens per row (already inside seq_len), parameters model.freeze keeps
     # frozen under full fine-tuning, whether the vision tower trains (then autograd keeps its activations)
@@ -325,7 +326,9 @@ def estimate(spec: RunSpec) -> Estimate:
     ranks next to the primary partition. Under tp / sp / pp each rank holds its :class:`Slice` of the
     model, and ZeRO shards it over ``spec.zero_ranks``."""
     s = spec.strategy
-    parts = slices(spec.arch, spec.tp, spec.pp, s.pipeline_schedule, spec.micro_batches, s.pipeline_chunks)
+    parts = slices(
+        spec.arch, spec.tp, spec.pp, s.pipeline_schedule, spec.micro_batches, s.pipeline_chunks, spec.ep
+    )
     per_stage = [_estimate_slice(spec, part) for part in parts]
     heaviest = max(per_stage, key=lambda e: e.peak_allocated)
     if len(per_stage) > 1:
@@ -387,8 +390,14 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
     if s.offload_param != "none" and s.stage >= 3:
         host_weights = (weights_b + q_bytes + secondary) * spec.num_gpus  # per node
         weights_b, q_bytes, secondary = 0.0, 0.0, 0.0
-    grads_b = trainable * grad_b / shard_g
-    opt_states = trainable * (opt_b + master) / shard_o
+    # expert parallel: a rank's experts are shared with world / ep of the ranks only (DeepSpeed's
+    # expert-data-parallel group), so ZeRO shards their gradients and optimizer states over those
+    experts = part.experts if spec.full_finetune and spec.ep > 1 else 0
+    spread = max(1, spec.ep)
+    shard_ge, shard_oe = (max(1, k // spread) if k > 1 else 1 for k in (shard_g, shard_o))
+    partition = (trainable - experts) / shard_o + experts / shard_oe  # trainable elements this rank steps
+    grads_b = ((trainable - experts) / shard_g + experts / shard_ge) * grad_b
+    opt_states = partition * (opt_b + master)
     host_states, offload_buffer, fp32_grads, step_temp = 0.0, 0.0, 0.0, 0.0
     if s.offload_optimizer != "none":
         host_states = opt_states
@@ -396,18 +405,18 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
             # fp32 gradient partition on the host (stage 1/2: initialize_optimizer_states; stage 3: one
             # buffer per sub-group) + a 16-bit partition buffer (stage 1/2: the bit16 param staging
             # buffer; stage 3: grad_partitions_flat_buffer, allocated on the optimizer's device)
-            host_states += trainable / shard_o * (4 + grad_b)
+            host_states += partition * (4 + grad_b)
             grads_b = 0.0
             if s.stage in (1, 2):  # temp_grad_buffer_for_gpu_offload: one largest parameter, 16-bit
                 offload_buffer = min(part.largest, trainable) * grad_b
         opt_states = 0.0
     elif ds and master:
         if s.stage == 3:  # _prepare_fp32_grad_for_sub_group: one sub-group's fp32 gradients at a time
-            sub_group = min(s.sub_group_size or 1e12, trainable / shard_o)
+            sub_group = min(s.sub_group_size or 1e12, partition)
             fp32_grads = 4 * sub_group
             step_temp = grad_b * sub_group  # the 16-bit flatten the fp32 copy is cast from
         else:  # stage 0/1/2: the fp32 copy of the whole gradient partition at the step
-            fp32_grads = 4 * trainable / shard_o
+            fp32_grads = 4 * partition
     host_offload = host_states * spec.num_gpus + host_weights  # per node
     if "nvme" in (s.offload_optimizer, s.offload_param):
         host_offload = 0.0  # on the NVMe drive, not in RAM
@@ -471,6 +480,7 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
             grads_b,
             f"{grad_b} B/trainable param"
             + (f", /{shard_g}" if shard_g > 1 else "")
+            + (f" (its experts over the {shard_ge} rank(s) holding them)" if experts else "")
             + (" (on the host with the offloaded optimizer)" if ds and s.offload_optimizer != "none" else ""),
         ),
         (
@@ -478,7 +488,11 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
             offload_buffer,
             "one largest-parameter 16-bit buffer (stage 1/2 offload)",
         ),
-        ("optimizer states", opt_states, _opt_note(opt_b, master, shard_o, s)),
+        (
+            "optimizer states",
+            opt_states,
+            _opt_note(opt_b, master, shard_o, s) + (f" (its experts /{shard_oe})" if experts else ""),
+        ),
         (
             "fp32 gradient copy",
             fp32_grads,
@@ -563,6 +577,8 @@ def _opt_note(opt_b: float, master: int, shard: int, s: StrategyShape) -> str:
 
 def _held_note(spec: RunSpec, part: Slice) -> str:
     """What of the model this rank holds, when it is not all of it."""
+    if spec.ep > 1 and spec.tp == 1 and part.stages == 1:
+        return f", {part.params / 1e9:.3f} B held (ep {spec.ep}: each layer's experts /{spec.ep})"
     if spec.tp == 1 and part.stages == 1:
         return ""
     where = f"stage {part.stage + 1}/{part.stages}: {part.layers} layers" if part.stages > 1 else ""

@@ -38,6 +38,7 @@ class Rung:
     sp: int = 1
     pp: int = 1
     overrides: tuple[str, ...] = ()
+    ep: int = 1  # expert-parallel ranks (of the data-parallel ones)
 
     @property
     def label(self) -> str:
@@ -53,16 +54,16 @@ class Rung:
         """0: data parallel on the GPUs, 1: tp / sp / pp on the GPUs, 2: states offloaded (module doc)."""
         if self.shape.offload_optimizer != "none" or self.shape.offload_param != "none":
             return 2
-        return 1 if self.model_parallel > 1 else 0
+        return 1 if self.model_parallel > 1 or self.ep > 1 else 0
 
     def apply(self, spec: RunSpec, **over: Any) -> RunSpec:
         """``spec`` under this rung's shape and mesh."""
-        return replace(spec, strategy=self.shape, tp=self.tp, sp=self.sp, pp=self.pp, **over)
+        return replace(spec, strategy=self.shape, tp=self.tp, sp=self.sp, pp=self.pp, ep=self.ep, **over)
 
     def speed(self, gradient_checkpointing: bool, micro_batches: int = 1) -> float:
         """ASSUMED relative throughput: the shape's, the model-parallel costs and bubble, checkpointing's."""
         gc = CHECKPOINTING_SPEED if gradient_checkpointing else 1.0
-        mp = parallel_speed(self.tp, self.sp, self.pp, micro_batches, self.shape)
+        mp = parallel_speed(self.tp, self.sp, self.pp, micro_batches, self.shape, self.ep)
         return self.shape.speed * mp * gc
 
 

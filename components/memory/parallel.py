@@ -50,6 +50,7 @@ class Slice:
     linear: int  # of which decoder linear weights (what bitsandbytes quantizes)
     head: int  # output-head weight elements held (lm_head, or the tied embedding); 0 off the last stage
     largest: int  # the largest single parameter held (DeepSpeed's offload buffers)
+    experts: int  # of ``params``, a mixture's expert weights held (1/ep of them under expert parallel)
     gathered_unit: int  # ZeRO-3's largest module gathered at once: one layer, the embedding or the head
     in_flight: float  # micro-batches whose activations it holds at once (in units of all its layers)
     logits_in_flight: int  # micro-batches whose logits (and loss) it holds at once; 0 off the last stage
@@ -63,10 +64,10 @@ class Slice:
         return self.stage == self.stages - 1
 
 
-def tp_layer(arch: Arch, tp: int = 1) -> tuple[int, int]:
+def tp_layer(arch: Arch, tp: int = 1, ep: int = 1) -> tuple[int, int]:
     """(parameters of one decoder layer on a tp rank, of which linear weights): every linear weight split,
-    the row-parallel biases, the norms and a mixture's router and experts whole (experts are split by
-    expert parallelism, not by tp)."""
+    the row-parallel biases, the norms and a mixture's router whole, its experts split over ``ep`` expert
+    parallel ranks (experts are split by expert parallelism, not by tp)."""
     linear = bias = 0
     for name, (i, o, has_bias) in arch.linears().items():
         linear += ceil_div(i * o, tp)
@@ -74,7 +75,7 @@ def tp_layer(arch: Arch, tp: int = 1) -> tuple[int, int]:
             bias += o if name in ROW_PARALLEL else ceil_div(o, tp)
     whole = arch.norms_per_layer * arch.hidden_size + arch.qk_norm + arch.sinks
     if arch.is_moe:
-        whole += arch.router_params + arch.expert_params()
+        whole += arch.router_params + ceil_div(arch.expert_params(), max(1, ep))
     return linear + bias + whole, linear
 
 
@@ -160,12 +161,14 @@ def slices(
     schedule: str = "1f1b",
     micro_batches: int = 1,
     chunks: int = 1,
+    ep: int = 1,
 ) -> list[Slice]:
-    """One :class:`Slice` per pipeline stage (one without PP) of a tp rank."""
+    """One :class:`Slice` per pipeline stage (one without PP) of a tp rank (holding 1/ep of the experts)."""
     counts = param_counts(arch)
-    layer, linear = tp_layer(arch, tp)
+    layer, linear = tp_layer(arch, tp, ep)
+    experts = ceil_div(arch.expert_params(), max(1, ep)) if arch.is_moe else 0
     biggest_linear = max(ceil_div(i * o, tp) + (o if b else 0) for i, o, b in arch.linears().values())
-    biggest_linear = max(biggest_linear, arch.fused_expert_param)
+    biggest_linear = max(biggest_linear, ceil_div(arch.fused_expert_param, max(1, ep)))
     head = ceil_div(counts.lm_head, tp) if counts.lm_head else counts.embedding  # tied: whole
     logits = max(1, micro_batches) if schedule == "gpipe" and pp > 1 else 1  # GPipe: every loss kept
     out = []
@@ -184,6 +187,7 @@ def slices(
                 linear=layers * linear,
                 head=head if last else 0,
                 largest=max([biggest_linear, *held]),
+                experts=layers * experts,
                 gathered_unit=max([layer, *held]),
                 in_flight=in_flight(schedule, pp, micro_batches, stage, chunks),
                 logits_in_flight=logits if last else 0,
@@ -200,9 +204,14 @@ def mesh_refusal(
     *,
     gpus_per_node: int | None = None,
     seq_len: int | None = None,
+    ep: int = 1,
 ) -> tuple[str, str] | None:
     """(knob, why) when the model cannot be split ``tp x sp x pp`` (None: it can). ``gpus_per_node``: keep
-    TP inside a node; ``seq_len``: Ulysses needs it divisible by sp (DeepSpeed's SP data loader)."""
+    TP inside a node; ``seq_len``: Ulysses needs it divisible by sp (DeepSpeed's SP data loader); ``ep``:
+    expert parallel needs a mixture whose experts it divides."""
+    if ep > 1 and (not arch.is_moe or arch.num_experts % ep):
+        has = f"{arch.num_experts} experts" if arch.is_moe else "no experts (a dense model)"
+        return "strategy.ep_size", f"ep {ep} must divide a mixture's experts; this model has {has}"
     heads, kv = arch.num_heads, arch.num_kv_heads
     if tp > 1 and (heads % tp or kv % tp):
         return "strategy.tp_size", f"tp {tp} must divide the {heads} attention heads and {kv} KV heads"

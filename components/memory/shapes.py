@@ -35,6 +35,7 @@ CHECKPOINTING_SPEED = 0.75
 TP_SPEED = 0.88
 SP_SPEED = 0.92
 PP_SPEED = 0.97
+EP_SPEED = 0.95  # an all-to-all each way per mixture block (ASSUMED, like the others)
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,18 @@ SINGLE = StrategyShape("single")
 
 
 def parallel_speed(
-    tp: int = 1, sp: int = 1, pp: int = 1, micro_batches: int = 1, shape: StrategyShape = SINGLE
+    tp: int = 1,
+    sp: int = 1,
+    pp: int = 1,
+    micro_batches: int = 1,
+    shape: StrategyShape = SINGLE,
+    ep: int = 1,
 ) -> float:
     """ASSUMED relative throughput of a tp x sp x pp split (1.0: none), times the computed pipeline bubble's
-    share of busy time: each doubling of tp / sp / pp costs ``TP_SPEED`` / ``SP_SPEED`` / ``PP_SPEED``."""
+    share of busy time: each doubling of tp / sp / pp / ep costs ``TP_SPEED`` / ``SP_SPEED`` / ``PP_SPEED``
+    / ``EP_SPEED``."""
     cost = TP_SPEED ** math.log2(tp) * SP_SPEED ** math.log2(sp) * PP_SPEED ** math.log2(pp)
+    cost *= EP_SPEED ** math.log2(ep)
     return cost * (1 - bubble_fraction(pp, micro_batches, shape.pipeline_schedule, shape.pipeline_chunks))
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from components.config.errors import ConfigError
 from components.distributed.mesh import Mesh
+from components.distributed.model_parallel import AUTOEP_MODEL_TYPES
 from components.memory.arch import Arch, param_counts
 from components.memory.estimate import DTYPE_BYTES, Estimate, GiB, KiB, MiB, RunSpec, estimate
 from components.memory.ladder import Rung
@@ -25,7 +26,7 @@ from components.memory.parallel import mesh_refusal
 from components.memory.shapes import StrategyShape
 
 #: the mesh dimensions a strategy option may split (``ModelSplit.parallel_dims``): ``strategy.<dim>_size``
-MESH_DIMS = ("tp", "sp", "pp")
+MESH_DIMS = ("tp", "sp", "pp", "ep")
 
 
 def get(obj: Any, key: str, default: Any = None) -> Any:
@@ -222,6 +223,7 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
         tp=mesh.tp,
         sp=mesh.sp,
         pp=mesh.pp,
+        ep=mesh.ep,
         micro_batches=int(get(train, "gradient_accumulation_steps", 1) or 1),
         **vision,
     )
@@ -233,7 +235,7 @@ def checked_mesh(strategy: Any, arch: Arch, world_size: int) -> Mesh:
     the knob) when it does not divide the world or the model cannot be split that way."""
     mesh = strategy.model_split.mesh(world_size)
     mesh.check()
-    refusal = mesh_refusal(arch, mesh.tp, mesh.sp, mesh.pp)
+    refusal = mesh_refusal(arch, mesh.tp, mesh.sp, mesh.pp, ep=mesh.ep)
     if refusal:
         key, why = refusal
         raise ConfigError(f"cannot split the model: {why}", key=key, hint="pick a size the model divides")
@@ -270,10 +272,13 @@ def option_rung(name: str, strategy: Any, spec: RunSpec, overrides: tuple[str, .
         mesh.check()
     except ConfigError:
         return None
-    if mesh_refusal(spec.arch, mesh.tp, mesh.sp, mesh.pp, gpus_per_node=spec.num_gpus, seq_len=spec.seq_len):
+    refused = mesh_refusal(
+        spec.arch, mesh.tp, mesh.sp, mesh.pp, gpus_per_node=spec.num_gpus, seq_len=spec.seq_len, ep=mesh.ep
+    )
+    if refused or (mesh.ep > 1 and spec.arch.model_type not in AUTOEP_MODEL_TYPES):
         return None
     shape = strategy.memory_shape(spec.num_gpus)
-    return Rung(name, shape, mesh.tp, mesh.sp, mesh.pp, overrides)
+    return Rung(name, shape, mesh.tp, mesh.sp, mesh.pp, overrides, ep=mesh.ep)
 
 
 def strategy_rungs(spec: RunSpec, options: Mapping[str, Any] | None = None) -> list[Rung]:

@@ -70,7 +70,7 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
     # NVMe param swap buffer (elements); null = largest shard
     offload_param_buffer_size: float | None = knob(None, POSITIVE)
     optimizer_impl: str = "auto"  # auto | torch | deepspeed (DeepSpeed's CPU Adam under offload)
-    parallel_dims: ClassVar[tuple[str, ...]] = ("tp", "sp")
+    parallel_dims: ClassVar[tuple[str, ...]] = ("tp", "sp", "ep")
     # tensor parallel ranks (DeepSpeed AutoTP); data parallel = world / (tp x sp)
     tp_size: int = knob(1, AT_LEAST_ONE)
     sp_size: int = knob(1, AT_LEAST_ONE)  # sequence parallel ranks (DeepSpeed Ulysses)

@@ -121,3 +121,24 @@ def test_the_estimate_holds_every_expert(compose_cfg) -> None:
     spec = spec_from_config(cfg)
     held = estimate(spec).row("parameters")
     assert held == pytest.approx(4 * param_counts(spec.arch).total, rel=0.01)  # fp32 weights, bf16 autocast
+
+
+def test_expert_parallel_splits_the_experts_and_their_states(compose_cfg) -> None:
+    """``strategy=zero2 strategy.ep_size=8`` on 8 GPUs (Qwen3-30B-A3B, fp32 AdamW), derived by hand in
+    docs/memory.md: each GPU holds the dense part whole and 1/8 of the experts; ZeRO-2 shards the dense
+    part's gradients and moments over the 8 ranks, the experts' over the ranks sharing the same experts
+    (8 / 8 = 1: not at all)."""
+    from components.memory.estimate import estimate
+    from components.memory.spec import spec_from_config
+
+    args = ("model=qwen3_30b_a3b", "strategy=zero2", "estimate.num_gpus=8", "launcher.nproc_per_node=8")
+    spec = spec_from_config(compose_cfg(*args, "strategy.ep_size=8"))
+    assert spec.ep == 8
+    experts = spec.arch.num_layers * spec.arch.expert_params()
+    dense = param_counts(spec.arch).total - experts
+    e = estimate(spec)
+    assert e.row("parameters") == pytest.approx(4 * (dense + experts / 8), rel=1e-6)
+    assert e.row("gradients") == pytest.approx(4 * (dense / 8 + experts / 8), rel=1e-6)
+    assert e.row("optimizer states") == pytest.approx(8 * (dense / 8 + experts / 8), rel=1e-6)
+    whole = estimate(spec_from_config(compose_cfg(*args)))  # ep 1: every expert on every GPU
+    assert whole.row("parameters") == pytest.approx(4 * (dense + experts), rel=1e-6)
