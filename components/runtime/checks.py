@@ -94,8 +94,9 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
             key="strategy",
             hint="use strategy=ddp (or zero1/zero2/zero3/fsdp) with several processes",
         )
-    strategy.check(batch_plan(cfg, comps, device), device)
-    dtype = comps.precision.resolve(device)
+    plan = batch_plan(cfg, comps, device)
+    strategy.check(plan, device)
+    dtype = plan.dtype  # precision=auto resolved with the model's size
     refusal = strategy.device_refusal(device, dtype, recipe.owns_loop)
     if refusal is not None:
         raise refusal
