@@ -101,6 +101,7 @@ class Session:
             **({} if c.recipe.inference_only else {"global batch": ctx.plan.global_batch_size}),
             "precision": f"{ctx.plan.dtype} ({ctx.plan.dtype_reason})",
             "device": ctx.device,
+            **({"cpu threads": cpu_threads()} if ctx.device == "cpu" else {}),
             "run dir": str(ctx.run_dir.path),
             "overrides": " ".join(ctx.overrides()) or "(none)",
         }
@@ -567,6 +568,16 @@ class Session:
             ctx.run_dir.plot_losses()
         ctx.run_dir.write_summary(f"{ctx.components.recipe.title}: {ctx.run_name}", self.report.items())
         ctx.run_dir.write_json("result.json", self.report)
+
+
+def cpu_threads() -> str:
+    """torch's intra-op threads and the OpenMP wait policy this process runs with (the thread policy:
+    components/runtime/threads.py; its measured cost both ways: docs/performance.md)."""
+    import torch
+
+    from components.runtime.threads import describe_threads
+
+    return describe_threads(torch.get_num_threads())
 
 
 def split(mesh: Any) -> bool:
