@@ -14,7 +14,8 @@ DTYPES = ("fp32", "bf16", "fp16", "auto")
 
 #: ``precision=auto`` on a CPU with bf16 instructions: bf16 autocast from this many parameters on. Measured
 #: by ``bench/precision_cpu.py`` (docs/benchmarks.md, "bf16 on a CPU"): a forward + backward step broke
-#: even at 0.14 M parameters, took 0.82x fp32's time at 0.67 M (the tiny model) and 0.3-0.5x from 3 M on;
+#: even at 0.14 M parameters, took 0.82x fp32's time at 0.67 M (the tiny model) and 0.3-0.5x from 3 M to
+#: SmolLM2-135M's shape (0.43x);
 #: at 0.04 M it took 1.31x (the casts cost more than the faster matmuls save).
 CPU_BF16_MIN_PARAMS = 500_000
 #: /proc/cpuinfo flags of native bf16 matmuls (Intel AMX, AVX512-BF16 on Intel and AMD Zen 4+)
