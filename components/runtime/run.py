@@ -170,6 +170,13 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
     except Exception:  # no config reachable offline: DeepSpeed's default bucket sizes
         config = hidden = largest = None
     dtype, why = comps.precision.choose(device, model_params(config))
+    if comps.precision.dtype == "auto" and dtype != "fp32":
+        refusal = comps.strategy.device_refusal(device, dtype, comps.recipe.owns_loop)
+        if (
+            refusal is not None
+            and comps.strategy.device_refusal(device, "fp32", comps.recipe.owns_loop) is None
+        ):
+            dtype, why = "fp32", f"{why}, but strategy {comps.strategy.label} on {device} trains in fp32 only"
     t = cfg.train
     world, split = world_size(comps), comps.strategy.model_split
     return BatchPlan(

@@ -63,3 +63,13 @@ def test_plan_prints_the_resolved_precision_and_why(monkeypatch, capsys) -> None
     main(["mode=plan", "precision=auto"])
     out = capsys.readouterr().out
     assert "# precision: bf16 (auto: the CPU has avx512_bf16 and 0.67 M parameters >= 0.6 M)" in out
+
+
+def test_auto_falls_back_to_fp32_where_the_strategy_takes_no_bf16(monkeypatch, compose_cfg) -> None:
+    from components.runtime.run import Components, batch_plan
+
+    fake_cpu(monkeypatch, {"avx512_bf16"})
+    monkeypatch.setattr(precision_module, "CPU_BF16_MIN_PARAMS", 600_000)
+    cfg = compose_cfg("precision=auto", "strategy=zero2")  # DeepSpeed on a CPU: fp32 only
+    plan = batch_plan(cfg, Components.from_config(cfg), "cpu")
+    assert plan.dtype == "fp32" and "trains in fp32 only" in plan.dtype_reason, plan.dtype_reason
