@@ -12,9 +12,42 @@ from components.config.registry import component
 
 DTYPES = ("fp32", "bf16", "fp16", "auto")
 
+#: ``precision=auto`` on a CPU with bf16 instructions: bf16 autocast from this many parameters on. Measured
+#: by ``bench/precision_cpu.py`` (docs/benchmarks.md, "bf16 on a CPU"): a forward + backward step broke
+#: even at 0.14 M parameters, took 0.82x fp32's time at 0.67 M (the tiny model) and 0.3-0.5x from 3 M to
+#: SmolLM2-135M's shape (0.43x);
+#: at 0.04 M it took 1.31x (the casts cost more than the faster matmuls save).
+CPU_BF16_MIN_PARAMS = 500_000
+#: /proc/cpuinfo flags of native bf16 matmuls (Intel AMX, AVX512-BF16 on Intel and AMD Zen 4+)
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_bf16_flag() -> str | None:
+    """The flag that gives this CPU native bf16 matmuls (AMX first), None without one. torch must use it
+    too: its CPU capability (``torch.backends.cpu.get_cpu_capability()``) is AVX512 or better."""
+    import torch
+
+    flags = cpu_flags()
+    found = next((flag for flag in CPU_BF16_FLAGS if flag in flags), None)
+    capability = torch.backends.cpu.get_cpu_capability()
+    return found if found and capability.startswith(("AVX512", "AMX")) else None
+
 
 def device_supports_bf16(device: str) -> bool:
-    """bf16 autocast works on CPU (slowly without avx512_bf16) and on Ampere+ / recent AMD GPUs."""
+    """bf16 autocast works on CPU (emulated, slow, without amx_bf16 / avx512_bf16) and on Ampere+ / recent
+    AMD GPUs."""
     import torch
 
     if device == "cuda":  # no GPU visible: planning for one (mode=plan), assume Ampere or newer
@@ -33,7 +66,9 @@ class Precision:
     (:meth:`check_grad_scaler`) rather than ignored.
     """
 
-    dtype: str = "fp32"  # fp32 | bf16 | fp16 | auto (bf16 where supported, else fp16 on GPU, else fp32)
+    # fp32 | bf16 | fp16 | auto (GPU: bf16 where supported, else fp16; CPU: bf16 with amx_bf16 /
+    # avx512_bf16 for a model of >= CPU_BF16_MIN_PARAMS parameters, else fp32)
+    dtype: str = "fp32"
     tf32: bool | None = None  # Ampere+ matmuls in tf32; None leaves torch's default
     loss_scale: float = knob(0.0, NON_NEGATIVE)  # fp16: 0 = dynamic
     initial_scale_power: int = knob(16, Range(0, 64))  # fp16 dynamic scaling starts at 2**power
@@ -45,12 +80,15 @@ class Precision:
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype '{self.dtype}'", key="precision.dtype", hint=f"one of {DTYPES}")
 
-    def resolve(self, device: str) -> str:
-        """The concrete dtype for ``device`` ('cpu', 'cuda', 'mps'); errors early when impossible."""
+    def resolve(self, device: str, params: int | None = None) -> str:
+        """The concrete dtype for ``device`` ('cpu', 'cuda', 'mps') and a model of ``params`` parameters
+        (None: unknown); errors early when impossible."""
+        return self.choose(device, params)[0]
+
+    def choose(self, device: str, params: int | None = None) -> tuple[str, str]:
+        """(the concrete dtype, why): ``auto`` says what it read; errors early when impossible."""
         if self.dtype == "auto":
-            if device_supports_bf16(device) and device != "cpu":
-                return "bf16"
-            return "fp16" if device == "cuda" else "fp32"
+            return auto_dtype(device, params)
         if self.dtype == "bf16" and not device_supports_bf16(device):
             raise ConfigError(
                 f"bf16 was requested but this {device} device has no bf16 support",
@@ -67,7 +105,7 @@ class Precision:
             raise ConfigError(
                 "tf32 needs an NVIDIA Ampere+ GPU", key="precision.tf32", hint="drop precision.tf32"
             )
-        return self.dtype
+        return self.dtype, f"precision={self.dtype}"
 
     def grad_scaler_kwargs(self) -> dict[str, Any]:
         """torch ``GradScaler`` arguments of the dynamic-scaling knobs (accelerate's ``GradScalerKwargs``)."""
@@ -99,9 +137,9 @@ class Precision:
                     hint=hint,
                 )  # fmt: skip
 
-    def training_args(self, device: str) -> dict[str, Any]:
-        """The TrainingArguments fields this precision sets."""
-        dtype = self.resolve(device)
+    def training_args(self, device: str, dtype: str | None = None) -> dict[str, Any]:
+        """The TrainingArguments fields this precision sets (``dtype``: as the run resolved it)."""
+        dtype = dtype or self.resolve(device)
         args: dict[str, Any] = {"bf16": dtype == "bf16", "fp16": dtype == "fp16"}
         if self.tf32 is not None:
             args["tf32"] = self.tf32
@@ -115,3 +153,22 @@ class Precision:
                 "overflow fp16's range (loss becomes nan). Prefer precision=bf16 on Ampere+ GPUs."
             )
         return None
+
+
+def auto_dtype(device: str, params: int | None) -> tuple[str, str]:
+    """``precision=auto``: bf16 where the device supports it, else fp16 on GPU; on a CPU bf16 only with
+    native bf16 matmuls and a model of at least :data:`CPU_BF16_MIN_PARAMS` parameters, else fp32."""
+    if device != "cpu":
+        if device_supports_bf16(device):
+            return "bf16", f"auto: {device} supports bf16"
+        return ("fp16", "auto: this GPU has no bf16") if device == "cuda" else ("fp32", f"auto: {device}")
+    flag = cpu_bf16_flag()
+    if flag is None:
+        return "fp32", "auto: this CPU has no amx_bf16 / avx512_bf16 (bf16 would be emulated)"
+    if params is None:
+        return "fp32", f"auto: the CPU has {flag}, the model's size is unknown"
+    size = f"{params / 1e6:.2f} M parameters"
+    limit = f"{CPU_BF16_MIN_PARAMS / 1e6:g} M"
+    if params < CPU_BF16_MIN_PARAMS:
+        return "fp32", f"auto: the CPU has {flag}, but {size} < {limit}, where bf16 autocast stops paying"
+    return "bf16", f"auto: the CPU has {flag} and {size} >= {limit}"

@@ -164,7 +164,7 @@ class GRPO(Recipe, RewardURL):
             reference = ctx.run_dir.path / "reference"
             save_whole(model, reference, ctx)
             model.config._name_or_path = str(reference)
-        # train.epochs (40) is tuned for the SFT demo: RL runs are counted in steps unless told otherwise
+        # train.epochs (32) is tuned for the SFT demo: RL runs are counted in steps unless told otherwise
         steps = t.max_steps if t.max_steps > 0 or self.steps is None else self.steps
         args = GRPOConfig(
             **ctx.training_args(

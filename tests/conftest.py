@@ -166,7 +166,7 @@ def save_like_hydra(run_dir: Path, cfg: DictConfig, overrides: list[str]) -> Non
 
 @pytest.fixture(scope="session")
 def partial_sft(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The run dir of the default SFT stopped at 500 of its 1200 steps (~0.39 greedy exact match on the eval
+    """The run dir of the default SFT stopped at 500 steps (~0.39 greedy exact match on the eval
     sums), trained once per session for the RL chain tests (GRPO and PPO start from it)."""
     root = tmp_path_factory.mktemp("partial_sft")
     GlobalHydra.instance().clear()

@@ -62,7 +62,7 @@ class PPOLoop:
         if knobs.value_model == "head":
             value = ppo_parts.value_head(policy)
         else:
-            load = c.quantization.load_kwargs(c.precision.resolve(ctx.device), ctx.device)
+            load = c.quantization.load_kwargs(ctx.plan.dtype, ctx.device)
             value = ppo_parts.separate_critic(policy, c.model, reward_model_path(knobs.reward), load)
         iterations = iterations_of(knobs, t, len(data))
         steps = iterations * knobs.ppo_epochs * (knobs.rollout_batch_size // knobs.mini_batch_size)

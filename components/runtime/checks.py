@@ -96,8 +96,9 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
             key="strategy",
             hint="use strategy=ddp (or zero1/zero2/zero3/fsdp) with several processes",
         )
-    strategy.check(batch_plan(cfg, comps, device), device)
-    dtype = comps.precision.resolve(device)
+    plan = batch_plan(cfg, comps, device)
+    strategy.check(plan, device)
+    dtype = plan.dtype  # precision=auto resolved with the model's size
     refusal = strategy.device_refusal(device, dtype, recipe.owns_loop)
     if refusal is not None:
         raise refusal
@@ -107,7 +108,7 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
             key="merge",
             hint="drop merge and merge the saved adapter afterwards (peft's merge_and_unload on one device)",
         )
-    check_split(cfg, comps, device)
+    check_split(cfg, comps, device, dtype)
     refusal = strategy.combination_refusal(recipe, comps.peft, quant, dtype, comps.data, comps.model)
     if refusal is None and strategy.shards_parameters:
         refusal = quant.sharding_refusal(dtype, strategy.label)
@@ -117,10 +118,11 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
         raise refusal
 
 
-def check_split(cfg: DictConfig, comps: Components, device: str) -> None:
+def check_split(cfg: DictConfig, comps: Components, device: str, dtype: str) -> None:
     """A model split over ranks (``strategy.tp_size`` / ``strategy.sp_size``): the mesh divides the world,
     the model's heads and sizes divide by it, and nothing it cannot go with is asked for (the recipe, the
-    engine's knobs, quantization, PEFT, the attention on packed rows), each refused with its fix."""
+    engine's knobs, quantization, PEFT, the attention on packed rows), each refused with its fix. ``dtype``:
+    the run's resolved precision (``batch_plan``)."""
     from components.distributed.mesh import ModelDims, check_model
 
     split, recipe = comps.strategy.model_split, comps.recipe
@@ -142,7 +144,7 @@ def check_split(cfg: DictConfig, comps: Components, device: str) -> None:
             else "is not one the split engines are verified with (recipe=sft is)"
         )
         raise ConfigError(f"{what} ({knob}): recipe={recipe.name} {why}", key=knob, hint=drop)
-    refusal = split.split_refusal(device, comps.precision.resolve(device))
+    refusal = split.split_refusal(device, dtype)
     if refusal is not None:
         raise refusal
     peft = type(comps.peft).__name__

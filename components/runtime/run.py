@@ -173,6 +173,14 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
         largest = hidden * wide or None  # the embedding / lm head (or an MLP projection)
     except Exception:  # no config reachable offline: DeepSpeed's default bucket sizes
         config = hidden = largest = None
+    dtype, why = comps.precision.choose(device, model_params(config))
+    if comps.precision.dtype == "auto" and dtype != "fp32":
+        refusal = comps.strategy.device_refusal(device, dtype, comps.recipe.owns_loop)
+        if (
+            refusal is not None
+            and comps.strategy.device_refusal(device, "fp32", comps.recipe.owns_loop) is None
+        ):
+            dtype, why = "fp32", f"{why}, but strategy {comps.strategy.label} on {device} trains in fp32 only"
     t = cfg.train
     world, split = world_size(comps), comps.strategy.model_split
     return BatchPlan(
@@ -180,7 +188,8 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         world_size=world,
         max_grad_norm=t.max_grad_norm,
-        dtype=comps.precision.resolve(device),
+        dtype=dtype,
+        dtype_reason=why,
         precision=comps.precision,
         optimizer=comps.optimizer,
         hidden_size=hidden,
@@ -192,6 +201,19 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
         attention=comps.model.resolved_attn_implementation() if split.splits_sequences else None,
         architecture=config,
     )
+
+
+def model_params(config: Any) -> int | None:
+    """The parameters of the model ``config`` describes (from its numbers: nothing is built), None when
+    they cannot be counted (no config, an architecture the count does not model)."""
+    if config is None:
+        return None
+    from components.memory.arch import Arch, param_counts
+
+    try:
+        return param_counts(Arch.from_dict(config.to_dict())).total
+    except Exception:  # a config without the numbers of a decoder-only transformer
+        return None
 
 
 @dataclass
@@ -277,7 +299,7 @@ class RunContext:
             "average_tokens_across_devices": True,
             **c.model.training_args(self.device),
             **c.strategy.training_args(self.device, self.plan),
-            **c.precision.training_args(self.device),
+            **c.precision.training_args(self.device, self.plan.dtype),
             **c.optimizer.training_args(self.device),
             **c.scheduler.training_args(),
             **c.launcher.training_args(),

@@ -67,7 +67,8 @@ class Session:
     attention: Any = None
     pipeline: Any = None  # strategy=pipeline: this rank's stages and mesh (runtime/pipeline_loop.py)
     eval_cost: dict[str, Any] = field(default_factory=dict)  # the end-of-run evaluation: seconds, rows
-    probe_cost: dict[str, Any] = field(default_factory=dict)  # the probes before / after training: seconds
+    #: the passes outside the training steps (probes, eval generations) before / after training: seconds
+    probe_cost: dict[str, Any] = field(default_factory=dict)
     #: a vision-language model's processor (its image processor + this tokenizer); None for text models.
     #: Saved with every checkpoint and final/ (and so with every export)
     processor: Any = None
@@ -105,8 +106,9 @@ class Session:
             **({"mesh": mesh.describe()} if shown else {}),
             # a recipe that generates or scores has no batch arithmetic
             **({} if c.recipe.inference_only else {"global batch": ctx.plan.global_batch_size}),
-            "precision": c.precision.resolve(ctx.device),
+            "precision": f"{ctx.plan.dtype} ({ctx.plan.dtype_reason})",
             "device": ctx.device,
+            **({"cpu threads": cpu_threads()} if ctx.device == "cpu" else {}),
             "run dir": str(ctx.run_dir.path),
             "overrides": " ".join(ctx.overrides()) or "(none)",
         }
@@ -198,7 +200,7 @@ class Session:
     def _load(self, task: str) -> Any:
         """The configured model in its load dtype (bf16 frozen base under an adapter), quantized if asked."""
         c, device = self.ctx.components, self.ctx.device
-        precision = c.precision.resolve(device)
+        precision = self.ctx.plan.dtype  # precision=auto resolved with the model's size
         frozen_base = base_loads_in_half(c.peft, c.quantization, c.strategy)
         dtype = c.model.weight_dtype(precision, frozen_base=frozen_base)
         load = {
@@ -294,10 +296,13 @@ class Session:
             return
         from components.distributed.model_parallel import unwrapped_attention
 
+        started = time.perf_counter()
         with unwrapped_attention(self.ctx.plan.attention, self.attention):  # Ulysses' wrapper drops masks
             result = evaluate_generations(
                 self.model, self.tokenizer, self.eval_prompts, max_new_tokens=self.ctx.train.max_new_tokens
             )
+        # train.eval_generations prompts, train.max_new_tokens each (0 prompts: off): its seconds in the cost
+        self.probe_cost[f"eval generations {when} (s)"] = round(time.perf_counter() - started, 1)
         self.report.setdefault("eval accuracy (exact match)", {})[when] = result["exact_match"]
         if when == "after" and self.ctx.is_main_process:
             path = self.ctx.run_dir.path / "generations.jsonl"
@@ -587,6 +592,16 @@ class Session:
             ctx.run_dir.plot_losses()
         ctx.run_dir.write_summary(f"{ctx.components.recipe.title}: {ctx.run_name}", self.report.items())
         ctx.run_dir.write_json("result.json", self.report)
+
+
+def cpu_threads() -> str:
+    """torch's intra-op threads and the OpenMP wait policy this process runs with (the thread policy:
+    components/runtime/threads.py; its measured cost both ways: docs/performance.md)."""
+    import torch
+
+    from components.runtime.threads import describe_threads
+
+    return describe_threads(torch.get_num_threads())
 
 
 def split(mesh: Any) -> bool:

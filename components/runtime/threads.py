@@ -33,3 +33,12 @@ def apply_thread_policy(
     chosen = {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     environ.update(chosen)
     return chosen
+
+
+def describe_threads(threads: int, environ: MutableMapping[str, str] = os.environ) -> str:
+    """The summary's ``cpu threads`` row: torch's ``threads`` and the OpenMP wait policy in effect."""
+    wait = environ.get("OMP_WAIT_POLICY")
+    policy = f"OMP_WAIT_POLICY={wait}" if wait else "OMP_WAIT_POLICY unset (the OpenMP runtime's default)"
+    if environ.get("HYDRATUNE_THREAD_POLICY", "1") == "0":
+        return f"{threads} torch threads, {policy}; hydratune's thread policy off (HYDRATUNE_THREAD_POLICY=0)"
+    return f"{threads} torch threads, {policy}"

@@ -52,6 +52,7 @@ class BatchPlan:
     world_size: int
     max_grad_norm: float
     dtype: str  # resolved precision: fp32 | bf16 | fp16
+    dtype_reason: str = ""  # why (precision=auto says what it read: the device, the model's size)
     precision: Any = None  # the precision component (fp16 loss-scaling knobs)
     optimizer: Any = None  # the optimizer component (DeepSpeed's own optimizer under offload)
     hidden_size: int | None = None  # sizes the ZeRO buckets; None = DeepSpeed's defaults

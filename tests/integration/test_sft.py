@@ -55,6 +55,12 @@ def test_full_finetune_learns_and_writes_the_run_dir(run_recipe) -> None:
     assert versions["torch"] and versions["trl"] and versions["transformers"]
     summary = (run / "summary.md").read_text()
     assert "exact match" in summary and "tokens/s" in summary
+    # the resolved precision and why; every pass outside the training steps with its seconds
+    assert "| precision | fp32 (precision=fp32) |" in summary
+    assert "| cpu threads | " in summary and "OMP_WAIT_POLICY" in summary
+    cost = json.loads((run / "result.json").read_text())["cost"]
+    for row in ("eval generations before (s)", "eval generations after (s)", "end-of-run eval (s)"):
+        assert row in cost, (row, cost)
     assert "eval_loss" in metrics
 
 
@@ -82,6 +88,9 @@ def test_bitfit_changes_only_biases(run_recipe) -> None:
     ctx, _ = run_recipe(*SHORT, "peft=bitfit", name="bitfit")
     diff = changed(initial_state(ctx), final_weights(ctx))
     assert diff and all(k.endswith(".bias") for k in diff), diff
+    # train.eval_generations=0 (SHORT): the pass is off, so no seconds of it in the cost
+    cost = json.loads((ctx.run_dir.path / "result.json").read_text())["cost"]
+    assert not [row for row in cost if row.startswith("eval generations")], cost
 
 
 def test_freeze_changes_only_the_unfrozen_layers(run_recipe) -> None:
@@ -157,6 +166,33 @@ def test_bf16_mixed_precision_trains(run_recipe) -> None:
     assert ctx.run_dir.final.joinpath("model.safetensors").is_file()
     assert all(v.dtype == torch.float32 for v in final_weights(ctx).values())  # fp32 master weights
     assert "bf16" in (ctx.run_dir.path / "summary.md").read_text()
+
+
+def test_auto_precision_autocasts_to_bf16_where_the_cpu_and_the_model_make_it_pay(
+    run_recipe, monkeypatch
+) -> None:
+    from torch.nn.modules.module import register_module_forward_hook
+
+    from components import precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512_bf16"})  # whatever this machine has
+    monkeypatch.setattr("torch.backends.cpu.get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(precision, "CPU_BF16_MIN_PARAMS", 600_000)  # the tiny model: 0.67 M
+    computed = set()
+    hook = register_module_forward_hook(
+        lambda module, args, output: (
+            computed.add(output.dtype) if module.training and isinstance(module, torch.nn.Linear) else None
+        )
+    )
+    try:
+        ctx, _ = run_recipe(*SHORT, "precision=auto", name="auto")
+    finally:
+        hook.remove()
+    assert computed == {torch.bfloat16}, computed  # the plan's choice reached the trainer's autocast
+    assert (
+        "| precision | bf16 (auto: the CPU has avx512_bf16 and 0.67 M"
+        in (ctx.run_dir.path / "summary.md").read_text()
+    )
 
 
 def test_tensorboard_tracker_writes_the_loss_series(run_recipe) -> None:

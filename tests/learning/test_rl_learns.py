@@ -39,7 +39,7 @@ def test_ppo_raises_the_reward(run_recipe) -> None:
 
 def test_ppo_raises_exact_match_after_a_partial_sft(run_recipe, partial_sft) -> None:
     # The documented chain SFT -> PPO with the demo's own reward (exact match of the sum). SFT stopped at
-    # 500 of the default 1200 steps gets ~0.39 greedy exact match: sampled answers are right often
+    # 500 steps of the default SFT gets ~0.39 greedy exact match: sampled answers are right often
     # enough for the value head and advantages to carry signal. Measured (seed 42, CPU): the mean
     # reward of iterations 1-20 0.317 -> 81-100 0.403 (+0.086); eval exact match 0.39 -> 0.50.
     # lr 3e-5 (1e-4: 0.286 -> 0.367, eval 0.39 -> 0.41).
@@ -83,7 +83,7 @@ def test_grpo_raises_the_reward(run_recipe) -> None:
 
 def test_grpo_raises_exact_match_after_a_partial_sft(run_recipe, partial_sft) -> None:
     # The documented chain SFT -> GRPO with the demo's own reward (exact match of the sum). SFT stopped at
-    # 500 of the default 1200 steps (cosine over 500) gets ~0.39 greedy exact match on the eval sums:
+    # 500 steps of the default SFT (cosine over 500) gets ~0.39 greedy exact match on the eval sums:
     # sampled groups are mixed, so GRPO has variance to learn from. Measured (seed 42, CPU): the
     # mean reward of steps 1-20 0.284 -> steps 101-120 0.378 (+0.095); eval exact match 0.39 -> 0.48.
     # lr 3e-5: at 1e-4 the reward stayed flat (0.28 -> 0.26) and at >= 3e-4 it collapsed to empty answers.

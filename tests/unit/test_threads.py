@@ -29,3 +29,11 @@ def test_the_policy_sets_the_environment_unless_told_otherwise(monkeypatch) -> N
     assert apply_thread_policy(1, {"HYDRATUNE_THREAD_POLICY": "0"}) == {}  # turned off
     env = {"OMP_WAIT_POLICY": "ACTIVE"}
     assert apply_thread_policy(1, env)["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_the_summary_row_names_the_threads_and_the_wait_policy() -> None:
+    from components.runtime.threads import describe_threads
+
+    assert describe_threads(2, {"OMP_WAIT_POLICY": "PASSIVE"}) == "2 torch threads, OMP_WAIT_POLICY=PASSIVE"
+    assert "the OpenMP runtime's default" in describe_threads(4, {})
+    assert "policy off" in describe_threads(1, {"HYDRATUNE_THREAD_POLICY": "0", "OMP_WAIT_POLICY": "ACTIVE"})
