@@ -86,6 +86,16 @@ def with_images(data: Any, model: Any) -> Any:
     return data if asked is not None else dataclasses.replace(data, images=bool(declared))
 
 
+def rows_have_images(split: Any) -> bool:
+    """Whether any row of ``split`` has an image (the ``images`` lists' lengths: no image decoded)."""
+    if IMAGES_COLUMN not in split.column_names:
+        return False
+    import pyarrow.compute as pc
+
+    found = split.with_format("arrow")[IMAGES_COLUMN]
+    return bool(pc.sum(pc.list_value_length(found)).as_py() or 0)
+
+
 # ------------------------------------------------------------------------------------- one row's images
 
 

@@ -227,9 +227,11 @@ class Session:
             *c.tracker.callbacks(self.ctx.run_info()),
         ]
 
-    def trainer(self, trainer_cls: type, args: Any, data: Any, **extra: Any) -> Any:
+    def trainer(
+        self, trainer_cls: type, args: Any, data: Any, *, processing_class: Any = None, **extra: Any
+    ) -> Any:
         """``trainer_cls`` (atomic checkpoints, token count read at log steps only) on this session's model,
-        tokenizer, data and callbacks."""
+        tokenizer (or ``processing_class``: a VLM's processor for image rows), data and callbacks."""
         from components.runtime.trainer_hooks import hydratune_trainer
 
         c = self.ctx.components
@@ -250,7 +252,7 @@ class Session:
             args=args,
             train_dataset=train,
             eval_dataset=data["eval"] if len(data["eval"]) else None,
-            processing_class=self.tokenizer,
+            processing_class=self.tokenizer if processing_class is None else processing_class,
             callbacks=self.callbacks(),
             **extra,
         )
@@ -296,7 +298,11 @@ class Session:
 
         with unwrapped_attention(self.ctx.plan.attention, self.attention):  # Ulysses' wrapper drops masks
             result = evaluate_generations(
-                self.model, self.tokenizer, self.eval_prompts, max_new_tokens=self.ctx.train.max_new_tokens
+                self.model,
+                self.tokenizer,
+                self.eval_prompts,
+                max_new_tokens=self.ctx.train.max_new_tokens,
+                processor=self.processor,
             )
         self.report.setdefault("eval accuracy (exact match)", {})[when] = result["exact_match"]
         if when == "after" and self.ctx.is_main_process:
@@ -314,6 +320,36 @@ class Session:
             self.report["loss mask: first training example"] = mask_segments(
                 self.tokenizer, first["input_ids"], first["labels"], header=generation_header(self.tokenizer)
             )
+
+    def check_image_loss_mask(self, trainer: Any, *, masked: bool, rows: int = 8) -> None:
+        """``check_loss_mask`` for image rows, on a batch the trainer's collator makes of the first
+        ``rows`` train rows (the processor tokenizes them there): something trained in every row, the stop
+        token trained, and no image token ever trained (a ConfigError naming the template otherwise)."""
+        from components.text.batching import image_token_ids
+
+        train = trainer.train_dataset
+        batch = trainer.data_collator([train[i] for i in range(min(rows, len(train)))])
+        found = []
+        columns = (batch["input_ids"], batch["labels"], batch["attention_mask"])
+        for ids, labels, mask in zip(*columns, strict=True):
+            keep = mask.bool()
+            found.append({"input_ids": ids[keep].tolist(), "labels": labels[keep].tolist()})
+        image = image_token_ids(self.processor)
+        trained_images = sum(t in image for row in found for t in row["labels"] if t != -100)
+        if trained_images:
+            raise ConfigError(
+                f"{trained_images} image tokens are in the loss of the first {len(found)} train rows: the "
+                "model would be trained to write image tokens",
+                key="model.chat_template",
+                hint="a chat template whose {% generation %} markers wrap the assistant's answer only",
+            )
+        stats = label_mask_stats(iter(found), stop_token_ids(self.tokenizer))
+        check_label_mask(stats, masked=masked)
+        self.report.setdefault("loss mask", {}).update(stats | {"image tokens trained": 0})
+        first, header = found[0], generation_header(self.tokenizer)
+        self.report["loss mask: first training example"] = mask_segments(
+            self.tokenizer, first["input_ids"], first["labels"], header=header
+        )
 
     def probe(self, trainer: Any, probes: dict[str, Any], when: str) -> None:
         """Evaluate the trainer on extra datasets (e.g. training pairs) and keep the metrics and seconds."""
