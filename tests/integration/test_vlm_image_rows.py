@@ -1,0 +1,143 @@
+"""Image rows trained by SFT on the tiny VLM (docs/vlm.md, "Training on image rows"): the batch the
+trainer's collator makes (TRL's ``DataCollatorForVisionLanguageModeling`` + hydratune's
+``NoImageTokenLoss``) decoded: its trained labels are the assistant's answer and never an image token;
+the same rows in three shapes give the same tokens and pixels; the loss-mask guard refuses a collator that
+trains image tokens; packing image rows is refused before load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from components.config.errors import ConfigError
+from components.data.chats import ChatDataset
+from tests.support.data import write_jsonl
+from tests.unit.test_data_images import BLUE, RED, png
+
+IMAGE_TOKEN = 603  # <image> in the bundled tokenizer
+QUESTION, ANSWER = "Which colours?", "red, then blue"
+
+
+@pytest.fixture
+def processor(compose_cfg) -> Any:
+    """model=tiny_vlm's processor with the run's tokenizer."""
+    model = instantiate(compose_cfg("model=tiny_vlm").model, _convert_="all")
+    return model.build_processor(model.build_tokenizer())
+
+
+def collator(processor: Any, *, assistant_only: bool = True, guarded: bool = True) -> Any:
+    """The collator SFT's image path trains with: TRL's, as its SFTTrainer builds it for a template with
+    generation markers, inside ``NoImageTokenLoss``."""
+    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+
+    from components.text.batching import NoImageTokenLoss, image_token_ids
+
+    inner = DataCollatorForVisionLanguageModeling(processor, assistant_only_loss=assistant_only)
+    wrapped = NoImageTokenLoss(inner, image_token_ids(processor))
+    wrapped.enabled = guarded
+    return wrapped
+
+
+def shapes(tmp_path: Path) -> list[Path]:
+    """The same two rows as OpenAI image_url parts, an images column with <image> placeholders, and a
+    parquet file with datasets Image features."""
+    from datasets import Dataset, Features, Image, List, Value
+
+    red, blue = png(tmp_path / "img" / "red.png", RED), png(tmp_path / "img" / "blue.png", BLUE, (16, 8))
+    parts = [
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "img/red.png"}},
+                        {"type": "text", "text": f"{QUESTION} {k}"},
+                        {"type": "image_url", "image_url": {"url": "img/blue.png"}},
+                    ],
+                },
+                {"role": "assistant", "content": ANSWER},
+            ]
+        }
+        for k in range(2)
+    ]
+    placeholders = [
+        {
+            "messages": [
+                {"role": "user", "content": f"<image>{QUESTION} {k}<image>"},
+                {"role": "assistant", "content": ANSWER},
+            ],
+            "images": ["img/red.png", "img/blue.png"],
+        }
+        for k in range(2)
+    ]
+    features = Features(
+        {"messages": List({"role": Value("string"), "content": Value("string")}), "images": List(Image())}
+    )
+    both = [{"bytes": red.read_bytes(), "path": None}, {"bytes": blue.read_bytes(), "path": None}]
+    table = Dataset.from_dict(
+        {"messages": [r["messages"] for r in placeholders], "images": [both, both]}, features=features
+    )
+    table.to_parquet(tmp_path / "rows.parquet")
+    return [
+        Path(write_jsonl(tmp_path / "parts.jsonl", parts)),
+        Path(write_jsonl(tmp_path / "placeholders.jsonl", placeholders)),
+        tmp_path / "rows.parquet",
+    ]
+
+
+def rows(path: Path) -> list[dict[str, Any]]:
+    """The train rows as hydratune's data component hands them to the trainer (canonical shape)."""
+    loaded = ChatDataset(path=str(path), images=True, eval_fraction=0.0, cache=False).load()
+    return [loaded["train"][i] for i in range(len(loaded["train"]))]
+
+
+def test_three_shapes_give_the_same_tokens_and_pixels(processor: Any, tmp_path: Path) -> None:
+    batches = [collator(processor)(rows(path)) for path in shapes(tmp_path)]
+    first = batches[0]
+    assert (first["input_ids"] == IMAGE_TOKEN).sum().item() == 2 * 2 * 4  # 2 rows, 2 images, 4 tokens each
+    for other in batches[1:]:
+        assert set(other) == set(first)
+        for key, value in first.items():
+            assert torch.equal(other[key], value), key
+
+
+def test_a_collated_batch_trains_the_answer_and_no_image_token(processor: Any, tmp_path: Path) -> None:
+    """Decoded: the labels that train are the answer and its end-of-turn token, in every row; the image
+    tokens are in the input and none is trained. Without the answer-only mask (assistant_only_loss
+    false) the guard still keeps every image token out of the loss."""
+    batch = collator(processor)(rows(shapes(tmp_path)[1]))
+    tok = processor.tokenizer
+    for ids, labels in zip(batch["input_ids"], batch["labels"], strict=True):
+        trained = labels[labels != -100]
+        assert tok.decode(trained) == f"{ANSWER}<|im_end|>"
+        assert (ids == IMAGE_TOKEN).sum().item() == 8 and IMAGE_TOKEN not in trained.tolist()
+        assert "<image>" in tok.decode(ids)
+    whole = collator(processor, assistant_only=False)(rows(shapes(tmp_path)[1]))
+    trained = whole["labels"][whole["labels"] != -100].tolist()
+    assert IMAGE_TOKEN not in trained and "<fake_token_around_image>" not in tok.decode(trained)
+    assert QUESTION in tok.decode(trained)  # the rest of the conversation trains
+
+
+def test_the_guard_refuses_a_collator_that_trains_image_tokens(processor: Any, tmp_path: Path) -> None:
+    """The break-check the recipe runs on its first batch (``Session.check_image_loss_mask``): a collator
+    whose labels hold image tokens (no answer-only mask, no ``NoImageTokenLoss``) is refused by name; the
+    recipe's collator passes and its first example is reported."""
+    from components.runtime.session import Session
+
+    train = rows(shapes(tmp_path)[1])
+    session = SimpleNamespace(processor=processor, tokenizer=processor.tokenizer, report={})
+    broken = SimpleNamespace(
+        train_dataset=train, data_collator=collator(processor, assistant_only=False, guarded=False)
+    )
+    with pytest.raises(ConfigError, match="image tokens are in the loss") as err:
+        Session.check_image_loss_mask(session, broken, masked=False)  # type: ignore[arg-type]
+    assert err.value.key == "model.chat_template"
+    good = SimpleNamespace(train_dataset=train, data_collator=collator(processor))
+    Session.check_image_loss_mask(session, good, masked=True)  # type: ignore[arg-type]
+    assert session.report["loss mask"]["image tokens trained"] == 0
+    assert session.report["loss mask"]["rows_with_eos_trained"] == 1

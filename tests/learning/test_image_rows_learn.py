@@ -1,0 +1,63 @@
+"""The tiny VLM learns to read an image through the real CLI (docs/vlm.md, "Training on image rows"):
+``hydratune model=tiny_vlm data.path=<image chat jsonl>`` on solid-colour 56 x 56 PNGs (red, green,
+blue, yellow, each shade jittered) asked "What colour is this image?". The question is the same in every
+row, so only the pixels can tell the answer: exact match of the greedy answers to 16 held-out images
+(eval generation passes each image through the processor) goes from 0 to 1 in 40 steps of 8 rows at lr
+3e-3 (seeds 1, 2 and 42 all reached 1.0 by hand; ~12 s on 2 CPU cores). Chance is 0.25."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
+QUESTION = "What colour is this image?"
+
+
+def colour_rows(folder: Path, name: str, n: int, salt: int) -> Path:
+    """``n`` image chat rows (an images column with an <image> placeholder), the colours in turn."""
+    from PIL import Image
+
+    rows = []
+    (folder / "img").mkdir(parents=True, exist_ok=True)
+    for k in range(n):
+        colour = list(COLOURS)[k % 4]
+        rgb = tuple(max(0, min(255, c + (k * 7 + salt) % 31 - 15)) for c in COLOURS[colour])
+        Image.new("RGB", (56, 56), rgb).save(folder / "img" / f"{name}{k}.png")
+        turns = [{"role": "user", "content": f"<image>{QUESTION}"}, {"role": "assistant", "content": colour}]
+        rows.append({"messages": turns, "images": [f"img/{name}{k}.png"]})
+    path = folder / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def train(tmp_path: Path, *overrides: str) -> dict[str, Any]:
+    """``hydratune model=tiny_vlm`` on the colour rows in this process; its result.json."""
+    from tests.support.cli import in_process
+
+    run = tmp_path / "run"
+    in_process(
+        "model=tiny_vlm",
+        f"data.path={colour_rows(tmp_path, 'train', 64, 0)}",
+        f"data.eval_path={colour_rows(tmp_path, 'eval', 16, 5)}",
+        "train.max_steps=40",
+        "train.micro_batch_size=8",
+        "optimizer.lr=3e-3",
+        "train.eval_every=0",
+        "train.save_every=1000",
+        "train.write_plots=false",
+        f"hydra.run.dir={run}",
+        *overrides,
+    )
+    return json.loads((run / "result.json").read_text()) | {"run": str(run)}
+
+
+def test_the_tiny_vlm_learns_to_name_the_colour_of_an_image(tmp_path: Path) -> None:
+    result = train(tmp_path)
+    accuracy = result["eval accuracy (exact match)"]
+    assert accuracy["before"] == 0.0 and accuracy["after"] == 1.0, accuracy
+    assert result["loss mask"]["image tokens trained"] == 0
+    samples = [json.loads(line) for line in (Path(result["run"]) / "generations.jsonl").open()]
+    assert len(samples) == 16 and all(s["images"] == 1 and s["prediction"] == s["answer"] for s in samples)
+    assert "image rows, tokenized by the model's processor" in result["data"]["tokens"]
