@@ -141,3 +141,73 @@ def test_the_guard_refuses_a_collator_that_trains_image_tokens(processor: Any, t
     Session.check_image_loss_mask(session, good, masked=True)  # type: ignore[arg-type]
     assert session.report["loss mask"]["image tokens trained"] == 0
     assert session.report["loss mask"]["rows_with_eos_trained"] == 1
+
+
+def pair_rows(tmp_path: Path, n: int = 16) -> Path:
+    """Explicit image pairs: a prompt with an <image> placeholder, text chosen / rejected."""
+    red, blue = png(tmp_path / "img" / "red.png", RED, (56, 56)), png(tmp_path / "img" / "blue.png", BLUE)
+    rows = [
+        {
+            "prompt": "<image>What colour is this image?",
+            "chosen": ["red", "blue"][k % 2],
+            "rejected": ["blue", "red"][k % 2],
+            "images": [[str(red), str(blue)][k % 2]],
+        }
+        for k in range(n)
+    ]
+    return Path(write_jsonl(tmp_path / "pairs.jsonl", rows))
+
+
+def test_image_pairs_train_the_completions_only(processor: Any, tmp_path: Path) -> None:
+    """TRL's vision preference collator on hydratune's image pairs, decoded: the completion mask covers
+    the chosen / rejected answers (and their end-of-turn token), never an image token."""
+    from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
+
+    from components.data.preferences import PreferenceDataset
+
+    loaded = PreferenceDataset(path=str(pair_rows(tmp_path, 2)), images=True, eval_fraction=0.0, cache=False)
+    train = loaded.load()["train"]
+    batch = DataCollatorForVisionPreference(processor)([train[0], train[1]])
+    tok = processor.tokenizer
+    columns = (batch["input_ids"], batch["completion_mask"])
+    answers = [tok.decode(ids[mask.bool()]) for ids, mask in zip(*columns, strict=True)]
+    assert answers == ["red<|im_end|>\n", "blue<|im_end|>\n", "blue<|im_end|>\n", "red<|im_end|>\n"], answers
+    for ids, mask in zip(batch["input_ids"], batch["completion_mask"], strict=True):
+        assert (ids == IMAGE_TOKEN).sum().item() == 4 and IMAGE_TOKEN not in ids[mask.bool()].tolist()
+
+
+def test_dpo_on_image_pairs_moves_the_reward_margin(tmp_path: Path) -> None:
+    """``hydratune recipe=dpo model=tiny_vlm data.path=<image pairs>``: the processor goes to TRL's
+    DPOTrainer (its vision collator), and the margin on the training pairs moves from 0."""
+    import json
+
+    from tests.support.cli import in_process
+
+    run = tmp_path / "run"
+    path = pair_rows(tmp_path)
+    in_process(
+        "recipe=dpo",
+        "model=tiny_vlm",
+        f"data.path={path}",
+        f"data.eval_path={path}",
+        "train.max_steps=10",
+        "train.micro_batch_size=8",
+        "train.eval_every=0",
+        "train.save_every=1000",
+        "train.write_plots=false",
+        f"hydra.run.dir={run}",
+    )
+    result = json.loads((run / "result.json").read_text())
+    before, after = result["training pairs (before)"], result["training pairs (after)"]
+    assert before["eval_rewards/margins"] == 0.0 and after["eval_rewards/margins"] > 0.2, after
+    assert after["eval_rewards/accuracies"] == 1.0
+    assert result["data"]["tokens"].startswith("image pairs, tokenized by the model's processor")
+    with pytest.raises(SystemExit) as exit_:
+        in_process(
+            "recipe=dpo",
+            "model=tiny_vlm",
+            f"data.path={path}",
+            "recipe.precompute_ref_log_probs=true",
+            f"hydra.run.dir={tmp_path / 'refused'}",
+        )
+    assert exit_.value.code == 2
