@@ -123,14 +123,14 @@ def prepare_data(
     return prepared
 
 
-def eval_images(data: Any, pairs: list[Any]) -> list[list[Any]] | None:
-    """The images of the eval rows the ``pairs`` were made of (the first rows, in order; PIL images), or
-    None when the eval rows have none."""
+def eval_images(data: Any, pairs: list[Any], split: str = "eval") -> list[list[Any]] | None:
+    """The images of the ``split`` rows the ``pairs`` were made of (the first rows, in order; PIL images),
+    or None when those rows have none."""
     from components.data.images import IMAGES_COLUMN, rows_have_images
 
-    if not pairs or not rows_have_images(data["eval"]):
+    if not pairs or not rows_have_images(data[split]):
         return None
-    return list(data["eval"].select(range(len(pairs)))[IMAGES_COLUMN])
+    return list(data[split].select(range(len(pairs)))[IMAGES_COLUMN])
 
 
 def check_image_tokens(data: Any, tokens: Any) -> bool:
