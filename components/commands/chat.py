@@ -57,21 +57,19 @@ def open_image(path: Path) -> Any:
 
 
 def load_processor(path: Path, tokenizer: Any, remote_code: bool = False) -> Any:
-    """A vision-language model's processor (with the chat's tokenizer): a run's ``final/`` or a model dir
-    holds it; None for a text model."""
-    from components.modeling.vision import is_vision_config
+    """A vision-language model's processor (with the chat's tokenizer): the one a run saved in ``final/``,
+    or a model dir's (``processor_config.json``); None for a text model."""
+    from components.modeling.vision import has_processor
 
-    folder = path / "final" if (path / ".hydra" / "config.yaml").is_file() else path
-    config = folder / "config.json"
-    if not config.is_file():  # an adapter run: the base's config is in adapter_config.json
-        folder = path
-    if (folder / "processor_config.json").is_file() or (
-        config.is_file() and is_vision_config(json.loads(config.read_text()))
-    ):
-        from components.modeling.vision import load_processor as load
+    if (path / ".hydra" / "config.yaml").is_file():
+        from components.modeling.trained import TrainedRun
 
-        return load(str(folder), tokenizer, trust_remote_code=remote_code)
-    return None
+        return TrainedRun.open(path, key="chat", trust_remote_code=remote_code).processor(tokenizer)
+    if not has_processor(path):
+        return None
+    from components.modeling.vision import load_processor as load
+
+    return load(str(path), tokenizer, trust_remote_code=remote_code)
 
 
 def parse_args(args: list[str]) -> tuple[Path, dict[str, Any]]:
