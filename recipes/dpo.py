@@ -43,6 +43,7 @@ class DPO(Recipe):
     """DPO on TRL's DPOTrainer: the KL strength ``beta``, the loss (or a weighted mix of losses)."""
 
     title: ClassVar[str] = "DPO"
+    image_rows: ClassVar[bool] = True  # image pairs: TRL's vision preference collator
     data_kinds: ClassVar[tuple[str, ...]] = ("preference",)
 
     beta: float = knob(0.1, POSITIVE, hint="typical: 0.01-0.5")

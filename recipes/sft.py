@@ -31,6 +31,7 @@ class SFT(Recipe):
     splits_model: ClassVar[bool] = True
     trains_in_stages: ClassVar[bool] = True  # strategy=pipeline: loss_type=nll through the stages
     streams_data: ClassVar[bool] = True
+    image_rows: ClassVar[bool] = True  # a VLM's image rows: TRL's vision collator (run_image_rows)
 
     assistant_only_loss: bool = True  # conversational data: loss on assistant turns only
     # prompt/completion data (formats prompt_completion, alpaca): loss on the completion only, whatever

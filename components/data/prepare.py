@@ -133,6 +133,22 @@ def eval_images(data: Any, pairs: list[Any], split: str = "eval") -> list[list[A
     return list(data[split].select(range(len(pairs)))[IMAGES_COLUMN])
 
 
+def check_image_recipe(recipe: Any, splits: Any) -> None:
+    """Rows with images for a recipe whose trainer takes none (``Recipe.image_rows``: SFT and DPO do),
+    refused once the rows are read, before the model loads, naming the recipe."""
+    from components.config.errors import ConfigError
+    from components.data.images import rows_have_images
+
+    if getattr(recipe, "image_rows", False) or not rows_have_images(splits["train"]):
+        return
+    raise ConfigError(
+        f"recipe={recipe.name} does not train on image rows (its trainer is not given the model's "
+        "processor); SFT and DPO do",
+        key="recipe",
+        hint="recipe=sft or recipe=dpo, or data.images=false for text-only rows",
+    )
+
+
 def check_image_tokens(data: Any, tokens: Any) -> bool:
     """Whether the rows reach the trainer untokenized: image rows for a token maker that declares
     ``accepts_images`` (SFT on a vision-language model: TRL's vision collator runs the model's processor
@@ -455,6 +471,7 @@ def plan_data(comps: Any, eval_generations: int, every: int = 0) -> list[str]:
     else:
         tokenizer, skipped = comps.model.build_tokenizer(convert=False), ""
     prepared = prepare_data(comps.data, tokenizer, eval_generations, every, comps.recipe.tokens(comps))
+    check_image_recipe(comps.recipe, prepared.splits)
     if tokenizer is not None:
         comps.recipe.check_data(comps, prepared.splits, tokenizer)
     lines = [f"# data: {key}: {value}" for key, value in prepared.notes.items()]

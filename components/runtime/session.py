@@ -16,7 +16,7 @@ from typing import Any
 
 from components.config.errors import ConfigError, Interrupted, ServerError, ServerFailed
 from components.data.feed import Feed
-from components.data.prepare import eval_every, prepare_data
+from components.data.prepare import check_image_recipe, eval_every, prepare_data
 from components.data.stream_prepare import is_stream
 from components.distributed.interrupt import GracefulInterrupt
 from components.generation.evaluation import EvalPrompt, evaluate_generations
@@ -121,6 +121,7 @@ class Session:
         c, train = self.ctx.components, self.ctx.train
         tokens = c.recipe.tokens(c)
         prepared = prepare_data(c.data, self.tokenizer, train.eval_generations, eval_every(c, train), tokens)
+        check_image_recipe(c.recipe, prepared.splits)  # before any model loads
         self.eval_prompts = prepared.prompts
         self.tokens, self.token_facts = prepared.tokens, prepared.token_facts
         self.report["data"] = prepared.notes

@@ -211,3 +211,13 @@ def test_dpo_on_image_pairs_moves_the_reward_margin(tmp_path: Path) -> None:
             f"hydra.run.dir={tmp_path / 'refused'}",
         )
     assert exit_.value.code == 2
+
+
+def test_a_recipe_without_image_rows_is_refused_before_load(tmp_path: Path, capsys: Any) -> None:
+    """ORPO's trainer is not given the processor: image pairs are refused once read (mode=plan too)."""
+    from tests.integration.test_image_rows_plan import plan
+
+    code, _, err = plan(
+        tmp_path, capsys, "recipe=orpo", "model=tiny_vlm", f"data.path={pair_rows(tmp_path)}"
+    )
+    assert code == 2 and "[recipe] recipe=orpo does not train on image rows" in err, err[-2000:]
