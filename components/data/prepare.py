@@ -143,7 +143,7 @@ def check_image_recipe(recipe: Any, splits: Any) -> None:
         return
     raise ConfigError(
         f"recipe={recipe.name} does not train on image rows (its trainer is not given the model's "
-        "processor); SFT and DPO do",
+        "processor); SFT and DPO do (and recipe=generate answers them)",
         key="recipe",
         hint="recipe=sft or recipe=dpo, or data.images=false for text-only rows",
     )

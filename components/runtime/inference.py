@@ -86,6 +86,12 @@ class BatchedGeneration(Recipe):
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         session = Session.start(ctx)
         rows, info = prompt_rows(c.data, session.tokenizer)
+        if any(r["images"] for r in rows) and not self.image_rows:  # before the model loads, as in plan
+            raise ConfigError(
+                f"recipe={self.name} does not generate for image rows (recipe=generate does)",
+                key="recipe",
+                hint="recipe=generate, or data.images=false for text-only rows",
+            )
         # every row is generated for (no eval split): the prompt count is in the final metrics
         session.report["data"] = {"path": c.data.path, **info}
         model = load_model(c, ctx.device)
