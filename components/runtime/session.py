@@ -344,6 +344,7 @@ class Session:
                 key="model.chat_template",
                 hint="a chat template whose {% generation %} markers wrap the assistant's answer only",
             )
+        self.note_image_tokens([row["input_ids"] for row in found])
         stats = label_mask_stats(iter(found), stop_token_ids(self.tokenizer))
         check_label_mask(stats, masked=masked)
         self.report.setdefault("loss mask", {}).update(stats | {"image tokens trained": 0})
@@ -351,6 +352,29 @@ class Session:
         self.report["loss mask: first training example"] = mask_segments(
             self.tokenizer, first["input_ids"], first["labels"], header=header
         )
+
+    def note_image_tokens(self, rows: list[list[int]]) -> None:
+        """The image tokens per row the processor made of the first train rows (``rows``: their input ids),
+        beside what the memory estimate counted (``model.image_tokens_per_row`` or one default image); a
+        warning, naming the knob, when the rows hold more than the estimate assumed."""
+        image = getattr(self.processor, "image_token_id", None)
+        if not isinstance(image, int) or not rows:
+            return
+        counts = [sum(t == image for t in ids) for ids in rows]
+        assumed = self.ctx.components.model.estimated_image_tokens()
+        mean = sum(counts) / len(counts)
+        line = f"max {max(counts):,}, mean {mean:,.1f} on the first {len(rows)} train rows"
+        if assumed is not None:
+            line += f"; the memory estimate counts {assumed:,} (model.image_tokens_per_row)"
+        self.report["data"]["image tokens per row (measured)"] = line
+        if assumed is not None and max(counts) > assumed:
+            log.warning(
+                "the first train rows hold up to %d image tokens, the memory estimate counted %d: set "
+                "model.image_tokens_per_row=%d for an estimate (and strategy=auto) that fits them",
+                max(counts),
+                assumed,
+                max(counts),
+            )
 
     def probe(self, trainer: Any, probes: dict[str, Any], when: str) -> None:
         """Evaluate the trainer on extra datasets (e.g. training pairs) and keep the metrics and seconds."""

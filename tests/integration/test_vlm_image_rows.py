@@ -130,7 +130,10 @@ def test_the_guard_refuses_a_collator_that_trains_image_tokens(processor: Any, t
     from components.runtime.session import Session
 
     train = rows(shapes(tmp_path)[1])
-    session = SimpleNamespace(processor=processor, tokenizer=processor.tokenizer, report={})
+    measured: list[list[int]] = []
+    session = SimpleNamespace(
+        processor=processor, tokenizer=processor.tokenizer, report={}, note_image_tokens=measured.extend
+    )
     broken = SimpleNamespace(
         train_dataset=train, data_collator=collator(processor, assistant_only=False, guarded=False)
     )
@@ -141,6 +144,7 @@ def test_the_guard_refuses_a_collator_that_trains_image_tokens(processor: Any, t
     Session.check_image_loss_mask(session, good, masked=True)  # type: ignore[arg-type]
     assert session.report["loss mask"]["image tokens trained"] == 0
     assert session.report["loss mask"]["rows_with_eos_trained"] == 1
+    assert [sum(t == IMAGE_TOKEN for t in ids) for ids in measured] == [8, 8]  # the rows' input ids
 
 
 def pair_rows(tmp_path: Path, n: int = 16) -> Path:
@@ -217,7 +221,5 @@ def test_a_recipe_without_image_rows_is_refused_before_load(tmp_path: Path, caps
     """ORPO's trainer is not given the processor: image pairs are refused once read (mode=plan too)."""
     from tests.integration.test_image_rows_plan import plan
 
-    code, _, err = plan(
-        tmp_path, capsys, "recipe=orpo", "model=tiny_vlm", f"data.path={pair_rows(tmp_path)}"
-    )
+    code, _, err = plan(tmp_path, capsys, "recipe=orpo", "model=tiny_vlm", f"data.path={pair_rows(tmp_path)}")
     assert code == 2 and "[recipe] recipe=orpo does not train on image rows" in err, err[-2000:]

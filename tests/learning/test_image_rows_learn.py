@@ -71,6 +71,9 @@ def test_the_tiny_vlm_learns_to_name_the_colour_of_an_image(trained: dict[str, A
     assert len(samples) == 16 and all(s["images"] == 1 and s["prediction"] == s["answer"] for s in samples)
     summary = (Path(result["run"]) / "summary.md").read_text()
     assert "| tokens | image rows, tokenized by the model's processor" in summary
+    # one 56-pixel image a row: 4 image tokens, what the estimate counts for model=tiny_vlm
+    measured = "| image tokens per row (measured) | max 4, mean 4.0 on the first 8 train rows; the memory "
+    assert measured + "estimate counts 4 (model.image_tokens_per_row) |" in summary
 
 
 def test_generate_chat_and_plain_transformers_answer_like_the_run(
