@@ -223,3 +223,28 @@ def test_a_recipe_without_image_rows_is_refused_before_load(tmp_path: Path, caps
 
     code, _, err = plan(tmp_path, capsys, "recipe=orpo", "model=tiny_vlm", f"data.path={pair_rows(tmp_path)}")
     assert code == 2 and "[recipe] recipe=orpo does not train on image rows" in err, err[-2000:]
+
+
+def test_a_batch_of_text_and_image_rows_collates(processor: Any, tmp_path: Path) -> None:
+    """A batch whose first row has no image and a later one has (data mixing text and image rows): TRL's
+    collator alone fails on it in transformers 5.23 (Idefics3's processor, ``text_replacement_offsets``);
+    ``NoImageTokenLoss`` puts the image rows first, and every row still trains its answer only."""
+    png(tmp_path / "img" / "red.png", RED), png(tmp_path / "img" / "blue.png", BLUE)
+    text = [{"messages": [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "hi"}]}]
+    pictured = {
+        "messages": [
+            {"role": "user", "content": f"<image>{QUESTION}<image>"},
+            {"role": "assistant", "content": ANSWER},
+        ],
+        "images": ["img/red.png", "img/blue.png"],
+    }
+    path = Path(write_jsonl(tmp_path / "mixed.jsonl", [*text, pictured]))
+    batch = rows(path)
+    assert [len(r["images"]) for r in batch] == [0, 2]
+    with pytest.raises(ValueError, match="text_replacement_offsets"):
+        collator(processor).inner([dict(r) for r in batch])
+    out = collator(processor)([dict(r) for r in batch])
+    tok = processor.tokenizer
+    trained = [tok.decode(labels[labels != -100]) for labels in out["labels"]]
+    assert trained == [f"{ANSWER}<|im_end|>", "hi<|im_end|>"]  # the image row first
+    assert out["pixel_values"].shape[:2] == (2, 2)
