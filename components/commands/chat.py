@@ -56,6 +56,13 @@ def open_image(path: Path) -> Any:
         ) from None
 
 
+def saved_processor(path: Path) -> bool:
+    """Whether the run's ``final/`` (or the model dir) holds a processor: a vision-language model's."""
+    from components.modeling.vision import has_processor
+
+    return has_processor(path / "final" if (path / ".hydra" / "config.yaml").is_file() else path)
+
+
 def load_processor(path: Path, tokenizer: Any, remote_code: bool = False) -> Any:
     """A vision-language model's processor (with the chat's tokenizer): the one a run saved in ``final/``,
     or a model dir's (``processor_config.json``); None for a text model."""
@@ -225,12 +232,14 @@ def cli(args: list[str]) -> int:
     args, files = split_images(args)
     path, options = parse_args([a for a in args if a != REMOTE_CODE])
     images = [open_image(f) for f in files]  # checked before the model loads
+    if images and not saved_processor(path):
+        raise ConfigError(
+            f"{path} holds no processor (a text model): it takes no images",
+            key="chat.image",
+            hint="drop --image",
+        )
     model, tokenizer = load(path, REMOTE_CODE in args)
     processor = load_processor(path, tokenizer, REMOTE_CODE in args)
-    if images and processor is None:
-        raise ConfigError(
-            f"{path} is a text model: it takes no images", key="chat.image", hint="drop --image"
-        )
     print(f"chatting with {path}", flush=True)
     loop(model, tokenizer, options, processor, images)
     return 0

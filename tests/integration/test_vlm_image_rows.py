@@ -248,3 +248,23 @@ def test_a_batch_of_text_and_image_rows_collates(processor: Any, tmp_path: Path)
     trained = [tok.decode(labels[labels != -100]) for labels in out["labels"]]
     assert trained == [f"{ANSWER}<|im_end|>", "hi<|im_end|>"]  # the image row first
     assert out["pixel_values"].shape[:2] == (2, 2)
+
+
+def test_chat_image_is_checked_before_the_model_loads(tmp_path: Path, monkeypatch: Any) -> None:
+    """``hydratune chat <dir> --image <file>``: a file that is not an image, or a text model (no processor
+    saved), is refused by name before anything loads."""
+    from components.commands import chat
+
+    def no_model(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(chat, "load", no_model)
+    text_model = tmp_path / "text"
+    text_model.mkdir()
+    (text_model / "config.json").write_text("{}")
+    (tmp_path / "notes.png").write_text("not an image")
+    red = png(tmp_path / "red.png", RED)
+    for image, says in ((tmp_path / "notes.png", "cannot open the image"), (red, "holds no processor")):
+        with pytest.raises(ConfigError, match=says) as err:
+            chat.cli([str(text_model), "--image", str(image)])
+        assert err.value.key == "chat.image"
