@@ -132,5 +132,13 @@ class SFT(Recipe):
             "batches); image tokens never in the loss"
         )
         masked = (self.assistant_only_loss and conversational) or not conversational
+        session.report.setdefault("loss mask", {})["method"] = (
+            "the processor's assistant mask (the chat template's generation markers), made batch by batch by "
+            "TRL's vision collator; image tokens never trained (NoImageTokenLoss)"
+            if args.assistant_only_loss
+            else "every token but padding and image tokens (NoImageTokenLoss)"
+            if conversational
+            else "the completion only (TRL's vision collator); image tokens never trained"
+        )
         session.check_image_loss_mask(trainer, masked=masked)
         return session.train_and_finish(trainer)
