@@ -133,6 +133,32 @@ def eval_images(data: Any, pairs: list[Any], split: str = "eval") -> list[list[A
     return list(data[split].select(range(len(pairs)))[IMAGES_COLUMN])
 
 
+def plan_image_tokens(model: Any, tokenizer: Any, splits: Any, limit: int = 64) -> dict[str, str]:
+    """``mode=plan``'s line on a vision-language model's image rows: the image tokens the processor makes
+    of the first ``limit`` train rows with images, beside what the memory estimate counts (a processor that
+    cannot load offline: the line says so)."""
+    from components.config.errors import ConfigError
+    from components.data.images import measured_image_tokens, rows_have_images
+
+    if not getattr(model, "is_vision", False) or not rows_have_images(splits["train"]):
+        return {}
+    key = "image tokens per row (measured)"
+    try:
+        processor = model.build_processor(tokenizer)
+    except ConfigError as err:
+        return {key: f"not measured: {err.args[0]}"}
+    counts = measured_image_tokens(processor, splits["train"], limit)
+    if not counts:
+        return {}
+    line = f"max {max(counts):,}, mean {sum(counts) / len(counts):,.1f} on the first {len(counts)} train rows"
+    assumed = model.estimated_image_tokens()
+    if assumed is not None:
+        line += f" with images; the memory estimate counts {assumed:,} (model.image_tokens_per_row)"
+        if max(counts) > assumed:
+            line += f": more than it counts, set model.image_tokens_per_row={max(counts)}"
+    return {key: line}
+
+
 def check_image_recipe(recipe: Any, splits: Any) -> None:
     """Rows with images for a recipe whose trainer takes none (``Recipe.image_rows``: SFT and DPO do),
     refused once the rows are read, before the model loads, naming the recipe."""
@@ -472,6 +498,8 @@ def plan_data(comps: Any, eval_generations: int, every: int = 0) -> list[str]:
         tokenizer, skipped = comps.model.build_tokenizer(convert=False), ""
     prepared = prepare_data(comps.data, tokenizer, eval_generations, every, comps.recipe.tokens(comps))
     check_image_recipe(comps.recipe, prepared.splits)
+    if tokenizer is not None:
+        prepared.notes.update(plan_image_tokens(comps.model, tokenizer, prepared.splits))
     if tokenizer is not None:
         comps.recipe.check_data(comps, prepared.splits, tokenizer)
     lines = [f"# data: {key}: {value}" for key, value in prepared.notes.items()]

@@ -268,3 +268,18 @@ def test_chat_image_is_checked_before_the_model_loads(tmp_path: Path, monkeypatc
         with pytest.raises(ConfigError, match=says) as err:
             chat.cli([str(text_model), "--image", str(image)])
         assert err.value.key == "chat.image"
+
+
+def test_plan_measures_the_image_tokens_per_row(tmp_path: Path, capsys: Any) -> None:
+    """``mode=plan`` runs the processor over the first train rows with images: two 56-pixel images a row
+    are 8 image tokens, more than the estimate's default of one image (4), and the line names the knob."""
+    from tests.integration.test_image_rows_plan import plan
+
+    path = shapes(tmp_path)[1]
+    code, out, err = plan(tmp_path, capsys, "model=tiny_vlm", f"data.path={path}", f"data.eval_path={path}")
+    assert code == 0, err[-2000:]
+    assert (
+        "# data: image tokens per row (measured): max 8, mean 8.0 on the first 2 train rows with images; the "
+        "memory estimate counts 4 (model.image_tokens_per_row): more than it counts, set "
+        "model.image_tokens_per_row=8" in out
+    ), out
