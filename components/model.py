@@ -278,6 +278,21 @@ class CausalLM:
                 hint="point it at a dir a processor was saved to (a VLM's export or final/), or drop it",
             )
 
+    def estimated_image_tokens(self) -> int | None:
+        """The image tokens per row the memory estimate counts: ``model.image_tokens_per_row``, else one
+        image at the processor's default size; None for a text model or a family the estimate lacks."""
+        if self.image_tokens_per_row is not None:
+            return self.image_tokens_per_row
+        if self.vision_family is None:
+            return None
+        from components.memory.arch import Arch
+
+        try:
+            vision = Arch.from_dict(self.config_dict()).vision
+        except (KeyError, TypeError, ValueError):
+            return None
+        return vision.default_image_tokens if vision is not None else None
+
     def describe_vision(self) -> str | None:
         """A VLM's parts for ``mode=plan`` and the summary (from its config numbers, no weights): the
         parameters of the vision tower, projector and language model, what ``freeze`` keeps frozen, the

@@ -66,6 +66,9 @@ class Recipe:
     #: what its trainer does with a preference row past data.max_length: "truncate" (cut, the start kept:
     #: TRL's DPO, CPO, KTO trainers) or "drop" (the pair left out: its RewardTrainer); counted before load
     overlong_pairs: ClassVar[str] = "truncate"
+    #: trains on (or generates for) image rows: its trainer takes a vision-language model's processor (SFT,
+    #: DPO); another recipe is refused on rows with images once they are read, before the model loads
+    image_rows: ClassVar[bool] = False
 
     @classmethod
     def demo(cls) -> str:

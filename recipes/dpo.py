@@ -43,6 +43,7 @@ class DPO(Recipe):
     """DPO on TRL's DPOTrainer: the KL strength ``beta``, the loss (or a weighted mix of losses)."""
 
     title: ClassVar[str] = "DPO"
+    image_rows: ClassVar[bool] = True  # image pairs: TRL's vision preference collator
     data_kinds: ClassVar[tuple[str, ...]] = ("preference",)
 
     beta: float = knob(0.1, POSITIVE, hint="typical: 0.01-0.5")
@@ -64,11 +65,15 @@ class DPO(Recipe):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import DPOConfig, DPOTrainer
 
+        from components.data.images import rows_have_images
         from components.runtime.session import Session, training_pairs
 
         c = ctx.components
         session = Session.start(ctx)
         data = session.load_data()
+        images = rows_have_images(data["train"])  # image pairs: the processor tokenizes them batch by batch
+        if images:
+            self.check_image_pairs(session)
         session.build_model()
         adapter_or_precomputed = c.peft.is_adapter or self.precompute_ref_log_probs
         reference = None if adapter_or_precomputed else session.frozen_reference()
@@ -79,8 +84,26 @@ class DPO(Recipe):
                 loss_weights=self.loss_weights,
                 label_smoothing=self.label_smoothing,
                 precompute_ref_log_probs=self.precompute_ref_log_probs,
-                max_length=c.data.max_length,
+                max_length=None if images else c.data.max_length,
             )
         )
-        trainer = session.trainer(DPOTrainer, args, data, ref_model=reference)
+        extra = {"processing_class": session.processor} if images else {}
+        trainer = session.trainer(DPOTrainer, args, data, ref_model=reference, **extra)
         return session.train_and_finish(trainer, probes=training_pairs(trainer, ctx.train.probe_pairs))
+
+    def check_image_pairs(self, session: Any) -> None:
+        """Image pairs (a vision-language model; its processor tokenizes them in TRL's vision collator),
+        checked before the model loads: TRL 1.16 computes no reference log-probs ahead for them. The
+        summary says that data.max_length does not cut them (an image's tokens would be cut)."""
+        if self.precompute_ref_log_probs:
+            raise ConfigError(
+                "recipe.precompute_ref_log_probs=true with image pairs: TRL 1.16's DPOTrainer computes no "
+                "reference log-probs ahead for vision datasets",
+                key="recipe.precompute_ref_log_probs",
+                hint="recipe.precompute_ref_log_probs=false (the reference scores each batch as it trains)",
+            )
+        session.report["data"]["tokens"] = (
+            "image pairs, tokenized by the model's processor batch by batch (TRL's vision collator): each "
+            "image expanded to its image tokens in the prompt, the loss on the chosen / rejected completions "
+            "only; data.max_length does not cut them (an image's tokens or a completion would be cut)"
+        )

@@ -24,6 +24,7 @@ class Generate(BatchedGeneration):
     """Batched generation over a file of prompts with a run's model (model.from_run=<run dir>)."""
 
     title: ClassVar[str] = "Generate"
+    image_rows: ClassVar[bool] = True  # image rows: each generated through the processor (complete_rows)
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         session, _, merged, seconds = self.generate_all(ctx)

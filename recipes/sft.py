@@ -31,6 +31,7 @@ class SFT(Recipe):
     splits_model: ClassVar[bool] = True
     trains_in_stages: ClassVar[bool] = True  # strategy=pipeline: loss_type=nll through the stages
     streams_data: ClassVar[bool] = True
+    image_rows: ClassVar[bool] = True  # a VLM's image rows: TRL's vision collator (run_image_rows)
 
     assistant_only_loss: bool = True  # conversational data: loss on assistant turns only
     # prompt/completion data (formats prompt_completion, alpaca): loss on the completion only, whatever
@@ -68,13 +69,16 @@ class SFT(Recipe):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import SFTConfig, SFTTrainer
 
+        from components.data.prepare import IMAGE_ROWS_UNTOKENIZED
         from components.data.stream_prepare import sft_data_args
         from components.data.tokens import token_plan
         from components.runtime.session import Session
 
         c = ctx.components
         session = Session.start(ctx)
-        session.load_data()  # the rows checked and tokenized (TRL's masks or hydratune's): self.tokens(c)
+        rows = session.load_data()  # the rows checked and tokenized (TRL's masks or hydratune's)
+        if session.report["data"].get("tokens") == IMAGE_ROWS_UNTOKENIZED:  # the processor tokenizes them
+            return self.run_image_rows(session, rows)
         plan = token_plan(session.token_facts)
         model = session.build_model()
         session.evaluate_generations("before")
@@ -94,4 +98,47 @@ class SFT(Recipe):
         )
         trainer = session.trainer(SFTTrainer, args, session.tokens, **extra)
         session.check_loss_mask(trainer.train_dataset, masked=plan.mask != "none" or plan.completion)
+        return session.train_and_finish(trainer)
+
+    def run_image_rows(self, session: Any, rows: Any) -> dict[str, Any]:
+        """Image rows on a vision-language model: the rows themselves to TRL's SFTTrainer with the model's
+        processor (its ``DataCollatorForVisionLanguageModeling`` expands each image to its image tokens and
+        masks the loss to the assistant's answer, by the template's generation markers), every image token
+        kept out of the loss besides (``NoImageTokenLoss``). No ``data.max_length`` cut (TRL would cut
+        image tokens or the answer), no padding-free batches and no packing (TRL refuses both for images;
+        packing is refused before load)."""
+        from trl import SFTConfig, SFTTrainer
+
+        from components.text.batching import NoImageTokenLoss, image_token_ids
+
+        ctx = session.ctx
+        session.build_model()
+        session.evaluate_generations("before")
+        conversational = "messages" in rows["train"].column_names
+        args = SFTConfig(
+            **ctx.training_args(
+                loss_type=self.loss_type,
+                max_length=None,
+                packing=False,
+                padding_free=False,
+                assistant_only_loss=self.assistant_only_loss and conversational,
+                completion_only_loss=False if conversational else self.completion_only_loss,
+            )
+        )
+        trainer = session.trainer(SFTTrainer, args, rows, processing_class=session.processor)
+        trainer.data_collator = NoImageTokenLoss(trainer.data_collator, image_token_ids(session.processor))
+        session.report["data"]["batches"] = (
+            "image rows padded per batch by the model's processor (no data.max_length cut, no padding-free "
+            "batches); image tokens never in the loss"
+        )
+        masked = (self.assistant_only_loss and conversational) or not conversational
+        session.report.setdefault("loss mask", {})["method"] = (
+            "the processor's assistant mask (the chat template's generation markers), made batch by batch by "
+            "TRL's vision collator; image tokens never trained (NoImageTokenLoss)"
+            if args.assistant_only_loss
+            else "every token but padding and image tokens (NoImageTokenLoss)"
+            if conversational
+            else "the completion only (TRL's vision collator); image tokens never trained"
+        )
+        session.check_image_loss_mask(trainer, masked=masked)
         return session.train_and_finish(trainer)

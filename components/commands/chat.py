@@ -3,6 +3,10 @@
 The conversation is kept and rendered with the chat template the model was saved with (a run's
 ``final/``), so the model sees what it was trained on. Commands: ``/system <text>`` sets the system prompt,
 ``/history`` shows the turns so far, ``/reset`` clears them, ``/exit`` (or Ctrl-D) quits.
+
+A vision-language model sees images: ``--image <file>`` (repeatable) puts them before the first message,
+``/image <file>`` before the next one; the model's processor (saved with the run's ``final/`` and every
+export) expands them to their image tokens, as training did.
 """
 
 from __future__ import annotations
@@ -14,11 +18,65 @@ from typing import Any
 from components.config.errors import ConfigError
 
 USAGE = (
-    "hydratune chat <run dir | model dir> [system=<text>] [max_new_tokens=256] [temperature=0.7] [top_p=0.9]"
-    " [model.trust_remote_code=true]"
+    "hydratune chat <run dir | model dir> [--image <file>] [system=<text>] [max_new_tokens=256] "
+    "[temperature=0.7] [top_p=0.9] [model.trust_remote_code=true]"
 )
 REMOTE_CODE = "model.trust_remote_code=true"  # an adapter run's base may load its model dir's code
-HELP = "commands: /system <text>, /history, /reset, /exit (or Ctrl-D)"
+HELP = "commands: /system <text>, /image <file> (a VLM), /history, /reset, /exit (or Ctrl-D)"
+
+
+def split_images(args: list[str]) -> tuple[list[str], list[Path]]:
+    """(the other arguments, the ``--image <file>`` / ``--image=<file>`` files in order)."""
+    rest: list[str] = []
+    images: list[Path] = []
+    it = iter(args)
+    for arg in it:
+        if arg == "--image":
+            value = next(it, None)
+            if value is None:
+                raise ConfigError("--image needs a file", key="chat.image", hint=USAGE)
+            images.append(Path(value).expanduser())
+        elif arg.startswith("--image="):
+            images.append(Path(arg.partition("=")[2]).expanduser())
+        else:
+            rest.append(arg)
+    return rest, images
+
+
+def open_image(path: Path) -> Any:
+    """The image at ``path`` as RGB (checked: a ConfigError naming it when missing or not an image)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, UnidentifiedImageError) as err:
+        raise ConfigError(
+            f"cannot open the image {path} ({err.__class__.__name__})", key="chat.image", hint=USAGE
+        ) from None
+
+
+def saved_processor(path: Path) -> bool:
+    """Whether the run's ``final/`` (or the model dir) holds a processor: a vision-language model's."""
+    from components.modeling.vision import has_processor
+
+    return has_processor(path / "final" if (path / ".hydra" / "config.yaml").is_file() else path)
+
+
+def load_processor(path: Path, tokenizer: Any, remote_code: bool = False) -> Any:
+    """A vision-language model's processor (with the chat's tokenizer): the one a run saved in ``final/``,
+    or a model dir's (``processor_config.json``); None for a text model."""
+    from components.modeling.vision import has_processor
+
+    if (path / ".hydra" / "config.yaml").is_file():
+        from components.modeling.trained import TrainedRun
+
+        return TrainedRun.open(path, key="chat", trust_remote_code=remote_code).processor(tokenizer)
+    if not has_processor(path):
+        return None
+    from components.modeling.vision import load_processor as load
+
+    return load(str(path), tokenizer, trust_remote_code=remote_code)
 
 
 def parse_args(args: list[str]) -> tuple[Path, dict[str, Any]]:
@@ -70,30 +128,62 @@ def load(path: Path, remote_code: bool = False) -> tuple[Any, Any]:
         )
     auto = AutoModelForCausalLM
     config = json.loads((path / "config.json").read_text())
-    if is_vision_config(config):  # text turns only for now (no --image yet): the decoder answers
+    if is_vision_config(config):  # --image / /image give it images (its processor: load_processor)
         from transformers import AutoModelForImageTextToText as auto
     model = auto.from_pretrained(path, trust_remote_code=remote_code)
     return model.eval(), tokenizer
 
 
-def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], options: dict[str, Any]) -> str:
-    """Generate the assistant's answer to ``messages``, printing its tokens as they come; return its text."""
+def reply(
+    model: Any,
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    options: dict[str, Any],
+    processor: Any = None,
+    images: list[Any] | None = None,
+) -> str:
+    """Generate the assistant's answer to ``messages``, printing its tokens as they come; return its text.
+    ``images``: the conversation's images in order (its turns hold ``{"type": "image"}`` parts), expanded
+    by the model's ``processor``."""
     from transformers import TextStreamer
 
-    from components.generation.sampling import Sampling, complete
+    from components.generation.sampling import Sampling, complete, complete_images
 
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     sampling = Sampling(options["max_new_tokens"], options["temperature"], options["top_p"])
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    if images:
+        [done] = complete_images(model, processor, text, images, sampling, streamer=streamer)
+        return done.text.strip()
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     [[done]] = complete(model, tokenizer, [ids], sampling, streamer=streamer)
     return done.text.strip()
 
 
-def loop(model: Any, tokenizer: Any, options: dict[str, Any]) -> None:
-    """Read a line, answer it, keep the turns; until /exit or end of input."""
+def user_turn(line: str, pending: int) -> dict[str, Any]:
+    """A user turn: text, or (``pending`` images before it) a list of image parts and the text."""
+    if not pending:
+        return {"role": "user", "content": line}
+    return {"role": "user", "content": [{"type": "image"}] * pending + [{"type": "text", "text": line}]}
+
+
+def as_text(content: Any) -> str:
+    return content if isinstance(content, str) else "".join(p.get("text") or "<image>" for p in content)
+
+
+def loop(
+    model: Any,
+    tokenizer: Any,
+    options: dict[str, Any],
+    processor: Any = None,
+    images: list[Any] | None = None,
+) -> None:
+    """Read a line, answer it, keep the turns; until /exit or end of input. ``images`` (a VLM) go before
+    the first message; ``/image <file>`` adds one before the next."""
     system = options["system"]
-    turns: list[dict[str, str]] = []
+    turns: list[dict[str, Any]] = []
+    seen: list[Any] = []  # the conversation's images, in order
+    pending = list(images or [])
     print(HELP, flush=True)
     while True:
         try:
@@ -106,12 +196,22 @@ def loop(model: Any, tokenizer: Any, options: dict[str, Any]) -> None:
         if line == "/exit":
             return
         if line == "/reset":
-            turns = []
+            turns, seen = [], []
             print("(conversation cleared)", flush=True)
+        elif line.startswith("/image"):
+            if processor is None:
+                print("(this model takes no images)", flush=True)
+                continue
+            try:
+                pending.append(open_image(Path(line[len("/image") :].strip()).expanduser()))
+            except ConfigError as err:
+                print(f"({err.args[0]})", flush=True)
+                continue
+            print(f"({len(pending)} image(s) before your next message)", flush=True)
         elif line == "/history":
             shown = ([{"role": "system", "content": system}] if system else []) + turns
             for turn in shown:
-                print(f"  {turn['role']}: {turn['content']}")
+                print(f"  {turn['role']}: {as_text(turn['content'])}")
             print(f"({len(turns)} turns)", flush=True)
         elif line.startswith("/system"):
             system = line[len("/system") :].strip() or None
@@ -119,16 +219,27 @@ def loop(model: Any, tokenizer: Any, options: dict[str, Any]) -> None:
         elif line.startswith("/"):
             print(f"unknown command {line.split()[0]}; {HELP}", flush=True)
         else:
-            turns.append({"role": "user", "content": line})
+            turns.append(user_turn(line, len(pending)))
+            seen, pending = seen + pending, []
             print("assistant> ", end="", flush=True)
             messages = ([{"role": "system", "content": system}] if system else []) + turns
-            turns.append({"role": "assistant", "content": reply(model, tokenizer, messages, options)})
+            answer = reply(model, tokenizer, messages, options, processor, seen)
+            turns.append({"role": "assistant", "content": answer})
 
 
 def cli(args: list[str]) -> int:
     """Entry of ``hydratune chat``; errors are ConfigErrors the caller prints (exit 2)."""
+    args, files = split_images(args)
     path, options = parse_args([a for a in args if a != REMOTE_CODE])
+    images = [open_image(f) for f in files]  # checked before the model loads
+    if images and not saved_processor(path):
+        raise ConfigError(
+            f"{path} holds no processor (a text model): it takes no images",
+            key="chat.image",
+            hint="drop --image",
+        )
     model, tokenizer = load(path, REMOTE_CODE in args)
+    processor = load_processor(path, tokenizer, REMOTE_CODE in args)
     print(f"chatting with {path}", flush=True)
-    loop(model, tokenizer, options)
+    loop(model, tokenizer, options, processor, images)
     return 0

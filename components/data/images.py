@@ -86,6 +86,38 @@ def with_images(data: Any, model: Any) -> Any:
     return data if asked is not None else dataclasses.replace(data, images=bool(declared))
 
 
+def rows_have_images(split: Any) -> bool:
+    """Whether any row of ``split`` has an image (the ``images`` lists' lengths: no image decoded)."""
+    if IMAGES_COLUMN not in split.column_names:
+        return False
+    import pyarrow.compute as pc
+
+    found = split.with_format("arrow")[IMAGES_COLUMN]
+    return bool(pc.sum(pc.list_value_length(found)).as_py() or 0)
+
+
+def measured_image_tokens(processor: Any, split: Any, limit: int = 64) -> list[int]:
+    """The image tokens the model's ``processor`` makes of each of the first ``limit`` rows of ``split``
+    that have images (its image placeholder token counted in the rendered, expanded row): what the memory
+    estimate's ``model.image_tokens_per_row`` stands for. ``[]`` when the processor names no image token."""
+    import pyarrow.compute as pc
+    from trl.data_utils import prepare_multimodal_messages
+
+    token = getattr(processor, "image_token_id", None)
+    if not isinstance(token, int) or IMAGES_COLUMN not in split.column_names:
+        return []
+    lengths = pc.list_value_length(split.with_format("arrow")[IMAGES_COLUMN]).to_pylist()
+    picked = [i for i, n in enumerate(lengths) if n][:limit]
+    column = "messages" if "messages" in split.column_names else "prompt"
+    counts = []
+    for row in split.select(picked):
+        turns = prepare_multimodal_messages(row[column], images=row[IMAGES_COLUMN])
+        ids = processor.apply_chat_template(turns, tokenize=True, return_dict=True)["input_ids"]
+        ids = ids[0] if ids and isinstance(ids[0], list) else ids
+        counts.append(sum(t == token for t in ids))
+    return counts
+
+
 # ------------------------------------------------------------------------------------- one row's images
 
 

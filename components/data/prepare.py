@@ -10,6 +10,13 @@ from typing import Any
 from components.generation.evaluation import EvalPrompt, eval_pairs, eval_prompts
 from components.text.chat_template import fold_system
 
+#: the summary's line for image rows handed to the trainer as rows (``check_image_tokens``)
+IMAGE_ROWS_UNTOKENIZED = (
+    "image rows, tokenized by the model's processor batch by batch (TRL's vision collator): each image "
+    "expanded to its image tokens, the loss on the assistant's answer only (the chat template's generation "
+    "markers; image tokens never trained); data.max_length does not cut them (an image's tokens or the "
+    "answer would be cut) and no padding-free batches (TRL refuses them for images)"
+)
 #: the summary's data cache line for data.streaming
 STREAM_NOT_CACHED = "not used (data.streaming: the rows are read as training goes; data.cache has no effect)"
 
@@ -73,7 +80,8 @@ def prepare_data(
         data, defaulted = _load(data_component, load, tokenizer, workers, tokens)
         made = {"rows/train": data["train"], "rows/eval": data["eval"]}
         facts: dict[str, Any] = {"report": asdict(data.report), "default template": defaulted}
-        if tokens is not None:
+        # image rows: no tokens here, the processor tokenizes them batch by batch (TRL's vision collator)
+        if tokens is not None and data.report.info.get("tokens") != IMAGE_ROWS_UNTOKENIZED:
             # a stream: its first rows and eval rows as unpacked tokens (the feed packs the stream)
             token_maker = tokens.unpacked() if streaming else tokens
             token_splits, facts["tokens"] = token_maker.prepare(data, tokenizer, workers)
@@ -105,7 +113,7 @@ def prepare_data(
     if pairs:
         limit, key, policy = data_component.prompt_limit()
         prepared.prompts, counts = eval_prompts(
-            pairs, tokenizer, max_length=limit, on_overlong=policy, key=key
+            pairs, tokenizer, max_length=limit, on_overlong=policy, key=key, images=eval_images(data, pairs)
         )
         notes.update(counts)
     if stream is not None:
@@ -115,27 +123,87 @@ def prepare_data(
     return prepared
 
 
-def check_image_tokens(data: Any, tokens: Any) -> None:
-    """Image rows reach a trainer untokenized (TRL's vision collator runs the model's processor batch by
-    batch); a recipe that tokenizes its rows here (SFT's ``SFTTokens``) is refused on them, before load,
-    until its token maker declares ``accepts_images`` (the model phase of issue 36). Text rows pass."""
+def eval_images(data: Any, pairs: list[Any], split: str = "eval") -> list[list[Any]] | None:
+    """The images of the ``split`` rows the ``pairs`` were made of (the first rows, in order; PIL images),
+    or None when those rows have none."""
+    from components.data.images import IMAGES_COLUMN, rows_have_images
+
+    if not pairs or not rows_have_images(data[split]):
+        return None
+    return list(data[split].select(range(len(pairs)))[IMAGES_COLUMN])
+
+
+def plan_image_tokens(model: Any, tokenizer: Any, splits: Any, limit: int = 64) -> dict[str, str]:
+    """``mode=plan``'s line on a vision-language model's image rows: the image tokens the processor makes
+    of the first ``limit`` train rows with images, beside what the memory estimate counts (a processor that
+    cannot load offline: the line says so)."""
     from components.config.errors import ConfigError
-    from components.data.images import CAPABILITY, IMAGES_COLUMN
+    from components.data.images import measured_image_tokens, rows_have_images
 
-    if IMAGES_COLUMN not in data["train"].column_names or getattr(tokens, CAPABILITY, False):
+    if not getattr(model, "is_vision", False) or not rows_have_images(splits["train"]):
+        return {}
+    key = "image tokens per row (measured)"
+    try:
+        processor = model.build_processor(tokenizer)
+    except ConfigError as err:
+        return {key: f"not measured: {err.args[0]}"}
+    counts = measured_image_tokens(processor, splits["train"], limit)
+    if not counts:
+        return {}
+    line = f"max {max(counts):,}, mean {sum(counts) / len(counts):,.1f} on the first {len(counts)} train rows"
+    assumed = model.estimated_image_tokens()
+    if assumed is not None:
+        line += f" with images; the memory estimate counts {assumed:,} (model.image_tokens_per_row)"
+        if max(counts) > assumed:
+            line += f": more than it counts, set model.image_tokens_per_row={max(counts)}"
+    return {key: line}
+
+
+def check_image_recipe(recipe: Any, splits: Any) -> None:
+    """Rows with images for a recipe whose trainer takes none (``Recipe.image_rows``: SFT and DPO do),
+    refused once the rows are read, before the model loads, naming the recipe."""
+    from components.config.errors import ConfigError
+    from components.data.images import rows_have_images
+
+    if getattr(recipe, "image_rows", False) or not rows_have_images(splits["train"]):
         return
-    import pyarrow.compute as pc
-
-    found = data["train"].with_format("arrow")[IMAGES_COLUMN]  # the lists' lengths: no image decoded
-    if not (pc.sum(pc.list_value_length(found)).as_py() or 0):
-        return  # text rows for a vision-language model: tokenized as text
     raise ConfigError(
-        "the rows have images, and this recipe tokenizes its rows before training (text only): image rows "
-        "are tokenized by the model's processor as batches are made",
-        key="data.images",
-        hint="train a vision-language model (its recipe path hands image rows to TRL's vision collator), or "
-        "data.images=false for text-only rows",
+        f"recipe={recipe.name} does not train on image rows (its trainer is not given the model's "
+        "processor); SFT and DPO do (and recipe=generate answers them)",
+        key="recipe",
+        hint="recipe=sft or recipe=dpo, or data.images=false for text-only rows",
     )
+
+
+def check_image_tokens(data: Any, tokens: Any) -> bool:
+    """Whether the rows reach the trainer untokenized: image rows for a token maker that declares
+    ``accepts_images`` (SFT on a vision-language model: TRL's vision collator runs the model's processor
+    batch by batch, so nothing is tokenized here). Image rows for a token maker without it (a text model)
+    are refused, before load, and so is packing them (TRL 1.16 packs no image rows: the processor makes
+    each row's tokens at batch time, so there are no lengths to pack by). Text rows: False (tokenized
+    here, on a vision-language model too)."""
+    from components.config.errors import ConfigError
+    from components.data.images import CAPABILITY, rows_have_images
+
+    if not rows_have_images(data["train"]):
+        return False  # text rows, for a vision-language model too: tokenized as text
+    if not getattr(tokens, CAPABILITY, False):
+        raise ConfigError(
+            "the rows have images, and this recipe tokenizes its rows before training (text only): image "
+            "rows are tokenized by the model's processor as batches are made",
+            key="data.images",
+            hint="train a vision-language model (its recipe path hands image rows to TRL's vision "
+            "collator), or data.images=false for text-only rows",
+        )
+    if getattr(tokens, "packing", False):
+        raise ConfigError(
+            "data.packing does not pack image rows: the model's processor tokenizes them batch by batch "
+            "(each image expanded to its image tokens), so their lengths are not known before training, and "
+            "TRL 1.16's SFTTrainer refuses packing for vision datasets",
+            key="data.packing",
+            hint="data.packing=false (image rows are padded per batch)",
+        )
+    return True
 
 
 def length_notes(
@@ -252,15 +320,15 @@ def _load(
     from components.text.chat_template import default_template, is_conversational
 
     data = load(workers)
-    if tokens is not None:
-        check_image_tokens(data, tokens)
+    if tokens is not None and check_image_tokens(data, tokens):
+        data.report.info["tokens"] = IMAGE_ROWS_UNTOKENIZED
     defaulted = None
     conversational = is_conversational(data["train"][0])
     if tokenizer is not None and not tokenizer.chat_template and conversational:
         tokenizer.chat_template, defaulted = default_template(tokenizer)
     if tokenizer is not None and conversational:
         data = fit_template(data_component, data, tokenizer, workers)
-    if tokenizer is not None:
+    if tokenizer is not None and data.report.info.get("tokens") != IMAGE_ROWS_UNTOKENIZED:
         data = data_component.enforce_length(data, tokenizer, workers)
     return data, defaulted
 
@@ -429,6 +497,9 @@ def plan_data(comps: Any, eval_generations: int, every: int = 0) -> list[str]:
     else:
         tokenizer, skipped = comps.model.build_tokenizer(convert=False), ""
     prepared = prepare_data(comps.data, tokenizer, eval_generations, every, comps.recipe.tokens(comps))
+    check_image_recipe(comps.recipe, prepared.splits)
+    if tokenizer is not None:
+        prepared.notes.update(plan_image_tokens(comps.model, tokenizer, prepared.splits))
     if tokenizer is not None:
         comps.recipe.check_data(comps, prepared.splits, tokenizer)
     lines = [f"# data: {key}: {value}" for key, value in prepared.notes.items()]

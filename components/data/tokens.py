@@ -32,6 +32,12 @@ class SFTTokens:
     packing_strategy: str
     model: Any = field(default=None, compare=False)
 
+    @property
+    def accepts_images(self) -> bool:
+        """Image rows are not tokenized here for a vision-language model: its processor tokenizes them as
+        batches are made (TRL's vision collator; ``prepare_data`` then makes no tokens). Text rows are."""
+        return bool(self.model is not None and getattr(self.model, "is_vision", False))
+
     def key(self) -> dict[str, Any]:
         """What the tokens depend on besides the rows and the tokenizer (the data cache's key)."""
         return {k: v for k, v in asdict(self).items() if k != "model"} | {"recipe": "sft"}

@@ -27,6 +27,9 @@ class EvalPrompt:
     question: str  # the last turn's text, shown in generations.jsonl
     truncated: bool = False
     conversation: list[dict[str, str]] | None = None  # the turns the prompt was rendered from
+    #: an image row's images (PIL, in placeholder order): the processor expands them at generation time
+    images: list[Any] | None = None
+    text: str = ""  # the rendered prompt (what the processor reads, with its image placeholders)
 
 
 def normalise(text: str) -> str:
@@ -48,17 +51,24 @@ def eval_prompts(
     max_length: int,
     on_overlong: str = "truncate",
     key: str = "data.max_length",
+    images: list[list[Any]] | None = None,
 ) -> tuple[list[EvalPrompt], dict[str, int]]:
     """Tokenize ``pairs`` with the chat template's generation prompt and apply ``on_overlong`` to prompts
     longer than ``max_length`` tokens: ``truncate`` keeps their last ``max_length`` tokens (the question
     and the generation prompt, as PPO's rollouts do), ``drop`` leaves them out, ``error`` names the first.
-    Returns the prompts and the counts of what was cut or dropped (for the summary)."""
+    Returns the prompts and the counts of what was cut or dropped (for the summary). ``images`` (one list
+    per pair): an image row's prompt keeps its images and is never cut (a cut could split an image's
+    tokens; the processor expands them at generation time)."""
     out: list[EvalPrompt] = []
     counts: dict[str, int] = {}
     for i, (conversation, answer) in enumerate(pairs):
         text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         question = conversation[-1]["content"] if conversation else ""
+        if images is not None and images[i]:
+            question = question if isinstance(question, str) else _text_of(question)
+            out.append(EvalPrompt(ids, answer, question, False, conversation, list(images[i]), text))
+            continue
         if len(ids) <= max_length:
             out.append(EvalPrompt(ids, answer, question, conversation=conversation))
             continue
@@ -73,6 +83,11 @@ def eval_prompts(
         if on_overlong != "drop":
             out.append(EvalPrompt(ids[-max_length:], answer, question, True, conversation))
     return out, counts
+
+
+def _text_of(content: Any) -> str:
+    """A list of content parts as text (an image part as ``<image>``), for generations.jsonl."""
+    return "".join(p.get("text") or "" if p.get("type") == "text" else "<image>" for p in content)
 
 
 def generate(
@@ -99,6 +114,38 @@ def generate(
     return outputs
 
 
+def generate_prompts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[EvalPrompt],
+    *,
+    max_new_tokens: int = 32,
+    processor: Any = None,
+) -> list[str]:
+    """Greedy answers to ``prompts``: text prompts batched (``generate``), image prompts one at a time
+    through the model's ``processor`` (its images expanded to their image tokens, with the pixels)."""
+    from components.generation.sampling import Sampling, complete_images
+
+    texts = [i for i, p in enumerate(prompts) if not p.images]
+    out: list[str] = [""] * len(prompts)
+    found = generate(model, tokenizer, [prompts[i].ids for i in texts], max_new_tokens=max_new_tokens)
+    for i, answer in zip(texts, found, strict=True):
+        out[i] = answer
+    pictured = [i for i, p in enumerate(prompts) if p.images]
+    if pictured and processor is None:
+        raise ValueError("image prompts need the model's processor")
+    was_training = model.training
+    model.eval()
+    greedy = Sampling(max_new_tokens=max_new_tokens)
+    try:
+        for i in pictured:
+            [done] = complete_images(model, processor, prompts[i].text, prompts[i].images, greedy)
+            out[i] = done.text
+    finally:
+        model.train(was_training)
+    return out
+
+
 def exact_match(predictions: list[str], answers: list[str]) -> float:
     """Fraction of predictions equal to their answer after ``normalise``."""
     if not answers:
@@ -113,13 +160,16 @@ def evaluate_generations(
     prompts: list[EvalPrompt],
     *,
     max_new_tokens: int = 32,
+    processor: Any = None,
 ) -> dict[str, Any]:
-    """Exact-match accuracy and the samples themselves (prompt, answer, prediction)."""
+    """Exact-match accuracy and the samples themselves (prompt, answer, prediction); image prompts through
+    the model's ``processor``."""
     answers = [p.answer for p in prompts]
-    preds = generate(model, tokenizer, [p.ids for p in prompts], max_new_tokens=max_new_tokens)
+    preds = generate_prompts(model, tokenizer, prompts, max_new_tokens=max_new_tokens, processor=processor)
     samples = [
         {"prompt": p.question, "answer": p.answer, "prediction": pred}
         | ({"prompt_truncated": True} if p.truncated else {})
+        | ({"images": len(p.images)} if p.images else {})
         for p, pred in zip(prompts, preds, strict=True)
     ]
     return {"exact_match": exact_match(preds, answers), "samples": samples}

@@ -45,11 +45,33 @@ def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+def complete_images(
+    model: Any, processor: Any, text: str, images: list[Any], sampling: Sampling, streamer: Any = None
+) -> list[Completion]:
+    """The completions of one rendered prompt with images: the model's ``processor`` expands each image
+    placeholder of ``text`` to its image tokens and makes the pixels the model reads beside them."""
+    import torch
+
+    inputs = processor(text=[text], images=[list(images)], return_tensors="pt", add_special_tokens=False)
+    ids = inputs.pop("input_ids")[0].tolist()
+    inputs.pop("attention_mask", None)
+    dtype = next(model.parameters()).dtype
+    extra = {k: v.to(dtype) if torch.is_floating_point(v) else v for k, v in inputs.items()}
+    [done] = complete(model, processor.tokenizer, [ids], sampling, streamer, extra=extra)
+    return done
+
+
 def complete(
-    model: Any, tokenizer: Any, prompts: list[list[int]], sampling: Sampling, streamer: Any = None
+    model: Any,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    sampling: Sampling,
+    streamer: Any = None,
+    extra: dict[str, Any] | None = None,
 ) -> list[list[Completion]]:
     """The completions of one batch of tokenized prompts (``num_return_sequences`` each), left-padded;
-    ``streamer`` (a transformers streamer, one prompt) sees the tokens as they are generated."""
+    ``streamer`` (a transformers streamer, one prompt) sees the tokens as they are generated; ``extra``:
+    more model inputs (an image prompt's pixels, ``complete_images``)."""
     import torch
 
     device = next(model.parameters()).device
@@ -69,6 +91,7 @@ def complete(
             pad_token_id=pad,
             eos_token_id=stops,
             streamer=streamer,
+            **{k: v.to(device) for k, v in (extra or {}).items()},
             **({"output_router_logits": False} if moe else {}),
             **sampling.generate_kwargs(),
         )

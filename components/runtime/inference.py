@@ -86,6 +86,12 @@ class BatchedGeneration(Recipe):
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         session = Session.start(ctx)
         rows, info = prompt_rows(c.data, session.tokenizer)
+        if any(r["images"] for r in rows) and not self.image_rows:  # before the model loads, as in plan
+            raise ConfigError(
+                f"recipe={self.name} does not generate for image rows (recipe=generate does)",
+                key="recipe",
+                hint="recipe=generate, or data.images=false for text-only rows",
+            )
         # every row is generated for (no eval split): the prompt count is in the final metrics
         session.report["data"] = {"path": c.data.path, **info}
         model = load_model(c, ctx.device)
@@ -95,7 +101,7 @@ class BatchedGeneration(Recipe):
         start, generated, records = time.perf_counter(), 0, []
         for b, batch in enumerate(batches, 1):
             ctx.seed_everything()  # each batch draws the same samples whichever process runs it
-            outs = complete(model, session.tokenizer, [rows[i]["ids"] for i in batch], sampling)
+            outs = complete_rows(model, session, [rows[i] for i in batch], sampling)
             for i, completions in zip(batch, outs, strict=True):
                 for k, done in enumerate(completions):
                     records.append(record(rows[i], i, k, done))
@@ -117,6 +123,7 @@ def prompt_rows(data: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[s
     """Every row of ``data.path`` in file order (no eval split): the prompt turns, tokenized with the
     chat template's generation prompt under the data's length policy, and the reference if any; and how
     the data was read (the format, what the length policy cut), for the summary."""
+    from components.data.prepare import eval_images
     from components.generation.evaluation import eval_prompts
 
     splits = data.whole().load()
@@ -129,7 +136,10 @@ def prompt_rows(data: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[s
         )
     limit, key, policy = data.prompt_limit()
     pairs = [(turns, answer or "") for turns, answer in pairs]
-    prompts, counts = eval_prompts(pairs, tokenizer, max_length=limit, on_overlong=policy, key=key)
+    images = eval_images(splits, pairs, "train")  # image rows: the processor expands them as they generate
+    prompts, counts = eval_prompts(
+        pairs, tokenizer, max_length=limit, on_overlong=policy, key=key, images=images
+    )
     info = {k: v for k, v in splits.info.items() if k != "eval rows from"}
     return [
         {
@@ -138,9 +148,35 @@ def prompt_rows(data: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[s
             "reference": p.answer,
             "truncated": p.truncated,
             "conversation": p.conversation,
+            "images": p.images,
+            "text": p.text,
         }
         for p in prompts
     ], {**info, **counts}
+
+
+def complete_rows(model: Any, session: Any, rows: list[dict[str, Any]], sampling: Any) -> list[Any]:
+    """The completions of a batch of prompt rows: text rows batched, an image row on its own through the
+    model's processor (its images expanded to their image tokens, with the pixels)."""
+    from components.generation.sampling import complete_images
+
+    texts = [i for i, r in enumerate(rows) if not r.get("images")]
+    out: list[Any] = [None] * len(rows)
+    if texts:
+        found = complete(model, session.tokenizer, [rows[i]["ids"] for i in texts], sampling)
+        for i, done in zip(texts, found, strict=True):
+            out[i] = done
+    for i, row in enumerate(rows):
+        if row.get("images"):
+            if session.processor is None:
+                raise ConfigError(
+                    "the prompt rows have images, and the model has no processor (not a vision-language "
+                    "model)",
+                    key="data.images",
+                    hint="a vision-language model (model.from_run of a VLM run), or data.images=false",
+                )
+            out[i] = complete_images(model, session.processor, row["text"], row["images"], sampling)
+    return out
 
 
 def load_model(comps: Components, device: str) -> Any:

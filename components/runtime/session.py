@@ -16,7 +16,7 @@ from typing import Any
 
 from components.config.errors import ConfigError, Interrupted, ServerError, ServerFailed
 from components.data.feed import Feed
-from components.data.prepare import eval_every, prepare_data
+from components.data.prepare import check_image_recipe, eval_every, prepare_data
 from components.data.stream_prepare import is_stream
 from components.distributed.interrupt import GracefulInterrupt
 from components.generation.evaluation import EvalPrompt, evaluate_generations
@@ -123,6 +123,7 @@ class Session:
         c, train = self.ctx.components, self.ctx.train
         tokens = c.recipe.tokens(c)
         prepared = prepare_data(c.data, self.tokenizer, train.eval_generations, eval_every(c, train), tokens)
+        check_image_recipe(c.recipe, prepared.splits)  # before any model loads
         self.eval_prompts = prepared.prompts
         self.tokens, self.token_facts = prepared.tokens, prepared.token_facts
         self.report["data"] = prepared.notes
@@ -229,9 +230,11 @@ class Session:
             *c.tracker.callbacks(self.ctx.run_info()),
         ]
 
-    def trainer(self, trainer_cls: type, args: Any, data: Any, **extra: Any) -> Any:
+    def trainer(
+        self, trainer_cls: type, args: Any, data: Any, *, processing_class: Any = None, **extra: Any
+    ) -> Any:
         """``trainer_cls`` (atomic checkpoints, token count read at log steps only) on this session's model,
-        tokenizer, data and callbacks."""
+        tokenizer (or ``processing_class``: a VLM's processor for image rows), data and callbacks."""
         from components.runtime.trainer_hooks import hydratune_trainer
 
         c = self.ctx.components
@@ -252,7 +255,7 @@ class Session:
             args=args,
             train_dataset=train,
             eval_dataset=data["eval"] if len(data["eval"]) else None,
-            processing_class=self.tokenizer,
+            processing_class=self.tokenizer if processing_class is None else processing_class,
             callbacks=self.callbacks(),
             **extra,
         )
@@ -299,7 +302,11 @@ class Session:
         started = time.perf_counter()
         with unwrapped_attention(self.ctx.plan.attention, self.attention):  # Ulysses' wrapper drops masks
             result = evaluate_generations(
-                self.model, self.tokenizer, self.eval_prompts, max_new_tokens=self.ctx.train.max_new_tokens
+                self.model,
+                self.tokenizer,
+                self.eval_prompts,
+                max_new_tokens=self.ctx.train.max_new_tokens,
+                processor=self.processor,
             )
         # train.eval_generations prompts, train.max_new_tokens each (0 prompts: off): its seconds in the cost
         self.probe_cost[f"eval generations {when} (s)"] = round(time.perf_counter() - started, 1)
@@ -318,6 +325,60 @@ class Session:
         if first is not None and "labels" in first:
             self.report["loss mask: first training example"] = mask_segments(
                 self.tokenizer, first["input_ids"], first["labels"], header=generation_header(self.tokenizer)
+            )
+
+    def check_image_loss_mask(self, trainer: Any, *, masked: bool, rows: int = 8) -> None:
+        """``check_loss_mask`` for image rows, on a batch the trainer's collator makes of the first
+        ``rows`` train rows (the processor tokenizes them there): something trained in every row, the stop
+        token trained, and no image token ever trained (a ConfigError naming the template otherwise)."""
+        from components.text.batching import image_token_ids
+
+        train = trainer.train_dataset
+        batch = trainer.data_collator([train[i] for i in range(min(rows, len(train)))])
+        found = []
+        columns = (batch["input_ids"], batch["labels"], batch["attention_mask"])
+        for ids, labels, mask in zip(*columns, strict=True):
+            keep = mask.bool()
+            found.append({"input_ids": ids[keep].tolist(), "labels": labels[keep].tolist()})
+        image = image_token_ids(self.processor)
+        trained_images = sum(t in image for row in found for t in row["labels"] if t != -100)
+        if trained_images:
+            raise ConfigError(
+                f"{trained_images} image tokens are in the loss of the first {len(found)} train rows: the "
+                "model would be trained to write image tokens",
+                key="model.chat_template",
+                hint="a chat template whose {% generation %} markers wrap the assistant's answer only",
+            )
+        self.note_image_tokens([row["input_ids"] for row in found])
+        stats = label_mask_stats(iter(found), stop_token_ids(self.tokenizer))
+        check_label_mask(stats, masked=masked)
+        self.report.setdefault("loss mask", {}).update(stats | {"image tokens trained": 0})
+        first, header = found[0], generation_header(self.tokenizer)
+        self.report["loss mask: first training example"] = mask_segments(
+            self.tokenizer, first["input_ids"], first["labels"], header=header
+        )
+
+    def note_image_tokens(self, rows: list[list[int]]) -> None:
+        """The image tokens per row the processor made of the first train rows (``rows``: their input ids),
+        beside what the memory estimate counted (``model.image_tokens_per_row`` or one default image); a
+        warning, naming the knob, when the rows hold more than the estimate assumed."""
+        image = getattr(self.processor, "image_token_id", None)
+        if not isinstance(image, int) or not rows:
+            return
+        counts = [sum(t == image for t in ids) for ids in rows]
+        assumed = self.ctx.components.model.estimated_image_tokens()
+        mean = sum(counts) / len(counts)
+        line = f"max {max(counts):,}, mean {mean:,.1f} on the first {len(rows)} train rows"
+        if assumed is not None:
+            line += f"; the memory estimate counts {assumed:,} (model.image_tokens_per_row)"
+        self.report["data"]["image tokens per row (measured)"] = line
+        if assumed is not None and max(counts) > assumed:
+            log.warning(
+                "the first train rows hold up to %d image tokens, the memory estimate counted %d: set "
+                "model.image_tokens_per_row=%d for an estimate (and strategy=auto) that fits them",
+                max(counts),
+                assumed,
+                max(counts),
             )
 
     def probe(self, trainer: Any, probes: dict[str, Any], when: str) -> None:

@@ -7,6 +7,7 @@ of ``components/modeling/attention.py`` keeps each document to itself without a 
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 from components.config.errors import ConfigError
@@ -118,3 +119,55 @@ def gloo_equal_length(batch: dict[str, Any], pad: dict[str, int]) -> dict[str, A
             if key in batch:
                 batch[key] = torch.nn.functional.pad(batch[key], (0, extra), value=value)
     return batch
+
+
+def image_token_ids(processor: Any) -> set[int]:
+    """The ids of a processor's image tokens: the placeholder each image expands to and the tokens around
+    and between its tiles (Idefics3's ``<fake_token_around_image>``, ``<global-img>``, ``<row_i_col_j>``;
+    Gemma's / Qwen's begin / end of image)."""
+    tokenizer = processor.tokenizer
+    names = (
+        "image_token",
+        "fake_image_token",
+        "global_image_tag",
+        "global_image_token",
+        "boi_token",
+        "eoi_token",
+        "vision_start_token",
+        "vision_end_token",
+        "image_start_token",
+        "image_end_token",
+    )
+    tokens = {getattr(processor, n) for n in names if isinstance(getattr(processor, n, None), str)}
+    tokens |= {t for t in tokenizer.get_vocab() if re.fullmatch(r"<row_\d+_col_\d+>", t)}
+    ids = {tokenizer.convert_tokens_to_ids(t) for t in tokens}
+    if isinstance(getattr(processor, "image_token_id", None), int):
+        ids.add(processor.image_token_id)
+    return {i for i in ids if i is not None and i != tokenizer.unk_token_id}
+
+
+class NoImageTokenLoss:
+    """A collator of image rows (TRL's ``DataCollatorForVisionLanguageModeling``) whose labels never hold
+    an image token: whatever the loss mask marks (the assistant's answer, or every token with
+    ``recipe.assistant_only_loss=false``), an image's tokens are set to -100. ``enabled=False`` leaves the
+    inner collator's labels as they are (the test's break-check).
+
+    The rows with images go first in each batch: transformers 5.23's Idefics3 processor fails on a batch
+    whose first row has no image and a later one has (``Unable to convert output
+    'text_replacement_offsets'``); the order of a micro-batch's rows does not change its loss (a sum over
+    its tokens)."""
+
+    enabled: bool = True
+
+    def __init__(self, inner: Any, ids: set[int]) -> None:
+        self.inner, self.ids = inner, sorted(ids)
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        examples = sorted(examples, key=lambda row: not row.get("images"))  # stable: images first
+        batch = self.inner(examples)
+        if self.enabled and "labels" in batch:
+            image = torch.isin(batch["input_ids"], torch.tensor(self.ids, dtype=batch["input_ids"].dtype))
+            batch["labels"] = batch["labels"].masked_fill(image, -100)
+        return batch

@@ -124,6 +124,48 @@ def sharegpt_json() -> str:
     return json.dumps(rows, indent=1)
 
 
+def _colour_url(rgb: tuple[int, int, int]) -> str:
+    """A 56 x 56 PNG of one colour as a data: URL (image rows in a text file)."""
+    import base64
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (56, 56), rgb).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+_COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
+
+
+def colours_jsonl() -> str:
+    """Image chat rows (docs/vlm.md): an image_url part and a question, the colour as the answer."""
+    rows = []
+    for k in range(16):
+        name = list(_COLOURS)[k % 4]
+        user = [
+            {"type": "image_url", "image_url": {"url": _colour_url(_COLOURS[name])}},
+            {"type": "text", "text": "What colour is this image?"},
+        ]
+        rows.append({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": name}]})
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def image_pairs_jsonl() -> str:
+    """Image preference pairs (docs/vlm.md): a prompt with <image>, text chosen / rejected."""
+    names = list(_COLOURS)
+    rows = [
+        {
+            "prompt": "<image>What colour is this image?",
+            "chosen": names[k % 4],
+            "rejected": names[(k + 1) % 4],
+            "images": [_colour_url(_COLOURS[names[k % 4]])],
+        }
+        for k in range(16)
+    ]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
 def preference_jsonl() -> str:
     """Preference pairs: ``prompt``/``chosen``/``rejected`` strings."""
     rows = [{"prompt": q, "chosen": str(a), "rejected": str(r)} for q, a, r in _sums()]
@@ -200,6 +242,9 @@ FILES: dict[str, Callable[[], str | dict[str, str]]] = {
     "chats_sharegpt.json": sharegpt_json,
     "dialogs.jsonl": dialog_jsonl,
     "prefs.jsonl": preference_jsonl,
+    "colours.jsonl": colours_jsonl,
+    "colours_eval.jsonl": colours_jsonl,
+    "image_pairs.jsonl": image_pairs_jsonl,
     "ultrafeedback.jsonl": ultrafeedback_jsonl,
     "hh.jsonl": hh_jsonl,
     # hosts that resolve here (mode=plan checks that they do); one host needs no ssh / pdsh to plan

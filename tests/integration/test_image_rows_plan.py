@@ -70,13 +70,15 @@ def test_plan_prints_the_images_report(tmp_path: Path, pictures: Any, capsys: An
         "# data: images (data.path): 12 in 12 of 12 rows (at most 1 per row); pixels per image min 64" in out
     )
     assert "# data: train rows: 11" in out  # the count is of data.path's rows, before the eval split
-    # SFT tokenizes its rows before training: image rows are refused there, naming the knob, until the
-    # model phase hands them to TRL's vision collator
+    # SFT on a VLM hands image rows untokenized to TRL's vision collator (the processor tokenizes them
+    # batch by batch); packing them is refused before load, naming the knob
     sft = write_jsonl(
         tmp_path / "sft.jsonl", [placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(12)]
     )
     code, out, err = plan(tmp_path, capsys, f"data.path={sft}", "model=tiny_vlm")
-    assert code == 2 and "[data.images] the rows have images" in err, err[-2000:]
+    assert code == 0 and "# data: tokens: image rows, tokenized by the model's processor" in out, err[-2000:]
+    code, out, err = plan(tmp_path, capsys, f"data.path={sft}", "model=tiny_vlm", "data.packing=true")
+    assert code == 2 and "[data.packing] 12 rows of data.path have images" in err, err[-2000:]
 
 
 def test_the_cache_key_changes_with_an_image_s_bytes(tmp_path: Path, pictures: Any) -> None:
