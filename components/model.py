@@ -221,13 +221,9 @@ class CausalLM:
             return {**found, **self.architecture}
         if self.architecture or self.gguf_file:
             return dict(self.architecture)
-        from huggingface_hub import constants
-
         from components.modeling import hub
 
-        if not hub.is_cached(self.name_or_path, "config.json", self.revision) and (
-            constants.HF_HUB_OFFLINE or hub.probe(self.name_or_path, "config.json", self.revision)
-        ):
+        if hub.unavailable(self.name_or_path, "config.json", self.revision):
             return {}  # neither cached nor served: nothing to read (transformers would retry for ~25 s)
         try:
             return self.load_config().to_dict()

@@ -6,6 +6,8 @@ as the training rows, so one overlong eval row cannot allocate a 100k-token gene
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -101,17 +103,24 @@ def generate(
     """Greedy completions of tokenized prompts, left-padded, stopping at EOS or an end-of-turn token."""
     from components.generation.sampling import Sampling, complete
 
-    was_training = model.training
-    model.eval()
     greedy = Sampling(max_new_tokens=max_new_tokens)
     outputs: list[str] = []
-    try:
+    with eval_mode(model):
         for start in range(0, len(prompts), batch_size):
             batch = complete(model, tokenizer, prompts[start : start + batch_size], greedy)
             outputs += [done.text for [done] in batch]
+    return outputs
+
+
+@contextlib.contextmanager
+def eval_mode(model: PreTrainedModel) -> Iterator[None]:
+    """``model`` in eval mode inside the block, its train/eval mode as it was after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
     finally:
         model.train(was_training)
-    return outputs
 
 
 def generate_prompts(
@@ -134,15 +143,11 @@ def generate_prompts(
     pictured = [i for i, p in enumerate(prompts) if p.images]
     if pictured and processor is None:
         raise ValueError("image prompts need the model's processor")
-    was_training = model.training
-    model.eval()
     greedy = Sampling(max_new_tokens=max_new_tokens)
-    try:
+    with eval_mode(model):
         for i in pictured:
             [done] = complete_images(model, processor, prompts[i].text, prompts[i].images, greedy)
             out[i] = done.text
-    finally:
-        model.train(was_training)
     return out
 
 

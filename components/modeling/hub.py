@@ -48,15 +48,21 @@ def probe(name: str, filename: str, revision: str | None = None) -> str | None:
         return f"the hub is unreachable ({reason})"
 
 
-def check_available(name: str, *, key: str, filename: str, revision: str | None = None) -> None:
-    """``name`` is local, cached, or served by the hub; otherwise one ``ConfigError`` naming ``key``."""
+def unavailable(name: str, filename: str, revision: str | None = None) -> str | None:
+    """None when ``filename`` of ``name`` is local, cached, or served by the hub; else why not (offline mode,
+    or what the one short probe found)."""
     from huggingface_hub import constants
 
     if is_local(name) or is_cached(name, filename, revision):
-        return
-    why = (
-        "offline mode is on (HF_HUB_OFFLINE)" if constants.HF_HUB_OFFLINE else probe(name, filename, revision)
-    )
+        return None
+    if constants.HF_HUB_OFFLINE:
+        return "offline mode is on (HF_HUB_OFFLINE)"
+    return probe(name, filename, revision)
+
+
+def check_available(name: str, *, key: str, filename: str, revision: str | None = None) -> None:
+    """``name`` is local, cached, or served by the hub; otherwise one ``ConfigError`` naming ``key``."""
+    why = unavailable(name, filename, revision)
     if why is None:
         return
     raise ConfigError(

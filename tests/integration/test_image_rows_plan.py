@@ -14,7 +14,7 @@ from components.data.fingerprint import changed, fingerprint_node
 from components.data.prepare import prepare_data
 from tests.support.cli import in_process
 from tests.support.data import write_jsonl
-from tests.unit.test_data_images import BAD, placeholder_row, png
+from tests.unit.test_data_images import BAD, image_pairs, placeholder_row, png
 
 
 @pytest.fixture
@@ -54,16 +54,7 @@ def test_plan_exits_2_on_a_bad_image_naming_file_line_and_column(
 
 
 def test_plan_prints_the_images_report(tmp_path: Path, pictures: Any, capsys: Any) -> None:
-    rows = [
-        {
-            "prompt": f"<image>Which colour? {k}",
-            "chosen": "red",
-            "rejected": "blue",
-            "images": ["img/red.png"],
-        }
-        for k in range(12)
-    ]
-    path = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    path = write_jsonl(tmp_path / "pairs.jsonl", image_pairs(12))
     code, out, err = plan(tmp_path, capsys, "recipe=dpo", f"data.path={path}", "model=tiny_vlm")
     assert code == 0, err[-2000:]
     assert (

@@ -59,6 +59,17 @@ def placeholder_row(images: list[Any], k: int, *, key: str = "messages") -> dict
     return {key: turns, "images": images}
 
 
+RED_PNG = "img/red.png"
+
+
+def image_pairs(n: int) -> list[dict[str, Any]]:
+    """``n`` explicit preference pairs, each prompt holding img/red.png by an <image> placeholder."""
+    return [
+        {"prompt": f"<image>Which colour? {k}", "chosen": "red", "rejected": "blue", "images": [RED_PNG]}
+        for k in range(n)
+    ]
+
+
 @pytest.fixture
 def pictures(tmp_path: Path) -> tuple[Path, Path]:
     return png(tmp_path / "img" / "red.png", RED), png(tmp_path / "img" / "blue.png", BLUE, (16, 8))
@@ -302,15 +313,7 @@ def test_streaming_and_packing_are_refused_on_image_rows(tmp_path: Path, picture
 
 
 def test_preference_pairs_with_images_in_the_prompt(tmp_path: Path, pictures: Any) -> None:
-    rows = [
-        {
-            "prompt": f"<image>Which colour? {k}",
-            "chosen": "red",
-            "rejected": "blue",
-            "images": ["img/red.png"],
-        }
-        for k in range(3)
-    ]
+    rows = image_pairs(3)
     path = write_jsonl(tmp_path / "pairs.jsonl", rows)
     loaded = PreferenceDataset(path=path, images=True, eval_fraction=0.0, cache=False).load()
     row = loaded["train"][0]
