@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 # auto = varlen_sdpa (components/modeling/attention.py) unless the model needs a feature it lacks
+#: the configs :meth:`CausalLM.load_config` read, and the module names of the models built from them, by
+#: what each was read from (``CausalLM._read_stamp``)
+_READ_CONFIGS: dict[tuple, PretrainedConfig] = {}
+_MODULE_NAMES: dict[tuple, tuple[str, ...]] = {}
+
 ATTN_IMPLEMENTATIONS = (
     "auto",
     "varlen_sdpa",
@@ -387,7 +392,38 @@ class CausalLM:
         return str(gguf.ensure_converted(gguf.gguf_path(self.name_or_path, self.gguf_file)))
 
     def load_config(self) -> PretrainedConfig:
-        """The architecture config, offline when the YAML carries the numbers."""
+        """The architecture config, offline when the YAML carries the numbers: read once a process per
+        model and version of its config.json (:meth:`_read_stamp`), handed out as a copy the caller may
+        change (the pre-load checks ask for it a dozen times a run)."""
+        import copy
+
+        stamp = self._read_stamp()
+        if stamp is None:
+            return self._read_config()
+        if stamp not in _READ_CONFIGS:
+            _READ_CONFIGS[stamp] = self._read_config()
+        return copy.deepcopy(_READ_CONFIGS[stamp])
+
+    def _read_stamp(self) -> tuple | None:
+        """What :meth:`load_config` reads depends on: this model's fields and, for a local dir, the size and
+        time of its config.json (None, read every time: a hub id, a GGUF, a dir without a config.json)."""
+        if self.gguf_file:
+            return None
+        fields = (
+            self.name_or_path,
+            self.revision,
+            self.trust_remote_code,
+            repr(sorted(self.architecture.items())),
+        )
+        if not self.is_local:
+            return (*fields, None) if self.architecture else None
+        try:
+            stat = (Path(self.name_or_path).expanduser() / "config.json").stat()
+        except OSError:
+            return None
+        return (*fields, stat.st_size, stat.st_mtime_ns)
+
+    def _read_config(self) -> PretrainedConfig:
         from transformers import AutoConfig
 
         kwargs = {"revision": self.revision, "trust_remote_code": self.trust_remote_code}
@@ -421,9 +457,15 @@ class CausalLM:
         """Fully-qualified module names of the model, built on the meta device (no memory, no weights)."""
         import torch
 
-        with torch.device("meta"):
-            model = self.auto_class().from_config(self.load_config())
-        return [name for name, _ in model.named_modules()]
+        stamp = self._read_stamp()
+        if stamp is None or stamp not in _MODULE_NAMES:
+            with torch.device("meta"):
+                model = self.auto_class().from_config(self.load_config())
+            names = tuple(name for name, _ in model.named_modules())
+            if stamp is None:
+                return list(names)
+            _MODULE_NAMES[stamp] = names
+        return list(_MODULE_NAMES[stamp])
 
     def auto_class(self, task: str = "causal_lm") -> Any:
         """The transformers Auto class this model builds with: image-text-to-text for a VLM (no score head:

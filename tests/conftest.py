@@ -18,7 +18,10 @@ from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_module
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig
 
 import recipes
@@ -98,13 +101,40 @@ COMPOSED: OrderedDict[tuple[str, ...], DictConfig] = OrderedDict()
 def composed(*overrides: str) -> DictConfig:
     """The config Hydra composes from ``overrides`` (in an initialised Hydra), composed once a session and
     handed out as a copy, which a test may change. Nothing else a composition reads changes in a session: the
-    files of conf/ and the schemas the components register as they are imported."""
+    files of conf/ and the schemas the components register as they are imported.
+
+    Most compositions differ from an earlier one only in their value overrides (``train.max_steps=3``): those
+    are composed as Hydra does, the group overrides' composition (itself composed once) with the value
+    overrides put in by Hydra's own ``_apply_overrides_to_config``, the step Hydra ends a composition with
+    (``test_composed_equals_hydra``; ``HYDRATUNE_TEST_FULL_COMPOSE=1`` has Hydra compose each whole)."""
     if overrides not in COMPOSED:
-        COMPOSED[overrides] = compose(config_name="config", overrides=list(overrides))
+        split = None if os.environ.get("HYDRATUNE_TEST_FULL_COMPOSE") else split_overrides(overrides)
+        if split is None or not split[1]:
+            COMPOSED[overrides] = compose(config_name="config", overrides=list(overrides))
+        else:
+            cfg = composed(*split[0])
+            ConfigLoaderImpl._apply_overrides_to_config(split[1], cfg)
+            COMPOSED[overrides] = cfg
         if len(COMPOSED) > 256:
             COMPOSED.popitem(last=False)
     COMPOSED.move_to_end(overrides)
     return copy.deepcopy(COMPOSED[overrides])
+
+
+def split_overrides(overrides: tuple[str, ...]) -> tuple[tuple[str, ...], list[Override]] | None:
+    """``overrides`` as Hydra sorts them: the config-group overrides (as given) and the parsed value
+    overrides, in order (``defaults_list.Overrides``: a value is a dict or its key names no group). None when
+    Hydra must compose them whole: a ``hydra.`` key, a ``@package``, a sweep."""
+    repo = GlobalHydra.instance().hydra.config_loader.repository
+    groups, values = [], []
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        if override.is_sweep_override() or override.is_hydra_override() or override.package is not None:
+            return None
+        if isinstance(override.value(), dict) or not repo.group_exists(override.key_or_group):
+            values.append(override)
+        else:
+            groups.append(override.input_line)
+    return tuple(groups), values
 
 
 @pytest.fixture(scope="session")

@@ -43,10 +43,12 @@ def check_model_dir(path: Path, *, key: str, trust_remote_code: bool, flag: str)
 def check_no_remote_code(path: Path, config: dict, *, key: str) -> None:
     """A config whose ``model_type`` transformers does not know and whose ``auto_map`` names the dir's own
     classes needs that code run: refused, naming the files, unless the user grants it."""
+    auto_map = config.get("auto_map")
+    if not auto_map:
+        return
     from transformers import CONFIG_MAPPING
 
-    auto_map = config.get("auto_map")
-    if not auto_map or config.get("model_type") in CONFIG_MAPPING:
+    if config.get("model_type") in CONFIG_MAPPING:
         return
     modules = sorted({str(v).split("--")[-1].rsplit(".", 1)[0] + ".py" for v in _flat(auto_map)})
     raise ConfigError(

@@ -1,7 +1,8 @@
 """Signals to a real hydratune process: SIGTERM and Ctrl-C checkpoint and the printed resume command
 continues exactly; a second signal exits at once; a relayed signal counts once; SIGTERM before the first
 step leaves no run dir; a stream stopped by SIGTERM resumes on the same rows; SIGTERM then SLURM's
-pre-emption signal is one pre-emption; no secret from the environment reaches the run dir."""
+pre-emption signal is one pre-emption; SIGTERM during PPO's final save finishes it; no secret from the
+environment reaches the run dir."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from tests.integration.test_streaming import RUN as STREAMED
 from tests.integration.test_streaming import chat, same_weights, write_jsonl
 from tests.multiproc.test_reliability import RUN, final_model
 from tests.support.cli import finish, in_process, start, wait_for_step
+from tests.support.rl import FAST_PPO
 
 SECRETS = {
     "HF_TOKEN": "hf_SeCrEt0123456789abcdef",
@@ -220,3 +222,23 @@ def test_sigterm_then_the_preemption_signal_is_one_preemption() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["SIGUSR2", "True"]
+
+
+def test_a_signal_during_ppos_final_save_finishes_it(hydratune, tmp_path: Path) -> None:
+    """The issue's probe: PPO sent SIGTERM while writing final/ exited 143 "before training started,
+    nothing to resume", its iterations run and lost. Now, as the trainer recipes do: final/ (the value head
+    included) and the summary are finished, the late signal is noted, exit 0."""
+    run = tmp_path / "run"
+    args = [*FAST_PPO, "recipe.num_iterations=1", "recipe.rollout_batch_size=8", "recipe.mini_batch_size=8"]
+    proc = signalled(
+        hydratune,
+        tmp_path,
+        "components.runtime.session.save_final",
+        *args,
+        "train.micro_batch_size=8",
+        f"hydra.run.dir={run}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SIGTERM after the last training step" in proc.stderr and "nothing to resume" not in proc.stderr
+    assert (run / "final" / "model.safetensors").is_file() and (run / "final" / "value.safetensors").is_file()
+    assert "SIGTERM after the last training step" in (run / "summary.md").read_text()

@@ -492,25 +492,3 @@ def test_ppo_clips_the_policy_ratio_over_several_epochs(run_recipe) -> None:
     # measured (seed 42): clipfrac 0.58 / 0.54; approx_kl 0.028 vs 0.072; kl 0.198 vs 0.276
     assert tight[0]["approx_kl"] < 0.6 * loose[0]["approx_kl"], (tight[0], loose[0])
     assert tight[1]["kl"] < 0.9 * loose[1]["kl"], (tight[1], loose[1])
-
-
-FINAL_SAVE = "components.runtime.session.save_final"
-
-
-def test_a_signal_during_ppos_final_save_finishes_it(hydratune, tmp_path) -> None:
-    """The issue's probe: PPO sent SIGTERM while writing final/ exited 143 "before training started,
-    nothing to resume", its iterations run and lost. Now, as the trainer recipes do: final/ (the value head
-    included) and the summary are finished, the late signal is noted, exit 0."""
-    run = tmp_path / "run"
-    args = [*FAST_PPO, "recipe.num_iterations=1", "recipe.rollout_batch_size=8", "recipe.mini_batch_size=8"]
-    proc = hydratune(
-        *args,
-        "train.micro_batch_size=8",
-        f"hydra.run.dir={run}",
-        cwd=tmp_path,
-        prelude=f"from tests.support.cli import sigterm_on; sigterm_on({FINAL_SAVE!r})",
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "SIGTERM after the last training step" in proc.stderr and "nothing to resume" not in proc.stderr
-    assert (run / "final" / "model.safetensors").is_file() and (run / "final" / "value.safetensors").is_file()
-    assert "SIGTERM after the last training step" in (run / "summary.md").read_text()

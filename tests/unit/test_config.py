@@ -124,3 +124,46 @@ def test_bad_values_fail_before_model_load(compose_cfg, monkeypatch, overrides: 
     with pytest.raises(ConfigError) as info:
         check_before_load(cfg, Components.from_config(cfg))
     assert info.value.key == key, str(info.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("train.max_steps=3",),
+        ("recipe=dpo", "optimizer.lr=2e-5", "model=tiny_moe", "recipe.beta=0.3"),  # values before a group
+        ("peft=lora", "peft.target_modules=[q_proj,v_proj]", "data.path=a.jsonl"),
+        ("+experiment=gemma2_2b_full_sft", "data.path=x.jsonl", "data={path: y.jsonl}"),  # a dict value
+        ("recipe=ppo", "++train.max_steps=5", "train.max_steps=7", "+train.extra_note=hi"),
+    ],
+)
+def test_composed_equals_hydra(compose_cfg, overrides) -> None:
+    """The tests' compositions (tests/conftest.py ``composed``: the group overrides composed once, the value
+    overrides put in by Hydra's last step) equal Hydra composing the same overrides whole."""
+    from hydra import compose
+    from omegaconf import OmegaConf
+
+    from tests.conftest import split_overrides
+
+    assert split_overrides(overrides)[1]  # the fast way is taken
+    whole = compose(config_name="config", overrides=list(overrides))
+    assert OmegaConf.to_yaml(compose_cfg(*overrides)) == OmegaConf.to_yaml(whole)
+    assert OmegaConf.is_struct(compose_cfg(*overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("train.no_such_key=1",),
+        ("recipe=dpo", "+recipe.beta=0.3"),
+        ("~train.eval_generations",),
+        ("train.max_steps=null",),
+    ],
+)
+def test_composed_refuses_as_hydra_does(compose_cfg, overrides) -> None:
+    from hydra import compose
+
+    with pytest.raises(ConfigCompositionException) as whole:
+        compose(config_name="config", overrides=list(overrides))
+    with pytest.raises(ConfigCompositionException) as fast:
+        compose_cfg(*overrides)
+    assert str(fast.value) == str(whole.value)
