@@ -297,14 +297,21 @@ RUN_IN_TESTS: dict[Cell, Trained] = {
 
 @dataclass(frozen=True)
 class Split:
-    """A split model (``strategy.tp_size`` / ``strategy.sp_size``) of recipe=sft on 2 processes: its
-    overrides, the verdict the pre-load checks give (``tests/unit/test_matrix.py`` walks each), and where it
-    was trained and compared with one process."""
+    """A split model (``strategy.tp_size`` / ``strategy.sp_size``, tensor-parallel pipeline stages) of
+    recipe=sft on ``processes`` processes: its overrides, the verdict the pre-load checks give
+    (``tests/unit/test_matrix.py`` walks each), and where it was trained and compared with one process."""
 
     overrides: tuple[str, ...]
     kind: str  # cpu | gpu | refused
     key: str | None = None  # refused: the config key the error names
     trained: str = "checked, not run"
+    processes: int = 2
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The overrides with the process count when it is not 2."""
+        more = () if self.processes == 2 else (f"launcher.nproc_per_node={self.processes}",)
+        return (*self.overrides, *more)
 
 
 ONE_PROCESS = "equal to one process"
@@ -332,6 +339,21 @@ SPLITS: tuple[Split, ...] = (
         "data.packing",
     ),
     Split(("strategy=fsdp", "strategy.tp_size=2"), "gpu", None, "tests/gpu/nd_parallel.py (not run yet)"),
+    Split(
+        ("strategy=pipeline", "strategy.tp_size=2"),
+        "cpu",
+        None,
+        f"test_pipeline.py (pp 2 x tp 2, {ONE_PROCESS}; resumed bit-exact)",
+        processes=4,
+    ),
+    Split(
+        ("strategy=pipeline", "strategy.tp_size=2"),
+        "cpu",
+        None,
+        f"test_pipeline.py (pp 2 x dp 2 x tp 2, {ONE_PROCESS})",
+        processes=8,
+    ),
+    Split(("strategy=pipeline", "strategy.tp_size=2", "peft=lora"), "refused", "peft", processes=4),
     Split(
         ("strategy=fsdp", "strategy.sp_size=2", "model.attn_implementation=sdpa"),
         "gpu",
@@ -405,11 +427,11 @@ def markdown() -> str:
     for v in reasons():
         label = f"✗ `{v.key}`" if v.kind == "refused" else v.kind.upper()
         out.append(f"- {label}: {v.why}")
-    out += ["", "## Tensor and sequence parallel (recipe=sft, 2 processes)", ""]
+    out += ["", "## Tensor, sequence and pipeline-stage splits (recipe=sft, 2 processes unless named)", ""]
     out += ["| overrides | verdict | trained |", "|---|---|---|"]
     for split in SPLITS:
         mark = "✗ `" + str(split.key) + "`" if split.kind == "refused" else split.kind.upper()
-        out.append(f"| `{' '.join(split.overrides)}` | {mark} | {split.trained} |")
+        out.append(f"| `{' '.join(split.command)}` | {mark} | {split.trained} |")
     out += ["", "## Trained in tests", ""]
     out += [
         f"Each multi-process cell is launched once by `{CELLS_TEST}` (with `{' '.join(QUIET)}`,",

@@ -1,11 +1,12 @@
-"""Pipeline parallelism over ``torch.distributed.pipelining``: the process groups of a pp x dp mesh, the
+"""Pipeline parallelism over ``torch.distributed.pipelining``: the process groups of a pp x dp x tp mesh, the
 stages of a cut model as ``PipelineStage`` objects (timed, for the bubble), the schedules (GPipe, 1F1B,
 interleaved 1F1B), and what a step needs around them: gradients summed over the data-parallel group and
-between the two copies of a tied embedding, clipped by the norm over every stage, and the whole model's
-weights gathered on rank 0.
+between the two copies of a tied embedding, clipped by the norm over every stage and tensor-parallel shard,
+and the whole model's weights gathered on rank 0.
 
-The mesh is ``(pp, dp)`` with pp outermost (torchtitan's order): rank = pp_rank x dp + dp_rank, so rank 0 is
-stage 0 of data-parallel replica 0, and the ranks of one pipeline are ``dp`` apart.
+The mesh is ``(pp, dp, tp)`` with pp outermost and tp innermost (torchtitan's order): rank = (pp_rank x dp +
+dp_rank) x tp + tp_rank, so rank 0 is stage 0 of data-parallel replica 0, a stage's tensor-parallel ranks
+are neighbours (one node), and the ranks of one pipeline are ``dp x tp`` apart.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from components.config.errors import ConfigError
 
 @dataclass
 class PipelineGroups:
-    """This rank's place in the pp x dp mesh and its process groups."""
+    """This rank's place in the pp x dp x tp mesh and its process groups."""
 
     pp: int
     dp: int
@@ -35,55 +36,78 @@ class PipelineGroups:
     pp_group: Any
     dp_group: Any
     tied_group: Any = None  # the first and last stage of this rank's pipeline (tied embeddings)
+    tp: int = 1
+    tp_rank: int = 0
+    tp_group: Any = None
+    tp_mesh: Any = None  # the DeviceMesh of this rank's tensor-parallel group (DTensor's)
 
     @classmethod
-    def build(cls, pp: int, device: str, tied: bool) -> PipelineGroups:
-        """The groups of a ``pp x (world / pp)`` mesh (the default process group made first when none
-        exists: gloo on CPU, nccl on CUDA)."""
+    def build(cls, pp: int, device: str, tied: bool, tp: int = 1) -> PipelineGroups:
+        """The groups of a ``pp x (world / (pp x tp)) x tp`` mesh (the default process group made first when
+        none exists: gloo on CPU, nccl on CUDA)."""
         from torch.distributed.device_mesh import init_device_mesh
 
         if not dist.is_initialized():
             dist.init_process_group("nccl" if device == "cuda" else "gloo")
         world, rank = dist.get_world_size(), dist.get_rank()
-        if world % pp:
+        if world % (pp * tp):
             raise ConfigError(
-                f"pp_size {pp} does not divide the {world} processes that joined",
+                f"pp_size x tp_size = {pp} x {tp} does not divide the {world} processes that joined",
                 key="strategy.pp_size",
-                hint="launcher.nproc_per_node x launcher.nnodes must be a multiple of strategy.pp_size",
+                hint="launcher.nproc_per_node x launcher.nnodes must be a multiple of pp_size x tp_size",
             )
-        dp = world // pp
-        mesh = init_device_mesh(device, (pp, dp), mesh_dim_names=("pp", "dp"))
+        dp = world // (pp * tp)
+        mesh = init_device_mesh(device, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
         local = torch.cuda.current_device() if device == "cuda" else None
         tied_group = None
         if tied and pp > 1:  # every rank makes every group, in the same order
-            for d in range(dp):
-                group = dist.new_group([d, (pp - 1) * dp + d])
-                if rank % dp == d:
+            for d in range(dp * tp):  # the (dp, tp) coordinate's first and last stage
+                group = dist.new_group([d, (pp - 1) * dp * tp + d])
+                if rank % (dp * tp) == d:
                     tied_group = group
         return cls(
             pp=pp,
             dp=dp,
-            pp_rank=rank // dp,
-            dp_rank=rank % dp,
+            pp_rank=rank // (dp * tp),
+            dp_rank=rank // tp % dp,
             device=torch.device(device, local) if local is not None else torch.device(device),
             pp_group=mesh.get_group("pp"),
             dp_group=mesh.get_group("dp"),
             tied_group=tied_group,
+            tp=tp,
+            tp_rank=rank % tp,
+            tp_group=mesh.get_group("tp"),
+            tp_mesh=mesh["tp"],
         )
+
+    def pp_rank_of(self, rank: int) -> int:
+        """The pipeline rank (stage position) of global rank ``rank``."""
+        return rank // (self.dp * self.tp)
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    def label(self) -> str:
+        """``pp 2 x dp 1 = 2 processes`` (``x tp 2`` with tensor parallel stages)."""
+        tp = f" x tp {self.tp}" if self.tp > 1 else ""
+        return f"pp {self.pp} x dp {self.dp}{tp} = {self.world} processes"
 
     def describe(self) -> str:
         """What was built, checked against the process groups themselves (sizes as asked, this rank in
         them)."""
-        sizes = (dist.get_world_size(self.pp_group), dist.get_world_size(self.dp_group))
-        if sizes != (self.pp, self.dp) or dist.get_rank(self.pp_group) != self.pp_rank:
+        sizes = tuple(dist.get_world_size(g) for g in (self.pp_group, self.dp_group, self.tp_group))
+        if sizes != (self.pp, self.dp, self.tp) or dist.get_rank(self.pp_group) != self.pp_rank:
             raise ConfigError(
-                f"the pipeline's process groups have sizes {sizes}, pp {self.pp} x dp {self.dp} was asked",
+                f"the pipeline's process groups have sizes {sizes}, pp {self.pp} x dp {self.dp} x tp "
+                f"{self.tp} was asked",
                 key="strategy.pp_size",
                 hint="a bug: please report it with this message",
             )
+        tp = f", tensor-parallel groups of {self.tp}" if self.tp > 1 else ""
         return (
-            f"torch.distributed.pipelining: pipeline groups of {self.pp}, data-parallel groups of {self.dp}, "
-            f"{self.pp * self.dp} process(es) ({dist.get_backend()})"
+            f"torch.distributed.pipelining: pipeline groups of {self.pp}, data-parallel groups of "
+            f"{self.dp}{tp}, {self.world} process(es) ({dist.get_backend()})"
         )
 
 
@@ -253,11 +277,26 @@ class Run:
 
 
 # ---- around a step -------------------------------------------------------------------------------------
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (the tensor itself otherwise): what collectives and files see."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def is_sharded(tensor: torch.Tensor) -> bool:
+    """A DTensor split over its mesh (each rank holds another part), not a replicated one."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor) and any(p.is_shard() for p in tensor.placements)
+
+
 def all_reduce_grads(params: Sequence[nn.Parameter], group: Any, size: int) -> None:
-    """Sum the gradients of ``params`` over ``group`` (flattened into one buffer per dtype)."""
+    """Sum the gradients of ``params`` over ``group`` (flattened into one buffer per dtype; a tensor-parallel
+    gradient's own shard)."""
     if size <= 1:
         return
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [local(p.grad) for p in params if p.grad is not None]
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for g in grads:
         by_dtype.setdefault(g.dtype, []).append(g)
@@ -270,28 +309,100 @@ def all_reduce_grads(params: Sequence[nn.Parameter], group: Any, size: int) -> N
             offset += t.numel()
 
 
-def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, group: Any, counted: set[int]) -> float:
-    """The gradient norm over every stage (``counted``: ids of the parameters whose squares this rank adds,
-    so a tied matrix held by two stages counts once), and every gradient scaled as
-    ``torch.nn.utils.clip_grad_norm_`` would on the whole model (``max_norm`` 0: no clipping)."""
+def clip_grad_norm(
+    params: Iterable[nn.Parameter],
+    max_norm: float,
+    groups: Sequence[Any],
+    counted: set[int],
+    tp_rank: int = 0,
+) -> float:
+    """The gradient norm over every stage and tensor-parallel shard (``groups``: the pipeline group, then
+    the tensor-parallel one; ``counted``: ids of the parameters whose squares this rank adds, so a tied
+    matrix held by two stages counts once; a parameter every tensor-parallel rank holds whole counts on
+    ``tp_rank`` 0 only), and every gradient scaled as ``torch.nn.utils.clip_grad_norm_`` would on the whole
+    model (``max_norm`` 0: no clipping)."""
     params = [p for p in params if p.grad is not None]
-    local = sum((p.grad.detach().float().pow(2).sum() for p in params if id(p) in counted), torch.zeros(()))
-    local = local.to(params[0].grad.device) if params else local
-    dist.all_reduce(local, group=group)
-    total = float(local.sqrt())
+    mine = [p for p in params if id(p) in counted and (tp_rank == 0 or is_sharded(p.grad))]
+    total_sq = sum((local(p.grad).detach().float().pow(2).sum() for p in mine), torch.zeros(()))
+    total_sq = total_sq.to(local(params[0].grad).device) if params else total_sq
+    for group in groups:
+        if group is not None:
+            dist.all_reduce(total_sq, group=group)
+    total = float(total_sq.sqrt())
     if max_norm > 0:
         coef = min(1.0, max_norm / (total + 1e-6))
         if coef < 1.0:
             for p in params:
-                p.grad.detach().mul_(coef)
+                local(p.grad).detach().mul_(coef)
     return total
 
 
+def full_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with every DTensor gathered whole (a collective call over its mesh), on the CPU."""
+    from torch.distributed.tensor import DTensor
+
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().contiguous().cpu()
+        for k, v in state.items()
+    }
+
+
+def load_full_state(model: nn.Module, state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+    """Load whole tensors into ``model``, each tensor-parallel parameter taking its own shard; (missing,
+    unexpected) names as ``load_state_dict`` gives them."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    with torch.no_grad():
+        for name, value in state.items():
+            if name not in own:
+                continue
+            target = own[name]
+            if isinstance(target, DTensor):
+                shard = distribute_tensor(value.to(target.dtype), target.device_mesh, target.placements)
+                target.to_local().copy_(shard.to_local())
+            else:
+                target.copy_(value)
+    return missing, unexpected
+
+
+def local_optimizer_state(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer's ``state_dict()`` with each DTensor as this rank's shard: what a checkpoint holds and
+    ``torch.load(weights_only=True)`` reads back (:func:`shard_optimizer_state` undoes it after loading)."""
+    per_param = {
+        key: {name: local(v) if isinstance(v, torch.Tensor) else v for name, v in values.items()}
+        for key, values in state["state"].items()
+    }
+    return {**state, "state": per_param}
+
+
+def shard_optimizer_state(optimizer: Any) -> None:
+    """After ``load_state_dict`` of :func:`local_optimizer_state`: each state tensor of a tensor-parallel
+    parameter (the moments, shaped like its shard) a DTensor over the parameter's mesh again."""
+    from torch.distributed.tensor import DTensor
+
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if not isinstance(param, DTensor):
+                continue
+            state = optimizer.state.get(param, {})
+            for name, value in state.items():
+                plain = isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
+                if plain and value.shape == param.to_local().shape:
+                    state[name] = DTensor.from_local(
+                        value, param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
+                    )
+
+
 def gather_state_dict(state: dict[str, torch.Tensor], mesh: PipelineGroups) -> dict[str, torch.Tensor] | None:
-    """The whole model's state dict on rank 0 from each pipeline rank's part (replica 0 sends it; a tied
-    matrix arrives from both ends, the same tensor); None elsewhere. A collective call on every rank."""
+    """The whole model's state dict on rank 0 from each pipeline rank's part (replica 0's first
+    tensor-parallel rank sends it, its shards gathered first; a tied matrix arrives from both ends, the same
+    tensor); None elsewhere. A collective call on every rank."""
+    whole_stage = full_state(state)
     parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
-    mine = {k: v.detach().cpu() for k, v in state.items()} if mesh.dp_rank == 0 else {}
+    mine = whole_stage if mesh.dp_rank == 0 and mesh.tp_rank == 0 else {}
     dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() != 0:
         return None

@@ -158,8 +158,8 @@ def check_split(cfg: DictConfig, comps: Components, device: str, dtype: str) -> 
         (
             mesh.tp > 1 and comps.peft.enabled,
             "peft",
-            f"tensor parallel with peft={peft}: DeepSpeed AutoTP splits the base layers and leaves an "
-            "adapter's layers whole beside them (not supported)",
+            f"tensor parallel with peft={peft}: the engines (DeepSpeed AutoTP, DTensor in pipeline stages) "
+            "split the base layers and leave an adapter's layers whole beside them (not supported)",
             "peft=none (full fine-tuning), or strategy.sp_size for long sequences with an adapter",
         ),
         (

@@ -1,19 +1,20 @@
 """Pipeline-parallel training (``strategy=pipeline``): a trainer-based recipe's run with the model cut into
 stages, trained by our own loop over ``torch.distributed.pipelining`` instead of ``Trainer.train``.
 
-:func:`cut_model` runs before the recipe's trainer is built (``Session.trainer``): every rank builds the
-model whole, then keeps its stages (``components/distributed/stages.py``), so the trainer only ever holds
-this rank's part. The trainer still does what it is good at and what keeps the run equal to a
-single-process one: the recipe's data preparation (TRL's tokenization, label masks, truncation), the
-optimizer with its weight-decay groups, and the learning-rate schedule. :func:`train_in_stages` then runs the
-steps (``Session.train_and_finish``): each optimizer step is ``train.gradient_accumulation_steps``
-micro-batches of ``train.micro_batch_size`` rows per data-parallel replica, pushed through the schedule;
-rows are right-padded to one length (the stages exchange fixed-shape activations; a causal mask never lets a
-real token see the padding). The loss is the recipe's causal-LM cross-entropy summed over the step's
-trained tokens of every replica and divided by their count, as the Trainer's ``num_items_in_batch``
-does; gradients are summed over the replicas and between the two copies of a tied embedding, clipped by
-the norm over all stages. Checkpoints, resume, signals, metrics, trackers and the summary follow the loops
-we own (``components/rl/loop.py``); the final weights are gathered into a normal model folder on rank 0.
+:func:`cut_model` runs before the recipe's trainer is built (``Session.trainer``): every rank builds the model
+whole, then keeps its stages (``components/distributed/stages.py``), their layers split over the stage's
+tensor-parallel ranks with ``strategy.tp_size`` > 1 (``components/distributed/stage_tp.py``), so the trainer
+only ever holds this rank's part. The trainer still does what it is good at and what keeps the run equal to a
+single-process one: the recipe's data preparation (TRL's tokenization, label masks, truncation), the optimizer
+with its weight-decay groups, and the learning-rate schedule. :func:`train_in_stages` then runs the steps
+(``Session.train_and_finish``): each optimizer step is ``train.gradient_accumulation_steps`` micro-batches of
+``train.micro_batch_size`` rows per data-parallel replica, pushed through the schedule; rows are right-padded
+to one length (the stages exchange fixed-shape activations; a causal mask never lets a real token see the
+padding). The loss is the recipe's causal-LM cross-entropy summed over the step's trained tokens of every
+replica and divided by their count, as the Trainer's ``num_items_in_batch`` does; gradients are summed over
+the replicas and between the two copies of a tied embedding, clipped by the norm over all stages and
+tensor-parallel shards. Checkpoints, resume, signals, metrics, trackers and the summary follow the loops we
+own (``components/rl/loop.py``); the final weights are gathered into a normal model folder on rank 0.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 
 from components.config.errors import ConfigError, Diverged
 from components.distributed import pp_schedule as pp
+from components.distributed import stage_tp
 from components.distributed import stages as st
 
 STAGE_DIR = "stage-{stage}"  # in a checkpoint: one pipeline rank's weights and optimizer state
@@ -44,6 +46,12 @@ class Cut:
     stage_ids: list[int]
     tied: bool
     held: list[dict[str, Any]]  # every rank's held(), in rank order
+    local: list[int]  # every rank's parameters in its own memory (a tensor-parallel rank: its shards)
+
+
+def optimizer_file(mesh: pp.PipelineGroups) -> str:
+    """A stage folder's optimizer state: one file, or one per tensor-parallel rank (each holds its shards)."""
+    return "optimizer.pt" if mesh.tp == 1 else f"optimizer-tp{mesh.tp_rank}.pt"
 
 
 def cut_model(session: Any) -> Cut:
@@ -53,12 +61,15 @@ def cut_model(session: Any) -> Cut:
     ctx = session.ctx
     strategy, model = ctx.components.strategy, session.model
     tied = st.CausalLMParts.of(model).tied
-    mesh = pp.PipelineGroups.build(strategy.pp_size, ctx.device, tied)
+    mesh = pp.PipelineGroups.build(strategy.pp_size, ctx.device, tied, tp=strategy.tp_size)
     plan = strategy.stage_plan(st.CausalLMParts.of(model).config)
     stage_ids = plan.stages_of(mesh.pp_rank)
     st.keep_stages(model, plan, stage_ids)
+    if mesh.tp > 1:  # each kept layer split over the stage's tensor-parallel ranks
+        stage_tp.split_layers(st.CausalLMParts.of(model).backbone.layers.values(), mesh.tp_mesh)
     held = pp.all_gather(st.held(model))
-    cut = Cut(mesh, plan, stage_ids, tied, held)
+    local = pp.all_gather(sum(pp.local(p).numel() for p in model.parameters()))
+    cut = Cut(mesh, plan, stage_ids, tied, held, local)
     verify(cut)
     session.report["pipeline"] = describe(cut, strategy)
     return cut
@@ -69,7 +80,7 @@ def verify(cut: Cut) -> None:
     on the first stage's rank only, norm and head on the last's only, and the planned parameter count."""
     wrong = []
     for rank, got in enumerate(cut.held):
-        want = st.expected(cut.plan, cut.plan.stages_of(rank // cut.mesh.dp))
+        want = st.expected(cut.plan, cut.plan.stages_of(cut.mesh.pp_rank_of(rank)))
         if got != want:
             wrong.append(f"rank {rank} holds {got}, planned {want}")
     if wrong:
@@ -83,7 +94,7 @@ def verify(cut: Cut) -> None:
 def describe(cut: Cut, strategy: Any) -> dict[str, Any]:
     """The summary's pipeline section: mesh, schedule, split, what each rank holds."""
     rows: dict[str, Any] = {
-        "mesh": f"pp {cut.mesh.pp} x dp {cut.mesh.dp} = {cut.mesh.pp * cut.mesh.dp} processes",
+        "mesh": cut.mesh.label(),
         "schedule": f"{strategy.schedule}, {cut.plan.num_stages} stages, {strategy.stages_per_rank} per rank",
         "tied embeddings": "yes: the first and last stage each hold the matrix (trained: gradients summed "
         "between them, one update)"
@@ -97,6 +108,11 @@ def describe(cut: Cut, strategy: Any) -> dict[str, Any]:
             name for name in ("embed_tokens", "lm_head") if got[name]
         ]
         rows[f"rank {rank} holds"] = f"{', '.join(parts)}; {got['parameters']:,} parameters"
+        if cut.mesh.tp > 1:  # the stage's projections split: this rank's own share
+            rows[f"rank {rank} holds"] += (
+                f", {cut.local[rank]:,} of them here (tensor-parallel rank {rank % cut.mesh.tp} of "
+                f"{cut.mesh.tp}: each layer's projections split)"
+            )
     return rows
 
 
@@ -295,20 +311,23 @@ class StagedRun:
         pp.all_reduce_grads(params, mesh.dp_group, mesh.dp)
         if self.tied_param is not None and self.tied_param.grad is not None:
             dist.all_reduce(self.tied_param.grad, group=mesh.tied_group)
-        norm = pp.clip_grad_norm(params, self.session.ctx.train.max_grad_norm, mesh.pp_group, self.counted)
+        groups = [mesh.pp_group, mesh.tp_group if mesh.tp > 1 else None]
+        norm = pp.clip_grad_norm(
+            params, self.session.ctx.train.max_grad_norm, groups, self.counted, mesh.tp_rank
+        )
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         local = torch.zeros(5, dtype=torch.float64, device=device)
-        if self.pipe.has_last:  # a schedule built this step probed the loss once more first: the last m count
+        if self.pipe.has_last and mesh.tp_rank == 0:  # a built schedule probed the loss once more: the last m
             stats = torch.stack(self.stash[-len(micro) :])
             n, trained = stats[:, 0], stats[:, 0] > 0
             local[0] = torch.stack(ran.result).double().sum()
             local[1] = (stats[trained, 1] / n[trained]).sum()
             local[2] = (stats[trained, 2] / n[trained]).sum()
             local[3], local[4] = len(stats), real
-        dist.all_reduce(local)  # the last stage of every replica holds the numbers
+        dist.all_reduce(local)  # the last stage of every replica holds the numbers (its first tp rank counts)
         loss, entropy, right, counted, tokens = local.tolist()
         self.tokens += int(tokens)
         self.steps_run += 1
@@ -331,7 +350,7 @@ class StagedRun:
             part += [[]] * (chunk - len(part))  # one shape per schedule: padding micro-batches
             ids, labels, _ = self.eval.tensors(part)
             outputs = self.pipe.run(ids.to(mesh.device), None, chunk, self.eval.length, train=False).result
-            if not self.pipe.has_last:
+            if not self.pipe.has_last or mesh.tp_rank:  # the last stage's tensor-parallel ranks agree
                 continue
             logits = outputs[0]
             for b, batch in enumerate(part):
@@ -359,8 +378,9 @@ class StagedRun:
     # ---- checkpoints ------------------------------------------------------------------------------------
     def save(self, step: int, epoch: float) -> Path:
         """``checkpoints/checkpoint-<step>``: each pipeline rank's weights (safetensors, the whole model's
-        names) and optimizer state in ``stage-<rank>/`` (data-parallel replica 0 writes them), the schedule,
-        the step and the layout, every rank's RNG states; atomic and checksummed (a collective call)."""
+        names) and optimizer state in ``stage-<rank>/`` (data-parallel replica 0 writes them: the weights
+        gathered whole, the optimizer state one file per tensor-parallel rank), the schedule, the step and the
+        layout, every rank's RNG states; atomic and checksummed (a collective call)."""
         import torch.distributed as dist
         from safetensors.torch import save_file
 
@@ -368,20 +388,27 @@ class StagedRun:
 
         ctx, mesh = self.session.ctx, self.cut.mesh
         main = dist.get_rank() == 0
+        state = pp.full_state(self.model.state_dict())  # collective: tensor-parallel shards gathered
         with staged_checkpoint(ctx.run_dir, step, main=main, barrier=dist.barrier,
                                keep_last=ctx.train.keep_last) as staging:  # fmt: skip
-            if mesh.dp_rank == 0:
-                folder = staging / STAGE_DIR.format(stage=mesh.pp_rank)
+            folder = staging / STAGE_DIR.format(stage=mesh.pp_rank)
+            if mesh.dp_rank == 0 and mesh.tp_rank == 0:
                 folder.mkdir()
-                state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
                 save_file(state, str(folder / "model.safetensors"))
-                torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+            dist.barrier()  # the stage's folder exists before its tensor-parallel ranks write into it
+            if mesh.dp_rank == 0:
+                optimizer = pp.local_optimizer_state(self.optimizer.state_dict())
+                torch.save(optimizer, folder / optimizer_file(mesh))
             if main:
                 torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
                 torch.save({"step": step, "epoch": epoch, "tokens": self.tokens}, staging / LOOP_STATE)
-                layout = {"pp": mesh.pp, "dp": mesh.dp, "bounds": list(self.cut.plan.bounds)}
-                (staging / LAYOUT).write_text(json.dumps(layout))
+                (staging / LAYOUT).write_text(json.dumps(self.layout()))
         return ctx.run_dir.checkpoints / f"checkpoint-{step}"
+
+    def layout(self) -> dict[str, Any]:
+        """What a checkpoint's stage folders fit: the mesh and the split (a resume must match it)."""
+        mesh = self.cut.mesh
+        return {"pp": mesh.pp, "dp": mesh.dp, "tp": mesh.tp, "bounds": list(self.cut.plan.bounds)}
 
     def restore(self, checkpoint: str) -> int:
         """Load ``checkpoint`` into this rank's stages (weights, optimizer, schedule, RNG); the last step it
@@ -393,22 +420,25 @@ class StagedRun:
         path, mesh = Path(checkpoint), self.cut.mesh
         rng = loop_rng_file(path)
         saved = json.loads((path / LAYOUT).read_text()) if (path / LAYOUT).is_file() else None
-        here = {"pp": mesh.pp, "dp": mesh.dp, "bounds": list(self.cut.plan.bounds)}
+        here = self.layout()
+        if saved is not None and "tp" not in saved:  # written before tensor parallel stages: tp 1
+            saved = {**saved, "tp": 1}
         if saved != here:
             raise ConfigError(
                 f"{path} was written by a pipeline of {saved}, this run is {here}",
                 key="resume",
-                hint="resume with the strategy.pp_size, strategy.split and process count of the run that "
-                "wrote it",
+                hint="resume with the strategy.pp_size, strategy.tp_size, strategy.split and process count "
+                "of the run that wrote it",
             )
         folder = path / STAGE_DIR.format(stage=mesh.pp_rank)
         weights = load_file(str(folder / "model.safetensors"))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        missing, unexpected = pp.load_full_state(self.model, weights)
         if missing or unexpected:
             raise ConfigError(f"{folder}: missing {missing[:3]}, unexpected {unexpected[:3]}", key="resume")
         self.optimizer.load_state_dict(
-            torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
+            torch.load(folder / optimizer_file(mesh), map_location="cpu", weights_only=True)
         )
+        pp.shard_optimizer_state(self.optimizer)
         state = loop_state(path, self.scheduler, rng)
         self.tokens = int(state.get("tokens", 0))
         return int(state["step"])

@@ -21,8 +21,10 @@ class Pipeline(ModelSplit, Strategy):
     """Pipeline parallel (``torch.distributed.pipelining``): the decoder layers cut into ``pp_size`` stages
     (x ``stages_per_rank`` under an interleaved schedule), each rank holding only its stages, micro-batches
     (``train.gradient_accumulation_steps`` per step) flowing through them on a GPipe, 1F1B or interleaved 1F1B
-    schedule; ``world / pp_size`` data-parallel replicas, each with its own data, gradients summed over them.
-    Trained by our own loop (``components/runtime/pipeline_loop.py``); CPU (gloo) and GPU."""
+    schedule; with ``tp_size`` > 1 each stage's layers split over that many tensor-parallel ranks (DTensor,
+    ``components/distributed/stage_tp.py``: 3D with the data-parallel replicas); ``world / (pp_size x
+    tp_size)`` data-parallel replicas, each with its own data, gradients summed over them. Trained by our own
+    loop (``components/runtime/pipeline_loop.py``); CPU (gloo) and GPU."""
 
     # pipeline ranks; launcher.nproc_per_node x nnodes must be a multiple; world / pp_size data-parallel
     # replicas
@@ -31,27 +33,29 @@ class Pipeline(ModelSplit, Strategy):
     stages_per_rank: int = knob(1, AT_LEAST_ONE)  # > 1: interleaved_1f1b (virtual stages, a smaller bubble)
     # the first layer of stages 1..N-1, e.g. [12] for 2 stages; [] = balanced by parameter count
     split: list[int] = knob([], AT_LEAST_ONE)
-    tp_size: int = knob(1, AT_LEAST_ONE)  # tensor parallel inside each stage (3D): not built, refused above 1
+    tp_size: int = knob(1, AT_LEAST_ONE)  # tensor-parallel ranks inside each stage (3D: pp x dp x tp)
 
     shards_parameters: ClassVar[bool] = True  # no rank holds the whole model: saving gathers it
-    parallel_dims: ClassVar[tuple[str, ...]] = ("pp",)  # strategy=auto tries strategy.pp_size
+    parallel_dims: ClassVar[tuple[str, ...]] = ("pp", "tp")  # strategy=auto tries their sizes
     needs_process_group: ClassVar[bool] = True
     wraps_model: ClassVar[bool] = True
     splits_layers: ClassVar[bool] = True
 
     @property
     def label(self) -> str:
-        return f"Pipeline (pp {self.pp_size}, {self.schedule})"
+        tp = f" x tp {self.tp_size}" if self.tp_size > 1 else ""
+        return f"Pipeline (pp {self.pp_size}{tp}, {self.schedule})"
 
     @property
     def num_stages(self) -> int:
         return self.pp_size * self.stages_per_rank
 
     def mesh(self, world_size: int) -> Mesh:
-        return Mesh(world_size, pp=self.pp_size)
+        return Mesh(world_size, tp=self.tp_size, pp=self.pp_size)
 
     def applicable(self, world_size: int) -> bool:
-        return world_size >= self.pp_size and world_size % self.pp_size == 0
+        ranks = self.pp_size * self.tp_size
+        return world_size >= ranks and world_size % ranks == 0
 
     def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
         """Each replica's stages whole (``mesh()`` says how the layers split), the schedule's micro-batches
@@ -60,14 +64,6 @@ class Pipeline(ModelSplit, Strategy):
 
     def validate(self) -> None:
         super().validate()
-        if self.tp_size != 1:
-            raise ConfigError(
-                f"strategy=pipeline does not split its stages' layers over tensor-parallel ranks (3D, "
-                f"tp_size={self.tp_size}): each stage is whole on its rank",
-                key="strategy.tp_size",
-                hint="strategy.tp_size=1 with strategy=pipeline (pp x dp), or strategy=zero1 "
-                "strategy.tp_size=N for tensor parallel (tp x dp)",
-            )
         if self.schedule not in SCHEDULES:
             raise ConfigError(
                 f"unknown schedule '{self.schedule}'",

@@ -167,8 +167,8 @@ def test_every_split_layout_gets_the_verdict_the_table_gives(compose_cfg, monkey
     logging.getLogger("hydratune").setLevel(logging.ERROR)
     wrong = []
     for split in matrix.SPLITS:
-        cfg = compose_cfg(*split.overrides, "launcher.nproc_per_node=2")
+        cfg = compose_cfg(*split.overrides, f"launcher.nproc_per_node={split.processes}")
         got = observed(lambda _, cfg=cfg: copy.deepcopy(cfg), None)
         if (split.kind, split.key) != (got.kind, got.key):
-            wrong.append(f"{' '.join(split.overrides)}: table {split.kind} {split.key}, checks {got}")
+            wrong.append(f"{' '.join(split.command)}: table {split.kind} {split.key}, checks {got}")
     assert not wrong, "\n".join(wrong)

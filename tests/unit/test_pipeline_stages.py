@@ -152,10 +152,20 @@ def test_adapters_and_frozen_weights_go_with_their_layers(compose_cfg, peft: str
         (["model.compile=true"], "model.compile", "not applied to pipeline stages"),
         (["recipe.loss_type=dft"], "recipe.loss_type", "not computed by the pipeline stages"),
         (["strategy.pp_size=1"], "strategy.pp_size", ">= 2"),
-        (
-            ["strategy.tp_size=2", "launcher.nproc_per_node=4"],
+        (  # tensor-parallel stages split the 2 key/value heads of the tiny model by 2, not by 4
+            ["strategy.tp_size=4", "launcher.nproc_per_node=8"],
             "strategy.tp_size",
-            "tensor-parallel ranks (3D",
+            "2 key/value heads are not divisible by tp_size=4",
+        ),
+        (
+            ["strategy.tp_size=2", "launcher.nproc_per_node=4", "peft=lora"],
+            "peft",
+            "DTensor in pipeline stages",
+        ),
+        (
+            ["strategy.tp_size=2", "launcher.nproc_per_node=6"],
+            "strategy.tp_size",
+            "does not divide the world size 6",
         ),
     ],
 )
