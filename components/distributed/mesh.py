@@ -66,6 +66,43 @@ class Mesh:
         """``1 node x 2 processes``: how the world sits on the nodes."""
         return f"{nnodes} node{'s' if nnodes != 1 else ''} x {self.world // max(1, nnodes)} processes"
 
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Where ``rank`` sits: pp outermost, then dp, sp, tp innermost (rank = ((pp x dp + dp) x sp + sp) x
+        tp + tp), the order the engines make their groups in: DeepSpeed's AutoTP and Ulysses groups are runs
+        of neighbouring ranks, the pipeline's (``pp_schedule.PipelineGroups``, checked live) a stage's tp
+        ranks neighbours and its pipelines ``dp x tp`` apart; an expert-parallel group is ``ep`` neighbouring
+        data-parallel ranks."""
+        sizes = {"pp": self.pp, "dp": self.dp, "sp": self.sp, "tp": self.tp}
+        out, rest = {}, rank
+        for dim in ("tp", "sp", "dp", "pp"):
+            out[dim], rest = rest % sizes[dim], rest // sizes[dim]
+        return out
+
+    def groups(self, dim: str) -> list[list[int]]:
+        """The ranks of each ``dim`` group (``dp``, ``tp``, ``sp``, ``pp`` or ``ep``): the ranks that differ
+        only in that coordinate, in rank order."""
+        if dim == "ep":
+            return [g[i : i + self.ep] for g in self.groups("dp") for i in range(0, len(g), self.ep)]
+        others = {}
+        for rank in range(self.world):
+            key = tuple(v for d, v in self.coordinates(rank).items() if d != dim)
+            others.setdefault(key, []).append(rank)
+        return sorted(others.values())
+
+    def layout(self, gpus_per_node: int) -> dict[str, str]:
+        """Which ranks form each group of a dimension above 1, and which ranks sit on each node (``mode=plan``
+        prints it): ``{"tp groups": "[0, 1] [2, 3]", "node 0": "ranks 0-3"}``."""
+        rows = {
+            f"{dim} groups": " ".join(str(g) for g in self.groups(dim))
+            for dim in ("tp", "sp", "pp", "dp", "ep")
+            if (self.ep if dim == "ep" else getattr(self, dim)) > 1
+        }
+        per = max(1, min(gpus_per_node, self.world))
+        for node in range(-(-self.world // per)):
+            first, last = node * per, min(self.world, (node + 1) * per) - 1
+            rows[f"node {node}"] = f"rank {first}" if first == last else f"ranks {first}-{last}"
+        return rows
+
 
 @dataclass(frozen=True)
 class ModelDims:

@@ -93,6 +93,26 @@ class PipelineGroups:
         tp = f" x tp {self.tp}" if self.tp > 1 else ""
         return f"pp {self.pp} x dp {self.dp}{tp} = {self.world} processes"
 
+    def check_groups(self) -> None:
+        """Every rank's pipeline, data- and tensor-parallel group holds the ranks ``mode=plan`` printed
+        (``Mesh.groups``); a ConfigError otherwise (a collective call)."""
+        from components.distributed.mesh import Mesh
+
+        planned = Mesh(self.world, tp=self.tp, pp=self.pp)
+        mine = {
+            dim: dist.get_process_group_ranks(getattr(self, f"{dim}_group")) for dim in ("pp", "dp", "tp")
+        }
+        built = all_gather(mine)
+        for dim in ("pp", "dp", "tp"):
+            got = sorted({tuple(sorted(groups[dim])) for groups in built})
+            want = sorted(tuple(g) for g in planned.groups(dim))
+            if got != want:
+                raise ConfigError(
+                    f"the pipeline's {dim} groups are {got}, the plan's {want}",
+                    key="strategy.pp_size",
+                    hint="a bug: please report it with this message",
+                )
+
     def describe(self) -> str:
         """What was built, checked against the process groups themselves (sizes as asked, this rank in
         them)."""
@@ -104,6 +124,7 @@ class PipelineGroups:
                 key="strategy.pp_size",
                 hint="a bug: please report it with this message",
             )
+        self.check_groups()
         tp = f", tensor-parallel groups of {self.tp}" if self.tp > 1 else ""
         return (
             f"torch.distributed.pipelining: pipeline groups of {self.pp}, data-parallel groups of "

@@ -242,7 +242,10 @@ class Strategy:
                 "tokens)"
             )
         nodes = max(1, plan.world_size // max(1, plan.gpus_per_node))
-        return {"mesh": f"{mesh.describe()}; {mesh.per_node(nodes)}", "batch": batch}
+        described = {"mesh": f"{mesh.describe()}; {mesh.per_node(nodes)}", "batch": batch}
+        if plan.world_size > 1:
+            described["ranks"] = mesh.layout(plan.gpus_per_node)
+        return described
 
     def verify(self, accelerator: Any, world_size: int | None = None) -> None:
         """Refuse to train when accelerate silently fell back to something else."""

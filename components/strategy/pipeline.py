@@ -181,6 +181,14 @@ class Pipeline(ModelSplit, Strategy):
         model = stages.meta_model(architecture)
         return stages.plan_stages(model, self.num_stages, self.pp_size, self.split, balance=balanced_split)
 
+    @staticmethod
+    def stage_ranks(stage_plan: Any, stage: int, mesh: Mesh) -> str:
+        """What stage ``stage`` holds and the ranks holding it (split over tp ranks with tensor parallel)."""
+        pipeline_rank = stage_plan.rank_of(stage)
+        ranks = [r for r in range(mesh.world) if mesh.coordinates(r)["pp"] == pipeline_rank]
+        split = f", each layer's projections split over tp {mesh.tp}" if mesh.tp > 1 else ""
+        return f"{stage_plan.describe(stage)} on ranks {ranks}{split}"
+
     def bubble(self, micro_batches: int) -> float:
         """The theoretical bubble of ``micro_batches`` per step: (p - 1) / (m + p - 1), interleaved
         (p - 1) / (v m + p - 1) (the estimate's own formula)."""
@@ -190,18 +198,19 @@ class Pipeline(ModelSplit, Strategy):
 
     def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
         stage_plan = self.stage_plan(plan.architecture)
-        m, dp = plan.gradient_accumulation_steps, self.mesh(plan.world_size).dp
+        mesh = self.mesh(plan.world_size)
+        m, dp = plan.gradient_accumulation_steps, mesh.dp
         described = super().describe(plan, device)
         described["batch"]["global_batch_size"] = (
             f"{plan.micro_batch_size} x {m} x {dp} (data-parallel replicas) = {plan.global_batch_size}"
         )
         described["pipeline"] = {
-            "mesh": self.mesh(plan.world_size).describe(),
+            "mesh": mesh.describe(),
             "schedule": f"{self.schedule}: {self.num_stages} stages, {self.stages_per_rank} per rank",
             "micro-batches per step": f"{m} (train.gradient_accumulation_steps), each of "
             f"train.micro_batch_size={plan.micro_batch_size} rows per replica",
             **{
-                f"stage {s} (pipeline rank {stage_plan.rank_of(s)})": stage_plan.describe(s)
+                f"stage {s} (pipeline rank {stage_plan.rank_of(s)})": self.stage_ranks(stage_plan, s, mesh)
                 for s in range(stage_plan.num_stages)
             },
             "bubble (theoretical)": round(self.bubble(m), 4),

@@ -170,3 +170,23 @@ def test_ulysses_loader_runs_on_across_epochs() -> None:
 
     draws = _DrawOnce(Restarting())
     assert [next(draws) for _ in range(4)] == [1, 2, 3, 4]
+
+
+def test_the_plan_names_the_ranks_of_every_group_and_node() -> None:
+    """pp outermost, tp innermost: the groups the pipeline builds (checked live against these by
+    ``PipelineGroups.check_groups``) and DeepSpeed's runs of neighbouring tp / sp / ep ranks."""
+    mesh = Mesh(8, tp=2, pp=2)
+    assert mesh.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert mesh.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert mesh.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert mesh.coordinates(5) == {"tp": 1, "sp": 0, "dp": 0, "pp": 1}
+    assert Mesh(4, sp=2).groups("sp") == [[0, 1], [2, 3]] and Mesh(4, sp=2).groups("dp") == [[0, 2], [1, 3]]
+    assert Mesh(8, ep=4).groups("ep") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert mesh.layout(gpus_per_node=4) == {
+        "tp groups": "[0, 1] [2, 3] [4, 5] [6, 7]",
+        "pp groups": "[0, 4] [1, 5] [2, 6] [3, 7]",
+        "dp groups": "[0, 2] [1, 3] [4, 6] [5, 7]",
+        "node 0": "ranks 0-3",
+        "node 1": "ranks 4-7",
+    }
+    assert Mesh(2).layout(gpus_per_node=2) == {"dp groups": "[0, 1]", "node 0": "ranks 0-1"}
