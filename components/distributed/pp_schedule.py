@@ -389,6 +389,62 @@ def load_full_state(model: nn.Module, state: dict[str, torch.Tensor]) -> tuple[l
     return missing, unexpected
 
 
+def shard_over_replicas(optimizer: Any, group: Any) -> Any:
+    """ZeRO-1 over the data-parallel replicas: ``optimizer``'s parameter groups (the trainer's weight-decay
+    groups, its hyper-parameters) in torch's ``ZeroRedundancyOptimizer``, each replica keeping the states of
+    its own partition of the parameters, updating them and broadcasting the new values to the others."""
+    import inspect
+
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    groups = [dict(g) for g in optimizer.param_groups]
+    takes = inspect.signature(type(optimizer).__init__).parameters  # AdamW's defaults hold more than it takes
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in takes}
+    return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), process_group=group, **defaults)
+
+
+def optimizer_part(optimizer: Any) -> Any:
+    """The optimizer whose state this rank saves and restores: under ZeRO-1 the inner optimizer over its
+    own partition (each replica writes its part: no gathering to one rank), else the optimizer itself."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+
+
+def optimizer_part_state(optimizer: Any) -> dict[str, Any]:
+    """What a checkpoint holds of this rank's :func:`optimizer_part`: its state (DTensors as shards) with the
+    outer optimizer's hyper-parameters (under ZeRO-1 the inner ones lag a step: the schedule sets the outer
+    groups, copied inward only when the optimizer steps)."""
+    part = optimizer_part(optimizer)
+    state = local_optimizer_state(part.state_dict())
+    if part is not optimizer:
+        for saved, outer in zip(state["param_groups"], optimizer.param_groups, strict=True):
+            saved.update({k: v for k, v in outer.items() if k != "params"})
+    return state
+
+
+def load_optimizer_part(optimizer: Any, state: dict[str, Any]) -> None:
+    """Restore what :func:`optimizer_part` saved; under ZeRO-1 its hyper-parameters (the learning rate the
+    schedule had reached) go back to the outer optimizer's groups too, which it copies inward at every
+    step."""
+    part = optimizer_part(optimizer)
+    part.load_state_dict(state)
+    if part is not optimizer:
+        for outer, inner in zip(optimizer.param_groups, part.param_groups, strict=True):
+            outer.update({k: v for k, v in inner.items() if k != "params"})
+
+
+def held_states(optimizer: Any) -> int:
+    """Elements of optimizer state this rank holds (its partition's under ZeRO-1)."""
+    inner = optimizer_part(optimizer)
+    return sum(
+        local(v).numel()
+        for state in inner.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor)
+    )
+
+
 def local_optimizer_state(state: dict[str, Any]) -> dict[str, Any]:
     """An optimizer's ``state_dict()`` with each DTensor as this rank's shard: what a checkpoint holds and
     ``torch.load(weights_only=True)`` reads back (:func:`shard_optimizer_state` undoes it after loading)."""

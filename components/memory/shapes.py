@@ -43,7 +43,7 @@ class StrategyShape:
     """What a strategy does to memory, independent of its class: where states live, how they shard."""
 
     kind: str  # single | ddp | fsdp | deepspeed
-    stage: int = 0  # ZeRO stage (FSDP ≈ 3 with resharding, 2 without)
+    stage: int = 0  # ZeRO stage (FSDP ≈ 3 with resharding, 2 without; ddp 1: torch's ZeroRedundancyOptimizer)
     offload_optimizer: str = "none"  # none | cpu | nvme
     offload_param: str = "none"  # none | cpu | nvme
     reduce_bucket_size: float = 0.0  # elements (DeepSpeed); 0 = hidden² (HF "auto", the YAMLs' null)

@@ -49,8 +49,14 @@ class Cut:
     local: list[int]  # every rank's parameters in its own memory (a tensor-parallel rank: its shards)
 
 
-def optimizer_file(mesh: pp.PipelineGroups) -> str:
-    """A stage folder's optimizer state: one file, or one per tensor-parallel rank (each holds its shards)."""
+def optimizer_file(mesh: pp.PipelineGroups, zero: bool, reading: bool = False) -> str | None:
+    """This rank's optimizer file in its stage folder: one per stage, one per tensor-parallel rank (each
+    holds its shards), or under ZeRO-1 one per data-parallel rank (each holds its partition); None: the
+    rank writes none (replica 0 holds the same states, which every replica reads)."""
+    if zero:
+        return f"optimizer-dp{mesh.dp_rank}.pt"
+    if mesh.dp_rank and not reading:
+        return None
     return "optimizer.pt" if mesh.tp == 1 else f"optimizer-tp{mesh.tp_rank}.pt"
 
 
@@ -233,6 +239,8 @@ class StagedRun:
                            loss_function(layout.config.vocab_size, stash))  # fmt: skip
         trainer.optimizer_cls_and_kwargs = c.optimizer.cls_and_kwargs(ctx.device)  # as every trainer
         optimizer = trainer.create_optimizer()  # weight-decay groups over this rank's parameters
+        if c.strategy.zero_stage == 1 and cut.mesh.dp > 1:  # the states sharded over the replicas
+            optimizer = trainer.optimizer = pp.shard_over_replicas(optimizer, cut.mesh.dp_group)
         rows = trainer.train_dataset
         sampler = SeedableRandomSampler(range(len(rows)), data_seed=args.data_seed)
         batches: Any = BatchSampler(sampler, t.micro_batch_size, args.dataloader_drop_last)
@@ -396,14 +404,19 @@ class StagedRun:
                 folder.mkdir()
                 save_file(state, str(folder / "model.safetensors"))
             dist.barrier()  # the stage's folder exists before its tensor-parallel ranks write into it
-            if mesh.dp_rank == 0:
-                optimizer = pp.local_optimizer_state(self.optimizer.state_dict())
-                torch.save(optimizer, folder / optimizer_file(mesh))
+            name = optimizer_file(mesh, self.zero)
+            if name is not None:
+                torch.save(pp.optimizer_part_state(self.optimizer), folder / name)
             if main:
                 torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
                 torch.save({"step": step, "epoch": epoch, "tokens": self.tokens}, staging / LOOP_STATE)
                 (staging / LAYOUT).write_text(json.dumps(self.layout()))
         return ctx.run_dir.checkpoints / f"checkpoint-{step}"
+
+    @property
+    def zero(self) -> bool:
+        """ZeRO-1: the optimizer states sharded over the data-parallel replicas."""
+        return pp.optimizer_part(self.optimizer) is not self.optimizer
 
     def layout(self) -> dict[str, Any]:
         """What a checkpoint's stage folders fit: the mesh and the split (a resume must match it)."""
@@ -435,8 +448,9 @@ class StagedRun:
         missing, unexpected = pp.load_full_state(self.model, weights)
         if missing or unexpected:
             raise ConfigError(f"{folder}: missing {missing[:3]}, unexpected {unexpected[:3]}", key="resume")
-        self.optimizer.load_state_dict(
-            torch.load(folder / optimizer_file(mesh), map_location="cpu", weights_only=True)
+        name = optimizer_file(mesh, self.zero, reading=True)
+        pp.load_optimizer_part(
+            self.optimizer, torch.load(folder / str(name), map_location="cpu", weights_only=True)
         )
         pp.shard_optimizer_state(self.optimizer)
         state = loop_state(path, self.scheduler, rng)
@@ -504,6 +518,9 @@ class StagedRun:
             metrics.update(self.evaluate())
         session.log_metrics({"step": step, "epoch": epoch, "time": self.elapsed(), **metrics})
         session.report["pipeline"].update(self.bubble())
+        states = pp.all_gather(pp.held_states(self.optimizer))  # collective
+        zero = " (ZeRO-1: each data-parallel replica holds its partition)" if self.zero else ""
+        session.report["pipeline"]["optimizer states per rank"] = ", ".join(f"{n:,}" for n in states) + zero
         model = self.whole_model()  # collective: every rank sends its part to rank 0
         if session.ctx.is_main_process:
             session.note_late_signal()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, Range, knob
+from components.config.ranges import AT_LEAST_ONE, Range, knob, one_of
 from components.config.registry import component
 from components.distributed.mesh import Mesh
 from components.memory.parallel import SCHEDULES
@@ -34,6 +34,9 @@ class Pipeline(ModelSplit, Strategy):
     # the first layer of stages 1..N-1, e.g. [12] for 2 stages; [] = balanced by parameter count
     split: list[int] = knob([], AT_LEAST_ONE)
     tp_size: int = knob(1, AT_LEAST_ONE)  # tensor-parallel ranks inside each stage (3D: pp x dp x tp)
+    # 1: ZeRO-1, each data-parallel replica keeps the optimizer states of its partition of the stage's
+    # parameters (torch's ZeroRedundancyOptimizer); 0: every replica keeps them all
+    zero_stage: int = knob(0, one_of(0, 1), hint="ZeRO-2/3 shard what the pipeline loop keeps whole")
 
     shards_parameters: ClassVar[bool] = True  # no rank holds the whole model: saving gathers it
     parallel_dims: ClassVar[tuple[str, ...]] = ("pp", "tp")  # strategy=auto tries their sizes
@@ -44,7 +47,8 @@ class Pipeline(ModelSplit, Strategy):
     @property
     def label(self) -> str:
         tp = f" x tp {self.tp_size}" if self.tp_size > 1 else ""
-        return f"Pipeline (pp {self.pp_size}{tp}, {self.schedule})"
+        zero = ", ZeRO-1 over the replicas" if self.zero_stage else ""
+        return f"Pipeline (pp {self.pp_size}{tp}, {self.schedule}{zero})"
 
     @property
     def num_stages(self) -> int:
@@ -58,12 +62,21 @@ class Pipeline(ModelSplit, Strategy):
         return world_size >= ranks and world_size % ranks == 0
 
     def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
-        """Each replica's stages whole (``mesh()`` says how the layers split), the schedule's micro-batches
-        in flight."""
-        return StrategyShape("ddp", pipeline_schedule=self.schedule, pipeline_chunks=self.stages_per_rank)
+        """Each replica's stages whole (``mesh()`` says how the layers split; with ``zero_stage`` 1 the
+        optimizer states sharded over the replicas), the schedule's micro-batches in flight."""
+        return StrategyShape(
+            "ddp", self.zero_stage, pipeline_schedule=self.schedule, pipeline_chunks=self.stages_per_rank
+        )
 
     def validate(self) -> None:
         super().validate()
+        if self.zero_stage and self.tp_size > 1:
+            raise ConfigError(
+                "ZeRO-1 in the pipeline loop (torch's ZeroRedundancyOptimizer) shards plain tensors, not the "
+                f"tensor-parallel stages' DTensors (tp_size={self.tp_size})",
+                key="strategy.zero_stage",
+                hint="strategy.zero_stage=0 with strategy.tp_size > 1, or strategy.tp_size=1",
+            )
         if self.schedule not in SCHEDULES:
             raise ConfigError(
                 f"unknown schedule '{self.schedule}'",
