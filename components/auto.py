@@ -152,6 +152,13 @@ def maybe_resolve_auto(cfg: DictConfig) -> DictConfig:
         return cfg
     new, text = resolve_auto(cfg)
     print(text)
+    save_choice(new)
+    return new
+
+
+def save_choice(cfg: DictConfig) -> None:
+    """Rewrite the run dir's saved config (``.hydra/config.yaml``) with a strategy chosen at launch, so the
+    run dir replays the choice (nothing outside a Hydra job)."""
     try:
         from pathlib import Path
 
@@ -159,7 +166,6 @@ def maybe_resolve_auto(cfg: DictConfig) -> DictConfig:
 
         saved = Path(HydraConfig.get().runtime.output_dir) / ".hydra" / "config.yaml"
         if saved.parent.is_dir():
-            OmegaConf.save(new, saved)
+            OmegaConf.save(cfg, saved)
     except ValueError:  # not inside a Hydra job (tests)
         pass
-    return new

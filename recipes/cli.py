@@ -38,13 +38,13 @@ process_defaults()  # TOKENIZERS_PARALLELISM=false, no FutureWarnings (component
 def execute(cfg: DictConfig) -> Any:
     """Instantiate the groups, check them before any model is loaded, then run the recipe: here, or in
     the launcher's worker processes on the config frozen into the run dir."""
-    from components.auto import maybe_resolve_auto
+    from components.auto import maybe_resolve_auto, save_choice
     from components.config.ranges import check_values
     from components.config.resolvers import check_resolves
     from components.launcher import FROZEN
     from components.runtime import multinode
     from components.runtime.checks import check_before_load
-    from components.runtime.run import Components, hydra_run_dir, run_recipe
+    from components.runtime.run import Components, hydra_run_dir, pipeline_axis, run_recipe
     from components.runtime.threads import apply_thread_policy
 
     multinode.save_hydra_files(cfg)  # a multi-node job's .hydra/: once, whole (Hydra was kept from it)
@@ -54,6 +54,11 @@ def execute(cfg: DictConfig) -> Any:
     check_resolves(cfg)
     check_values(cfg)  # before strategy=auto's estimate reads them (Components.from_config checks again)
     cfg = maybe_resolve_auto(cfg)  # strategy=auto: choose from the memory estimate, save the choice
+    axis = pipeline_axis(cfg)  # strategy.pp_size on DDP / ZeRO-0/1: trains as strategy=pipeline
+    if axis is not None:
+        cfg, text = axis
+        print(text)
+        save_choice(cfg)
     comps = Components.from_config(cfg)
     multinode.refuse_sweep(comps.launcher)
     run_id = comps.launcher.rendezvous_id(multinode.pinned_run_dir())  # several nodes: one shared id

@@ -355,6 +355,21 @@ SPLITS: tuple[Split, ...] = (
     ),
     Split(("strategy=pipeline", "strategy.tp_size=2", "peft=lora"), "refused", "peft", processes=4),
     Split(
+        ("strategy=zero1", "strategy.pp_size=2"),
+        "cpu",
+        None,
+        f"test_pipeline.py (pp 2 x dp 2 with ZeRO-1, {ONE_PROCESS}; resumed bit-exact)",
+        processes=4,
+    ),
+    Split(("strategy=ddp", "strategy.pp_size=2"), "cpu", processes=4),
+    Split(("strategy=zero2", "strategy.pp_size=2"), "refused", "strategy.stage", processes=4),
+    Split(
+        ("strategy=zero1", "strategy.pp_size=2", "strategy.tp_size=2"),
+        "refused",
+        "strategy.zero_stage",
+        processes=8,
+    ),
+    Split(
         ("strategy=fsdp", "strategy.sp_size=2", "model.attn_implementation=sdpa"),
         "gpu",
         None,

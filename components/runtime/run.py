@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from components.config.schema import GROUPS
 from components.runtime.rundir import RunDir
@@ -59,6 +60,32 @@ class Components:
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+
+def pipeline_axis(
+    cfg: DictConfig, compose_strategy: Callable[[list[str]], DictConfig] | None = None
+) -> tuple[DictConfig, str] | None:
+    """``strategy.pp_size`` > 1 on an option that trains pipeline stages as ``strategy=pipeline``
+    (``Strategy.as_pipeline``: DDP, ZeRO-0/1): the config with that strategy node (composed by Hydra, the
+    run dir replays it) and what the CLI prints; None for any other strategy node."""
+    from components.auto import compose_strategy_hydra
+
+    if int(cfg.strategy.get("pp_size", 1) or 1) == 1 or str(cfg.strategy.get("_target_", "")).endswith(
+        ".Pipeline"
+    ):
+        return None
+    overrides = _instantiate(cfg, "strategy").as_pipeline()
+    if overrides is None:
+        return None
+    new = cfg.copy()
+    with open_dict(new):
+        new.strategy = (compose_strategy or compose_strategy_hydra)(list(overrides))
+    name = str(cfg.strategy._target_).rsplit(".", 1)[-1]
+    text = (
+        f"strategy: {name} with strategy.pp_size={cfg.strategy.pp_size} trains as {' '.join(overrides)} "
+        "(pipeline stages in the pipeline loop; its data-parallel replicas as the option keeps them)"
+    )
+    return new, text
 
 
 def _instantiate(cfg: DictConfig, group: str) -> Any:

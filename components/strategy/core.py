@@ -147,6 +147,12 @@ class Strategy:
         """Whether this option makes sense for ``world_size`` ranks (the estimate's table, auto's ladder)."""
         return True
 
+    def as_pipeline(self) -> tuple[str, ...] | None:
+        """Extension: pipeline stages as an axis of this option (``strategy.pp_size`` > 1 on DDP or ZeRO-0/1):
+        the ``strategy=pipeline`` overrides the run trains with instead, its data-parallel side kept
+        (``components/strategy/pipeline.py`` ``pipeline_axis``); None: no pipeline axis."""
+        return None
+
     def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
         """What this strategy does to memory (``components/memory/estimate.py`` reads only this)."""
         return SINGLE

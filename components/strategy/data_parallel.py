@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from components.config.errors import ConfigError
-from components.config.ranges import POSITIVE, knob
+from components.config.ranges import AT_LEAST_ONE, POSITIVE, knob
 from components.config.registry import component
 from components.memory.shapes import StrategyShape
 from components.strategy.core import MULTI_PROCESS, BatchPlan, OwnLoop, Strategy
@@ -35,6 +35,13 @@ class DDP(OwnLoop, Strategy):
     find_unused_parameters: bool | None = None
     bucket_cap_mb: int = knob(25, POSITIVE)  # MB of gradients per all-reduce bucket
     broadcast_buffers: bool = False
+    # > 1: the layers cut into that many pipeline stages, the replicas DDP's (trains as strategy=pipeline)
+    pp_size: int = knob(1, AT_LEAST_ONE)
+
+    def as_pipeline(self) -> tuple[str, ...] | None:
+        if self.pp_size == 1:
+            return None
+        return ("strategy=pipeline", f"strategy.pp_size={self.pp_size}", f"strategy.device={self.device}")
 
     def validate(self) -> None:
         super().validate()

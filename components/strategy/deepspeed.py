@@ -76,6 +76,9 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
     sp_size: int = knob(1, AT_LEAST_ONE)  # sequence parallel ranks (DeepSpeed Ulysses)
     # expert parallel ranks (DeepSpeed AutoEP, ZeRO 0-2): a mixture's experts split over them, all-to-all
     ep_size: int = knob(1, AT_LEAST_ONE)
+    # > 1: the layers cut into that many pipeline stages (ZeRO-0/1 only), trained by the pipeline loop with
+    # ZeRO-1's optimizer-state sharding over its data-parallel replicas (as strategy=pipeline)
+    pp_size: int = knob(1, AT_LEAST_ONE)
     aio: dict[str, Any] = field(
         default_factory=lambda: {
             "block_size": 1048576,
@@ -86,8 +89,49 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
         }
     )
 
+    def as_pipeline(self) -> tuple[str, ...] | None:
+        if self.pp_size == 1:
+            return None
+        refusal = self.pipeline_refusal()
+        if refusal is not None:
+            raise refusal
+        sizes = [f"strategy.pp_size={self.pp_size}", f"strategy.tp_size={self.tp_size}"]
+        return (
+            "strategy=pipeline",
+            *sizes,
+            f"strategy.zero_stage={self.stage}",
+            f"strategy.device={self.device}",
+        )
+
+    def pipeline_refusal(self) -> ConfigError | None:
+        """What pipeline stages (``pp_size`` > 1) cannot go with in this option (None: nothing asked)."""
+        if self.pp_size == 1:
+            return None
+        asked = {
+            "strategy.stage": self.stage > 1,
+            "strategy.sp_size": self.sp_size > 1,
+            "strategy.ep_size": self.ep_size > 1,
+            "strategy.offload_optimizer": self.offload_optimizer != "none",
+            "strategy.zero_quantized_gradients": self.zero_quantized_gradients,
+        }
+        key = next((k for k, bad in asked.items() if bad), None)
+        if key is None:
+            return None
+        return ConfigError(
+            f"pipeline stages (strategy.pp_size={self.pp_size}) train through the pipeline loop with ZeRO-1 "
+            f"at most over its data-parallel replicas, which does not do "
+            f"{key}={getattr(self, key.split('.')[1])}",
+            key=key,
+            hint=f"strategy=zero1 strategy.pp_size={self.pp_size}"
+            + ("" if key == "strategy.stage" else f" with {key} left at its default")
+            + ", or drop strategy.pp_size",
+        )
+
     def validate(self) -> None:
         super().validate()
+        refusal = self.pipeline_refusal()
+        if refusal is not None:
+            raise refusal
         for key in ("offload_optimizer", "offload_param"):
             if getattr(self, key) not in OFFLOAD:
                 raise ConfigError(

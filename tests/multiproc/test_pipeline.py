@@ -187,17 +187,20 @@ PP_TP = ["strategy=pipeline", "strategy.pp_size=2", "strategy.tp_size=2"]
 
 @dataclass
 class ThreeD:
-    single: Path  # one process, 16 rows a step
-    pp_tp: Path  # pp 2 x tp 2 (4 ranks), 16 rows a step, a checkpoint at step 4
+    single: Path  # one process, 8 rows a step (2 micro-batches of 4)
+    pp_tp: Path  # pp 2 x tp 2 (4 ranks), 8 rows a step, a checkpoint at step 4
     resumed: Path  # pp_tp resumed from its checkpoint-4
-    single_32: Path  # one process, 32 rows a step
-    pp_dp_tp: Path  # pp 2 x dp 2 x tp 2 (8 ranks), 32 rows a step
+    single_32: Path  # one process, 16 rows a step (2 micro-batches of 8), 4 steps
+    pp_dp_tp: Path  # pp 2 x dp 2 x tp 2 (8 ranks), 16 rows a step (2 replicas x 2 x 4)
+    zero1: Path  # strategy=zero1 strategy.pp_size=2 (4 ranks: pp 2 x dp 2, ZeRO-1), 16 rows a step
+    zero1_resumed: Path  # zero1 resumed from its checkpoint-2
 
 
 @pytest.fixture(scope="module")
 def three_d(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> ThreeD:
-    """PP x TP on 4 ranks against one process (and resumed from its checkpoint), and the full 3D, PP x DP x
-    TP on 8 ranks, against one process of the same global batch."""
+    """PP x TP on 4 ranks against one process (and resumed from its checkpoint), the full 3D, PP x DP x TP
+    on 8 ranks, and ``strategy=zero1 strategy.pp_size=2`` (PP x DP with ZeRO-1, resumed too) against one
+    process of the same global batch."""
     root = tmp_path_factory.mktemp("pipeline_3d")
     forked(warm, root / "single", *QUICK, *SHORT, "train.save_every=0")
     forked(warm, root / "pp_tp", *QUICK, *SHORT, *PP_TP, "launcher.nproc_per_node=4", "train.save_every=4")
@@ -205,14 +208,22 @@ def three_d(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> ThreeD:
     wide = [*QUICK, *SHORT, "train.max_steps=4", "train.save_every=0"]
     forked(warm, root / "single_32", *wide, "train.micro_batch_size=8")
     forked(warm, root / "pp_dp_tp", *wide, *PP_TP, "launcher.nproc_per_node=8")
-    return ThreeD(root / "single", root / "pp_tp", root / "resumed", root / "single_32", root / "pp_dp_tp")
+    zero1 = [*wide, "strategy=zero1", "strategy.pp_size=2", "launcher.nproc_per_node=4", "train.save_every=2"]
+    forked(warm, root / "zero1", *zero1)
+    forked(warm, root / "zero1_resumed", f"resume={root / 'zero1' / 'checkpoints' / 'checkpoint-2'}")
+    return ThreeD(
+        root / "single", root / "pp_tp", root / "resumed", root / "single_32", root / "pp_dp_tp",
+        root / "zero1", root / "zero1_resumed",
+    )  # fmt: skip
 
 
-@pytest.mark.parametrize("layout", ["pp_tp", "pp_dp_tp"])
+@pytest.mark.parametrize("layout", ["pp_tp", "pp_dp_tp", "zero1"])
 def test_tensor_parallel_stages_train_like_one_process(three_d: ThreeD, layout: str) -> None:
-    """PP 2 x TP 2 and PP 2 x DP 2 x TP 2: every step's loss within 1e-5 relative of one process's on the same
-    global batch (seen: ~1e-7), the gradient norm within 1e-4, the final weights within 1e-5 (seen: ~2e-6);
-    each rank holds its stage's layers with their projections split in two (summary, checked live)."""
+    """PP 2 x TP 2, PP 2 x DP 2 x TP 2 and ZeRO-1's PP 2 x DP 2 (``strategy=zero1 strategy.pp_size=2``, each
+    replica holding half of its stage's optimizer states): every step's loss within 1e-5 relative of one
+    process's on the same global batch (seen: ~1e-7), the gradient norm within 1e-4, the final weights within
+    1e-5 (seen: ~2e-6); each rank holds its stage's layers with their projections split in two (summary,
+    checked live) with tensor parallel."""
     run = getattr(three_d, layout)
     single = three_d.single if layout == "pp_tp" else three_d.single_32
     got, want = logged(run), logged(single)
@@ -225,6 +236,15 @@ def test_tensor_parallel_stages_train_like_one_process(three_d: ThreeD, layout: 
     for name in mine:
         torch.testing.assert_close(mine[name], theirs[name], atol=1e-5, rtol=1e-4, msg=name)
     info = result(run)["pipeline"]
+    if layout == "zero1":  # pp 2 x dp 2, each replica keeping the optimizer states of half a stage
+        assert info["mesh"] == "pp 2 x dp 2 = 4 processes"
+        held = [int(n.replace(",", "")) for n in info["optimizer states per rank"].split(" (")[0].split(", ")]
+        for first, stage_params in ((0, 471_552), (2, 274_432)):  # Adam's two moments (+ a step count each)
+            pair = held[first : first + 2]
+            assert 2 * stage_params <= sum(pair) < 2 * stage_params + 100 and max(pair) < 0.6 * sum(pair), (
+                held
+            )
+        return
     dp = 1 if layout == "pp_tp" else 2
     assert info["mesh"] == f"pp 2 x dp {dp} x tp 2 = {4 * dp} processes"
     # the stage's parameters (as without tp) and this rank's share: the split projections halved
@@ -236,6 +256,18 @@ def test_tensor_parallel_stages_train_like_one_process(three_d: ThreeD, layout: 
         "layers 2, lm_head; 274,432 parameters, 176,000 of them here"
     )
     assert "tensor-parallel rank 1 of 2" in info[f"rank {last} holds"]
+
+
+def test_zero1_pipeline_resumes_bit_exact_from_each_replicas_partition(three_d: ThreeD) -> None:
+    """``strategy=zero1 strategy.pp_size=2`` ran as the pipeline with ZeRO-1 (its saved config says so: the
+    run dir replays it); each replica wrote its own partition of the optimizer states, and the run resumed
+    from step 2 repeats steps 3-4 bit for bit."""
+    assert "_target_: components.strategy.Pipeline" in (three_d.zero1 / ".hydra" / "config.yaml").read_text()
+    stage = three_d.zero1 / "checkpoints" / "checkpoint-2" / "stage-1"
+    assert {p.name for p in stage.iterdir()} == {"model.safetensors", "optimizer-dp0.pt", "optimizer-dp1.pt"}
+    assert losses(three_d.zero1_resumed) == losses(three_d.zero1)[2:]
+    mine, theirs = final(three_d.zero1_resumed), final(three_d.zero1)
+    assert all(torch.equal(mine[name], theirs[name]) for name in theirs)
 
 
 def test_tensor_parallel_stages_resume_bit_exact(three_d: ThreeD) -> None:

@@ -202,3 +202,30 @@ def test_plan_prints_the_mesh_the_stages_and_the_batch_arithmetic(capsys) -> Non
     assert "stage 1 (pipeline rank 1): layer 2 + norm + lm_head (274,432 parameters)" in out
     assert "micro-batches per step: 2 (train.gradient_accumulation_steps)" in out
     assert "bubble (theoretical): 0.3333" in out  # (p - 1) / (m + p - 1) = 1 / 3
+
+
+def test_pp_size_on_ddp_and_zero_trains_as_the_pipeline(compose_cfg) -> None:
+    """``strategy.pp_size`` on DDP / ZeRO-0-1 becomes the pipeline's node (ZeRO-1 over its replicas for
+    zero1), composed by Hydra; what the pipeline loop cannot do with it is refused naming the key."""
+    from components.config.errors import ConfigError
+    from components.runtime.run import pipeline_axis
+
+    def compose(overrides: list[str]):
+        return compose_cfg(*overrides).strategy
+
+    new, text = pipeline_axis(compose_cfg("strategy=zero1", "strategy.pp_size=2"), compose)
+    assert new.strategy._target_ == "components.strategy.Pipeline" and "trains as strategy=pipeline" in text
+    assert (new.strategy.pp_size, new.strategy.zero_stage, new.strategy.tp_size) == (2, 1, 1)
+    new, _ = pipeline_axis(compose_cfg("strategy=ddp", "strategy.pp_size=4"), compose)
+    assert (new.strategy.pp_size, new.strategy.zero_stage) == (4, 0)
+    assert pipeline_axis(compose_cfg("strategy=zero1"), compose) is None
+    assert pipeline_axis(compose_cfg("strategy=pipeline"), compose) is None
+    refused = {
+        ("strategy=zero2",): "strategy.stage",
+        ("strategy=zero1", "strategy.offload_optimizer=cpu"): "strategy.offload_optimizer",
+        ("strategy=zero1", "strategy.sp_size=2"): "strategy.sp_size",
+    }
+    for overrides, key in refused.items():
+        with pytest.raises(ConfigError) as err:
+            pipeline_axis(compose_cfg(*overrides, "strategy.pp_size=2"), compose)
+        assert err.value.key == key, overrides
