@@ -380,6 +380,15 @@ def check_before_load(cfg: DictConfig, comps: Components, device: str | None = N
     check_train(cfg)
     for _, component in comps.items():
         component.validate()
+    axis = comps.strategy.as_pipeline()  # strategy.pp_size on ddp / zero0-1: pipeline_axis rewrites it first
+    if axis is not None:
+        raise ConfigError(
+            f"strategy.pp_size on {type(comps.strategy).__name__} trains as {' '.join(axis)}, which the "
+            "hydratune command puts in before these checks (components/runtime/run.py pipeline_axis); this "
+            "config skipped it",
+            key="strategy.pp_size",
+            hint=f"run it through the hydratune command, or compose {' '.join(axis)}",
+        )
     check_recipe_data(comps)
     device = device or comps.strategy.resolve_device()  # first torch import
     check_combinations(cfg, comps, device)

@@ -32,6 +32,15 @@ class NoKnobs:
 
 # (overrides, the key the error must name) — checked by components before a model is built
 AFTER_COMPOSE = [
+    (["strategy=zero2", "strategy.pp_size=2", "launcher.nproc_per_node=4"], "strategy.stage"),
+    (
+        ["strategy=zero1", "strategy.pp_size=2", "strategy.ep_size=2", "launcher.nproc_per_node=4"],
+        "strategy.ep_size",
+    ),
+    (
+        ["strategy=zero1", "strategy.pp_size=2", "launcher.nproc_per_node=4"],
+        "strategy.pp_size",
+    ),  # not rewritten
     (["optimizer.lr=-1e-4"], "optimizer.lr"),
     (["optimizer.lr=0"], "optimizer.lr"),
     (["optimizer.weight_decay=-0.1"], "optimizer.weight_decay"),

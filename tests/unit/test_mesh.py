@@ -6,6 +6,8 @@ tests/unit/test_matrix.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from components.config.errors import ConfigError
@@ -190,3 +192,21 @@ def test_the_plan_names_the_ranks_of_every_group_and_node() -> None:
         "node 1": "ranks 4-7",
     }
     assert Mesh(2).layout(gpus_per_node=2) == {"dp groups": "[0, 1]", "node 0": "ranks 0-1"}
+
+
+def test_plan_trains_pp_size_on_zero1_as_the_pipeline_and_refuses_zero2(capsys) -> None:
+    """``strategy=zero1 strategy.pp_size=2`` in mode=plan: the rewrite said, the pipeline's groups and stages
+    on their ranks printed; ZeRO-2 with pp_size exits 2 naming ``strategy.stage``."""
+    from recipes.cli import main
+
+    main(["mode=plan", "strategy=zero1", "strategy.pp_size=2", "launcher.nproc_per_node=4"])
+    out = capsys.readouterr().out
+    assert "trains as strategy=pipeline strategy.pp_size=2 strategy.tp_size=1 strategy.zero_stage=1" in out
+    assert "_target_: components.strategy.Pipeline" in out and "zero_stage: 1" in out
+    assert "pp groups: '[0, 2] [1, 3]'" in out and "dp groups: '[0, 1] [2, 3]'" in out
+    assert re.search(r"\(471,552 parameters\) on ranks\s+\[0, 1\]", out), out
+    with pytest.raises(SystemExit) as code:
+        main(["mode=plan", "strategy=zero2", "strategy.pp_size=2", "launcher.nproc_per_node=4"])
+    err = capsys.readouterr().err
+    assert code.value.code == 2 and "[strategy.stage]" in err and "strategy=zero1 strategy.pp_size=2" in err
+    assert "Traceback" not in err
