@@ -1,15 +1,16 @@
-"""SFT on image rows with strategy=ddp on 2 CPU ranks (gloo) equals one process training the same global
-batch (docs/vlm.md, "Training on image rows"): each rank's processor collates its own 4 image rows, the
-loss is normalised by the tokens of the whole step (transformers' ``average_tokens_across_devices``), so
-the losses of every step and the final weights match one process's micro-batch of 8. SGD without
-clipping: a gradient off by any factor (a rank's rows counted twice, the tokens averaged per rank) shows.
-Forked from the tier's warm server, its workers forked from it."""
+"""SFT on image rows with strategy=ddp and strategy=zero2 on 2 CPU ranks (gloo) equals one process training
+the same global batch (docs/vlm.md, "Training on image rows"): each rank's processor collates its own 4 image
+rows, the loss is normalised by the tokens of the whole step (transformers'
+``average_tokens_across_devices``), so the losses of every step and the final weights match one process's
+micro-batch of 8. SGD without clipping: a gradient off by any factor (a rank's rows counted twice, the tokens
+averaged per rank) shows. Forked from the tier's warm server, its workers forked from it."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 
 from tests.learning.test_image_rows_learn import colour_rows
@@ -40,23 +41,34 @@ def losses(run: Path) -> list[float]:
     return [r["loss"] for r in rows if "loss" in r and "step" in r]
 
 
-def test_ddp_on_image_rows_equals_one_process(tmp_path: Path, warm) -> None:
-    data = colour_rows(tmp_path, "train", 64, 0)
-    runs = {}
-    for name, layout in (
-        ("one", ["train.micro_batch_size=8"]),
-        ("two", ["train.micro_batch_size=4", "strategy=ddp", "launcher.nproc_per_node=2", FORK]),
-    ):
-        proc = warm(*COMMON, f"data.path={data}", *layout, f"hydra.run.dir={name}", cwd=tmp_path)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, warm) -> dict[str, Path]:
+    """One process (micro-batch 8), DDP and ZeRO-2 on 2 ranks (micro-batch 4 each), the same 64 rows."""
+    root = tmp_path_factory.mktemp("image_ranks")
+    data = colour_rows(root, "train", 64, 0)
+    two = ["train.micro_batch_size=4", "launcher.nproc_per_node=2", FORK]
+    layouts = {
+        "one": ["train.micro_batch_size=8"],
+        "ddp": [*two, "strategy=ddp"],
+        "zero2": [*two, "strategy=zero2"],
+    }
+    for name, layout in layouts.items():
+        proc = warm(*COMMON, f"data.path={data}", *layout, f"hydra.run.dir={name}", cwd=root)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[name] = tmp_path / name
-    one, two = losses(runs["one"]), losses(runs["two"])
+    return {name: root / name for name in layouts}
+
+
+@pytest.mark.parametrize("layout", ["ddp", "zero2"])
+def test_two_ranks_on_image_rows_equal_one_process(runs: dict[str, Path], layout: str) -> None:
+    """Measured: DDP and ZeRO-2 each within 5e-7 of one process's losses and 1.2e-7 of its weights."""
+    one, two = losses(runs["one"]), losses(runs[layout])
     assert len(one) == len(two) == STEPS
     assert max(abs(a - b) for a, b in zip(one, two, strict=True)) < LOSS_TOL, (one, two)
     assert one[-1] < one[0] - 1.0  # it trained
     a = load_file(runs["one"] / "final" / "model.safetensors")
-    b = load_file(runs["two"] / "final" / "model.safetensors")
+    b = load_file(runs[layout] / "final" / "model.safetensors")
     assert a.keys() == b.keys()
     assert max((a[k] - b[k]).abs().max().item() for k in a) < WEIGHT_TOL
-    summary = (runs["two"] / "summary.md").read_text()
+    summary = (runs[layout] / "summary.md").read_text()
     assert "| processes | 2 |" in summary and "image tokens trained | 0 |" in summary
+    assert ("ZeRO-2" in summary) == (layout == "zero2")
