@@ -6,6 +6,7 @@ or with fewer GPUs (exit 0), so it can sit in any job.
 
     python tests/gpu/nd_parallel.py                          # all layouts, ~5 min on 2 H100s
     python tests/gpu/nd_parallel.py --only fsdp_tp,fsdp_cp
+    python tests/gpu/nd_parallel.py --only pipeline_tp,zero1_pp      # 4 GPUs: not run yet
 
 Layouts: DeepSpeed AutoTP and Ulysses under ZeRO-1 and ZeRO-3 (also tested on CPU), FSDP2 x TP
 (transformers' DistributedConfig at load) and context parallel (accelerate cp_size, ring attention,
@@ -42,6 +43,7 @@ COMMON = [
     *SGD,
 ]
 TWO = "launcher.nproc_per_node=2"
+FOUR = "launcher.nproc_per_node=4"
 #: name -> (overrides, the single-GPU run it must equal: same engine, so the same init)
 LAYOUTS: dict[str, tuple[list[str], list[str]]] = {
     "zero1_tp": (["strategy=zero1", "strategy.tp_size=2", TWO], ["strategy=zero1"]),
@@ -56,11 +58,38 @@ LAYOUTS: dict[str, tuple[list[str], list[str]]] = {
         ["strategy=fsdp", "strategy.sp_size=2", "model.attn_implementation=sdpa", TWO],
         ["strategy=fsdp", "model.attn_implementation=sdpa"],
     ),
+    # pipeline stages (tested on CPU: tests/multiproc/test_pipeline.py): PP x TP, and PP x DP with ZeRO-1
+    "pipeline_tp": (
+        [
+            "strategy=pipeline",
+            "strategy.pp_size=2",
+            "strategy.tp_size=2",
+            FOUR,
+            "train.gradient_accumulation_steps=2",
+        ],
+        ["train.gradient_accumulation_steps=2"],
+    ),
+    "zero1_pp": (
+        [
+            "strategy=zero1",
+            "strategy.pp_size=2",
+            FOUR,
+            "train.micro_batch_size=4",
+            "train.gradient_accumulation_steps=2",
+        ],
+        ["train.gradient_accumulation_steps=2"],
+    ),
 }
+#: the GPUs a layout needs (2 unless named)
+GPUS = {"pipeline_tp": 4, "zero1_pp": 4}
 
 
 def losses(run: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").open()) if "loss" in r]
+
+
+def read_result(run: Path) -> dict:
+    return json.loads((run / "result.json").read_text())
 
 
 def check(name: str, tol: float, root: Path) -> dict:
@@ -73,7 +102,8 @@ def check(name: str, tol: float, root: Path) -> dict:
         return {"layout": name, "status": f"FAILED rc={code}: {tail[-600:]}"}
     want, got = losses(root / f"{name}_one"), losses(root / name)
     worst = max(abs(a - b) for a, b in zip(want, got, strict=True))
-    layout = json.loads((root / name / ".rank0.layout.json").read_text())
+    live = root / name / ".rank0.layout.json"  # the engines' live check; the pipeline's is in result.json
+    layout = json.loads(live.read_text()) if live.is_file() else read_result(root / name).get("pipeline")
     status = "ok" if worst <= tol else f"losses differ by {worst:.2e} > {tol:g}"
     return {"layout": name, "status": status, "max |dloss|": worst, "rank 0": layout}
 
@@ -92,6 +122,9 @@ def main() -> None:
         print(f"skipped: needs 2 CUDA GPUs, found {found}")
         return
     names = [n for n in LAYOUTS if not args.only or n in args.only.split(",")]
+    for name in [n for n in names if GPUS.get(n, 2) > torch.cuda.device_count()]:
+        print(json.dumps({"layout": name, "status": f"skipped: needs {GPUS[name]} GPUs"}), flush=True)
+        names.remove(name)
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:

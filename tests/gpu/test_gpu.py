@@ -32,6 +32,9 @@ def test_a_sharded_strategy_trains_on_one_gpu(name: str, tmp_path) -> None:
 @pytest.mark.skipif(cuda_devices() < 2, reason=f"needs 2 CUDA GPUs, found {cuda_devices()}")
 @pytest.mark.parametrize("layout", list(nd_parallel.LAYOUTS))
 def test_a_split_layout_trains_like_one_gpu(layout: str, tmp_path) -> None:
+    needs = nd_parallel.GPUS.get(layout, 2)
+    if cuda_devices() < needs:
+        pytest.skip(f"needs {needs} CUDA GPUs, found {cuda_devices()}")
     row = nd_parallel.check(layout, 2e-2, tmp_path)
     assert row["status"] == "ok", row
 
