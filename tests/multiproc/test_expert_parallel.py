@@ -3,8 +3,9 @@ experts per layer) on 2 CPU ranks over gloo, against the same two ranks without 
 exact oracle, each rank's micro-batch the same) and one process training the same global batch (micro-batch
 32, 2 accumulation steps: the router's load-balancing loss sees other micro-batches, so within a tolerance).
 
-Three launches of the real CLI share the checks: the expert-parallel run stopped by a real SIGTERM after step
-4, the run resumed from its step-3 checkpoint to the end, and the ZeRO-1 oracle; plus one process. Checked:
+Four launches of the real CLI share the checks: the expert-parallel run stopped by a real SIGTERM after step
+4, the run resumed from its step-3 checkpoint to the end (bit for bit the uninterrupted run's), the
+uninterrupted run and the ZeRO-1 oracle; plus one process. Checked:
 each rank held its half of every layer's experts; the losses and the final weights (every expert gathered
 back whole into the model's own parameters) equal ZeRO-1's; a checkpoint's model weights are whole too; the
 summary's expert-load table; another ep_size on resume is refused naming both. AdamW without clipping
@@ -56,9 +57,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> dict:
     checkpoint = stopped / "checkpoints" / "checkpoint-3"
     forked(warm, root / "resumed", *TRAIN, *EP, "train.save_every=0", f"resume={checkpoint}")
     forked(warm, root / "zero1", *TRAIN, *RANKS, "train.save_every=0")
+    forked(warm, root / "ep", *TRAIN, *EP, "train.save_every=0")  # uninterrupted
     one = ["train.micro_batch_size=32", "train.gradient_accumulation_steps=2", "train.save_every=0"]
     forked(warm, root / "one", *TRAIN, *one)
-    named = {name: root / name for name in ("resumed", "zero1", "one")}
+    named = {name: root / name for name in ("resumed", "zero1", "one", "ep")}
     return {"code": proc.returncode, "err": err, "stopped": stopped, "checkpoint": checkpoint, **named}
 
 
@@ -83,6 +85,15 @@ def test_losses_and_weights_equal_the_same_ranks_without_expert_parallel(runs: d
     for key in want:  # every expert gathered whole, in its place
         assert final[key].shape == want[key].shape, key
         torch.testing.assert_close(final[key], want[key], atol=EXACT, rtol=0, msg=key)
+
+
+def test_the_resumed_run_repeats_the_uninterrupted_one_bit_for_bit(runs: dict) -> None:
+    """SIGTERM after step 4, resumed from step 3's checkpoint: steps 4-8 and the final weights are the
+    uninterrupted expert-parallel run's, bit for bit."""
+    resumed, straight = by_step(runs["resumed"]), by_step(runs["ep"])
+    assert resumed == {s: straight[s] for s in resumed} and min(resumed) == 4
+    final, want = weights(runs["resumed"]), weights(runs["ep"])
+    assert final.keys() == want.keys() and all(torch.equal(final[k], want[k]) for k in want)
 
 
 def test_it_trains_like_one_process(runs: dict) -> None:
