@@ -7,6 +7,7 @@ or with fewer GPUs (exit 0), so it can sit in any job.
     python tests/gpu/nd_parallel.py                          # all layouts, ~5 min on 2 H100s
     python tests/gpu/nd_parallel.py --only fsdp_tp,fsdp_cp
     python tests/gpu/nd_parallel.py --only pipeline_tp,zero1_pp      # 4 GPUs: not run yet
+    python tests/gpu/nd_parallel.py --only zero1_ep                  # expert parallel: not run yet
 
 Layouts: DeepSpeed AutoTP and Ulysses under ZeRO-1 and ZeRO-3 (also tested on CPU), FSDP2 x TP
 (transformers' DistributedConfig at load) and context parallel (accelerate cp_size, ring attention,
@@ -82,6 +83,11 @@ LAYOUTS: dict[str, tuple[list[str], list[str]]] = {
 }
 #: the GPUs a layout needs (2 unless named)
 GPUS = {"pipeline_tp": 4, "zero1_pp": 4}
+#: expert parallel (DeepSpeed AutoEP) on the tiny mixture of experts, against ZeRO-1 on the same 2 GPUs (the
+#: exact oracle of tests/multiproc/test_expert_parallel.py): its own base, the MoE's architecture as shipped
+MOE_COMMON = ["model=tiny_moe", "precision=bf16", "train.max_steps=10", "train.save_every=0", *QUIET]
+LAYOUTS["zero1_ep"] = (["strategy=zero1", "strategy.ep_size=2", TWO], ["strategy=zero1", TWO])
+BASES = {"zero1_ep": MOE_COMMON}
 
 
 def losses(run: Path) -> list[float]:
@@ -94,10 +100,11 @@ def read_result(run: Path) -> dict:
 
 def check(name: str, tol: float, root: Path) -> dict:
     split, single = LAYOUTS[name]
-    code, _, tail = hydratune([*COMMON, *single], root / f"{name}_one")
+    base = BASES.get(name, COMMON)
+    code, _, tail = hydratune([*base, *single], root / f"{name}_one")
     if code:
         return {"layout": name, "status": f"single-GPU run failed: {tail[-400:]}"}
-    code, _, tail = hydratune([*COMMON, *split], root / name)
+    code, _, tail = hydratune([*base, *split], root / name)
     if code:
         return {"layout": name, "status": f"FAILED rc={code}: {tail[-600:]}"}
     want, got = losses(root / f"{name}_one"), losses(root / name)
