@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -118,6 +119,18 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
         raise refusal
 
 
+def split_recipe_refusal(recipe: Any) -> str | None:
+    """Why ``recipe`` cannot train a model split over ranks (tensor, sequence or expert parallel), None when
+    it can: the split engines are verified with the Trainer recipes that declare ``splits_model``."""
+    if recipe.inference_only:
+        return "trains nothing (one whole model per process)"
+    if recipe.owns_loop:
+        return "runs its own loop, which does not split a model"
+    if not recipe.splits_model:
+        return "is not one the split engines are verified with (recipe=sft is)"
+    return None
+
+
 def check_split(cfg: DictConfig, comps: Components, device: str, dtype: str) -> None:
     """A model split over ranks (``strategy.tp_size`` / ``strategy.sp_size``): the mesh divides the world,
     the model's heads and sizes divide by it, and nothing it cannot go with is asked for (the recipe, the
@@ -135,14 +148,8 @@ def check_split(cfg: DictConfig, comps: Components, device: str, dtype: str) -> 
     what = "tensor parallel" if mesh.tp > 1 else "sequence parallel"
     drop = f"drop {knob} (or set it to 1)"
     mesh.check()
-    if recipe.inference_only or recipe.owns_loop or not recipe.splits_model:
-        why = (
-            "trains nothing (one whole model per process)"
-            if recipe.inference_only
-            else "runs its own loop, which does not split a model"
-            if recipe.owns_loop
-            else "is not one the split engines are verified with (recipe=sft is)"
-        )
+    why = split_recipe_refusal(recipe)
+    if why is not None:
         raise ConfigError(f"{what} ({knob}): recipe={recipe.name} {why}", key=knob, hint=drop)
     refusal = split.split_refusal(device, dtype)
     if refusal is not None:
@@ -189,9 +196,9 @@ def check_expert_split(comps: Components, mesh: Mesh) -> None:
     mesh.check()
     refused = [
         (
-            recipe.inference_only or recipe.owns_loop or not recipe.splits_model,
+            split_recipe_refusal(recipe) is not None,
             "strategy.ep_size",
-            f"expert parallel: recipe={recipe.name} is not one it is verified with (recipe=sft is)",
+            f"expert parallel: recipe={recipe.name} {split_recipe_refusal(recipe)}",
             drop,
         ),
         (
