@@ -81,6 +81,34 @@ def test_lora_on_the_experts_trains_them(run_recipe) -> None:
     assert config["r"] == 16
 
 
+def test_lora_on_the_experts_exports_merged_with_the_adapters_logits(run_recipe, tmp_path) -> None:
+    """LoRA on the experts (peft's ``target_parameters``) of a saved tiny-MoE base, exported: the merged
+    model's logits are the adapter on its base's (by hand: 4e-7), not the base's alone (0.07 apart)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from components.commands.export import export
+    from components.modeling.trained import TrainedRun
+    from tests.support.runs import as_cli_run
+
+    short = ["model=tiny_moe", "train.save_every=0", "train.eval_every=0"]
+    base, _ = run_recipe(*short, "train.max_steps=2", name="moe_base")
+    lora = [*short, f"model.from_run={base.run_dir.path}", "peft=lora", "peft.dropout=0"]
+    lora += ["peft.init_lora_weights=gaussian", "train.max_steps=3"]
+    ctx, _ = run_recipe(*lora, name="moe_lora_export")
+    run_dir = as_cli_run(ctx, lora)
+    assert any(".mlp.experts." in key for key in load_file(run_dir / "final" / "adapter_model.safetensors"))
+    adapter_model, _ = TrainedRun.open(run_dir).load()
+    merged = AutoModelForCausalLM.from_pretrained(export(run_dir, tmp_path / "merged"))
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    whole = AutoModelForCausalLM.from_pretrained(base.run_dir.final)
+    ids = torch.randint(0, merged.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got, want, before = (m.eval()(input_ids=ids).logits for m in (merged, adapter_model, whole))
+    assert not torch.allclose(want, before, atol=1e-3)  # the experts' adapter changed the model
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 def test_generation_asks_no_router_logits() -> None:
     """With the load-balancing loss on (TRL sets ``output_router_logits``), generating with a KV cache gave
     router logits of the new tokens only and transformers' loss failed against the whole mask."""
