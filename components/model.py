@@ -16,12 +16,12 @@ from components.modeling.vision import Family
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-# auto = varlen_sdpa (components/modeling/attention.py) unless the model needs a feature it lacks
 #: the configs :meth:`CausalLM.load_config` read, and the module names of the models built from them, by
 #: what each was read from (``CausalLM._read_stamp``)
 _READ_CONFIGS: dict[tuple, PretrainedConfig] = {}
 _MODULE_NAMES: dict[tuple, tuple[str, ...]] = {}
 
+# auto = varlen_sdpa (components/modeling/attention.py) unless the model needs a feature it lacks
 ATTN_IMPLEMENTATIONS = (
     "auto",
     "varlen_sdpa",

@@ -47,6 +47,8 @@ class PipelineGroups:
         none exists: gloo on CPU, nccl on CUDA)."""
         from torch.distributed.device_mesh import init_device_mesh
 
+        from components.distributed.mesh import Mesh
+
         if not dist.is_initialized():
             dist.init_process_group("nccl" if device == "cuda" else "gloo")
         world, rank = dist.get_world_size(), dist.get_rank()
@@ -57,6 +59,7 @@ class PipelineGroups:
                 hint="launcher.nproc_per_node x launcher.nnodes must be a multiple of pp_size x tp_size",
             )
         dp = world // (pp * tp)
+        where = Mesh(world, tp=tp, pp=pp).coordinates(rank)
         mesh = init_device_mesh(device, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
         local = torch.cuda.current_device() if device == "cuda" else None
         tied_group = None
@@ -68,21 +71,27 @@ class PipelineGroups:
         return cls(
             pp=pp,
             dp=dp,
-            pp_rank=rank // (dp * tp),
-            dp_rank=rank // tp % dp,
+            pp_rank=where["pp"],
+            dp_rank=where["dp"],
             device=torch.device(device, local) if local is not None else torch.device(device),
             pp_group=mesh.get_group("pp"),
             dp_group=mesh.get_group("dp"),
             tied_group=tied_group,
             tp=tp,
-            tp_rank=rank % tp,
+            tp_rank=where["tp"],
             tp_group=mesh.get_group("tp"),
             tp_mesh=mesh["tp"],
         )
 
+    def planned(self) -> Any:
+        """The :class:`~components.distributed.mesh.Mesh` this rank's groups were built from (the plan's)."""
+        from components.distributed.mesh import Mesh
+
+        return Mesh(self.world, tp=self.tp, pp=self.pp)
+
     def pp_rank_of(self, rank: int) -> int:
         """The pipeline rank (stage position) of global rank ``rank``."""
-        return rank // (self.dp * self.tp)
+        return self.planned().coordinates(rank)["pp"]
 
     @property
     def world(self) -> int:
@@ -96,9 +105,7 @@ class PipelineGroups:
     def check_groups(self) -> None:
         """Every rank's pipeline, data- and tensor-parallel group holds the ranks ``mode=plan`` printed
         (``Mesh.groups``); a ConfigError otherwise (a collective call)."""
-        from components.distributed.mesh import Mesh
-
-        planned = Mesh(self.world, tp=self.tp, pp=self.pp)
+        planned = self.planned()
         mine = {
             dim: dist.get_process_group_ranks(getattr(self, f"{dim}_group")) for dim in ("pp", "dp", "tp")
         }
@@ -477,9 +484,9 @@ def gather_state_dict(state: dict[str, torch.Tensor], mesh: PipelineGroups) -> d
     """The whole model's state dict on rank 0 from each pipeline rank's part (replica 0's first
     tensor-parallel rank sends it, its shards gathered first; a tied matrix arrives from both ends, the same
     tensor); None elsewhere. A collective call on every rank."""
-    whole_stage = full_state(state)
+    whole_stage = full_state(state) if mesh.dp_rank == 0 else {}  # collective over replica 0's tp ranks
     parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
-    mine = whole_stage if mesh.dp_rank == 0 and mesh.tp_rank == 0 else {}
+    mine = whole_stage if mesh.tp_rank == 0 else {}
     dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() != 0:
         return None

@@ -32,13 +32,13 @@ LAYER_PLAN = {
 }
 
 
-def split_layers(layers: Iterable[nn.Module], tp_mesh: Any) -> int:
-    """Split every layer of ``layers`` over ``tp_mesh`` (in place: the parameters become DTensors); the
-    number of layers split. A layer without the plan's projections (another family) is a ConfigError."""
+def split_layers(layers: Iterable[nn.Module], tp_mesh: Any) -> None:
+    """Split every layer of ``layers`` over ``tp_mesh`` (in place: the parameters become DTensors). A layer
+    without the plan's projections (another family), or with one that is not a plain Linear, is a
+    ConfigError."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    count = 0
     for layer in layers:
         names = {name for name, _ in layer.named_modules()}
         missing = [name for name in LAYER_PLAN if name not in names]
@@ -50,14 +50,12 @@ def split_layers(layers: Iterable[nn.Module], tp_mesh: Any) -> int:
                 hint="strategy.tp_size=1 with strategy=pipeline for this model",
             )
         for name in LAYER_PLAN:
-            if not isinstance(layer.get_submodule(name), nn.Linear):  # e.g. an adapter's wrapper
+            module = layer.get_submodule(name)
+            if not isinstance(module, nn.Linear):  # e.g. an adapter's wrapper
                 raise ConfigError(
-                    f"{name} of {type(layer).__name__} is a {type(layer.get_submodule(name)).__name__}, "
-                    "not a "
-                    "plain Linear: tensor parallel inside pipeline stages splits plain projections only",
+                    f"{name} of {type(layer).__name__} is a {type(module).__name__}, not a plain Linear: "
+                    "tensor parallel inside pipeline stages splits plain projections only",
                     key="strategy.tp_size",
                     hint="full fine-tuning (peft=none) with strategy.tp_size > 1, or strategy.tp_size=1",
                 )
         parallelize_module(layer, tp_mesh, {name: styles[style]() for name, style in LAYER_PLAN.items()})
-        count += 1
-    return count

@@ -374,9 +374,8 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
     adapter_w = trainable * (w if spec.full_finetune or ds else 4)
 
     # sharding of each state over the ranks ----------------------------------------------------
-    sharded = s.kind not in ("single", "ddp") or (
-        s.kind == "ddp" and s.stage == 1
-    )  # + ZeroRedundancyOptimizer
+    # DeepSpeed / FSDP by their stage; ddp at stage 1: torch's ZeroRedundancyOptimizer (optimizer states)
+    sharded = s.kind not in ("single", "ddp") or (s.kind == "ddp" and s.stage == 1)
     shard_p = n if sharded and s.stage >= 3 else 1
     shard_g = n if sharded and s.stage >= 2 else 1
     shard_o = n if sharded and s.stage >= 1 else 1

@@ -193,12 +193,13 @@ def check_expert_split(comps: Components, mesh: Mesh) -> None:
     from components.distributed.model_parallel import AUTOEP_MODEL_TYPES
 
     recipe, drop = comps.recipe, "strategy.ep_size=1"
+    unverified = split_recipe_refusal(recipe)
     mesh.check()
     refused = [
         (
-            split_recipe_refusal(recipe) is not None,
+            unverified is not None,
             "strategy.ep_size",
-            f"expert parallel: recipe={recipe.name} {split_recipe_refusal(recipe)}",
+            f"expert parallel: recipe={recipe.name} {unverified}",
             drop,
         ),
         (

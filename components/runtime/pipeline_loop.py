@@ -396,7 +396,8 @@ class StagedRun:
 
         ctx, mesh = self.session.ctx, self.cut.mesh
         main = dist.get_rank() == 0
-        state = pp.full_state(self.model.state_dict())  # collective: tensor-parallel shards gathered
+        # replica 0 writes the stage: its tensor-parallel ranks gather the shards together (a collective)
+        state = pp.full_state(self.model.state_dict()) if mesh.dp_rank == 0 else {}
         with staged_checkpoint(ctx.run_dir, step, main=main, barrier=dist.barrier,
                                keep_last=ctx.train.keep_last) as staging:  # fmt: skip
             folder = staging / STAGE_DIR.format(stage=mesh.pp_rank)

@@ -70,9 +70,7 @@ def pipeline_axis(
     run dir replays it) and what the CLI prints; None for any other strategy node."""
     from components.auto import compose_strategy_hydra
 
-    if int(cfg.strategy.get("pp_size", 1) or 1) == 1 or str(cfg.strategy.get("_target_", "")).endswith(
-        ".Pipeline"
-    ):
+    if int(cfg.strategy.get("pp_size", 1) or 1) == 1:  # no pipeline axis asked: nothing to instantiate
         return None
     overrides = _instantiate(cfg, "strategy").as_pipeline()
     if overrides is None:
