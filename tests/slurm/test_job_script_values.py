@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.test_slurm import cluster_problem
+from tests.slurm.test_slurm import cluster_problem, queue
 
 ODD = 'it\'s a "test" $(touch M) `touch M`'  # M: a marker, in whatever dir something would run it
 
@@ -60,13 +60,18 @@ def test_a_submitit_sweeps_job_files_hold_no_secret(tmp_path: Path) -> None:
     key, token = "hydratune-fake-wandb-key-0123456789", "hf_fake_token_0123456789"
     sweep = tmp_path / "sweep"
     name = f"hydratune-test-{os.getpid()}"
-    proc = fresh(
-        "-m", "launcher=slurm", "hydra/launcher=submitit_slurm", f"hydra.launcher.name={name}",
-        "hydra.job.env_copy=[WANDB_API_KEY]", f"+hydra.job.env_set.HF_TOKEN={token}",
-        "train.max_steps=2", "train.eval_generations=0", "train.eval_every=0", "train.save_every=0",
-        "train.write_plots=false", f"hydra.sweep.dir={sweep}",
-        cwd=tmp_path, env={"WANDB_API_KEY": key}, timeout=300,
-    )  # fmt: skip
+    try:
+        proc = fresh(
+            "-m", "launcher=slurm", "hydra/launcher=submitit_slurm", f"hydra.launcher.name={name}",
+            "hydra.job.env_copy=[WANDB_API_KEY]", f"+hydra.job.env_set.HF_TOKEN={token}",
+            "train.max_steps=2", "train.eval_generations=0", "train.eval_every=0", "train.save_every=0",
+            "train.write_plots=false", f"hydra.sweep.dir={sweep}",
+            cwd=tmp_path, env={"WANDB_API_KEY": key}, timeout=300,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the 1-point sweep did not end in 300 s; the queue:\n{queue()}") from None
+    finally:  # a job left in the queue would hold the node for the tests after this one
+        subprocess.run(["scancel", "--name", name], check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = [p for p in sweep.rglob("*") if p.is_file()]
     assert any(p.suffix == ".pkl" for p in files) and (sweep / "0" / "final").is_dir()

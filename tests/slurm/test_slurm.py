@@ -245,7 +245,15 @@ def wait_for(
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"ended before {what}:\n{finish(proc)[1][-3000:]}")
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}; the queue:\n{queue()}")
+
+
+def queue() -> str:
+    """Every job in the cluster's queue (a job of another test run holding the node shows here)."""
+    shown = subprocess.run(
+        ["squeue", "-o", "%i %j %T %M %C %R"], capture_output=True, text=True, timeout=30, check=False
+    )
+    return shown.stdout + shown.stderr
 
 
 def job_of(pattern: str) -> str:
