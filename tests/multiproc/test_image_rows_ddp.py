@@ -1,13 +1,16 @@
-"""SFT on image rows with strategy=ddp and strategy=zero2 on 2 CPU ranks (gloo) equals one process training
+"""SFT on image rows with strategy=ddp, zero2 and zero3 on 2 CPU ranks (gloo) equals one process training
 the same global batch (docs/vlm.md, "Training on image rows"): each rank's processor collates its own 4 image
 rows, the loss is normalised by the tokens of the whole step (transformers'
 ``average_tokens_across_devices``), so the losses of every step and the final weights match one process's
 micro-batch of 8. SGD without clipping: a gradient off by any factor (a rank's rows counted twice, the tokens
-averaged per rank) shows. Forked from the tier's warm server, its workers forked from it."""
+averaged per rank) shows. Every run starts from the same saved weights (ZeRO-3's ``zero.Init`` draws another
+random init than a plain build: docs/nd_parallel.md), so ZeRO-3 loads them partitioned through
+``from_pretrained``. Forked from the tier's warm server, its workers forked from it."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -43,24 +46,35 @@ def losses(run: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, warm) -> dict[str, Path]:
-    """One process (micro-batch 8), DDP and ZeRO-2 on 2 ranks (micro-batch 4 each), the same 64 rows."""
+    """One process (micro-batch 8), DDP, ZeRO-2 and ZeRO-3 on 2 ranks (micro-batch 4 each), the same 64 rows
+    and the same saved weights."""
     root = tmp_path_factory.mktemp("image_ranks")
     data = colour_rows(root, "train", 64, 0)
+    base = saved_tiny_vlm(root / "base")
     two = ["train.micro_batch_size=4", "launcher.nproc_per_node=2", FORK]
     layouts = {
         "one": ["train.micro_batch_size=8"],
         "ddp": [*two, "strategy=ddp"],
         "zero2": [*two, "strategy=zero2"],
+        "zero3": [*two, "strategy=zero3"],
     }
     for name, layout in layouts.items():
-        proc = warm(*COMMON, f"data.path={data}", *layout, f"hydra.run.dir={name}", cwd=root)
+        proc = warm(
+            *COMMON,
+            f"model.name_or_path={base}",
+            f"data.path={data}",
+            *layout,
+            f"hydra.run.dir={name}",
+            cwd=root,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     return {name: root / name for name in layouts}
 
 
-@pytest.mark.parametrize("layout", ["ddp", "zero2"])
+@pytest.mark.parametrize("layout", ["ddp", "zero2", "zero3"])
 def test_two_ranks_on_image_rows_equal_one_process(runs: dict[str, Path], layout: str) -> None:
-    """Measured: DDP and ZeRO-2 each within 5e-7 of one process's losses and 1.2e-7 of its weights."""
+    """Measured: DDP, ZeRO-2 and ZeRO-3 each within 5e-7 of one process's losses and 1.2e-7 of its
+    weights."""
     one, two = losses(runs["one"]), losses(runs[layout])
     assert len(one) == len(two) == STEPS
     assert max(abs(a - b) for a, b in zip(one, two, strict=True)) < LOSS_TOL, (one, two)
@@ -71,4 +85,17 @@ def test_two_ranks_on_image_rows_equal_one_process(runs: dict[str, Path], layout
     assert max((a[k] - b[k]).abs().max().item() for k in a) < WEIGHT_TOL
     summary = (runs[layout] / "summary.md").read_text()
     assert "| processes | 2 |" in summary and "image tokens trained | 0 |" in summary
-    assert ("ZeRO-2" in summary) == (layout == "zero2")
+    assert ("ZeRO-2" in summary) == (layout == "zero2") and ("ZeRO-3" in summary) == (layout == "zero3")
+
+
+def saved_tiny_vlm(out: Path) -> Path:
+    """model=tiny_vlm's bundled dir (config, processor, tokenizer) with random weights saved beside them."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from components.config.resolvers import asset
+
+    shutil.copytree(asset("tiny_vlm"), out)
+    torch.manual_seed(0)
+    AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(out)).save_pretrained(out)
+    return out
