@@ -73,8 +73,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, warm) -> dict[str, Path]:
 
 @pytest.mark.parametrize("layout", ["ddp", "zero2", "zero3"])
 def test_two_ranks_on_image_rows_equal_one_process(runs: dict[str, Path], layout: str) -> None:
-    """Measured: DDP, ZeRO-2 and ZeRO-3 each within 5e-7 of one process's losses and 1.2e-7 of its
-    weights."""
+    """Measured: DDP, ZeRO-2 and ZeRO-3 each within 9.5e-7 of one process's losses, 1.2e-7 of its weights."""
     one, two = losses(runs["one"]), losses(runs[layout])
     assert len(one) == len(two) == STEPS
     assert max(abs(a - b) for a, b in zip(one, two, strict=True)) < LOSS_TOL, (one, two)
