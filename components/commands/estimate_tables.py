@@ -250,4 +250,9 @@ def cli(args: list[str]) -> int:
         raise ConfigError(f"cannot compose the config: {err}", key="estimate") from None
     finally:
         GlobalHydra.instance().clear()
+    from components.data.prepare import estimate_image_tokens
+
+    cfg, measured = estimate_image_tokens(cfg)  # a VLM's image rows: the estimate counts what they hold
+    if measured:
+        print(measured)
     return 0 if render(cfg) else 1

@@ -106,3 +106,32 @@ def test_the_cache_key_changes_with_an_image_s_bytes(tmp_path: Path, pictures: A
     png(tmp_path / "img" / "late.png", (0, 0, 0))
     again = prepare_data(data, None, 0)
     assert again.notes["data cache"].startswith("miss") and len(again.splits["train"]) == 6
+
+
+def test_the_estimate_counts_the_image_tokens_of_the_data(tmp_path: Path, pictures: Any, capsys: Any) -> None:
+    """Two 56-pixel images a row are 8 image tokens (one default image: 4): ``hydratune estimate`` and
+    ``strategy=auto`` measure them with the processor and count them, the table exactly as with
+    ``model.image_tokens_per_row=8`` given; a given value is not measured over."""
+    from components.commands.estimate_tables import cli
+
+    rows = [placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(12)]
+    path = write_jsonl(tmp_path / "two.jsonl", rows)
+
+    def estimate(*args: str) -> str:
+        cli(["model=tiny_vlm", f"data.path={path}", "estimate.gpu_memory=8GB", *args])
+        return capsys.readouterr().out
+
+    measured, given, other = (
+        estimate(),
+        estimate("model.image_tokens_per_row=8"),
+        estimate("model.image_tokens_per_row=3"),
+    )
+    said = "image tokens per row: 8 (the most on one of the first 11 train rows with images"
+    assert said in measured and "image tokens per row:" not in given, measured
+    assert "8 image tokens/row" in measured and "3 image tokens/row" in other
+    assert measured[measured.index("mesh:") :] == given[given.index("mesh:") :]
+    code, out, err = plan(
+        tmp_path, capsys, f"data.path={path}", "model=tiny_vlm", "strategy=auto", "estimate.gpu_memory=80GB"
+    )
+    assert code == 0 and f"strategy=auto: {said}" in out, err[-2000:]
+    assert "the memory estimate counts 8 (model.image_tokens_per_row)" in out
