@@ -3,7 +3,9 @@
 The contract (docs/recipes.md, "A reward served over HTTP"): one ``POST <reward_url>`` per scored batch,
 ``Content-Type: application/json``, body ``{"prompts": [...], "completions": [...], "<column>": [...], ...}``
 (one entry per completion: the prompt as text or chat messages, the completion's text, each other column of
-the rows, e.g. ``answer``); the answer ``{"scores": [<float>, ...]}``, one number per completion. A request
+the rows, e.g. ``answer``; an image, in a prompt's ``{"type": "image", "image": ...}`` part or in the
+``images`` column of a vision-language model's rows, as a ``data:image/png;base64,...`` URL); the answer
+``{"scores": [<float>, ...]}``, one number per completion. A request
 that fails to connect, times out (``recipe.reward_timeout`` seconds) or gets a 5xx is retried
 ``recipe.reward_retries`` times (0.5 s, 1 s, 2 s ... apart); a 4xx or a malformed answer is not. A redirect
 (3xx) is never followed, not even to the same host: the completions would go where the URL does not say
@@ -39,6 +41,23 @@ from components.rewards import (
 )
 
 
+def with_data_urls(value: Any) -> Any:
+    """``value`` with every PIL image in it (at any depth of lists and dicts) as a PNG ``data:`` URL: the
+    JSON a reward server reads (anything else JSON cannot hold is sent as its ``str``)."""
+    if isinstance(value, dict):
+        return {k: with_data_urls(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [with_data_urls(v) for v in value]
+    if hasattr(value, "save") and hasattr(value, "mode") and hasattr(value, "size"):  # a PIL image
+        import base64
+        import io
+
+        png = io.BytesIO()
+        value.save(png, format="PNG")
+        return "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    return value
+
+
 class RewardServerError(ServerError):
     """The reward server did not answer, or answered outside the contract."""
 
@@ -69,7 +88,7 @@ class HttpReward:
             "completions": [text_of(c) for c in completions],
             **{k: list(v) for k, v in columns.items() if k not in CALL_KEYWORDS and v is not None},
         }
-        return self.scores(self.post(payload), len(completions))
+        return self.scores(self.post(with_data_urls(payload)), len(completions))
 
     def scores(self, answer: Any, n: int) -> list[float]:
         """The ``scores`` of an answer: ``n`` finite numbers, else a RewardServerError saying what came."""

@@ -5,6 +5,8 @@ its group's mean (divided by the group's std with ``scale_rewards=group``). Rewa
 functions (``recipe.reward_funcs``, resolved before load), a server (``recipe.reward_url``) and a trained
 reward model (``recipe.reward_model``), in that order.
 The reference for the KL term (``beta`` > 0) is the adapter-free policy under PEFT, else a frozen copy.
+Prompts with images (a vision-language model, ``data.images``) go with the model's processor to the trainer,
+which renders them with their images for generation and for the policy's log-probabilities.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class GRPO(Recipe, RewardURL):
 
     title: ClassVar[str] = "GRPO"
     data_kinds: ClassVar[tuple[str, ...]] = ("prompts",)
+    image_rows: ClassVar[bool] = True  # prompts with images: TRL's GRPOTrainer takes the processor
 
     # optimizer steps unless train.max_steps > 0; null = train.epochs
     steps: int | None = knob(100, AT_LEAST_ONE)
@@ -144,6 +147,7 @@ class GRPO(Recipe, RewardURL):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import GRPOConfig, GRPOTrainer
 
+        from components.data.images import rows_have_images
         from components.rewards import RewardModel, resolve_reward
         from components.runtime.session import Session
 
@@ -151,6 +155,7 @@ class GRPO(Recipe, RewardURL):
         session = Session.start(ctx)
         data = session.load_data()
         self.check_data(c, data, None)  # before the model loads
+        images = rows_have_images(data["train"])
         model = session.build_model()
         session.evaluate_generations("before")
         rewards = [resolve_reward(spec) for spec in self.reward_funcs]
@@ -186,7 +191,8 @@ class GRPO(Recipe, RewardURL):
                 remove_unused_columns=False,
             )
         )
-        trainer = session.trainer(GRPOTrainer, args, data, reward_funcs=rewards)
+        extra = {"processing_class": session.processor} if images else {}
+        trainer = session.trainer(GRPOTrainer, args, data, reward_funcs=rewards, **extra)
         return session.train_and_finish(trainer)
 
 

@@ -1,4 +1,5 @@
-"""Prompts for on-policy RL (``PromptDataset``, PPO and GRPO): prompt messages and the reference answer."""
+"""Prompts for on-policy RL (``PromptDataset``, PPO and GRPO): prompt messages and the reference answer;
+with ``data.images`` (a vision-language model) the prompts' images too (components/data/images.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from components.config.errors import ConfigError
 from components.config.ranges import AT_LEAST_ONE, knob
 from components.config.registry import component
-from components.data.formats import text_of
+from components.data import images as image_rows
+from components.data.formats import as_messages, text_of
 from components.data.readers import Table
 from components.data.rows import ON_OVERLONG, LoadedData, LoadReport, Pair, Row, scratch_workers
 from components.data.source import Source
@@ -23,10 +25,12 @@ if TYPE_CHECKING:
 @component("data")
 @dataclass(frozen=True)
 class PromptDataset(Source):
-    """Prompts for on-policy RL (PPO, GRPO): ``prompt`` messages and, when given, the reference ``answer``."""
+    """Prompts for on-policy RL (PPO, GRPO): ``prompt`` messages and, when given, the reference ``answer``;
+    with data.images, the prompt's ``images`` (GRPO on a vision-language model takes them)."""
 
     CANONICAL: ClassVar[tuple[str, ...]] = ("prompt", "answer")
     kind: ClassVar[str] = "prompts"
+    reads_images: ClassVar[bool] = True
 
     max_prompt_length: int = knob(256, AT_LEAST_ONE)  # tokens, the chat template's generation prompt included
     # prompts longer than max_prompt_length: truncate (generation keeps their end: PPO, generate, best_of_n,
@@ -57,11 +61,23 @@ class PromptDataset(Source):
         answers = table["answer"] if "answer" in table.column_names else [None] * len(table)
         return list(zip(table["prompt"], answers, strict=True))
 
+    def reads_task_columns(self, columns: list[str]) -> set[str]:
+        """The prompt's columns; ``images`` / ``image`` with data.images."""
+        return set(self.CANONICAL) | (set(image_rows.IMAGE_COLUMNS) if self.images else set())
+
     def to_prompt(self, row: Row, answer: bool) -> Row:
-        """One row as ``prompt`` messages, with its reference ``answer`` (text) when the data has them."""
-        out: Row = {"prompt": self.messages(row.get("prompt"), "user", "prompt")}
+        """One row as ``prompt`` messages, with its reference ``answer`` (text) when the data has them; with
+        data.images, the prompt's images (``images``, checked, in placeholder order)."""
+        if self.images:
+            image_rows.start_row()
+            prompt = as_messages(row.get("prompt"), "user", "prompt", self.roles, images=True)
+            out: Row = {"prompt": prompt}
+        else:
+            out = {"prompt": self.messages(row.get("prompt"), "user", "prompt")}
         if answer:
             out["answer"] = text_of(row, "answer")  # a blank / NaN reference is no reference
+        if self.images:
+            out[image_rows.IMAGES_COLUMN] = image_rows.finish_row(row, {"prompt": out["prompt"]})
         return out
 
     def load(self, workers: Workers | None = None) -> LoadedData:
@@ -76,7 +92,10 @@ class PromptDataset(Source):
             if has_answer is None:
                 has_answer = all("answer" in t.columns for t in tables)
             columns = ("prompt", "answer") if has_answer else ("prompt",)
+            used = self.CANONICAL
+            if self.images:
+                columns, used = (*columns, image_rows.IMAGES_COLUMN), (*used, *image_rows.IMAGE_COLUMNS)
             to_prompt = functools.partial(self.to_prompt, answer=has_answer)
-            return self.convert(tables, to_prompt, columns, key, report, workers)[0]
+            return self.convert(tables, to_prompt, columns, key, report, workers, used)[0]
 
         return self.load_splits(build, report, workers)

@@ -4,6 +4,8 @@ rule and the data a reward reads, all refused before any model loads."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import sys
@@ -251,8 +253,19 @@ def test_the_http_reward_sends_the_contract_retries_and_times_out(server) -> Non
     )
     assert scores == [-1.0, -4.0]
     assert server.requests[-1] == {"prompts": prompts, "completions": ["2", "four"], "answer": ["2", "4"]}
+    # a vision-language model's prompt carries its image (TRL puts it in the part): a PNG data URL
+    from PIL import Image
+
+    image = Image.new("RGB", (3, 2), (255, 0, 0))
+    part = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "?"}]}]
+    assert reward([part], ["red"], images=[[image]]) == [-3.0]
+    sent = server.requests[-1]
+    url = sent["prompts"][0][0]["content"][0]["image"]
+    assert url.startswith("data:image/png;base64,") and sent["images"] == [[url]]
+    decoded = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    assert decoded.size == (3, 2) and decoded.getpixel((0, 0)) == (255, 0, 0)
     server.fail = 1  # one 503, then an answer
-    assert reward(["p"], ["abc"]) == [-3.0] and len(server.requests) == 3
+    assert reward(["p"], ["abc"]) == [-3.0] and len(server.requests) == 4
     server.fail = 5
     with pytest.raises(RewardServerError, match="2 tries"):
         HttpReward(server.url, timeout=5, retries=1)(["p"], ["abc"])
