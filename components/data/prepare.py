@@ -204,7 +204,8 @@ def estimate_image_tokens(cfg: Any, limit: int = 64) -> tuple[Any, str | None]:
 
 
 def check_image_recipe(recipe: Any, splits: Any) -> None:
-    """Rows with images for a recipe whose trainer takes none (``Recipe.image_rows``: SFT and DPO do),
+    """Rows with images for a recipe whose trainer takes none (``Recipe.image_rows``: SFT, DPO and GRPO
+    do),
     refused once the rows are read, before the model loads, naming the recipe."""
     from components.config.errors import ConfigError
     from components.data.images import rows_have_images
@@ -213,9 +214,9 @@ def check_image_recipe(recipe: Any, splits: Any) -> None:
         return
     raise ConfigError(
         f"recipe={recipe.name} does not train on image rows (its trainer is not given the model's "
-        "processor); SFT and DPO do (and recipe=generate answers them)",
+        "processor); SFT, DPO and GRPO do (and recipe=generate answers them)",
         key="recipe",
-        hint="recipe=sft or recipe=dpo, or data.images=false for text-only rows",
+        hint="recipe=sft, recipe=dpo or recipe=grpo, or data.images=false for text-only rows",
     )
 
 
