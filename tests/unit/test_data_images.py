@@ -329,6 +329,37 @@ def test_preference_pairs_with_images_in_the_prompt(tmp_path: Path, pictures: An
         PreferenceDataset(path=write_jsonl(tmp_path / "pairs.jsonl", rows), images=True, cache=False).load()
 
 
+def test_grpo_prompts_with_images_in_two_shapes_give_the_same_rows(tmp_path: Path, pictures: Any) -> None:
+    """GRPO's prompt rows (``PromptDataset``): an ``images`` column with ``<image>`` placeholders and image
+    parts carrying data URLs give the same prompt turns and image bytes; a missing image names its row."""
+    from datasets import Image, List
+
+    from components.data.prompts import PromptDataset
+
+    red, blue = pictures
+    placeholders = [{**placeholder_row([RED_PNG, "img/blue.png"], k), "answer": "red"} for k in range(3)]
+    parts = [{**parts_row(data_url(red), data_url(blue), k), "answer": "red"} for k in range(3)]
+    for rows in (placeholders, parts):
+        for row in rows:
+            row["prompt"] = row.pop("messages")[:1]
+
+    def prompts(rows: list[dict[str, Any]], name: str) -> list[Any]:
+        path = write_jsonl(tmp_path / name, rows)
+        loaded = PromptDataset(path=path, images=True, eval_fraction=0.0, cache=False).load()
+        table = loaded["train"].cast_column("images", List(Image(decode=False)))
+        return [(r["prompt"], r["answer"], [i["bytes"] for i in r["images"]]) for r in table]
+
+    got = prompts(placeholders, "placeholders.jsonl")
+    assert got == prompts(parts, "parts.jsonl")
+    assert got[0][0][0]["content"] == [
+        {"type": "image"}, {"type": "text", "text": f"{QUESTION}0"}, {"type": "image"}
+    ]  # fmt: skip
+    assert got[0][2] == [red.read_bytes(), blue.read_bytes()]
+    placeholders[1]["images"] = ["img/missing.png", RED_PNG]
+    with pytest.raises(ConfigError, match=r"placeholders.jsonl:2 \(row 2\): column 'images' item 0"):
+        prompts(placeholders, "placeholders.jsonl")
+
+
 def test_a_data_url_must_be_base64_and_decodable(tmp_path: Path) -> None:
     image_rows.start_table(tmp_path, None)
     with pytest.raises(image_rows.RowError, match="should be base64"):
@@ -382,10 +413,9 @@ def test_an_images_column_of_another_name_is_mapped(tmp_path: Path, pictures: An
 
 def test_options_that_read_no_images_refuse_the_knob(tmp_path: Path) -> None:
     from components.data.preferences import UnpairedPreferenceDataset
-    from components.data.prompts import PromptDataset
 
     path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "hi", "completion": "yo", "label": True}])
-    for option in (PromptDataset, UnpairedPreferenceDataset):
+    for option in (UnpairedPreferenceDataset,):  # KTO's rows (PromptDataset reads GRPO's image prompts)
         with pytest.raises(ConfigError) as info:
             option(path=path, images=True).validate()
         assert info.value.key == "data.images" and "does not read images" in str(info.value)
