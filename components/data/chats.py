@@ -199,8 +199,12 @@ class ChatDataset(Source):
         table, done = self.convert(tables, convert_row, columns, key, report, workers, used, CHAT_FLAGS)
         if done.images.rows and self.packing:  # the hook the model phase (issue 36) may lift
             raise ConfigError(
-                f"{done.images.rows:,} rows of {key} have images, and data.packing=true: packed rows would "
-                "cut image tokens apart from their images (TRL does not pack vision datasets)",
+                f"{done.images.rows:,} rows of {key} have images, and data.packing=true: packing joins rows "
+                "tokenized before training, while image rows are tokenized batch by batch by the model's "
+                "processor, each image's tokens expanded beside its pixels; packed, a row's image tokens "
+                "would lose their pixels, and keeping packed documents apart needs varlen attention, which "
+                "the vision-language models' attention paths here do not take (TRL refuses packing and "
+                "padding-free batches for vision datasets too)",
                 key="data.packing",
                 hint="data.packing=false",
             )
