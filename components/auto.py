@@ -150,11 +150,6 @@ def maybe_resolve_auto(cfg: DictConfig) -> DictConfig:
     the run dir's saved config with the choice. Any other strategy passes through untouched."""
     if not is_auto(cfg):
         return cfg
-    from components.data.prepare import estimate_image_tokens
-
-    cfg, measured = estimate_image_tokens(cfg)  # a VLM's image rows: the estimate counts what they hold
-    if measured:
-        print(f"strategy=auto: {measured}")
     new, text = resolve_auto(cfg)
     print(text)
     save_choice(new)

@@ -38,12 +38,13 @@ process_defaults()  # TOKENIZERS_PARALLELISM=false, no FutureWarnings (component
 def execute(cfg: DictConfig) -> Any:
     """Instantiate the groups, check them before any model is loaded, then run the recipe: here, or in
     the launcher's worker processes on the config frozen into the run dir."""
-    from components.auto import maybe_resolve_auto, save_choice
+    from components.auto import is_auto, maybe_resolve_auto, save_choice
     from components.config.ranges import check_values
     from components.config.resolvers import check_resolves
     from components.launcher import FROZEN
     from components.runtime import multinode
     from components.runtime.checks import check_before_load
+    from components.runtime.image_estimate import estimate_image_tokens
     from components.runtime.run import Components, hydra_run_dir, pipeline_axis, run_recipe
     from components.runtime.threads import apply_thread_policy
 
@@ -53,6 +54,10 @@ def execute(cfg: DictConfig) -> Any:
         refuse_plan_under_an_optimizing_sweeper()
     check_resolves(cfg)
     check_values(cfg)  # before strategy=auto's estimate reads them (Components.from_config checks again)
+    if is_auto(cfg):  # a VLM's image rows: the estimate counts the image tokens they hold
+        cfg, measured = estimate_image_tokens(cfg)
+        if measured:
+            print(f"strategy=auto: {measured}")
     cfg = maybe_resolve_auto(cfg)  # strategy=auto: choose from the memory estimate, save the choice
     axis = pipeline_axis(cfg)  # strategy.pp_size on DDP / ZeRO-0/1: trains as strategy=pipeline
     if axis is not None:

@@ -250,7 +250,7 @@ def cli(args: list[str]) -> int:
         raise ConfigError(f"cannot compose the config: {err}", key="estimate") from None
     finally:
         GlobalHydra.instance().clear()
-    from components.data.prepare import estimate_image_tokens
+    from components.runtime.image_estimate import estimate_image_tokens
 
     cfg, measured = estimate_image_tokens(cfg)  # a VLM's image rows: the estimate counts what they hold
     if measured:
