@@ -40,6 +40,7 @@ class PipelineGroups:
     tp_rank: int = 0
     tp_group: Any = None
     tp_mesh: Any = None  # the DeviceMesh of this rank's tensor-parallel group (DTensor's)
+    dp_mesh: Any = None  # the DeviceMesh of this rank's data-parallel group (FSDP2's over the replicas)
 
     @classmethod
     def build(cls, pp: int, device: str, tied: bool, tp: int = 1) -> PipelineGroups:
@@ -81,6 +82,7 @@ class PipelineGroups:
             tp_rank=where["tp"],
             tp_group=mesh.get_group("tp"),
             tp_mesh=mesh["tp"],
+            dp_mesh=mesh["dp"],
         )
 
     def planned(self) -> Any:
@@ -480,11 +482,15 @@ def shard_optimizer_state(optimizer: Any) -> None:
                     )
 
 
-def gather_state_dict(state: dict[str, torch.Tensor], mesh: PipelineGroups) -> dict[str, torch.Tensor] | None:
+def gather_state_dict(
+    state: dict[str, torch.Tensor], mesh: PipelineGroups, every_replica: bool = False
+) -> dict[str, torch.Tensor] | None:
     """The whole model's state dict on rank 0 from each pipeline rank's part (replica 0's first
-    tensor-parallel rank sends it, its shards gathered first; a tied matrix arrives from both ends, the same
-    tensor); None elsewhere. A collective call on every rank."""
-    whole_stage = full_state(state) if mesh.dp_rank == 0 else {}  # collective over replica 0's tp ranks
+    tensor-parallel rank sends it, its shards gathered first: over replica 0's tensor-parallel ranks, or
+    with ``every_replica`` (FSDP2's shards) over all the replicas; a tied matrix arrives from both ends, the
+    same tensor); None elsewhere. A collective call on every rank."""
+    whole_stage = full_state(state) if mesh.dp_rank == 0 or every_replica else {}
+    whole_stage = whole_stage if mesh.dp_rank == 0 else {}
     parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
     mine = whole_stage if mesh.tp_rank == 0 else {}
     dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)

@@ -30,7 +30,7 @@ import torch
 
 from components.config.errors import ConfigError, Diverged
 from components.distributed import pp_schedule as pp
-from components.distributed import stage_tp
+from components.distributed import stage_fsdp, stage_tp
 from components.distributed import stages as st
 
 STAGE_DIR = "stage-{stage}"  # in a checkpoint: one pipeline rank's weights and optimizer state
@@ -120,6 +120,16 @@ def describe(cut: Cut, strategy: Any) -> dict[str, Any]:
                 f"{cut.mesh.tp}: each layer's projections split)"
             )
     return rows
+
+
+def note_shards(rows: dict[str, Any], cut: Cut, model: Any, zero_stage: int) -> None:
+    """The summary's ``rank r holds`` rows with each rank's share under FSDP2 (a collective call)."""
+    local = pp.all_gather(sum(pp.local(p).numel() for p in model.parameters()))
+    for rank, here in enumerate(local):
+        rows[f"rank {rank} holds"] += (
+            f", {here:,} of them here (FSDP2, ZeRO-{zero_stage}: a 1/{cut.mesh.dp} shard of each parameter "
+            "over the data-parallel replicas)"
+        )
 
 
 def spans(indices: list[int]) -> str:
@@ -213,6 +223,7 @@ class StagedRun:
     stash: list[torch.Tensor]
     counted: set[int]  # parameters whose squared gradient this rank adds to the norm
     tied_param: Any = None  # this rank's copy of a tied embedding
+    sharded: bool = False  # FSDP2 on each stage over the data-parallel replicas (zero_stage 2 / 3)
     timing: pp.Timing = field(default_factory=pp.Timing)
     start: float = field(default_factory=time.time)
     tokens: int = 0
@@ -234,6 +245,10 @@ class StagedRun:
         layout = st.CausalLMParts.of(model)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(ctx.plan.dtype)
         modules = [st.Stage(model, cut.plan, s, autocast=dtype) for s in cut.stage_ids]
+        sharded = c.strategy.shards_stages and cut.mesh.dp > 1
+        if sharded:  # before the optimizer is made: it steps the DTensor shards
+            stage_fsdp.shard_stages(modules, cut.mesh.dp_mesh, c.strategy.zero_stage == 3)
+            note_shards(session.report["pipeline"], cut, model, c.strategy.zero_stage)
         stash: list[torch.Tensor] = []
         pipe = pp.StageSchedules(modules, cut.stage_ids, cut.plan.num_stages, cut.mesh, c.strategy.schedule,
                            loss_function(layout.config.vocab_size, stash))  # fmt: skip
@@ -270,7 +285,7 @@ class StagedRun:
             session, trainer, cut, pipe, model, optimizer, scheduler, sampler, batches,
             Batches(rows, t.micro_batch_size, length, pad),
             Batches(evals, t.micro_batch_size, length, pad) if evals is not None and len(evals) else None,
-            max_steps, steps_per_epoch, stash, counted, tied,
+            max_steps, steps_per_epoch, stash, counted, tied, sharded=sharded,
         )  # fmt: skip
 
     def elapsed(self) -> float:
@@ -316,10 +331,16 @@ class StagedRun:
             self.timing.add(ran.busy, ran.wall)
         self.kinds[ran.kind] = self.kinds.get(ran.kind, 0) + 1
         params = [p for p in self.model.parameters() if p.requires_grad]
-        pp.all_reduce_grads(params, mesh.dp_group, mesh.dp)
-        if self.tied_param is not None and self.tied_param.grad is not None:
-            dist.all_reduce(self.tied_param.grad, group=mesh.tied_group)
-        groups = [mesh.pp_group, mesh.tp_group if mesh.tp > 1 else None]
+        if not self.sharded:  # FSDP2 reduce-scattered them (summed) on the step's last micro-batch
+            pp.all_reduce_grads(params, mesh.dp_group, mesh.dp)
+        if self.tied_param is not None and self.tied_param.grad is not None:  # both copies alike sharded
+            dist.all_reduce(pp.local(self.tied_param.grad), group=mesh.tied_group)
+        # the squares summed over the stages, the tensor-parallel shards and FSDP2's shards of the replicas
+        groups = [
+            mesh.pp_group,
+            mesh.tp_group if mesh.tp > 1 else None,
+            mesh.dp_group if self.sharded else None,
+        ]
         norm = pp.clip_grad_norm(
             params, self.session.ctx.train.max_grad_norm, groups, self.counted, mesh.tp_rank
         )
@@ -396,8 +417,9 @@ class StagedRun:
 
         ctx, mesh = self.session.ctx, self.cut.mesh
         main = dist.get_rank() == 0
-        # replica 0 writes the stage: its tensor-parallel ranks gather the shards together (a collective)
-        state = pp.full_state(self.model.state_dict()) if mesh.dp_rank == 0 else {}
+        # replica 0 writes the stage: its tensor-parallel ranks (under FSDP2 every replica) gather the shards
+        # together (a collective)
+        state = pp.full_state(self.model.state_dict()) if mesh.dp_rank == 0 or self.sharded else {}
         with staged_checkpoint(ctx.run_dir, step, main=main, barrier=dist.barrier,
                                keep_last=ctx.train.keep_last) as staging:  # fmt: skip
             folder = staging / STAGE_DIR.format(stage=mesh.pp_rank)
@@ -416,8 +438,8 @@ class StagedRun:
 
     @property
     def zero(self) -> bool:
-        """ZeRO-1: the optimizer states sharded over the data-parallel replicas."""
-        return pp.optimizer_part(self.optimizer) is not self.optimizer
+        """The optimizer states sharded over the data-parallel replicas (ZeRO-1, or FSDP2's shards)."""
+        return self.sharded or pp.optimizer_part(self.optimizer) is not self.optimizer
 
     def layout(self) -> dict[str, Any]:
         """What a checkpoint's stage folders fit: the mesh and the split (a resume must match it)."""
@@ -520,7 +542,7 @@ class StagedRun:
         session.log_metrics({"step": step, "epoch": epoch, "time": self.elapsed(), **metrics})
         session.report["pipeline"].update(self.bubble())
         states = pp.all_gather(pp.held_states(self.optimizer))  # collective
-        zero = " (ZeRO-1: each data-parallel replica holds its partition)" if self.zero else ""
+        zero = " (each data-parallel replica holds its partition)" if self.zero else ""
         session.report["pipeline"]["optimizer states per rank"] = ", ".join(f"{n:,}" for n in states) + zero
         model = self.whole_model()  # collective: every rank sends its part to rank 0
         if session.ctx.is_main_process:
@@ -537,7 +559,7 @@ class StagedRun:
 
         from components.model import upcast_trainable
 
-        gathered = pp.gather_state_dict(self.model.state_dict(), self.cut.mesh)
+        gathered = pp.gather_state_dict(self.model.state_dict(), self.cut.mesh, every_replica=self.sharded)
         if gathered is None:
             return self.model
         layout, peft = st.CausalLMParts.of(self.model), self.session.ctx.components.peft

@@ -23,8 +23,10 @@ class Pipeline(ModelSplit, Strategy):
     (``train.gradient_accumulation_steps`` per step) flowing through them on a GPipe, 1F1B or interleaved 1F1B
     schedule; with ``tp_size`` > 1 each stage's layers split over that many tensor-parallel ranks (DTensor,
     ``components/distributed/stage_tp.py``: 3D with the data-parallel replicas); ``world / (pp_size x
-    tp_size)`` data-parallel replicas, each with its own data, gradients summed over them. Trained by our own
-    loop (``components/runtime/pipeline_loop.py``); CPU (gloo) and GPU."""
+    tp_size)`` data-parallel replicas, each with its own data, gradients summed over them, the optimizer
+    states sharded over them with ``zero_stage`` 1 and the parameters and gradients too with 2 / 3 (FSDP2 on
+    each stage, torchtitan's PP x FSDP: ``components/distributed/stage_fsdp.py``). Trained by our own loop
+    (``components/runtime/pipeline_loop.py``); CPU (gloo) and GPU."""
 
     # pipeline ranks; launcher.nproc_per_node x nnodes must be a multiple; world / pp_size data-parallel
     # replicas
@@ -34,9 +36,11 @@ class Pipeline(ModelSplit, Strategy):
     # the first layer of stages 1..N-1, e.g. [12] for 2 stages; [] = balanced by parameter count
     split: list[int] = knob([], AT_LEAST_ONE)
     tp_size: int = knob(1, AT_LEAST_ONE)  # tensor-parallel ranks inside each stage (3D: pp x dp x tp)
-    # 1: ZeRO-1, each data-parallel replica keeps the optimizer states of its partition of the stage's
-    # parameters (torch's ZeroRedundancyOptimizer); 0: every replica keeps them all
-    zero_stage: int = knob(0, one_of(0, 1), hint="ZeRO-2/3 shard what the pipeline loop keeps whole")
+    # over the data-parallel replicas: 0 every replica keeps the stage whole; 1 ZeRO-1, each keeps the
+    # optimizer states of its partition (torch's ZeroRedundancyOptimizer); 3 FSDP2 on each stage: parameters,
+    # gradients and states sharded, a layer gathered for its forward and backward (ZeRO-3); 2 the same
+    # without resharding between forward and backward (ZeRO-2's memory in flight)
+    zero_stage: int = knob(0, one_of(0, 1, 2, 3))
 
     shards_parameters: ClassVar[bool] = True  # no rank holds the whole model: saving gathers it
     parallel_dims: ClassVar[tuple[str, ...]] = ("pp", "tp")  # strategy=auto tries their sizes
@@ -47,8 +51,14 @@ class Pipeline(ModelSplit, Strategy):
     @property
     def label(self) -> str:
         tp = f" x tp {self.tp_size}" if self.tp_size > 1 else ""
-        zero = ", ZeRO-1 over the replicas" if self.zero_stage else ""
+        zero = {1: ", ZeRO-1 over the replicas", 2: ", FSDP2 (ZeRO-2) over the replicas",
+                3: ", FSDP2 (ZeRO-3) over the replicas"}.get(self.zero_stage, "")  # fmt: skip
         return f"Pipeline (pp {self.pp_size}{tp}, {self.schedule}{zero})"
+
+    @property
+    def shards_stages(self) -> bool:
+        """FSDP2 on each stage over the data-parallel replicas (``zero_stage`` 2 or 3)."""
+        return self.zero_stage >= 2
 
     @property
     def num_stages(self) -> int:
@@ -63,17 +73,25 @@ class Pipeline(ModelSplit, Strategy):
 
     def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
         """Each replica's stages whole (``mesh()`` says how the layers split; with ``zero_stage`` 1 the
-        optimizer states sharded over the replicas), the schedule's micro-batches in flight."""
+        optimizer states sharded over the replicas, with 2 / 3 FSDP2's), the schedule's micro-batches in
+        flight."""
+        kind = "fsdp" if self.shards_stages else "ddp"
         return StrategyShape(
-            "ddp", self.zero_stage, pipeline_schedule=self.schedule, pipeline_chunks=self.stages_per_rank
+            kind, self.zero_stage, pipeline_schedule=self.schedule, pipeline_chunks=self.stages_per_rank
         )
 
     def validate(self) -> None:
         super().validate()
         if self.zero_stage and self.tp_size > 1:
+            how = (
+                "ZeRO-1 (torch's ZeroRedundancyOptimizer) shards plain tensors, not the tensor-parallel "
+                "stages' DTensors"
+                if self.zero_stage == 1
+                else "FSDP2 over tensor-parallel stages (a 2-D data x tensor mesh per stage) is not wired"
+            )
             raise ConfigError(
-                "ZeRO-1 in the pipeline loop (torch's ZeroRedundancyOptimizer) shards plain tensors, not the "
-                f"tensor-parallel stages' DTensors (tp_size={self.tp_size})",
+                f"strategy.zero_stage={self.zero_stage} in the pipeline loop with tp_size={self.tp_size}: "
+                + how,
                 key="strategy.zero_stage",
                 hint="strategy.zero_stage=0 with strategy.tp_size > 1, or strategy.tp_size=1",
             )
