@@ -79,9 +79,10 @@ def pipeline_axis(
     with open_dict(new):
         new.strategy = (compose_strategy or compose_strategy_hydra)(list(overrides))
     name = str(cfg.strategy._target_).rsplit(".", 1)[-1]
+    label = _instantiate(new, "strategy").label  # Pipeline (pp 2, 1f1b, FSDP2 (ZeRO-3) over the replicas)
     text = (
-        f"strategy: {name} with strategy.pp_size={cfg.strategy.pp_size} trains as {' '.join(overrides)} "
-        "(pipeline stages in the pipeline loop; its data-parallel replicas as the option keeps them)"
+        f"strategy: {name} with strategy.pp_size={cfg.strategy.pp_size} trains as {' '.join(overrides)}: "
+        f"{label}, the stages in the pipeline loop"
     )
     return new, text
 

@@ -76,8 +76,9 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
     sp_size: int = knob(1, AT_LEAST_ONE)  # sequence parallel ranks (DeepSpeed Ulysses)
     # expert parallel ranks (DeepSpeed AutoEP, ZeRO 0-2): a mixture's experts split over them, all-to-all
     ep_size: int = knob(1, AT_LEAST_ONE)
-    # > 1: the layers cut into that many pipeline stages (ZeRO-0/1 only), trained by the pipeline loop with
-    # ZeRO-1's optimizer-state sharding over its data-parallel replicas (as strategy=pipeline)
+    # > 1: the layers cut into that many pipeline stages, trained by the pipeline loop (as strategy=pipeline)
+    # with this stage's sharding over its data-parallel replicas: ZeRO-1's optimizer states
+    # (ZeroRedundancyOptimizer), ZeRO-2/3's by FSDP2 on each stage
     pp_size: int = knob(1, AT_LEAST_ONE)
     aio: dict[str, Any] = field(
         default_factory=lambda: {
@@ -108,23 +109,34 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
         if self.pp_size == 1:
             return None
         asked = {
-            "strategy.stage": self.stage > 1,
+            "strategy.tp_size": self.tp_size > 1 and self.stage > 0,
             "strategy.sp_size": self.sp_size > 1,
             "strategy.ep_size": self.ep_size > 1,
             "strategy.offload_optimizer": self.offload_optimizer != "none",
+            "strategy.offload_param": self.offload_param != "none",
+            "strategy.zero_quantized_weights": self.zero_quantized_weights,
             "strategy.zero_quantized_gradients": self.zero_quantized_gradients,
+            "strategy.zero_hpz_partition_size": (self.zero_hpz_partition_size or 1) > 1,
         }
         key = next((k for k, bad in asked.items() if bad), None)
         if key is None:
             return None
+        if key == "strategy.tp_size":
+            return ConfigError(
+                f"pipeline stages (strategy.pp_size={self.pp_size}) with tensor-parallel stages "
+                f"(strategy.tp_size={self.tp_size}) keep each replica's stage and optimizer states whole: "
+                f"the pipeline loop does not shard DTensor stages over the replicas (ZeRO-{self.stage})",
+                key=key,
+                hint=f"strategy=zero0 strategy.pp_size={self.pp_size} strategy.tp_size={self.tp_size}, or "
+                "strategy.tp_size=1",
+            )
         return ConfigError(
-            f"pipeline stages (strategy.pp_size={self.pp_size}) train through the pipeline loop with ZeRO-1 "
-            f"at most over its data-parallel replicas, which does not do "
-            f"{key}={getattr(self, key.split('.')[1])}",
+            f"pipeline stages (strategy.pp_size={self.pp_size}) train through the pipeline loop, whose "
+            "data-parallel side shards with ZeRO-1 (ZeroRedundancyOptimizer) or FSDP2 (ZeRO-2/3) and does "
+            f"not do {key}={getattr(self, key.split('.')[1])}",
             key=key,
-            hint=f"strategy=zero1 strategy.pp_size={self.pp_size}"
-            + ("" if key == "strategy.stage" else f" with {key} left at its default")
-            + ", or drop strategy.pp_size",
+            hint=f"strategy=zero{self.stage} strategy.pp_size={self.pp_size} with {key} left at its default, "
+            "or drop strategy.pp_size",
         )
 
     def validate(self) -> None:

@@ -50,6 +50,9 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
     tp_size: int = knob(1, AT_LEAST_ONE)
     # context parallel ranks (accelerate's cp_size: ring attention; GPU only)
     sp_size: int = knob(1, AT_LEAST_ONE)
+    # > 1: the layers cut into that many pipeline stages, trained by the pipeline loop (as strategy=pipeline)
+    # with FSDP2 on each stage over its data-parallel replicas (torchtitan's PP x FSDP; CPU too)
+    pp_size: int = knob(1, AT_LEAST_ONE)
 
     shards_parameters: ClassVar[bool] = True
     needs_process_group: ClassVar[bool] = True
@@ -104,9 +107,52 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
         }
         return first_refusal(refused)
 
+    def as_pipeline(self) -> tuple[str, ...] | None:
+        if self.pp_size == 1:
+            return None
+        refusal = self.pipeline_refusal()
+        if refusal is not None:
+            raise refusal
+        stage = 3 if self.reshard_after_forward else 2
+        return (
+            "strategy=pipeline",
+            f"strategy.pp_size={self.pp_size}",
+            f"strategy.zero_stage={stage}",
+            f"strategy.device={self.device}",
+        )
+
+    def pipeline_refusal(self) -> ConfigError | None:
+        """What pipeline stages (``pp_size`` > 1) cannot go with in this option (None: nothing asked): the
+        pipeline loop shards each stage with FSDP2 itself, one unit per decoder layer, and gathers its
+        checkpoints whole."""
+        if self.pp_size == 1:
+            return None
+        asked = {
+            "strategy.tp_size": self.tp_size > 1,
+            "strategy.sp_size": self.sp_size > 1,
+            "strategy.cpu_offload": self.cpu_offload,
+            "strategy.activation_checkpointing": self.activation_checkpointing,
+            "strategy.transformer_layer_cls_to_wrap": bool(self.transformer_layer_cls_to_wrap),
+            "strategy.state_dict_type": self.state_dict_type != "FULL_STATE_DICT",
+        }
+        key = next((k for k, bad in asked.items() if bad), None)
+        if key is None:
+            return None
+        return ConfigError(
+            f"pipeline stages (strategy.pp_size={self.pp_size}) train through the pipeline loop, which "
+            "shards each stage with FSDP2 over the data-parallel replicas (one unit per decoder layer, "
+            f"checkpoints gathered whole) and does not do {key}={getattr(self, key.split('.')[1])}",
+            key=key,
+            hint=f"strategy=fsdp strategy.pp_size={self.pp_size} with {key} left at its default, or drop "
+            "strategy.pp_size",
+        )
+
     def validate(self) -> None:
         super().validate()
         check_split_sizes(self)
+        refusal = self.pipeline_refusal()
+        if refusal is not None:
+            raise refusal
         if self.state_dict_type not in STATE_DICT_TYPES:
             raise ConfigError(
                 f"unknown state dict type '{self.state_dict_type}'",

@@ -194,6 +194,8 @@ class ThreeD:
     pp_dp_tp: Path  # pp 2 x dp 2 x tp 2 (8 ranks), 16 rows a step (2 replicas x 2 x 4)
     zero1: Path  # strategy=zero1 strategy.pp_size=2 (4 ranks: pp 2 x dp 2, ZeRO-1), 16 rows a step
     zero1_resumed: Path  # zero1 resumed from its checkpoint-2
+    fsdp: Path  # strategy=fsdp strategy.pp_size=2 (4 ranks: pp 2 x dp 2, FSDP2 on each stage), 16 rows a step
+    fsdp_resumed: Path  # fsdp resumed from its checkpoint-2
 
 
 @pytest.fixture(scope="module")
@@ -211,16 +213,21 @@ def three_d(tmp_path_factory: pytest.TempPathFactory, warm: Warm) -> ThreeD:
     zero1 = [*wide, "strategy=zero1", "strategy.pp_size=2", "launcher.nproc_per_node=4", "train.save_every=2"]
     forked(warm, root / "zero1", *zero1)
     forked(warm, root / "zero1_resumed", f"resume={root / 'zero1' / 'checkpoints' / 'checkpoint-2'}")
+    fsdp = [*wide, "strategy=fsdp", "strategy.pp_size=2", "launcher.nproc_per_node=4", "train.save_every=2"]
+    forked(warm, root / "fsdp", *fsdp)
+    forked(warm, root / "fsdp_resumed", f"resume={root / 'fsdp' / 'checkpoints' / 'checkpoint-2'}")
     return ThreeD(
         root / "single", root / "pp_tp", root / "resumed", root / "single_32", root / "pp_dp_tp",
-        root / "zero1", root / "zero1_resumed",
+        root / "zero1", root / "zero1_resumed", root / "fsdp", root / "fsdp_resumed",
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("layout", ["pp_tp", "pp_dp_tp", "zero1"])
+@pytest.mark.parametrize("layout", ["pp_tp", "pp_dp_tp", "zero1", "fsdp"])
 def test_tensor_parallel_stages_train_like_one_process(three_d: ThreeD, layout: str) -> None:
-    """PP 2 x TP 2, PP 2 x DP 2 x TP 2 and ZeRO-1's PP 2 x DP 2 (``strategy=zero1 strategy.pp_size=2``, each
-    replica holding half of its stage's optimizer states): every step's loss within 1e-5 relative of one
+    """PP 2 x TP 2, PP 2 x DP 2 x TP 2, ZeRO-1's PP 2 x DP 2 (``strategy=zero1 strategy.pp_size=2``, each
+    replica holding half of its stage's optimizer states) and FSDP2's (``strategy=fsdp strategy.pp_size=2``,
+    each replica holding half of every parameter of its stage, the tied embedding's two copies included):
+    every step's loss within 1e-5 relative of one
     process's on the same global batch (seen: ~1e-7), the gradient norm within 1e-4, the final weights within
     1e-5 (seen: ~2e-6); each rank holds its stage's layers with their projections split in two (summary,
     checked live) with tensor parallel."""
@@ -245,6 +252,14 @@ def test_tensor_parallel_stages_train_like_one_process(three_d: ThreeD, layout: 
                 held
             )
         return
+    if layout == "fsdp":  # pp 2 x dp 2, each replica a shard of every parameter of its stage (checked live)
+        assert info["mesh"] == "pp 2 x dp 2 = 4 processes"
+        for rank, (stage_params, here) in enumerate([(471_552, 235_776)] * 2 + [(274_432, 137_216)] * 2):
+            assert info[f"rank {rank} holds"].endswith(
+                f"{stage_params:,} parameters, {here:,} of them here (FSDP2, ZeRO-3: a 1/2 shard of each "
+                "parameter over the data-parallel replicas)"
+            ), info
+        return
     dp = 1 if layout == "pp_tp" else 2
     assert info["mesh"] == f"pp 2 x dp {dp} x tp 2 = {4 * dp} processes"
     # the stage's parameters (as without tp) and this rank's share: the split projections halved
@@ -267,6 +282,20 @@ def test_zero1_pipeline_resumes_bit_exact_from_each_replicas_partition(three_d: 
     assert {p.name for p in stage.iterdir()} == {"model.safetensors", "optimizer-dp0.pt", "optimizer-dp1.pt"}
     assert losses(three_d.zero1_resumed) == losses(three_d.zero1)[2:]
     mine, theirs = final(three_d.zero1_resumed), final(three_d.zero1)
+    assert all(torch.equal(mine[name], theirs[name]) for name in theirs)
+
+
+def test_fsdp_pipeline_resumes_bit_exact_from_each_replicas_shards(three_d: ThreeD) -> None:
+    """``strategy=fsdp strategy.pp_size=2`` ran as the pipeline with FSDP2 on each stage (its saved config
+    says so); each stage's weights were gathered whole, each replica wrote its shard of the optimizer
+    states, and the run resumed from step 2 repeats steps 3-4 bit for bit."""
+    saved = (three_d.fsdp / ".hydra" / "config.yaml").read_text()
+    assert "_target_: components.strategy.Pipeline" in saved and "zero_stage: 3" in saved
+    stage = three_d.fsdp / "checkpoints" / "checkpoint-2" / "stage-0"
+    assert {p.name for p in stage.iterdir()} == {"model.safetensors", "optimizer-dp0.pt", "optimizer-dp1.pt"}
+    assert load_file(stage / "model.safetensors")["model.embed_tokens.weight"].shape == (602, 128)  # whole
+    assert losses(three_d.fsdp_resumed) == losses(three_d.fsdp)[2:]
+    mine, theirs = final(three_d.fsdp_resumed), final(three_d.fsdp)
     assert all(torch.equal(mine[name], theirs[name]) for name in theirs)
 
 

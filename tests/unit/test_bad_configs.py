@@ -32,7 +32,10 @@ class NoKnobs:
 
 # (overrides, the key the error must name) — checked by components before a model is built
 AFTER_COMPOSE = [
-    (["strategy=zero2", "strategy.pp_size=2", "launcher.nproc_per_node=4"], "strategy.stage"),
+    (["strategy=zero3", "strategy.pp_size=2", "strategy.offload_param=cpu"], "strategy.offload_param"),
+    (["strategy=zero2", "strategy.pp_size=2", "strategy.tp_size=2"], "strategy.tp_size"),
+    (["strategy=fsdp", "strategy.pp_size=2", "strategy.cpu_offload=true"], "strategy.cpu_offload"),
+    (["strategy=pipeline", "strategy.zero_stage=3", "strategy.tp_size=2"], "strategy.zero_stage"),
     (
         ["strategy=zero1", "strategy.pp_size=2", "strategy.ep_size=2", "launcher.nproc_per_node=4"],
         "strategy.ep_size",

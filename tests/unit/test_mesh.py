@@ -194,9 +194,10 @@ def test_the_plan_names_the_ranks_of_every_group_and_node() -> None:
     assert Mesh(2).layout(gpus_per_node=2) == {"dp groups": "[0, 1]", "node 0": "ranks 0-1"}
 
 
-def test_plan_trains_pp_size_on_zero1_as_the_pipeline_and_refuses_zero2(capsys) -> None:
+def test_plan_trains_pp_size_on_zero1_as_the_pipeline_and_refuses_an_offload(capsys) -> None:
     """``strategy=zero1 strategy.pp_size=2`` in mode=plan: the rewrite said, the pipeline's groups and stages
-    on their ranks printed; ZeRO-2 with pp_size exits 2 naming ``strategy.stage``."""
+    on their ranks printed; ZeRO-3's parameter offload with pp_size exits 2 naming
+    ``strategy.offload_param``."""
     from recipes.cli import main
 
     main(["mode=plan", "strategy=zero1", "strategy.pp_size=2", "launcher.nproc_per_node=4"])
@@ -206,7 +207,8 @@ def test_plan_trains_pp_size_on_zero1_as_the_pipeline_and_refuses_zero2(capsys) 
     assert "pp groups: '[0, 2] [1, 3]'" in out and "dp groups: '[0, 1] [2, 3]'" in out
     assert re.search(r"\(471,552 parameters\) on ranks\s+\[0, 1\]", out), out
     with pytest.raises(SystemExit) as code:
-        main(["mode=plan", "strategy=zero2", "strategy.pp_size=2", "launcher.nproc_per_node=4"])
+        main(["mode=plan", "strategy=zero3", "strategy.pp_size=2", "strategy.offload_param=cpu"])
     err = capsys.readouterr().err
-    assert code.value.code == 2 and "[strategy.stage]" in err and "strategy=zero1 strategy.pp_size=2" in err
+    assert code.value.code == 2 and "[strategy.offload_param]" in err, err
+    assert "strategy=zero3 strategy.pp_size=2 with strategy.offload_param left at its default" in err
     assert "Traceback" not in err

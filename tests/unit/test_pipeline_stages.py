@@ -205,8 +205,9 @@ def test_plan_prints_the_mesh_the_stages_and_the_batch_arithmetic(capsys) -> Non
 
 
 def test_pp_size_on_ddp_and_zero_trains_as_the_pipeline(compose_cfg) -> None:
-    """``strategy.pp_size`` on DDP / ZeRO-0-1 becomes the pipeline's node (ZeRO-1 over its replicas for
-    zero1), composed by Hydra; what the pipeline loop cannot do with it is refused naming the key."""
+    """``strategy.pp_size`` on DDP, ZeRO-0-3 and FSDP becomes the pipeline's node (ZeRO-1 over its replicas
+    for zero1, FSDP2's ZeRO-2 / ZeRO-3 for zero2 / zero3 and fsdp), composed by Hydra; what the pipeline
+    loop cannot do with it is refused naming the key."""
     from components.config.errors import ConfigError
     from components.runtime.run import pipeline_axis
 
@@ -218,10 +219,21 @@ def test_pp_size_on_ddp_and_zero_trains_as_the_pipeline(compose_cfg) -> None:
     assert (new.strategy.pp_size, new.strategy.zero_stage, new.strategy.tp_size) == (2, 1, 1)
     new, _ = pipeline_axis(compose_cfg("strategy=ddp", "strategy.pp_size=4"), compose)
     assert (new.strategy.pp_size, new.strategy.zero_stage) == (4, 0)
+    for option, stage in (("zero2", 2), ("zero3", 3), ("fsdp", 3)):
+        new, text = pipeline_axis(compose_cfg(f"strategy={option}", "strategy.pp_size=2"), compose)
+        assert (new.strategy.pp_size, new.strategy.zero_stage) == (2, stage), option
+        assert f"FSDP2 (ZeRO-{stage}) over the replicas" in text, text
+    new, _ = pipeline_axis(
+        compose_cfg("strategy=fsdp", "strategy.reshard_after_forward=false", "strategy.pp_size=2"), compose
+    )
+    assert new.strategy.zero_stage == 2
     assert pipeline_axis(compose_cfg("strategy=zero1"), compose) is None
     assert pipeline_axis(compose_cfg("strategy=pipeline"), compose) is None
     refused = {
-        ("strategy=zero2",): "strategy.stage",
+        ("strategy=zero3", "strategy.zero_quantized_weights=true"): "strategy.zero_quantized_weights",
+        ("strategy=zero1", "strategy.tp_size=2"): "strategy.tp_size",
+        ("strategy=fsdp", "strategy.activation_checkpointing=true"): "strategy.activation_checkpointing",
+        ("strategy=fsdp", "strategy.state_dict_type=SHARDED_STATE_DICT"): "strategy.state_dict_type",
         ("strategy=zero1", "strategy.offload_optimizer=cpu"): "strategy.offload_optimizer",
         ("strategy=zero1", "strategy.sp_size=2"): "strategy.sp_size",
     }
