@@ -251,7 +251,12 @@ def cli(args: list[str]) -> int:
     finally:
         GlobalHydra.instance().clear()
     from components.runtime.image_estimate import estimate_image_tokens
+    from components.runtime.run import pipeline_axis
 
+    axis = pipeline_axis(cfg)  # strategy.pp_size on ddp / zero / fsdp: estimated as the pipeline it trains as
+    if axis is not None:
+        cfg, text = axis
+        print(text)
     cfg, measured = estimate_image_tokens(cfg)  # a VLM's image rows: the estimate counts what they hold
     if measured:
         print(measured)

@@ -241,3 +241,19 @@ def test_pp_size_on_ddp_and_zero_trains_as_the_pipeline(compose_cfg) -> None:
         with pytest.raises(ConfigError) as err:
             pipeline_axis(compose_cfg(*overrides, "strategy.pp_size=2"), compose)
         assert err.value.key == key, overrides
+
+
+def test_the_estimate_of_pp_size_on_fsdp_is_the_pipeline_s(capsys) -> None:
+    """``hydratune estimate strategy=fsdp strategy.pp_size=2`` estimates what trains: the pipeline with FSDP2
+    on each stage, table for table as ``strategy=pipeline strategy.zero_stage=3`` (its stages' parameters,
+    gradients and states sharded over the 4 replicas of 8 GPUs)."""
+    from components.commands.estimate_tables import cli
+
+    common = ["model=llama3_8b", "estimate.num_gpus=8", "estimate.gpu_memory=80GB"]
+    cli([*common, "strategy=fsdp", "strategy.pp_size=2"])
+    rewritten = capsys.readouterr().out
+    cli([*common, "strategy=pipeline", "strategy.pp_size=2", "strategy.zero_stage=3"])
+    direct = capsys.readouterr().out
+    assert rewritten.startswith("strategy: FSDP with strategy.pp_size=2 trains as strategy=pipeline")
+    assert rewritten[rewritten.index("mesh:") :] == direct
+    assert "mesh: dp 4 x tp 1 x sp 1 x pp 2 = 8 processes" in direct
