@@ -362,11 +362,24 @@ SPLITS: tuple[Split, ...] = (
         processes=4,
     ),
     Split(("strategy=ddp", "strategy.pp_size=2"), "cpu", processes=4),
-    Split(("strategy=zero2", "strategy.pp_size=2"), "refused", "strategy.stage", processes=4),
+    Split(
+        ("strategy=fsdp", "strategy.pp_size=2"),
+        "cpu",
+        None,
+        f"test_pipeline.py (pp 2 x dp 2 with FSDP2 on each stage, {ONE_PROCESS}; resumed bit-exact)",
+        processes=4,
+    ),
+    Split(("strategy=zero3", "strategy.pp_size=2"), "cpu", processes=4),
+    Split(
+        ("strategy=zero3", "strategy.pp_size=2", "strategy.offload_param=cpu"),
+        "refused",
+        "strategy.offload_param",
+        processes=4,
+    ),
     Split(
         ("strategy=zero1", "strategy.pp_size=2", "strategy.tp_size=2"),
         "refused",
-        "strategy.zero_stage",
+        "strategy.tp_size",
         processes=8,
     ),
     Split(
