@@ -27,7 +27,8 @@ try:
 except SystemExit:
     pass
 import os, torch
-print(os.environ.get("OMP_NUM_THREADS"), os.environ.get("OMP_WAIT_POLICY"), torch.get_num_threads())
+wait = os.environ.get("OMP_WAIT_POLICY") or "spin=" + str(os.environ.get("GOMP_SPINCOUNT"))
+print(os.environ.get("OMP_NUM_THREADS"), wait, torch.get_num_threads())
 """
 
 
@@ -48,9 +49,15 @@ def probe(tmp_path: Path, *args: str, **env: str) -> list[str]:
 @TWO_CORES
 def test_the_command_sets_the_policy_before_torch_is_imported(tmp_path: Path) -> None:
     plan = ["mode=plan", "strategy=ddp", "launcher.nproc_per_node=2"]  # 2 cores ÷ 2 local processes
-    assert probe(tmp_path, *plan) == ["1", "PASSIVE", "1"]
-    assert probe(tmp_path, *plan, HYDRATUNE_THREAD_POLICY="0") == ["None", "None", "2"]  # torch's default
-    assert probe(tmp_path, *plan, OMP_NUM_THREADS="2") == ["2", "None", "2"]
+    threads, wait, torch_threads = probe(tmp_path, *plan)
+    assert threads == torch_threads == "1" and wait in ("PASSIVE", "spin=10000")  # as the machine is now
+    assert probe(tmp_path, *plan, HYDRATUNE_THREAD_POLICY="0") == [
+        "None",
+        "spin=None",
+        "2",
+    ]  # torch's default
+    assert probe(tmp_path, *plan, OMP_NUM_THREADS="2") == ["2", "spin=None", "2"]
+    assert probe(tmp_path, *plan, OMP_WAIT_POLICY="ACTIVE") == ["1", "ACTIVE", "1"]  # yours stands
 
 
 @TWO_CORES
