@@ -268,6 +268,8 @@ def measure_peak(mode: Mode) -> dict[str, Any]:
 
 
 def run_variant(v: Variant, mode: Mode, work: Path, impls: tuple[str, ...], trl_set: dict) -> dict[str, Any]:
+    """One run of each implementation of ``v``, in the order of ``impls``, each with the load average at its
+    start."""
     data_dir = work / "data"
     files: dict[str, Path] = {}
     if v.regime != "prompts":
@@ -302,7 +304,7 @@ def run_variant(v: Variant, mode: Mode, work: Path, impls: tuple[str, ...], trl_
     for impl in impls:
         if impl not in v.impls:
             continue
-        start = time.time()
+        start, load = time.time(), os.getloadavg()[0]
         if impl == "hydratune":
             res = run_hydratune(v, mode, files, work)
         elif impl == "trl":
@@ -311,8 +313,29 @@ def run_variant(v: Variant, mode: Mode, work: Path, impls: tuple[str, ...], trl_
         else:
             res = run_script("raw_loop", spec, mode, work)
         res["wall (s)"] = round(time.time() - start, 1)
+        res["load"] = round(load, 2)
         row[impl] = res
         print(json.dumps({"variant": v.key, "impl": impl, **res})[:600], flush=True)
+    return row
+
+
+def repeated(v: Variant, mode: Mode, work: Path, impls: tuple[str, ...], trl_set: dict, n: int) -> dict:
+    """``n`` runs of each implementation, alternated (the order reversed every other repeat, so neither side
+    always runs after the other): each implementation's median run by tokens/s, with the spread of its
+    tokens/s and the load averages of its runs."""
+    runs = [run_variant(v, mode, work, impls if r % 2 == 0 else impls[::-1], trl_set) for r in range(n)]
+    row: dict[str, Any] = {"variant": v.name, "regime": v.regime, "repeats": n}
+    for impl in impls:
+        mine = [r[impl] for r in runs if impl in r]
+        good = sorted((x for x in mine if x.get("tokens/s")), key=lambda x: x["tokens/s"])
+        if not good:
+            if mine:
+                row[impl] = mine[0]
+            continue
+        median = dict(good[(len(good) - 1) // 2])
+        median["spread"] = (good[0]["tokens/s"], good[-1]["tokens/s"])
+        median["loads"] = [x.get("load") for x in mine]
+        row[impl] = median
     return row
 
 
@@ -395,6 +418,15 @@ def render(rows: list[dict], meta: dict[str, Any]) -> str:
             notes.insert(0, v.note)
         if row.get("zero3/sft_full") is not None:
             notes.append(f"zero3 = {row['zero3/sft_full']:.2f}x hydratune sft_full/packed")
+        if row.get("repeats", 1) > 1:
+            spread = ", ".join(
+                f"{name} {r['spread'][0]:.0f}-{r['spread'][1]:.0f}"
+                for name, r in zip(("h", "TRL", "raw"), res, strict=True)
+                if r.get("spread")
+            )
+            loads = [x for r in res for x in r.get("loads", []) if x is not None]
+            load = f"; load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+            notes.append(f"median of {row['repeats']} alternated runs; tok/s spread {spread}{load}")
         cells = [
             row["variant"],
             row["regime"],
@@ -424,6 +456,12 @@ def render(rows: list[dict], meta: dict[str, Any]) -> str:
         f"Variable-length lengths drawn: {meta['lengths']}.",
         "",
     ]
+    if meta.get("own threads"):
+        head += [
+            "Threads: each implementation with its own defaults (hydratune's thread policy; torch's OpenMP "
+            "threads for TRL and the raw loop), not one thread per process.",
+            "",
+        ]
     return "\n".join(head + lines) + "\n"
 
 
@@ -452,6 +490,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--micro-batch", type=int, help="per-device micro-batch (CPU default 4, GPU 4)")
     parser.add_argument("--trl-set", action="append", default=[], help="key=value (JSON) on TRL's config")
+    parser.add_argument("--repeats", type=int, default=1, help="alternated runs per implementation (median)")
+    parser.add_argument(
+        "--own-threads",
+        action="store_true",
+        help="CPU: each implementation with its own thread defaults (hydratune's thread policy, torch's for "
+        "TRL and the raw loop) instead of one thread per process",
+    )
     parser.add_argument(
         "--hydratune-set", action="append", default=[], help="an override for every hydratune run"
     )
@@ -476,6 +521,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             raise SystemExit("no CUDA GPU: pass --cpu for the CPU smoke mode")
     mode = mode_for(not cuda, args.steps, args.warmup, args.micro_batch)
     mode.hydratune_set = tuple(args.hydratune_set)
+    if args.own_threads:
+        mode.env = {}
     wanted = [
         v
         for v in MATRIX
@@ -495,7 +542,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     work = Path(work_ctx.name) if work_ctx else args.work
     work.mkdir(parents=True, exist_ok=True)
     try:
-        rows = [run_variant(v, mode, work, impls, trl_set) for v in wanted]
+        rows = [repeated(v, mode, work, impls, trl_set, args.repeats) for v in wanted]
     finally:
         if work_ctx:
             work_ctx.cleanup()
@@ -512,6 +559,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "params": n_params,
         "seq_len": mode.seq_len,
         "micro_batch": mode.micro_batch,
+        "own threads": args.own_threads,
         "steps": mode.steps,
         "warmup": mode.warmup,
         "peak": peak,
