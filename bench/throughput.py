@@ -16,6 +16,7 @@ CPU). ``--out`` replaces this mode's section (GPU or CPU) of the markdown file a
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -184,7 +185,8 @@ def hydratune_overrides(v: Variant, mode: Mode, files: dict[str, Path]) -> list[
 
 
 def run_hydratune(v: Variant, mode: Mode, files: dict[str, Path], work: Path) -> dict[str, Any]:
-    run_dir = work / f"hydratune_{v.name}_{v.regime}"
+    base = f"hydratune_{v.name}_{v.regime}"  # each repeat a run dir of its own (runs never share one)
+    run_dir = next(work / f"{base}_{k}" for k in itertools.count() if not (work / f"{base}_{k}").exists())
     args = hydratune_overrides(v, mode, files)
     cmd = [sys.executable, "-m", "recipes", *args, f"hydra.run.dir={run_dir}"]
     proc = run(cmd, mode.timeout, mode.env)
@@ -335,6 +337,7 @@ def repeated(v: Variant, mode: Mode, work: Path, impls: tuple[str, ...], trl_set
         median = dict(good[(len(good) - 1) // 2])
         median["spread"] = (good[0]["tokens/s"], good[-1]["tokens/s"])
         median["loads"] = [x.get("load") for x in mine]
+        median["failures"] = [error_line(x["error"]) for x in mine if "error" in x]
         row[impl] = median
     return row
 
@@ -427,6 +430,11 @@ def render(rows: list[dict], meta: dict[str, Any]) -> str:
             loads = [x for r in res for x in r.get("loads", []) if x is not None]
             load = f"; load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
             notes.append(f"median of {row['repeats']} alternated runs; tok/s spread {spread}{load}")
+            notes += [
+                f"{name}: {len(r['failures'])} of {row['repeats']} runs failed ({r['failures'][0]})"
+                for name, r in zip(IMPLS, res, strict=True)
+                if r.get("failures")
+            ]
         cells = [
             row["variant"],
             row["regime"],
