@@ -95,6 +95,33 @@ def test_padding_free_loss_and_grads_equal_the_padded_batch() -> None:
         torch.testing.assert_close(grads_f[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_rows_of_one_length_are_collated_dense_with_the_same_loss() -> None:
+    """hydratune's padding-free collator: a micro-batch of rows all one length (fixed-length chunks: nothing
+    to pad) comes out as the plain ``[rows, length]`` batch, with the loss and gradients of the flattened
+    one; rows of several lengths are flattened as before."""
+    from components.text.batching import dense_when_equal
+
+    collator = dense_when_equal(DataCollatorForLanguageModeling)(pad_token_id=PAD, padding_free=True)
+    gen = torch.Generator().manual_seed(3)
+    examples = [{"input_ids": torch.randint(4, 600, (9,), generator=gen).tolist()} for _ in range(3)]
+    dense = collator(examples)
+    flat = DataCollatorForLanguageModeling(pad_token_id=PAD, padding_free=True)(examples)
+    assert dense["input_ids"].shape == (3, 9) and "position_ids" not in dense
+    assert collator.padding_free  # the collator itself unchanged
+    results = []
+    for batch in (dense, flat):
+        model = tiny(attention.NAME).train()
+        loss = model(**batch).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (loss_d, grads_d), (loss_f, grads_f) = results
+    torch.testing.assert_close(loss_d, loss_f, rtol=1e-5, atol=1e-6)
+    for name, grad in grads_f.items():
+        torch.testing.assert_close(grads_d[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    mixed = collator([{"input_ids": d.tolist()} for d in documents(2)])
+    assert mixed["input_ids"].shape == (1, sum(LENGTHS)) and "position_ids" in mixed
+
+
 # ---- dispatch (the GPU path, checked without a GPU) ---------------------------------------------------
 @pytest.mark.parametrize(
     ("device", "dtype", "dropout", "docs", "varlen", "flash", "cap", "expected"),
