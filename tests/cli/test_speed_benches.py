@@ -20,3 +20,17 @@ def test_the_precision_bench_times_fp32_and_bf16() -> None:
     assert row["shape"] == "h32x2" and row["fp32 s"] > 0 and row["bf16 s"] > 0, row
     assert row["bf16 / fp32"] > 0 and row["bf16 / fp32 (CPU time)"] > 0
     assert "| h32x2 |" in out.stdout  # the markdown table docs/benchmarks.md quotes
+
+
+def test_the_thread_bench_times_each_wait_setting_beside_a_neighbour() -> None:
+    """bench/threads_cpu.py (the measurement behind the thread policy): two wait settings, one round, a busy
+    neighbour beside them; each child ran under its own setting and the table names both."""
+    script = REPO / "bench" / "threads_cpu.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--rounds", "1", "--only", "tiny", "--settings", "PASSIVE,SPIN1k",
+         "--neighbours", "1"],
+        capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["setting"] for r in rows] == ["PASSIVE", "SPIN1k"] and all(r["step s"] > 0 for r in rows)
+    assert "1 busy neighbour process(es)" in out.stdout and "| SPIN1k ÷ PASSIVE |" in out.stdout
