@@ -11,7 +11,7 @@ from components.config.errors import ConfigError
 from components.config.ranges import AT_LEAST_ONE, knob
 from components.config.registry import component
 from components.data import images as image_rows
-from components.data.formats import as_messages, text_of
+from components.data.formats import text_of
 from components.data.readers import Table
 from components.data.rows import ON_OVERLONG, LoadedData, LoadReport, Pair, Row, scratch_workers
 from components.data.source import Source
@@ -65,15 +65,16 @@ class PromptDataset(Source):
         """The prompt's columns; ``images`` / ``image`` with data.images."""
         return set(self.CANONICAL) | (set(image_rows.IMAGE_COLUMNS) if self.images else set())
 
+    def turn_options(self) -> dict[str, Any]:
+        """With data.images a prompt's image parts and ``<image>`` placeholders are read (``parse_turn``)."""
+        return {"images": bool(self.images)}
+
     def to_prompt(self, row: Row, answer: bool) -> Row:
         """One row as ``prompt`` messages, with its reference ``answer`` (text) when the data has them; with
         data.images, the prompt's images (``images``, checked, in placeholder order)."""
         if self.images:
             image_rows.start_row()
-            prompt = as_messages(row.get("prompt"), "user", "prompt", self.roles, images=True)
-            out: Row = {"prompt": prompt}
-        else:
-            out = {"prompt": self.messages(row.get("prompt"), "user", "prompt")}
+        out: Row = {"prompt": self.messages(row.get("prompt"), "user", "prompt")}
         if answer:
             out["answer"] = text_of(row, "answer")  # a blank / NaN reference is no reference
         if self.images:

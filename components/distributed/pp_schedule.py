@@ -482,17 +482,25 @@ def shard_optimizer_state(optimizer: Any) -> None:
                     )
 
 
+def whole_stage(
+    state: dict[str, torch.Tensor], mesh: PipelineGroups, every_replica: bool = False
+) -> dict[str, torch.Tensor]:
+    """This rank's stage weights gathered whole on data-parallel replica 0 (``{}`` on the others): a
+    collective over replica 0's tensor-parallel ranks, or with ``every_replica`` (FSDP2's shards) over all
+    the replicas."""
+    gathered = full_state(state) if mesh.dp_rank == 0 or every_replica else {}
+    return gathered if mesh.dp_rank == 0 else {}
+
+
 def gather_state_dict(
     state: dict[str, torch.Tensor], mesh: PipelineGroups, every_replica: bool = False
 ) -> dict[str, torch.Tensor] | None:
-    """The whole model's state dict on rank 0 from each pipeline rank's part (replica 0's first
-    tensor-parallel rank sends it, its shards gathered first: over replica 0's tensor-parallel ranks, or
-    with ``every_replica`` (FSDP2's shards) over all the replicas; a tied matrix arrives from both ends, the
-    same tensor); None elsewhere. A collective call on every rank."""
-    whole_stage = full_state(state) if mesh.dp_rank == 0 or every_replica else {}
-    whole_stage = whole_stage if mesh.dp_rank == 0 else {}
+    """The whole model's state dict on rank 0 from each pipeline rank's part (:func:`whole_stage`, sent by
+    replica 0's first tensor-parallel rank; a tied matrix arrives from both ends, the same tensor); None
+    elsewhere. A collective call on every rank."""
+    stage = whole_stage(state, mesh, every_replica)
     parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
-    mine = whole_stage if mesh.tp_rank == 0 else {}
+    mine = stage if mesh.tp_rank == 0 else {}
     dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() != 0:
         return None

@@ -417,9 +417,9 @@ class StagedRun:
 
         ctx, mesh = self.session.ctx, self.cut.mesh
         main = dist.get_rank() == 0
-        # replica 0 writes the stage: its tensor-parallel ranks (under FSDP2 every replica) gather the shards
-        # together (a collective)
-        state = pp.full_state(self.model.state_dict()) if mesh.dp_rank == 0 or self.sharded else {}
+        state = pp.whole_stage(
+            self.model.state_dict(), mesh, self.sharded
+        )  # replica 0 writes it (a collective)
         with staged_checkpoint(ctx.run_dir, step, main=main, barrier=dist.barrier,
                                keep_last=ctx.train.keep_last) as staging:  # fmt: skip
             folder = staging / STAGE_DIR.format(stage=mesh.pp_rank)

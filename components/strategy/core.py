@@ -95,6 +95,27 @@ def first_refusal(rules: dict[str, tuple[bool, str, str]]) -> ConfigError | None
     return None
 
 
+def pipeline_overrides(
+    pp_size: int,
+    device: str,
+    refusal: ConfigError | None = None,
+    *,
+    tp_size: int | None = None,
+    zero_stage: int | None = None,
+) -> tuple[str, ...] | None:
+    """An option's pipeline axis (``Strategy.as_pipeline``): the ``strategy=pipeline`` overrides it trains
+    with (pp, then tp and the ZeRO stage where the option carries them, then the device); None at ``pp_size``
+    1; ``refusal`` (what the option's stages cannot go with) raised first."""
+    if pp_size == 1:
+        return None
+    if refusal is not None:
+        raise refusal
+    sizes = [f"strategy.pp_size={pp_size}"]
+    sizes += [f"strategy.tp_size={tp_size}"] if tp_size is not None else []
+    sizes += [f"strategy.zero_stage={zero_stage}"] if zero_stage is not None else []
+    return ("strategy=pipeline", *sizes, f"strategy.device={device}")
+
+
 def live_type(accelerator: Any) -> str:
     """accelerate's DistributedType name ('NO', 'MULTI_CPU', 'DEEPSPEED', 'FSDP', …)."""
     return str(accelerator.distributed_type).rsplit(".", 1)[-1]

@@ -10,7 +10,7 @@ from components.config.errors import ConfigError
 from components.config.ranges import AT_LEAST_ONE, POSITIVE, knob
 from components.config.registry import component
 from components.memory.shapes import StrategyShape
-from components.strategy.core import MULTI_PROCESS, BatchPlan, OwnLoop, Strategy
+from components.strategy.core import MULTI_PROCESS, BatchPlan, OwnLoop, Strategy, pipeline_overrides
 
 
 @component("strategy")
@@ -39,9 +39,7 @@ class DDP(OwnLoop, Strategy):
     pp_size: int = knob(1, AT_LEAST_ONE)
 
     def as_pipeline(self) -> tuple[str, ...] | None:
-        if self.pp_size == 1:
-            return None
-        return ("strategy=pipeline", f"strategy.pp_size={self.pp_size}", f"strategy.device={self.device}")
+        return pipeline_overrides(self.pp_size, self.device)
 
     def validate(self) -> None:
         super().validate()

@@ -23,6 +23,7 @@ from components.strategy.core import (
     Strategy,
     _mixed,
     check_split_sizes,
+    pipeline_overrides,
 )
 
 OFFLOAD = ("none", "cpu", "nvme")
@@ -91,17 +92,8 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
     )
 
     def as_pipeline(self) -> tuple[str, ...] | None:
-        if self.pp_size == 1:
-            return None
-        refusal = self.pipeline_refusal()
-        if refusal is not None:
-            raise refusal
-        sizes = [f"strategy.pp_size={self.pp_size}", f"strategy.tp_size={self.tp_size}"]
-        return (
-            "strategy=pipeline",
-            *sizes,
-            f"strategy.zero_stage={self.stage}",
-            f"strategy.device={self.device}",
+        return pipeline_overrides(
+            self.pp_size, self.device, self.pipeline_refusal(), tp_size=self.tp_size, zero_stage=self.stage
         )
 
     def pipeline_refusal(self) -> ConfigError | None:

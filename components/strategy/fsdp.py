@@ -23,6 +23,7 @@ from components.strategy.core import (
     Strategy,
     check_split_sizes,
     first_refusal,
+    pipeline_overrides,
 )
 
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
@@ -108,18 +109,8 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
         return first_refusal(refused)
 
     def as_pipeline(self) -> tuple[str, ...] | None:
-        if self.pp_size == 1:
-            return None
-        refusal = self.pipeline_refusal()
-        if refusal is not None:
-            raise refusal
-        stage = 3 if self.reshard_after_forward else 2
-        return (
-            "strategy=pipeline",
-            f"strategy.pp_size={self.pp_size}",
-            f"strategy.zero_stage={stage}",
-            f"strategy.device={self.device}",
-        )
+        stage = 3 if self.reshard_after_forward else 2  # FSDP2 with or without resharding after forward
+        return pipeline_overrides(self.pp_size, self.device, self.pipeline_refusal(), zero_stage=stage)
 
     def pipeline_refusal(self) -> ConfigError | None:
         """What pipeline stages (``pp_size`` > 1) cannot go with in this option (None: nothing asked): the

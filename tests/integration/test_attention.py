@@ -74,6 +74,20 @@ def test_padded_batch_is_exactly_sdpa_and_so_is_generation() -> None:
     assert torch.equal(ours.generate(left, **kwargs), sdpa.generate(left, **kwargs))
 
 
+def assert_same_training(batch: dict[str, Any], reference: dict[str, Any]) -> None:
+    """The tiny model (the same init each time) gives ``batch`` the loss and gradients of ``reference``."""
+    results = []
+    for b in (batch, reference):
+        model = tiny(attention.NAME).train()
+        loss = model(**b).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (loss, grads), (loss_ref, grads_ref) = results
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-6)
+    for name, grad in grads_ref.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_padding_free_loss_and_grads_equal_the_padded_batch() -> None:
     examples = []
     for d in documents(2):
@@ -83,16 +97,7 @@ def test_padding_free_loss_and_grads_equal_the_padded_batch() -> None:
     padded = DataCollatorForLanguageModeling(pad_token_id=PAD)(examples)
     flat = DataCollatorForLanguageModeling(pad_token_id=PAD, padding_free=True)(examples)
     assert "attention_mask" not in flat and flat["input_ids"].shape == (1, sum(LENGTHS))
-    results = []
-    for batch in (padded, flat):
-        model = tiny(attention.NAME).train()
-        loss = model(**batch).loss
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
-    (loss_p, grads_p), (loss_f, grads_f) = results
-    torch.testing.assert_close(loss_f, loss_p, rtol=1e-5, atol=1e-6)
-    for name, grad in grads_p.items():
-        torch.testing.assert_close(grads_f[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert_same_training(flat, padded)
 
 
 def test_rows_of_one_length_are_collated_dense_with_the_same_loss() -> None:
@@ -108,16 +113,7 @@ def test_rows_of_one_length_are_collated_dense_with_the_same_loss() -> None:
     flat = DataCollatorForLanguageModeling(pad_token_id=PAD, padding_free=True)(examples)
     assert dense["input_ids"].shape == (3, 9) and "position_ids" not in dense
     assert collator.padding_free  # the collator itself unchanged
-    results = []
-    for batch in (dense, flat):
-        model = tiny(attention.NAME).train()
-        loss = model(**batch).loss
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
-    (loss_d, grads_d), (loss_f, grads_f) = results
-    torch.testing.assert_close(loss_d, loss_f, rtol=1e-5, atol=1e-6)
-    for name, grad in grads_f.items():
-        torch.testing.assert_close(grads_d[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert_same_training(dense, flat)
     mixed = collator([{"input_ids": d.tolist()} for d in documents(2)])
     assert mixed["input_ids"].shape == (1, sum(LENGTHS)) and "position_ids" in mixed
 
