@@ -12,12 +12,12 @@ from components.config.registry import component
 
 DTYPES = ("fp32", "bf16", "fp16", "auto")
 
-#: ``precision=auto`` on a CPU with bf16 instructions: bf16 autocast from this many parameters on. Measured
-#: by ``bench/precision_cpu.py`` (docs/benchmarks.md, "bf16 on a CPU"): a forward + backward step broke
-#: even at 0.14 M parameters, took 0.82x fp32's time at 0.67 M (the tiny model) and 0.3-0.5x from 3 M to
-#: SmolLM2-135M's shape (0.43x);
-#: at 0.04 M it took 1.31x (the casts cost more than the faster matmuls save).
-CPU_BF16_MIN_PARAMS = 500_000
+#: ``precision=auto`` on a CPU with bf16 instructions: bf16 autocast from this many parameters on, where it
+#: saves at least a fifth of a step (bf16 trades fp32's exactness for speed, so a small gain is not worth
+#: it). Measured by ``bench/precision_cpu.py`` (docs/benchmarks.md, "bf16 on a CPU"; under hydratune's thread
+#: policy, 2026-11-27): bf16 ÷ fp32 step time 1.17 at 0.14 M parameters, 0.87 at 0.67 M (the tiny model),
+#: 0.53 at 3.3 M; SmolLM2-135M LoRA 0.66 (bench/throughput.py --real). A fifth is crossed near 0.9 M.
+CPU_BF16_MIN_PARAMS = 1_000_000
 #: /proc/cpuinfo flags of native bf16 matmuls (Intel AMX, AVX512-BF16 on Intel and AMD Zen 4+)
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
@@ -87,6 +87,10 @@ class Precision:
 
     def choose(self, device: str, params: int | None = None) -> tuple[str, str]:
         """(the concrete dtype, why): ``auto`` says what it read; errors early when impossible."""
+        if self.tf32 and device != "cuda":
+            raise ConfigError(
+                "tf32 needs an NVIDIA Ampere+ GPU", key="precision.tf32", hint="drop precision.tf32"
+            )
         if self.dtype == "auto":
             return auto_dtype(device, params)
         if self.dtype == "bf16" and not device_supports_bf16(device):
@@ -100,10 +104,6 @@ class Precision:
                 "fp16 mixed precision needs a GPU (no fp16 loss scaling on CPU)",
                 key="precision",
                 hint="use precision=bf16 or precision=fp32 on CPU",
-            )
-        if self.tf32 and device != "cuda":
-            raise ConfigError(
-                "tf32 needs an NVIDIA Ampere+ GPU", key="precision.tf32", hint="drop precision.tf32"
             )
         return self.dtype, f"precision={self.dtype}"
 
@@ -170,5 +170,6 @@ def auto_dtype(device: str, params: int | None) -> tuple[str, str]:
     size = f"{params / 1e6:.2f} M parameters"
     limit = f"{CPU_BF16_MIN_PARAMS / 1e6:g} M"
     if params < CPU_BF16_MIN_PARAMS:
-        return "fp32", f"auto: the CPU has {flag}, but {size} < {limit}, where bf16 autocast stops paying"
+        why = "where bf16 autocast saves less than a fifth of a step"
+        return "fp32", f"auto: the CPU has {flag}, but {size} < {limit}, {why}"
     return "bf16", f"auto: the CPU has {flag} and {size} >= {limit}"

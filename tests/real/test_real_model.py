@@ -76,7 +76,8 @@ def lora_run(converted: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="conf", version_base=None):
         fn = lambda *o: compose(config_name="config", overrides=list(o))  # noqa: E731
-        ctx, _ = _run_in(root, fn, *CHAT, f"data.eval_path={evals}", *LORA, name="lora")
+        # fp32 (precision=auto would take bf16 for 135 M parameters): the merge test compares fp32 logits
+        ctx, _ = _run_in(root, fn, *CHAT, f"data.eval_path={evals}", *LORA, "precision=fp32", name="lora")
     GlobalHydra.instance().clear()
     return ctx.run_dir.path
 

@@ -131,8 +131,8 @@ def test_expert_parallel_splits_the_experts_and_their_states(compose_cfg) -> Non
     from components.memory.estimate import estimate
     from components.memory.spec import spec_from_config
 
-    args = ("model=qwen3_30b_a3b", "strategy=zero2", "estimate.num_gpus=8", "launcher.nproc_per_node=8")
-    spec = spec_from_config(compose_cfg(*args, "strategy.ep_size=8"))
+    args = ("model=qwen3_30b_a3b", "strategy=zero2", "precision=fp32", "estimate.num_gpus=8")
+    spec = spec_from_config(compose_cfg(*args, "launcher.nproc_per_node=8", "strategy.ep_size=8"))
     assert spec.ep == 8
     experts = spec.arch.num_layers * spec.arch.expert_params()
     dense = param_counts(spec.arch).total - experts
