@@ -52,7 +52,7 @@ class TrainConfig:
     eval_generations: int = knob(32, NON_NEGATIVE)
     max_new_tokens: int = knob(32, AT_LEAST_ONE)
     # training pairs a reward / DPO / KTO / ORPO / SimPO run scores before and after training (0 = off)
-    probe_pairs: int = knob(16, NON_NEGATIVE)
+    probe_pairs: int = knob(8, NON_NEGATIVE)
     write_plots: bool = True
     deterministic: bool = False
 

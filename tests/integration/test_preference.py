@@ -16,7 +16,7 @@ from tests.support.runs import assert_base_untouched
 SHORT = ["train.micro_batch_size=16", "train.log_every=5", "train.eval_generations=0", "train.save_every=0"]
 
 
-# 16 rows, no eval split: the training pairs probed before and after are those 16 (not 128), nothing is
+# 16 rows, no eval split: the training pairs probed before and after are the first 8 of them, nothing is
 # evaluated at the end. Two steps of 4 pairs (with "train.max_steps=2") are enough for what these tests check:
 # AdamW's first step moves every parameter with a gradient, DPO's included (at the start the policy equals
 # its reference, and the loss's gradient is -beta/2 times that of the chosen minus the rejected log-probs).
