@@ -370,8 +370,11 @@ def pack(dataset: Any, plan: TokenPlan, num_proc: int | None = None) -> Any:
     """TRL's own packing of tokenized rows (``trl.data_utils.pack_dataset``), as SFTTrainer packs them."""
     from trl.data_utils import pack_dataset
 
+    rows = dataset.select_columns(["input_ids", "labels"])
+    if len(rows) == 0:  # pack_dataset fails on an empty split (no eval rows: data.eval_fraction=0)
+        return rows.add_column("seq_lengths", [])
     return pack_dataset(
-        dataset.select_columns(["input_ids", "labels"]),
+        rows,
         plan.max_length,
         plan.packing_strategy,
         {"num_proc": num_proc},

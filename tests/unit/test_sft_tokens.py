@@ -182,3 +182,21 @@ def test_a_row_the_template_cannot_render_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"eval row 11: the chat template \(gemma3\) cannot render") as err:
         tokenize_batch(plan, tok, rows[:], where="eval", first=10)
     assert err.value.key == "model.chat_template"
+
+
+def test_packing_an_empty_split_gives_an_empty_packed_split() -> None:
+    """``data.packing=true`` with no eval rows (``data.eval_fraction=0``): TRL's pack_dataset raises on an
+    empty dataset (a missing ``seq_lengths`` column), which stopped such a run while preparing its data."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    from components.text.sft_tokens import pack
+
+    plan = SimpleNamespace(max_length=8, packing_strategy="bfd")
+    ids = [[1, 2, 3], [4, 5]]
+    rows = Dataset.from_dict({"input_ids": ids, "labels": ids, "extra": [0, 1]})
+    packed = pack(rows, plan)
+    assert packed["input_ids"] == [[1, 2, 3, 4, 5]] and packed["seq_lengths"] == [[3, 2]]
+    empty = pack(rows.select([]), plan)
+    assert len(empty) == 0 and set(empty.column_names) == {"input_ids", "labels", "seq_lengths"}
