@@ -52,14 +52,38 @@ def model_config(arch: dict[str, Any]) -> Any:
     return config
 
 
-def param_count(arch: dict[str, Any]) -> int:
-    """Parameters of the architecture (tied weights once), counted on the meta device."""
+def param_count(arch: dict[str, Any], pretrained: str | None = None) -> int:
+    """Parameters of the architecture (tied weights once), counted on the meta device; ``pretrained``: a
+    checkpoint directory's config instead of the tiny one with ``arch``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(pretrained) if pretrained else model_config(arch)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def benchmark_model(spec: dict[str, Any]) -> Any:
+    """The model a baseline trains, fp32 with SDPA: the real checkpoint ``spec["pretrained"]`` (``--real``)
+    or the random-init benchmark shape ``spec["arch"]`` (seeded)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config(arch))
-    return sum(p.numel() for p in model.parameters())
+    if spec.get("pretrained"):
+        return AutoModelForCausalLM.from_pretrained(
+            spec["pretrained"], attn_implementation="sdpa", dtype=torch.float32
+        )
+    torch.manual_seed(spec.get("seed", 0))
+    return AutoModelForCausalLM.from_config(
+        model_config(spec["arch"]), attn_implementation="sdpa", dtype=torch.float32
+    )
+
+
+def benchmark_tokenizer(spec: dict[str, Any]) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(spec.get("pretrained") or TINY)
 
 
 def peak_memory_gib(device: str) -> float:

@@ -31,16 +31,27 @@ GPU_LENGTHS = {"median": 300, "max_len": 2048, "min_len": 16, "sigma": 1.0}
 CPU_LENGTHS = {"median": 30, "max_len": 128, "min_len": 16, "sigma": 0.9}
 
 
+#: the tokenizer the rows are built for: the tiny model's, or a real model's (``use_tokenizer``)
+TOKENIZER_DIR: list[Path] = [TINY]
+
+
+def use_tokenizer(path: str | Path) -> None:
+    """Build the rows for the tokenizer in ``path`` (``--real`` mode) instead of the tiny one."""
+    TOKENIZER_DIR[0] = Path(path)
+    for cached in (tokenizer, words, chat_overhead):
+        cached.cache_clear()
+
+
 @cache
 def tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(TINY)
+    return AutoTokenizer.from_pretrained(TOKENIZER_DIR[0])
 
 
 @cache
 def words() -> tuple[str, ...]:
-    """Alphabetic words (with their leading space) that the tiny tokenizer encodes as one token each."""
+    """Alphabetic words (with their leading space) that the tokenizer encodes as one token each."""
     tok = tokenizer()
     found = []
     for piece, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1]):
@@ -118,22 +129,47 @@ def make(regime: str, out_dir: str | Path, rows: int, seq_len: int, lengths: dic
             records.append(row)
             ids = tok.apply_chat_template(row["messages"], tokenize=True)
             token_rows.append({"input_ids": list(ids["input_ids"] if hasattr(ids, "keys") else ids)})
-    elif regime == "pairs":
+    elif regime in ("pairs", "chat_pairs"):
         drawn = sample_lengths(rows, seed=seed, **lengths)
         for length in drawn:
             completion = max(1, length // 3)
             prompt, chosen, rejected = (
                 text_of(n, rng) for n in (length - completion, completion, completion)
             )
-            records.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
-            enc = [tok(t, add_special_tokens=False)["input_ids"] for t in (prompt, chosen, rejected)]
-            token_rows.append({"prompt": enc[0], "chosen": enc[1], "rejected": enc[2]})
+            if regime == "pairs":
+                records.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+                enc = [tok(t, add_special_tokens=False)["input_ids"] for t in (prompt, chosen, rejected)]
+                token_rows.append({"prompt": enc[0], "chosen": enc[1], "rejected": enc[2]})
+                continue
+            # conversational (a chat model's data: every trainer applies its template), the raw loop's
+            # tokens the template's: the prompt with the assistant header, each answer with its end marker
+            user = [{"role": "user", "content": prompt}]
+            records.append(
+                {
+                    "prompt": user,
+                    "chosen": [{"role": "assistant", "content": chosen}],
+                    "rejected": [{"role": "assistant", "content": rejected}],
+                }
+            )
+            head = list(as_ids(tok.apply_chat_template(user, add_generation_prompt=True, tokenize=True)))
+            answers = []
+            for text in (chosen, rejected):
+                whole = as_ids(
+                    tok.apply_chat_template([*user, {"role": "assistant", "content": text}], tokenize=True)
+                )
+                answers.append(list(whole)[len(head) :])
+            token_rows.append({"prompt": head, "chosen": answers[0], "rejected": answers[1]})
     else:
         raise ValueError(f"unknown regime {regime!r}")
     path, tokens = out / f"{regime}.jsonl", out / f"{regime}.tokens.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     tokens.write_text("".join(json.dumps(r) + "\n" for r in token_rows))
     return path, tokens, drawn
+
+
+def as_ids(encoded: Any) -> list[int]:
+    """``apply_chat_template(tokenize=True)``'s ids (a list, or a mapping holding them)."""
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 
 def describe(lengths: list[int]) -> dict[str, float]:

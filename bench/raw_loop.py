@@ -1,12 +1,13 @@
 """The hand-written baseline: a plain PyTorch training loop on the benchmark model and data.
 
-fp32 master weights, bf16 autocast on GPU (fp32 on CPU), SDPA attention, torch AdamW (fused where the
-device supports it), gradient clipping at 1.0, optional ``torch.compile``; the model's own cross-entropy
-loss. SFT trains on every token of rows of exactly ``seq_len`` tokens (the variable-length regime's
-conversations concatenated back to back and cut into full rows, as a hand-written loop would pack them;
-no cross-document masking). DPO is the sigmoid loss against a frozen copy of the initial policy, chosen
-and rejected in one forward, padded to the longest in the batch. LoRA / QLoRA through peft (and
-bitsandbytes NF4 for the base weights). Writes one JSON result line (see ``common.write_result``).
+fp32 master weights, bf16 autocast on GPU (on CPU fp32, or bf16 autocast for a ``bf16`` row), SDPA
+attention, torch AdamW (fused where the device supports it), gradient clipping at 1.0, optional
+``torch.compile``; the model's own cross-entropy loss. SFT trains on every token of rows of exactly
+``seq_len`` tokens (the variable-length regime's conversations concatenated back to back and cut into full
+rows, as a hand-written loop would pack them; no cross-document masking). DPO is the sigmoid loss against a
+frozen copy of the initial policy, chosen and rejected in one forward, padded to the longest in the batch.
+LoRA / QLoRA through peft (and bitsandbytes NF4 for the base weights). Writes one JSON result line (see
+``common.write_result``).
 
     python bench/raw_loop.py --spec '<json>'      # specs are written by bench/throughput.py
 """
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import load_spec, model_config, peak_memory_gib, sync, write_result
+from common import benchmark_model, benchmark_tokenizer, load_spec, peak_memory_gib, sync, write_result
 
 
 def build_model(spec: dict[str, Any]) -> Any:
@@ -41,10 +42,7 @@ def build_model(spec: dict[str, Any]) -> Any:
             spec["model_dir"], quantization_config=bnb, dtype=torch.bfloat16, attn_implementation="sdpa"
         )
     else:
-        torch.manual_seed(spec.get("seed", 0))
-        model = AutoModelForCausalLM.from_config(
-            model_config(spec["arch"]), attn_implementation="sdpa", dtype=torch.float32
-        ).to(device)
+        model = benchmark_model(spec).to(device)
     model.config.use_cache = False
     if spec.get("peft"):
         from peft import LoraConfig, get_peft_model
@@ -134,10 +132,12 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         opt = torch.optim.AdamW(params, lr=spec["lr"])
     step_model = torch.compile(model) if spec.get("compile") else model
     ref_model = torch.compile(ref) if ref is not None and spec.get("compile") else ref
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+    bf16 = device == "cuda" or spec.get("bf16")
+    autocast = torch.autocast(device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     if spec["recipe"] == "dpo":
-        config = model_config(spec["arch"])
-        batches = dpo_batches(spec, config.pad_token_id, config.eos_token_id)
+        tok = benchmark_tokenizer(spec)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        batches = dpo_batches(spec, pad, tok.eos_token_id)
     else:
         batches = sft_batches(spec)
     steps, warmup = spec["steps"], spec["warmup"]

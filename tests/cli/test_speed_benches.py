@@ -34,3 +34,21 @@ def test_the_thread_bench_times_each_wait_setting_beside_a_neighbour() -> None:
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert [r["setting"] for r in rows] == ["PASSIVE", "SPIN1k"] and all(r["step s"] > 0 for r in rows)
     assert "1 busy neighbour process(es)" in out.stdout and "| SPIN1k ÷ PASSIVE |" in out.stdout
+
+
+def test_the_step_profiler_records_the_asked_steps_of_a_hydratune_run(tmp_path) -> None:
+    """bench/profile_steps.py (where a step's time goes, docs/benchmarks.md): the tiny SFT job under it, steps
+    2-3 recorded; the table names the operators of a forward + backward and the run itself finishes."""
+    out = tmp_path / "sft"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "profile_steps.py"), "--out", str(out), "--steps", "2-3", "--",
+         "-m", "recipes", "train.max_steps=4", "train.eval_generations=0", "train.eval_every=0",
+         "train.save_every=0", "train.write_plots=false", f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = (out.parent / "sft.txt").read_text()
+    assert "from the start of training_step call 2 to the end of call 3" in table, table[:800]
+    assert "aten::mm" in table
+    assert "autograd::engine" in table  # the backward ran inside the recorded steps
+    assert (tmp_path / "run" / "result.json").is_file()

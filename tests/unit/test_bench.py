@@ -99,3 +99,54 @@ def test_table_has_ratio_columns_and_targets(tmp_path):
     throughput.update_section(doc, "cpu", "CPU TABLE 2\n")
     text = doc.read_text()
     assert "intro" in text and "GPU TABLE" in text and "CPU TABLE 2" in text and "CPU TABLE\n" not in text
+
+
+def test_chat_pairs_give_the_raw_loop_the_tokens_the_template_makes(tmp_path):
+    """--real's DPO rows are conversational (every trainer applies the chat template): the raw loop's tokens
+    are the template's, the prompt with its assistant header and each answer with its end marker."""
+    path, tokens, drawn = bench_data.make("chat_pairs", tmp_path, 5, 128, bench_data.CPU_LENGTHS)
+    tok = bench_data.tokenizer()
+    for record, ids in zip(
+        (json.loads(line) for line in path.read_text().splitlines()),
+        (json.loads(line) for line in tokens.read_text().splitlines()),
+        strict=True,
+    ):
+        assert record["prompt"][0]["role"] == "user" and record["chosen"][0]["role"] == "assistant"
+        head = tok.apply_chat_template(record["prompt"], add_generation_prompt=True, tokenize=True)
+        assert ids["prompt"] == bench_data.as_ids(head)
+        for key in ("chosen", "rejected"):
+            whole = tok.apply_chat_template(record["prompt"] + record[key], tokenize=True)
+            assert ids["prompt"] + ids[key] == bench_data.as_ids(whole)
+            assert tok.decode(ids[key]).startswith(record[key][0]["content"].strip())
+    assert len(drawn) == 5
+
+
+def test_the_real_table_compares_four_implementations_and_times_grpo_by_the_step():
+    """--real: TRL twice (defaults; configured like hydratune) beside hydratune and the raw loop; GRPO counts
+    no tokens, so its ratios and spread are by step time (a slower step is a smaller ratio)."""
+    grpo = {
+        "variant": "grpo_lora",
+        "regime": "prompts",
+        "repeats": 3,
+        "hydratune": {"step time (s)": 1.5, "spread": (1 / 1.6, 1 / 1.4), "first step (s)": 8.0},
+        "trl": {"step time (s)": 3.0, "spread": (1 / 3.2, 1 / 2.9), "first step (s)": 10.0},
+        "trl_like": {"step time (s)": 2.0, "spread": (0.5, 0.5)},
+    }
+    sft = {"variant": "sft_lora", "regime": "packed", "repeats": 3}
+    sft.update(
+        {
+            i: {**fake(t, 1.0), "spread": (t - 1, t + 1)}
+            for i, t in zip(throughput.REAL_IMPLS, (200, 100, 250, 400), strict=True)
+        }
+    )
+    rows = [sft, grpo]
+    throughput.derived(rows, n_params=1000, peak_flops=1e7)
+    assert grpo["h/trl"] == pytest.approx(2.0) and grpo["h/trl_like"] == pytest.approx(4 / 3)
+    assert sft["h/trl"] == pytest.approx(2.0) and sft["h/trl_like"] == pytest.approx(0.8)
+    assert sft["h/raw"] == pytest.approx(0.5)
+    meta = {"command": "c", "date": "d", "wall": 1.0, "device": "CPU", "versions": {}, "params": 1e8}
+    meta.update({"seq_len": 128, "micro_batch": 4, "steps": 10, "warmup": 2})
+    table = throughput.render_real(rows, meta)
+    assert "| sft_lora | packed | 200 / 100 / 250 / 400 | 2.00 | 0.80 | 0.50 |" in table
+    assert "| grpo_lora | prompts | — / — / — / — | 2.00 | 1.33 | — | 1.50 / 3.00 / 2.00 / — |" in table
+    assert "h 1.40-1.60 s/step" in table and "h 199-201 tok/s" in table
