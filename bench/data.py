@@ -81,9 +81,7 @@ def sample_lengths(
 
 
 def chat_length(messages: list[dict[str, str]]) -> int:
-    ids = tokenizer().apply_chat_template(messages, tokenize=True)
-    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-    return len(ids)
+    return len(as_ids(tokenizer().apply_chat_template(messages, tokenize=True)))
 
 
 @cache
@@ -127,8 +125,7 @@ def make(regime: str, out_dir: str | Path, rows: int, seq_len: int, lengths: dic
         for length in drawn:
             row = chat_row(length, rng)
             records.append(row)
-            ids = tok.apply_chat_template(row["messages"], tokenize=True)
-            token_rows.append({"input_ids": list(ids["input_ids"] if hasattr(ids, "keys") else ids)})
+            token_rows.append({"input_ids": as_ids(tok.apply_chat_template(row["messages"], tokenize=True))})
     elif regime in ("pairs", "chat_pairs"):
         drawn = sample_lengths(rows, seed=seed, **lengths)
         for length in drawn:
@@ -151,13 +148,13 @@ def make(regime: str, out_dir: str | Path, rows: int, seq_len: int, lengths: dic
                     "rejected": [{"role": "assistant", "content": rejected}],
                 }
             )
-            head = list(as_ids(tok.apply_chat_template(user, add_generation_prompt=True, tokenize=True)))
+            head = as_ids(tok.apply_chat_template(user, add_generation_prompt=True, tokenize=True))
             answers = []
             for text in (chosen, rejected):
                 whole = as_ids(
                     tok.apply_chat_template([*user, {"role": "assistant", "content": text}], tokenize=True)
                 )
-                answers.append(list(whole)[len(head) :])
+                answers.append(whole[len(head) :])
             token_rows.append({"prompt": head, "chosen": answers[0], "rejected": answers[1]})
     else:
         raise ValueError(f"unknown regime {regime!r}")

@@ -41,7 +41,6 @@ def main(argv: list[str] | None = None) -> None:
     first, last = (int(x) for x in args.steps.split("-"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
-    import torch
     from torch.profiler import ProfilerActivity, profile
     from transformers import Trainer
 
@@ -57,26 +56,25 @@ def main(argv: list[str] | None = None) -> None:
             state["t0"] = time.perf_counter()
         out = original(self, *a, **kw)
         if n == last and state["prof"] is not None:
-            prof, seconds = state.pop("prof"), time.perf_counter() - state["t0"]
+            prof, seconds = state["prof"], time.perf_counter() - state["t0"]
             prof.__exit__(None, None, None)
             state["prof"] = None
-            write(prof, args, seconds / (last - first + 1), " ".join(target))
+            write(prof, args, (first, last), seconds / (last - first + 1), " ".join(target))
         return out
 
     Trainer.training_step = training_step
-    torch.set_printoptions(profile="short")
-    sys.argv = target[1:] if target[0] == "-m" else target
     if target[0] == "-m":
         sys.argv = [target[1], *target[2:]]
         runpy.run_module(target[1], run_name="__main__", alter_sys=True)
     else:
+        sys.argv = target
         sys.path.insert(0, str(Path(target[0]).resolve().parent))
         runpy.run_path(target[0], run_name="__main__")
 
 
-def write(prof, args: argparse.Namespace, step_seconds: float, command: str) -> None:
-    """The operator table of the recorded steps and, on request, the trace."""
-    first, last = args.steps.split("-")
+def write(prof, args: argparse.Namespace, steps: tuple[int, int], step_seconds: float, command: str) -> None:
+    """The operator table of the recorded ``steps`` (first, last) and, on request, the trace."""
+    first, last = steps
     table = prof.key_averages().table(
         sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=60
     )

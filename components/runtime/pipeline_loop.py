@@ -417,9 +417,8 @@ class StagedRun:
 
         ctx, mesh = self.session.ctx, self.cut.mesh
         main = dist.get_rank() == 0
-        state = pp.whole_stage(
-            self.model.state_dict(), mesh, self.sharded
-        )  # replica 0 writes it (a collective)
+        # replica 0 writes the stage, gathered whole (a collective)
+        state = pp.whole_stage(self.model.state_dict(), mesh, self.sharded)
         with staged_checkpoint(ctx.run_dir, step, main=main, barrier=dist.barrier,
                                keep_last=ctx.train.keep_last) as staging:  # fmt: skip
             folder = staging / STAGE_DIR.format(stage=mesh.pp_rank)
