@@ -21,11 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from data_scale import MAX_LENGTH, make_chats, tokenizer
 
-from components.data import prepared_cache
+from hydratune.components.data import prepared_cache
 
 
 def warm_call(data: Any, tokens: Any) -> float:
-    from components.data.prepare import prepare_data
+    from hydratune.components.data.prepare import prepare_data
 
     start = time.perf_counter()
     prepared = prepare_data(data, tokenizer(), 0, 0, tokens)
@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--work", type=Path, help="keep the file and the cache here")
     args = parser.parse_args(argv)
-    from components.data.chats import ChatDataset
-    from components.data.prepare import prepare_data
-    from components.data.tokens import SFTTokens
+    from hydratune.components.data.chats import ChatDataset
+    from hydratune.components.data.prepare import prepare_data
+    from hydratune.components.data.tokens import SFTTokens
 
     work = args.work or Path(tempfile.mkdtemp(prefix="cache_verify."))
     work.mkdir(parents=True, exist_ok=True)

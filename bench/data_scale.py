@@ -188,7 +188,7 @@ def hydratune_args(data: Path, cache_dir: Path, run_dir: Path, *extra: str) -> l
 
 
 def run_hydratune(name: str, args: list[str], work: Path, timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "recipes", *args]
+    cmd = [sys.executable, "-m", "hydratune", *args]
     result = measure(cmd, {"PYTHONUNBUFFERED": "1"}, timeout, work / f"{name}.log")
     run_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")))
     summary = run_dir / "result.json"
@@ -199,7 +199,7 @@ def run_hydratune(name: str, args: list[str], work: Path, timeout: float) -> dic
     text = Path(result["log"]).read_text(errors="replace")
     result["prepared"] = text.count(": preparing the data ")
     result["reused"] = text.count(": reusing the prepared data ")
-    result["command"] = "python -m recipes " + " ".join(shlex.quote(a) for a in args)
+    result["command"] = "python -m hydratune " + " ".join(shlex.quote(a) for a in args)
     return result
 
 

@@ -4,7 +4,7 @@
     python bench/hydratune_memory.py --only full_bf16,zero3_offload    # a subset
     python bench/hydratune_memory.py --list                            # configurations + estimates, no GPU
 
-Unlike ``bench/memory.py`` (a hand-written loop), each configuration here is a ``python -m recipes`` run in
+Unlike ``bench/memory.py`` (a hand-written loop), each configuration here is a ``python -m hydratune`` run in
 a fresh process: the bench's 0.5 B Llama shape as ``model=tiny`` with ``model.architecture`` numbers and
 random init, the bundled demo SFT data packed to ``data.max_length``, ``train.max_steps`` a few steps. The
 peak is the run's own record (``result.json`` -> cost -> peak memory, read from
@@ -90,15 +90,15 @@ def estimated_peak(name: str) -> float:
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    import recipes
-    from components.config.resolvers import register_resolvers
-    from components.memory.estimate import estimate as estimate_spec
-    from components.memory.spec import spec_from_config
+    from hydratune import recipes
+    from hydratune.components.config.resolvers import register_resolvers
+    from hydratune.components.memory.estimate import estimate as estimate_spec
+    from hydratune.components.memory.spec import spec_from_config
 
     register_resolvers()
     recipes.register_all()
     GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base=None):
+    with initialize_config_module(config_module="hydratune.conf", version_base=None):
         cfg = compose(config_name="config", overrides=[*overrides(name), "estimate.num_gpus=1"])
     GlobalHydra.instance().clear()
     return estimate_spec(spec_from_config(cfg)).peak_allocated
@@ -133,7 +133,7 @@ def provenance(command: list[str]) -> dict[str, str]:
 def measure(name: str, steps: int, timeout: int) -> dict[str, object]:
     """Run hydratune once; the run's recorded peak, or why there is none."""
     with tempfile.TemporaryDirectory(prefix="hydratune-mem-") as tmp:
-        cmd = [sys.executable, "-m", "recipes", *overrides(name, steps), f"hydra.run.dir={tmp}/run"]
+        cmd = [sys.executable, "-m", "hydratune", *overrides(name, steps), f"hydra.run.dir={tmp}/run"]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
         except subprocess.TimeoutExpired:

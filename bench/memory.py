@@ -1,4 +1,4 @@
-"""Validate the memory estimate on a GPU: measured peak vs ``components.memory.estimate``, for many
+"""Validate the memory estimate on a GPU: measured peak vs ``hydratune.components.memory.estimate``, for many
 configurations.
 
     python bench/memory.py --out docs/memory.md            # every configuration (~5 min on an H100)
@@ -34,9 +34,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from components.memory.arch import Arch, lora_params, param_counts  # noqa: E402 - repo root on the path first
-from components.memory.estimate import Estimate, GiB, RunSpec, estimate  # noqa: E402
-from components.memory.shapes import StrategyShape  # noqa: E402
+from hydratune.components.memory.arch import Arch, lora_params, param_counts  # noqa: E402 - repo root on the path first
+from hydratune.components.memory.estimate import Estimate, GiB, RunSpec, estimate  # noqa: E402
+from hydratune.components.memory.shapes import StrategyShape  # noqa: E402
 
 #: Llama-shaped, ~0.5 B parameters (GQA 16/8 heads, untied 32k vocab).
 ARCH = {

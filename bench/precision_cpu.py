@@ -96,7 +96,7 @@ def main() -> None:
     # hydratune's thread policy (components/runtime/threads.py), as a run would have it: a brief spin on a
     # quiet machine, passive waits on a busy one (yours if OMP_NUM_THREADS / a wait setting is given)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from components.runtime.threads import apply_thread_policy
+    from hydratune.components.runtime.threads import apply_thread_policy
 
     apply_thread_policy(1)
     import torch

@@ -1,8 +1,8 @@
-"""Where a training step's time goes: runs a command (hydratune's ``python -m recipes ...``, a TRL baseline,
+"""Where a training step's time goes: runs a command (hydratune's ``python -m hydratune ...``, a TRL baseline,
 any script whose training goes through ``transformers.Trainer.training_step``) with ``torch.profiler``
 around a few of its steps, and writes the operator table (and optionally the Chrome trace) of those steps.
 
-    python bench/profile_steps.py --out bench/profiles/sft_lora_h --steps 4-6 -- -m recipes model=tiny ...
+    python bench/profile_steps.py --out bench/profiles/sft_lora_h --steps 4-6 -- -m hydratune model=tiny ...
     python bench/profile_steps.py --out /tmp/trl --steps 4-6 -- bench/trl_baseline.py --spec @spec.json
 
 ``--steps A-B`` records from the start of the A-th call of ``training_step`` to the end of the B-th (1-based;
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     target = [a for a in args.target if a != "--"] if args.target[:1] == ["--"] else args.target
     if not target:
-        parser.error("nothing to run: give -- -m recipes ... or -- script.py ...")
+        parser.error("nothing to run: give -- -m hydratune ... or -- script.py ...")
     first, last = (int(x) for x in args.steps.split("-"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
 

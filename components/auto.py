@@ -1,6 +1,6 @@
 """``strategy=auto``: pick the strategy that fits, from the memory estimate, before anything loads.
 
-The choice walks the OOM ladder of :mod:`components.memory.ladder` over every strategy option in
+The choice walks the OOM ladder of :mod:`hydratune.components.memory.ladder` over every strategy option in
 conf/strategy/ (each with the memory shape and mesh its component declares) and, for options that declare
 mesh dimensions (``ModelSplit.parallel_dims``), their tensor / sequence / pipeline parallel sizes; in the
 documented order (data parallel on the GPUs, then tp / sp / pp, then offload; inside each the ASSUMED,
@@ -20,9 +20,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from components.config.errors import ConfigError
-from components.config.registry import component
-from components.memory.shapes import SINGLE, StrategyShape
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.registry import component
+from hydratune.components.memory.shapes import SINGLE, StrategyShape
 
 
 @component("strategy")
@@ -35,7 +35,7 @@ class Auto:
     tune_micro_batch: bool = True  # also pick the micro-batch (false: keep train.micro_batch_size)
 
     def validate(self) -> None:
-        from components.strategy import training_options
+        from hydratune.components.strategy import training_options
 
         known = training_options()
         unknown = [c for c in self.candidates if c not in known]
@@ -53,13 +53,13 @@ class Auto:
     @property
     def model_split(self) -> Any:
         """Undecided until launch: the estimate of the run as configured is data parallel only (a whole model
-        on every rank: ``components.strategy.WHOLE``)."""
-        from components.strategy import WHOLE
+        on every rank: ``hydratune.components.strategy.WHOLE``)."""
+        from hydratune.components.strategy import WHOLE
 
         return WHOLE
 
     def resolve_device(self) -> str:
-        from components.strategy import detect_device
+        from hydratune.components.strategy import detect_device
 
         return detect_device(self.device)
 
@@ -86,17 +86,18 @@ def compose_strategy_hydra(choice: list[str]) -> DictConfig:
     overrides += choice
     if GlobalHydra.instance().is_initialized():
         return compose(config_name="config", overrides=overrides).strategy
-    with initialize_config_module(config_module="conf", version_base=None):
+    with initialize_config_module(config_module="hydratune.conf", version_base=None):
         node = compose(config_name="config", overrides=overrides).strategy
     GlobalHydra.instance().clear()
     return node
 
 
 def decide(cfg: Any, spec: Any, gpu_memory: float, margin: float) -> Any:
-    """The ladder's :class:`~components.memory.ladder.Decision` for the composed ``cfg`` (``spec``: its
+    """The ladder's :class:`~hydratune.components.memory.ladder.Decision` for the composed ``cfg`` (``spec``:
+    its
     estimate's RunSpec): the per-GPU batch to keep, ``strategy.candidates`` and ``tune_micro_batch``."""
-    from components.memory.ladder import choose
-    from components.memory.spec import get, strategy_rungs
+    from hydratune.components.memory.ladder import choose
+    from hydratune.components.memory.spec import get, strategy_rungs
 
     train, strategy = get(cfg, "train"), get(cfg, "strategy")
     micro = int(get(train, "micro_batch_size", 1))
@@ -118,7 +119,7 @@ def resolve_auto(
     """(the config with ``strategy`` and the batch split chosen, the decision in words). The strategy node
     is what the chosen overrides compose to (``strategy=zero1 strategy.tp_size=4``): the run dir replays
     it."""
-    from components.memory.spec import get, gpu_memory_of, spec_from_config
+    from hydratune.components.memory.spec import get, gpu_memory_of, spec_from_config
 
     gpu_memory = gpu_memory_of(cfg)
     if gpu_memory is None:

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, PORT, POSITIVE, Range, knob
-from components.config.registry import component
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, PORT, POSITIVE, Range, knob
+from hydratune.components.config.registry import component
 
 FROZEN = "frozen_config.yaml"
 RANK_DONE = ".rank{rank}.done.json"  # a worker wrote its result: its exit code no longer matters
@@ -202,7 +202,7 @@ class Local:
 
     def after_interrupt(self, signum: int) -> Any:
         """After every rank checkpointed on ``signum``: what the launcher did about it (None: nothing;
-        SLURM: components.distributed.slurm.Requeue)."""
+        SLURM: hydratune.components.distributed.slurm.Requeue)."""
         return None
 
     def requeued(self) -> bool:
@@ -244,7 +244,7 @@ class Local:
 
     def roll_call(self, run_dir: Path, run_id: str, config: dict[str, Any]) -> Any:
         """This node's part in the multi-node roll call (components/distributed/rendezvous.py)."""
-        from components.distributed.rendezvous import RollCall
+        from hydratune.components.distributed.rendezvous import RollCall
 
         host, port = self.endpoint()
         return RollCall(
@@ -280,8 +280,8 @@ class Local:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
 
-        from components.distributed.interrupt import SignalRelay
-        from components.distributed.rendezvous import Ending
+        from hydratune.components.distributed.interrupt import SignalRelay
+        from hydratune.components.distributed.rendezvous import Ending
 
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.nproc_per_node)))
         os.environ[RELAYS] = "1"
@@ -317,8 +317,8 @@ class Local:
         """A worker of this node failed (``err``: torch's ChildFailedError): rank 0's result when every
         failed worker had finished anyway; else ``Interrupted`` (they checkpointed after a signal), or
         ``WorkerFailed`` naming the rank, or, when they lost another node, that node (``NodeLost``)."""
-        from components.config.errors import EXIT_NODE_LOST, Interrupted
-        from components.distributed.rendezvous import Ending
+        from hydratune.components.config.errors import EXIT_NODE_LOST, Interrupted
+        from hydratune.components.distributed.rendezvous import Ending
 
         failed = dict(err.failures)
         done = finished_ranks(run_dir)
@@ -362,7 +362,7 @@ def clear_markers(run_dir: Path) -> None:
     run resumed into its own run dir neither stops at once on a stale signal nor reports a stale result.
     Every node of a multi-node job clears before the roll call ends, so none clears what another wrote
     for this launch."""
-    from components.distributed.interrupt import RELAY_FILE, WORKERS_DIR
+    from hydratune.components.distributed.interrupt import RELAY_FILE, WORKERS_DIR
 
     pid_files = (run_dir / WORKERS_DIR).glob(f"{socket.gethostname()}.*.pid")
     stale = [run_dir / RELAY_FILE, *(p for p in pid_files if not alive(launcher_of(p)))]
@@ -401,7 +401,7 @@ class QuietStop(logging.Filter):
         self.relay = relay
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from components.config.errors import EXIT_INTERRUPTED, EXIT_NODE_LOST
+        from hydratune.components.config.errors import EXIT_INTERRUPTED, EXIT_NODE_LOST
 
         message = record.getMessage()
         ours = any(f"exitcode: {code})" in message for code in (EXIT_INTERRUPTED, EXIT_NODE_LOST))
@@ -417,7 +417,7 @@ def raise_if_stopped(run_dir: Path, failures: dict[int, Any]) -> None:
     the run was interrupted, not broken."""
     import json
 
-    from components.config.errors import EXIT_INTERRUPTED, Interrupted
+    from hydratune.components.config.errors import EXIT_INTERRUPTED, Interrupted
 
     stopped = {int(p.name.split(".")[1][4:]): p for p in run_dir.glob(RANK_STOPPED.format(rank="*"))}
     if stopped and (all(rank in stopped for rank in failures) or exit_codes(failures) == {EXIT_INTERRUPTED}):
@@ -440,7 +440,7 @@ class NodeLost(WorkerFailed):
     """This node's ranks stopped because another node went away mid-run (exit ``EXIT_NODE_LOST``)."""
 
     def __init__(self, failures: dict[int, Any], blame: str) -> None:
-        from components.config.errors import EXIT_NODE_LOST
+        from hydratune.components.config.errors import EXIT_NODE_LOST
 
         ranks = ", ".join(str(r) for r in sorted(failures))
         blame = blame or "a rank on another node stopped answering (which node could not be told)"
@@ -513,7 +513,7 @@ class Slurm(Local):
 
     def validate(self) -> None:
         super().validate()
-        from components.distributed.slurm import check_script_knobs, signal_number
+        from hydratune.components.distributed.slurm import check_script_knobs, signal_number
 
         signal_number(self.signal)
         check_script_knobs(self)
@@ -543,37 +543,42 @@ class Slurm(Local):
     @property
     def world_size(self) -> int:
         """Inside the job: the job step's tasks (what SLURM started); outside: what the script asks for."""
-        from components.distributed.slurm import in_job_step, step_tasks
+        from hydratune.components.distributed.slurm import in_job_step, step_tasks
 
         return step_tasks() if in_job_step() else self.nproc_per_node * self.nnodes
 
     def spawns_workers(self) -> bool:
         """Outside a SLURM job step: write the job script (``launch``); inside one, this process is a rank."""
-        from components.distributed.slurm import in_job_step
+        from hydratune.components.distributed.slurm import in_job_step
 
         return not in_job_step()
 
     def preemption_signals(self) -> frozenset[int]:
-        from components.distributed.slurm import in_job_step, signal_number, submitit_signals, under_submitit
+        from hydratune.components.distributed.slurm import (
+            in_job_step,
+            signal_number,
+            submitit_signals,
+            under_submitit,
+        )
 
         if not in_job_step():
             return frozenset()
         return frozenset(submitit_signals() if under_submitit() else {signal_number(self.signal)})
 
     def after_interrupt(self, signum: int) -> Any:
-        from components.distributed.slurm import requeue
+        from hydratune.components.distributed.slurm import requeue
 
         return requeue(signum) if signum in self.preemption_signals() else None
 
     def requeued(self) -> bool:
-        from components.distributed.slurm import in_job_step, restarts
+        from hydratune.components.distributed.slurm import in_job_step, restarts
 
         return in_job_step() and restarts() > 0
 
     def rank_env(self) -> None:
         """Map SLURM's variables to torch.distributed's (the first node of the allocation is master); a
         one-task job stays a single process (accelerate would take a set LOCAL_RANK as a process group)."""
-        from components.distributed.slurm import step_tasks
+        from hydratune.components.distributed.slurm import step_tasks
 
         env = os.environ
         if step_tasks() < 2:
@@ -587,7 +592,7 @@ class Slurm(Local):
         env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
 
     def job_script(self, run_dir: Path, worker: Callable[[str], Any]) -> str | None:
-        from components.distributed.slurm import sbatch_script
+        from hydratune.components.distributed.slurm import sbatch_script
 
         name = self.job_name or f"hydratune-{run_dir.name}"
         return sbatch_script(self, run_dir, worker.__module__, name)
@@ -613,7 +618,7 @@ class Slurm(Local):
         """Write the job script for the frozen config in ``run_dir`` and print how to submit it (nothing
         is submitted: the script is for you to read, change and ``sbatch``). SLURM starts the ranks and
         wires their rendezvous: ``run_id`` and ``config`` (the local launcher's roll call) are not used."""
-        from components.distributed.slurm import SCRIPT, submitit_without_multirun
+        from hydratune.components.distributed.slurm import SCRIPT, submitit_without_multirun
 
         script = run_dir / SCRIPT
         script.write_text(self.job_script(run_dir, worker) or "")
@@ -648,7 +653,7 @@ class DeepSpeedLauncher(Local):
     one_command_per_node: ClassVar[bool] = False  # one deepspeed command starts every node's processes
 
     def validate(self) -> None:
-        from components.distributed.hostfile import TRANSPORTS, check_hosts
+        from hydratune.components.distributed.hostfile import TRANSPORTS, check_hosts
 
         super().validate()
         if self.transport not in TRANSPORTS:
@@ -668,12 +673,12 @@ class DeepSpeedLauncher(Local):
 
     def hosts(self) -> Any:
         """The hostfile's hosts that the run uses (``hostfile.Hosts``), or None without a hostfile."""
-        from components.distributed.hostfile import read_hosts
+        from hydratune.components.distributed.hostfile import read_hosts
 
         return read_hosts(self.hostfile, self.include) if self.hostfile else None
 
     def describe(self, run_id: str) -> str:
-        from components.distributed.hostfile import forwarded, shown
+        from hydratune.components.distributed.hostfile import forwarded, shown
 
         hosts = self.hosts()
         if hosts is None:
@@ -720,8 +725,8 @@ class DeepSpeedLauncher(Local):
         import subprocess
         import sys
 
-        from components.config.trust import secret_name
-        from components.distributed.hostfile import (
+        from hydratune.components.config.trust import secret_name
+        from hydratune.components.distributed.hostfile import (
             check_remote_line,
             check_ssh,
             environment_file,

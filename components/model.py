@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.config.errors import ConfigError
-from components.config.ranges import NON_NEGATIVE, knob
-from components.config.registry import component
-from components.modeling.model_dir import WEIGHT_PATTERNS, check_model_dir, weight_files
-from components.modeling.vision import Family
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import NON_NEGATIVE, knob
+from hydratune.components.config.registry import component
+from hydratune.components.modeling.model_dir import WEIGHT_PATTERNS, check_model_dir, weight_files
+from hydratune.components.modeling.vision import Family
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -90,7 +90,7 @@ class CausalLM:
         if not self.from_run:
             self.resolve_auto_init()
             return
-        from components.modeling.trained import TrainedRun, final_model_dir
+        from hydratune.components.modeling.trained import TrainedRun, final_model_dir
 
         final = final_model_dir(self.from_run, adapter_ok=True)
         if (final / "config.json").is_file():  # the run saved an ordinary model dir
@@ -161,14 +161,14 @@ class CausalLM:
                 hint=f"one of {', '.join(COMPILE_MODES)}",
             )
         if self.chat_template:
-            from components.text.chat_template import resolve_chat_template
+            from hydratune.components.text.chat_template import resolve_chat_template
 
             resolve_chat_template(self.chat_template)  # an unknown name or a missing file fails here
         if self.padding_side not in ("left", "right"):
             raise ConfigError("padding_side must be left or right", key="model.padding_side")
         self.check_vision_knobs()
         if self.gguf_file:
-            from components.modeling import gguf
+            from hydratune.components.modeling import gguf
 
             gguf.gguf_path(self.name_or_path, self.gguf_file)  # folder, file, gguf package
         elif self.is_local:
@@ -226,7 +226,7 @@ class CausalLM:
             return {**found, **self.architecture}
         if self.architecture or self.gguf_file:
             return dict(self.architecture)
-        from components.modeling import hub
+        from hydratune.components.modeling import hub
 
         if hub.unavailable(self.name_or_path, "config.json", self.revision):
             return {}  # neither cached nor served: nothing to read (transformers would retry for ~25 s)
@@ -238,7 +238,7 @@ class CausalLM:
     @property
     def vision_family(self) -> Family | None:
         """The VLM family of this model (None for a text model); an unknown VLM is refused."""
-        from components.modeling.vision import family_of, is_vision_config
+        from hydratune.components.modeling.vision import family_of, is_vision_config
 
         config = self.config_dict()
         return family_of(config) if is_vision_config(config) else None
@@ -250,15 +250,15 @@ class CausalLM:
 
     @property
     def is_vision(self) -> bool:
-        from components.modeling.vision import is_vision_config
+        from hydratune.components.modeling.vision import is_vision_config
 
         return is_vision_config(self.config_dict())
 
     def check_vision_knobs(self) -> None:
         """``freeze``, ``processor`` and ``image_tokens_per_row`` belong to vision-language models: refused
         for text models (naming the key), freeze's parts checked; no weight is read."""
-        from components.modeling.hub import is_local
-        from components.modeling.vision import PARTS, check_parts, has_processor
+        from hydratune.components.modeling.hub import is_local
+        from hydratune.components.modeling.vision import PARTS, check_parts, has_processor
 
         if not isinstance(self.freeze, list | tuple):
             raise ConfigError(f"must be a list of parts, got {self.freeze!r}", key="model.freeze")
@@ -294,7 +294,7 @@ class CausalLM:
             return self.image_tokens_per_row
         if self.vision_family is None:
             return None
-        from components.memory.arch import Arch
+        from hydratune.components.memory.arch import Arch
 
         try:
             vision = Arch.from_dict(self.config_dict()).vision
@@ -306,7 +306,7 @@ class CausalLM:
         """A VLM's parts for ``mode=plan`` and the summary (from its config numbers, no weights): the
         parameters of the vision tower, projector and language model, what ``freeze`` keeps frozen, the
         image tokens the estimate assumes per row; None for a text model."""
-        from components.memory.arch import Arch, param_counts
+        from hydratune.components.memory.arch import Arch, param_counts
 
         family = self.vision_family
         if family is None:
@@ -335,7 +335,7 @@ class CausalLM:
 
     def adapter_exclusion(self) -> str | None:
         """peft's ``exclude_modules`` regex for a VLM (its vision tower and projector), None for text."""
-        from components.modeling.vision import adapter_exclusion
+        from hydratune.components.modeling.vision import adapter_exclusion
 
         family = self.vision_family
         return adapter_exclusion(family) if family is not None else None
@@ -343,7 +343,7 @@ class CausalLM:
     def apply_freeze(self, model: Any) -> int:
         """Freeze the parts ``freeze`` names (after PEFT, which sets what trains); returns the tensors
         frozen."""
-        from components.modeling.vision import freeze
+        from hydratune.components.modeling.vision import freeze
 
         family = self.vision_family
         if not self.freeze or family is None:
@@ -354,7 +354,7 @@ class CausalLM:
         """A VLM's processor (its image processor + ``tokenizer``, the run's), None for a text model."""
         if not self.is_vision:
             return None
-        from components.modeling.vision import load_processor
+        from hydratune.components.modeling.vision import load_processor
 
         source = self.processor or self.tokenizer or self.source_dir()
         return load_processor(
@@ -365,7 +365,7 @@ class CausalLM:
         """The hub ids a training run will read: the tokenizer always, the weights (``init=pretrained``) or
         the config (``init=random`` without shipped architecture numbers); each is local, cached or served
         by the hub, else one ConfigError naming its key (components/modeling/hub.py)."""
-        from components.modeling.hub import check_available
+        from hydratune.components.modeling.hub import check_available
 
         if self.init == "pretrained" or not self.architecture:
             check_available(
@@ -378,7 +378,7 @@ class CausalLM:
     @property
     def is_local(self) -> bool:
         """True when ``name_or_path`` names a local path rather than a hub id."""
-        from components.modeling.hub import is_local
+        from hydratune.components.modeling.hub import is_local
 
         return is_local(self.name_or_path)
 
@@ -387,7 +387,7 @@ class CausalLM:
         model dir converted from it (converted now, once; later runs reuse the cached dir)."""
         if not self.gguf_file:
             return self.name_or_path
-        from components.modeling import gguf
+        from hydratune.components.modeling import gguf
 
         return str(gguf.ensure_converted(gguf.gguf_path(self.name_or_path, self.gguf_file)))
 
@@ -428,7 +428,7 @@ class CausalLM:
 
         kwargs = {"revision": self.revision, "trust_remote_code": self.trust_remote_code}
         if self.gguf_file:  # the GGUF's metadata (or its cached conversion): no weight is dequantized
-            from components.modeling import gguf
+            from hydratune.components.modeling import gguf
 
             config = gguf.read_config(gguf.gguf_path(self.name_or_path, self.gguf_file))
             for key, value in self.architecture.items():
@@ -527,7 +527,7 @@ class CausalLM:
     def resolved_attn_implementation(self) -> str:
         """What the model is built with: ``auto`` becomes ``varlen_sdpa`` (registered here, so worker
         processes have it too) or, for models needing what it lacks, the fallback it names."""
-        from components.modeling import attention
+        from hydratune.components.modeling import attention
 
         if self.attn_implementation not in ("auto", attention.NAME):
             return self.attn_implementation
@@ -609,8 +609,8 @@ class CausalLM:
         """The tokenizer, set up for training: a pad token, right padding, the chat template.
         ``convert=False`` (``mode=plan``): a GGUF checkpoint not converted yet gives its tokenizer from the
         file itself, and no weight is dequantized."""
-        from components.modeling import gguf
-        from components.text.tokenizer import build_tokenizer
+        from hydratune.components.modeling import gguf
+        from hydratune.components.text.tokenizer import build_tokenizer
 
         source, gguf_file = self.tokenizer, None
         if source is None and self.gguf_file and not convert:

@@ -10,9 +10,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from components.config.errors import ConfigError
-from components.config.ranges import FRACTION, NON_NEGATIVE, POSITIVE, Range, knob, one_of
-from components.config.registry import component
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import FRACTION, NON_NEGATIVE, POSITIVE, Range, knob, one_of
+from hydratune.components.config.registry import component
 
 if TYPE_CHECKING:
     import torch

@@ -17,10 +17,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, knob
-from components.config.registry import component
-from components.memory.arch import (
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, knob
+from hydratune.components.config.registry import component
+from hydratune.components.memory.arch import (
     Arch,
     expert_lora_params,
     extra_module_params,
@@ -61,7 +61,7 @@ def decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     vision-language model's image encoder passed over."""
     from torch import nn
 
-    from components.modeling.vision import in_vision_part
+    from hydratune.components.modeling.vision import in_vision_part
 
     lists = [
         (name, module)
@@ -82,7 +82,7 @@ def decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def count_layers(module_names: list[str]) -> int | None:
     """Number of decoder layers judged from module names alone (None if there is no layer list)."""
-    from components.modeling.vision import in_vision_part
+    from hydratune.components.modeling.vision import in_vision_part
 
     counts: dict[str, int] = {}
     for name in module_names:

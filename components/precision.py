@@ -6,9 +6,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, knob
-from components.config.registry import component
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, knob
+from hydratune.components.config.registry import component
 
 DTYPES = ("fp32", "bf16", "fp16", "auto")
 

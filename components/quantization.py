@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from components.config.errors import ConfigError
-from components.config.ranges import NON_NEGATIVE, knob, one_of
-from components.config.registry import component
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import NON_NEGATIVE, knob, one_of
+from hydratune.components.config.registry import component
 
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 

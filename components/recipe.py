@@ -6,10 +6,10 @@ dir's summary, ``export``, the support matrix) instead of its class name, and :m
 (or generates, or evaluates). Its identity is its option name, the module's name: ``recipe=best_of_n``,
 ``${latest_run:best_of_n}``, the ``recipe`` the run dir's summary records.
 
-``@recipe`` is the whole registration: ``recipes.register_all()`` imports every module of the package, and
-the decorator stores the schema; a module without ``conf/recipe/<name>.yaml`` also gets its option (and,
-when it declares ``demo_data``, ``data=demo_<name>`` as that data option), so a new recipe is one module.
-Modelled on torchtune's ``FTRecipeInterface`` and NeMo-RL's declared interfaces.
+``@recipe`` is the whole registration: ``hydratune.recipes.register_all()`` imports every module of the
+package, and the decorator stores the schema; a module without ``conf/recipe/<name>.yaml`` also gets its
+option (and, when it declares ``demo_data``, ``data=demo_<name>`` as that data option), so a new recipe is one
+module. Modelled on torchtune's ``FTRecipeInterface`` and NeMo-RL's declared interfaces.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from components.runtime.run import Components, RunContext
+    from hydratune.components.runtime.run import Components, RunContext
 
 R = TypeVar("R", bound=type)
 
@@ -96,7 +96,7 @@ class Recipe:
         measured and counted first (``components/data/pair_lengths.py``; not with images, whose tokens only
         the processor counts). None: the trainer tokenizes the rows itself."""
         if comps.data.kind in ("preference", "unpaired") and not comps.data.images:
-            from components.data.pair_lengths import PairLengths
+            from hydratune.components.data.pair_lengths import PairLengths
 
             return PairLengths(comps.data.max_length, self.overlong_pairs)
         return None
@@ -110,11 +110,11 @@ def recipe(cls: R | None = None, *, name: str | None = None) -> R | Callable[[R]
     """Class decorator: register ``cls`` as recipe ``name`` (default: its module's name)."""
 
     def register(cls: R) -> R:
-        from components.config.options import CONF, describe
-        from components.config.registry import RECIPES, component, open_dicts, store_option
+        from hydratune.components.config.options import CONF, describe
+        from hydratune.components.config.registry import RECIPES, component, open_dicts, store_option
 
         if not (isinstance(cls, type) and issubclass(cls, Recipe)):
-            raise TypeError(f"@recipe needs a subclass of components.recipe.Recipe, got {cls!r}")
+            raise TypeError(f"@recipe needs a subclass of hydratune.components.recipe.Recipe, got {cls!r}")
         cls.name = name or cls.__module__.rsplit(".", 1)[-1]
         cls.title = cls.__dict__.get("title") or cls.name
         component("recipe")(cls)

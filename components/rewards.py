@@ -2,8 +2,8 @@
 
 A reward function takes the prompts, the completions and every other column of the rows as keyword
 lists (``answer=[...]``) and returns one float per completion. Name one in a config with
-``recipe.reward._target_=components.rewards.exact_match`` (PPO) or in ``recipe.reward_funcs`` (GRPO).
-Completions arrive as text (PPO) or as assistant messages (GRPO on chat data); both are accepted.
+``recipe.reward._target_=hydratune.components.rewards.exact_match`` (PPO) or in ``recipe.reward_funcs``
+(GRPO). Completions arrive as text (PPO) or as assistant messages (GRPO on chat data); both are accepted.
 
 User functions resolve before any model loads (:func:`check_reward`): a module in the working directory,
 next to the experiment file or beside the command line's ``data.path`` imports without ``PYTHONPATH``; a
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from components.generation.evaluation import normalise
+from hydratune.components.generation.evaluation import normalise
 
 
 def text_of(completion: Any) -> str:
@@ -47,7 +47,7 @@ def length_penalty(
 # ---- reward models and config nodes -----------------------------------------------------------------
 def default_reward() -> dict[str, Any]:
     """The ``recipe.reward`` node of PPO and Best-of-N: exact match, unless a reward model is named."""
-    return {"_target_": "components.rewards.exact_match", "_partial_": True, "model": None}
+    return {"_target_": "hydratune.components.rewards.exact_match", "_partial_": True, "model": None}
 
 
 def reward_model_path(spec: Any) -> str | None:
@@ -65,8 +65,8 @@ def reward_model_dir(path: str, key: str = "recipe.reward.model") -> str:
     """A model dir (holding config.json) or a run dir whose ``final/`` holds a trained reward model."""
     from pathlib import Path
 
-    from components.config.errors import ConfigError
-    from components.modeling.trained import final_model_dir
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.modeling.trained import final_model_dir
 
     p = Path(path).expanduser()
     if (p / "config.json").is_file():
@@ -153,7 +153,7 @@ def user_module_dirs(args: Sequence[str] = ()) -> list[Path]:
     """Where a user's reward module may sit: the working directory, next to each experiment file the
     command line names (``+experiment=x`` in conf/ or a ``--config-dir``), and beside the data the command
     line names (``data.path=<file>``: its folder; ``data.path=<folder>``: that folder)."""
-    from components.config.trust import experiment_files
+    from hydratune.components.config.trust import experiment_files
 
     return [Path.cwd(), *(f.parent for f in experiment_files(list(args))), *data_dirs(args)]
 
@@ -213,7 +213,7 @@ def import_reward(dotted: str, key: str = "recipe.reward_funcs") -> Callable[...
     close matches."""
     import importlib
 
-    from components.config.errors import ConfigError
+    from hydratune.components.config.errors import ConfigError
 
     add_user_module_dirs(sys.argv[1:])
     module_name, _, name = dotted.rpartition(".")
@@ -246,11 +246,12 @@ def check_trusted(function: Any, key: str) -> None:
     import functools
     import inspect
 
-    from components.config.errors import ConfigError
-    from components.config.trust import installed_module
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.config.trust import installed_module
 
     hint = (
-        "a plain def in your own module (or components.rewards); if you trust the config: trust_targets=true"
+        "a plain def in your own module (or hydratune.components.rewards); if you trust the config: "
+        "trust_targets=true"
     )
     bound = function.keywords if isinstance(function, functools.partial) else {}
     if isinstance(function, functools.partial):
@@ -294,8 +295,8 @@ def check_signature(function: Any, key: str) -> None:
     import functools
     import inspect
 
-    from components.config.errors import ConfigError
-    from components.config.trust import signature_refusal
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.config.trust import signature_refusal
 
     inner = function.func if isinstance(function, functools.partial) else function
     why = signature_refusal(inner) if inspect.isfunction(inner) else None
@@ -329,7 +330,7 @@ def required_columns(function: Any) -> list[str]:
 
 def check_columns(functions: Sequence[tuple[str, Any]], columns: Sequence[str], path: str) -> None:
     """Before load: every reward function's required columns are in the loaded rows of ``path``."""
-    from components.config.errors import ConfigError
+    from hydratune.components.config.errors import ConfigError
 
     for key, function in functions:
         missing = [c for c in required_columns(function) if c not in columns]

@@ -14,7 +14,7 @@ that fails to connect, times out (``recipe.reward_timeout`` seconds) or gets a 5
 
 What a failure does (components/runtime/session.py ``server_failed``): before the first step of a run
 finished, exit 2 naming the URL and what came back; after it, a checkpoint of the last finished step, then
-exit :data:`~components.config.errors.EXIT_SERVER_FAILED` (76) with the ``resume=`` command.
+exit :data:`~hydratune.components.config.errors.EXIT_SERVER_FAILED` (76) with the ``resume=`` command.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from components.config.errors import ConfigError, ServerError
-from components.config.ranges import NON_NEGATIVE, POSITIVE, knob
-from components.rewards import (
+from hydratune.components.config.errors import ConfigError, ServerError
+from hydratune.components.config.ranges import NON_NEGATIVE, POSITIVE, knob
+from hydratune.components.rewards import (
     CALL_KEYWORDS,
     check_reward,
     default_reward,
@@ -209,7 +209,7 @@ class OneReward(RewardURL):
 
     def check_columns(self, comps: Any, splits: Any) -> None:
         """Before load: the reward function reads only columns the rows have (``answer`` for exact_match)."""
-        from components.rewards import check_columns
+        from hydratune.components.rewards import check_columns
 
         if self.reward_url is None and not reward_model_path(self.reward):
             function = resolve_reward(self.reward)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from components.config.errors import ConfigError
-from components.config.ranges import FRACTION, NON_NEGATIVE, knob
-from components.config.registry import component
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import FRACTION, NON_NEGATIVE, knob
+from hydratune.components.config.registry import component
 
 if TYPE_CHECKING:
     import torch

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.config.errors import ConfigError
-from components.config.registry import component
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.registry import component
 
 
 @dataclass

@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-#: the package's entry points, not recipes: the CLI, one rank of a launched job, ``python -m recipes``
-ENTRY_POINTS = ("cli", "worker", "__main__")
+#: the package's entry points, not recipes: the CLI (``hydratune``, ``python -m hydratune``), one rank of a
+# launched job
+ENTRY_POINTS = ("cli", "worker")
 
 
 def recipe_modules() -> list[str]:
@@ -22,7 +23,7 @@ def recipe_modules() -> list[str]:
 def register_all() -> None:
     """Register every structured-config schema Hydra composes with: the components' first, then the
     recipes' (idempotent)."""
-    import components
+    from hydratune import components
 
     components.register_all()
     for name in recipe_modules():

@@ -16,13 +16,13 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from components.config.errors import ConfigError
-from components.config.ranges import POSITIVE, Range, knob
-from components.recipe import recipe
-from components.rewards import reward_model_path
-from components.rewards_http import OneReward
-from components.runtime.inference import BatchedGeneration, write_jsonl
-from components.runtime.run import Components, RunContext
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import POSITIVE, Range, knob
+from hydratune.components.recipe import recipe
+from hydratune.components.rewards import reward_model_path
+from hydratune.components.rewards_http import OneReward
+from hydratune.components.runtime.inference import BatchedGeneration, write_jsonl
+from hydratune.components.runtime.run import Components, RunContext
 
 
 @recipe
@@ -43,7 +43,7 @@ class BestOfN(BatchedGeneration, OneReward):
             raise ConfigError("no reward", key="recipe.reward", hint="recipe.reward.model=<reward run dir>")
         self.check_one_reward(cfg)
         if reward_model_path(self.reward):
-            from components.rewards import reward_model_dir
+            from hydratune.components.rewards import reward_model_dir
 
             reward_model_dir(reward_model_path(self.reward))  # raises naming recipe.reward.model
 

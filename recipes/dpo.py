@@ -13,10 +13,10 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from components.config.errors import ConfigError
-from components.config.ranges import FINITE, POSITIVE, Range, knob
-from components.recipe import Recipe, recipe
-from components.runtime.run import Components, RunContext
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import FINITE, POSITIVE, Range, knob
+from hydratune.components.recipe import Recipe, recipe
+from hydratune.components.runtime.run import Components, RunContext
 
 LOSS_TYPES = (
     "sigmoid",
@@ -65,8 +65,8 @@ class DPO(Recipe):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import DPOConfig, DPOTrainer
 
-        from components.data.images import rows_have_images
-        from components.runtime.session import Session, training_pairs
+        from hydratune.components.data.images import rows_have_images
+        from hydratune.components.runtime.session import Session, training_pairs
 
         c = ctx.components
         session = Session.start(ctx)

@@ -23,10 +23,10 @@ from unittest import mock
 
 from omegaconf import DictConfig
 
-from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, knob
-from components.recipe import DATA_KINDS, Recipe, recipe
-from components.runtime.run import Components, RunContext
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, knob
+from hydratune.components.recipe import DATA_KINDS, Recipe, recipe
+from hydratune.components.runtime.run import Components, RunContext
 
 #: hydratune's own lm-eval tasks (package data); each reads the rows of ``data.path``
 TASKS_DIR = Path(__file__).resolve().parent.parent / "components" / "assets" / "lm_eval_tasks"
@@ -57,8 +57,8 @@ class Eval(Recipe):
     apply_chat_template: bool = True  # render prompts with the model's chat template (few-shot as turns)
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
-        from components.runtime.inference import refuse_peft
-        from components.runtime.run import world_size
+        from hydratune.components.runtime.inference import refuse_peft
+        from hydratune.components.runtime.run import world_size
 
         if importlib.util.find_spec("lm_eval") is None:
             raise ConfigError(
@@ -96,7 +96,7 @@ class Eval(Recipe):
         return task_manager_for(paths, tuple(self.tasks))
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from components.runtime.session import Session
+        from hydratune.components.runtime.session import Session
 
         session = Session.start(ctx)
         try:
@@ -109,7 +109,7 @@ class Eval(Recipe):
         import lm_eval
         from lm_eval.models.huggingface import HFLM
 
-        from components.runtime.inference import load_model, write_jsonl
+        from hydratune.components.runtime.inference import load_model, write_jsonl
 
         c, out = ctx.components, ctx.run_dir.path
         specs: list[Any] = expand(self.task_manager(), self.tasks)
@@ -121,7 +121,7 @@ class Eval(Recipe):
             specs = [data_task(s, out / DATA) if s in DATA_TASKS else s for s in specs]
         default = None
         if self.apply_chat_template and not session.tokenizer.chat_template:
-            from components.text.chat_template import default_template
+            from hydratune.components.text.chat_template import default_template
 
             session.tokenizer.chat_template, default = default_template(session.tokenizer)
         session.report_chat_template(default)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from components.recipe import recipe
-from components.runtime.inference import BatchedGeneration
-from components.runtime.run import RunContext
+from hydratune.components.recipe import recipe
+from hydratune.components.runtime.inference import BatchedGeneration
+from hydratune.components.runtime.run import RunContext
 
 
 @recipe
@@ -37,7 +37,7 @@ class Generate(BatchedGeneration):
 
 def summarize(records: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     """Counts, tokens/s, finish reasons, and greedy-style exact match where references exist."""
-    from components.generation.evaluation import exact_match
+    from hydratune.components.generation.evaluation import exact_match
 
     tokens = sum(r["tokens"] for r in records)
     metrics: dict[str, Any] = {

@@ -16,18 +16,18 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, FINITE, NON_NEGATIVE, POSITIVE, Range, knob
-from components.recipe import Recipe, recipe
-from components.rewards_http import RewardURL
-from components.runtime.run import Components, RunContext
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, FINITE, NON_NEGATIVE, POSITIVE, Range, knob
+from hydratune.components.recipe import Recipe, recipe
+from hydratune.components.rewards_http import RewardURL
+from hydratune.components.runtime.run import Components, RunContext
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
 SCALE_REWARDS = ("group", "batch", "none")
 
 
 def default_reward_funcs() -> list[Any]:
-    return [{"_target_": "components.rewards.exact_match", "_partial_": True}]
+    return [{"_target_": "hydratune.components.rewards.exact_match", "_partial_": True}]
 
 
 @recipe
@@ -77,7 +77,8 @@ class GRPO(Recipe, RewardURL):
             raise ConfigError(
                 "no reward: give reward_funcs, reward_url or reward_model",
                 key="recipe.reward_funcs",
-                hint="recipe.reward_funcs=[components.rewards.exact_match], recipe.reward_url=http://…, or "
+                hint="recipe.reward_funcs=[hydratune.components.rewards.exact_match], "
+                "recipe.reward_url=http://…, or "
                 "recipe.reward_model=<run dir>",
             )
         for i, spec in enumerate(self.reward_funcs or []):
@@ -93,13 +94,13 @@ class GRPO(Recipe, RewardURL):
         if self.reward_weights is not None and len(self.reward_weights) != n_rewards:
             raise ConfigError(f"one weight per reward ({n_rewards})", key="recipe.reward_weights")
         if self.reward_model:
-            from components.rewards import reward_model_dir
+            from hydratune.components.rewards import reward_model_dir
 
             reward_model_dir(self.reward_model, key="recipe.reward_model")
 
     def reward_functions(self, *, trusted: bool = True) -> list[tuple[str, Any]]:
         """``(key, function)`` of every reward function, resolved and checked (before load)."""
-        from components.rewards import check_reward
+        from hydratune.components.rewards import check_reward
 
         keyed = [(f"recipe.reward_funcs[{i}]", spec) for i, spec in enumerate(self.reward_funcs or [])]
         functions = [(key, check_reward(spec, key, trusted=trusted)) for key, spec in keyed]
@@ -108,8 +109,8 @@ class GRPO(Recipe, RewardURL):
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """The columns the reward functions read are in the rows (``answer`` for exact_match); no prompt
         over data.max_prompt_length left to cut (TRL renders each prompt whole: it cannot)."""
-        from components.data.promptlength import OVERLONG
-        from components.rewards import check_columns
+        from hydratune.components.data.promptlength import OVERLONG
+        from hydratune.components.rewards import check_columns
 
         columns = splits["train"].column_names
         check_columns(self.reward_functions(), columns, str(comps.data.path))
@@ -125,7 +126,7 @@ class GRPO(Recipe, RewardURL):
 
     def warnings(self, cfg: DictConfig, comps: Components) -> list[str]:
         """Your data.path with the knobs left at the tiny demo's values (tuned for its 8-token sums)."""
-        from components.config.resolvers import is_demo_asset
+        from hydratune.components.config.resolvers import is_demo_asset
 
         if is_demo_asset(str(comps.data.path)):
             return []
@@ -147,9 +148,9 @@ class GRPO(Recipe, RewardURL):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import GRPOConfig, GRPOTrainer
 
-        from components.data.images import rows_have_images
-        from components.rewards import RewardModel, resolve_reward
-        from components.runtime.session import Session
+        from hydratune.components.data.images import rows_have_images
+        from hydratune.components.rewards import RewardModel, resolve_reward
+        from hydratune.components.runtime.session import Session
 
         c, t = ctx.components, ctx.train
         session = Session.start(ctx)

@@ -15,10 +15,10 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from components.config.errors import ConfigError
-from components.config.ranges import POSITIVE, knob
-from components.recipe import Recipe, recipe
-from components.runtime.run import Components, RunContext
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import POSITIVE, knob
+from hydratune.components.recipe import Recipe, recipe
+from hydratune.components.runtime.run import Components, RunContext
 
 LOSS_TYPES = ("kto", "apo_zero_unpaired")
 WEIGHTS = "weigh the rarer label up (the paper: w_D n_D / (w_U n_U) in [1, 4/3])"
@@ -66,7 +66,7 @@ class KTO(Recipe):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import KTOConfig, KTOTrainer
 
-        from components.runtime.session import Session, training_pairs
+        from hydratune.components.runtime.session import Session, training_pairs
 
         c = ctx.components
         session = Session.start(ctx)

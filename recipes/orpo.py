@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from components.config.ranges import POSITIVE, knob
-from components.recipe import Recipe, recipe
-from components.runtime.run import RunContext
+from hydratune.components.config.ranges import POSITIVE, knob
+from hydratune.components.recipe import Recipe, recipe
+from hydratune.components.runtime.run import RunContext
 
 
 @recipe
@@ -34,8 +34,8 @@ class ORPO(Recipe):
         return {"beta": self.beta, "max_length": max_length}
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from components.runtime.session import train_on_pairs
-        from components.runtime.trl_experimental import experimental
+        from hydratune.components.runtime.session import train_on_pairs
+        from hydratune.components.runtime.trl_experimental import experimental
 
         config_cls, trainer_cls = experimental("orpo", "ORPOConfig", "ORPOTrainer")
         return train_on_pairs(ctx, config_cls, trainer_cls, self.trainer_args(ctx.components.data.max_length))

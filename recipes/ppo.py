@@ -18,12 +18,12 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from components.config.errors import ConfigError, ServerError
-from components.config.ranges import AT_LEAST_ONE, FINITE, NON_NEGATIVE, POSITIVE, Range, knob
-from components.recipe import Recipe, recipe
-from components.rewards import reward_model_path
-from components.rewards_http import OneReward
-from components.runtime.run import Components, RunContext
+from hydratune.components.config.errors import ConfigError, ServerError
+from hydratune.components.config.ranges import AT_LEAST_ONE, FINITE, NON_NEGATIVE, POSITIVE, Range, knob
+from hydratune.components.recipe import Recipe, recipe
+from hydratune.components.rewards import reward_model_path
+from hydratune.components.rewards_http import OneReward
+from hydratune.components.runtime.run import Components, RunContext
 
 
 @recipe
@@ -93,7 +93,7 @@ class PPO(Recipe, OneReward):
             check_reward(self.reward)
         self.check_one_reward(cfg)
         if reward_model_path(self.reward):
-            from components.rewards import reward_model_dir
+            from hydratune.components.rewards import reward_model_dir
 
             reward_model_dir(reward_model_path(self.reward))  # raises naming recipe.reward.model
 
@@ -105,10 +105,10 @@ class PPO(Recipe, OneReward):
         return min(micro, self.mini_batch_size)
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from components.rl.loop import PPOLoop
-        from components.runtime.resume import pinned
-        from components.runtime.session import Session
-        from components.runtime.startup import training_starts
+        from hydratune.components.rl.loop import PPOLoop
+        from hydratune.components.runtime.resume import pinned
+        from hydratune.components.runtime.session import Session
+        from hydratune.components.runtime.startup import training_starts
 
         session = Session.start(ctx)
         resume = pinned(ctx.cfg)  # resolved and checked before load (components/runtime/resume.py)
@@ -161,6 +161,7 @@ def check_reward(spec: Any) -> None:
     raise ConfigError(
         f"no reward: recipe.reward is {spec!r}",
         key="recipe.reward",
-        hint="recipe.reward._target_=<module.function> (default components.rewards.exact_match), or "
+        hint="recipe.reward._target_=<module.function> (default "
+        "hydratune.components.rewards.exact_match), or "
         "recipe.reward.model=<reward run dir or model dir>",
     )

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from components.config.ranges import NON_NEGATIVE, knob
-from components.recipe import Recipe, recipe
-from components.runtime.run import RunContext
+from hydratune.components.config.ranges import NON_NEGATIVE, knob
+from hydratune.components.recipe import Recipe, recipe
+from hydratune.components.runtime.run import RunContext
 
 
 @recipe
@@ -27,7 +27,7 @@ class Reward(Recipe):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import RewardConfig, RewardTrainer
 
-        from components.runtime.session import Session, training_pairs
+        from hydratune.components.runtime.session import Session, training_pairs
 
         c = ctx.components
         session = Session.start(ctx)

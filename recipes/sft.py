@@ -13,10 +13,10 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from components.config.errors import ConfigError
-from components.recipe import Recipe, recipe
-from components.runtime.run import Components, RunContext
-from components.text.batching import SPLIT_ROWS, check_padding_free, collator_for
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.recipe import Recipe, recipe
+from hydratune.components.runtime.run import Components, RunContext
+from hydratune.components.text.batching import SPLIT_ROWS, check_padding_free, collator_for
 
 LOSS_TYPES = ("nll", "dft")
 
@@ -54,7 +54,7 @@ class SFT(Recipe):
 
     def tokens(self, comps: Components) -> Any:
         """Every row tokenized and masked before the model loads, as TRL would (cached with the data)."""
-        from components.data.tokens import SFTTokens
+        from hydratune.components.data.tokens import SFTTokens
 
         d = comps.data
         return SFTTokens(
@@ -69,10 +69,10 @@ class SFT(Recipe):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import SFTConfig, SFTTrainer
 
-        from components.data.prepare import IMAGE_ROWS_UNTOKENIZED
-        from components.data.stream_prepare import sft_data_args
-        from components.data.tokens import token_plan
-        from components.runtime.session import Session
+        from hydratune.components.data.prepare import IMAGE_ROWS_UNTOKENIZED
+        from hydratune.components.data.stream_prepare import sft_data_args
+        from hydratune.components.data.tokens import token_plan
+        from hydratune.components.runtime.session import Session
 
         c = ctx.components
         session = Session.start(ctx)
@@ -109,7 +109,7 @@ class SFT(Recipe):
         packing is refused before load)."""
         from trl import SFTConfig, SFTTrainer
 
-        from components.text.batching import NoImageTokenLoss, image_token_ids
+        from hydratune.components.text.batching import NoImageTokenLoss, image_token_ids
 
         ctx = session.ctx
         session.build_model()

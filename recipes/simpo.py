@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from components.config.ranges import NON_NEGATIVE, POSITIVE, knob
-from components.recipe import Recipe, recipe
-from components.runtime.run import RunContext
+from hydratune.components.config.ranges import NON_NEGATIVE, POSITIVE, knob
+from hydratune.components.recipe import Recipe, recipe
+from hydratune.components.runtime.run import RunContext
 
 
 @recipe
@@ -41,8 +41,8 @@ class SimPO(Recipe):
         }
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from components.runtime.session import train_on_pairs
-        from components.runtime.trl_experimental import experimental
+        from hydratune.components.runtime.session import train_on_pairs
+        from hydratune.components.runtime.trl_experimental import experimental
 
         config_cls, trainer_cls = experimental("cpo", "CPOConfig", "CPOTrainer")
         return train_on_pairs(ctx, config_cls, trainer_cls, self.trainer_args(ctx.components.data.max_length))

@@ -1,7 +1,7 @@
 """One rank of a multi-process run: load the run dir's frozen config and run the recipe.
 
-Started by the ``local`` launcher (torch elastic), by ``deepspeed --module recipes.worker <run dir>``, by
-a SLURM job script's ``srun`` (one task per rank), or by hand under any launcher that sets RANK /
+Started by the ``local`` launcher (torch elastic), by ``deepspeed --module hydratune.recipes.worker <run
+dir>``, by a SLURM job script's ``srun`` (one task per rank), or by hand under any launcher that sets RANK /
 LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT.
 """
 
@@ -15,13 +15,13 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from components.launcher import FROZEN, RANK_DONE, RANK_STOPPED, RELAYS
+from hydratune.components.launcher import FROZEN, RANK_DONE, RANK_STOPPED, RELAYS
 
 
 def run_worker(run_dir: str) -> Any:
     """Run this rank's share of the job; returns the objective (rank 0) and records completion."""
-    import recipes
-    from components.config.errors import (
+    from hydratune import recipes
+    from hydratune.components.config.errors import (
         EXIT_INTERRUPTED,
         EXIT_NODE_LOST,
         EXIT_SERVER_FAILED,
@@ -31,22 +31,22 @@ def run_worker(run_dir: str) -> Any:
         ServerFailed,
         print_error,
     )
-    from components.config.resolvers import register_resolvers
-    from components.runtime.startup import pause_gc, process_defaults, run_ends
-    from components.runtime.threads import apply_thread_policy
+    from hydratune.components.config.resolvers import register_resolvers
+    from hydratune.components.runtime.startup import pause_gc, process_defaults, run_ends
+    from hydratune.components.runtime.threads import apply_thread_policy
 
     process_defaults()  # as the CLI sets them (TOKENIZERS_PARALLELISM, no FutureWarnings)
     pause_gc()  # until training starts: see components/runtime/startup.py
     apply_thread_policy(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # before torch is imported
-    from components.distributed.interrupt import defer  # imports transformers, and so torch
-    from components.runtime.resume import continue_in_place
-    from components.runtime.run import Components, run_recipe
+    from hydratune.components.distributed.interrupt import defer  # imports transformers, and so torch
+    from hydratune.components.runtime.resume import continue_in_place
+    from hydratune.components.runtime.run import Components, run_recipe
 
     register_resolvers()
     recipes.register_all()
     path = Path(run_dir)
     if os.environ.get(RELAYS):
-        from components.distributed.interrupt import accept_relays
+        from hydratune.components.distributed.interrupt import accept_relays
 
         accept_relays(path)  # first: the launcher may relay a signal at any time
     cfg = OmegaConf.load(path / FROZEN)
@@ -82,7 +82,7 @@ def run_worker(run_dir: str) -> Any:
         )
         sys.exit(EXIT_INTERRUPTED)
     except Exception as err:
-        from components.distributed.rendezvous import lost_peer
+        from hydratune.components.distributed.rendezvous import lost_peer
 
         reason = lost_peer(err)
         if reason is None:

@@ -24,8 +24,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig
 
-import recipes
-from components.config.resolvers import register_resolvers
+from hydratune import recipes
+from hydratune.components.config.resolvers import register_resolvers
 from tests.support.cli import Warm
 from tests.support.tiers import Tiers
 
@@ -150,7 +150,7 @@ def hydratune() -> Iterator[Warm]:
 def compose_cfg() -> Iterator[Callable[..., DictConfig]]:
     """``compose_cfg("peft=lora", ...)`` → the composed config, as the CLI would build it."""
     GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base=None):
+    with initialize_config_module(config_module="hydratune.conf", version_base=None):
         yield composed
     GlobalHydra.instance().clear()
 
@@ -170,10 +170,10 @@ def run_recipe(compose_cfg: Callable[..., DictConfig], tmp_path: Path) -> Callab
 
 def _run_in(root: Path, compose_fn: Callable[..., DictConfig], *overrides: str, name: str) -> tuple[Any, Any]:
     """Compose ``FAST + overrides``, check, and run the recipe in ``root/outputs/day/<name>``."""
-    from components.runtime.checks import check_before_load
-    from components.runtime.resume import pin
-    from components.runtime.run import Components, RunContext
-    from components.runtime.rundir import RunDir
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.resume import pin
+    from hydratune.components.runtime.run import Components, RunContext
+    from hydratune.components.runtime.rundir import RunDir
 
     cfg = compose_fn(*FAST, *overrides)
     comps = Components.from_config(cfg)
@@ -200,7 +200,7 @@ def partial_sft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sums), trained once per session for the RL chain tests (GRPO and PPO start from it)."""
     root = tmp_path_factory.mktemp("partial_sft")
     GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base=None):
+    with initialize_config_module(config_module="hydratune.conf", version_base=None):
         ctx, _ = _run_in(
             root,
             lambda *overrides: compose(config_name="config", overrides=list(overrides)),
@@ -224,7 +224,7 @@ def sft_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("sft_runs")
     GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base=None):
+    with initialize_config_module(config_module="hydratune.conf", version_base=None):
 
         def run(*overrides: str, name: str) -> Path:
             fn = lambda *o: compose(config_name="config", overrides=list(o))  # noqa: E731

@@ -12,7 +12,7 @@ shape, bf16, 2048-token packed rows, micro-batch 4, tokens/s over the steps afte
 - ``zero3`` (DeepSpeed ZeRO-3 on one GPU) and ``fsdp`` (FSDP2): hydratune alone (paths that never ran).
 
 For every hydratune row: tokens/s, peak ``torch.cuda.max_memory_allocated`` (the run's own record), the
-estimate of the same command (``components.memory``: ``peak_allocated``) and its error in %. Then
+estimate of the same command (``hydratune.components.memory``: ``peak_allocated``) and its error in %. Then
 ``pytest tests/gpu``. Files in ``$OUT`` (at most 8): results.json, results.md, gpu_tests.txt, gpu_tests.xml,
 nvidia-smi.txt. The results are rewritten after every row: a call cut short keeps what it measured. A
 row is skipped, saying so, when the time left (``--budget``) cannot hold it.
@@ -71,22 +71,22 @@ ESTIMATE_TOLERANCE = 15.0
 
 
 def estimated_peak(command: str) -> float:
-    """The estimate's ``peak_allocated`` (bytes) for the overrides of a ``python -m recipes ...`` command,
+    """The estimate's ``peak_allocated`` (bytes) for the overrides of a ``python -m hydratune ...`` command,
     on one GPU; neither torch nor a GPU is needed."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    import recipes
-    from components.config.resolvers import register_resolvers
-    from components.memory.estimate import estimate
-    from components.memory.spec import spec_from_config
+    from hydratune import recipes
+    from hydratune.components.config.resolvers import register_resolvers
+    from hydratune.components.memory.estimate import estimate
+    from hydratune.components.memory.spec import spec_from_config
 
-    overrides = shlex.split(command)[3:]  # after "python -m recipes"
+    overrides = shlex.split(command)[3:]  # after "python -m hydratune"
     register_resolvers()
     recipes.register_all()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_module(config_module="conf", version_base=None):
+        with initialize_config_module(config_module="hydratune.conf", version_base=None):
             cfg = compose(config_name="config", overrides=[*overrides, "estimate.num_gpus=1"])
     finally:
         GlobalHydra.instance().clear()

@@ -14,8 +14,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from components.config.errors import ConfigError
-from components.data.prepared_cache import cache_root, clear, entries
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.prepared_cache import cache_root, clear, entries
 
 
 def size(n: float) -> str:

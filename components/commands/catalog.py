@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from components.config.options import groups, options
+from hydratune.components.config.options import groups, options
 
 
 def catalog(conf: Path | None = None) -> dict[str, dict[str, str]]:

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 USAGE = (
     "hydratune chat <run dir | model dir> [--image <file>] [system=<text>] [max_new_tokens=256] "
@@ -58,7 +58,7 @@ def open_image(path: Path) -> Any:
 
 def saved_processor(path: Path) -> bool:
     """Whether the run's ``final/`` (or the model dir) holds a processor: a vision-language model's."""
-    from components.modeling.vision import has_processor
+    from hydratune.components.modeling.vision import has_processor
 
     return has_processor(path / "final" if (path / ".hydra" / "config.yaml").is_file() else path)
 
@@ -66,15 +66,15 @@ def saved_processor(path: Path) -> bool:
 def load_processor(path: Path, tokenizer: Any, remote_code: bool = False) -> Any:
     """A vision-language model's processor (with the chat's tokenizer): the one a run saved in ``final/``,
     or a model dir's (``processor_config.json``); None for a text model."""
-    from components.modeling.vision import has_processor
+    from hydratune.components.modeling.vision import has_processor
 
     if (path / ".hydra" / "config.yaml").is_file():
-        from components.modeling.trained import TrainedRun
+        from hydratune.components.modeling.trained import TrainedRun
 
         return TrainedRun.open(path, key="chat", trust_remote_code=remote_code).processor(tokenizer)
     if not has_processor(path):
         return None
-    from components.modeling.vision import load_processor as load
+    from hydratune.components.modeling.vision import load_processor as load
 
     return load(str(path), tokenizer, trust_remote_code=remote_code)
 
@@ -110,13 +110,13 @@ def parse_args(args: list[str]) -> tuple[Path, dict[str, Any]]:
 def load(path: Path, remote_code: bool = False) -> tuple[Any, Any]:
     """(model, tokenizer): a run dir's model as trained (an adapter on its base), or a model dir."""
     if (path / ".hydra" / "config.yaml").is_file():
-        from components.modeling.trained import TrainedRun
+        from hydratune.components.modeling.trained import TrainedRun
 
         return TrainedRun.open(path, key="chat", trust_remote_code=remote_code).load()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from components.modeling.model_dir import check_model_dir
-    from components.modeling.vision import is_vision_config
+    from hydratune.components.modeling.model_dir import check_model_dir
+    from hydratune.components.modeling.vision import is_vision_config
 
     check_model_dir(path, key="chat", trust_remote_code=remote_code, flag=REMOTE_CODE.split("=")[0])
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote_code)
@@ -147,7 +147,7 @@ def reply(
     by the model's ``processor``."""
     from transformers import TextStreamer
 
-    from components.generation.sampling import Sampling, complete, complete_images
+    from hydratune.components.generation.sampling import Sampling, complete, complete_images
 
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     sampling = Sampling(options["max_new_tokens"], options["temperature"], options["top_p"])

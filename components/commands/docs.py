@@ -25,7 +25,7 @@ STRATEGIES = re.compile(r"<!-- strategies -->\n.*?<!-- /strategies -->", re.S)
 
 def option_list(group: str) -> str:
     """A group's options as the README lists them: the default first (marked), then by name."""
-    from components.config.options import defaults, options
+    from hydratune.components.config.options import defaults, options
 
     default = defaults().get(group)
     names = sorted(options(group), key=lambda name: (name != default, name))
@@ -34,8 +34,8 @@ def option_list(group: str) -> str:
 
 def strategy_table() -> str:
     """Every strategy option with its YAML's description: ``auto`` first, then the ladder's order."""
-    from components.config.options import options
-    from components.strategy import training_options
+    from hydratune.components.config.options import options
+    from hydratune.components.strategy import training_options
 
     described = options("strategy")
     names = [name for name in described if name not in training_options()] + list(training_options())
@@ -57,7 +57,7 @@ def readme(text: str) -> str:
 
 def generated(root: Path) -> dict[Path, str]:
     """{file: its content as generated} for the checkout at ``root``."""
-    from components.commands.matrix import markdown
+    from hydratune.components.commands.matrix import markdown
 
     return {
         **{root / page: readme((root / page).read_text()) for page in MARKED},

@@ -6,12 +6,19 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from components.auto import decide, is_auto
-from components.distributed.mesh import Mesh
-from components.memory.arch import param_counts
-from components.memory.estimate import CUDA_CONTEXT_BYTES, FRAGMENTATION, Estimate, GiB, RunSpec, estimate
-from components.memory.ladder import choose
-from components.memory.spec import compare, get, gpu_memory_of, spec_from_config, strategy_rungs
+from hydratune.components.auto import decide, is_auto
+from hydratune.components.distributed.mesh import Mesh
+from hydratune.components.memory.arch import param_counts
+from hydratune.components.memory.estimate import (
+    CUDA_CONTEXT_BYTES,
+    FRAGMENTATION,
+    Estimate,
+    GiB,
+    RunSpec,
+    estimate,
+)
+from hydratune.components.memory.ladder import choose
+from hydratune.components.memory.spec import compare, get, gpu_memory_of, spec_from_config, strategy_rungs
 
 
 def gib(x: float) -> str:
@@ -239,19 +246,19 @@ def cli(args: list[str]) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from components.config.errors import ConfigError
+    from hydratune.components.config.errors import ConfigError
 
     overrides = [a for a in args if a != "mode=estimate"]
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_module(config_module="conf", version_base=None):
+        with initialize_config_module(config_module="hydratune.conf", version_base=None):
             cfg = compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(f"cannot compose the config: {err}", key="estimate") from None
     finally:
         GlobalHydra.instance().clear()
-    from components.runtime.image_estimate import estimate_image_tokens
-    from components.runtime.run import pipeline_axis
+    from hydratune.components.runtime.image_estimate import estimate_image_tokens
+    from hydratune.components.runtime.run import pipeline_axis
 
     axis = pipeline_axis(cfg)  # strategy.pp_size on ddp / zero / fsdp: estimated as the pipeline it trains as
     if axis is not None:

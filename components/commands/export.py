@@ -24,8 +24,8 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from components.config.errors import ConfigError
-from components.modeling.trained import TrainedRun
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.modeling.trained import TrainedRun
 
 DTYPES = ("float32", "bfloat16", "float16")
 USAGE = (
@@ -56,7 +56,7 @@ def check(run: TrainedRun, out: Path) -> None:
             f"{out} exists: export never overwrites", key="export.out", hint="pass out=<a new dir>"
         )
     if not run.produces_causal_lm:
-        from components.config.registry import RECIPES
+        from hydratune.components.config.registry import RECIPES
 
         policies = ", ".join(name for name, cls in sorted(RECIPES.items()) if cls.produces_causal_lm)
         raise ConfigError(
@@ -93,7 +93,7 @@ def export(run_dir: Path, out: Path | None = None, dtype: str = "float32", remot
     tokenizer.save_pretrained(tmp)
     processor = run.processor(tokenizer)  # a vision-language model's: AutoProcessor loads the export
     if processor is not None:
-        from components.modeling.vision import save_processor
+        from hydratune.components.modeling.vision import save_processor
 
         save_processor(processor, tmp)
     drop_machine_keys(tmp / "tokenizer_config.json")
@@ -132,7 +132,7 @@ def generation_config(model: Any, tokenizer: Any) -> Any:
     padding with the tokenizer's pad token (greedy by default, as the run evaluated)."""
     from transformers import GenerationConfig
 
-    from components.text.masking import stop_token_ids
+    from hydratune.components.text.masking import stop_token_ids
 
     config = GenerationConfig.from_model_config(model.config)
     stops = sorted(stop_token_ids(tokenizer))
@@ -336,7 +336,7 @@ def _base_name(run: TrainedRun) -> str:
 
 def cli(args: list[str]) -> int:
     """Entry of ``hydratune export``; errors are ConfigErrors the caller prints (exit 2)."""
-    from components.config.trust import grants
+    from hydratune.components.config.trust import grants
 
     run_dir, out, dtype = parse_args(args)
     written = export(run_dir, out, dtype, grants(args).allows("model.trust_remote_code"))

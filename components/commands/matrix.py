@@ -4,8 +4,8 @@ Each cell is one of: ``cpu`` (passes the pre-load checks on a CPU host and is me
 ``gpu`` (passes them when planned for CUDA, and the checks refuse it on CPU before any model loads), or
 ``refused`` (the checks refuse it everywhere, naming ``key``). The rows are derived, not listed: every
 training recipe (``recipe`` options that are not inference-only) and every strategy option of
-conf/strategy/ (``components.strategy.training_options``); a verdict is what the cell's components declare
-(the quantization's ``needs_adapter`` / ``sharding_refusal``, ``own_loop_refusal``: the strategy's
+conf/strategy/ (``hydratune.components.strategy.training_options``); a verdict is what the cell's components
+declare (the quantization's ``needs_adapter`` / ``sharding_refusal``, ``own_loop_refusal``: the strategy's
 ``OwnLoop`` hooks, for a recipe that owns its loop; its ``device_refusal`` on CPU).
 ``tests/unit/test_matrix.py`` walks every cell through the real composition and ``check_before_load`` and
 asserts the verdict. Which
@@ -32,23 +32,23 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 def strategies() -> dict[str, Any]:
     """Every training strategy option, built, fastest first (the ladder's assumed order), then by name."""
-    from components.strategy import training_options
+    from hydratune.components.strategy import training_options
 
     return training_options()
 
 
 def recipes() -> dict[str, Any]:
     """Every recipe option that trains (not inference-only), by name: its registered class (the recipes
-    register as ``recipes.register_all()`` imports them: the CLI and the tests do)."""
-    from components.config.options import options
-    from components.config.registry import RECIPES
+    register as ``hydratune.recipes.register_all()`` imports them: the CLI and the tests do)."""
+    from hydratune.components.config.options import options
+    from hydratune.components.config.registry import RECIPES
 
     return {name: RECIPES[name] for name in options("recipe") if not RECIPES[name].inference_only}
 
 
 @functools.cache
 def _built(group: str, option: str) -> Any:
-    from components.config.options import options
+    from hydratune.components.config.options import options
 
     return options(group)[option].build()
 
@@ -86,7 +86,7 @@ class Verdict:
 
 def verdict(cell: Cell) -> Verdict:
     """What the cell's components declare, in the order the pre-load checks ask."""
-    from components.strategy import own_loop_refusal
+    from hydratune.components.strategy import own_loop_refusal
 
     recipe, strategy = recipes()[cell.recipe], strategies()[cell.strategy]
     peft, quant = _built("peft", cell.peft), _built("quantization", cell.quantization)

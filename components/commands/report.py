@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from components.config.errors import ConfigError
-from components.distributed.slurm_sweep import POINT_FILE
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.distributed.slurm_sweep import POINT_FILE
 
 COLUMNS = (
     "job",

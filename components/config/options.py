@@ -2,8 +2,9 @@
 
 An option is a YAML file ``conf/<group>/<name>.yaml`` or, for a recipe module that ships none, the node its
 ``@recipe`` decorator stores (``components/recipe.py``). Everything that lists options derives from here:
-the estimate's every-strategy table and ``strategy=auto``'s ladder (``components.strategy.training_options``),
-the support matrix, ``hydratune ls`` / ``--help``, and the tests that hold the README and docs to them.
+the estimate's every-strategy table and ``strategy=auto``'s ladder
+(``hydratune.components.strategy.training_options``), the support matrix, ``hydratune ls`` / ``--help``, and
+the tests that hold the README and docs to them.
 
 :func:`node` composes an option as Hydra does (its schema's defaults under the YAML's keys, interpolations
 left as written) without starting Hydra: a few milliseconds for a group, so ``hydratune estimate`` stays
@@ -25,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 def conf_dir() -> Path:
     """The ``conf`` package's folder (the source tree's, or the installed wheel's), found without importing
     anything from it."""
-    spec = importlib.util.find_spec("conf")
+    spec = importlib.util.find_spec("hydratune.conf")
     assert spec is not None and spec.submodule_search_locations, "the conf package is not importable"
     return Path(next(iter(spec.submodule_search_locations)))
 
@@ -87,7 +88,7 @@ def _options(group: str, conf: Path) -> tuple[tuple[str, Option], ...]:
 def _stored(group: str) -> dict[str, str]:
     """Options stored in Hydra's ConfigStore for ``group`` by the registry (not the ``schema/`` nodes),
     with their description (the ``__doc__`` line the decorator recorded)."""
-    from components.config.registry import STORED_OPTIONS
+    from hydratune.components.config.registry import STORED_OPTIONS
 
     return dict(STORED_OPTIONS.get(group, {}))
 

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 T = TypeVar("T")
 

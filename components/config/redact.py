@@ -3,10 +3,11 @@
 
 ``hydra.job.env_copy=[WANDB_API_KEY]`` copies the key's value into ``hydra.job.env_set``, and
 ``hydra.job.env_set.HF_TOKEN=…`` on the command line is an override: Hydra would write both into the run
-dir. What is redacted (:data:`~components.config.trust.REDACTED`): ``env_set`` entries whose variable is a
-secret (:func:`~components.config.trust.is_secret`), overrides whose key's last word names a secret, and,
-in any text of the config, the value of every environment variable whose name says it is a secret. The
-config in memory keeps its values (Hydra sets ``env_set`` from it); only what is written changes.
+dir. What is redacted (:data:`~hydratune.components.config.trust.REDACTED`): ``env_set`` entries whose
+variable is a secret (:func:`~hydratune.components.config.trust.is_secret`), overrides whose key's last word
+names a secret, and, in any text of the config, the value of every environment variable whose name says it is
+a secret. The config in memory keeps its values (Hydra sets ``env_set`` from it); only what is written
+changes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from components.config.trust import REDACTED, is_secret, secret_name
+from hydratune.components.config.trust import REDACTED, is_secret, secret_name
 
 SHORTEST = 6  # a secret's value shorter than this is not searched for in other text (it would match words)
 

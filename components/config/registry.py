@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from components.config.errors import ConfigError
-from components.config.ranges import declared
-from components.config.schema import GROUPS
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import declared
+from hydratune.components.config.schema import GROUPS
 
 T = TypeVar("T")
 
@@ -133,7 +133,7 @@ def _structured_nodes(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
 
 def known_keys(cfg: DictConfig) -> list[str]:
     """Every key the composed config's schemas know, as a dotted path (``optimizer.lr``)."""
-    from components.config.schema import Config
+    from hydratune.components.config.schema import Config
 
     paths = [f.name for f in dataclasses.fields(Config)]
     for path, node in _structured_nodes(cfg):
@@ -178,7 +178,7 @@ def check_known_keys(cfg: DictConfig, extra_groups: set[str] | None = None) -> N
     """Keys forced in with ``+key=…`` / ``+group.key=…`` that no schema knows: refused, with the known
     keys closest to it. A top-level key is allowed when it is a config group of the job's defaults list
     (``extra_groups``; default: :func:`user_groups`)."""
-    from components.config.schema import Config
+    from hydratune.components.config.schema import Config
 
     known = known_keys(cfg)
     top = {f.name for f in dataclasses.fields(Config)} | (
@@ -218,11 +218,12 @@ def recipe_class(saved: str) -> Any:
 
 def check_recipe(component: Any) -> None:
     """The built ``recipe`` node must be a registered recipe (an ``@recipe`` class, which extends
-    ``components.recipe.Recipe``): the rest of hydratune reads its declarations. A ``recipe._target_`` of
-    your own (``trust_targets=true``) registers as its module is imported."""
+    ``hydratune.components.recipe.Recipe``): the rest of hydratune reads its declarations. A
+    ``recipe._target_`` of your own (``trust_targets=true``) registers as its module is imported."""
     if type(component) not in RECIPES.values():
         raise ConfigError(
             f"recipe._target_ builds a {type(component).__name__}, which is not a hydratune recipe",
             key="recipe._target_",
-            hint="extend components.recipe.Recipe and decorate the class with @recipe (see ARCHITECTURE.md)",
+            hint="extend hydratune.components.recipe.Recipe and decorate the class with @recipe "
+            "(see ARCHITECTURE.md)",
         )

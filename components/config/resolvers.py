@@ -44,7 +44,7 @@ def latest_run(recipe: str, outputs: str = "outputs") -> str:
     """``${latest_run:sft}``: the newest run dir under ``outputs`` of recipe ``sft`` that finished."""
     import json
 
-    from components.config.registry import recipe_name
+    from hydratune.components.config.registry import recipe_name
 
     wanted = recipe_name(recipe)
     runs: dict[Path, float] = {}
@@ -54,7 +54,7 @@ def latest_run(recipe: str, outputs: str = "outputs") -> str:
         if recipe_name(str(run.get("recipe", ""))) == wanted and (result.parent / "final").is_dir():
             runs[result.parent] = finished_at(run, result)
     if not runs:
-        from components.config.errors import ConfigError
+        from hydratune.components.config.errors import ConfigError
 
         raise ConfigError(
             f"no finished run of recipe={recipe} under {outputs}/",
@@ -86,7 +86,7 @@ def package_dir(package: str) -> str:
 
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        from components.config.errors import ConfigError
+        from hydratune.components.config.errors import ConfigError
 
         command = INSTALL.get(package, f"pip install {package}")
         raise ConfigError(
@@ -104,7 +104,7 @@ def env(key: str, default: Any = _DEFAULT_MARKER_, *, _node_: Any = None) -> Any
     their keys from the environment themselves."""
     from omegaconf.resolvers.oc import env as oc_env
 
-    from components.config.trust import REDACTED, is_secret
+    from hydratune.components.config.trust import REDACTED, is_secret
 
     value = oc_env(key, default)
     if not is_secret(key, value):
@@ -138,7 +138,7 @@ def check_resolves(cfg: Any) -> None:
     ``${key}`` that names nothing): refused naming the key, before anything is built."""
     from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
 
-    from components.config.errors import ConfigError
+    from hydratune.components.config.errors import ConfigError
 
     try:
         OmegaConf.to_container(cfg, resolve=True)

@@ -8,7 +8,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, SEED, Range, knob
+from hydratune.components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, SEED, Range, knob
 
 GROUPS: tuple[str, ...] = (
     "recipe",
@@ -69,7 +69,8 @@ class EstimateConfig:
 
 @dataclass
 class Config:
-    """The composed run. Groups are typed by their option's own schema (see components.config.registry)."""
+    """The composed run. Groups are typed by their option's own schema (see
+    hydratune.components.config.registry)."""
 
     recipe: Any = MISSING
     model: Any = MISSING

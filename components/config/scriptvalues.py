@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 #: an account, partition, QOS, reservation or constraint word as SLURM's tools accept them (no spaces,

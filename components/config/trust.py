@@ -31,12 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.config.errors import ConfigError, yaml_error
+from hydratune.components.config.errors import ConfigError, yaml_error
+from hydratune.components.config.legacy import upgrade
 
 PICKLED = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")  # torch.save / pickle output
 # never unpickled on resume: transformers saves the TrainingArguments here but does not load them
 NEVER_LOADED = ("training_args.bin",)
-OWN = ("components.", "recipes.")  # hydratune's own _target_ namespaces
+OWN = ("hydratune.components.", "hydratune.recipes.")  # hydratune's own _target_ namespaces
 REWARD_KNOBS = ("recipe.reward", "recipe.reward_funcs")  # user-named reward functions (partials)
 REWARD_SIGNATURE = "a reward function is called by keyword with prompts= and completions="
 INSTALLED = "an installed package or the standard library, not your code"
@@ -220,7 +221,7 @@ def installed_module(module_name: str) -> bool:
     import sys
     import sysconfig
 
-    if module_name.startswith(("components.", "recipes.")):
+    if module_name.startswith(OWN):
         return False  # hydratune's own, installed or not
     module = sys.modules.get(module_name)
     origin = getattr(module, "__file__", None)
@@ -289,7 +290,10 @@ def target_refusals(config: Any) -> Iterator[tuple[str, str]]:
         where = (
             "reward functions must be partials (_partial_: true)"
             if is_reward_knob(path)
-            else ("only hydratune's own classes (components.*, recipes.*) and reward functions are built")
+            else (
+                "only hydratune's own classes (hydratune.components.*, hydratune.recipes.*) and reward "
+                "functions are built"
+            )
         )
         yield f"{path}._target_", f"{path}._target_={target} is not one of hydratune's: {where}"
     if isinstance(config, dict):
@@ -457,7 +461,9 @@ def guarded_compositions(granted: Grants) -> Iterator[None]:
     def load_configuration(
         self: Any, config_name: str | None, overrides: list[str], *args: Any, **kw: Any
     ) -> Any:
-        cfg = original(self, config_name, overrides, *args, **kw)
+        cfg = upgrade(
+            original(self, config_name, overrides, *args, **kw)
+        )  # a run dir saved before the namespace
         check_composed(cfg, granted, lambda key: origin(self, config_name, list(overrides), key))
         return cfg
 
@@ -489,7 +495,7 @@ def secret_name(name: str) -> bool:
 # ---- experiment files a command line names: read before Hydra composes them ------------------------------
 def experiment_files(args: list[str]) -> list[Path]:
     """The files ``+experiment=<name>`` (a sweep: ``a,b``) names, in conf/ or a ``--config-dir``."""
-    import conf
+    from hydratune import conf
 
     dirs = [Path(conf.__file__).parent]
     for i, arg in enumerate(args):

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, Range, knob
-from components.config.registry import component
-from components.data import images as image_rows
-from components.data.formats import last_answer, parse_messages, parse_tools, text_of, turn_text
-from components.data.readers import Table
-from components.data.rows import (
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, Range, knob
+from hydratune.components.config.registry import component
+from hydratune.components.data import images as image_rows
+from hydratune.components.data.formats import last_answer, parse_messages, parse_tools, text_of, turn_text
+from hydratune.components.data.readers import Table
+from hydratune.components.data.rows import (
     CHAT_TOOLS_COLUMN,
     COMPLETION_FORMATS,
     FORMAT_COLUMNS,
@@ -32,9 +32,9 @@ from components.data.rows import (
     add_count,
     scratch_workers,
 )
-from components.data.source import Source
-from components.data.tables import first_rows, note_unanswered, pick, token_lengths
-from components.distributed.workers import Workers
+from hydratune.components.data.source import Source
+from hydratune.components.data.tables import first_rows, note_unanswered, pick, token_lengths
+from hydratune.components.distributed.workers import Workers
 
 if TYPE_CHECKING:
     from datasets import Dataset

@@ -26,8 +26,8 @@ from typing import Any
 
 from torch.utils.data import IterableDataset as TorchIterable
 
-from components.data.stream import STREAM, Position, RowStream
-from components.data.stream_prepare import POSITION_FILE, rank_and_world
+from hydratune.components.data.stream import STREAM, Position, RowStream
+from hydratune.components.data.stream_prepare import POSITION_FILE, rank_and_world
 
 FEED = "_feed"  # the column carrying each example's place in its window (dropped before the collator)
 KEPT = ("input_ids", "labels", "seq_lengths")  # what TRL's collator reads of an example

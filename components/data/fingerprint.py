@@ -15,8 +15,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from components.config.errors import ConfigError
-from components.config.files import CHUNK, file_sha256
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.files import CHUNK, file_sha256
 
 log = logging.getLogger("hydratune")
 
@@ -41,7 +41,7 @@ def fingerprint(cfg: DictConfig) -> dict[str, Any]:
 
 def fingerprint_node(node: dict[str, Any], hashes: FileHashes | None = None) -> dict[str, Any]:
     """:func:`fingerprint` of a data node (a dict); ``hashes``: where file hashes are remembered."""
-    from components.data.layout import looks_local
+    from hydratune.components.data.layout import looks_local
 
     hashes = hashes or FileHashes(None)
     files: dict[str, str] = {}
@@ -66,8 +66,8 @@ def fingerprint_node(node: dict[str, Any], hashes: FileHashes | None = None) -> 
 def image_files(given_paths: list[Any], hashes: FileHashes) -> dict[str, str]:
     """The sha256 of every image file the local data files of ``given_paths`` may name
     (``images.referenced_files``: relative to each data file's folder or to a data.path folder)."""
-    from components.data.images import referenced_files
-    from components.data.layout import looks_local
+    from hydratune.components.data.images import referenced_files
+    from hydratune.components.data.layout import looks_local
 
     data_files, roots = [], []
     for given in given_paths:
@@ -130,7 +130,7 @@ def cache_root(data: Any) -> Path:
     """The prepared-data cache dir (components/data/prepared_cache.py) of a data component or node:
     ``data.cache_dir``, ``$HYDRATUNE_DATA_CACHE``, or ``$HYDRATUNE_CACHE/data`` (default
     ``~/.cache/hydratune/data``); the file hashes are remembered there too."""
-    from components.modeling.gguf import cache_home
+    from hydratune.components.modeling.gguf import cache_home
 
     given = data.get("cache_dir") if isinstance(data, dict) else getattr(data, "cache_dir", None)
     if given:

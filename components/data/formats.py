@@ -8,9 +8,9 @@ import json
 import math
 from typing import Any
 
-from components.data import images as image_rows
-from components.data.readers import RowError
-from components.data.rows import (
+from hydratune.components.data import images as image_rows
+from hydratune.components.data.readers import RowError
+from hydratune.components.data.rows import (
     HH_TURN,
     REASONING_KEYS,
     ROLE_ALIASES,

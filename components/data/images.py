@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from components.config.errors import ConfigError
-from components.data.readers import RowError
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.readers import RowError
 
 #: the content-part types that carry (or stand for) an image
 IMAGE_PARTS = ("image", "image_url", "input_image")

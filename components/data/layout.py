@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.config.errors import ConfigError
-from components.data.readers import (
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.readers import (
     BUILDERS,
     COMPRESSIONS,
     Table,
@@ -24,7 +24,7 @@ from components.data.readers import (
     read_json,
     read_table,
 )
-from components.data.rows import (
+from hydratune.components.data.rows import (
     EVAL_SPLITS,
     FILE_SUFFIXES,
     HUB_ID,
@@ -33,7 +33,7 @@ from components.data.rows import (
     SHARDED,
     SPLIT_KEYWORDS,
 )
-from components.distributed.workers import Workers
+from hydratune.components.distributed.workers import Workers
 
 if TYPE_CHECKING:
     pass
@@ -323,7 +323,7 @@ def read_part(
     if BUILDERS[suffix] == "json":
         return read_json(part.path, key=key, skip=skip, stats=stats, workers=workers, limit=limit)
     if BUILDERS[suffix] == "text":
-        from components.data.textcorpus import read_text
+        from hydratune.components.data.textcorpus import read_text
 
         # a LLaMA-Factory entry's .txt: one row per line, as LLaMA-Factory reads it
         return read_text(part.path, key=key, workers=workers, limit=limit, by_line=part.reader is not None)

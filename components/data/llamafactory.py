@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.config.errors import ConfigError
-from components.data.readers import RowError, Table, is_blank
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.readers import RowError, Table, is_blank
 
 INFO = "dataset_info.json"
 KEY = "data.path"

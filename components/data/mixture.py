@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from components.config.errors import ConfigError
-from components.config.ranges import check_knobs
-from components.data.rows import LoadedData, LoadReport, Messages, add_count
-from components.data.tables import pick, with_json_turns
-from components.distributed.workers import Workers
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import check_knobs
+from hydratune.components.data.rows import LoadedData, LoadReport, Messages, add_count
+from hydratune.components.data.tables import pick, with_json_turns
+from hydratune.components.distributed.workers import Workers
 
 if TYPE_CHECKING:
     from datasets import Dataset

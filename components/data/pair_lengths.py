@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from components.config.errors import ConfigError
-from components.distributed.workers import SHARD_ROWS, Workers, ranges
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.distributed.workers import SHARD_ROWS, Workers, ranges
 
 #: what a trainer does with a row past data.max_length: ``truncate`` (prompt + response cut at the limit,
 #: the start kept: DPO, ORPO, SimPO, KTO) or ``drop`` (the pair left out: the reward trainer)

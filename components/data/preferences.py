@@ -8,13 +8,19 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from components.config.errors import ConfigError
-from components.config.ranges import knob
-from components.config.registry import component
-from components.data import images as image_rows
-from components.data.formats import as_messages, hh_messages, json_turns, parse_messages, split_shared
-from components.data.readers import RowError, Table
-from components.data.rows import (
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import knob
+from hydratune.components.config.registry import component
+from hydratune.components.data import images as image_rows
+from hydratune.components.data.formats import (
+    as_messages,
+    hh_messages,
+    json_turns,
+    parse_messages,
+    split_shared,
+)
+from hydratune.components.data.readers import RowError, Table
+from hydratune.components.data.rows import (
     MAX_LENGTH,
     MAX_LENGTH_HINT,
     PREFERENCE_FORMATS,
@@ -25,9 +31,9 @@ from components.data.rows import (
     add_count,
     scratch_workers,
 )
-from components.data.source import Source
-from components.data.tables import Converted, pick
-from components.distributed.workers import SHARD_ROWS, Workers
+from hydratune.components.data.source import Source
+from hydratune.components.data.tables import Converted, pick
+from hydratune.components.distributed.workers import SHARD_ROWS, Workers
 
 if TYPE_CHECKING:
     from datasets import Dataset

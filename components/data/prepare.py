@@ -7,8 +7,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.generation.evaluation import EvalPrompt, eval_pairs, eval_prompts
-from components.text.chat_template import fold_system
+from hydratune.components.generation.evaluation import EvalPrompt, eval_pairs, eval_prompts
+from hydratune.components.text.chat_template import fold_system
 
 #: the summary's line for image rows handed to the trainer as rows (``check_image_tokens``)
 IMAGE_ROWS_UNTOKENIZED = (
@@ -52,11 +52,11 @@ def prepare_data(
     (``components/data/stream_prepare.py``)."""
     from dataclasses import asdict
 
-    from components.data import prepared_cache
-    from components.data.pair_lengths import check_pairs, pair_notes
-    from components.data.rows import LoadedData, LoadReport
-    from components.distributed.workers import data_processes
-    from components.text.chat_template import default_template
+    from hydratune.components.data import prepared_cache
+    from hydratune.components.data.pair_lengths import check_pairs, pair_notes
+    from hydratune.components.data.rows import LoadedData, LoadReport
+    from hydratune.components.distributed.workers import data_processes
+    from hydratune.components.text.chat_template import default_template
 
     tokens = tokens if tokenizer is not None else None
     streaming = getattr(data_component, "streaming", False)
@@ -71,7 +71,7 @@ def prepare_data(
         nonlocal stream
         if not streaming:
             return data_component.load(workers)
-        from components.data.stream_prepare import load_stream
+        from hydratune.components.data.stream_prepare import load_stream
 
         stream, loaded = load_stream(data_component, workers)  # train: its first rows, checked as loaded ones
         return loaded
@@ -117,7 +117,7 @@ def prepare_data(
         )
         notes.update(counts)
     if stream is not None:
-        from components.data.stream_prepare import as_streamed
+        from hydratune.components.data.stream_prepare import as_streamed
 
         as_streamed(prepared, stream, data_component, tokenizer, tokens)
     return prepared
@@ -126,7 +126,7 @@ def prepare_data(
 def eval_images(data: Any, pairs: list[Any], split: str = "eval") -> list[list[Any]] | None:
     """The images of the ``split`` rows the ``pairs`` were made of (the first rows, in order; PIL images),
     or None when those rows have none."""
-    from components.data.images import IMAGES_COLUMN, rows_have_images
+    from hydratune.components.data.images import IMAGES_COLUMN, rows_have_images
 
     if not pairs or not rows_have_images(data[split]):
         return None
@@ -137,8 +137,8 @@ def plan_image_tokens(model: Any, tokenizer: Any, splits: Any, limit: int = 64) 
     """``mode=plan``'s line on a vision-language model's image rows: the image tokens the processor makes
     of the first ``limit`` train rows with images, beside what the memory estimate counts (a processor that
     cannot load offline: the line says so)."""
-    from components.config.errors import ConfigError
-    from components.data.images import measured_image_tokens, rows_have_images
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.data.images import measured_image_tokens, rows_have_images
 
     if not getattr(model, "is_vision", False) or not rows_have_images(splits["train"]):
         return {}
@@ -163,8 +163,8 @@ def check_image_recipe(recipe: Any, splits: Any) -> None:
     """Rows with images for a recipe whose trainer takes none (``Recipe.image_rows``: SFT, DPO and GRPO
     do),
     refused once the rows are read, before the model loads, naming the recipe."""
-    from components.config.errors import ConfigError
-    from components.data.images import rows_have_images
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.data.images import rows_have_images
 
     if getattr(recipe, "image_rows", False) or not rows_have_images(splits["train"]):
         return
@@ -183,8 +183,8 @@ def check_image_tokens(data: Any, tokens: Any) -> bool:
     are refused, before load, and so is packing them (TRL 1.16 packs no image rows: the processor makes
     each row's tokens at batch time, so there are no lengths to pack by). Text rows: False (tokenized
     here, on a vision-language model too)."""
-    from components.config.errors import ConfigError
-    from components.data.images import CAPABILITY, rows_have_images
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.data.images import CAPABILITY, rows_have_images
 
     if not rows_have_images(data["train"]):
         return False  # text rows, for a vision-language model too: tokenized as text
@@ -214,7 +214,7 @@ def length_notes(
     rows cut at data.max_length and the tokens cut, rows dropped with nothing left to train, the share of
     the tokens to train that is kept; and a longest row past the model's context (``context``: the
     tokenizer's ``model_max_length``)."""
-    from components.text.sft_tokens import COUNTS
+    from hydratune.components.text.sft_tokens import COUNTS
 
     plan = token_facts["plan"]
     notes = {}
@@ -246,7 +246,7 @@ def check_tokens(data_component: Any, token_facts: dict[str, Any], rows: dict[st
     """Before the model loads (``mode=plan`` too): a split that had rows and kept none after the length
     policy (TRL would stop on an empty dataset after the load), or a train split keeping less than
     data.min_trained_fraction of its tokens to train, is refused naming the fix."""
-    from components.config.errors import ConfigError
+    from hydratune.components.config.errors import ConfigError
 
     plan = token_facts["plan"]
     limit = plan["max_length"]
@@ -289,8 +289,8 @@ def check_tokens(data_component: Any, token_facts: dict[str, Any], rows: dict[st
 def check_trained_tokens(tokens: Any, tokenizer: Any, token_facts: dict[str, Any]) -> None:
     """The loss-mask checks (``check_label_mask``: nothing, everything or never the stop token trained) on
     the prepared train tokens, before the model loads, as training repeats them on its trainer's data."""
-    from components.config.errors import ConfigError
-    from components.text.masking import check_label_mask, label_mask_stats, stop_token_ids
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.text.masking import check_label_mask, label_mask_stats, stop_token_ids
 
     plan = token_facts["plan"]
     stats = label_mask_stats(tokens, stop_token_ids(tokenizer))
@@ -318,7 +318,7 @@ def _load(
     for a tokenizer without one) and fitted, the length policy applied. Returns them and the default
     template's name. Image rows for a recipe that tokenizes here (``tokens``) are refused first
     (``check_image_tokens``)."""
-    from components.text.chat_template import default_template, is_conversational
+    from hydratune.components.text.chat_template import default_template, is_conversational
 
     data = load(workers)
     if tokens is not None and check_image_tokens(data, tokens):
@@ -340,10 +340,15 @@ def fit_template(data_component: Any, data: Any, tokenizer: Any, workers: Any) -
     (``data.fold_system``; false refuses such rows by name), and tool calls or tool schemas the template
     would silently drop refused (a ConfigError naming the template and the first such row). The rows are
     read only when the conversion counted such rows (``LoadReport.flags``)."""
-    from components.config.errors import ConfigError
-    from components.data.rows import LoadedData
-    from components.data.tables import MESSAGE_COLUMNS
-    from components.text.chat_template import check_tools_rendered, rejects_system, row_tools, template_label
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.data.rows import LoadedData
+    from hydratune.components.data.tables import MESSAGE_COLUMNS
+    from hydratune.components.text.chat_template import (
+        check_tools_rendered,
+        rejects_system,
+        row_tools,
+        template_label,
+    )
 
     label = template_label(tokenizer.chat_template)
     splits = dict(data.items())
@@ -394,8 +399,8 @@ def check_reasoning_rendered(splits: dict[str, Any], tokenizer: Any, label: str,
     """Rows whose assistant turns carry reasoning (``reasoning_content``): the chat template must render it
     (the first such row, rendered with and without it, must differ), or the model would be trained on the
     answers without their reasoning. ConfigError naming the template and the fix otherwise."""
-    from components.config.errors import ConfigError
-    from components.text.chat_template import choose_method, row_tools
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.text.chat_template import choose_method, row_tools
 
     template = choose_method(tokenizer)[1]  # TRL's training template where it patches this one (e.g. qwen3)
     for name, split in splits.items():
@@ -428,7 +433,7 @@ def check_reasoning_rendered(splits: dict[str, Any], tokenizer: Any, label: str,
 def rows_where(split: Any, columns: list[str], test: Any, limit: int | None = None) -> list[int]:
     """The indices of ``split``'s rows that pass ``test`` (reading ``columns`` a batch at a time; at most
     ``limit``)."""
-    from components.distributed.workers import SHARD_ROWS
+    from hydratune.components.distributed.workers import SHARD_ROWS
 
     found: list[int] = []
     part = split.select_columns(columns)
@@ -457,11 +462,11 @@ def _any_leading_system(row: dict[str, Any], columns: list[str]) -> bool:
 
 def check_eval_split(data_component: Any, eval_rows: int, eval_every: int) -> None:
     """An empty eval split with periodic evaluation on: the trainer would fail at its first eval step."""
-    from components.config.errors import ConfigError
+    from hydratune.components.config.errors import ConfigError
 
     if eval_rows or eval_every <= 0:
         return
-    from components.data.rows import DEFAULT_EVAL_FRACTION
+    from hydratune.components.data.rows import DEFAULT_EVAL_FRACTION
 
     fraction = getattr(data_component, "eval_fraction", 0)
     fraction = DEFAULT_EVAL_FRACTION if fraction is None else fraction  # unset: the default share
@@ -489,7 +494,7 @@ def plan_data(comps: Any, eval_generations: int, every: int = 0) -> list[str]:
     """``mode=plan``'s data check: what training does before the model loads (rows, format, mapping, length
     policy, eval prompts, the recipe's own data check), as lines to print. Token-level checks need the
     tokenizer: without it (a hub id not cached and not reachable) they are skipped, and the lines say so."""
-    from components.config.errors import ConfigError
+    from hydratune.components.config.errors import ConfigError
 
     try:
         comps.model.check_sources()

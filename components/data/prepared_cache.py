@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.config.files import file_lock, inside, mismatch, sha256s
-from components.data.fingerprint import FileHashes, cache_root, fingerprint_node
-from components.distributed.workers import SHARD_ROWS, Workers, open_shards
-from components.launcher import alive
+from hydratune.components.config.files import file_lock, inside, mismatch, sha256s
+from hydratune.components.data.fingerprint import FileHashes, cache_root, fingerprint_node
+from hydratune.components.distributed.workers import SHARD_ROWS, Workers, open_shards
+from hydratune.components.launcher import alive
 
 log = logging.getLogger("hydratune")
 
@@ -78,7 +78,7 @@ def key_parts(data: Any, tokenizer: Any, tokens: dict[str, Any] | None) -> dict[
     import dataclasses
     from importlib.metadata import PackageNotFoundError, version
 
-    from components.data.layout import looks_local
+    from hydratune.components.data.layout import looks_local
 
     node = {k: v for k, v in dataclasses.asdict(data).items() if k not in STREAM_ONLY}
     libraries = {}
@@ -313,7 +313,7 @@ def _remove(entry: Path) -> None:
 def _named_errors(root: Path, damaged: str | None = None) -> Iterator[None]:
     """A cache dir that cannot be written, or a full disk, as a ConfigError naming ``data.cache_dir``
     (and ``damaged``: why the entry there could not be used)."""
-    from components.config.errors import ConfigError
+    from hydratune.components.config.errors import ConfigError
 
     why = f"its entry for this data is damaged ({damaged}) and " if damaged else ""
     try:

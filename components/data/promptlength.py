@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 #: the info line that counts the prompts over the limit (a recipe that cannot cut them reads it)
 OVERLONG = "prompts over data.max_prompt_length"

@@ -7,16 +7,16 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, knob
-from components.config.registry import component
-from components.data import images as image_rows
-from components.data.formats import text_of
-from components.data.readers import Table
-from components.data.rows import ON_OVERLONG, LoadedData, LoadReport, Pair, Row, scratch_workers
-from components.data.source import Source
-from components.data.tables import first_rows
-from components.distributed.workers import Workers
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, knob
+from hydratune.components.config.registry import component
+from hydratune.components.data import images as image_rows
+from hydratune.components.data.formats import text_of
+from hydratune.components.data.readers import Table
+from hydratune.components.data.rows import ON_OVERLONG, LoadedData, LoadReport, Pair, Row, scratch_workers
+from hydratune.components.data.source import Source
+from hydratune.components.data.tables import first_rows
+from hydratune.components.distributed.workers import Workers
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -50,7 +50,7 @@ class PromptDataset(Source):
     def enforce_length(self, data: LoadedData, tokenizer: Any, workers: Workers | None = None) -> LoadedData:
         """Measure every prompt (with the generation prompt) against ``max_prompt_length`` and apply
         ``on_overlong``; the longer ones are counted per split (``prompt_lengths``)."""
-        from components.data.promptlength import enforce_prompt_length
+        from hydratune.components.data.promptlength import enforce_prompt_length
 
         return self._finish(enforce_prompt_length(self, data, tokenizer), data.report)
 

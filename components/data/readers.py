@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.config.errors import ConfigError
-from components.distributed.workers import SHARD_ROWS, Workers, ranges
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.distributed.workers import SHARD_ROWS, Workers, ranges
 
 if TYPE_CHECKING:
     from datasets import Dataset

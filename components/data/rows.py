@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.config.ranges import Range
-from components.data.readers import BUILDERS, COMPRESSIONS
-from components.distributed.workers import Workers
+from hydratune.components.config.ranges import Range
+from hydratune.components.data.readers import BUILDERS, COMPRESSIONS
+from hydratune.components.distributed.workers import Workers
 
 if TYPE_CHECKING:
     from datasets import Dataset

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, SEED, knob
-from components.data import images as image_rows
-from components.data.formats import as_messages
-from components.data.images import check_combination
-from components.data.layout import (
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, SEED, knob
+from hydratune.components.data import images as image_rows
+from hydratune.components.data.formats import as_messages
+from hydratune.components.data.images import check_combination
+from hydratune.components.data.layout import (
     Layout,
     Part,
     check_path,
@@ -40,9 +40,9 @@ from components.data.layout import (
     looks_local,
     read_sources,
 )
-from components.data.mixture import EVAL_KNOBS, load_mixture, mixture_entries
-from components.data.readers import PROBE_ROWS, RowError, Table
-from components.data.rows import (
+from hydratune.components.data.mixture import EVAL_KNOBS, load_mixture, mixture_entries
+from hydratune.components.data.readers import PROBE_ROWS, RowError, Table
+from hydratune.components.data.rows import (
     DEFAULT_EVAL_FRACTION,
     DEFAULT_EVAL_ROWS,
     ON_ERROR,
@@ -55,7 +55,7 @@ from components.data.rows import (
     Row,
     add_count,
 )
-from components.data.tables import (
+from hydratune.components.data.tables import (
     MESSAGE_COLUMNS,
     Converted,
     convert_range,
@@ -65,7 +65,7 @@ from components.data.tables import (
     stores_json_turns,
     with_json_turns,
 )
-from components.distributed.workers import Workers, open_shards
+from hydratune.components.distributed.workers import Workers, open_shards
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class Source:
     def validate(self) -> None:
         """Cheap checks (no ``datasets`` import): paths, enums, column-mapping keys (the knobs' ranges:
         ``check_values``; a mixture entry's: here)."""
-        from components.data import llamafactory
+        from hydratune.components.data import llamafactory
 
         if self.mixture:
             mixture_entries(self)  # each entry's path and knobs, checked as data.mixture[i].<knob>
@@ -227,12 +227,12 @@ class Source:
             stats=report.stats,
             parts=parts,
         )
-        from components.data.textcorpus import documents_note
+        from hydratune.components.data.textcorpus import documents_note
 
         report.info.update(documents_note(tables))
         entry = next((p.reader for p in parts or [] if p.reader is not None), None)
         if entry is not None:  # a LLaMA-Factory dataset dir's entry
-            from components.data.llamafactory import wrap
+            from hydratune.components.data.llamafactory import wrap
 
             tables = wrap(entry, tables, self.kind, report)
         return self.shape(tables, key, report)
@@ -419,7 +419,7 @@ class Source:
         """Train and eval tables; ``build(tables, path, key)`` normalises each file's rows. Without
         ``eval_path``, ``eval_size`` (or ``eval_fraction``) rows of data.path are held out, seeded.
         ``info["eval rows from"]`` says which. With ``mixture``: each source loaded so, then mixed."""
-        from components.config.resolvers import is_demo_asset
+        from hydratune.components.config.resolvers import is_demo_asset
 
         if self.mixture:
             return load_mixture(self, workers)
@@ -499,7 +499,7 @@ class Source:
         if not looks_local(path):
             return None
         key = "data.path" if split is not None else "data.eval_path"
-        from components.data import llamafactory
+        from hydratune.components.data import llamafactory
 
         root = Path(path).expanduser()
         if split is not None and llamafactory.is_dir(root):  # a LLaMA-Factory dataset dir: its entry's file

@@ -26,10 +26,10 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.config.errors import ConfigError
-from components.data.formats import TURN_NOTES
-from components.data.layout import Part, looks_local
-from components.data.readers import (
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.formats import TURN_NOTES
+from hydratune.components.data.layout import Part, looks_local
+from hydratune.components.data.readers import (
     BUILDERS,
     ListTable,
     RowError,
@@ -47,13 +47,13 @@ from components.data.readers import (
     read_json,
     row_error,
 )
-from components.data.rows import CHAT_TOOLS_COLUMN, LoadReport, Row, scratch_workers
+from hydratune.components.data.rows import CHAT_TOOLS_COLUMN, LoadReport, Row, scratch_workers
 
 if TYPE_CHECKING:
     from datasets import Dataset, IterableDataset
 
-    from components.data.chats import ChatDataset
-    from components.distributed.workers import Workers
+    from hydratune.components.data.chats import ChatDataset
+    from hydratune.components.distributed.workers import Workers
 
 PROBE = 1000  # rows of the stream read and checked before the model loads (mode=plan: the same rows)
 KEY = "data.path"
@@ -318,7 +318,7 @@ class RowStream:
         if BUILDERS[data_suffix(part.path)] == "json":
             return json_rows(part.path, at, skip=self.data.on_error == "skip", stats={})
         if BUILDERS[data_suffix(part.path)] == "text":
-            from components.data.textcorpus import text_rows
+            from hydratune.components.data.textcorpus import text_rows
 
             return text_rows(part.path, at.row, KEY)
         return table_rows(part.path, at)
@@ -498,7 +498,7 @@ def held_out(shell: RowStream) -> int:
     """How many of the stream's first rows are its eval rows: data.eval_size, or by default the share
     ``load()`` holds out of a file of as many rows (5%, at most 1,000: the stream's rows are counted up
     to 20,000); none with data.eval_path, a folder's validation split or data.eval_fraction=0."""
-    from components.data.rows import DEFAULT_EVAL_FRACTION, DEFAULT_EVAL_ROWS
+    from hydratune.components.data.rows import DEFAULT_EVAL_FRACTION, DEFAULT_EVAL_ROWS
 
     data = shell.data
     layout = data.layout(data.path, data.split) if shell.local else None

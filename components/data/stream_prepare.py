@@ -11,16 +11,16 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.config.errors import ConfigError
-from components.data.stream import Dropped, RowStream
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.stream import Dropped, RowStream
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from components.data.rows import LoadedData
-    from components.data.tokens import SFTTokens
-    from components.distributed.workers import Workers
-    from components.runtime.run import Components
+    from hydratune.components.data.rows import LoadedData
+    from hydratune.components.data.tokens import SFTTokens
+    from hydratune.components.distributed.workers import Workers
+    from hydratune.components.runtime.run import Components
 
 POSITION_FILE = "stream_position_{rank}.json"  # in a checkpoint: where each rank's stream stands
 
@@ -126,8 +126,8 @@ def load_stream(data: Any, workers: Workers) -> tuple[RowStream, LoadedData]:
     """This rank's stream, and the splits ``prepare_data`` checks as it checks loaded ones: the stream's
     first rows (checked before the model loads) as train, the eval rows (a finite file, loaded whole);
     ``workers`` write them as Arrow."""
-    from components.data.rows import LoadedData
-    from components.data.stream import open_stream
+    from hydratune.components.data.rows import LoadedData
+    from hydratune.components.data.stream import open_stream
 
     rank, world = rank_and_world()
     stream, report, evals = open_stream(data, rank=rank, world=world, workers=workers)
@@ -155,9 +155,14 @@ def as_streamed(
     later row goes through what ``prepare_data`` did to the first ones (the system turn folded or refused
     for a template without one, the length policy), as it is read; with ``tokens``, the train tokens are
     the stream's rows tokenized as they are read (:func:`token_stream`)."""
-    from components.data.rows import LoadedData
-    from components.data.tables import batch_lengths
-    from components.text.chat_template import fold_system, is_conversational, rejects_system, template_label
+    from hydratune.components.data.rows import LoadedData
+    from hydratune.components.data.tables import batch_lengths
+    from hydratune.components.text.chat_template import (
+        fold_system,
+        is_conversational,
+        rejects_system,
+        template_label,
+    )
 
     checked = prepared.splits["train"]
     stream = stream.with_probe(checked)
@@ -205,8 +210,8 @@ def token_stream(stream: RowStream, prepared: Any, tokens: SFTTokens, tokenizer:
     and counted. The first rows' tokens, made before the model loaded (unpacked), are its probe."""
     import dataclasses
 
-    from components.data.tokens import token_plan
-    from components.text.sft_tokens import tokenize_batch
+    from hydratune.components.data.tokens import token_plan
+    from hydratune.components.text.sft_tokens import tokenize_batch
 
     plan = dataclasses.replace(token_plan(prepared.token_facts), packing=tokens.packing)
     prepared.token_facts["plan"] = dataclasses.asdict(plan)

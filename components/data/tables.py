@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.data import images as image_rows
-from components.data.formats import TURN_NOTES
-from components.data.readers import RowError, Table, row_error
-from components.data.rows import CHAT_TOOLS_COLUMN, LoadReport, Row
-from components.distributed.workers import SHARD_ROWS, Workers, ranges
+from hydratune.components.data import images as image_rows
+from hydratune.components.data.formats import TURN_NOTES
+from hydratune.components.data.readers import RowError, Table, row_error
+from hydratune.components.data.rows import CHAT_TOOLS_COLUMN, LoadReport, Row
+from hydratune.components.distributed.workers import SHARD_ROWS, Workers, ranges
 
 if TYPE_CHECKING:
     from datasets import Dataset

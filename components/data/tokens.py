@@ -10,8 +10,8 @@ import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.distributed.workers import COUNTS_KEY, Workers
-from components.text.sft_tokens import TokenPlan, pack, plan_tokens, tokenize_batch
+from hydratune.components.distributed.workers import COUNTS_KEY, Workers
+from hydratune.components.text.sft_tokens import TokenPlan, pack, plan_tokens, tokenize_batch
 
 
 def token_features() -> Any:
@@ -48,7 +48,7 @@ class SFTTokens:
         return dataclasses.replace(self, packing=False)
 
     def plan(self, columns: list[str], tokenizer: Any) -> TokenPlan:
-        from components.text.chat_template import label_for
+        from hydratune.components.text.chat_template import label_for
 
         label = label_for(self.model, tokenizer) if self.model is not None else ""
         return plan_tokens(

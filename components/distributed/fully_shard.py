@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: heads called on their own, outside their model's forward (``ppo.critic_values`` applies a critic's score

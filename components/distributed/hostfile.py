@@ -30,9 +30,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.config.errors import ConfigError
-from components.config.scriptvalues import CONTROL, ENV_NAME, check_shell_word, printable
-from components.config.trust import secret_name
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.scriptvalues import CONTROL, ENV_NAME, check_shell_word, printable
+from hydratune.components.config.trust import secret_name
 
 #: DeepSpeed's ``--launcher`` choices → the programs its runner needs on this host (``backend_exists``);
 #: every one of them also needs ``ssh`` for the runner's check of the first host

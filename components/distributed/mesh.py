@@ -1,14 +1,14 @@
 """The device mesh of a run: how its processes split into data (dp), tensor (tp), sequence (sp) and pipeline
 (pp) parallel groups, ``dp x tp x sp x pp = world``. Pure arithmetic (no torch): the strategy says its sizes
-(:meth:`components.strategy.ModelSplit.mesh`), the batch plan, ``mode=plan`` and the memory estimate read
-them.
+(:meth:`hydratune.components.strategy.ModelSplit.mesh`), the batch plan, ``mode=plan`` and the memory estimate
+read them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 
 @dataclass(frozen=True)

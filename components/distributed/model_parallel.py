@@ -20,8 +20,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from components.config.errors import ConfigError
-from components.distributed.mesh import Mesh
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.distributed.mesh import Mesh
 
 #: the modules AutoTP splits in a decoder layer: column-parallel (output split) and row-parallel (input split)
 COLUMN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")

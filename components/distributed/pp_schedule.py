@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 
 @dataclass
@@ -48,7 +48,7 @@ class PipelineGroups:
         none exists: gloo on CPU, nccl on CUDA)."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        from components.distributed.mesh import Mesh
+        from hydratune.components.distributed.mesh import Mesh
 
         if not dist.is_initialized():
             dist.init_process_group("nccl" if device == "cuda" else "gloo")
@@ -86,8 +86,9 @@ class PipelineGroups:
         )
 
     def planned(self) -> Any:
-        """The :class:`~components.distributed.mesh.Mesh` this rank's groups were built from (the plan's)."""
-        from components.distributed.mesh import Mesh
+        """The :class:`~hydratune.components.distributed.mesh.Mesh` this rank's groups were built from (the
+        plan's)."""
+        from hydratune.components.distributed.mesh import Mesh
 
         return Mesh(self.world, tp=self.tp, pp=self.pp)
 
@@ -191,7 +192,7 @@ class StageSchedules:
     stages exchange fixed-shape activations, so a step with another shape gets its own ``PipelineStage``
     objects over the same modules (built once, on first use, by every rank of the pipeline alike)."""
 
-    modules: list[nn.Module]  # this rank's stage modules (components.distributed.stages.Stage)
+    modules: list[nn.Module]  # this rank's stage modules (hydratune.components.distributed.stages.Stage)
     stage_ids: list[int]
     num_stages: int
     mesh: PipelineGroups

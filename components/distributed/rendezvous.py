@@ -28,7 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 POLL_S = 0.5  # between two looks at the store while waiting (a signal is handled within this)
 CONNECT_S = 2.0  # one try to reach the endpoint's store

@@ -4,7 +4,7 @@
 A SLURM job reaches hydratune in two ways. hydra-submitit-launcher (``hydratune -m launcher=slurm
 hydra/launcher=submitit_slurm``) submits one job per sweep point whose ``srun`` tasks each run the Hydra job;
 ``hydratune launcher=slurm`` alone writes :func:`sbatch_script` into the run dir, whose ``srun`` tasks each
-run ``python -m recipes.worker <run dir>``. Either way every task is one rank (``SLURM_PROCID``).
+run ``python -m hydratune.recipes.worker <run dir>``. Either way every task is one rank (``SLURM_PROCID``).
 
 Pre-emption: SLURM sends the job's ``--signal`` (submitit: ``USR2``, or ``SUBMITIT_PREEMPT_SIGNAL``, or the
 ``signal`` of the launcher's ``additional_parameters``; the generated script: ``launcher.signal``) to every
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.config.errors import ConfigError
-from components.config.scriptvalues import check_one_line, check_sbatch_option, check_slurm_name
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.scriptvalues import check_one_line, check_sbatch_option, check_slurm_name
 
 SUBMITIT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"  # submitit's own knob (submitit/core/job_environment.py)
 SUBMITIT_DEFAULT_SIGNAL = "USR2"

@@ -84,7 +84,7 @@ def check_submitit_values(node: Any, prefix: str = "hydra.launcher") -> None:
     the values, but a newline in a ``#SBATCH`` comment line still starts a command of its own."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
-    from components.config.scriptvalues import check_one_line, check_slurm_name
+    from hydratune.components.config.scriptvalues import check_one_line, check_slurm_name
 
     plain = OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
     items = plain.items() if isinstance(plain, dict) else enumerate(plain) if isinstance(plain, list) else []
@@ -107,7 +107,7 @@ def secrets_through_the_environment(configs: list[Any]) -> Iterator[None]:
     ``--export=ALL``): the job's processes have it without Hydra setting it. Put back afterwards."""
     from omegaconf import open_dict, read_write
 
-    from components.config.trust import is_secret
+    from hydratune.components.config.trust import is_secret
 
     kept: list[tuple[Any, dict[str, Any], list[str]]] = []
     for cfg in configs:
@@ -137,8 +137,9 @@ def launch(launcher: Any, job_overrides: Any, initial_job_idx: int) -> list[Any]
     import submitit
     from hydra.core.singleton import Singleton
     from hydra.core.utils import filter_overrides
-    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from omegaconf import OmegaConf
+
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 
     params = dict(launcher.params)
     init = {"folder": params.pop("submitit_folder")}

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 #: a decoder layer's projection -> how tensor parallel splits it
 LAYER_PLAN = {

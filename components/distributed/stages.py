@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 #: model_type -> the families built stage by stage here (each checked against the whole model in a test)
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
@@ -178,7 +178,8 @@ def plan_stages(
 ) -> StagePlan:
     """The split of ``model`` (a meta-device model will do) into ``stages``: ``split`` if given, else
     ``balance(units, stages)`` (group sizes; the units are the layers' parameter counts, the embedding added
-    to the first layer's, norm + head to the last one's: ``components.memory.parallel.balanced_split``, the
+    to the first layer's, norm + head to the last one's:
+    ``hydratune.components.memory.parallel.balanced_split``, the
     estimate's own split), else equal layer counts."""
     embed, layers, head = parameter_costs(model)
     if stages > len(layers):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 log = logging.getLogger("hydratune")
 
@@ -52,8 +52,8 @@ PARALLEL_FROM = {"rows": 20_000, "bytes": 16 << 20}
 PRELOAD = [
     "datasets",
     "transformers.tokenization_utils_tokenizers",
-    "components.data",
-    "components.text.sft_tokens",
+    "hydratune.components.data",
+    "hydratune.components.text.sft_tokens",
 ]
 
 _DONE: list[Any] = []  # in a worker process: the shared row counter of its pool (multiprocessing.Value)

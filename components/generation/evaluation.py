@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -101,7 +101,7 @@ def generate(
     batch_size: int = 16,
 ) -> list[str]:
     """Greedy completions of tokenized prompts, left-padded, stopping at EOS or an end-of-turn token."""
-    from components.generation.sampling import Sampling, complete
+    from hydratune.components.generation.sampling import Sampling, complete
 
     greedy = Sampling(max_new_tokens=max_new_tokens)
     outputs: list[str] = []
@@ -133,7 +133,7 @@ def generate_prompts(
 ) -> list[str]:
     """Greedy answers to ``prompts``: text prompts batched (``generate``), image prompts one at a time
     through the model's ``processor`` (its images expanded to their image tokens, with the pixels)."""
-    from components.generation.sampling import Sampling, complete_images
+    from hydratune.components.generation.sampling import Sampling, complete_images
 
     texts = [i for i, p in enumerate(prompts) if not p.images]
     out: list[str] = [""] * len(prompts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from components.text.masking import stop_token_ids
+from hydratune.components.text.masking import stop_token_ids
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from components.memory.arch import Arch, largest_param, param_counts
-from components.memory.parallel import Slice, bubble_fraction, slices
-from components.memory.shapes import SINGLE, StrategyShape
+from hydratune.components.memory.arch import Arch, largest_param, param_counts
+from hydratune.components.memory.parallel import Slice, bubble_fraction, slices
+from hydratune.components.memory.shapes import SINGLE, StrategyShape
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 GB = 1000**3

@@ -1,9 +1,9 @@
 """``strategy=auto``'s OOM ladder: the first (strategy layout, gradient checkpointing) rung that fits.
 
 Pure arithmetic over the rungs it is given: the strategy options come from conf/
-(``components.strategy.training_options``), each with the shape and mesh its component declares, plus their
-tensor / sequence / pipeline parallel variants (``strategy_rungs`` in ``components/memory/spec.py``), so a
-new strategy option joins the ladder with no change here.
+(``hydratune.components.strategy.training_options``), each with the shape and mesh its component declares,
+plus their tensor / sequence / pipeline parallel variants (``strategy_rungs`` in
+``components/memory/spec.py``), so a new strategy option joins the ladder with no change here.
 
 The order, every speed ASSUMED (``components/memory/shapes.py``): **tier 0**, data parallel with every
 state on the GPUs (single/DDP, ZeRO-0..3, FSDP, ZeRO++); **tier 1**, the model split over tp / sp / pp
@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from components.memory.estimate import Estimate, GiB, RunSpec, estimate
-from components.memory.shapes import CHECKPOINTING_SPEED, StrategyShape, parallel_speed
+from hydratune.components.memory.estimate import Estimate, GiB, RunSpec, estimate
+from hydratune.components.memory.shapes import CHECKPOINTING_SPEED, StrategyShape, parallel_speed
 
 TIERS = ("data parallel on the GPUs", "tensor/sequence/pipeline parallel", "offload")
 #: a tier's tried rungs beyond this many are summarised in one line

@@ -2,7 +2,7 @@
 plain numbers: its share of the parameters, and how many micro-batches' activations it keeps at once.
 
 Pure arithmetic (no torch): the sizes come from the strategy (``ModelSplit.mesh``, read in
-``components/memory/spec.py``); :mod:`components.memory.estimate` turns a :class:`Slice` into bytes.
+``components/memory/spec.py``); :mod:`hydratune.components.memory.estimate` turns a :class:`Slice` into bytes.
 docs/memory.md ("Tensor, sequence and pipeline parallel") derives every rule here and cites its source:
 
 - **TP** splits what the engines split: DeepSpeed 0.19.8's AutoTP follows transformers' ``tp_plan``
@@ -27,7 +27,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from components.memory.arch import Arch, param_counts
+from hydratune.components.memory.arch import Arch, param_counts
 
 #: transformers' ``base_model_tp_plan`` "rowwise" modules: input split, output all-reduced, bias whole
 ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from components.memory.parallel import bubble_fraction
+from hydratune.components.memory.parallel import bubble_fraction
 
 #: ASSUMED relative throughput (1.0 = DDP): NOT measured. No throughput measurement with provenance backs
 #: these numbers (docs/memory.md measures memory only); they encode the usual order single = ddp > ZeRO-0

@@ -16,14 +16,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from components.config.errors import ConfigError
-from components.distributed.mesh import Mesh
-from components.distributed.model_parallel import AUTOEP_MODEL_TYPES
-from components.memory.arch import Arch, param_counts
-from components.memory.estimate import DTYPE_BYTES, Estimate, GiB, KiB, MiB, RunSpec, estimate
-from components.memory.ladder import Rung
-from components.memory.parallel import mesh_refusal
-from components.memory.shapes import StrategyShape
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.distributed.mesh import Mesh
+from hydratune.components.distributed.model_parallel import AUTOEP_MODEL_TYPES
+from hydratune.components.memory.arch import Arch, param_counts
+from hydratune.components.memory.estimate import DTYPE_BYTES, Estimate, GiB, KiB, MiB, RunSpec, estimate
+from hydratune.components.memory.ladder import Rung
+from hydratune.components.memory.parallel import mesh_refusal
+from hydratune.components.memory.shapes import StrategyShape
 
 #: the mesh dimensions a strategy option may split (``ModelSplit.parallel_dims``): ``strategy.<dim>_size``
 MESH_DIMS = ("tp", "sp", "pp", "ep")
@@ -62,7 +62,7 @@ def arch_of_model(model: Any) -> Arch:
     text = {**arch, **(arch.get("text_config") or {})}  # a vision-language model's decoder
     missing = [k for k in needed if k not in text]
     if missing:
-        from components.config.errors import ConfigError
+        from hydratune.components.config.errors import ConfigError
 
         raise ConfigError(
             f"the estimate needs the architecture numbers of '{name}' and {', '.join(missing)} "
@@ -110,7 +110,7 @@ def parse_memory(text: Any) -> float | None:
         return None
     m = re.fullmatch(r"(?i)([0-9]*\.?[0-9]+)([kmgt]?i?b?)?", s)
     if not m:
-        from components.config.errors import ConfigError
+        from hydratune.components.config.errors import ConfigError
 
         raise ConfigError(
             f"cannot read a memory size from '{text}'",
@@ -182,7 +182,7 @@ def built(node: Any) -> Any:
 def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: Any) -> RunSpec:
     """A RunSpec from a composed config: the peft, optimizer, quantization and strategy components say
     their part (built from their nodes: no weights, no torch)."""
-    from components.model import base_loads_in_half
+    from hydratune.components.model import base_loads_in_half
 
     model, data, train = get(cfg, "model"), get(cfg, "data"), get(cfg, "train")
     peft, optimizer, quant = (
@@ -252,7 +252,7 @@ def strategy_shapes(world_size: int | None = None, gpus_per_node: int = 8) -> di
     """The memory shape of every strategy option (conf/strategy/), fastest first, as its component
     declares it (``Strategy.memory_shape``); with ``world_size``, only those that apply to that many
     ranks (``Strategy.applicable``)."""
-    from components.strategy import training_options
+    from hydratune.components.strategy import training_options
 
     return {
         name: strategy.memory_shape(gpus_per_node)
@@ -286,7 +286,7 @@ def strategy_rungs(spec: RunSpec, options: Mapping[str, Any] | None = None) -> l
     those keeping every state on the GPUs, each size of each mesh dimension it declares it can split
     (``ModelSplit.parallel_dims``) set through its ``strategy.<dim>_size`` knob, as a user would type it.
     ``options``: ``{name: component}`` (default: every option of conf/strategy/ that trains)."""
-    from components.strategy import training_options
+    from hydratune.components.strategy import training_options
 
     world = spec.world_size
     rungs: list[Rung] = []

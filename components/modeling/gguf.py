@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from components.config.errors import ConfigError
-from components.config.files import file_lock, inside, mismatch, sha256s
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.files import file_lock, inside, mismatch, sha256s
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

@@ -7,7 +7,7 @@ import os
 import urllib.error
 import urllib.request
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 PROBE_TIMEOUT_S = 5.0
 

@@ -8,7 +8,7 @@ import json
 import warnings
 from pathlib import Path
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 #: the weight files a model dir may hold (one of them: the dir has weights to load)
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.pt", "*.pth")

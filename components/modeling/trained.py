@@ -14,10 +14,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.legacy import load_saved
 
 #: the only ``_target_`` prefix a run dir's model node may name here (a run dir is data, not code)
-OWN_TARGETS = ("components.model.",)
+OWN_TARGETS = ("hydratune.components.model.",)
 
 
 @dataclass
@@ -43,7 +44,7 @@ class TrainedRun:
                 key=key,
                 hint="pass a run dir, e.g. outputs/<date>/<time>_sft_<tag>",
             )
-        trained = cls(path, OmegaConf.load(saved), key, trust_remote_code)  # type: ignore[arg-type]
+        trained = cls(path, load_saved(saved), key, trust_remote_code)  # type: ignore[arg-type]
         if trained.kind == "none":
             interrupted = " (it was interrupted: resume it first)" if (path / "checkpoints").is_dir() else ""
             raise ConfigError(f"{path} has no final model in final/{interrupted}", key=key)
@@ -67,14 +68,14 @@ class TrainedRun:
     @property
     def recipe(self) -> str:
         """The recipe's option name (``sft``, ``best_of_n``), from the run's ``recipe._target_``."""
-        from components.config.registry import recipe_name
+        from hydratune.components.config.registry import recipe_name
 
         return recipe_name(str(self.cfg.recipe.get("_target_", "")))
 
     @property
     def produces_causal_lm(self) -> bool:
         """The run's ``final/`` is a causal LM (its recipe says so; False for a recipe not registered)."""
-        from components.config.registry import recipe_class
+        from hydratune.components.config.registry import recipe_class
 
         known = recipe_class(str(self.cfg.recipe.get("_target_", "")))
         return known is not None and known.produces_causal_lm
@@ -90,7 +91,7 @@ class TrainedRun:
 
         node = self.cfg.quantization
         target = str(node.get("_target_", ""))
-        if not target.startswith("components.quantization."):
+        if not target.startswith("hydratune.components.quantization."):
             raise ConfigError(
                 f"{self.path}'s quantization node names _target_ '{target}', not a hydratune component",
                 key=self.key,
@@ -106,7 +107,7 @@ class TrainedRun:
     def check_node(self, group: str) -> None:
         """The saved ``group:`` node may build nothing but hydratune's own components (nested ones too) and
         may load the model dir's code only when the command line grants it (components/config/trust.py)."""
-        from components.config.trust import check_saved_node
+        from hydratune.components.config.trust import check_saved_node
 
         node = OmegaConf.to_container(self.cfg[group], resolve=False)
         check_saved_node(
@@ -159,7 +160,7 @@ class TrainedRun:
         base_model = self.base_component()
         load_kwargs: dict[str, Any] = {}
         if self.quantized and not merge:
-            from components.quantization import TORCH_DTYPES
+            from hydratune.components.quantization import TORCH_DTYPES
 
             compute = {torch_name: name for name, torch_name in TORCH_DTYPES.items()}[dtype]
             load_kwargs = self.quantization().load_kwargs(compute)
@@ -168,7 +169,7 @@ class TrainedRun:
             base.resize_token_embeddings(len(tokenizer))
         model = PeftModel.from_pretrained(base, self.final)
         if merge:
-            from components.peft import merge_and_unload
+            from hydratune.components.peft import merge_and_unload
 
             model = merge_and_unload(model)
         return model.eval(), tokenizer
@@ -178,7 +179,7 @@ class TrainedRun:
         """The model left in final/ is a vision-language model (its config has a vision_config)."""
         import json
 
-        from components.modeling.vision import is_vision_config
+        from hydratune.components.modeling.vision import is_vision_config
 
         folder = self.final if self.kind == "adapter" else self.model_dir()
         config = folder / "config.json"
@@ -189,7 +190,7 @@ class TrainedRun:
     def processor(self, tokenizer: Any = None) -> Any:
         """The processor saved in final/ (a vision-language model's), with ``tokenizer`` in it; None
         when the run saved none (a text model)."""
-        from components.modeling.vision import has_processor, load_processor
+        from hydratune.components.modeling.vision import has_processor, load_processor
 
         if not has_processor(self.final):
             return None

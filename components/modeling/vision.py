@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 PARTS = ("vision_tower", "projector", "language_model")
 #: peft wraps the model: its parameter names start with this before the model's own

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.rl import ppo_parts
+from hydratune.components.rl import ppo_parts
 
 
 @dataclass
@@ -46,7 +46,7 @@ class PPOLoop:
     def build(cls, knobs: Any, ctx: Any, session: Any, policy: Any, data: Any) -> PPOLoop:
         """The value function (a head on the policy's trunk or a separate critic), the accelerator, the
         optimizer and schedule, the reference and the reward, all as the strategy shapes them."""
-        from components.rewards import RewardModel, reward_model_path
+        from hydratune.components.rewards import RewardModel, reward_model_path
 
         c, t, tok = ctx.components, ctx.train, session.tokenizer
         texts = [
@@ -135,7 +135,7 @@ class PPOLoop:
 
     def restore(self, checkpoint: str) -> int:
         """Load ``checkpoint`` (last: it restores the random generators too); the next iteration."""
-        from components.runtime.checkpoint import load_loop_checkpoint
+        from hydratune.components.runtime.checkpoint import load_loop_checkpoint
 
         state = load_loop_checkpoint(
             Path(checkpoint),
@@ -150,7 +150,7 @@ class PPOLoop:
 
     def save(self, iteration: int) -> Path:
         """``checkpoints/checkpoint-<iteration>`` (a collective call: every rank takes part)."""
-        from components.runtime.checkpoint import save_loop_checkpoint
+        from hydratune.components.runtime.checkpoint import save_loop_checkpoint
 
         state = {"iteration": iteration, **{k: v.state_dict() for k, v in self.stateful.items()}}
         t = self.ctx.train
@@ -233,7 +233,7 @@ class PPOLoop:
 
     def progress(self, it: int, first: int, record: dict[str, Any]) -> None:
         """The progress line on rank 0, every ``train.log_every`` iterations and at the first and last."""
-        from components.runtime.callbacks import progress_line
+        from hydratune.components.runtime.callbacks import progress_line
 
         if not self.accelerator.is_main_process:
             return

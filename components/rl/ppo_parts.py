@@ -398,7 +398,7 @@ def separate_critic(policy: Any, model_component: Any, reward_model: str | None,
     if reward_model:
         from transformers import AutoModelForSequenceClassification
 
-        from components.rewards import reward_model_dir
+        from hydratune.components.rewards import reward_model_dir
 
         critic = AutoModelForSequenceClassification.from_pretrained(
             reward_model_dir(reward_model), num_labels=1

@@ -8,8 +8,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from components.config.errors import Diverged
-from components.runtime.rundir import RunDir
+from hydratune.components.config.errors import Diverged
+from hydratune.components.runtime.rundir import RunDir
 
 # Keys worth a column on the progress bar, in order.
 PROGRESS_KEYS = ("loss", "eval_loss", "learning_rate", "train_tokens_per_second")
@@ -83,7 +83,7 @@ class ResumeSplitRows(TrainerCallback):
     ) -> None:
         import math
 
-        from components.distributed.model_parallel import fast_forward_ulysses
+        from hydratune.components.distributed.model_parallel import fast_forward_ulysses
 
         if not state.global_step or train_dataloader is None:
             return

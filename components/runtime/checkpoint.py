@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.config.errors import ConfigError
-from components.config.files import inside, mismatch, sha256s
-from components.data.fingerprint import DATA_FINGERPRINT
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.files import inside, mismatch, sha256s
+from hydratune.components.data.fingerprint import DATA_FINGERPRINT
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -120,7 +120,9 @@ def resolve_resume(resume: Any) -> str | None:
     if resume in (False, None, "false", "False"):
         return None
     if resume in (True, "true", "True", "latest"):
-        raise ValueError("resume=true names no path: components.runtime.resume.resolve picks the run")
+        raise ValueError(
+            "resume=true names no path: hydratune.components.runtime.resume.resolve picks the run"
+        )
     path = Path(str(resume)).expanduser()
     if path.is_dir() and _STEP.search(path.name):
         if whole(path):
@@ -151,11 +153,11 @@ def save_final(
 
     Writes into ``<out>.tmp`` and renames, so a crash never leaves a half-written ``final/``.
     """
-    from components.peft import merge_and_unload
+    from hydratune.components.peft import merge_and_unload
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    from components.strategy import ZERO_CHECKPOINT
+    from hydratune.components.strategy import ZERO_CHECKPOINT
 
     info: dict[str, Any] = {"path": str(out), "adapter_only": _is_peft(model)}
     if state_dict and ZERO_CHECKPOINT in state_dict:  # ZeRO-3 without gathering: consolidate offline
@@ -171,7 +173,7 @@ def save_final(
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)  # gathered if sharded
     tokenizer.save_pretrained(tmp)
     if processor is not None:
-        from components.modeling.vision import save_processor
+        from hydratune.components.modeling.vision import save_processor
 
         save_processor(processor, tmp)
     if merge:
@@ -402,7 +404,7 @@ def loop_state(checkpoint: Path, scheduler: Any, rng: Path) -> dict[str, Any]:
 
 def _fsdp_root(modules: dict[str, Any]) -> Any:
     """The loop's trained modules as one module (names ``<module>.<parameter>``) when FSDP2 shards them."""
-    from components.distributed import fully_shard
+    from hydratune.components.distributed import fully_shard
 
     if not any(fully_shard.is_sharded(m) for m in modules.values()):
         return None
@@ -416,7 +418,7 @@ def _save_fsdp(root: Any, optimizer: Any, folder: Path, main: bool) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from components.distributed import fully_shard
+    from hydratune.components.distributed import fully_shard
 
     weights = fully_shard.full_state_dict(root, trainable_only=True)
     optimizer_state = fully_shard.full_optimizer_state(root, optimizer)
@@ -430,7 +432,7 @@ def _load_fsdp(root: Any, optimizer: Any, checkpoint: Path, rank: int) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from components.distributed import fully_shard
+    from hydratune.components.distributed import fully_shard
 
     if not (checkpoint / GATHERED).is_file():
         raise ConfigError(

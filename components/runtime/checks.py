@@ -7,14 +7,14 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from components.config.errors import ConfigError
-from components.config.registry import check_known_keys
-from components.data.stream_prepare import check_streaming
-from components.distributed.mesh import Mesh
-from components.recipe import DATA_KINDS
-from components.runtime.diskspace import DiskFull, check_room_before_load, planned_run_dir
-from components.runtime.run import Components, batch_plan, world_size
-from components.strategy import own_loop_refusal
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.registry import check_known_keys
+from hydratune.components.data.stream_prepare import check_streaming
+from hydratune.components.distributed.mesh import Mesh
+from hydratune.components.recipe import DATA_KINDS
+from hydratune.components.runtime.diskspace import DiskFull, check_room_before_load, planned_run_dir
+from hydratune.components.runtime.run import Components, batch_plan, world_size
+from hydratune.components.strategy import own_loop_refusal
 
 
 def check_train(cfg: DictConfig) -> None:
@@ -136,7 +136,7 @@ def check_split(cfg: DictConfig, comps: Components, device: str, dtype: str) -> 
     the model's heads and sizes divide by it, and nothing it cannot go with is asked for (the recipe, the
     engine's knobs, quantization, PEFT, the attention on packed rows), each refused with its fix. ``dtype``:
     the run's resolved precision (``batch_plan``)."""
-    from components.distributed.mesh import ModelDims, check_model
+    from hydratune.components.distributed.mesh import ModelDims, check_model
 
     split, recipe = comps.strategy.model_split, comps.recipe
     mesh = split.mesh(world_size(comps))
@@ -189,8 +189,8 @@ def check_expert_split(comps: Components, mesh: Mesh) -> None:
     """Expert parallel (``strategy.ep_size``): the mesh divides, the model is a mixture whose experts ep
     divides, and only what is verified with it is asked for (a Trainer recipe, full fine-tuning, no
     quantization), each refused with its fix."""
-    from components.distributed.mesh import ModelDims, check_model
-    from components.distributed.model_parallel import AUTOEP_MODEL_TYPES
+    from hydratune.components.distributed.mesh import ModelDims, check_model
+    from hydratune.components.distributed.model_parallel import AUTOEP_MODEL_TYPES
 
     recipe, drop = comps.recipe, "strategy.ep_size=1"
     unverified = split_recipe_refusal(recipe)
@@ -352,7 +352,7 @@ def stale_accelerate_env() -> list[str]:
 
 def check_generated(cfg: DictConfig, comps: Components, device: str) -> None:
     """The generated DeepSpeed config, checked by DeepSpeed's own config class."""
-    from components.strategy import validate_deepspeed_config
+    from hydratune.components.strategy import validate_deepspeed_config
 
     files = comps.strategy.files(batch_plan(cfg, comps, device), device)
     if "deepspeed.json" in files:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 #: errno -> what it means for a save
 DISK_ERRORS = {
@@ -40,7 +40,7 @@ class DiskFull(ConfigError):
 
 
 def last_checkpoint(run_dir: Path) -> Path | None:
-    from components.runtime.checkpoint import checkpoints_in
+    from hydratune.components.runtime.checkpoint import checkpoints_in
 
     found = checkpoints_in(run_dir) if (run_dir / "checkpoints").is_dir() else []
     return found[-1] if found else None
@@ -85,9 +85,9 @@ def _mb(n: float) -> str:
 def planned_bytes(cfg: Any, comps: Any) -> tuple[int, int]:
     """(bytes on disk at the run's fullest, the largest file) from the architecture numbers: one whole
     checkpoint (weights + Adam's moments of the trainable parameters) next to the final model."""
-    from components.memory.arch import param_counts
-    from components.memory.estimate import optimizer_bytes
-    from components.memory.spec import spec_from_config
+    from hydratune.components.memory.arch import param_counts
+    from hydratune.components.memory.estimate import optimizer_bytes
+    from hydratune.components.memory.spec import spec_from_config
 
     # the groups the spec asks (built from their nodes otherwise) as the run already built them
     built = {group: getattr(comps, group) for group in ("peft", "optimizer", "quantization", "strategy")}

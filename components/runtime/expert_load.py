@@ -51,7 +51,7 @@ class ExpertLoad(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
         """The engine is built: where AutoEP replaced the mixture blocks, count at its blocks instead."""
-        from components.distributed.model_parallel import autoep_layers
+        from hydratune.components.distributed.model_parallel import autoep_layers
 
         blocks = list(autoep_layers(model).values()) if model is not None else []
         if len(blocks) != len(self.run):

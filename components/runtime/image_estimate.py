@@ -16,10 +16,10 @@ def estimate_image_tokens(cfg: Any, limit: int = 64) -> tuple[Any, str | None]:
     counts one image at the processor's default size)."""
     from omegaconf import open_dict
 
-    from components.config.errors import ConfigError
-    from components.data.images import measured_image_tokens, rows_have_images, with_images
-    from components.data.prepare import prepare_data
-    from components.runtime.run import _instantiate
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.data.images import measured_image_tokens, rows_have_images, with_images
+    from hydratune.components.data.prepare import prepare_data
+    from hydratune.components.runtime.run import _instantiate
 
     if cfg.model.get("image_tokens_per_row") is not None:
         return cfg, None

@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, Range, knob
-from components.generation.sampling import Sampling, complete, length_batches
-from components.recipe import Recipe
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, Range, knob
+from hydratune.components.generation.sampling import Sampling, complete, length_batches
+from hydratune.components.recipe import Recipe
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from components.runtime.run import Components, RunContext
+    from hydratune.components.runtime.run import Components, RunContext
 
 log = logging.getLogger("hydratune")
 
@@ -80,7 +80,7 @@ class BatchedGeneration(Recipe):
     def generate_all(self, ctx: RunContext) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], float]:
         """(session, prompt rows, every record in input order on rank 0 (``[]`` elsewhere), seconds): the
         length-sorted batches dealt to the processes, generated, merged and written to ``output``."""
-        from components.runtime.session import Session
+        from hydratune.components.runtime.session import Session
 
         c = ctx.components
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -123,8 +123,8 @@ def prompt_rows(data: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[s
     """Every row of ``data.path`` in file order (no eval split): the prompt turns, tokenized with the
     chat template's generation prompt under the data's length policy, and the reference if any; and how
     the data was read (the format, what the length policy cut), for the summary."""
-    from components.data.prepare import eval_images
-    from components.generation.evaluation import eval_prompts
+    from hydratune.components.data.prepare import eval_images
+    from hydratune.components.generation.evaluation import eval_prompts
 
     splits = data.whole().load()
     pairs = data.pairs(splits, "train")
@@ -158,7 +158,7 @@ def prompt_rows(data: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[s
 def complete_rows(model: Any, session: Any, rows: list[dict[str, Any]], sampling: Any) -> list[Any]:
     """The completions of a batch of prompt rows: text rows batched, an image row on its own through the
     model's processor (its images expanded to their image tokens, with the pixels)."""
-    from components.generation.sampling import complete_images
+    from hydratune.components.generation.sampling import complete_images
 
     texts = [i for i, r in enumerate(rows) if not r.get("images")]
     out: list[Any] = [None] * len(rows)
@@ -182,7 +182,7 @@ def complete_rows(model: Any, session: Any, rows: list[dict[str, Any]], sampling
 def load_model(comps: Components, device: str) -> Any:
     """The model as trained: an adapter run's adapter on its base (quantized if it was), else the model
     dir (quantized on load if ``quantization`` asks)."""
-    from components.modeling.trained import TrainedRun
+    from hydratune.components.modeling.trained import TrainedRun
 
     model, precision = comps.model, comps.precision.resolve(device)
     if model.adapter:

@@ -11,7 +11,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.legacy import load_saved
 
 #: resolvers that give every process its own value: a run dir built with one is not shared by the nodes
 PER_PROCESS = ("${now:", "${run_tag:")
@@ -65,7 +66,7 @@ def quiet_hydra_files(config: DictConfig) -> None:
     once, whole."""
     from omegaconf import open_dict, read_write
 
-    from components.launcher import shared_by_nodes
+    from hydratune.components.launcher import shared_by_nodes
 
     if shared_by_nodes(config.launcher):
         with read_write(config.hydra), open_dict(config.hydra):
@@ -78,8 +79,8 @@ def save_hydra_files(cfg: DictConfig) -> None:
     files (node 0; every node of a c10d job, which all hold the same config)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from components.config.redact import redacted
-    from components.launcher import shared_by_nodes
+    from hydratune.components.config.redact import redacted
+    from hydratune.components.launcher import shared_by_nodes
 
     if not HydraConfig.initialized() or HydraConfig.get().output_subdir is not None:
         return  # Hydra wrote them
@@ -99,7 +100,7 @@ def save_hydra_files(cfg: DictConfig) -> None:
 def node_config(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config as flat ``key: value`` pairs, without the keys each node sets for itself: what
     every node of a job must share (the roll call compares it)."""
-    from components.launcher import PER_NODE
+    from hydratune.components.launcher import PER_NODE
 
     flat: dict[str, Any] = {}
 
@@ -116,7 +117,7 @@ def node_config(cfg: DictConfig) -> dict[str, Any]:
 
 def on_every_node(launcher: Any) -> str:
     """What to add to a resume command that every node of a multi-node job must run."""
-    from components.launcher import shared_by_nodes
+    from hydratune.components.launcher import shared_by_nodes
 
     if not shared_by_nodes(launcher):
         return ""
@@ -127,7 +128,7 @@ def on_every_node(launcher: Any) -> str:
 def resume_note(run_dir: Path, launcher: Any) -> str:
     """After a run failed mid-way: its last whole checkpoint and the command that continues from it
     (``launcher``: the config's launcher node)."""
-    from components.runtime.checkpoint import checkpoints_in
+    from hydratune.components.runtime.checkpoint import checkpoints_in
 
     whole = checkpoints_in(run_dir)
     if not whole:
@@ -141,9 +142,9 @@ def in_place(run: Path, overrides: list[str]) -> list[str]:
     one; a new timestamped dir would be each node's own), unless ``hydra.run.dir`` is given."""
     import sys
 
-    from components.launcher import shared_by_nodes
+    from hydratune.components.launcher import shared_by_nodes
 
-    saved = OmegaConf.load(run / HYDRA_DIR / "config.yaml")
+    saved = load_saved(run / HYDRA_DIR / "config.yaml")
     nodes = [o.split("=", 1)[1] for o in overrides if o.startswith("launcher.nnodes=")]
     launcher = OmegaConf.merge(saved.launcher, {"nnodes": int(nodes[-1])} if nodes else {})
     if not shared_by_nodes(launcher) or any(o.startswith("hydra.run.dir=") for o in overrides):

@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from components.config.errors import ConfigError, Diverged
-from components.distributed import pp_schedule as pp
-from components.distributed import stage_fsdp, stage_tp
-from components.distributed import stages as st
+from hydratune.components.config.errors import ConfigError, Diverged
+from hydratune.components.distributed import pp_schedule as pp
+from hydratune.components.distributed import stage_fsdp, stage_tp
+from hydratune.components.distributed import stages as st
 
 STAGE_DIR = "stage-{stage}"  # in a checkpoint: one pipeline rank's weights and optimizer state
 LAYOUT = "pipeline.json"  # in a checkpoint: the mesh and split that wrote it
@@ -413,7 +413,7 @@ class StagedRun:
         import torch.distributed as dist
         from safetensors.torch import save_file
 
-        from components.runtime.checkpoint import LOOP_STATE, staged_checkpoint
+        from hydratune.components.runtime.checkpoint import LOOP_STATE, staged_checkpoint
 
         ctx, mesh = self.session.ctx, self.cut.mesh
         main = dist.get_rank() == 0
@@ -450,7 +450,7 @@ class StagedRun:
         holds. A checkpoint of another layout is refused, naming both."""
         from safetensors.torch import load_file
 
-        from components.runtime.checkpoint import loop_rng_file, loop_state
+        from hydratune.components.runtime.checkpoint import loop_rng_file, loop_state
 
         path, mesh = Path(checkpoint), self.cut.mesh
         rng = loop_rng_file(path)
@@ -483,7 +483,7 @@ class StagedRun:
     def resume(self, checkpoint: str | None) -> int:
         """Restore ``checkpoint`` if given and say in the summary which steps this run's loss covers; the
         last step done."""
-        from components.runtime.resume import loss_span
+        from hydratune.components.runtime.resume import loss_span
 
         report = self.session.report["run"]
         done = self.restore(checkpoint) if checkpoint else 0
@@ -498,7 +498,7 @@ class StagedRun:
         (the mean loss of the steps since the last log, the last step's gradient norm and learning rate,
         TRL's token metrics averaged) to metrics.jsonl and the trackers, and the progress line; a non-finite
         loss stops the run (``Diverged``) before the next save."""
-        from components.runtime.callbacks import progress_line
+        from hydratune.components.runtime.callbacks import progress_line
 
         ctx, session = self.session.ctx, self.session
         self.total_loss += values["loss"]
@@ -556,7 +556,7 @@ class StagedRun:
         from transformers import AutoModelForCausalLM
         from transformers.initialization import no_init_weights
 
-        from components.model import upcast_trainable
+        from hydratune.components.model import upcast_trainable
 
         gathered = pp.gather_state_dict(self.model.state_dict(), self.cut.mesh, every_replica=self.sharded)
         if gathered is None:
@@ -598,8 +598,8 @@ def train_in_stages(session: Any, trainer: Any) -> dict[str, Any]:
     """The pipeline's train-and-finish (``Session.train_and_finish`` for a strategy that splits layers):
     resume if asked, run the steps with logging, evaluation, checkpoints and the stop signal, then gather
     the weights, evaluate generations and save ``final/`` on rank 0."""
-    from components.runtime.resume import pinned
-    from components.runtime.startup import training_starts
+    from hydratune.components.runtime.resume import pinned
+    from hydratune.components.runtime.startup import training_starts
 
     t, interrupt = session.ctx.train, session.interrupt
     run = StagedRun.build(session, trainer)

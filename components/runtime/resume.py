@@ -19,10 +19,10 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
-from components.config.errors import ConfigError
-from components.data import fingerprint
-from components.launcher import PLACEMENT
-from components.runtime.checkpoint import checkpoints_in, manifest, resolve_resume, verify
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data import fingerprint
+from hydratune.components.launcher import PLACEMENT
+from hydratune.components.runtime.checkpoint import checkpoints_in, manifest, resolve_resume, verify
 
 log = logging.getLogger("hydratune")
 
@@ -124,10 +124,12 @@ def _saved(path: Path) -> Any:
     import yaml
     from omegaconf.errors import OmegaConfBaseException
 
+    from hydratune.components.config.legacy import load_saved
+
     if not path.is_file():
         return None
     try:
-        return OmegaConf.load(path)
+        return load_saved(path)  # targets of a run dir saved before the namespace read as today's
     except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as err:
         log.warning("cannot read %s (%s): passed over", path, type(err).__name__)
         return None
@@ -270,7 +272,7 @@ def resolve(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None
     """The checkpoint dir ``cfg.resume`` names for a run in ``run_dir``, checked; None = no resume.
 
     ``sweep_point``: this job's :func:`point` inside a Hydra multirun (None for a single run)."""
-    from components.config.trust import check_checkpoint
+    from hydratune.components.config.trust import check_checkpoint
 
     resume = cfg.resume
     if resume in (False, None, "false", "False"):
@@ -287,7 +289,7 @@ def resolve(cfg: DictConfig, run_dir: Path, sweep_point: list[str] | None = None
     assert checkpoint is not None
     check_data(Path(checkpoint), cfg)
     if cfg.data.get("streaming"):  # every rank's stream position, written by as many ranks
-        from components.data.stream_prepare import check_positions, planned_world
+        from hydratune.components.data.stream_prepare import check_positions, planned_world
 
         check_positions(Path(checkpoint), planned_world(cfg))
     check_checkpoint(Path(checkpoint), trusted=bool(cfg.get("trust_checkpoints", False)))
@@ -369,7 +371,7 @@ def continue_in_place(cfg: DictConfig, run_dir: Path) -> DictConfig:
     script submitted again): ``cfg`` continuing from the run dir's newest whole checkpoint, if it has one
     (this run wrote it, with this config). Records of ``metrics.jsonl`` past that checkpoint's step are
     dropped first (rank 0): the run logs those steps again, and a step is never in the file twice."""
-    from components.config.trust import check_checkpoint
+    from hydratune.components.config.trust import check_checkpoint
 
     if not checkpoints_in(run_dir):
         return cfg

@@ -12,8 +12,8 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from components.config.schema import GROUPS
-from components.runtime.rundir import RunDir
+from hydratune.components.config.schema import GROUPS
+from hydratune.components.runtime.rundir import RunDir
 
 
 @dataclass
@@ -40,12 +40,12 @@ class Components:
         rejected first, naming the key, instead of failing inside the component's constructor; so is
         any ``_target_`` that is not hydratune's own or a
         reward function (components/config/trust.py) — a replayed run dir or experiment file sets any key."""
-        from components.config.ranges import check_values
-        from components.config.registry import check_known_keys, check_recipe
-        from components.config.resolvers import check_resolves
-        from components.config.trust import check_targets
-        from components.data.images import with_images
-        from components.tracker import Trackers
+        from hydratune.components.config.ranges import check_values
+        from hydratune.components.config.registry import check_known_keys, check_recipe
+        from hydratune.components.config.resolvers import check_resolves
+        from hydratune.components.config.trust import check_targets
+        from hydratune.components.data.images import with_images
+        from hydratune.components.tracker import Trackers
 
         check_resolves(cfg)  # ${oc.env:UNSET} and the like, naming the key
         check_targets(cfg, trusted=bool(cfg.get("trust_targets", False)))
@@ -68,7 +68,7 @@ def pipeline_axis(
     """``strategy.pp_size`` > 1 on an option that trains pipeline stages as ``strategy=pipeline``
     (``Strategy.as_pipeline``: DDP, ZeRO-0/1): the config with that strategy node (composed by Hydra, the
     run dir replays it) and what the CLI prints; None for any other strategy node."""
-    from components.auto import compose_strategy_hydra
+    from hydratune.components.auto import compose_strategy_hydra
 
     if int(cfg.strategy.get("pp_size", 1) or 1) == 1:  # no pipeline axis asked: nothing to instantiate
         return None
@@ -92,7 +92,7 @@ def _instantiate(cfg: DictConfig, group: str) -> Any:
     from hydra.errors import InstantiationException
     from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-    from components.config.errors import ConfigError
+    from hydratune.components.config.errors import ConfigError
 
     # a data.mixture names its own paths: data.path may be left unset (``???`` in data=jsonl_messages)
     unset = group == "data" and cfg.data.get("mixture") and OmegaConf.is_missing(cfg.data, "path")
@@ -129,9 +129,9 @@ def nested_target_error(node: Any, group: str, message: str) -> None:
     ``recipe.reward_funcs``, a callback...), a ConfigError naming that node's key and the close matches."""
     import re
 
-    from components.config.errors import ConfigError
-    from components.config.trust import is_reward_knob, targets
-    from components.rewards import import_reward
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.config.trust import is_reward_knob, targets
+    from hydratune.components.rewards import import_reward
 
     found = re.search(r"Error (?:locating target|loading) '([^']+)'", message)
     container = OmegaConf.to_container(node, resolve=False)
@@ -166,7 +166,7 @@ REQUIRED_HINTS = {
 
 def missing_value(key: str) -> Exception:
     """The ConfigError for a mandatory key the composed config leaves unset."""
-    from components.config.errors import ConfigError
+    from hydratune.components.config.errors import ConfigError
 
     return ConfigError(
         f"{key} is required: the selected option has no default for it",
@@ -187,7 +187,7 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
     and the generated DeepSpeed config are both built from."""
     import os
 
-    from components.strategy import BatchPlan
+    from hydratune.components.strategy import BatchPlan
 
     try:
         config = comps.model.load_config()
@@ -234,7 +234,7 @@ def model_params(config: Any) -> int | None:
     they cannot be counted (no config, an architecture the count does not model)."""
     if config is None:
         return None
-    from components.memory.arch import Arch, param_counts
+    from hydratune.components.memory.arch import Arch, param_counts
 
     try:
         return param_counts(Arch.from_dict(config.to_dict())).total
@@ -347,7 +347,7 @@ class RunContext:
 
     def run_info(self) -> Any:
         """What trackers are told: run dir, name, the overrides as tags, the resolved config."""
-        from components.tracker import RunInfo
+        from hydratune.components.tracker import RunInfo
 
         return RunInfo(self.run_dir.path, self.run_name, self.overrides(), self.resolved_config())
 
@@ -361,10 +361,10 @@ def run_recipe(
     """Run the recipe in this process (one rank of the job, or the whole job); returns the objective."""
     import os
 
-    from components.distributed.group import start_process_group
-    from components.launcher import single_process_env
-    from components.runtime.diskspace import disk_errors
-    from components.runtime.startup import run_ends
+    from hydratune.components.distributed.group import start_process_group
+    from hydratune.components.launcher import single_process_env
+    from hydratune.components.runtime.diskspace import disk_errors
+    from hydratune.components.runtime.startup import run_ends
 
     comps = comps or Components.from_config(cfg)
     comps.launcher.rank_env()  # a scheduler's variables (SLURM) as torch.distributed's

@@ -64,8 +64,8 @@ def package_versions() -> dict[str, str | None]:
 def run_environment() -> dict[str, str]:
     """The variables of this process that shape a run (hub and offline flags, threads, CUDA / NCCL, trackers:
     those DeepSpeed's hostfile launcher carries to every host), secrets' values as ``<set>``."""
-    from components.config.trust import secret_name
-    from components.distributed.hostfile import forwarded
+    from hydratune.components.config.trust import secret_name
+    from hydratune.components.distributed.hostfile import forwarded
 
     return {k: "<set>" if secret_name(k) else v for k, v in forwarded(paths=False).items()}
 

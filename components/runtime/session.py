@@ -14,15 +14,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.config.errors import ConfigError, Interrupted, ServerError, ServerFailed
-from components.data.feed import Feed
-from components.data.prepare import check_image_recipe, eval_every, prepare_data
-from components.data.stream_prepare import is_stream
-from components.distributed.interrupt import GracefulInterrupt
-from components.generation.evaluation import EvalPrompt, evaluate_generations
-from components.model import base_loads_in_half, describe_dtypes, upcast_trainable
-from components.peft import trainable_summary
-from components.runtime.callbacks import (
+from hydratune.components.config.errors import ConfigError, Interrupted, ServerError, ServerFailed
+from hydratune.components.data.feed import Feed
+from hydratune.components.data.prepare import check_image_recipe, eval_every, prepare_data
+from hydratune.components.data.stream_prepare import is_stream
+from hydratune.components.distributed.interrupt import GracefulInterrupt
+from hydratune.components.generation.evaluation import EvalPrompt, evaluate_generations
+from hydratune.components.model import base_loads_in_half, describe_dtypes, upcast_trainable
+from hydratune.components.peft import trainable_summary
+from hydratune.components.runtime.callbacks import (
     FirstStepTimer,
     LayoutCheck,
     MetricsCallback,
@@ -31,15 +31,15 @@ from components.runtime.callbacks import (
     ResumeSplitRows,
     progress_callback,
 )
-from components.runtime.checkpoint import checkpoints_in, save_final
-from components.runtime.diskspace import ensure_room_for_final
-from components.runtime.expert_load import ExpertLoad, routers
-from components.runtime.resume import loss_span, pinned
-from components.runtime.run import RunContext, peak_memory_gb
-from components.runtime.startup import training_starts
-from components.text.chat_template import generation_header, label_for, mask_segments
-from components.text.masking import check_label_mask, label_mask_stats, stop_token_ids
-from components.tracker import TrackerRun
+from hydratune.components.runtime.checkpoint import checkpoints_in, save_final
+from hydratune.components.runtime.diskspace import ensure_room_for_final
+from hydratune.components.runtime.expert_load import ExpertLoad, routers
+from hydratune.components.runtime.resume import loss_span, pinned
+from hydratune.components.runtime.run import RunContext, peak_memory_gb
+from hydratune.components.runtime.startup import training_starts
+from hydratune.components.text.chat_template import generation_header, label_for, mask_segments
+from hydratune.components.text.masking import check_label_mask, label_mask_stats, stop_token_ids
+from hydratune.components.tracker import TrackerRun
 
 log = logging.getLogger("hydratune")
 
@@ -129,7 +129,7 @@ class Session:
         self.report["data"] = prepared.notes
         method = (prepared.token_facts.get("plan") or {}).get("mask")
         if method and method != "none":
-            from components.data.tokens import token_plan
+            from hydratune.components.data.tokens import token_plan
 
             self.report.setdefault("loss mask", {})["method"] = token_plan(prepared.token_facts).method
         self.report_chat_template(prepared.default_template)
@@ -158,7 +158,7 @@ class Session:
             self.keep_alive.append(live)  # for the whole run
         loaded = self._load(task)
         if c.strategy.partitions_at_load:  # proof that zero.Init was live: no rank built the whole model
-            from components.strategy import partition_at_load
+            from hydratune.components.strategy import partition_at_load
 
             self.report["run"]["zero.Init"] = partition_at_load(loaded)
         model = c.quantization.prepare(loaded, c.model.gradient_checkpointing)
@@ -235,11 +235,11 @@ class Session:
     ) -> Any:
         """``trainer_cls`` (atomic checkpoints, token count read at log steps only) on this session's model,
         tokenizer (or ``processing_class``: a VLM's processor for image rows), data and callbacks."""
-        from components.runtime.trainer_hooks import hydratune_trainer
+        from hydratune.components.runtime.trainer_hooks import hydratune_trainer
 
         c = self.ctx.components
         if c.strategy.model_split.splits_layers:  # the trainer gets this rank's stages only
-            from components.runtime.pipeline_loop import cut_model
+            from hydratune.components.runtime.pipeline_loop import cut_model
 
             self.pipeline = cut_model(self)
         # fp16 outside DeepSpeed (whose config carries them): the loss-scaling knobs reach torch's GradScaler
@@ -260,7 +260,7 @@ class Session:
             **extra,
         )
         if c.strategy.model_split.splits_sequences:
-            from components.distributed.model_parallel import attention_function
+            from hydratune.components.distributed.model_parallel import attention_function
 
             self.attention = attention_function(self.ctx.plan.attention)  # before train() wraps it
             self.note_last_batches(trainer)
@@ -271,7 +271,7 @@ class Session:
         ``micro_batch_size`` rows, and its loader gathers as many rows from every rank of the group): when
         the train rows do not fill whole batches on every rank, accelerate completes the epoch's last ones
         with its first rows, which one process would not; the summary says so."""
-        from components.distributed.model_parallel import whole_last_batches
+        from hydratune.components.distributed.model_parallel import whole_last_batches
 
         plan, rows = self.ctx.plan, len(trainer.train_dataset)
         if not whole_last_batches(rows, plan.micro_batch_size, plan.world_size):
@@ -297,7 +297,7 @@ class Session:
         ):
             self.report.setdefault("eval accuracy (exact match)", {})[when] = "skipped (sharded parameters)"
             return
-        from components.distributed.model_parallel import unwrapped_attention
+        from hydratune.components.distributed.model_parallel import unwrapped_attention
 
         started = time.perf_counter()
         with unwrapped_attention(self.ctx.plan.attention, self.attention):  # Ulysses' wrapper drops masks
@@ -331,7 +331,7 @@ class Session:
         """``check_loss_mask`` for image rows, on a batch the trainer's collator makes of the first
         ``rows`` train rows (the processor tokenizes them there): something trained in every row, the stop
         token trained, and no image token ever trained (a ConfigError naming the template otherwise)."""
-        from components.text.batching import image_token_ids
+        from hydratune.components.text.batching import image_token_ids
 
         train = trainer.train_dataset
         batch = trainer.data_collator([train[i] for i in range(min(rows, len(train)))])
@@ -407,7 +407,7 @@ class Session:
     def train_and_finish(self, trainer: Any, *, probes: dict[str, Any] | None = None) -> dict[str, Any]:
         """``_train_and_finish``, then close the trackers whatever happened."""
         if self.ctx.components.strategy.model_split.splits_layers:  # our own loop over the stages
-            from components.runtime.pipeline_loop import train_in_stages
+            from hydratune.components.runtime.pipeline_loop import train_in_stages
 
             return train_in_stages(self, trainer)
         try:
@@ -660,7 +660,7 @@ def cpu_threads() -> str:
     components/runtime/threads.py; its measured cost both ways: docs/performance.md)."""
     import torch
 
-    from components.runtime.threads import describe_threads
+    from hydratune.components.runtime.threads import describe_threads
 
     return describe_threads(torch.get_num_threads())
 

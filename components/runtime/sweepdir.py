@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 SWEEP_FILE = "multirun.yaml"  # Hydra writes it into every sweep dir it starts
 

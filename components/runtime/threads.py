@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable, MutableMapping
 
-from components.distributed.workers import available_cores
+from hydratune.components.distributed.workers import available_cores
 
 #: the spin (rounds) of a waiting OpenMP thread on a machine quiet at launch
 QUIET_SPIN = "10000"

@@ -95,8 +95,8 @@ class AtomicCheckpoints:
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         from transformers.trainer_utils import rotate_checkpoints
 
-        from components.runtime.checkpoint import mark_complete
-        from components.runtime.diskspace import ensure_room_for_checkpoint
+        from hydratune.components.runtime.checkpoint import mark_complete
+        from hydratune.components.runtime.diskspace import ensure_room_for_checkpoint
 
         root = Path(self.args.output_dir)  # type: ignore[attr-defined]
         staging = root / ".staging"
@@ -131,7 +131,7 @@ class AtomicCheckpoints:
         checkpoint is marked whole: a vision-language model's processor (rank 0 writes it)."""
         processor = getattr(self, "hydratune_processor", None)
         if processor is not None and self.args.should_save:  # type: ignore[attr-defined]
-            from components.modeling.vision import save_processor
+            from hydratune.components.modeling.vision import save_processor
 
             save_processor(processor, folder)
 
@@ -143,7 +143,7 @@ class WholeExperts:
     The Trainer's save would write rank 0's AutoEP blocks: half the experts, under DeepSpeed's names."""
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        from components.distributed.model_parallel import autoep_layers, full_expert_state_dict
+        from hydratune.components.distributed.model_parallel import autoep_layers, full_expert_state_dict
 
         if not autoep_layers(self.model):  # type: ignore[attr-defined]
             return super().save_model(output_dir, _internal_call)  # type: ignore[misc]

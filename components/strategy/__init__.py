@@ -12,10 +12,10 @@ several setups) and refuses to train otherwise; loops are checked by :meth:`OwnL
 a strategy opts into by subclassing them, :class:`ModelSplit` (the model split over ranks: DeepSpeed, FSDP,
 pipeline) and :class:`OwnLoop` (the hooks of the loops we own: single, ddp, FSDP, DeepSpeed). This package
 re-exports every class under the ``_target_`` paths ``conf/strategy/`` and saved run dirs name
-(``components.strategy.DeepSpeed``).
+(``hydratune.components.strategy.DeepSpeed``).
 """
 
-from components.strategy.core import (
+from hydratune.components.strategy.core import (
     DEVICES,
     MULTI_PROCESS,
     WHOLE,
@@ -31,8 +31,8 @@ from components.strategy.core import (
     own_loop_refusal,
     training_options,
 )
-from components.strategy.data_parallel import DDP, Single
-from components.strategy.deepspeed import (
+from hydratune.components.strategy.data_parallel import DDP, Single
+from hydratune.components.strategy.deepspeed import (
     AIO_KEYS,
     COMM_DTYPES,
     FROZEN,
@@ -44,8 +44,8 @@ from components.strategy.deepspeed import (
     partition_at_load,
     validate_deepspeed_config,
 )
-from components.strategy.fsdp import FSDP, STATE_DICT_TYPES
-from components.strategy.pipeline import Pipeline
+from hydratune.components.strategy.fsdp import FSDP, STATE_DICT_TYPES
+from hydratune.components.strategy.pipeline import Pipeline
 
 __all__ = [
     "AIO_KEYS",

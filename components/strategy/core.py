@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from components.config.errors import ConfigError
-from components.distributed.mesh import Mesh
-from components.memory.shapes import SINGLE, StrategyShape
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.distributed.mesh import Mesh
+from hydratune.components.memory.shapes import SINGLE, StrategyShape
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 MULTI_PROCESS = {"MULTI_GPU", "MULTI_CPU", "MULTI_MPS", "MULTI_XPU"}  # plain multi-process (DDP) types
@@ -465,14 +465,14 @@ def training_options() -> dict[str, Strategy]:
     fastest first in the assumed order (then by name): the estimate's every-strategy table,
     ``strategy=auto``'s ladder and the support matrix list these. Built once per conf/ (components are
     frozen: sharing them is safe)."""
-    from components.config import options
+    from hydratune.components.config import options
 
     return dict(_training_options(options.CONF))
 
 
 @functools.cache
 def _training_options(conf: Path) -> tuple[tuple[str, Strategy], ...]:
-    from components.config.options import options
+    from hydratune.components.config.options import options
 
     built = {name: option.build() for name, option in options("strategy", conf).items()}
     trains = [(name, strategy) for name, strategy in built.items() if isinstance(strategy, Strategy)]

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, POSITIVE, knob
-from components.config.registry import component
-from components.memory.shapes import StrategyShape
-from components.strategy.core import MULTI_PROCESS, BatchPlan, OwnLoop, Strategy, pipeline_overrides
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, POSITIVE, knob
+from hydratune.components.config.registry import component
+from hydratune.components.memory.shapes import StrategyShape
+from hydratune.components.strategy.core import MULTI_PROCESS, BatchPlan, OwnLoop, Strategy, pipeline_overrides
 
 
 @component("strategy")

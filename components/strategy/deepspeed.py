@@ -9,13 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, knob
-from components.config.registry import component
-from components.distributed import model_parallel
-from components.distributed.mesh import Mesh
-from components.memory.shapes import StrategyShape, elements
-from components.strategy.core import (
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, knob
+from hydratune.components.config.registry import component
+from hydratune.components.distributed import model_parallel
+from hydratune.components.distributed.mesh import Mesh
+from hydratune.components.memory.shapes import StrategyShape, elements
+from hydratune.components.strategy.core import (
     BatchPlan,
     ModelSplit,
     OwnLoop,

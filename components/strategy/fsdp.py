@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, knob
-from components.config.registry import component
-from components.distributed import model_parallel
-from components.distributed.mesh import Mesh
-from components.memory.shapes import StrategyShape
-from components.strategy.core import (
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, knob
+from hydratune.components.config.registry import component
+from hydratune.components.distributed import model_parallel
+from hydratune.components.distributed.mesh import Mesh
+from hydratune.components.memory.shapes import StrategyShape
+from hydratune.components.strategy.core import (
     MULTI_PROCESS,
     BatchPlan,
     ModelSplit,
@@ -247,7 +247,7 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
         """``module`` sharded with ``fully_shard`` as the knobs say: one unit per transformer layer, then
         its root; ``cpu_offload`` → ``CPUOffloadPolicy``; bf16/fp16 runs compute in that dtype and reduce
         gradients in fp32 (``MixedPrecisionPolicy``)."""
-        from components.distributed import fully_shard
+        from hydratune.components.distributed import fully_shard
 
         return fully_shard.shard(
             module,
@@ -274,12 +274,12 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
         return PreparedLoop(dict(modules), optimizer)
 
     def generation(self, module: Any) -> contextlib.AbstractContextManager[None]:
-        from components.distributed import fully_shard
+        from hydratune.components.distributed import fully_shard
 
         return fully_shard.gathered(module, self.reshard_after_forward)
 
     def gather_loop_weights(self, accelerator: Any, module: Any) -> dict[str, Any] | None:
-        from components.distributed import fully_shard
+        from hydratune.components.distributed import fully_shard
 
         return fully_shard.full_state_dict(module) or None
 
@@ -288,7 +288,7 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
         trained module really is an FSDP2 unit: no silent fallback to whole weights per rank."""
         import torch.distributed as dist
 
-        from components.distributed import fully_shard
+        from hydratune.components.distributed import fully_shard
 
         self._verify_live(accelerator, {"NO", *MULTI_PROCESS}, world_size)  # one process: either
         whole = [type(m).__name__ for m in modules if not fully_shard.is_sharded(m)]
@@ -307,7 +307,7 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
         """Elements of each module's parameters held by this rank, next to the whole count."""
         import os
 
-        from components.distributed import fully_shard
+        from hydratune.components.distributed import fully_shard
 
         rank = int(os.environ.get("RANK", 0))
         report: dict[str, Any] = {}

@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from components.config.errors import ConfigError
-from components.config.ranges import AT_LEAST_ONE, Range, knob, one_of
-from components.config.registry import component
-from components.distributed.mesh import Mesh
-from components.memory.parallel import SCHEDULES
-from components.memory.shapes import StrategyShape
-from components.strategy.core import BatchPlan, ModelSplit, Strategy, first_refusal
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, Range, knob, one_of
+from hydratune.components.config.registry import component
+from hydratune.components.distributed.mesh import Mesh
+from hydratune.components.memory.parallel import SCHEDULES
+from hydratune.components.memory.shapes import StrategyShape
+from hydratune.components.strategy.core import BatchPlan, ModelSplit, Strategy, first_refusal
 
 
 @component("strategy")
@@ -199,8 +199,8 @@ class Pipeline(ModelSplit, Strategy):
         """The split of a model of ``architecture`` (its config) into stages, the one the run uses and
         ``mode=plan`` prints (``components/distributed/stages.py``), or a ConfigError naming the fix: the
         family, the layer count, ``strategy.split``. Balanced like the memory estimate's stages."""
-        from components.distributed import stages
-        from components.memory.parallel import balanced_split
+        from hydratune.components.distributed import stages
+        from hydratune.components.memory.parallel import balanced_split
 
         why = stages.refusal(architecture)
         if why is not None:
@@ -223,7 +223,7 @@ class Pipeline(ModelSplit, Strategy):
     def bubble(self, micro_batches: int) -> float:
         """The theoretical bubble of ``micro_batches`` per step: (p - 1) / (m + p - 1), interleaved
         (p - 1) / (v m + p - 1) (the estimate's own formula)."""
-        from components.memory.parallel import bubble_fraction
+        from hydratune.components.memory.parallel import bubble_fraction
 
         return bubble_fraction(self.pp_size, micro_batches, self.schedule, self.stages_per_rank)
 

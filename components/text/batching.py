@@ -12,10 +12,10 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 if TYPE_CHECKING:
-    from components.runtime.run import Components
+    from hydratune.components.runtime.run import Components
 
 
 def uses_padding_free(comps: Components) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 log = logging.getLogger("hydratune")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from itertools import islice
 from typing import Any
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 IGNORE = -100
 END_OF_TURN_TOKENS = (

@@ -17,8 +17,8 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from components.config.errors import ConfigError
-from components.text.chat_template import (
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.text.chat_template import (
     HYDRATUNE,
     KEY,
     TRL_MARKERS,
@@ -79,7 +79,7 @@ def plan_tokens(
     """The ``TokenPlan`` for rows with ``columns``: the recipe's ``assistant_only_loss`` applies to chat
     ``messages`` (masked by TRL where its template allows, else by hydratune's turn-by-turn mask), and
     ``completion_only_loss`` to prompt/completion rows (``completion_turns``)."""
-    from components.text.chat_template import choose_method
+    from hydratune.components.text.chat_template import choose_method
 
     assistant = assistant_only and "messages" in columns
     completion = completion_only and "completion_turns" in columns
@@ -161,7 +161,7 @@ def _untrain_turns(
     """``labels`` with the tokens of row ``i``'s assistant turns flagged ``"train": False`` masked: each
     turn's characters are what its rendering adds after the generation prompt (the template must render
     the turns before it unchanged), mapped to tokens by the fast tokenizer's offsets."""
-    from components.text.chat_template import token_mask
+    from hydratune.components.text.chat_template import token_mask
 
     messages = rows["messages"][i]
     tools = (rows.get("tools") or [None] * len(rows["messages"]))[i]

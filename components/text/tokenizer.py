@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from components.config.errors import ConfigError
-from components.text.chat_template import resolve_chat_template
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.text.chat_template import resolve_chat_template
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -26,7 +26,7 @@ def build_tokenizer(
       vocabulary, else EOS (labels of padding are masked by length, so EOS is still learned).
     - ``padding_side`` is right for training; generation code switches to left locally.
     - ``chat_template`` (a name such as ``chatml`` or ``llama3_2``, a .jinja path or the template text; see
-      ``components.text.chat_template``) replaces the tokenizer's and is saved with it.
+      ``hydratune.components.text.chat_template``) replaces the tokenizer's and is saved with it.
     """
     from transformers import AutoTokenizer
 

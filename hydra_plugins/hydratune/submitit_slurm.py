@@ -27,14 +27,14 @@ if _SubmititSlurm is not None:
         """submitit's SLURM launcher; ``launch`` waits for every point (see the module)."""
 
         def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-            from components.distributed.slurm_sweep import launch
+            from hydratune.components.distributed.slurm_sweep import launch
 
             return launch(self, job_overrides, initial_job_idx)
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             """A sweep point's job, in its SLURM task: the configs Hydra saves there are redacted too, and
             so is the job's result (submitit pickles it into the sweep dir)."""
-            from components.config.redact import redacted, redacted_saves
+            from hydratune.components.config.redact import redacted, redacted_saves
 
             with redacted_saves():
                 result = super().__call__(*args, **kwargs)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.modeling.trained import TrainedRun
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.modeling.trained import TrainedRun
 from tests.integration.test_after_training import EVAL
 from tests.support.data import ASSETS
 from tests.support.runs import read_jsonl
@@ -72,9 +72,9 @@ def test_eval_refuses_what_it_cannot_do_before_load(
 ) -> None:
     import importlib.util
 
-    from components.model import CausalLM
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
+    from hydratune.components.model import CausalLM
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
 
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
@@ -129,7 +129,7 @@ class Terminal:
 
         self.master, slave = pty.openpty()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "recipes", "chat", *args],
+            [sys.executable, "-m", "hydratune", "chat", *args],
             stdin=slave,
             stdout=slave,
             stderr=slave,
@@ -164,7 +164,7 @@ def test_chat_streams_answers_keeps_the_conversation_and_resets(partial_sft, tmp
     answer under the chat template saved with the model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from components.text.masking import stop_token_ids
+    from hydratune.components.text.masking import stop_token_ids
 
     final = partial_sft / "final"
     term = Terminal(str(final), "temperature=0", "max_new_tokens=8", "system=Add.", cwd=tmp_path)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from components.memory.spec import strategy_shapes
+from hydratune.components.memory.spec import strategy_shapes
 from tests.integration.test_rewards import USER_REWARDS
 from tests.support.cli import child_env, fresh
 
@@ -68,13 +68,13 @@ def test_bad_input_fails_fast_with_a_named_error(tmp_path: Path, args: list[str]
 def test_cfg_job_prints_the_composed_config(hydratune, tmp_path: Path) -> None:
     proc = hydratune("--cfg", "job", "peft=lora", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "_target_: components.peft.LoRA" in proc.stdout
+    assert "_target_: hydratune.components.peft.LoRA" in proc.stdout
     assert "micro_batch_size" in proc.stdout
 
 
 def test_help_lists_usage_and_every_group_but_no_schemas(capsys) -> None:
-    from components.commands.catalog import catalog
-    from recipes.cli import main
+    from hydratune.components.commands.catalog import catalog
+    from hydratune.recipes.cli import main
 
     main(["--help"])
     out = capsys.readouterr().out
@@ -151,7 +151,7 @@ def test_replay_reproduces_the_losses(hydratune, tmp_path: Path) -> None:
 def test_the_cli_does_not_import_the_heavy_libraries_up_front(tmp_path: Path) -> None:
     """Config errors must come back in well under a second or two: nothing heavy is imported to compose."""
     probe = (
-        "import sys, recipes.cli; recipes.register_all();"
+        "import sys, hydratune.recipes.cli; hydratune.recipes.register_all();"
         "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'trl', 'peft') if m in sys.modules))"
     )
     out = subprocess.run(
@@ -181,8 +181,8 @@ def test_ctrl_c_during_start_up_exits_130_quietly(tmp_path: Path) -> None:
         # Ctrl-C as a terminal delivers it (a suite started in the background inherits SIGINT ignored)
         "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
         "from tests.support.cli import signal_on; "
-        f"signal_on('components.runtime.checks.{ctrl_c}', signal.SIGINT); "
-        "from recipes.cli import main; main(sys.argv[1:])"
+        f"signal_on('hydratune.components.runtime.checks.{ctrl_c}', signal.SIGINT); "
+        "from hydratune.recipes.cli import main; main(sys.argv[1:])"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "train.max_steps=2"],
@@ -222,7 +222,7 @@ def test_estimate_table_is_not_cut_when_piped() -> None:
     """Captured stdout (not a TTY) and no COLUMNS: rich would assume 80 columns and cut `zero2_…`."""
     env = {k: v for k, v in child_env().items() if k != "COLUMNS"}
     proc = subprocess.run(
-        [sys.executable, "-m", "recipes", "estimate", "model=llama3_8b", "estimate.gpu_memory=80GB"],
+        [sys.executable, "-m", "hydratune", "estimate", "model=llama3_8b", "estimate.gpu_memory=80GB"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -237,7 +237,7 @@ def test_estimate_table_is_not_cut_when_piped() -> None:
 
 def test_importing_components_peft_is_cheap() -> None:
     code = (
-        "import sys, components.peft; "
+        "import sys, hydratune.components.peft; "
         "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
@@ -280,7 +280,7 @@ def test_cli_file_size_limit_is_refused_before_load(hydratune, tmp_path: Path) -
 
 def test_report_lists_a_refused_sweep_point(hydratune, tmp_path: Path) -> None:
     """A basic sweep goes on past a refused point, exits 2, and the report has a row saying why."""
-    from components.commands.report import write_report
+    from hydratune.components.commands.report import write_report
 
     proc = hydratune("-m", "train.max_steps=0,3", "mode=plan", cwd=tmp_path)
     assert proc.returncode == 2 and "1 sweep point(s) refused" in proc.stderr, proc.stderr[-2000:]
@@ -325,11 +325,11 @@ def test_two_processes_started_together_get_different_run_dirs(compose_cfg) -> N
 
     from hydra import compose
 
-    from components.config.resolvers import run_tag
+    from hydratune.components.config.resolvers import run_tag
 
     cfg = compose(config_name="config", return_hydra_config=True)
     assert cfg.hydra.run.dir.endswith(f"_sft_{run_tag()}")
-    probe = "from components.config.resolvers import run_tag; print(run_tag())"
+    probe = "from hydratune.components.config.resolvers import run_tag; print(run_tag())"
     tags = {
         subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout for _ in range(3)
     }

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from components.data import prepared_cache
+from hydratune.components.data import prepared_cache
 from tests.integration.test_datacache import prepare, status
 from tests.support.data import multi_turn, write_jsonl
 

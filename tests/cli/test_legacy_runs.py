@@ -90,23 +90,29 @@ def test_an_earlier_run_replays_with_the_losses_it_logged(hydratune, tmp_path: P
 
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()))
 def test_every_earlier_config_composes_and_passes_the_checks(name: str, tmp_path: Path, monkeypatch) -> None:
-    """As ``hydratune replay <dir>`` composes it: the saved config alone, no current conf/ defaults."""
+    """As ``hydratune replay <dir>`` composes it: the saved config alone, no current conf/ defaults, through
+    the CLI's guard on every composition (which reads the old ``components.*`` / ``recipes.*`` targets as
+    ``hydratune.*``: components/config/legacy.py)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    import components.model
-    from components.config.registry import recipe_name
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
+    import hydratune.components.model
+    from hydratune.components.config.registry import recipe_name
+    from hydratune.components.config.trust import grants, guarded_compositions
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
 
     def no_loading(*args: object, **kwargs: object) -> None:
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(components.model.CausalLM, "build", no_loading)
+    monkeypatch.setattr(hydratune.components.model.CausalLM, "build", no_loading)
     overrides = [f"model.from_run={copied(tmp_path, 'sft')}"] if name in FROM_RUN else []
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(str(FIXTURES / name / ".hydra"), version_base=None):
+        with (
+            guarded_compositions(grants([])),
+            initialize_config_dir(str(FIXTURES / name / ".hydra"), version_base=None),
+        ):
             cfg = compose(config_name="config", overrides=overrides)
     finally:
         GlobalHydra.instance().clear()
@@ -114,4 +120,5 @@ def test_every_earlier_config_composes_and_passes_the_checks(name: str, tmp_path
     # the summary of that time recorded the class name (SFT, BestOfN); today's identity is the option name
     saved_recipe = json.loads((FIXTURES / name / "result.json").read_text())["run"]["recipe"]
     assert recipe_name(saved_recipe) == comps.recipe.name == recipe_name(cfg.recipe._target_)
+    assert cfg.recipe._target_.startswith("hydratune.recipes.")  # saved as recipes.*: read as today's
     check_before_load(cfg, comps, "cpu")

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from components.text.tokenizer import build_tokenizer
+    from hydratune.components.text.tokenizer import build_tokenizer
 
     return build_tokenizer(str(REPO / "components" / "assets" / "tiny"))
 
@@ -54,7 +54,7 @@ def test_plan_reads_the_data_as_training_would(hydratune, tmp_path: Path) -> Non
 def test_plan_checks_the_chat_template_as_training_would(hydratune, tmp_path: Path) -> None:
     """A template hydratune cannot mask (its generation prompt is not what the history renders) fails in
     plan mode, exit 2, as the training run would before its model loads; its fixed form passes."""
-    from components.text.chat_template import CHATML
+    from hydratune.components.text.chat_template import CHATML
 
     broken = tmp_path / "r1_like.jinja"
     broken.write_text(

@@ -16,10 +16,10 @@ across ``\\`` continuations, ``# comments`` dropped). How each runs:
 
 ALLOWLIST holds the commands that cannot run here, with the reason. To save ~8 s of imports per process,
 the commands run one after another in two concurrent worker processes (``python tests/cli/test_readme.py JOBS
-OUT``) calling the console entry point ``recipes.cli.main`` with each command's argv, cwd and environment,
-restored after each; a command that fails there is run again alone in a fresh ``python -m recipes``
-process, and that result is the one judged. Commands are collected from README.md and every docs/*.md page
-(ids ``docs/data.md:123 hydratune ...``); an identical command on several pages runs once.
+OUT``) calling the console entry point ``hydratune.recipes.cli.main`` with each command's argv, cwd and
+environment, restored after each; a command that fails there is run again alone in a fresh ``python -m
+hydratune`` process, and that result is the one judged. Commands are collected from README.md and every
+docs/*.md page (ids ``docs/data.md:123 hydratune ...``); an identical command on several pages runs once.
 """
 
 from __future__ import annotations
@@ -535,7 +535,7 @@ def worker(spec: str, out: str) -> None:
     """Batch worker: each job through the console entry point in its own cwd and environment."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from recipes.cli import main
+    from hydratune.recipes.cli import main
 
     home, environ = os.getcwd(), dict(os.environ)
     with open(out, "w") as sink:

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from components.config.errors import EXIT_INTERRUPTED
-from components.data.feed import TRACE
-from components.data.stream_prepare import POSITION_FILE
-from components.runtime.checkpoint import checkpoints_in, verify
+from hydratune.components.config.errors import EXIT_INTERRUPTED
+from hydratune.components.data.feed import TRACE
+from hydratune.components.data.stream_prepare import POSITION_FILE
+from hydratune.components.runtime.checkpoint import checkpoints_in, verify
 from tests.integration.test_resume_safety import STEPS, signalled
 from tests.integration.test_streaming import RUN as STREAMED
 from tests.integration.test_streaming import chat, same_weights, write_jsonl
@@ -91,7 +91,7 @@ def test_ctrl_c_checkpoints_like_sigterm(tmp_path: Path) -> None:
 def test_second_signal_exits_at_once() -> None:
     code = (
         "import os, signal\n"
-        "from components.distributed.interrupt import GracefulInterrupt\n"
+        "from hydratune.components.distributed.interrupt import GracefulInterrupt\n"
         "g = GracefulInterrupt().install()\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "assert g.requested\n"
@@ -110,7 +110,7 @@ def test_a_relayed_signal_and_the_same_signal_itself_count_once() -> None:
     graceful stop, not the 'second signal' that kills; a later signal still kills."""
     code = (
         "import os, signal\n"
-        "from components.distributed.interrupt import GracefulInterrupt\n"
+        "from hydratune.components.distributed.interrupt import GracefulInterrupt\n"
         "g = GracefulInterrupt().install()\n"
         "g.relayed(signal.SIGINT)\n"
         "os.kill(os.getpid(), signal.SIGINT)\n"
@@ -128,7 +128,7 @@ def test_no_secret_from_the_environment_reaches_the_run_dir(tmp_path: Path) -> N
     env = {**os.environ, **SECRETS, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
     args = [*RUN, "train.max_steps=4", "train.save_every=2", "tracker=[tensorboard,wandb,mlflow]"]
     proc = subprocess.run(
-        [sys.executable, "-m", "recipes", *args],
+        [sys.executable, "-m", "hydratune", *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -148,7 +148,11 @@ def test_no_secret_from_the_environment_reaches_the_run_dir(tmp_path: Path) -> N
 def test_sigterm_before_the_first_step_leaves_no_run_dir(hydratune, tmp_path) -> None:
     run = tmp_path / "outputs" / "day" / "early"
     proc = signalled(
-        hydratune, tmp_path, "components.runtime.session.Session:build_model", *STEPS, f"hydra.run.dir={run}"
+        hydratune,
+        tmp_path,
+        "hydratune.components.runtime.session.Session:build_model",
+        *STEPS,
+        f"hydra.run.dir={run}",
     )
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
     assert "SIGTERM before training started" in proc.stderr
@@ -158,7 +162,7 @@ def test_sigterm_before_the_first_step_leaves_no_run_dir(hydratune, tmp_path) ->
 #: a prelude (tests/support/cli.py): the command sends itself SIGTERM when the feed hands out micro-batch 7
 SIGTERM_AT_BATCH_7 = """
 import os, signal
-from components.data import feed
+from hydratune.components.data import feed
 real, at = feed.Feed.collate, 7
 def collate(self, collator):
     inner, calls = real(self, collator), []
@@ -213,7 +217,7 @@ def test_sigterm_then_the_preemption_signal_is_one_preemption() -> None:
     signal that kills (in a process of its own: a kill would take the test runner with it)."""
     code = (
         "import os, signal\n"
-        "from components.distributed.interrupt import GracefulInterrupt\n"
+        "from hydratune.components.distributed.interrupt import GracefulInterrupt\n"
         "stop = GracefulInterrupt(frozenset({signal.SIGUSR2})).install()\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "os.kill(os.getpid(), signal.SIGUSR2)\n"
@@ -233,7 +237,7 @@ def test_a_signal_during_ppos_final_save_finishes_it(hydratune, tmp_path: Path) 
     proc = signalled(
         hydratune,
         tmp_path,
-        "components.runtime.session.save_final",
+        "hydratune.components.runtime.session.save_final",
         *args,
         "train.micro_batch_size=8",
         f"hydra.run.dir={run}",

@@ -42,7 +42,7 @@ def test_the_step_profiler_records_the_asked_steps_of_a_hydratune_run(tmp_path) 
     out = tmp_path / "sft"
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "profile_steps.py"), "--out", str(out), "--steps", "2-3", "--",
-         "-m", "recipes", "train.max_steps=4", "train.eval_generations=0", "train.eval_every=0",
+         "-m", "hydratune", "train.max_steps=4", "train.eval_generations=0", "train.eval_every=0",
          "train.save_every=0", "train.write_plots=false", f"hydra.run.dir={tmp_path / 'run'}"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )  # fmt: skip

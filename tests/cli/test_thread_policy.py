@@ -21,7 +21,7 @@ TWO_CORES = pytest.mark.skipif(
 # torch reads OMP_NUM_THREADS when it loads: its thread count shows whether the policy came first
 PROBE = """
 import sys
-from recipes.cli import main
+from hydratune.recipes.cli import main
 try:
     main(sys.argv[1:])
 except SystemExit:
@@ -64,7 +64,7 @@ def test_the_command_sets_the_policy_before_torch_is_imported(tmp_path: Path) ->
 def test_a_worker_sets_the_policy_before_torch_is_imported(tmp_path: Path) -> None:
     """A worker started by hand (no OMP_NUM_THREADS from the command): its share from LOCAL_WORLD_SIZE."""
     code = (
-        "import recipes.worker as w\n"
+        "import hydratune.recipes.worker as w\n"
         "try:\n    w.run_worker('.')  # no frozen config here: fails right after the policy\n"
         "except FileNotFoundError:\n    pass\n"
         "import os, torch; print(os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads())"

@@ -42,7 +42,7 @@ def test_a_split_layout_trains_like_one_gpu(layout: str, tmp_path) -> None:
 def packed_against_documents(device: str, dtype: torch.dtype, heads: int = 8, kv_heads: int = 2) -> dict:
     """One packed row of documents (lengths 300, 17, 700, 1) through hydratune's packed attention, and each
     document alone through causal SDPA: outputs and the gradients of q, k, v, and the backend that ran."""
-    from components.modeling import attention
+    from hydratune.components.modeling import attention
 
     torch.manual_seed(0)
     lengths, dim = [300, 17, 700, 1], 64
@@ -89,7 +89,7 @@ def test_the_real_varlen_kernel_equals_sdpa_per_document() -> None:
     """On an sm80+ GPU in bf16, packed rows run torch's varlen_attn (FlashAttention on cu_seqlens) with the
     documents' boundaries: the same outputs and q/k/v gradients as causal SDPA on each document alone
     (GQA: 8 query heads, 2 key/value heads)."""
-    from components.modeling import attention
+    from hydratune.components.modeling import attention
 
     if attention._varlen_attn() is None:
         pytest.skip(f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn")

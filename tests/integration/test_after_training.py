@@ -10,9 +10,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from components.commands.export import export
-from components.config.errors import ConfigError
-from components.modeling.trained import TrainedRun
+from hydratune.components.commands.export import export
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.modeling.trained import TrainedRun
 from tests.conftest import GENERATE
 from tests.support.data import ASSETS
 from tests.support.runs import read_jsonl
@@ -93,7 +93,7 @@ def test_an_export_is_fit_for_a_hub(sft_runs, tmp_path) -> None:
     assert "base_model" not in front  # a random-init local model has no hub id
     for local in (str(sft_runs["full"].parent), str(Path(__file__).resolve().parents[2])):
         assert local not in card, local
-    from components.commands.export import base_model_id, gguf_repo_id, model_card
+    from hydratune.components.commands.export import base_model_id, gguf_repo_id, model_card
 
     hub_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
     hub = copy_run(sft_runs["full"], tmp_path / "from_hub", name_or_path=hub_id, init="pretrained")
@@ -136,14 +136,14 @@ def test_export_refusals_come_before_any_weight_is_read(sft_runs, tmp_path, monk
     (quantized / ".hydra").mkdir(parents=True)
     (quantized / "final").symlink_to(sft_runs["lora"] / "final")
     cfg = OmegaConf.load(sft_runs["lora"] / ".hydra" / "config.yaml")
-    cfg.quantization = {"_target_": "components.quantization.BitsAndBytes", "bits": 4}
+    cfg.quantization = {"_target_": "hydratune.components.quantization.BitsAndBytes", "bits": 4}
     OmegaConf.save(cfg, quantized / ".hydra" / "config.yaml")
     cases.append((quantized, None, "export"))
     reward = tmp_path / "reward"
     (reward / ".hydra").mkdir(parents=True)
     (reward / "final").symlink_to(sft_runs["full"] / "final")
     cfg = OmegaConf.load(sft_runs["full"] / ".hydra" / "config.yaml")
-    cfg.recipe._target_ = "recipes.reward.Reward"
+    cfg.recipe._target_ = "hydratune.recipes.reward.Reward"
     OmegaConf.save(cfg, reward / ".hydra" / "config.yaml")
     cases.append((reward, None, "export"))
     messages = []
@@ -162,7 +162,7 @@ def test_export_refusals_come_before_any_weight_is_read(sft_runs, tmp_path, monk
 def test_generate_from_an_adapter_run_uses_the_adapter_unmerged_and_samples(sft_runs, run_recipe) -> None:
     from peft import PeftModel
 
-    from components.runtime.inference import load_model
+    from hydratune.components.runtime.inference import load_model
 
     ctx, metrics = run_recipe(
         *GENERATE,
@@ -180,8 +180,8 @@ def test_generate_from_an_adapter_run_uses_the_adapter_unmerged_and_samples(sft_
 
 
 def test_generate_refuses_what_it_cannot_do_before_load(compose_cfg, sft_runs) -> None:
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
 
     cases = [
         (["peft=lora"], "peft"),
@@ -205,15 +205,15 @@ def test_generate_refuses_what_it_cannot_do_before_load(compose_cfg, sft_runs) -
 def test_best_of_n_keeps_the_highest_reward_sample_and_writes_data_sft_and_dpo_read(
     sft_runs, run_recipe, compose_cfg
 ) -> None:
-    from components.rewards import length_penalty
-    from components.runtime.run import Components
+    from hydratune.components.rewards import length_penalty
+    from hydratune.components.runtime.run import Components
 
     ctx, metrics = run_recipe(
         "recipe=best_of_n",
         f"model.from_run={sft_runs['full']}",
         "recipe.max_new_tokens=6",
         "recipe.num_return_sequences=4",
-        "recipe.reward._target_=components.rewards.length_penalty",
+        "recipe.reward._target_=hydratune.components.rewards.length_penalty",
         "recipe.pairs=true",
         "data.max_samples=12",
         name="bon",
@@ -254,7 +254,7 @@ def test_eval_scores_each_row_as_the_models_greedy_answer_and_writes_results_tab
     lm-eval's exact match per row is hydratune's own greedy answer (recipe=generate, unbatched) compared with
     the reference, so a broken filter, template, stop sequence or model (the base instead of the run's)
     changes the score."""
-    from components.generation.evaluation import normalise
+    from hydratune.components.generation.evaluation import normalise
 
     prompts = [r["messages"][0] for r in read_jsonl(ASSETS / "demo" / "sft_train.jsonl")[:64]]
     rows = [{"messages": [p, {"role": "assistant", "content": "36"}]} for p in prompts]
@@ -304,7 +304,7 @@ def test_eval_before_training_and_from_an_adapter_run(sft_runs, run_recipe) -> N
     is scored as trained (adapter on its rebuilt base, unmerged); ``recipe.limit`` caps the rows."""
     from peft import PeftModel
 
-    from components.runtime.inference import load_model
+    from hydratune.components.runtime.inference import load_model
 
     _, before = run_recipe(*EVAL, "recipe.limit=8", name="eval_base")
     assert before == {"lm_eval/hydratune_prompts/exact_match/strip": 0.0}

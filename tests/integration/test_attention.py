@@ -12,8 +12,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from components.config.errors import ConfigError
-from components.modeling import attention
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.modeling import attention
 from tests.conftest import REPO
 
 TINY = str(REPO / "components" / "assets" / "tiny")
@@ -104,7 +104,7 @@ def test_rows_of_one_length_are_collated_dense_with_the_same_loss() -> None:
     """hydratune's padding-free collator: a micro-batch of rows all one length (fixed-length chunks: nothing
     to pad) comes out as the plain ``[rows, length]`` batch, with the loss and gradients of the flattened
     one; rows of several lengths are flattened as before."""
-    from components.text.batching import dense_when_equal
+    from hydratune.components.text.batching import dense_when_equal
 
     collator = dense_when_equal(DataCollatorForLanguageModeling)(pad_token_id=PAD, padding_free=True)
     gen = torch.Generator().manual_seed(3)
@@ -223,8 +223,8 @@ def test_explicit_varlen_on_gemma2_is_a_config_error(compose_cfg) -> None:
 
 
 def test_padding_free_with_prompt_learning_is_refused_before_load(compose_cfg) -> None:
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
 
     cfg = compose_cfg("peft=prefix")
     with pytest.raises(ConfigError) as err:
@@ -235,8 +235,8 @@ def test_padding_free_with_prompt_learning_is_refused_before_load(compose_cfg) -
 
 
 def test_padding_free_with_plain_sdpa_warns(compose_cfg, caplog) -> None:
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
 
     for impl, warned in (("sdpa", True), ("auto", False)):
         caplog.clear()

@@ -12,9 +12,9 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from components.config.errors import ConfigError
-from components.runtime.checkpoint import COMPLETE, checkpoints_in, resolve_resume, verify
-from components.runtime.resume import resolve
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.runtime.checkpoint import COMPLETE, checkpoints_in, resolve_resume, verify
+from hydratune.components.runtime.resume import resolve
 
 
 def test_a_signal_handled_during_the_agreement_waits_for_the_next_step(monkeypatch) -> None:
@@ -23,7 +23,7 @@ def test_a_signal_handled_during_the_agreement_waits_for_the_next_step(monkeypat
     stop alone while the others train on (the hang of a rank signalled on its own); the next step all stop."""
     import torch.distributed as dist
 
-    from components.distributed.interrupt import GracefulInterrupt
+    from hydratune.components.distributed.interrupt import GracefulInterrupt
 
     g = GracefulInterrupt()
     sent: list[int] = []

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from components.text.chat_template import CHATML, HYDRATUNE, TRL_MARKERS
+from hydratune.components.text.chat_template import CHATML, HYDRATUNE, TRL_MARKERS
 from tests.support.data import write_jsonl
 from tests.unit.test_chat_template import SMOLLM2_TEMPLATE, STEPS, TINY
 from tests.unit.test_columns import write

@@ -15,18 +15,18 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.data import prepared_cache
-from components.data.chats import ChatDataset
-from components.data.prepare import prepare_data
-from components.data.tokens import SFTTokens
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data import prepared_cache
+from hydratune.components.data.chats import ChatDataset
+from hydratune.components.data.prepare import prepare_data
+from hydratune.components.data.tokens import SFTTokens
 from tests.support.data import TINY, multi_turn, write_jsonl
 
 
 def tokenizer(template: str | None = None) -> Any:
     from transformers import AutoTokenizer
 
-    from components.text.chat_template import resolve_chat_template
+    from hydratune.components.text.chat_template import resolve_chat_template
 
     tok = AutoTokenizer.from_pretrained(TINY)
     if template:
@@ -115,8 +115,8 @@ def test_rows_stay_memory_mapped(chats: Path, tmp_path: Path) -> None:
 @pytest.fixture
 def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     """Byte ranges of 1 KB, row ranges of 8 rows: many tasks on a small file, run by worker processes."""
-    from components.data import preferences, readers
-    from components.distributed import workers
+    from hydratune.components.data import preferences, readers
+    from hydratune.components.distributed import workers
 
     monkeypatch.setattr(readers, "MIN_RANGE", 1024)
     for module in (workers, readers, preferences):
@@ -157,7 +157,7 @@ def test_a_bad_row_is_named_by_file_and_line_from_any_worker(tmp_path: Path, sma
 
 
 def test_progress_lines_say_rows_rate_and_eta(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    from components.distributed import workers
+    from hydratune.components.distributed import workers
 
     now = [100.0]
     monkeypatch.setattr(workers.time, "monotonic", lambda: now[0])
@@ -174,7 +174,7 @@ def test_progress_lines_say_rows_rate_and_eta(monkeypatch: pytest.MonkeyPatch, c
 
 
 def test_cache_ls_and_clear(chats: Path, tmp_path: Path, capsys: Any) -> None:
-    from components.commands.cache import cli
+    from hydratune.components.commands.cache import cli
 
     cache = tmp_path / "cache"
     prepare(chats, cache)
@@ -199,8 +199,8 @@ def test_cache_ls_and_clear(chats: Path, tmp_path: Path, capsys: Any) -> None:
 
 
 def test_plan_says_whether_it_prepared_or_reused(compose_cfg: Any, tmp_path: Path) -> None:
-    from components.data.prepare import plan_data
-    from components.runtime.run import Components
+    from hydratune.components.data.prepare import plan_data
+    from hydratune.components.runtime.run import Components
 
     def plan() -> list[str]:
         comps = Components.from_config(compose_cfg("mode=plan", f"data.cache_dir={tmp_path / 'cache'}"))

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.config.errors import ConfigError
-from components.memory.spec import spec_from_config
-from components.model import CausalLM
-from components.runtime.run import dataloader_args
-from components.runtime.trainer_hooks import DeferredTokenCount
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.memory.spec import spec_from_config
+from hydratune.components.model import CausalLM
+from hydratune.components.runtime.run import dataloader_args
+from hydratune.components.runtime.trainer_hooks import DeferredTokenCount
 
 SHORT = ["train.max_steps=4", "train.micro_batch_size=8", "data.max_samples=64", "train.eval_generations=0"]
 
@@ -60,7 +60,7 @@ def test_every_peft_option_gets_the_estimate_and_the_load_the_same_weight_dtype(
     bf16 base exactly under the options that freeze it."""
     from hydra.utils import instantiate
 
-    from components.config.options import options
+    from hydratune.components.config.options import options
 
     for name in options("peft"):
         cfg = compose_cfg("model=llama3_2_1b", f"peft={name}", "precision=bf16")
@@ -157,8 +157,8 @@ def test_a_nan_loss_stops_the_run_naming_the_key_before_saving(run_recipe, tmp_p
 
 
 def test_skip_nonfinite_loss_restores_hfs_filter(compose_cfg, tmp_path) -> None:
-    from components.runtime.run import Components, RunContext
-    from components.runtime.rundir import RunDir
+    from hydratune.components.runtime.run import Components, RunContext
+    from hydratune.components.runtime.rundir import RunDir
 
     for value, expected in (("false", False), ("true", True)):
         cfg = compose_cfg(f"train.skip_nonfinite_loss={value}")
@@ -218,7 +218,7 @@ def test_gradient_checkpointing_follows_the_model_config(run_recipe, on: bool) -
 def test_collector_pause_freeze_and_hand_back(monkeypatch) -> None:
     import gc
 
-    from components.runtime import startup
+    from hydratune.components.runtime import startup
 
     gc.unfreeze()  # the collector as a process starts it (not as tests/conftest.py leaves it)
     monkeypatch.setenv("HYDRATUNE_PAUSE_GC", "0")  # the off switch
@@ -245,8 +245,8 @@ def test_the_cli_runs_no_full_collection_before_training(tmp_path, monkeypatch) 
     leaves collection on and nothing frozen when the run is over."""
     import gc
 
-    import components.runtime.session
-    from recipes.cli import main
+    import hydratune.components.runtime.session
+    from hydratune.recipes.cli import main
 
     full, seen = [], {}
 
@@ -259,8 +259,8 @@ def test_the_cli_runs_no_full_collection_before_training(tmp_path, monkeypatch) 
         original()
         seen["frozen"] = gc.get_freeze_count()
 
-    original = components.runtime.session.training_starts
-    monkeypatch.setattr(components.runtime.session, "training_starts", training_starts)
+    original = hydratune.components.runtime.session.training_starts
+    monkeypatch.setattr(hydratune.components.runtime.session, "training_starts", training_starts)
     gc.unfreeze()  # the collector as a process starts it (not as tests/conftest.py leaves it)
     gc.callbacks.append(on_gc)
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 from tests.support.rl import FAST_GRPO
 
 
@@ -40,7 +40,7 @@ def test_grpo_with_lora_uses_the_adapter_free_policy_as_reference(run_recipe) ->
     ],
 )
 def test_grpo_refuses_bad_settings_before_load(run_recipe, monkeypatch, overrides, key) -> None:
-    from components.model import CausalLM
+    from hydratune.components.model import CausalLM
 
     monkeypatch.setattr(CausalLM, "build", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ConfigError) as info:
@@ -56,10 +56,10 @@ def test_grpo_on_your_data_keeps_no_demo_length_and_applies_data_max_prompt_leng
     kept one measures within it, chat template and generation prompt included: what TRL renders), and
     those left to cut (``on_overlong=truncate``, which GRPO cannot do) are refused before the model loads,
     in plan and training alike."""
-    from components.data.prepare import plan_data
-    from components.runtime.checks import warnings_for
-    from components.runtime.run import Components
-    from components.runtime.session import Session
+    from hydratune.components.data.prepare import plan_data
+    from hydratune.components.runtime.checks import warnings_for
+    from hydratune.components.runtime.run import Components
+    from hydratune.components.runtime.session import Session
     from tests.support.data import write_jsonl
 
     long = "Explain every step carefully. " * 30

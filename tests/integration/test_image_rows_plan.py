@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from components.data.chats import ChatDataset
-from components.data.fingerprint import changed, fingerprint_node
-from components.data.prepare import prepare_data
+from hydratune.components.data.chats import ChatDataset
+from hydratune.components.data.fingerprint import changed, fingerprint_node
+from hydratune.components.data.prepare import prepare_data
 from tests.support.cli import in_process
 from tests.support.data import write_jsonl
 from tests.unit.test_data_images import BAD, image_pairs, placeholder_row, png
@@ -112,7 +112,7 @@ def test_the_estimate_counts_the_image_tokens_of_the_data(tmp_path: Path, pictur
     """Two 56-pixel images a row are 8 image tokens (one default image: 4): ``hydratune estimate`` and
     ``strategy=auto`` measure them with the processor and count them, the table exactly as with
     ``model.image_tokens_per_row=8`` given; a given value is not measured over."""
-    from components.commands.estimate_tables import cli
+    from hydratune.components.commands.estimate_tables import cli
 
     rows = [placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(12)]
     path = write_jsonl(tmp_path / "two.jsonl", rows)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from components.config.errors import ConfigError
-from components.runtime.expert_load import ExpertLoad, routers
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.runtime.expert_load import ExpertLoad, routers
 from tests.support.data import REPO
 
 
@@ -59,8 +59,8 @@ def test_the_tiny_moe_trains_with_its_aux_loss_and_expert_load(run_recipe) -> No
 
 
 def test_lora_on_the_experts_is_refused_with_dropout_before_load(compose_cfg) -> None:
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
 
     cfg = compose_cfg("model=tiny_moe", "peft=lora", "mode=plan")
     with pytest.raises(ConfigError) as err:
@@ -87,8 +87,8 @@ def test_lora_on_the_experts_exports_merged_with_the_adapters_logits(run_recipe,
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from components.commands.export import export
-    from components.modeling.trained import TrainedRun
+    from hydratune.components.commands.export import export
+    from hydratune.components.modeling.trained import TrainedRun
     from tests.support.runs import as_cli_run
 
     short = ["model=tiny_moe", "train.save_every=0", "train.eval_every=0"]
@@ -114,7 +114,7 @@ def test_generation_asks_no_router_logits() -> None:
     router logits of the new tokens only and transformers' loss failed against the whole mask."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from components.generation.sampling import Sampling, complete
+    from hydratune.components.generation.sampling import Sampling, complete
     from tests.support.data import TINY
 
     config = AutoConfig.from_pretrained(REPO / "components/assets/tiny_moe")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from components.data import PreferenceDataset
-from components.data.pair_lengths import PairLengths, check_pairs, pair_notes
-from components.data.rows import scratch_workers
+from hydratune.components.data import PreferenceDataset
+from hydratune.components.data.pair_lengths import PairLengths, check_pairs, pair_notes
+from hydratune.components.data.rows import scratch_workers
 from tests.support.data import TINY, write_jsonl
 
 LIMIT = 128
@@ -82,7 +82,7 @@ def test_the_reward_trainer_drops_what_the_counts_say(pairs: tuple, tmp_path: Pa
 
 
 def test_a_split_left_with_nothing_to_train_is_refused(pairs: tuple) -> None:
-    from components.config.errors import ConfigError
+    from hydratune.components.config.errors import ConfigError
 
     _, _, facts = pairs
     c = facts["truncate"]["pairs"]["train"]

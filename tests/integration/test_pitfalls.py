@@ -45,7 +45,7 @@ def test_packed_examples_do_not_attend_across_boundaries(compose_cfg) -> None:
     our Session both set it): with a KV cache transformers skips packed-sequence masking and leaks."""
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from components.runtime.run import Components
+    from hydratune.components.runtime.run import Components
 
     comps = Components.from_config(compose_cfg())
     tokenizer = comps.model.build_tokenizer()
@@ -90,8 +90,8 @@ def test_packing_trains(run_recipe) -> None:
 def test_label_mask_checks() -> None:
     from datasets import Dataset
 
-    from components.config.errors import ConfigError
-    from components.text.masking import check_label_mask, label_mask_stats
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.text.masking import check_label_mask, label_mask_stats
 
     eos = 9
     everything = Dataset.from_list([{"input_ids": [1, 2, eos], "labels": [1, 2, eos]}] * 4)

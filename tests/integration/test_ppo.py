@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from components.config.errors import ConfigError
-from components.rl import ppo_parts as ppo
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.rl import ppo_parts as ppo
 from tests.support import rewards
 from tests.support.rl import FAST_PPO, PER_ITERATION
 from tests.support.runs import assert_base_untouched
@@ -129,8 +129,8 @@ def test_running_moments_match_the_batch_statistics() -> None:
 
 @pytest.fixture(scope="module")
 def tiny():
-    from components.config.resolvers import asset
-    from components.model import CausalLM
+    from hydratune.components.config.resolvers import asset
+    from hydratune.components.model import CausalLM
 
     torch.manual_seed(0)
     spec = CausalLM(name_or_path=asset("tiny"), init="random")
@@ -246,7 +246,7 @@ def test_ppo_against_a_trained_reward_model_with_a_critic_from_it(run_recipe, tm
     assert critic.keys() == start.keys()
     # ... in numbers: the critic's first value predictions are the reward model's scores. The value at the
     # last token of prompt + completion is read where critic_values reads it (one dummy token appended).
-    from components.rewards import RewardModel
+    from hydratune.components.rewards import RewardModel
 
     (initial,) = built
     reward = RewardModel(str(rm.run_dir.final))
@@ -288,7 +288,7 @@ def test_ppo_refuses_the_wrong_data_and_bad_knobs_before_load(run_recipe, tmp_pa
             run_recipe("recipe=ppo", *overrides)
         assert info.value.key == key, overrides
     # a whole checkpoint of another recipe (a trainer's) is not one PPO can continue from
-    from components.runtime.checkpoint import mark_complete
+    from hydratune.components.runtime.checkpoint import mark_complete
 
     other = tmp_path / "sft" / "checkpoints" / "checkpoint-1"
     other.mkdir(parents=True)
@@ -357,7 +357,7 @@ def test_ppo_interrupted_and_resumed_matches_an_uninterrupted_run(run_recipe, ex
     (weights, optimizer, cosine schedule, RNG states, KL controller, reward moments, prompt order)."""
     from safetensors.torch import load_file
 
-    from components.config.errors import Interrupted
+    from hydratune.components.config.errors import Interrupted
 
     common = [*FAST_PPO, *extra, "recipe.num_iterations=4"]
     common += ["recipe.reward._target_=tests.support.rewards.brevity"]
@@ -390,8 +390,8 @@ def test_ppo_interrupted_and_resumed_matches_an_uninterrupted_run(run_recipe, ex
 def test_frozen_models_under_zero3_offload_get_an_inference_config(compose_cfg) -> None:
     """The second DeepSpeed plugin (reference / reward model): ZeRO-3 with the trained model's parameter
     offload, but no optimizer, no optimizer offload, no accumulation; DeepSpeed accepts it."""
-    from components.runtime.run import Components, batch_plan
-    from components.strategy import validate_deepspeed_config
+    from hydratune.components.runtime.run import Components, batch_plan
+    from hydratune.components.strategy import validate_deepspeed_config
 
     cfg = compose_cfg("recipe=ppo", "strategy=zero3_offload", "train.gradient_accumulation_steps=4")
     comps = Components.from_config(cfg)
@@ -416,9 +416,9 @@ def test_ppo_under_fsdp_passes_cpu_checks_and_refuses_what_its_loop_does_not_do(
     a GPU); what its loop does not do is refused, not ignored, on a GPU host too (its detection patched
     where ``Strategy.resolve_device`` looks it up): fp16 (no sharded loss scaling), FSDP's activation
     checkpointing, sharded checkpoints."""
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
-    from components.strategy import core
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
+    from hydratune.components.strategy import core
 
     cfg = compose_cfg("recipe=ppo", "strategy=fsdp", "launcher.nproc_per_node=2")
     assert check_before_load(cfg, Components.from_config(cfg)) == "cpu"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 from tests.support.runs import assert_base_untouched
 
 #: the learning tier's settings (tests/learning/test_preference_learns.py)
@@ -75,7 +75,7 @@ def test_reward_model_full_saves_a_sequence_classifier(run_recipe) -> None:
 
 
 def test_preference_file_missing_rejected_fails_before_model_load(run_recipe, tmp_path, monkeypatch) -> None:
-    from components.model import CausalLM
+    from hydratune.components.model import CausalLM
 
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
@@ -134,7 +134,7 @@ def test_from_run_with_only_an_adapter_on_a_random_base_is_refused(run_recipe, t
 def test_each_recipe_trains_checkpoints_resumes_and_exports(run_recipe, tmp_path, recipe) -> None:
     from transformers import AutoModelForCausalLM
 
-    from components.commands.export import export
+    from hydratune.components.commands.export import export
 
     first, _ = run_recipe(f"recipe={recipe}", *RUN, "train.max_steps=2", "train.save_every=2", name="a")
     assert TRAINER_FACTS[recipe](first.trainer)
@@ -153,7 +153,7 @@ def test_the_probe_takes_the_first_probe_pairs() -> None:
 
     from datasets import Dataset
 
-    from components.runtime.session import training_pairs
+    from hydratune.components.runtime.session import training_pairs
 
     trainer = SimpleNamespace(train_dataset=Dataset.from_dict({"i": list(range(10))}))
     assert training_pairs(trainer, 3)["training pairs"]["i"] == [0, 1, 2]

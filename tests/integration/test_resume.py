@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from components.config.errors import ConfigError
-from components.runtime.checkpoint import checkpoints_in, mark_complete
-from components.runtime.resume import point, resolve
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.runtime.checkpoint import checkpoints_in, mark_complete
+from hydratune.components.runtime.resume import point, resolve
 from tests.conftest import save_like_hydra
 from tests.support.cli import in_process
 from tests.support.runs import fake_run
@@ -41,7 +41,7 @@ def test_a_lora_run_is_never_continued_by_a_full_fine_tune(
     compose_cfg, tmp_path, monkeypatch, capsys
 ) -> None:
     """Through the CLI: exit 2, one paragraph naming the key and the differing group, no model loaded."""
-    from components.model import CausalLM
+    from hydratune.components.model import CausalLM
 
     monkeypatch.setattr(CausalLM, "build", lambda *a, **k: pytest.fail("a model was loaded"))
     day = tmp_path / "outputs" / "day"
@@ -58,7 +58,7 @@ def test_each_multirun_point_resumes_its_own_point(compose_cfg, tmp_path, monkey
     """Two sweeps through the CLI (the recipe stubbed to note what it resumes and write a checkpoint):
     each point of the second continues the same point (same lr) of the first, whichever ran last — and
     never a point of its own sweep, though points differing in train.max_steps only have the same config."""
-    from recipes.sft import SFT
+    from hydratune.recipes.sft import SFT
 
     first = tmp_path / "multirun" / "day" / "t1"
     for num, lr in enumerate(("1e-3", "2e-3")):
@@ -102,7 +102,7 @@ def test_resume_true_without_an_earlier_run_names_the_key(compose_cfg, tmp_path)
 
 
 def test_a_bad_resume_path_fails_before_load(compose_cfg, tmp_path, monkeypatch, capsys) -> None:
-    from components.model import CausalLM
+    from hydratune.components.model import CausalLM
 
     monkeypatch.setattr(CausalLM, "build", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(SystemExit) as code:
@@ -136,7 +136,7 @@ def test_resume_true_continues_the_matching_trained_run(run_recipe) -> None:
 
 
 def test_a_config_target_outside_hydratune_is_never_built(compose_cfg, tmp_path) -> None:
-    from components.runtime.run import Components
+    from hydratune.components.runtime.run import Components
 
     marker = tmp_path / "marker"
     cfg = compose_cfg()

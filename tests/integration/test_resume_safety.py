@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.runtime.checkpoint import checkpoints_in, mark_complete, resolve_resume
-from components.runtime.resume import resolve
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.runtime.checkpoint import checkpoints_in, mark_complete, resolve_resume
+from hydratune.components.runtime.resume import resolve
 from tests.conftest import REPO, save_like_hydra
 from tests.support.cli import Warm, in_process
 
@@ -54,7 +54,7 @@ def shared(
     proc = signalled(
         hydratune,
         root,
-        "components.runtime.session.save_final",
+        "hydratune.components.runtime.session.save_final",
         *STEPS,
         f"data.path={data}",
         f"hydra.run.dir={run}",
@@ -133,7 +133,7 @@ def test_mode_plan_runs_the_resume_checks(tmp_path, capsys) -> None:
 def test_a_run_dir_holding_a_run_is_only_resumed(shared, tmp_path, monkeypatch, capsys) -> None:
     """Same pinned hydra.run.dir twice: refused before Hydra writes a file there; resume= that dir is the
     way to continue in it, and trains no step past train.max_steps (the checkpoint is of the last step)."""
-    from recipes.sft import SFT
+    from hydratune.recipes.sft import SFT
 
     run = copy_of(shared[0], tmp_path)
     saved = (run / ".hydra" / "config.yaml").read_text()
@@ -153,7 +153,7 @@ def test_a_run_dir_holding_a_run_is_only_resumed(shared, tmp_path, monkeypatch, 
 
 def test_a_quoted_resume_path_with_spaces_is_that_runs_config(shared, tmp_path, monkeypatch) -> None:
     """``resume="<dir with spaces and é>"`` in Hydra's quotes: the run's own config, not the defaults."""
-    from recipes.sft import SFT
+    from hydratune.recipes.sft import SFT
 
     run = copy_of(shared[0], tmp_path / "a run é")
     ran: list[Any] = []
@@ -196,7 +196,7 @@ def stamped(run: Path, cfg: Any, recorded: float, mtime: float) -> Path:
 def test_latest_is_the_run_recorded_last_not_the_dir_touched_last(compose_cfg, tmp_path, monkeypatch) -> None:
     """resume=true and ${latest_run:sft}: exporting (or anything else writing into) an older run dir
     does not make it the latest."""
-    from components.config.resolvers import latest_run
+    from hydratune.components.config.resolvers import latest_run
 
     day = tmp_path / "outputs" / "day"
     cfg = compose_cfg()
@@ -223,8 +223,8 @@ def test_latest_is_the_run_recorded_last_not_the_dir_touched_last(compose_cfg, t
 def test_a_resumed_launch_clears_the_stale_markers(tmp_path) -> None:
     """A run stopped by a relayed signal left its markers; the launch that resumes into the same run dir
     removes them first (else its workers would stop after one step, every time)."""
-    from components.distributed.interrupt import RELAY_FILE
-    from components.launcher import RANK_DONE, RANK_STOPPED, clear_markers
+    from hydratune.components.distributed.interrupt import RELAY_FILE
+    from hydratune.components.launcher import RANK_DONE, RANK_STOPPED, clear_markers
 
     (tmp_path / RELAY_FILE).write_text("SIGTERM")
     for name in (RANK_DONE, RANK_STOPPED):
@@ -236,7 +236,7 @@ def test_a_resumed_launch_clears_the_stale_markers(tmp_path) -> None:
 def test_a_killed_sweep_resumes_every_point_from_its_own_run(compose_cfg, tmp_path, monkeypatch) -> None:
     """SIGKILL during point 1 of three: -m ... resume=true continues points 0 and 1 from their own
     checkpoints and starts point 2, which never ran, afresh (instead of refusing the whole sweep)."""
-    from recipes.sft import SFT
+    from hydratune.recipes.sft import SFT
     from tests.support.runs import fake_run
 
     killed = tmp_path / "multirun" / "day" / "t1"
@@ -270,9 +270,9 @@ def test_disk_full_during_a_tiny_run(
     raising ENOSPC, or no room left before the next save); DiskFull names checkpoint-1 to resume from."""
     import torch
 
-    from components.runtime import diskspace
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components, run_recipe
+    from hydratune.components.runtime import diskspace
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components, run_recipe
 
     cfg = compose_cfg(
         "train.max_steps=2", f"train.save_every={2 if fault == 'final' else 1}", "train.eval_every=0",

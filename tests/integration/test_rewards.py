@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 USER_REWARDS = (
@@ -115,8 +115,8 @@ def user_dirs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def checked(compose_cfg: Any, *overrides: str) -> Any:
     """The components of a composed config, after every check that runs before load (mode=plan's)."""
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
 
     cfg = compose_cfg(*overrides)
     comps = Components.from_config(cfg)
@@ -128,7 +128,7 @@ def checked(compose_cfg: Any, *overrides: str) -> Any:
 def test_a_reward_module_in_the_working_directory_resolves_before_load(
     compose_cfg, tmp_path, monkeypatch, user_dirs
 ) -> None:
-    from components.rewards import resolve_reward
+    from hydratune.components.rewards import resolve_reward
 
     (tmp_path / "cwd_rewards_a.py").write_text(USER_REWARDS)
     monkeypatch.chdir(tmp_path)  # the working directory is not on sys.path (a console script's isn't)
@@ -137,11 +137,11 @@ def test_a_reward_module_in_the_working_directory_resolves_before_load(
     with pytest.raises(ConfigError) as info:
         checked(compose_cfg, "recipe=grpo", "recipe.reward_funcs=[cwd_rewards_a.corect]")
     assert info.value.key == "recipe.reward_funcs[0]" and "did you mean correct" in str(info.value)
-    from components.rewards import import_reward
+    from hydratune.components.rewards import import_reward
 
     for spec, near in [
         ("cwd_rewardz_a.correct", "did you mean cwd_rewards_a"),
-        ("components.rewards.exact_mach", "did you mean exact_match"),
+        ("hydratune.components.rewards.exact_mach", "did you mean exact_match"),
     ]:
         with pytest.raises(ConfigError, match=near):
             import_reward(spec)
@@ -154,7 +154,7 @@ def test_a_reward_module_beside_the_data_resolves_and_is_called_by_keyword(
     command line names (a data.path set anywhere else grants nothing); ``correct(completions, answer,
     **kw)`` passes, as TRL calls it by keyword; one without a ``completions`` parameter is refused naming
     its parameters."""
-    from components.rewards import resolve_reward
+    from hydratune.components.rewards import resolve_reward
     from tests.support.data import write_jsonl
 
     data = tmp_path / "data"
@@ -195,7 +195,7 @@ def test_a_reward_module_beside_the_data_resolves_and_is_called_by_keyword(
         (
             [
                 "recipe=ppo",
-                "recipe.reward._target_=components.rewards.length_penalty",
+                "recipe.reward._target_=hydratune.components.rewards.length_penalty",
                 "+recipe.reward.target={_target_: torch.hub.load, _partial_: true}",
             ],
             "recipe.reward",
@@ -214,8 +214,8 @@ def test_a_reward_from_an_installed_package_or_binding_a_call_is_refused(compose
 def test_a_blank_reference_or_a_missing_answer_column_fails_before_the_model_loads(
     run_recipe, compose_cfg, tmp_path, monkeypatch
 ) -> None:
-    from components.data.prepare import plan_data
-    from components.runtime.session import Session
+    from hydratune.components.data.prepare import plan_data
+    from hydratune.components.runtime.session import Session
 
     def loaded(*args: Any) -> None:
         raise AssertionError("the model was loaded")
@@ -243,7 +243,7 @@ def test_a_blank_reference_or_a_missing_answer_column_fails_before_the_model_loa
 
 # ---- a reward served over HTTP -----------------------------------------------------------------------
 def test_the_http_reward_sends_the_contract_retries_and_times_out(server) -> None:
-    from components.rewards_http import HttpReward, RewardServerError
+    from hydratune.components.rewards_http import HttpReward, RewardServerError
 
     reward = HttpReward(server.url, timeout=5, retries=1)
     prompts = [[{"role": "user", "content": "1+1"}]] * 2
@@ -316,7 +316,7 @@ def test_grpo_ppo_and_best_of_n_score_with_a_reward_url(run_recipe, server) -> N
 def test_a_redirect_is_never_followed(server, other_server) -> None:
     """The issue's probe: a redirect to another host was followed (as a GET, without the completions) and
     that host's scores accepted. Refused before load, naming where it pointed; the other host gets nothing."""
-    from components.rewards_http import HttpReward, RewardURL
+    from hydratune.components.rewards_http import HttpReward, RewardURL
 
     server.redirect = other_server.url
     with pytest.raises(ConfigError) as info:
@@ -330,7 +330,7 @@ def test_a_redirect_is_never_followed(server, other_server) -> None:
 
 @pytest.mark.parametrize("bad", sorted(BAD_ANSWERS))
 def test_an_answer_outside_the_contract_is_named_with_what_came_back(server, bad: str) -> None:
-    from components.rewards_http import HttpReward, RewardServerError
+    from hydratune.components.rewards_http import HttpReward, RewardServerError
 
     server.bad = bad
     with pytest.raises(RewardServerError) as info:
@@ -357,7 +357,7 @@ def test_ppo_checkpoints_the_last_finished_iteration_when_the_server_fails(
     ServerFailed (the CLI's exit 76)."""
     import torch
 
-    from components.config.errors import ServerFailed
+    from hydratune.components.config.errors import ServerFailed
 
     server.bad, server.good = "count", 1
     ppo = ["recipe=ppo", "recipe.num_iterations=3", "recipe.rollout_batch_size=4", "recipe.mini_batch_size=4"]

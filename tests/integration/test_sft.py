@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.runtime.run import Components
+from hydratune.components.runtime.run import Components
 
 # Short runs on small batches. Two optimizer steps are enough for what these tests check: AdamW's first
 # step moves every parameter that has a gradient (by about lr, whatever the gradient's size), so a weight
@@ -101,7 +101,7 @@ def test_freeze_changes_only_the_unfrozen_layers(run_recipe) -> None:
 
 
 def test_bitfit_on_a_model_without_biases_fails_clearly(run_recipe) -> None:
-    from components.config.errors import ConfigError
+    from hydratune.components.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"(?i)bitfit"):
         run_recipe(*SHORT, "peft=bitfit", "+model.architecture.attention_bias=false", name="nobias")
@@ -173,7 +173,7 @@ def test_auto_precision_autocasts_to_bf16_where_the_cpu_and_the_model_make_it_pa
 ) -> None:
     from torch.nn.modules.module import register_module_forward_hook
 
-    from components import precision
+    from hydratune.components import precision
 
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512_bf16"})  # whatever this machine has
     monkeypatch.setattr("torch.backends.cpu.get_cpu_capability", lambda: "AVX512")
@@ -223,7 +223,7 @@ def test_components_still_equal_their_config_after_a_run(run_recipe) -> None:
     run's config. Frozen dataclasses refuse assignment; this catches a list or dict changed in place."""
     import dataclasses
 
-    from components.config.registry import REGISTRY
+    from hydratune.components.config.registry import REGISTRY
 
     assert all(c.__dataclass_params__.frozen for classes in REGISTRY.values() for c in classes.values())
     sft, _ = run_recipe(*SHORT, "peft=lora", "tracker=jsonl", "merge=true", name="sft")

@@ -18,11 +18,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.config.errors import EXIT_INTERRUPTED, ConfigError
-from components.data.chats import ChatDataset
-from components.data.feed import Place, Windows
-from components.data.stream import PROBE, STREAM, Position, open_stream
-from components.data.stream_prepare import POSITION_FILE, check_positions
+from hydratune.components.config.errors import EXIT_INTERRUPTED, ConfigError
+from hydratune.components.data.chats import ChatDataset
+from hydratune.components.data.feed import Place, Windows
+from hydratune.components.data.stream import PROBE, STREAM, Position, open_stream
+from hydratune.components.data.stream_prepare import POSITION_FILE, check_positions
 from tests.conftest import REPO
 from tests.support.cli import in_process
 
@@ -211,8 +211,8 @@ def test_message_keys_a_stream_does_not_use_are_counted_past_the_checked_rows(tm
 
 def test_the_length_policy_applies_to_every_streamed_row(tmp_path: Path) -> None:
     """data.on_overlong on a row read after the checked ones: dropped and counted, or named."""
-    from components.data.prepare import prepare_data
-    from components.text.tokenizer import build_tokenizer
+    from hydratune.components.data.prepare import prepare_data
+    from hydratune.components.text.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(str(REPO / "components" / "assets" / "tiny"))
     rows = [chat(i) for i in range(PROBE + 20)]
@@ -234,10 +234,10 @@ def test_a_streamed_row_has_the_tokens_of_the_loaded_row(tmp_path: Path, templat
     """The trainer's tokens of a stream, each row tokenized as it is read, are those the loaded (cached)
     path makes of the same rows: the same ids, labels and mask, cut at max_length, rows with nothing left
     to train dropped."""
-    from components.data.prepare import prepare_data
-    from components.data.tokens import SFTTokens
-    from components.text.chat_template import resolve_chat_template
-    from components.text.tokenizer import build_tokenizer
+    from hydratune.components.data.prepare import prepare_data
+    from hydratune.components.data.tokens import SFTTokens
+    from hydratune.components.text.chat_template import resolve_chat_template
+    from hydratune.components.text.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(str(REPO / "components" / "assets" / "tiny"))
     if template:
@@ -326,8 +326,8 @@ REFUSED = [
 
 
 def test_what_a_stream_cannot_do_is_refused_before_load(compose_cfg) -> None:
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
 
     def check(*more: str) -> None:
         cfg = compose_cfg(*QUICK, "data.streaming=true", "train.max_steps=4", *more)
@@ -354,7 +354,7 @@ def test_resuming_with_another_number_of_processes_is_refused(tmp_path: Path) ->
 
 
 def test_plan_checks_only_the_first_rows_and_says_so(tmp_path: Path, capsys, monkeypatch) -> None:
-    from components.model import CausalLM
+    from hydratune.components.model import CausalLM
 
     monkeypatch.setattr(CausalLM, "build", lambda *a, **k: pytest.fail("a model was loaded"))
     path = write_jsonl(tmp_path / "big.jsonl", [chat(i) for i in range(PROBE + 5)])
@@ -402,7 +402,7 @@ def same_weights(a: Path, b: Path) -> None:
 
 def test_a_packed_stream_resumes_to_the_same_weights(tmp_path, monkeypatch) -> None:
     """The same with data.packing (bfd, padding-free batches), stopped by a SIGTERM to this process."""
-    from components.data import feed
+    from hydratune.components.data import feed
 
     path = write_jsonl(tmp_path / "rows.jsonl", [chat(i * 37) for i in range(40)])
     common = [*RUN, "data.packing=true", "data.max_length=48", f"data.path={path}", f"data.eval_path={path}"]

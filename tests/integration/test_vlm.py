@@ -112,8 +112,8 @@ def test_checkpoints_final_and_export_hold_the_processor(run_recipe, tmp_path) -
     (the rows are text, so that alone proves little: the trainable count says the tower was frozen)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from components.commands.export import export
-    from components.modeling.trained import TrainedRun
+    from hydratune.components.commands.export import export
+    from hydratune.components.modeling.trained import TrainedRun
 
     ctx, _ = run_recipe(
         "model=tiny_vlm",
@@ -138,7 +138,7 @@ def test_checkpoints_final_and_export_hold_the_processor(run_recipe, tmp_path) -
     for rgb in (RED, BLUE):
         assert greedy(plain, plain_processor, rgb) == greedy(trained, processor, rgb)
     assert "AutoProcessor" in (out / "README.md").read_text()
-    from components.commands.chat import load
+    from hydratune.components.commands.chat import load
 
     assert type(load(out)[0]).__name__ == "Idefics3ForConditionalGeneration"  # chat on the export: text turns
     ctx.seed_everything()  # as build_model seeds before the init

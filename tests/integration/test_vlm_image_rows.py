@@ -14,8 +14,8 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from components.config.errors import ConfigError
-from components.data.chats import ChatDataset
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.chats import ChatDataset
 from tests.support.data import write_jsonl
 from tests.unit.test_data_images import BLUE, RED, png
 
@@ -35,7 +35,7 @@ def collator(processor: Any, *, assistant_only: bool = True, guarded: bool = Tru
     generation markers, inside ``NoImageTokenLoss``."""
     from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 
-    from components.text.batching import NoImageTokenLoss, image_token_ids
+    from hydratune.components.text.batching import NoImageTokenLoss, image_token_ids
 
     inner = DataCollatorForVisionLanguageModeling(processor, assistant_only_loss=assistant_only)
     wrapped = NoImageTokenLoss(inner, image_token_ids(processor))
@@ -127,7 +127,7 @@ def test_the_guard_refuses_a_collator_that_trains_image_tokens(processor: Any, t
     """The break-check the recipe runs on its first batch (``Session.check_image_loss_mask``): a collator
     whose labels hold image tokens (no answer-only mask, no ``NoImageTokenLoss``) is refused by name; the
     recipe's collator passes and its first example is reported."""
-    from components.runtime.session import Session
+    from hydratune.components.runtime.session import Session
 
     train = rows(shapes(tmp_path)[1])
     measured: list[list[int]] = []
@@ -167,7 +167,7 @@ def test_image_pairs_train_the_completions_only(processor: Any, tmp_path: Path) 
     the chosen / rejected answers (and their end-of-turn token), never an image token."""
     from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
 
-    from components.data.preferences import PreferenceDataset
+    from hydratune.components.data.preferences import PreferenceDataset
 
     loaded = PreferenceDataset(path=str(pair_rows(tmp_path, 2)), images=True, eval_fraction=0.0, cache=False)
     train = loaded.load()["train"]
@@ -253,7 +253,7 @@ def test_a_batch_of_text_and_image_rows_collates(processor: Any, tmp_path: Path)
 def test_chat_image_is_checked_before_the_model_loads(tmp_path: Path, monkeypatch: Any) -> None:
     """``hydratune chat <dir> --image <file>``: a file that is not an image, or a text model (no processor
     saved), is refused by name before anything loads."""
-    from components.commands import chat
+    from hydratune.components.commands import chat
 
     def no_model(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a model was loaded")

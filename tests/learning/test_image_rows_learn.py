@@ -85,8 +85,8 @@ def test_generate_chat_and_plain_transformers_answer_like_the_run(
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from components.commands import chat
-    from components.commands.export import export
+    from hydratune.components.commands import chat
+    from hydratune.components.commands.export import export
     from tests.support.cli import in_process
 
     run, data = Path(trained["run"]), Path(trained["data"])

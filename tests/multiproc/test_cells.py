@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.commands.matrix import RUN_IN_TESTS, Cell
+from hydratune.components.commands.matrix import RUN_IN_TESTS, Cell
 from tests.support.cells import CellRun, Cells, losses, name, records, result
 
 #: what each strategy's run must report as live (not what was asked: what accelerate / the loop prepared)

@@ -92,7 +92,7 @@ def saved_tiny_vlm(out: Path) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from components.config.resolvers import asset
+    from hydratune.components.config.resolvers import asset
 
     shutil.copytree(asset("tiny_vlm"), out)
     torch.manual_seed(0)

@@ -25,10 +25,10 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from components.commands.matrix import Cell
-from components.config.errors import EXIT_INTERRUPTED, EXIT_NODE_LOST
-from components.launcher import free_port
-from components.runtime.checkpoint import checkpoints_in, verify
+from hydratune.components.commands.matrix import Cell
+from hydratune.components.config.errors import EXIT_INTERRUPTED, EXIT_NODE_LOST
+from hydratune.components.launcher import free_port
+from hydratune.components.runtime.checkpoint import checkpoints_in, verify
 from tests.support.cells import FORK, command
 from tests.support.cli import TIMEOUT, finish, finish_all, kill_mentioning, start, wait_for_step
 

@@ -25,8 +25,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.config.errors import EXIT_INTERRUPTED
-from components.runtime.checkpoint import checkpoints_in, verify
+from hydratune.components.config.errors import EXIT_INTERRUPTED
+from hydratune.components.runtime.checkpoint import checkpoints_in, verify
 from tests.support.cells import FORK, forked, records
 from tests.support.cli import Warm, finish, wait_for_step
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.config.errors import EXIT_INTERRUPTED
+from hydratune.components.config.errors import EXIT_INTERRUPTED
 from tests.support.cells import FORK, forked, losses, records, result
 from tests.support.cli import Warm, finish, wait_for_step
 
@@ -277,7 +277,10 @@ def test_zero1_pipeline_resumes_bit_exact_from_each_replicas_partition(three_d: 
     """``strategy=zero1 strategy.pp_size=2`` ran as the pipeline with ZeRO-1 (its saved config says so: the
     run dir replays it); each replica wrote its own partition of the optimizer states, and the run resumed
     from step 2 repeats steps 3-4 bit for bit."""
-    assert "_target_: components.strategy.Pipeline" in (three_d.zero1 / ".hydra" / "config.yaml").read_text()
+    assert (
+        "_target_: hydratune.components.strategy.Pipeline"
+        in (three_d.zero1 / ".hydra" / "config.yaml").read_text()
+    )
     stage = three_d.zero1 / "checkpoints" / "checkpoint-2" / "stage-1"
     assert {p.name for p in stage.iterdir()} == {"model.safetensors", "optimizer-dp0.pt", "optimizer-dp1.pt"}
     assert losses(three_d.zero1_resumed) == losses(three_d.zero1)[2:]
@@ -290,7 +293,7 @@ def test_fsdp_pipeline_resumes_bit_exact_from_each_replicas_shards(three_d: Thre
     says so); each stage's weights were gathered whole, each replica wrote its shard of the optimizer
     states, and the run resumed from step 2 repeats steps 3-4 bit for bit."""
     saved = (three_d.fsdp / ".hydra" / "config.yaml").read_text()
-    assert "_target_: components.strategy.Pipeline" in saved and "zero_stage: 3" in saved
+    assert "_target_: hydratune.components.strategy.Pipeline" in saved and "zero_stage: 3" in saved
     stage = three_d.fsdp / "checkpoints" / "checkpoint-2" / "stage-0"
     assert {p.name for p in stage.iterdir()} == {"model.safetensors", "optimizer-dp0.pt", "optimizer-dp1.pt"}
     assert load_file(stage / "model.safetensors")["model.embed_tokens.weight"].shape == (602, 128)  # whole

@@ -25,9 +25,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.commands.matrix import Cell
-from components.config.errors import EXIT_INTERRUPTED
-from components.runtime.checkpoint import checkpoints_in, mark_complete, verify
+from hydratune.components.commands.matrix import Cell
+from hydratune.components.config.errors import EXIT_INTERRUPTED
+from hydratune.components.runtime.checkpoint import checkpoints_in, mark_complete, verify
 from tests.support.cells import FORK, command
 from tests.support.cli import WarmProcess, finish, start, wait_for_step
 

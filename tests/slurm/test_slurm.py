@@ -69,7 +69,7 @@ def bounded_wait(*args: object, **kwargs: object) -> list:
     """``slurm_sweep.wait`` in a thread: a wait that never ends fails the test after 30 s."""
     import threading
 
-    from components.distributed import slurm_sweep
+    from hydratune.components.distributed import slurm_sweep
 
     returned: list = []
     worker = threading.Thread(target=lambda: returned.append(slurm_sweep.wait(*args, **kwargs)), daemon=True)
@@ -94,8 +94,8 @@ def test_a_point_that_ends_without_a_result_is_marked_without_accounting(
 ) -> None:
     """No accounting (sacct fails), the controller forgot the job: the point is marked failed after the
     grace, never waited for without end; ``hydratune report`` shows it even though it never started."""
-    from components.commands.report import job_row
-    from components.distributed import slurm_sweep
+    from hydratune.components.commands.report import job_row
+    from hydratune.components.distributed import slurm_sweep
 
     fake_slurm(
         tmp_path, monkeypatch, squeue='echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1'
@@ -118,7 +118,7 @@ def test_a_point_that_ends_without_a_result_is_marked_without_accounting(
 def test_the_wait_ends_when_the_controller_stops_answering(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from components.distributed import slurm_sweep
+    from hydratune.components.distributed import slurm_sweep
 
     fake_slurm(tmp_path, monkeypatch, squeue="echo 'Unable to contact slurm controller' >&2; exit 1")
     monkeypatch.setattr(slurm_sweep, "UNREACHABLE_S", 0.5)
@@ -134,7 +134,7 @@ def test_running_and_requeued_jobs_are_waited_for(tmp_path: Path, monkeypatch: p
     from hydra.core.utils import JobReturn, JobStatus
     from submitit.core.utils import cloudpickle_dump
 
-    from components.distributed import slurm_sweep
+    from hydratune.components.distributed import slurm_sweep
 
     fake_slurm(tmp_path, monkeypatch, squeue="echo '80_0|RUNNING'; echo '80_1|PENDING'")
     assert slurm_sweep.queue_states(["80_0", "80_1"]) == {"80_0": "RUNNING", "80_1": "PENDING"}
@@ -297,7 +297,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def here(cwd: Path, *args: str) -> None:
     """The CLI in this process, run from ``cwd`` (the libraries are imported once for the session, not in
     one more process)."""
-    from recipes.cli import main
+    from hydratune.recipes.cli import main
 
     cwd.mkdir(parents=True, exist_ok=True)
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -355,7 +355,7 @@ def test_a_sweep_lands_its_points_and_a_cancelled_point_ends_it_marked(sweep, lo
     assert steps(point1) == list(range(1, stopped + 1)) and not (point1 / "final").exists()
 
     report = subprocess.run(
-        [sys.executable, "-m", "recipes", "report", str(sweep.dir)],
+        [sys.executable, "-m", "hydratune", "report", str(sweep.dir)],
         capture_output=True,
         text=True,
         timeout=120,

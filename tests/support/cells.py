@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from components.commands.matrix import QUIET, REWARD_MODEL, RUN_IN_TESTS, Cell, Trained
+from hydratune.components.commands.matrix import QUIET, REWARD_MODEL, RUN_IN_TESTS, Cell, Trained
 from tests.support.cli import Warm
 from tests.support.runs import read_jsonl
 

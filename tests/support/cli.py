@@ -5,10 +5,12 @@
   cwd, environment, ``sys.path[0]`` = its cwd as ``python -m`` sets it, module state, its own process group),
   so a test sees what a user sees, without the ~8 s of imports a new interpreter pays. For every check of a
   command's exit code, output or run dir where the process start-up is not the point.
-- :func:`fresh` / :func:`start`: a new interpreter (``python -m recipes``), as a user starts it: for the tests
+- :func:`fresh` / :func:`start`: a new interpreter (``python -m hydratune``), as a user starts it: for the
+tests
   whose point is the process itself (start-up imports, the thread policy torch reads as it loads, signals
   sent to a running command, the installed entry point).
-- :func:`in_process`: ``recipes.cli.main`` in the test's own process (the launcher's workers still start
+- :func:`in_process`: ``hydratune.recipes.cli.main`` in the test's own process (the launcher's workers still
+start
   their own), for tests that patch hydratune's code before running the command.
 
 Every command a test starts gets :func:`child_env` and at most :data:`TIMEOUT` seconds.
@@ -52,7 +54,7 @@ def fresh(
 ) -> subprocess.CompletedProcess[str]:
     """``hydratune *args`` in a new interpreter."""
     return subprocess.run(
-        [sys.executable, "-m", "recipes", *args],
+        [sys.executable, "-m", "hydratune", *args],
         cwd=cwd,
         env=child_env(env),
         capture_output=True,
@@ -71,7 +73,7 @@ def start(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subproces
     reaches it and its workers only, like Ctrl-C in a terminal); stdout and stderr piped. Remembered:
     :func:`kill_leftovers` kills what a test left running."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "recipes", *args],
+        [sys.executable, "-m", "hydratune", *args],
         cwd=cwd,
         env=child_env({"PYTHONUNBUFFERED": "1", **(env or {})}),
         stdout=subprocess.PIPE,
@@ -187,7 +189,7 @@ def in_process(*args: str) -> None:
     """``hydratune *args`` in this process (after a test composed its own configs: Hydra is reset first)."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from recipes.cli import main
+    from hydratune.recipes.cli import main
 
     GlobalHydra.instance().clear()
     main(list(args))
@@ -376,8 +378,8 @@ def _serve() -> None:
     import transformers  # noqa: F401
     import trl  # noqa: F401
 
-    import components.runtime.run  # noqa: F401
-    import recipes.cli  # noqa: F401
+    import hydratune.components.runtime.run
+    import hydratune.recipes.cli  # noqa: F401
 
     protocol = sys.stdout
     running: list[int] = []
@@ -441,13 +443,13 @@ def _child(request: dict[str, Any]) -> None:
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
         os.chdir(request["cwd"])
-        sys.path[0] = request["cwd"]  # what `python -m recipes` puts first: the user's modules beside them
+        sys.path[0] = request["cwd"]  # what `python -m hydratune` puts first: the user's modules beside them
         os.environ.clear()
         os.environ.update(request["env"])
         sys.argv = ["hydratune", *request["args"]]
         if request["prelude"]:
             exec(request["prelude"], {"__name__": "__prelude__"})
-        from recipes.cli import main
+        from hydratune.recipes.cli import main
 
         try:
             main(list(request["args"]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 
-from components.rewards import text_of
+from hydratune.components.rewards import text_of
 
 CALLS = {"n": 0}  # brevity_then_sigterm's count (a test resets it)
 

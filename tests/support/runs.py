@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from components.runtime.checkpoint import mark_complete
+from hydratune.components.runtime.checkpoint import mark_complete
 from tests.conftest import save_like_hydra
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from components.config.errors import ConfigError
-from components.runtime.checks import check_before_load
-from components.runtime.run import Components
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.runtime.checks import check_before_load
+from hydratune.components.runtime.run import Components
 
 EP = ["strategy=zero1", "strategy.ep_size=2", "launcher.nproc_per_node=2"]
 
@@ -67,7 +67,7 @@ AFTER_COMPOSE = [
     (["merge=true"], "merge"),
     (["peft=prefix", "merge=false", "peft.num_virtual_tokens=4", "model.dtype=float8"], "model.dtype"),
     (["model.attn_implementation=flash"], "model.attn_implementation"),
-    (["peft._target_=components.peft.LoRAX"], "peft._target_"),  # a class path that is not there
+    (["peft._target_=hydratune.components.peft.LoRAX"], "peft._target_"),  # a class path that is not there
     (["recipe._target_=tests.unit.test_bad_configs.NotARecipe", "trust_targets=true"], "recipe._target_"),
     (["recipe._target_=tests.unit.test_bad_configs.NoKnobs", "trust_targets=true"], "recipe._target_"),
     (["model.init=scratch"], "model.init"),
@@ -169,7 +169,7 @@ def test_invalid_config_fails_before_model_load(
 def test_an_empty_eval_split_fails_when_the_data_is_read(
     compose_cfg, no_model_load, places, overrides: list[str], key: str
 ) -> None:
-    from components.data.prepare import eval_every, prepare_data
+    from hydratune.components.data.prepare import eval_every, prepare_data
 
     cfg = compose_cfg(*(o.format(**places) for o in overrides))
     comps = Components.from_config(cfg)
@@ -181,7 +181,7 @@ def test_an_empty_eval_split_fails_when_the_data_is_read(
 
 @pytest.fixture
 def no_model_load(monkeypatch) -> None:
-    from components.model import CausalLM
+    from hydratune.components.model import CausalLM
 
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
@@ -218,7 +218,7 @@ def test_wandb_with_a_key_or_offline_passes(compose_cfg, places, monkeypatch) ->
 
 def test_a_bad_resume_path_fails_before_load(compose_cfg, no_model_load, tmp_path: Path) -> None:
     """The CLI's last step before loading (train mode): resume= resolved and checked."""
-    from components.runtime.resume import resolve
+    from hydratune.components.runtime.resume import resolve
 
     cfg = compose_cfg("resume=/nonexistent/run")
     check_before_load(cfg, Components.from_config(cfg))
@@ -244,7 +244,7 @@ def test_matrix_has_at_least_thirty_cases() -> None:
 def test_fp16_on_a_model_trained_in_bf16_is_warned(compose_cfg, monkeypatch) -> None:
     from transformers import LlamaConfig
 
-    from components.runtime.checks import warnings_for
+    from hydratune.components.runtime.checks import warnings_for
 
     cfg = compose_cfg("precision=fp16")
     comps = Components.from_config(cfg)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.text.chat_template import (
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.text.chat_template import (
     CHATML,
     HYDRATUNE,
     PLAIN,
@@ -186,8 +186,8 @@ def test_named_templates_resolve(tmp_path: Path) -> None:
 
 
 def test_unknown_template_name_fails_before_load(compose_cfg) -> None:
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
 
     cfg = compose_cfg("model.chat_template=llama9")
     with pytest.raises(ConfigError) as info:
@@ -196,7 +196,7 @@ def test_unknown_template_name_fails_before_load(compose_cfg) -> None:
 
 
 def test_named_template_reaches_the_tokenizer() -> None:
-    from components.text.tokenizer import build_tokenizer
+    from hydratune.components.text.tokenizer import build_tokenizer
 
     assert build_tokenizer(str(TINY), chat_template="chatml").chat_template == CHATML
     assert build_tokenizer(str(TINY), chat_template="qwen2_5").chat_template == (
@@ -258,7 +258,7 @@ STEPS = ["train.max_steps=2", "train.eval_generations=0", "train.save_every=0", 
 def test_non_prefix_preserving_template_fails_before_the_model(
     run_recipe, tmp_path: Path, monkeypatch
 ) -> None:
-    from components.model import CausalLM
+    from hydratune.components.model import CausalLM
 
     def no_build(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the model was built")

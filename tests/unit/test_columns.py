@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.data.chats import ChatDataset
-from components.data.preferences import PreferenceDataset
-from components.data.prompts import PromptDataset
-from components.data.source import Source
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.chats import ChatDataset
+from hydratune.components.data.preferences import PreferenceDataset
+from hydratune.components.data.prompts import PromptDataset
+from hydratune.components.data.source import Source
 
 # TRL's unpaired preference format (KTO): a completion and whether it is good
 KTO = [
@@ -136,8 +136,8 @@ def test_completion_only_masks_a_conversational_prompt_with_any_template(tmp_pat
     assistant turn inside a conversational prompt, which assistant-only loss alone would train."""
     from transformers import AutoTokenizer
 
-    from components.text.chat_template import CHATML
-    from components.text.sft_tokens import plan_tokens, tokenize_batch
+    from hydratune.components.text.chat_template import CHATML
+    from hydratune.components.text.sft_tokens import plan_tokens, tokenize_batch
 
     shot = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "two"}]
     row = {"prompt": [*shot, {"role": "user", "content": "2+2?"}], "completion": "four"}

@@ -8,9 +8,9 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from components.config.errors import ConfigError
-from components.config.schema import GROUPS
-from components.runtime.run import Components
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.schema import GROUPS
+from hydratune.components.runtime.run import Components
 from tests.conftest import group_options
 
 # Options that need a user value (``???``) to compose into something that validates.
@@ -87,7 +87,7 @@ def test_unknown_option_lists_available(compose_cfg) -> None:
 
 
 def test_forced_unknown_key_is_caught_before_load(compose_cfg) -> None:
-    from components.config.registry import check_known_keys
+    from hydratune.components.config.registry import check_known_keys
 
     cfg = compose_cfg("+optimizer.lrr=1")
     with pytest.raises(ConfigError) as info:
@@ -113,8 +113,8 @@ def test_top_level_typo(compose_cfg) -> None:
     ],
 )
 def test_bad_values_fail_before_model_load(compose_cfg, monkeypatch, overrides: list[str], key: str) -> None:
-    from components.model import CausalLM
-    from components.runtime.checks import check_before_load
+    from hydratune.components.model import CausalLM
+    from hydratune.components.runtime.checks import check_before_load
 
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")

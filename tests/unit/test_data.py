@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.data.chats import ChatDataset
-from components.data.preferences import PreferenceDataset
-from components.data.prompts import PromptDataset
-from components.generation.evaluation import eval_prompts
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.chats import ChatDataset
+from hydratune.components.data.preferences import PreferenceDataset
+from hydratune.components.data.prompts import PromptDataset
+from hydratune.components.generation.evaluation import eval_prompts
 from tests.support.data import chat, write_jsonl
 
 ASSETS = Path(__file__).resolve().parents[2] / "components" / "assets"
@@ -283,7 +283,7 @@ def test_validate_rejects_bad_values(tmp_path: Path, knob: str, value: Any) -> N
 )
 def test_out_of_range_values_are_refused(knob: str, value: Any) -> None:
     """Each knob's range is declared on its field, checked before the component is built (check_values)."""
-    from components.config.ranges import check_knobs
+    from hydratune.components.config.ranges import check_knobs
 
     err = error(lambda: check_knobs(ChatDataset.__schema__, {knob: value}, "data"))  # type: ignore[attr-defined]
     assert err.key == f"data.{knob}" and "must be" in str(err)
@@ -425,7 +425,7 @@ def test_prompt_dataset_keeps_answers(tmp_path: Path) -> None:
     loaded = bare.load()
     assert loaded["train"].column_names == ["prompt"]
     assert bare.pairs(loaded, "train") == [(QA[:1], None)] * 2  # no reference answer to score against
-    from components.config.ranges import check_knobs
+    from hydratune.components.config.ranges import check_knobs
 
     err = error(lambda: check_knobs(PromptDataset.__schema__, {"max_prompt_length": 0}, "data"))  # type: ignore[attr-defined]
     assert err.key == "data.max_prompt_length"
@@ -510,7 +510,7 @@ def test_template_options_need_a_path(compose_cfg, tmp_path: Path, option: str) 
 def test_empty_data_after_filtering_fails_before_the_model_loads(
     run_recipe, tmp_path: Path, monkeypatch
 ) -> None:
-    from components.model import CausalLM
+    from hydratune.components.model import CausalLM
 
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
@@ -554,11 +554,11 @@ def test_session_tokenizes_eval_prompts_within_max_length_before_any_model(
 ) -> None:
     """A 3,000-token eval row with data.max_length=96 (truncate): the prompt the model will see is cut
     while the data loads, and no model has been built at that point."""
-    from components.model import CausalLM
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components, RunContext
-    from components.runtime.rundir import RunDir
-    from components.runtime.session import Session
+    from hydratune.components.model import CausalLM
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components, RunContext
+    from hydratune.components.runtime.rundir import RunDir
+    from hydratune.components.runtime.session import Session
 
     train = write_jsonl(tmp_path / "train.jsonl", [chat(f"{i}+1?", str(i + 1)) for i in range(8)])
     evals = write_jsonl(tmp_path / "eval.jsonl", [chat("1+1?", "2"), chat("x " * 3000 + "1+2?", "3")])
@@ -576,7 +576,7 @@ def test_session_tokenizes_eval_prompts_within_max_length_before_any_model(
 
 
 def test_a_cached_hub_id_passes_without_the_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from components.modeling import hub
+    from hydratune.components.modeling import hub
 
     monkeypatch.setattr(hub, "is_cached", lambda name, filename, revision=None: True)
     monkeypatch.setattr(hub, "probe", lambda *a: pytest.fail("probed the hub for a cached id"))

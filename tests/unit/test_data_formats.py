@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.data.chats import ChatDataset
-from components.data.preferences import PreferenceDataset
-from components.data.prompts import PromptDataset
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.chats import ChatDataset
+from hydratune.components.data.preferences import PreferenceDataset
+from hydratune.components.data.prompts import PromptDataset
 from tests.support.data import write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.data import images as image_rows
-from components.data.chats import ChatDataset
-from components.data.preferences import PreferenceDataset
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data import images as image_rows
+from hydratune.components.data.chats import ChatDataset
+from hydratune.components.data.preferences import PreferenceDataset
 from tests.support.data import write_jsonl
 
 RED, BLUE = (255, 0, 0), (0, 0, 255)
@@ -334,7 +334,7 @@ def test_grpo_prompts_with_images_in_two_shapes_give_the_same_rows(tmp_path: Pat
     parts carrying data URLs give the same prompt turns and image bytes; a missing image names its row."""
     from datasets import Image, List
 
-    from components.data.prompts import PromptDataset
+    from hydratune.components.data.prompts import PromptDataset
 
     red, blue = pictures
     placeholders = [{**placeholder_row([RED_PNG, "img/blue.png"], k), "answer": "red"} for k in range(3)]
@@ -412,7 +412,7 @@ def test_an_images_column_of_another_name_is_mapped(tmp_path: Path, pictures: An
 
 
 def test_options_that_read_no_images_refuse_the_knob(tmp_path: Path) -> None:
-    from components.data.preferences import UnpairedPreferenceDataset
+    from hydratune.components.data.preferences import UnpairedPreferenceDataset
 
     path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "hi", "completion": "yo", "label": True}])
     for option in (UnpairedPreferenceDataset,):  # KTO's rows (PromptDataset reads GRPO's image prompts)
@@ -471,7 +471,7 @@ def test_trl_s_vision_collators_take_the_rows(tmp_path: Path) -> None:
 def test_what_reads_image_rows_with_a_text_tokenizer_is_refused_or_kept_exact(
     tmp_path: Path, pictures: Any
 ) -> None:
-    from components.text.chat_template import fold_system
+    from hydratune.components.text.chat_template import fold_system
 
     path = write_jsonl(tmp_path / "rows.jsonl", [placeholder_row(["img/red.png", "img/blue.png"], 0)] * 2)
     data = ChatDataset(path=path, images=True, eval_fraction=0.0, cache=False, on_overlong="drop")

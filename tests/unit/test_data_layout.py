@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.data.chats import ChatDataset
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.chats import ChatDataset
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -204,7 +204,7 @@ def test_a_zstd_shard_without_zstandard_refuses_the_run(tmp_path: Path) -> None:
 def test_files_are_split_as_the_hub_splits_them(tmp_path: Path, files: list[str]) -> None:
     from datasets.data_files import DataFilesDict, get_data_patterns
 
-    from components.data.layout import split_files
+    from hydratune.components.data.layout import split_files
 
     for name in files:
         put(tmp_path, name, b"")

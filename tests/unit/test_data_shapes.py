@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.data.preferences import PreferenceDataset
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.preferences import PreferenceDataset
 from tests.support.data import write_jsonl
 
 
@@ -86,9 +86,9 @@ def test_a_txt_corpus_trains_one_document_per_blank_line_block(tmp_path: Path) -
     document, counted in the summary's info; SFT trains every token of each document and its EOS."""
     import gzip
 
-    from components.data.chats import ChatDataset
-    from components.data.rows import scratch_workers
-    from components.data.tokens import SFTTokens
+    from hydratune.components.data.chats import ChatDataset
+    from hydratune.components.data.rows import scratch_workers
+    from hydratune.components.data.tokens import SFTTokens
     from tests.support.data import TINY
 
     (tmp_path / "a").mkdir()
@@ -118,8 +118,8 @@ def test_a_txt_corpus_trains_one_document_per_blank_line_block(tmp_path: Path) -
 
 
 def test_a_txt_file_that_is_not_utf8_is_refused_naming_its_line_and_streams_resume(tmp_path: Path) -> None:
-    from components.data.chats import ChatDataset
-    from components.data.textcorpus import text_rows
+    from hydratune.components.data.chats import ChatDataset
+    from hydratune.components.data.textcorpus import text_rows
 
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("ok\n\ncaf\xe9\n".encode("latin-1"))
@@ -264,9 +264,9 @@ def lf(cls: Any, root: Path, name: str, **knobs: Any) -> Any:
 def test_llamafactory_alpaca_rows_train_the_history_and_the_response(factory: Path) -> None:
     """The README's alpaca entry: system, history pairs, then ``instruction\\ninput`` (input left out when
     blank) and the output; decoded, exactly the history's response and the output are trained."""
-    from components.data.chats import ChatDataset
-    from components.data.rows import scratch_workers
-    from components.data.tokens import SFTTokens
+    from hydratune.components.data.chats import ChatDataset
+    from hydratune.components.data.rows import scratch_workers
+    from hydratune.components.data.tokens import SFTTokens
     from tests.support.data import TINY
 
     data = lf(ChatDataset, factory, "alpaca_sft")
@@ -317,7 +317,7 @@ def test_llamafactory_sharegpt_rows_keep_tools_system_and_custom_tags(factory: P
     """sharegpt with the default tags (function_call: the assistant's tool call, observation: its result,
     the system and tools columns), OpenAI-shaped messages (role/content tags, a leading system turn) and
     tag names data.roles cannot express (speaker/text, me/bot)."""
-    from components.data.chats import ChatDataset
+    from hydratune.components.data.chats import ChatDataset
 
     tools = lf(ChatDataset, factory, "sharegpt_tools")["train"][0]
     assert [m["role"] for m in tools["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
@@ -336,8 +336,8 @@ def test_llamafactory_sharegpt_rows_keep_tools_system_and_custom_tags(factory: P
 
 
 def test_llamafactory_ranking_kto_and_prompt_entries(factory: Path) -> None:
-    from components.data.preferences import PreferenceDataset, UnpairedPreferenceDataset
-    from components.data.prompts import PromptDataset
+    from hydratune.components.data.preferences import PreferenceDataset, UnpairedPreferenceDataset
+    from hydratune.components.data.prompts import PromptDataset
 
     for name, prompt in [("dpo_sharegpt", "Pick one"), ("dpo_alpaca", "Pick\none")]:
         pair = lf(PreferenceDataset, factory, name)
@@ -360,7 +360,7 @@ def test_llamafactory_ranking_kto_and_prompt_entries(factory: Path) -> None:
 def test_a_broken_llamafactory_row_is_named_or_skipped(tmp_path: Path) -> None:
     """A sharegpt row whose roles are out of LLaMA-Factory's order (it skips it with a warning) is named
     with its line, or skipped and counted with data.on_error=skip."""
-    from components.data.chats import ChatDataset
+    from hydratune.components.data.chats import ChatDataset
 
     good = {"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]}
     bad = {"conversations": [{"from": "gpt", "value": "b"}, {"from": "human", "value": "a"}]}
@@ -400,7 +400,7 @@ def test_a_broken_llamafactory_row_is_named_or_skipped(tmp_path: Path) -> None:
 def test_llamafactory_entries_hydratune_does_not_read_are_refused_before_load(
     tmp_path: Path, entry: dict[str, Any], knobs: dict[str, Any], key: str, named: str
 ) -> None:
-    from components.data.chats import ChatDataset
+    from hydratune.components.data.chats import ChatDataset
 
     (tmp_path / "a.json").write_text(json.dumps(ALPACA))
     spec = {"file_name": "a.json", **entry}
@@ -411,8 +411,8 @@ def test_llamafactory_entries_hydratune_does_not_read_are_refused_before_load(
 
 
 def test_llamafactory_entry_choice_and_kind_are_checked_before_load(factory: Path) -> None:
-    from components.data.chats import ChatDataset
-    from components.data.preferences import PreferenceDataset
+    from hydratune.components.data.chats import ChatDataset
+    from hydratune.components.data.preferences import PreferenceDataset
 
     err = refused(ChatDataset(path=str(factory)).validate)
     assert (

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.data.chats import ChatDataset
-from components.data.prepare import check_tokens, length_notes
-from components.data.readers import RowError
-from components.data.rows import scratch_workers
-from components.data.tokens import SFTTokens
-from components.text.sft_tokens import IGNORE
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.chats import ChatDataset
+from hydratune.components.data.prepare import check_tokens, length_notes
+from hydratune.components.data.readers import RowError
+from hydratune.components.data.rows import scratch_workers
+from hydratune.components.data.tokens import SFTTokens
+from hydratune.components.text.sft_tokens import IGNORE
 from tests.support.data import TINY, tiny_export, write_jsonl
 
 
@@ -40,7 +40,7 @@ def two_answers(flag: dict[str, Any], good: dict[str, Any] | None = None, i: int
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from components.text.tokenizer import build_tokenizer
+    from hydratune.components.text.tokenizer import build_tokenizer
 
     return build_tokenizer(str(TINY))
 
@@ -90,7 +90,7 @@ def test_a_turn_flagged_off_is_context_not_trained(tokenizer, tmp_path, shape) -
 
 def test_sharegpt_weight_and_the_hydratune_mask(tokenizer, tmp_path) -> None:
     """ShareGPT turns with weight 0, under a template without generation markers (hydratune's mask)."""
-    from components.text.chat_template import CHATML
+    from hydratune.components.text.chat_template import CHATML
 
     rows = [
         {
@@ -136,7 +136,7 @@ def test_a_bad_flag_is_a_row_error(tmp_path, extra, words) -> None:
 
 
 def test_a_flag_asking_to_train_a_user_turn_is_refused() -> None:
-    from components.data.formats import parse_messages
+    from hydratune.components.data.formats import parse_messages
 
     with pytest.raises(RowError, match="only assistant turns are trained"):
         parse_messages([{"role": "user", "content": "hi", "weight": 1}], "messages", flags=True)
@@ -158,7 +158,7 @@ def test_message_keys_not_used_are_named_with_their_rows(tmp_path) -> None:
 # ---- reasoning ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("key", ["reasoning_content", "reasoning", "thinking"])
 def test_reasoning_reaches_the_template_and_is_trained(tokenizer, tmp_path, key) -> None:
-    from components.text.chat_template import resolve_chat_template
+    from hydratune.components.text.chat_template import resolve_chat_template
 
     rows = [
         turns(("user", f"{i}+1?"), ("assistant", str(i + 1)), **{"1": {key: f"THINK {i}"}}) for i in range(3)
@@ -174,8 +174,8 @@ def test_reasoning_reaches_the_template_and_is_trained(tokenizer, tmp_path, key)
 def test_reasoning_of_an_earlier_turn_passes_with_the_template_trl_trains(tokenizer, tmp_path) -> None:
     """qwen3 renders reasoning only after the last user turn; TRL trains with its qwen3_training template,
     which renders every turn's: the check and the tokens use that one."""
-    from components.data.prepare import fit_template
-    from components.text.chat_template import resolve_chat_template
+    from hydratune.components.data.prepare import fit_template
+    from hydratune.components.text.chat_template import resolve_chat_template
 
     pairs = (("user", "q"), ("assistant", "a"), ("user", "again"), ("assistant", "b"))
     rows = [turns(*pairs, **{"1": {"reasoning_content": f"THINK {i}"}}) for i in range(3)]
@@ -195,7 +195,7 @@ def test_keep_reasoning_false_drops_and_counts_it(tmp_path) -> None:
 
 
 def test_a_template_that_drops_reasoning_is_refused(tokenizer, tmp_path) -> None:
-    from components.data.prepare import fit_template
+    from hydratune.components.data.prepare import fit_template
 
     rows = [turns(("user", "q"), ("assistant", "a"), **{"1": {"reasoning_content": "THINK"}})] * 3
     data = load(tmp_path, rows)
@@ -254,7 +254,7 @@ def test_a_dir_with_weights_is_loaded_not_built_at_random(compose_cfg, export_di
     import torch
     from safetensors.torch import load_file
 
-    from components.runtime.run import Components
+    from hydratune.components.runtime.run import Components
 
     model = Components.from_config(compose_cfg(f"model.name_or_path={export_dir}")).model
     assert model.init == "pretrained" and "chose pretrained" in model.describe_weights()
@@ -268,7 +268,7 @@ def test_a_dir_with_weights_is_loaded_not_built_at_random(compose_cfg, export_di
 
 
 def test_pretrained_from_a_dir_without_weights_is_refused(compose_cfg) -> None:
-    from components.runtime.run import Components
+    from hydratune.components.runtime.run import Components
 
     model = Components.from_config(compose_cfg(f"model.name_or_path={TINY}", "model.init=pretrained")).model
     with pytest.raises(ConfigError) as err:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from components.memory.arch import Arch, lora_params, param_counts
-from components.memory.estimate import (
+from hydratune.components.memory.arch import Arch, lora_params, param_counts
+from hydratune.components.memory.estimate import (
     GB,
     GiB,
     RunSpec,
@@ -21,10 +21,10 @@ from components.memory.estimate import (
     model_state_bytes,
     quantized_bytes_per_param,
 )
-from components.memory.ladder import choose
-from components.memory.shapes import StrategyShape
-from components.memory.spec import parse_memory, spec_from_config, strategy_shapes
-from components.peft import LoRA
+from hydratune.components.memory.ladder import choose
+from hydratune.components.memory.shapes import StrategyShape
+from hydratune.components.memory.spec import parse_memory, spec_from_config, strategy_shapes
+from hydratune.components.peft import LoRA
 
 #: every strategy option's shape on 8-GPU nodes (the components declare them: conf/strategy/ is the source)
 STRATEGY_SHAPES = strategy_shapes(gpus_per_node=8)
@@ -121,7 +121,7 @@ def test_parameter_count_matches_the_meta_device_model(compose_cfg, option: str)
 
 def test_lora_trainable_parameters() -> None:
     a = Arch.from_dict(LLAMA3_8B)
-    lora = {"_target_": "components.peft.LoRA", "r": 16, "target_modules": "all-linear"}
+    lora = {"_target_": "hydratune.components.peft.LoRA", "r": 16, "target_modules": "all-linear"}
     assert trainable_params(a, lora) == 41_943_040  # peft's count for Llama-3.1-8B r=16 all-linear
     qv = trainable_params(a, {**lora, "target_modules": ["q_proj", "v_proj"]})
     assert qv == 16 * 32 * ((4096 + 4096) + (4096 + 1024))
@@ -286,7 +286,7 @@ def test_auto_keeps_the_global_batch_and_takes_the_largest_micro_batch() -> None
 
 
 def test_resolve_auto_replaces_the_strategy_node(compose_cfg) -> None:
-    from components.auto import is_auto, resolve_auto
+    from hydratune.components.auto import is_auto, resolve_auto
 
     cfg = compose_cfg(
         "strategy=auto",
@@ -390,7 +390,7 @@ def meta_models() -> dict[str, dict]:
 
     out = {}
     GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base=None):
+    with initialize_config_module(config_module="hydratune.conf", version_base=None):
         for name in ("llama3_8b", "qwen2_5_7b", "llama3_70b"):
             cfg = compose(config_name="config", overrides=[f"model={name}", "precision=bf16"])
             with torch.device("meta"):
@@ -519,7 +519,7 @@ def test_printed_rows_sum_to_peak_allocated(compose_cfg) -> None:
 
     from rich.console import Console
 
-    from components.commands.estimate_tables import render
+    from hydratune.components.commands.estimate_tables import render
 
     for overrides in (
         ("model=llama3_70b", "strategy=zero3", "estimate.num_gpus=8", "model.gradient_checkpointing=true"),
@@ -547,7 +547,7 @@ def test_printed_rows_sum_to_peak_allocated(compose_cfg) -> None:
 def test_acceptance_llama3_70b_zero3_offload_fits_8x24gb(compose_cfg) -> None:
     """Issue 16's command: 70B full fine-tune, ZeRO-3 + CPU offload, 8 x 24 GB fits, and strategy=auto
     for the same run picks an offload rung that the estimate says fits."""
-    from components.memory.spec import gpu_memory_of
+    from hydratune.components.memory.spec import gpu_memory_of
 
     base = (
         "model=llama3_70b",

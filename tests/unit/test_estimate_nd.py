@@ -15,10 +15,10 @@ from typing import ClassVar
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.distributed.mesh import Mesh
-from components.memory.arch import Arch, param_counts
-from components.memory.estimate import (
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.distributed.mesh import Mesh
+from hydratune.components.memory.arch import Arch, param_counts
+from hydratune.components.memory.estimate import (
     ACTIVATION_SLACK,
     LOGITS_BYTES,
     GiB,
@@ -26,11 +26,11 @@ from components.memory.estimate import (
     activation_bytes_per_token_layer,
     estimate,
 )
-from components.memory.ladder import choose, ordered
-from components.memory.parallel import bubble_fraction, in_flight, slices, stage_layers
-from components.memory.shapes import StrategyShape
-from components.memory.spec import spec_from_config, strategy_rungs
-from components.strategy import DeepSpeed, ModelSplit, Strategy
+from hydratune.components.memory.ladder import choose, ordered
+from hydratune.components.memory.parallel import bubble_fraction, in_flight, slices, stage_layers
+from hydratune.components.memory.shapes import StrategyShape
+from hydratune.components.memory.spec import spec_from_config, strategy_rungs
+from hydratune.components.strategy import DeepSpeed, ModelSplit, Strategy
 from tests.unit.test_estimate import LLAMA3_8B
 
 ARCH = {
@@ -149,7 +149,7 @@ def compose_cfg_module():
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base=None):
+    with initialize_config_module(config_module="hydratune.conf", version_base=None):
         yield lambda *overrides: compose(config_name="config", overrides=list(overrides))
     GlobalHydra.instance().clear()
 
@@ -430,10 +430,10 @@ def test_auto_takes_model_parallel_exactly_when_zero_alone_does_not_fit(gib: int
 def test_auto_emits_the_tp_overrides_and_keeps_the_global_batch(compose_cfg, monkeypatch) -> None:
     """ZeRO-1 alone does not fit llama3_8b on 8 x 40 GB; ZeRO-1 with tp 2 does: auto says so in the overrides
     a user types, composes them (the run dir replays them) and keeps micro x accumulation x dp."""
-    import components.strategy
-    from components.auto import resolve_auto
+    import hydratune.components.strategy
+    from hydratune.components.auto import resolve_auto
 
-    monkeypatch.setattr(components.strategy, "training_options", lambda: OPTIONS)
+    monkeypatch.setattr(hydratune.components.strategy, "training_options", lambda: OPTIONS)
     cfg = compose_cfg(
         "model=llama3_8b",
         "precision=bf16",
@@ -462,7 +462,7 @@ def test_auto_emits_the_tp_overrides_and_keeps_the_global_batch(compose_cfg, mon
 def test_auto_keeps_the_micro_batch_when_told(compose_cfg) -> None:
     """``strategy.tune_micro_batch=false``: the rung must fit at the configured micro-batch, which stays; only
     the accumulation may change (to keep the global batch)."""
-    from components.auto import resolve_auto
+    from hydratune.components.auto import resolve_auto
 
     cfg = compose_cfg(
         "strategy=auto",
@@ -489,7 +489,7 @@ def test_auto_picks_a_pipeline_when_only_stages_fit() -> None:
     """Replicated data parallel and the pipeline option only: llama3_8b in fp32 DDP needs 16 B/param on
     every GPU (120 GiB); 4 or more stages fit 80 GB, and the micro-batch split leaves >= 4 x pp micro-batches
     (a small bubble)."""
-    from components.strategy import DDP
+    from hydratune.components.strategy import DDP
 
     spec = replace(
         full("llama3_8b", seq_len=1024), weight_bytes=4, compute_bytes=4, strategy=StrategyShape("ddp")
@@ -507,7 +507,7 @@ def render_with(compose_cfg, strategy: dict, *overrides: str) -> str:
     from omegaconf import OmegaConf, open_dict
     from rich.console import Console
 
-    from components.commands.estimate_tables import render
+    from hydratune.components.commands.estimate_tables import render
 
     cfg = compose_cfg("precision=bf16", "estimate.gpu_memory=80GB", *overrides)
     with open_dict(cfg):

@@ -1,10 +1,10 @@
 """Layering of the packages, read from the source with ``ast`` (nothing is imported):
 
 - ``components/`` never imports ``recipes/``: not at module level, not inside a function, not under
-  ``TYPE_CHECKING``, not by a module name in a string (``importlib.import_module("recipes.x")``, a
-  ``--module recipes.x`` command);
+  ``TYPE_CHECKING``, not by a module name in a string (``importlib.import_module("hydratune.recipes.x")``, a
+  ``--module hydratune.recipes.x`` command);
 - no import cycle among the ``components/`` modules, counting every import, lazy and type-only ones too;
-- recipes do not import each other; only the entry points do (``python -m recipes`` runs the CLI, the CLI
+- recipes do not import each other; only the entry points do (``python -m hydratune`` runs the CLI, the CLI
   hands the launcher the worker's entry point);
 - the packages of ``components/`` keep their layers (:data:`FORBIDDEN`): ``config/`` at the bottom,
   ``memory/``'s arithmetic pure, the helpers (``text/``, ``generation/``, ``distributed/``, ``modeling/``)
@@ -23,7 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 #: the only imports of one recipes/ module by another
-ENTRY_POINTS = {("recipes.__main__", "recipes.cli"), ("recipes.cli", "recipes.worker")}
+ENTRY_POINTS = {("hydratune.recipes.cli", "hydratune.recipes.worker")}
+#: the repository's folders and the names they install under (pyproject.toml maps them: one namespace)
+INSTALLED = {"components": "hydratune.components", "recipes": "hydratune.recipes", "conf": "hydratune.conf"}
 
 #: the packages of components/ (a top-level module is a config group's component: "groups")
 PACKAGES = ("config", "memory", "text", "generation", "distributed", "modeling", "runtime", "rl", "commands")
@@ -45,11 +47,13 @@ FORBIDDEN: dict[str, set[str]] = {
 
 
 def modules(package: str, root: Path = REPO) -> dict[str, Path]:
-    """{dotted module name: file} of every .py file under ``package``."""
+    """{installed dotted module name: file} of every .py file under the folder ``package``
+    (``components/runtime/run.py`` is ``hydratune.components.runtime.run``)."""
     found = {}
     for path in sorted((root / package).rglob("*.py")):
-        parts = path.relative_to(root).with_suffix("").parts
-        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+        parts = path.relative_to(root / package).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        found[".".join((INSTALLED[package], *parts))] = path
     return found
 
 
@@ -150,7 +154,7 @@ def components_importing_recipes(root: Path = REPO) -> list[str]:
     bad = []
     for name, path in comps.items():
         for target, line in imports(name, path, set(comps) | recipes):
-            if target == "recipes" or target.startswith("recipes."):
+            if target.split(".")[0] == "recipes" or target.startswith("hydratune.recipes"):
                 bad.append(f"{path.relative_to(root)}:{line} imports {target}")
         for text, line in module_strings(path, recipes):
             bad.append(f"{path.relative_to(root)}:{line} names the module {text!r}")
@@ -173,17 +177,17 @@ def recipes_importing_recipes(root: Path = REPO) -> list[str]:
         f"{a} imports {b} (line {line})"
         for a, targets in sorted(edges.items())
         for b, line in sorted(targets.items())
-        if (a, b) not in ENTRY_POINTS and b != "recipes"
+        if (a, b) not in ENTRY_POINTS and b != "hydratune.recipes"
     ]
 
 
 def layer(module: str) -> str:
     """The layer of a components/ module: its package, ``groups`` for a top-level one or one of a group's
-    package (``components.strategy.deepspeed``; ``memory.spec`` apart)."""
-    from components import GROUP_PACKAGES
+    package (``hydratune.components.strategy.deepspeed``; ``memory.spec`` apart)."""
+    from hydratune.components import GROUP_PACKAGES
 
-    parts = module.split(".")
-    if module == "components.memory.spec":
+    parts = module.removeprefix("hydratune.").split(".")
+    if module == "hydratune.components.memory.spec":
         return "memory.spec"
     if len(parts) > 1 and parts[1] in GROUP_PACKAGES:
         return "groups"
@@ -198,7 +202,7 @@ def layer_violations(root: Path = REPO) -> list[str]:
         f"{a} ({layer(a)}) imports {b} ({layer(b)}) at line {line}"
         for a, targets in sorted(edges.items())
         for b, line in sorted(targets.items())
-        if layer(b) in FORBIDDEN[layer(a)] and b != "components"
+        if layer(b) in FORBIDDEN[layer(a)] and b != "hydratune.components"
     ]
 
 
@@ -222,6 +226,50 @@ def test_recipes_do_not_import_each_other() -> None:
     assert not found, "recipes share code through components/, not each other:\n" + "\n".join(found)
 
 
+def bare_imports(
+    root: Path = REPO, folders: tuple[str, ...] = ("components", "recipes", "hydratune")
+) -> list[str]:
+    """Imports (or module names in strings) of a bare ``components`` / ``recipes`` / ``conf``: another
+    project's packages of those names (torchtune ships ``recipes``); hydratune's are ``hydratune.*``."""
+    bad = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in ast.walk(tree):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    text = node.value
+                    names = [text] if text.startswith(("components.", "recipes.")) and " " not in text else []
+                for name in names:
+                    if name.split(".")[0] in INSTALLED:
+                        bad.append(f"{path.relative_to(root)}:{node.lineno} {name}")
+    return bad
+
+
+def test_nothing_names_a_bare_components_recipes_or_conf_module() -> None:
+    """Everything hydratune imports of itself is under ``hydratune.``: a bare name would pick up another
+    project's package first on the path (only legacy.py spells the old prefixes, to read old run dirs)."""
+    found = [line for line in bare_imports() if not line.startswith("components/config/legacy.py")]
+    assert not found, "bare imports of a name another project installs:\n" + "\n".join(found)
+
+
+def test_the_bare_import_check_sees_each_form(tmp_path: Path) -> None:
+    (tmp_path / "components").mkdir()
+    (tmp_path / "components" / "a.py").write_text(
+        "import recipes\nfrom components.x import y\nfrom hydratune.components import z\n"
+        "import importlib\nimportlib.import_module('components.data')\n"
+    )
+    assert bare_imports(tmp_path, ("components",)) == [
+        "components/a.py:1 recipes",
+        "components/a.py:2 components.x",
+        "components/a.py:5 components.data",
+    ]
+
+
 def test_the_checks_see_lazy_type_only_and_string_imports(tmp_path: Path) -> None:
     """The helpers above catch what they are for (a check that sees nothing passes too)."""
     (tmp_path / "components").mkdir()
@@ -230,20 +278,21 @@ def test_the_checks_see_lazy_type_only_and_string_imports(tmp_path: Path) -> Non
     (tmp_path / "recipes" / "sft.py").write_text("")
     (tmp_path / "components" / "__init__.py").write_text("")
     (tmp_path / "components" / "a.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from components.b import B\n"
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hydratune.components.b import B\n"
     )
     (tmp_path / "components" / "b.py").write_text(
-        "def f():\n    from . import a\n    from recipes.worker import run_worker\n"
+        "def f():\n    from . import a\n    from hydratune.recipes.worker import run_worker\n"
     )
     (tmp_path / "components" / "c.py").write_text(
-        "import importlib\nimportlib.import_module('recipes.sft')\n"
+        "import importlib\nimportlib.import_module('hydratune.recipes.sft')\n"
     )
     assert components_importing_recipes(tmp_path) == [
-        "components/b.py:3 imports recipes.worker",
-        "components/c.py:2 names the module 'recipes.sft'",
+        "components/b.py:3 imports hydratune.recipes.worker",
+        "components/c.py:2 names the module 'hydratune.recipes.sft'",
     ]
     assert component_cycles(tmp_path) == [
-        "components.a -> components.b (line 3); components.b -> components.a (line 2)"
+        "hydratune.components.a -> hydratune.components.b (line 3); "
+        "hydratune.components.b -> hydratune.components.a (line 2)"
     ]
 
 
@@ -255,12 +304,13 @@ def test_the_layer_check_sees_run_time_imports_only(tmp_path: Path) -> None:
         (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / "components" / "runtime" / "run.py").write_text("")
     (tmp_path / "components" / "text" / "mask.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from components.runtime.run import X\n"
-        "def f():\n    from components.runtime import run\n"
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from hydratune.components.runtime.run import X\n"
+        "def f():\n    from hydratune.components.runtime import run\n"
     )
-    (tmp_path / "components" / "model.py").write_text("from components.text.mask import f\n")
+    (tmp_path / "components" / "model.py").write_text("from hydratune.components.text.mask import f\n")
     assert layer_violations(tmp_path) == [
-        "components.text.mask (text) imports components.runtime.run (runtime) at line 5"
+        "hydratune.components.text.mask (text) imports hydratune.components.runtime.run (runtime) at line 5"
     ]
 
 
@@ -272,15 +322,15 @@ RUN_COMPONENTS = {"comps", "c", "components"}  # how the code names a run's Comp
 
 def component_classes() -> dict[str, str]:
     """{class name: the module that defines it} of every registered component and its component bases."""
-    import recipes
-    from components.config.registry import REGISTRY
+    from hydratune import recipes
+    from hydratune.components.config.registry import REGISTRY
 
     recipes.register_all()
     found: dict[str, str] = {}
     for classes in REGISTRY.values():
         for cls in classes.values():
             for base in cls.__mro__:
-                if base.__module__.startswith(("components.", "recipes.")):
+                if base.__module__.startswith(("hydratune.components.", "hydratune.recipes.")):
                     found.setdefault(base.__name__, base.__module__)
     return found
 
@@ -358,7 +408,7 @@ def test_the_dispatch_check_sees_each_form(tmp_path: Path) -> None:
     path = REPO / "tests" / "_dispatch_probe.py"
     try:
         path.write_text(code)
-        found = class_name_dispatch(path, "components.session", component_classes())
+        found = class_name_dispatch(path, "hydratune.components.session", component_classes())
     finally:
         path.unlink()
     assert [line.split(" ", 1)[0].rsplit(":", 1)[1] for line in found] == ["2", "4", "6", "8"], found
@@ -482,7 +532,7 @@ def test_the_reference_check_sees_files_and_tests(tmp_path: Path) -> None:
 def test_the_cache_key_covers_every_module_of_the_data_wing() -> None:
     """A prepared-data cache entry is keyed on the bytes of the code that made it: every module of
     components/data/ (a new one too) and the text helpers it renders with."""
-    from components.data.prepared_cache import DATA_CODE
+    from hydratune.components.data.prepared_cache import DATA_CODE
 
     covered = {p for pattern in DATA_CODE for p in REPO.glob(pattern)}
     wing = set((REPO / "components" / "data").glob("*.py"))

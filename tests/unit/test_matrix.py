@@ -13,10 +13,10 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from components.commands import matrix
-from components.config.errors import ConfigError
-from components.runtime.checks import check_before_load
-from components.runtime.run import Components, pipeline_axis
+from hydratune.components.commands import matrix
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.runtime.checks import check_before_load
+from hydratune.components.runtime.run import Components, pipeline_axis
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "matrix.md"
@@ -113,12 +113,12 @@ def observed(compose_cell, cell: matrix.Cell, components=None) -> matrix.Verdict
 
 @pytest.mark.parametrize("recipe", list(matrix.recipes()))
 def test_every_cell_gets_the_verdict_the_table_gives(compose_cfg, monkeypatch, recipe: str) -> None:
-    import components.model
+    import hydratune.components.model
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(components.model.CausalLM, "build", no_loading)
+    monkeypatch.setattr(hydratune.components.model.CausalLM, "build", no_loading)
     logging.getLogger("hydratune").setLevel(logging.ERROR)  # the lr / dtype notes, once per cell
     wrong, composer = [], Composer(compose_cfg)
     for cell in (c for c in matrix.cells() if c.recipe == recipe):
@@ -161,9 +161,11 @@ def test_docs_matrix_is_up_to_date() -> None:
 
 def test_every_split_layout_gets_the_verdict_the_table_gives(compose_cfg, monkeypatch) -> None:
     """The tensor / sequence parallel layouts docs/matrix.md lists, through the same checks."""
-    import components.model
+    import hydratune.components.model
 
-    monkeypatch.setattr(components.model.CausalLM, "build", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(
+        hydratune.components.model.CausalLM, "build", lambda *a, **k: pytest.fail("a model was loaded")
+    )
     logging.getLogger("hydratune").setLevel(logging.ERROR)
     wrong = []
     for split in matrix.SPLITS:

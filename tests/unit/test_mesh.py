@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.distributed.mesh import Mesh, ModelDims, check_model
-from components.runtime.checks import check_before_load
-from components.runtime.run import Components, batch_plan
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.distributed.mesh import Mesh, ModelDims, check_model
+from hydratune.components.runtime.checks import check_before_load
+from hydratune.components.runtime.run import Components, batch_plan
 
 TWO = "launcher.nproc_per_node=2"
 Z1 = "strategy=zero1"
@@ -91,9 +91,11 @@ REFUSED = [
 def test_a_split_the_engines_cannot_run_is_refused_before_load(
     compose_cfg, monkeypatch, overrides, key, words
 ):
-    import components.model
+    import hydratune.components.model
 
-    monkeypatch.setattr(components.model.CausalLM, "build", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(
+        hydratune.components.model.CausalLM, "build", lambda *a, **k: pytest.fail("a model was loaded")
+    )
     cfg = compose_cfg(*overrides)
     with pytest.raises(ConfigError) as err:
         check_before_load(cfg, Components.from_config(cfg), "cpu")
@@ -104,7 +106,7 @@ def test_a_split_the_engines_cannot_run_is_refused_before_load(
 
 
 def test_plan_prints_the_mesh_and_refuses_with_the_fix(capsys) -> None:
-    from recipes.cli import main
+    from hydratune.recipes.cli import main
 
     main(["mode=plan", "strategy=zero1", "strategy.sp_size=2", TWO])
     out = capsys.readouterr().out
@@ -118,7 +120,7 @@ def test_plan_prints_the_mesh_and_refuses_with_the_fix(capsys) -> None:
 
 
 def test_resume_on_another_tp_size_is_refused_naming_both(compose_cfg, tmp_path) -> None:
-    from components.runtime.resume import resolve
+    from hydratune.components.runtime.resume import resolve
     from tests.support.runs import fake_run
 
     trained = compose_cfg("strategy=zero1", "strategy.tp_size=2", TWO)
@@ -135,7 +137,7 @@ def test_generation_runs_with_the_attention_ulysses_wrapped() -> None:
     model's own attention function in its place, and the wrapper is back afterwards."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from components.distributed.model_parallel import attention_function, unwrapped_attention
+    from hydratune.components.distributed.model_parallel import attention_function, unwrapped_attention
 
     def original(*args, **kwargs):
         return "own"
@@ -153,7 +155,7 @@ def test_generation_runs_with_the_attention_ulysses_wrapped() -> None:
 
 def test_ulysses_loader_runs_on_across_epochs() -> None:
     """The Ulysses loader's restart (one StopIteration at an epoch's end) is not an empty optimizer step."""
-    from components.runtime.trainer_hooks import _DrawOnce
+    from hydratune.components.runtime.trainer_hooks import _DrawOnce
 
     class Restarting:  # two epochs of two micro-batches, restarting like UlyssesSPDataLoaderAdapter
         def __init__(self) -> None:
@@ -198,12 +200,12 @@ def test_plan_trains_pp_size_on_zero1_as_the_pipeline_and_refuses_an_offload(cap
     """``strategy=zero1 strategy.pp_size=2`` in mode=plan: the rewrite said, the pipeline's groups and stages
     on their ranks printed; ZeRO-3's parameter offload with pp_size exits 2 naming
     ``strategy.offload_param``."""
-    from recipes.cli import main
+    from hydratune.recipes.cli import main
 
     main(["mode=plan", "strategy=zero1", "strategy.pp_size=2", "launcher.nproc_per_node=4"])
     out = capsys.readouterr().out
     assert "trains as strategy=pipeline strategy.pp_size=2 strategy.tp_size=1 strategy.zero_stage=1" in out
-    assert "_target_: components.strategy.Pipeline" in out and "zero_stage: 1" in out
+    assert "_target_: hydratune.components.strategy.Pipeline" in out and "zero_stage: 1" in out
     assert "pp groups: '[0, 2] [1, 3]'" in out and "dp groups: '[0, 1] [2, 3]'" in out
     assert re.search(r"\(471,552 parameters\) on ranks\s+\[0, 1\]", out), out
     with pytest.raises(SystemExit) as code:

@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from components.model import CausalLM
+from hydratune.components.model import CausalLM
 from tests.support.data import TINY
 
 

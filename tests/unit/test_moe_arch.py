@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from components.memory.arch import Arch, param_counts
-from components.memory.spec import arch_of_model
-from components.peft import LoRA
+from hydratune.components.memory.arch import Arch, param_counts
+from hydratune.components.memory.spec import arch_of_model
+from hydratune.components.peft import LoRA
 from tests.support.data import REPO
 
 TINY = dict(vocab_size=512, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
@@ -103,7 +103,7 @@ def test_lora_on_experts_counts_what_peft_trains(r: int, targets: Any, parameter
 
 
 def test_the_estimate_names_total_and_active_parameters(compose_cfg, capsys) -> None:
-    from components.commands.estimate_tables import cli
+    from hydratune.components.commands.estimate_tables import cli
 
     assert cli(["model=qwen3_30b_a3b", "estimate.num_gpus=8"]) == 0
     out = " ".join(capsys.readouterr().out.split())
@@ -114,8 +114,8 @@ def test_the_estimate_names_total_and_active_parameters(compose_cfg, capsys) -> 
 
 def test_the_estimate_holds_every_expert(compose_cfg) -> None:
     """Weights in memory are all the experts' (the active ones are what a token computes with)."""
-    from components.memory.estimate import estimate
-    from components.memory.spec import spec_from_config
+    from hydratune.components.memory.estimate import estimate
+    from hydratune.components.memory.spec import spec_from_config
 
     cfg = compose_cfg("model=qwen3_30b_a3b", "strategy=ddp", "precision=bf16", "estimate.num_gpus=1")
     spec = spec_from_config(cfg)
@@ -128,8 +128,8 @@ def test_expert_parallel_splits_the_experts_and_their_states(compose_cfg) -> Non
     docs/memory.md: each GPU holds the dense part whole and 1/8 of the experts; ZeRO-2 shards the dense
     part's gradients and moments over the 8 ranks, the experts' over the ranks sharing the same experts
     (8 / 8 = 1: not at all)."""
-    from components.memory.estimate import estimate
-    from components.memory.spec import spec_from_config
+    from hydratune.components.memory.estimate import estimate
+    from hydratune.components.memory.spec import spec_from_config
 
     args = ("model=qwen3_30b_a3b", "strategy=zero2", "precision=fp32", "estimate.num_gpus=8")
     spec = spec_from_config(compose_cfg(*args, "launcher.nproc_per_node=8", "strategy.ep_size=8"))

@@ -14,10 +14,10 @@ import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 
-from components.config.errors import ConfigError
-from components.modeling.model_dir import check_model_dir
-from components.runtime.run import Components
-from recipes.cli import compose_error, override_value
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.modeling.model_dir import check_model_dir
+from hydratune.components.runtime.run import Components
+from hydratune.recipes.cli import compose_error, override_value
 
 
 @pytest.mark.parametrize("value", ["/tmp/é/x.jsonl", '/tmp/a"b.jsonl', "/tmp/a#b'c.jsonl"])
@@ -74,10 +74,10 @@ def test_a_model_dir_with_its_own_code_needs_it_granted(tmp_path: Path) -> None:
 
 
 def test_remote_code_is_refused_in_plan_and_chat(tmp_path: Path, compose_cfg) -> None:
-    from components.commands.chat import load
+    from hydratune.components.commands.chat import load
 
     folder = model_dir(tmp_path, {"model_type": "x_custom", "auto_map": {"AutoConfig": "c.C"}})
-    from components.runtime.checks import check_before_load
+    from hydratune.components.runtime.checks import check_before_load
 
     cfg = compose_cfg(f"model.name_or_path={folder}", "mode=plan")
     with pytest.raises(ConfigError) as err:
@@ -105,7 +105,8 @@ def test_pickle_weights_that_would_run_code_are_named(tmp_path: Path, capfd) -> 
 
 def test_a_misspelt_reward_target_is_named_at_its_key(compose_cfg) -> None:
     cfg = compose_cfg(
-        "recipe=grpo", "recipe.reward_funcs=[{_target_: components.rewards.exact_matchh, _partial_: true}]"
+        "recipe=grpo",
+        "recipe.reward_funcs=[{_target_: hydratune.components.rewards.exact_matchh, _partial_: true}]",
     )
     with pytest.raises(ConfigError) as err:
         Components.from_config(cfg)

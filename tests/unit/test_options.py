@@ -19,8 +19,8 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from components.config import options as options_module
-from components.config.options import groups, options
+from hydratune.components.config import options as options_module
+from hydratune.components.config.options import groups, options
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
@@ -81,7 +81,7 @@ def test_an_option_sets_only_what_differs_from_its_defaults(group: str) -> None:
 
 
 def test_every_recipe_option_is_the_recipe_registered_under_its_name(compose_cfg) -> None:
-    from components.config.registry import RECIPES, recipe_name
+    from hydratune.components.config.registry import RECIPES, recipe_name
 
     for name in options("recipe"):
         recipe = instantiate(compose_cfg(f"recipe={name}").recipe)
@@ -95,7 +95,7 @@ def test_every_recipe_option_is_the_recipe_registered_under_its_name(compose_cfg
 # ---- the tables derived from the options ---------------------------------------------------------
 def hydra_strategies(compose_cfg) -> dict[str, object]:
     """Every strategy option that trains, composed by Hydra and built (the expected rows)."""
-    from components.strategy import Strategy
+    from hydratune.components.strategy import Strategy
 
     built = {name: instantiate(composed(compose_cfg, "strategy", name)) for name in options("strategy")}
     return {name: s for name, s in built.items() if isinstance(s, Strategy)}
@@ -105,10 +105,10 @@ def hydra_strategies(compose_cfg) -> dict[str, object]:
 def test_the_estimate_and_auto_list_every_strategy_option(compose_cfg, world: int) -> None:
     from rich.console import Console
 
-    from components.auto import Auto
-    from components.commands.estimate_tables import render
-    from components.memory.ladder import ladder
-    from components.memory.spec import strategy_shapes
+    from hydratune.components.auto import Auto
+    from hydratune.components.commands.estimate_tables import render
+    from hydratune.components.memory.ladder import ladder
+    from hydratune.components.memory.spec import strategy_shapes
 
     want = {name for name, s in hydra_strategies(compose_cfg).items() if s.applicable(world)}
     assert set(strategy_shapes(world)) == want
@@ -123,8 +123,8 @@ def test_the_estimate_and_auto_list_every_strategy_option(compose_cfg, world: in
 
 
 def test_the_matrix_ls_and_readme_list_every_option(compose_cfg) -> None:
-    from components.commands import docs, matrix
-    from components.commands.catalog import render
+    from hydratune.components.commands import docs, matrix
+    from hydratune.components.commands.catalog import render
 
     strategies = hydra_strategies(compose_cfg)
     assert list(matrix.strategies()) == sorted(
@@ -155,7 +155,7 @@ def test_the_matrix_ls_and_readme_list_every_option(compose_cfg) -> None:
 def test_the_generated_docs_are_up_to_date() -> None:
     """README.md's and docs/strategies.md's generated parts and docs/matrix.md as ``hydratune docs`` writes
     them (a hand-deleted row, or an option added without regenerating, fails here)."""
-    from components.commands.docs import generated
+    from hydratune.components.commands.docs import generated
 
     stale = [str(path) for path, text in generated(REPO).items() if path.read_text() != text]
     assert not stale, f"out of date: {stale}: run hydratune docs"
@@ -167,7 +167,7 @@ ZERO1_OFFLOAD = """\
 defaults:
   - /schema/strategy/DeepSpeed@_here_
   - _self_
-_target_: components.strategy.DeepSpeed
+_target_: hydratune.components.strategy.DeepSpeed
 stage: 1
 offload_optimizer: cpu
 """
@@ -186,11 +186,11 @@ def conf_with_zero1_offload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 def test_a_new_strategy_option_reaches_every_derived_table(
     conf_with_zero1_offload: Path, tmp_path: Path
 ) -> None:
-    from components.commands import catalog, docs, matrix
-    from components.config.options import node
-    from components.memory.ladder import ladder
-    from components.memory.spec import strategy_shapes
-    from components.strategy import training_options
+    from hydratune.components.commands import catalog, docs, matrix
+    from hydratune.components.config.options import node
+    from hydratune.components.memory.ladder import ladder
+    from hydratune.components.memory.spec import strategy_shapes
+    from hydratune.components.strategy import training_options
 
     built = training_options()["zero1_offload"]
     shape = built.memory_shape()

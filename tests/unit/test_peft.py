@@ -12,9 +12,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
-from components.config.errors import ConfigError
-from components.config.registry import REGISTRY, field_names
-from components.peft import (
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.registry import REGISTRY, field_names
+from hydratune.components.peft import (
     IA3,
     BitFit,
     DoRA,
@@ -241,7 +241,7 @@ def test_a_bare_target_name_works_like_a_list(model: LlamaForCausalLM) -> None:
 )
 def test_out_of_range_settings_are_config_errors_naming_the_key(cls: type, values: dict, key: str) -> None:
     """Each knob's range is declared on its field and checked before the component is built (check_values)."""
-    from components.config.ranges import check_knobs
+    from hydratune.components.config.ranges import check_knobs
 
     with pytest.raises(ConfigError) as info:
         check_knobs(cls.__schema__, values, "peft")  # type: ignore[attr-defined]
@@ -316,7 +316,7 @@ def test_yaml_options_set_only_what_differs_from_the_default_and_instantiate(pat
     name = node.defaults[0].removeprefix("/schema/peft/").removesuffix("@_here_")
     cls = REGISTRY["peft"][name]
     assert node.defaults == [f"/schema/peft/{name}@_here_", "_self_"]
-    assert node._target_ == f"components.peft.{name}"
+    assert node._target_ == f"hydratune.components.peft.{name}"
     options = OmegaConf.to_container(node)
     del options["defaults"], options["_target_"]
     defaults = {f.name: getattr(cls(), f.name) for f in dataclasses.fields(cls)}

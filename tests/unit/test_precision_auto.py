@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from components import precision as precision_module
-from components.precision import CPU_BF16_MIN_PARAMS, Precision
+from hydratune.components import precision as precision_module
+from hydratune.components.precision import CPU_BF16_MIN_PARAMS, Precision
 
 BIG, SMALL = CPU_BF16_MIN_PARAMS, CPU_BF16_MIN_PARAMS - 1
 
@@ -43,7 +43,7 @@ def test_explicit_choices_are_kept_whatever_the_cpu(monkeypatch) -> None:
 
 
 def test_the_plan_and_the_run_carry_the_choice_and_why(monkeypatch, compose_cfg) -> None:
-    from components.runtime.run import Components, batch_plan
+    from hydratune.components.runtime.run import Components, batch_plan
 
     fake_cpu(monkeypatch, {"avx512_bf16"})
     monkeypatch.setattr(precision_module, "CPU_BF16_MIN_PARAMS", 600_000)  # the tiny model: 0.67 M
@@ -56,7 +56,7 @@ def test_the_plan_and_the_run_carry_the_choice_and_why(monkeypatch, compose_cfg)
 
 
 def test_plan_prints_the_resolved_precision_and_why(monkeypatch, capsys) -> None:
-    from recipes.cli import main
+    from hydratune.recipes.cli import main
 
     fake_cpu(monkeypatch, {"avx512_bf16"})
     monkeypatch.setattr(precision_module, "CPU_BF16_MIN_PARAMS", 600_000)
@@ -66,7 +66,7 @@ def test_plan_prints_the_resolved_precision_and_why(monkeypatch, capsys) -> None
 
 
 def test_auto_falls_back_to_fp32_where_the_strategy_takes_no_bf16(monkeypatch, compose_cfg) -> None:
-    from components.runtime.run import Components, batch_plan
+    from hydratune.components.runtime.run import Components, batch_plan
 
     fake_cpu(monkeypatch, {"avx512_bf16"})
     monkeypatch.setattr(precision_module, "CPU_BF16_MIN_PARAMS", 600_000)

@@ -14,10 +14,17 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.distributed.hostfile import Hosts, check_hosts, environment_file, forwarded, read_hosts, shown
-from components.distributed.rendezvous import RendezvousError, RollCall, lost_peer
-from components.launcher import DeepSpeedLauncher, Local, free_port
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.distributed.hostfile import (
+    Hosts,
+    check_hosts,
+    environment_file,
+    forwarded,
+    read_hosts,
+    shown,
+)
+from hydratune.components.distributed.rendezvous import RendezvousError, RollCall, lost_peer
+from hydratune.components.launcher import DeepSpeedLauncher, Local, free_port
 
 
 def test_every_node_derives_one_run_id_from_the_pinned_run_dir() -> None:
@@ -36,7 +43,7 @@ def test_every_node_derives_one_run_id_from_the_pinned_run_dir() -> None:
 def cli(*args: str) -> None:
     from hydra.core.global_hydra import GlobalHydra
 
-    from recipes.cli import main
+    from hydratune.recipes.cli import main
 
     GlobalHydra.instance().clear()
     main(list(args))
@@ -150,7 +157,7 @@ def test_the_roll_call_names_a_missing_node_and_a_rank_given_twice(tmp_path: Pat
 def test_each_nodes_own_settings_do_not_block_resume(compose_cfg) -> None:
     """Node 1 resumes node 0's saved run: its launcher.node_rank (and a new master address) are the
     node's own, not a change of what is trained; launcher.nnodes is."""
-    from components.runtime.resume import differences
+    from hydratune.components.runtime.resume import differences
 
     saved = compose_cfg("strategy=ddp", "launcher.nnodes=2")
     node1 = compose_cfg(
@@ -259,10 +266,10 @@ def test_only_a_multi_node_job_keeps_hydra_from_writing_its_files() -> None:
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    from components.runtime.multinode import quiet_hydra_files
+    from hydratune.components.runtime.multinode import quiet_hydra_files
 
     GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base=None):
+    with initialize_config_module(config_module="hydratune.conf", version_base=None):
         for overrides, expected in (
             (["launcher.nnodes=2"], None),
             (["launcher.nnodes=1"], ".hydra"),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 from tests.unit.test_trust_probes import FAKE_KEY, cli, refused, write_yaml
 
 SLURM_PLAN = ["launcher=slurm", "launcher.gpus_per_node=0", "mode=plan"]
@@ -60,8 +60,8 @@ def test_a_newline_in_any_value_of_the_job_script_is_refused_before_anything(
     ],
 )
 def test_names_are_matched_against_what_slurm_accepts(compose_cfg, override: str, key: str) -> None:
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
 
     cfg = compose_cfg("launcher=slurm", override)
     with pytest.raises(ConfigError) as info:
@@ -88,8 +88,8 @@ def test_odd_but_legal_values_are_quoted_everywhere_comments_included(
     """Quotes, ``$(…)``, backquotes and spaces in the job name, the run dir (in the comment lines too), the
     working dir and PYTHONPATH: ``bash -n`` passes, and the script run with srun and scontrol stubbed hands
     srun the run dir intact and runs nothing else."""
-    from components.distributed.slurm import sbatch_script
-    from components.runtime.run import Components
+    from hydratune.components.distributed.slurm import sbatch_script
+    from hydratune.components.runtime.run import Components
 
     odd = 'it\'s $(touch M) `touch M` "x"'  # M: a marker file, in whatever dir the script runs
     run_dir = tmp_path / f"run {odd}"
@@ -98,7 +98,9 @@ def test_odd_but_legal_values_are_quoted_everywhere_comments_included(
     monkeypatch.chdir(cwd)
     monkeypatch.setenv("PYTHONPATH", f"/lib/{odd}")
     comps = Components.from_config(compose_cfg("launcher=slurm", "launcher.gpus_per_node=0"))
-    script = sbatch_script(comps.launcher, run_dir, "recipes.worker", f"job {odd}", python="/bin/true")
+    script = sbatch_script(
+        comps.launcher, run_dir, "hydratune.recipes.worker", f"job {odd}", python="/bin/true"
+    )
     path = tmp_path / "job.sh"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)], check=False).returncode == 0
@@ -109,7 +111,7 @@ def test_odd_but_legal_values_are_quoted_everywhere_comments_included(
     done = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     argv = (tmp_path / "argv").read_text().splitlines()
-    assert argv[-4:] == ["/bin/true", "-m", "recipes.worker", str(run_dir.resolve())]
+    assert argv[-4:] == ["/bin/true", "-m", "hydratune.recipes.worker", str(run_dir.resolve())]
     assert not [p for p in tmp_path.rglob("M")]
 
 
@@ -142,7 +144,7 @@ def test_deepspeed_hosts_env_lines_and_remote_words_are_checked(tmp_path, monkey
     (as DeepSpeed's runner writes it: ``export K="V";``), a run dir that pdsh's command line would split."""
     from deepspeed.launcher.multinode_runner import PDSHRunner
 
-    from components.distributed import hostfile
+    from hydratune.components.distributed import hostfile
 
     marker = tmp_path / "marker"
     hosts = tmp_path / "hostfile"
@@ -221,7 +223,7 @@ def test_cleanup_after_a_refusal_removes_only_what_the_run_created(tmp_path, cap
 
 
 def test_what_a_run_created_is_told_apart_from_what_was_there(tmp_path) -> None:
-    from components.runtime import created
+    from hydratune.components.runtime import created
 
     (tmp_path / "there").mkdir()
     made = created.remember(tmp_path / "there" / "a" / "b")

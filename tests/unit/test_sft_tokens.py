@@ -13,10 +13,15 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.data.chats import ChatDataset
-from components.text.chat_template import HYDRATUNE, choose_method, mask_conversations, resolve_chat_template
-from components.text.sft_tokens import pack, plan_tokens, tokenize_batch
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.chats import ChatDataset
+from hydratune.components.text.chat_template import (
+    HYDRATUNE,
+    choose_method,
+    mask_conversations,
+    resolve_chat_template,
+)
+from hydratune.components.text.sft_tokens import pack, plan_tokens, tokenize_batch
 from tests.support.data import TINY, chat, multi_turn, write_jsonl
 from tests.unit.test_tool_calling import tool_chat
 
@@ -191,7 +196,7 @@ def test_packing_an_empty_split_gives_an_empty_packed_split() -> None:
 
     from datasets import Dataset
 
-    from components.text.sft_tokens import pack
+    from hydratune.components.text.sft_tokens import pack
 
     plan = SimpleNamespace(max_length=8, packing_strategy="bfd")
     ids = [[1, 2, 3], [4, 5]]

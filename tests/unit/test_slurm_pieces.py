@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from components.config.errors import ConfigError, Interrupted
+from hydratune.components.config.errors import ConfigError, Interrupted
 
 
 def slurm_step(monkeypatch: pytest.MonkeyPatch, tasks: int, **more: str) -> None:
@@ -37,7 +37,7 @@ def slurm_step(monkeypatch: pytest.MonkeyPatch, tasks: int, **more: str) -> None
     [("USR2", "SIGUSR2"), ("SIGUSR1", "SIGUSR1"), ("B:USR1@90", "SIGUSR1"), ("15", "SIGTERM")],
 )
 def test_signal_names_as_sbatch_writes_them(spec: str, name: str) -> None:
-    from components.distributed.slurm import signal_number
+    from hydratune.components.distributed.slurm import signal_number
 
     assert signal.Signals(signal_number(spec)).name == name
 
@@ -55,8 +55,8 @@ def test_signal_names_as_sbatch_writes_them(spec: str, name: str) -> None:
     ],
 )
 def test_a_bad_job_script_knob_is_refused_before_load(compose_cfg, override: str, error: str) -> None:
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
 
     cfg = compose_cfg("launcher=slurm", override)
     with pytest.raises(ConfigError, match=error):
@@ -65,7 +65,7 @@ def test_a_bad_job_script_knob_is_refused_before_load(compose_cfg, override: str
 
 def test_a_one_task_job_stays_a_single_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """accelerate takes any LOCAL_RANK for a process group ("MULTI_CPU with 1 process"): 1 task sets none."""
-    from components.launcher import Slurm
+    from hydratune.components.launcher import Slurm
 
     slurm_step(monkeypatch, 1)
     Slurm().rank_env()
@@ -74,7 +74,7 @@ def test_a_one_task_job_stays_a_single_process(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_world_size_is_the_job_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    from components.launcher import Slurm
+    from hydratune.components.launcher import Slurm
 
     slurm_step(monkeypatch, 16, SLURM_PROCID="9", SLURM_LOCALID="1", SLURM_STEP_TASKS_PER_NODE="8(x2)")
     assert (
@@ -91,7 +91,7 @@ def test_the_preemption_signal_is_the_one_the_job_was_given(monkeypatch: pytest.
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from components.launcher import Slurm
+    from hydratune.components.launcher import Slurm
 
     assert Slurm().preemption_signals() == frozenset()  # outside a job: nothing is a pre-emption
     slurm_step(monkeypatch, 2)
@@ -109,8 +109,8 @@ def test_the_preemption_signal_is_the_one_the_job_was_given(monkeypatch: pytest.
 
 def test_tasks_of_a_slurm_job_without_launcher_slurm_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two tasks under ``launcher=local`` would each run the whole job into one run dir."""
-    from components.launcher import Local
-    from recipes.cli import check_not_under_outside_launcher
+    from hydratune.components.launcher import Local
+    from hydratune.recipes.cli import check_not_under_outside_launcher
 
     slurm_step(monkeypatch, 2)
     with pytest.raises(ConfigError, match="add launcher=slurm"):
@@ -124,7 +124,7 @@ def test_submitit_slurm_runs_through_hydratunes_launcher(monkeypatch: pytest.Mon
     from omegaconf import OmegaConf
 
     from hydra_plugins.hydratune.submitit_slurm import SUBMITIT_TARGET, TARGET
-    from recipes.cli import wait_for_every_slurm_point
+    from hydratune.recipes.cli import wait_for_every_slurm_point
 
     plugins = Plugins.instance()
 
@@ -143,8 +143,8 @@ def test_submitit_slurm_runs_through_hydratunes_launcher(monkeypatch: pytest.Mon
 
 
 def test_the_job_script_is_complete_and_valid_bash(compose_cfg, tmp_path: Path) -> None:
-    from components.distributed.slurm import sbatch_script
-    from components.runtime.run import Components
+    from hydratune.components.distributed.slurm import sbatch_script
+    from hydratune.components.runtime.run import Components
 
     knobs = [
         "launcher.nnodes=2",
@@ -155,7 +155,7 @@ def test_the_job_script_is_complete_and_valid_bash(compose_cfg, tmp_path: Path) 
     knobs += ["launcher.time=04:00:00", "launcher.cpus_per_task=12", "launcher.sbatch_args=[--exclusive]"]
     knobs += ["launcher.setup=[module load cuda]"]
     comps = Components.from_config(compose_cfg("launcher=slurm", *knobs))
-    script = sbatch_script(comps.launcher, tmp_path, "recipes.worker", "job")
+    script = sbatch_script(comps.launcher, tmp_path, "hydratune.recipes.worker", "job")
     for line in (
         "#SBATCH --nodes=2",
         "#SBATCH --ntasks-per-node=8",
@@ -173,7 +173,7 @@ def test_the_job_script_is_complete_and_valid_bash(compose_cfg, tmp_path: Path) 
     ):
         assert line in script.splitlines(), line
     assert script.splitlines()[-1].startswith("srun --kill-on-bad-exit=1 ")
-    assert script.splitlines()[-1].endswith(f"-m recipes.worker {tmp_path.resolve()}")
+    assert script.splitlines()[-1].endswith(f"-m hydratune.recipes.worker {tmp_path.resolve()}")
     # every #SBATCH line comes before the first command (sbatch stops reading them there)
     lines = script.splitlines()
     first_command = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
@@ -192,7 +192,7 @@ def test_a_stopped_runs_error_survives_the_trip_back_from_a_job() -> None:
 
 
 def test_continuing_in_place_drops_the_steps_logged_after_the_checkpoint(tmp_path: Path) -> None:
-    from components.runtime.resume import drop_metrics_after
+    from hydratune.components.runtime.resume import drop_metrics_after
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 9)))

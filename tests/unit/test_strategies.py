@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.runtime.checks import check_before_load, stale_accelerate_env
-from components.runtime.run import Components, batch_plan
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.runtime.checks import check_before_load, stale_accelerate_env
+from hydratune.components.runtime.run import Components, batch_plan
 
 DEEPSPEED = ("zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_nvme", "zero3pp")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -150,8 +150,8 @@ def test_deepspeed_training_args_and_trainer_agree(compose_cfg, tmp_path) -> Non
     """Micro-batch, accumulation and clipping come from one source: the trainer accepts the config."""
     from transformers import TrainingArguments
 
-    from components.runtime.run import RunContext
-    from components.runtime.rundir import RunDir
+    from hydratune.components.runtime.run import RunContext
+    from hydratune.components.runtime.rundir import RunDir
 
     cfg = compose_cfg("strategy=zero2", "train.micro_batch_size=4", "train.gradient_accumulation_steps=3")
     comps = Components.from_config(cfg)
@@ -222,7 +222,7 @@ def test_fsdp_layer_classes_that_match_nothing_are_refused() -> None:
     """A misspelt ``transformer_layer_cls_to_wrap`` would leave the whole model one unit: refused."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from components.distributed import fully_shard
+    from hydratune.components.distributed import fully_shard
 
     model = LlamaForCausalLM(LlamaConfig(hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                                          num_attention_heads=2, vocab_size=16))  # fmt: skip
@@ -305,12 +305,12 @@ INVALID = [
 
 @pytest.mark.parametrize(("overrides", "key", "words"), INVALID, ids=[" ".join(o) for o, _, _ in INVALID])
 def test_invalid_combinations_fail_before_model_load(compose_cfg, monkeypatch, overrides, key, words) -> None:
-    import components.model
+    import hydratune.components.model
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(components.model.CausalLM, "build", no_loading)
+    monkeypatch.setattr(hydratune.components.model.CausalLM, "build", no_loading)
     cfg = compose_cfg(*overrides)
     with pytest.raises(ConfigError) as err:
         check_before_load(cfg, Components.from_config(cfg))
@@ -339,7 +339,7 @@ def test_nf4_config_follows_precision(compose_cfg) -> None:
 
 
 def test_plan_prints_the_generated_deepspeed_config(capsys) -> None:
-    from recipes.cli import main
+    from hydratune.recipes.cli import main
 
     overrides = [
         "strategy=zero3",
@@ -367,7 +367,7 @@ def test_plan_json_round_trip_is_valid(compose_cfg) -> None:
     [("gpu[03-04,07],cpu1", "gpu03"), ("node7", "node7"), ("a-1,b-2", "a-1"), ("n[1]", "n1")],
 )
 def test_slurm_master_is_the_first_host_of_the_allocation(nodelist: str, host: str) -> None:
-    from components.launcher import first_host
+    from hydratune.components.launcher import first_host
 
     assert first_host(nodelist) == host
 
@@ -380,7 +380,7 @@ def test_fp16_loss_scaling_knobs_reach_the_trainers_grad_scaler(compose_cfg, tmp
     Trainer's Accelerator (fp16 itself needs a GPU, so the run is fp32 and the handler is what is checked)."""
     from transformers import Trainer, TrainingArguments
 
-    from components.runtime.trainer_hooks import LossScaling
+    from hydratune.components.runtime.trainer_hooks import LossScaling
 
     cfg = compose_cfg(*SCALER)
     comps = Components.from_config(cfg)
@@ -459,7 +459,7 @@ def test_the_core_carries_no_extension_member() -> None:
     """What only model-splitting strategies or the loops we own need lives in ``ModelSplit`` / ``OwnLoop``,
     not as defaults on every ``Strategy``: the core and the extensions share no member, and the core stays
     narrow (it had 48 members when it carried both)."""
-    from components.strategy import ModelSplit, OwnLoop, Strategy
+    from hydratune.components.strategy import ModelSplit, OwnLoop, Strategy
 
     core = public_members(Strategy) - {"device"}
     split, loop = public_members(ModelSplit), public_members(OwnLoop)
@@ -472,7 +472,7 @@ def test_the_core_carries_no_extension_member() -> None:
 def test_each_option_opts_into_the_extensions_it_uses() -> None:
     """Every option that trains answers ``model_split`` and ``loop_hooks``: a whole model per rank and no
     loop hooks unless it opts in; the recipe owning its loop is refused without them."""
-    from components.strategy import WHOLE, own_loop_refusal, training_options
+    from hydratune.components.strategy import WHOLE, own_loop_refusal, training_options
 
     options = training_options()
     splits = {name for name, s in options.items() if s.model_split is not WHOLE}

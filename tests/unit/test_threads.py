@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from components.runtime.threads import apply_thread_policy, threads_per_process
+from hydratune.components.runtime.threads import apply_thread_policy, threads_per_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,9 +24,9 @@ def test_each_local_process_gets_an_equal_share_of_the_cores(
 def test_the_policy_sets_the_environment_unless_told_otherwise(monkeypatch) -> None:
     """A quiet machine at launch: a brief spin; a busy one (half its cores or more running other work):
     passive waits; a wait setting, thread count or off switch of the user's stands."""
-    from components.runtime.threads import QUIET_SPIN, WHY
+    from hydratune.components.runtime.threads import QUIET_SPIN, WHY
 
-    monkeypatch.setattr("components.runtime.threads.available_cores", lambda: 8)
+    monkeypatch.setattr("hydratune.components.runtime.threads.available_cores", lambda: 8)
     env: dict[str, str] = {}
     chosen = apply_thread_policy(2, env, busy=lambda: 1.5)
     assert chosen == env and env["OMP_NUM_THREADS"] == "4" and env["GOMP_SPINCOUNT"] == QUIET_SPIN
@@ -55,7 +55,7 @@ def test_running_elsewhere_counts_other_runnable_tasks() -> None:
     import subprocess
     import sys
 
-    from components.runtime.threads import running_elsewhere
+    from hydratune.components.runtime.threads import running_elsewhere
 
     quiet = running_elsewhere()
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -70,7 +70,7 @@ def test_running_elsewhere_counts_other_runnable_tasks() -> None:
 
 
 def test_the_summary_row_names_the_threads_and_the_wait_policy() -> None:
-    from components.runtime.threads import WHY, describe_threads
+    from hydratune.components.runtime.threads import WHY, describe_threads
 
     assert describe_threads(2, {"OMP_WAIT_POLICY": "PASSIVE"}) == "2 torch threads, OMP_WAIT_POLICY=PASSIVE"
     assert describe_threads(2, {"GOMP_SPINCOUNT": "10000", WHY: "a brief spin: 0.2 of 2 cores"}) == (

@@ -10,10 +10,15 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
-from components.data.chats import ChatDataset
-from components.data.formats import parse_messages
-from components.text.chat_template import HYDRATUNE, choose_method, mask_conversation, trl_template_files
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.chats import ChatDataset
+from hydratune.components.data.formats import parse_messages
+from hydratune.components.text.chat_template import (
+    HYDRATUNE,
+    choose_method,
+    mask_conversation,
+    trl_template_files,
+)
 from tests.support.data import TINY, chat, tiny_tokenizer_for, trained_text, write_jsonl
 
 TOOLS = [
@@ -54,8 +59,8 @@ def tool_chat(city: str = "Paris", result: str = TOOL_RESULT) -> dict[str, Any]:
 
 def plan(compose_cfg: Any, *overrides: str) -> list[str]:
     """``mode=plan``'s data check, in process: the lines it prints, or its ConfigError."""
-    from components.data.prepare import plan_data
-    from components.runtime.run import Components
+    from hydratune.components.data.prepare import plan_data
+    from hydratune.components.runtime.run import Components
 
     comps = Components.from_config(compose_cfg("mode=plan", *overrides))
     return plan_data(comps, 0)
@@ -186,8 +191,8 @@ def test_a_template_that_cannot_render_tools_is_refused_before_load(compose_cfg:
 
 
 def test_a_template_for_other_special_tokens_names_the_missing_token() -> None:
-    from components.text.chat_template import resolve_chat_template
-    from components.text.tokenizer import build_tokenizer
+    from hydratune.components.text.chat_template import resolve_chat_template
+    from hydratune.components.text.tokenizer import build_tokenizer
 
     tok = build_tokenizer(str(TINY))  # ChatML tokens, no <|eot_id|>
     tok.chat_template = resolve_chat_template("llama3_2")[0]
@@ -218,7 +223,7 @@ def test_plan_checks_every_row_not_the_first_eight(compose_cfg: Any, tmp_path: P
 def test_a_template_without_a_system_role_gets_the_system_prompt_folded(
     compose_cfg: Any, tmp_path: Path
 ) -> None:
-    from components.text.chat_template import resolve_chat_template
+    from hydratune.components.text.chat_template import resolve_chat_template
 
     path = write_jsonl(tmp_path / "chat.jsonl", [chat(f"{i}+1?", str(i + 1)) for i in range(10)])
     # Gemma's template on the tiny tokenizer's markers (its <end_of_turn> is no token of it: mode=plan refuses
@@ -237,7 +242,7 @@ def test_a_template_without_a_system_role_gets_the_system_prompt_folded(
     with pytest.raises(ConfigError, match=r"\) has no system role, and 9 train rows") as info:
         plan(compose_cfg, *overrides, "data.fold_system=false")
     assert info.value.key == "data.fold_system"
-    from components.text.chat_template import fold_system
+    from hydratune.components.text.chat_template import fold_system
 
     folded = fold_system([{"role": "system", "content": "Be brief."}, *chat("2+2?", "4")["messages"]])
     assert folded == [{"role": "user", "content": "Be brief.\n\n2+2?"}, {"role": "assistant", "content": "4"}]

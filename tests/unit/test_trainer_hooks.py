@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.runtime.checkpoint import COMPLETE
-from components.runtime.trainer_hooks import PRIVATE_OVERRIDES, hydratune_trainer
+from hydratune.components.runtime.checkpoint import COMPLETE
+from hydratune.components.runtime.trainer_hooks import PRIVATE_OVERRIDES, hydratune_trainer
 
 MIXINS = hydratune_trainer(object).__mro__[1:-1]  # the hook classes, in the order they are mixed in
 

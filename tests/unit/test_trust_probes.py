@@ -25,7 +25,7 @@ def cli(*args: str) -> None:
     """The hydratune command, in this process."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from recipes.cli import main
+    from hydratune.recipes.cli import main
 
     GlobalHydra.instance().clear()
     main(list(args))
@@ -94,7 +94,7 @@ def test_env_set_in_an_experiment_never_reaches_the_processes_a_run_starts(
 ) -> None:
     """PYTHONPATH to a dir holding sitecustomize.py: every Python the run starts (the launcher's workers,
     here one child process started from inside the job) would import it."""
-    import recipes.cli
+    import hydratune.recipes.cli
 
     marker = tmp_path / "marker"
     site = tmp_path / "site"
@@ -103,7 +103,9 @@ def test_env_set_in_an_experiment_never_reaches_the_processes_a_run_starts(
     exp = write_yaml(
         tmp_path / "experiment" / "exp.yaml", {"hydra": {"job": {"env_set": {"PYTHONPATH": str(site)}}}}
     )
-    monkeypatch.setattr(recipes.cli, "execute", lambda cfg: subprocess.run([sys.executable, "-c", "pass"]))
+    monkeypatch.setattr(
+        hydratune.recipes.cli, "execute", lambda cfg: subprocess.run([sys.executable, "-c", "pass"])
+    )
     err = refused(capsys, "--config-dir", str(tmp_path), "+experiment=exp", "mode=plan")
     assert str(exp) in err and "hydra.job.env_set.PYTHONPATH" in err
     assert not marker.exists()
@@ -219,9 +221,9 @@ def test_a_reward_built_from_a_partial_of_torch_hub_load_is_refused(tmp_path, ca
 
 
 def test_only_plain_reward_functions_pass() -> None:
-    from components.config.trust import reward_refusal
+    from hydratune.components.config.trust import reward_refusal
 
-    assert reward_refusal("components.rewards.exact_match") is None
+    assert reward_refusal("hydratune.components.rewards.exact_match") is None
     assert reward_refusal("tests.support.rewards.brevity") is None
     assert "not a plain Python function" in (reward_refusal("functools.partial") or "")
     assert "not a plain Python function" in (reward_refusal("os.system") or "")
@@ -255,7 +257,7 @@ def test_hydratunes_own_configs_pass_the_boundary(compose_cfg) -> None:
     """Every shipped experiment, composed with Hydra's node (callbacks, sweepers, logging), needs no grant."""
     from hydra import compose
 
-    from components.config.trust import Grants, check_composed
+    from hydratune.components.config.trust import Grants, check_composed
 
     for experiment in sorted((CONF / "experiment").glob("*.yaml")):
         cfg = compose(
@@ -296,9 +298,9 @@ SECRET_NAMES = {
 
 @pytest.mark.parametrize(("name", "secret"), SECRET_NAMES.items(), ids=list(SECRET_NAMES))
 def test_one_secret_detector_for_the_resolver_and_the_hostfile(name: str, secret: bool, monkeypatch) -> None:
-    from components.config import resolvers
-    from components.config.trust import is_secret, secret_name
-    from components.distributed.hostfile import shown
+    from hydratune.components.config import resolvers
+    from hydratune.components.config.trust import is_secret, secret_name
+    from hydratune.components.distributed.hostfile import shown
 
     value = f"value-of-{name}"  # no other variable holds it
     assert secret_name(name) is secret

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from components.config.files import inside, mismatch
-from components.runtime.checkpoint import COMPLETE, mark_complete, verify
+from hydratune.components.config.files import inside, mismatch
+from hydratune.components.runtime.checkpoint import COMPLETE, mark_complete, verify
 
 
 @pytest.fixture

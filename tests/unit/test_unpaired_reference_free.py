@@ -20,8 +20,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components.config.errors import ConfigError
-from components.runtime.run import Components
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.runtime.run import Components
 
 TINY = Path(__file__).resolve().parents[2] / "components" / "assets" / "tiny"
 SUMS = [(1, 2), (3, 4), (2, 5), (4, 4)]  # one-digit sums: every chosen sequence has the same length
@@ -146,7 +146,7 @@ def orpo_by_hand(logits: torch.Tensor, rows: list[dict], lam: float) -> torch.Te
 
 
 def test_orpo_loss_is_the_papers_odds_ratio_loss(compose_cfg, tmp_path) -> None:
-    from components.runtime.trl_experimental import experimental
+    from hydratune.components.runtime.trl_experimental import experimental
 
     recipe = recipe_of(compose_cfg, "orpo", "recipe.beta=0.5")  # a large lambda: the OR term weighs
     trainer = trainer_for(recipe, *experimental("orpo", "ORPOConfig", "ORPOTrainer"), pairs(), tmp_path)
@@ -174,7 +174,7 @@ def simpo_by_hand(logits: torch.Tensor, rows: list[dict], beta: float, gamma: fl
 
 
 def test_simpo_loss_is_the_papers_length_normalised_margin_loss(compose_cfg, tmp_path) -> None:
-    from components.runtime.trl_experimental import experimental
+    from hydratune.components.runtime.trl_experimental import experimental
 
     recipe = recipe_of(compose_cfg, "simpo")
     trainer = trainer_for(recipe, *experimental("cpo", "CPOConfig", "CPOTrainer"), pairs(), tmp_path)
@@ -250,7 +250,7 @@ def test_the_trl_experimental_surface_the_recipes_use_is_there() -> None:
     a config field the recipes set that changed upstream fails here, by name."""
     import dataclasses
 
-    from components.runtime.trl_experimental import FIELDS, METHODS, experimental
+    from hydratune.components.runtime.trl_experimental import FIELDS, METHODS, experimental
 
     for module, classes in METHODS.items():
         for cls_name, methods in classes.items():
@@ -298,7 +298,7 @@ def test_a_label_that_is_not_a_boolean_is_refused_naming_the_row(compose_cfg, tm
 
 
 def test_kto_refuses_preference_free_data_and_a_one_row_batch_before_load(run_recipe, monkeypatch) -> None:
-    from components.model import CausalLM
+    from hydratune.components.model import CausalLM
 
     def no_load(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a model was loaded")
@@ -322,7 +322,7 @@ def test_kto_refuses_preference_free_data_and_a_one_row_batch_before_load(run_re
     ],
 )
 def test_bad_knobs_fail_before_load_naming_the_key(compose_cfg, recipe, override, key) -> None:
-    from components.runtime.checks import check_before_load
+    from hydratune.components.runtime.checks import check_before_load
 
     cfg = compose_cfg(f"recipe={recipe}", override)
     with pytest.raises(ConfigError) as info:

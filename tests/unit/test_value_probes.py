@@ -18,16 +18,16 @@ from typing import Any
 
 import pytest
 
-from components.config.errors import ConfigError
+from hydratune.components.config.errors import ConfigError
 
 
 def schemas() -> Iterator[tuple[str, type]]:
     """(group, schema) of the shared nodes and every registered component and recipe (the schema Hydra
     composes with, which carries the ranges its class's fields declare)."""
-    import recipes
-    from components.config.options import groups, options
-    from components.config.registry import REGISTRY
-    from components.config.schema import EstimateConfig, TrainConfig
+    from hydratune import recipes
+    from hydratune.components.config.options import groups, options
+    from hydratune.components.config.registry import REGISTRY
+    from hydratune.components.config.schema import EstimateConfig, TrainConfig
 
     recipes.register_all()
     for group in groups():
@@ -41,7 +41,7 @@ def schemas() -> Iterator[tuple[str, type]]:
 
 def knobs() -> list[tuple[str, type, str, Any]]:
     """(group, schema, knob, type hint) of every numeric knob of every schema."""
-    from components.config.ranges import numeric_fields
+    from hydratune.components.config.ranges import numeric_fields
 
     return [(g, s, n, h) for g, s in schemas() for n, h in numeric_fields(s)]
 
@@ -56,7 +56,7 @@ def floats(hint: Any) -> bool:
 
 @pytest.mark.parametrize(("group", "schema", "name", "hint"), KNOBS, ids=IDS)
 def test_every_numeric_knob_has_a_declared_range(group: str, schema: type, name: str, hint: Any) -> None:
-    from components.config.ranges import range_of
+    from hydratune.components.config.ranges import range_of
 
     assert range_of(schema, name) is not None, (
         f"declare {group}.{name}'s range on its field in {schema.__name__}: "
@@ -67,7 +67,7 @@ def test_every_numeric_knob_has_a_declared_range(group: str, schema: type, name:
 @pytest.mark.parametrize(("group", "schema", "name", "hint"), KNOBS, ids=IDS)
 def test_non_finite_and_below_range_refused(group: str, schema: type, name: str, hint: Any) -> None:
     """nan / ±inf for a float knob, a value just below the range for any knob: a ConfigError naming it."""
-    from components.config.ranges import check_knobs, range_of
+    from hydratune.components.config.ranges import check_knobs, range_of
 
     allowed = range_of(schema, name)
     bad: list[float] = [math.nan, math.inf, -math.inf] if floats(hint) else []
@@ -82,7 +82,7 @@ def test_non_finite_and_below_range_refused(group: str, schema: type, name: str,
 
 @pytest.mark.parametrize(("group", "schema", "name", "hint"), KNOBS, ids=IDS)
 def test_defaults_are_in_range(group: str, schema: type, name: str, hint: Any) -> None:
-    from components.config.ranges import check_knobs
+    from hydratune.components.config.ranges import check_knobs
 
     (f,) = [f for f in dataclasses.fields(schema) if f.name == name]
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
@@ -95,9 +95,9 @@ def test_defaults_are_in_range(group: str, schema: type, name: str, hint: Any) -
 def test_a_component_schema_carries_the_ranges_its_class_declares() -> None:
     """What ``check_values`` reads (the composed node's schema) is what the class's fields declare; a
     subclass that redeclares a field for another default (Adafactor's lr) keeps its base's range."""
-    from components.config.ranges import declared, numeric_fields, range_of
-    from components.config.registry import REGISTRY
-    from components.optimizer import Adafactor, Optimizer
+    from hydratune.components.config.ranges import declared, numeric_fields, range_of
+    from hydratune.components.config.registry import REGISTRY
+    from hydratune.components.optimizer import Adafactor, Optimizer
 
     for group, classes in REGISTRY.items():
         for cls in classes.values():
@@ -115,8 +115,8 @@ def test_no_module_but_the_fields_holds_a_range_table() -> None:
     it): every range is on its field."""
     import ast
 
-    from components.config import ranges
-    from components.config.ranges import Range
+    from hydratune.components.config import ranges
+    from hydratune.components.config.ranges import Range
 
     tables = [
         k
@@ -149,7 +149,7 @@ def boundaries(allowed: Any, hint: Any) -> list[float]:
 
 def in_range_values(schema: type, name: str, hint: Any, default: Any) -> list[Any]:
     """The boundary values of knob ``name`` of ``schema`` as the knob takes them (a list: each element)."""
-    from components.config.ranges import range_of
+    from hydratune.components.config.ranges import range_of
 
     values = boundaries(range_of(schema, name), hint)
     if "list" in str(hint):
@@ -191,8 +191,8 @@ def refusals_of(check: Any, key: str) -> list[str]:
 def test_no_component_check_refuses_what_its_declared_range_allows(compose_cfg, built_from) -> None:
     """The declared range is the whole rule: at each edge of it (and each sentinel) the component's own
     ``validate`` does not refuse the knob (a re-check with another range would)."""
-    from components.config.ranges import numeric_fields
-    from components.runtime.run import Components
+    from hydratune.components.config.ranges import numeric_fields
+    from hydratune.components.runtime.run import Components
 
     group, option, *overrides = built_from
     built = getattr(Components.from_config(compose_cfg(f"{group}={option}", *overrides)), group)
@@ -207,8 +207,8 @@ def test_no_component_check_refuses_what_its_declared_range_allows(compose_cfg, 
 
 
 def recipe_names() -> list[str]:
-    import recipes
-    from components.config.registry import RECIPES
+    from hydratune import recipes
+    from hydratune.components.config.registry import RECIPES
 
     recipes.register_all()
     return sorted(RECIPES)
@@ -218,8 +218,8 @@ def recipe_names() -> list[str]:
 def test_no_recipe_check_refuses_what_its_declared_range_allows(compose_cfg, recipe) -> None:
     """Each recipe's ``check`` (its combinations; the knobs' ranges are on its fields) passes every knob at
     the edges of its declared range: PPO's gamma at 1, SimPO's at 0, DPO's label_smoothing just below 0.5."""
-    from components.config.ranges import numeric_fields
-    from components.runtime.run import Components
+    from hydratune.components.config.ranges import numeric_fields
+    from hydratune.components.runtime.run import Components
 
     cfg = compose_cfg(f"recipe={recipe}")
     comps = Components.from_config(cfg)
@@ -233,9 +233,9 @@ def test_no_recipe_check_refuses_what_its_declared_range_allows(compose_cfg, rec
 
 
 def test_the_train_checks_refuse_nothing_the_train_ranges_allow(compose_cfg) -> None:
-    from components.config.ranges import numeric_fields
-    from components.config.schema import TrainConfig
-    from components.runtime.checks import check_train
+    from hydratune.components.config.ranges import numeric_fields
+    from hydratune.components.config.schema import TrainConfig
+    from hydratune.components.runtime.checks import check_train
 
     refused = []
     for name, hint in numeric_fields(TrainConfig):
@@ -251,8 +251,8 @@ def test_no_recipe_compares_a_declared_knob_with_a_number() -> None:
     import inspect
     import textwrap
 
-    from components.config.ranges import numeric_fields, range_of
-    from components.config.registry import RECIPES
+    from hydratune.components.config.ranges import numeric_fields, range_of
+    from hydratune.components.config.registry import RECIPES
 
     found = []
     for cls in RECIPES.values():
@@ -275,7 +275,7 @@ def test_no_recipe_compares_a_declared_knob_with_a_number() -> None:
 def test_simpo_takes_the_papers_gamma_and_ppo_refuses_a_discount_above_one(tmp_path, monkeypatch, capsys):
     """One bare name (``gamma``) no longer governs unrelated knobs: SimPO's target margin takes the paper's
     0.5-1.6, PPO's discount stays in (0, 1] (``hydratune ... mode=plan`` in-process)."""
-    from recipes.cli import main
+    from hydratune.recipes.cli import main
 
     monkeypatch.chdir(tmp_path)
     main(["recipe=simpo", "recipe.gamma=1.4", "mode=plan"])
@@ -290,7 +290,7 @@ def test_simpo_takes_the_papers_gamma_and_ppo_refuses_a_discount_above_one(tmp_p
 
 def test_dpo_label_smoothing_is_what_trl_takes(compose_cfg) -> None:
     """[0, 0.5): 0.5 itself divides by zero in TRL's robust loss, and TRL refuses it."""
-    from components.runtime.run import Components
+    from hydratune.components.runtime.run import Components
 
     Components.from_config(compose_cfg("recipe=dpo", "recipe.label_smoothing=0.49"))
     with pytest.raises(ConfigError) as info:
@@ -299,7 +299,7 @@ def test_dpo_label_smoothing_is_what_trl_takes(compose_cfg) -> None:
 
 
 def test_a_mixture_entry_knob_is_checked_against_its_declared_range(tmp_path: Path) -> None:
-    from components.data.chats import ChatDataset
+    from hydratune.components.data.chats import ChatDataset
 
     path = tmp_path / "a.jsonl"
     path.write_text(ROW + "\n")
@@ -324,7 +324,7 @@ def test_a_mixture_entry_knob_is_checked_against_its_declared_range(tmp_path: Pa
 def test_reported_values_refused_before_build(compose_cfg, override: str) -> None:
     """The reported probes, through the composed config and ``Components.from_config`` (before any
     component is built, so before any model)."""
-    from components.runtime.run import Components
+    from hydratune.components.runtime.run import Components
 
     cfg = compose_cfg(override)
     with pytest.raises(ConfigError) as info:
@@ -344,7 +344,7 @@ def test_reported_values_refused_before_build(compose_cfg, override: str) -> Non
 def test_unknown_forced_keys_refused_with_close_matches(
     compose_cfg, override: str, key: str, suggested: str | None
 ) -> None:
-    from components.config.registry import check_known_keys
+    from hydratune.components.config.registry import check_known_keys
 
     with pytest.raises(ConfigError) as info:
         check_known_keys(compose_cfg(override), set())
@@ -355,14 +355,14 @@ def test_unknown_forced_keys_refused_with_close_matches(
 
 def test_a_group_the_user_added_is_allowed(compose_cfg) -> None:
     """A top-level node composed from a config group of the job (``+mygroup=x`` from a --config-dir)."""
-    from components.config.registry import check_known_keys
+    from hydratune.components.config.registry import check_known_keys
 
     check_known_keys(compose_cfg("+mygroup.knob=1"), {"mygroup"})
 
 
 def test_warmup_longer_than_the_run_is_warned(compose_cfg) -> None:
-    from components.runtime.checks import schedule_warnings
-    from components.runtime.run import Components
+    from hydratune.components.runtime.checks import schedule_warnings
+    from hydratune.components.runtime.run import Components
 
     cfg = compose_cfg("train.max_steps=3", "scheduler.warmup_steps=100000")
     (note,) = schedule_warnings(cfg, Components.from_config(cfg))
@@ -386,8 +386,8 @@ ROW = json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assis
 def test_brackets_nested_too_deep_are_a_named_row_error(
     tmp_path: Path, lines: list[str], suffix: str
 ) -> None:
-    from components.data.readers import read_json
-    from components.data.rows import scratch_workers
+    from hydratune.components.data.readers import read_json
+    from hydratune.components.data.rows import scratch_workers
 
     path = tmp_path / f"deep{suffix}"
     path.write_text("\n".join(lines) + "\n")
@@ -397,8 +397,8 @@ def test_brackets_nested_too_deep_are_a_named_row_error(
 
 
 def test_brackets_nested_too_deep_skipped_with_on_error_skip(tmp_path: Path) -> None:
-    from components.data.readers import read_json
-    from components.data.rows import scratch_workers
+    from hydratune.components.data.readers import read_json
+    from hydratune.components.data.rows import scratch_workers
 
     path = tmp_path / "deep.jsonl"
     path.write_text("\n".join([ROW, DEEP, ROW]) + "\n")
@@ -408,7 +408,7 @@ def test_brackets_nested_too_deep_skipped_with_on_error_skip(tmp_path: Path) -> 
 
 
 def test_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:
-    from components.config.trust import check_file
+    from hydratune.components.config.trust import check_file
 
     path = tmp_path / "bad.yaml"
     path.write_text("# @package _global_\noptimizer:\n  lr: [1e-5\n  foo: 2\n")
@@ -421,9 +421,9 @@ def test_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:
 
 
 def test_disk_full_before_load(compose_cfg, monkeypatch, tmp_path: Path) -> None:
-    from components.runtime import diskspace
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
+    from hydratune.components.runtime import diskspace
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
 
     cfg = compose_cfg()
     comps = Components.from_config(cfg)
@@ -437,8 +437,8 @@ def test_disk_full_before_load(compose_cfg, monkeypatch, tmp_path: Path) -> None
 
 
 def test_file_size_limit_before_load(compose_cfg, monkeypatch) -> None:
-    from components.runtime import diskspace
-    from components.runtime.run import Components
+    from hydratune.components.runtime import diskspace
+    from hydratune.components.runtime.run import Components
 
     cfg = compose_cfg()
     comps = Components.from_config(cfg)
@@ -451,7 +451,7 @@ def test_file_size_limit_before_load(compose_cfg, monkeypatch) -> None:
 def test_disk_full_before_a_checkpoint_and_the_final_save(monkeypatch, tmp_path: Path) -> None:
     import torch
 
-    from components.runtime import diskspace
+    from hydratune.components.runtime import diskspace
 
     model = torch.nn.Linear(64, 64)  # 4,160 fp32 parameters: 16,640 bytes (x3 with Adam; x2 merged)
     monkeypatch.setattr(diskspace, "free_bytes", lambda path: 30_000)
@@ -463,7 +463,7 @@ def test_disk_full_before_a_checkpoint_and_the_final_save(monkeypatch, tmp_path:
 
 
 def whole_checkpoint(run_dir: Path, step: int) -> Path:
-    from components.runtime.checkpoint import mark_complete
+    from hydratune.components.runtime.checkpoint import mark_complete
 
     checkpoint = run_dir / "checkpoints" / f"checkpoint-{step}"
     checkpoint.mkdir(parents=True)
@@ -473,7 +473,7 @@ def whole_checkpoint(run_dir: Path, step: int) -> Path:
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EFBIG, errno.EDQUOT])
 def test_a_write_that_runs_out_is_a_named_error(monkeypatch, tmp_path: Path, code: int) -> None:
-    from components.runtime.diskspace import DiskFull, disk_errors
+    from hydratune.components.runtime.diskspace import DiskFull, disk_errors
 
     checkpoint = whole_checkpoint(tmp_path, 3)
 
@@ -495,7 +495,7 @@ def test_a_real_file_size_limit_during_a_save_is_a_named_error(tmp_path: Path, w
     import torch
     from safetensors.torch import save_file
 
-    from components.runtime.diskspace import DiskFull, disk_errors
+    from hydratune.components.runtime.diskspace import DiskFull, disk_errors
 
     tensor = torch.zeros(1 << 18)  # 1 MiB
     write = {
@@ -516,7 +516,7 @@ def test_a_real_file_size_limit_during_a_save_is_a_named_error(tmp_path: Path, w
 
 
 def test_unset_environment_variable_refused_before_build(compose_cfg, monkeypatch) -> None:
-    from components.runtime.run import Components
+    from hydratune.components.runtime.run import Components
 
     monkeypatch.delenv("HT_PROBE_UNSET", raising=False)
     with pytest.raises(ConfigError) as info:
@@ -528,8 +528,8 @@ def test_unset_environment_variable_refused_before_build(compose_cfg, monkeypatc
 
 def test_hydra_writing_the_run_dir_on_a_full_disk_is_a_named_error() -> None:
     """What Hydra raises itself (outside the job: its .hydra/ files) reaches the CLI's startup_error."""
-    from components.runtime.diskspace import DiskFull
-    from recipes.cli import startup_error
+    from hydratune.components.runtime.diskspace import DiskFull
+    from hydratune.recipes.cli import startup_error
 
     full = startup_error(OSError(errno.ENOSPC, "No space left on device", "outputs/x/.hydra/config.yaml"))
     assert isinstance(full, DiskFull) and "outputs/x/.hydra/config.yaml" in str(full)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from hydra.utils import instantiate
 
-from components.config.errors import ConfigError
-from components.memory.arch import param_counts
-from components.memory.estimate import estimate
-from components.memory.spec import arch_of_model, spec_from_config
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.memory.arch import param_counts
+from hydratune.components.memory.estimate import estimate
+from hydratune.components.memory.spec import arch_of_model, spec_from_config
 
 #: every model option whose config has a vision_config (test_vlm_options_are_all_here keeps the list whole)
 VLM_OPTIONS = (
@@ -34,11 +34,11 @@ def meta_vlms() -> dict[str, dict]:
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    from components.modeling.vision import part_params
+    from hydratune.components.modeling.vision import part_params
 
     out = {}
     GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base=None):
+    with initialize_config_module(config_module="hydratune.conf", version_base=None):
         for name in VLM_OPTIONS:
             cfg = compose(config_name="config", overrides=[f"model={name}"])
             model = instantiate(cfg.model, _convert_="all")
@@ -57,7 +57,7 @@ def meta_vlms() -> dict[str, dict]:
 
 def test_vlm_options_are_all_here() -> None:
     """A new VLM option is counted below: the list is every model option with a vision_config."""
-    from components.config.options import options
+    from hydratune.components.config.options import options
 
     vision = {
         name
@@ -113,7 +113,7 @@ def test_lora_adapts_the_language_model_only_by_default(compose_cfg) -> None:
     what peft trains); peft.exclude_modules=[] lets adapters onto them."""
     import torch
 
-    from components.modeling.vision import part_params
+    from hydratune.components.modeling.vision import part_params
 
     def lora_on(*overrides: str) -> tuple[object, object, dict]:
         cfg = compose_cfg("model=tiny_vlm", "peft=lora", *overrides)
@@ -165,9 +165,9 @@ def test_vision_knobs_are_refused_before_load(
     compose_cfg, monkeypatch, tmp_path, overrides, key, words
 ) -> None:
     """Each refusal names its key before any weight is read (CausalLM.build would fail the test)."""
-    from components.model import CausalLM
-    from components.runtime.checks import check_before_load
-    from components.runtime.run import Components
+    from hydratune.components.model import CausalLM
+    from hydratune.components.runtime.checks import check_before_load
+    from hydratune.components.runtime.run import Components
 
     monkeypatch.setattr(CausalLM, "build", lambda *a, **k: pytest.fail("a model was loaded"))
     cfg = compose_cfg(*(o.format(tmp=tmp_path) for o in overrides))
@@ -181,7 +181,7 @@ def test_vision_knobs_are_refused_before_load(
 
 def test_a_bad_freeze_part_exits_2_before_load(capsys, monkeypatch, tmp_path) -> None:
     """The command line: exit 2, the key in brackets, no traceback, nothing loaded."""
-    from components.model import CausalLM
+    from hydratune.components.model import CausalLM
     from tests.support.cli import in_process
 
     monkeypatch.chdir(tmp_path)
@@ -230,7 +230,7 @@ def test_plan_prints_the_vision_parts(capsys, monkeypatch, tmp_path) -> None:
 def test_freeze_on_a_model_whose_config_is_out_of_reach_says_so(monkeypatch) -> None:
     """A hub id without shipped numbers, offline: model.freeze cannot know the parts, and says why (not
     'a text model')."""
-    from components.model import CausalLM
+    from hydratune.components.model import CausalLM
 
     def offline(self):
         raise ConfigError("unreachable", key="model.name_or_path")
@@ -245,7 +245,7 @@ def test_ddp_finds_a_vlms_unused_tower(compose_cfg) -> None:
     """strategy=ddp on a VLM: a batch without images leaves the tower unused, so DDP must look for unused
     parameters (it died at step 2 without: 'Expected to have finished reduction'); the model says so unless
     strategy.find_unused_parameters is set; a text model keeps DDP's fast path."""
-    from components.runtime.run import Components
+    from hydratune.components.runtime.run import Components
 
     def args(*overrides: str) -> dict:
         comps = Components.from_config(compose_cfg("strategy=ddp", "launcher.nproc_per_node=2", *overrides))
@@ -263,7 +263,7 @@ def test_peft_freeze_opens_the_decoders_last_layers(meta_vlms: dict, compose_cfg
     more blocks (Qwen2.5-VL-7B: 32 vision blocks, 28 decoder layers)."""
     import torch
 
-    from components.peft import count_layers, decoder_layers
+    from hydratune.components.peft import count_layers, decoder_layers
 
     cfg = meta_vlms["qwen2_5_vl_7b"]["cfg"]
     model = instantiate(cfg.model, _convert_="all")
@@ -284,8 +284,8 @@ def test_every_family_is_counted_at_transformers_defaults(family: str) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from components.memory.arch import Arch
-    from components.modeling.vision import FAMILIES, part_params
+    from hydratune.components.memory.arch import Arch
+    from hydratune.components.modeling.vision import FAMILIES, part_params
 
     config = AutoConfig.for_model(family)
     with torch.device("meta"):
