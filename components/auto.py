@@ -2,7 +2,7 @@
 
 The choice walks the OOM ladder of :mod:`hydratune.components.memory.ladder` over every strategy option in
 conf/strategy/ (each with the memory shape and mesh its component declares) and, for options that declare
-mesh dimensions (``ModelSplit.parallel_dims``), their tensor / sequence / pipeline parallel sizes; in the
+mesh dimensions (``Strategy.searched_axes``), their tensor / sequence / pipeline parallel sizes; in the
 documented order (data parallel on the GPUs, then tp / sp / pp, then offload; inside each the ASSUMED,
 unmeasured speeds of ``components/memory/shapes.py``), it takes the first (layout, gradient checkpointing)
 rung whose micro-batch-1 run fits the GPU with the safety margin, then the largest micro-batch that still
@@ -49,6 +49,14 @@ class Auto:
     def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
         """Undecided until launch: the estimate of the run as configured counts one process."""
         return SINGLE
+
+    @property
+    def parallel(self) -> Any:
+        """Undecided until launch: the estimate of the run as configured splits nothing (one ``Parallel`` of
+        ones: every axis 1)."""
+        from hydratune.components.strategy import Parallel
+
+        return Parallel()
 
     @property
     def model_split(self) -> Any:

@@ -55,12 +55,11 @@ class Recipe:
     #: runs its own loop on accelerate through the strategy's loop hooks (FSDP2 by ``fully_shard``, so on
     #: CPU too) instead of a transformers Trainer
     owns_loop: ClassVar[bool] = False
-    #: trains through a Trainer on token rows (``input_ids``, ``labels``) that tensor / sequence parallel
-    #: engines can split (``strategy.tp_size`` / ``strategy.sp_size`` > 1); others refuse a split model
-    splits_model: ClassVar[bool] = False
-    #: its trainer's loss is the causal-LM cross-entropy on the labels of its prepared data, so a strategy
-    #: that cuts the model into pipeline stages (``splits_layers``) can train it with its own loop
-    trains_in_stages: ClassVar[bool] = False
+    #: the axes of a model split over ranks (``components/strategy/parallelism.py`` ``AXES``: tp, sp, pp,
+    #: ep) it was verified with, each against one process; another axis above 1 is refused before load
+    #: (``components/runtime/split_checks.py``). Pipeline stages (pp) train through the staged loop, whose
+    #: loss is the causal-LM cross-entropy on its prepared data's labels
+    splits: ClassVar[frozenset[str]] = frozenset()
     #: trains on ``data.streaming``'s rows as they are read (no whole data set up front)
     streams_data: ClassVar[bool] = False
     #: what its trainer does with a preference row past data.max_length: "truncate" (cut, the start kept:

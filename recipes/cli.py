@@ -38,15 +38,16 @@ process_defaults()  # TOKENIZERS_PARALLELISM=false, no FutureWarnings (component
 def execute(cfg: DictConfig) -> Any:
     """Instantiate the groups, check them before any model is loaded, then run the recipe: here, or in
     the launcher's worker processes on the config frozen into the run dir."""
-    from hydratune.components.auto import is_auto, maybe_resolve_auto, save_choice
+    from hydratune.components.auto import is_auto, maybe_resolve_auto
     from hydratune.components.config.ranges import check_values
     from hydratune.components.config.resolvers import check_resolves
     from hydratune.components.launcher import FROZEN
     from hydratune.components.runtime import multinode
     from hydratune.components.runtime.checks import check_before_load
     from hydratune.components.runtime.image_estimate import estimate_image_tokens
-    from hydratune.components.runtime.run import Components, hydra_run_dir, pipeline_axis, run_recipe
+    from hydratune.components.runtime.run import Components, hydra_run_dir, run_recipe
     from hydratune.components.runtime.threads import apply_thread_policy
+    from hydratune.components.strategy import stages_note
 
     multinode.save_hydra_files(cfg)  # a multi-node job's .hydra/: once, whole (Hydra was kept from it)
     apply_thread_policy(int(cfg.launcher.get("nproc_per_node") or 1))  # before torch is imported
@@ -59,12 +60,9 @@ def execute(cfg: DictConfig) -> Any:
         if measured:
             print(f"strategy=auto: {measured}")
     cfg = maybe_resolve_auto(cfg)  # strategy=auto: choose from the memory estimate, save the choice
-    axis = pipeline_axis(cfg)  # strategy.pp_size on DDP / ZeRO-0/1: trains as strategy=pipeline
-    if axis is not None:
-        cfg, text = axis
-        print(text)
-        save_choice(cfg)
     comps = Components.from_config(cfg)
+    if comps.configured_strategy is not None:  # strategy.pp_size: the staged engine, this option's dp side
+        print(stages_note(comps.configured_strategy, comps.strategy))
     multinode.refuse_sweep(comps.launcher)
     run_id = comps.launcher.rendezvous_id(multinode.pinned_run_dir())  # several nodes: one shared id
     device = check_before_load(cfg, comps, plan_device(cfg, comps))

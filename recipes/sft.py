@@ -28,8 +28,7 @@ class SFT(Recipe):
 
     title: ClassVar[str] = "SFT"
     data_kinds: ClassVar[tuple[str, ...]] = ("chat",)
-    splits_model: ClassVar[bool] = True
-    trains_in_stages: ClassVar[bool] = True  # strategy=pipeline: loss_type=nll through the stages
+    splits: ClassVar[frozenset[str]] = frozenset({"tp", "sp", "pp", "ep"})  # pp: loss_type=nll in the stages
     streams_data: ClassVar[bool] = True
     image_rows: ClassVar[bool] = True  # a VLM's image rows: TRL's vision collator (run_image_rows)
 
@@ -44,7 +43,7 @@ class SFT(Recipe):
             raise ConfigError(
                 f"unknown '{self.loss_type}'", key="recipe.loss_type", hint=f"one of {LOSS_TYPES}"
             )
-        if comps.strategy.model_split.splits_layers and self.loss_type != "nll":
+        if comps.strategy.parallel.pp > 1 and self.loss_type != "nll":
             raise ConfigError(
                 f"loss_type={self.loss_type} is not computed by the pipeline stages (their loss is nll)",
                 key="recipe.loss_type",

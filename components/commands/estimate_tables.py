@@ -257,13 +257,14 @@ def cli(args: list[str]) -> int:
         raise ConfigError(f"cannot compose the config: {err}", key="estimate") from None
     finally:
         GlobalHydra.instance().clear()
+    from hydratune.components.memory.spec import built
     from hydratune.components.runtime.image_estimate import estimate_image_tokens
-    from hydratune.components.runtime.run import pipeline_axis
+    from hydratune.components.strategy import stages_note, with_stages
 
-    axis = pipeline_axis(cfg)  # strategy.pp_size on ddp / zero / fsdp: estimated as the pipeline it trains as
-    if axis is not None:
-        cfg, text = axis
-        print(text)
+    option = built(cfg.strategy)
+    staged = with_stages(option)  # strategy.pp_size: estimated as the staged engine it trains as
+    if staged is not option:
+        print(stages_note(option, staged))
     cfg, measured = estimate_image_tokens(cfg)  # a VLM's image rows: the estimate counts what they hold
     if measured:
         print(measured)

@@ -5,8 +5,9 @@ Each cell is one of: ``cpu`` (passes the pre-load checks on a CPU host and is me
 ``refused`` (the checks refuse it everywhere, naming ``key``). The rows are derived, not listed: every
 training recipe (``recipe`` options that are not inference-only) and every strategy option of
 conf/strategy/ (``hydratune.components.strategy.training_options``); a verdict is what the cell's components
-declare (the quantization's ``needs_adapter`` / ``sharding_refusal``, ``own_loop_refusal``: the strategy's
-``OwnLoop`` hooks, for a recipe that owns its loop; its ``device_refusal`` on CPU).
+declare (the quantization's ``needs_adapter`` / ``sharding_refusal``, the split table's refusals for the
+option's axes (``runtime/split_checks.py``), ``own_loop_refusal``: the strategy's ``OwnLoop`` hooks, for a
+recipe that owns its loop; its ``device_refusal`` on CPU).
 ``tests/unit/test_matrix.py`` walks every cell through the real composition and ``check_before_load`` and
 asserts the verdict. Which
 cells were also *trained* in a test is :data:`RUN_IN_TESTS` (a covering sample; the rest are checked, not
@@ -86,6 +87,9 @@ class Verdict:
 
 def verdict(cell: Cell) -> Verdict:
     """What the cell's components declare, in the order the pre-load checks ask."""
+    from types import SimpleNamespace
+
+    from hydratune.components.runtime import split_checks
     from hydratune.components.strategy import own_loop_refusal
 
     recipe, strategy = recipes()[cell.recipe], strategies()[cell.strategy]
@@ -93,7 +97,9 @@ def verdict(cell: Cell) -> Verdict:
     dtype = cell.precision
     if quant.needs_adapter and not peft.is_adapter:
         return Verdict("refused", "a quantized base trains only through an adapter (QLoRA)", "peft")
-    refusal = strategy.combination_refusal(recipe, peft, quant, dtype)
+    run = SimpleNamespace(recipe=recipe, peft=peft, quantization=quant, data=None, model=None, optimizer=None)
+    refusal = split_checks.refusal(run, strategy.parallel.mesh(1), dtype)  # a split model: its axes' table
+    refusal = refusal or strategy.combination_refusal(recipe, peft, quant, dtype)
     if refusal is None and strategy.shards_parameters:
         refusal = quant.sharding_refusal(dtype, strategy.label)
     if refusal is None and recipe.owns_loop:

@@ -74,7 +74,7 @@ def check_streaming(cfg: DictConfig, comps: Components) -> None:
             key="train.num_workers",
             hint="train.num_workers=0 (tokenization then runs in the training process)",
         )
-    mesh = comps.strategy.model_split.mesh(planned_world(cfg))
+    mesh = comps.strategy.parallel.mesh(planned_world(cfg))
     if not mesh.is_data_parallel_only:
         raise ConfigError(
             f"data.streaming with {mesh.describe()}: the ranks of one model copy must read the same rows, "

@@ -25,7 +25,7 @@ from hydratune.components.memory.ladder import Rung
 from hydratune.components.memory.parallel import mesh_refusal
 from hydratune.components.memory.shapes import StrategyShape
 
-#: the mesh dimensions a strategy option may split (``ModelSplit.parallel_dims``): ``strategy.<dim>_size``
+#: the mesh dimensions a strategy option may split (``Strategy.searched_axes``): ``strategy.<dim>_size``
 MESH_DIMS = ("tp", "sp", "pp", "ep")
 
 
@@ -179,6 +179,14 @@ def built(node: Any) -> Any:
     return instantiate(node, _convert_="all")
 
 
+def trained_as(strategy: Any) -> Any:
+    """The engine a run of the ``strategy`` option trains with: with pipeline stages the staged engine
+    (``strategy/pipeline.py`` ``with_stages``), which the estimate's shape and mesh are of."""
+    from hydratune.components.strategy import with_stages
+
+    return with_stages(strategy)
+
+
 def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: Any) -> RunSpec:
     """A RunSpec from a composed config: the peft, optimizer, quantization and strategy components say
     their part (built from their nodes: no weights, no torch)."""
@@ -190,7 +198,7 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
         built(get(cfg, "optimizer")),
         built(get(cfg, "quantization")),
     )
-    strategy_component = built(get(cfg, "strategy"))
+    strategy_component = trained_as(built(get(cfg, "strategy")))
     arch = arch_of_model(model)
     num_gpus, num_nodes = world_of(cfg)
     mesh = checked_mesh(strategy_component, arch, num_gpus * num_nodes)
@@ -231,9 +239,9 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
 
 
 def checked_mesh(strategy: Any, arch: Arch, world_size: int) -> Mesh:
-    """The strategy's split of ``world_size`` processes (``ModelSplit.mesh``), refused (a ConfigError naming
-    the knob) when it does not divide the world or the model cannot be split that way."""
-    mesh = strategy.model_split.mesh(world_size)
+    """The strategy's split of ``world_size`` processes (its ``parallel`` keys' mesh), refused (a ConfigError
+    naming the knob) when it does not divide the world or the model cannot be split that way."""
+    mesh = strategy.parallel.mesh(world_size)
     mesh.check()
     refusal = mesh_refusal(arch, mesh.tp, mesh.sp, mesh.pp, ep=mesh.ep)
     if refusal:
@@ -268,7 +276,7 @@ def option_rung(name: str, strategy: Any, spec: RunSpec, overrides: tuple[str, .
     try:
         if overrides:  # a knob auto sets: the option's own refusals (a shipped option may leave one unset)
             strategy.validate()
-        mesh = strategy.model_split.mesh(spec.world_size)
+        mesh = strategy.parallel.mesh(spec.world_size)
         mesh.check()
     except ConfigError:
         return None
@@ -284,7 +292,7 @@ def option_rung(name: str, strategy: Any, spec: RunSpec, overrides: tuple[str, .
 def strategy_rungs(spec: RunSpec, options: Mapping[str, Any] | None = None) -> list[Rung]:
     """The ladder for ``spec``'s world size: every strategy option that applies to it, as shipped, and, for
     those keeping every state on the GPUs, each size of each mesh dimension it declares it can split
-    (``ModelSplit.parallel_dims``) set through its ``strategy.<dim>_size`` knob, as a user would type it.
+    (``Strategy.searched_axes``) set through its ``strategy.<dim>_size`` knob, as a user would type it.
     ``options``: ``{name: component}`` (default: every option of conf/strategy/ that trains)."""
     from hydratune.components.strategy import training_options
 
@@ -299,7 +307,7 @@ def strategy_rungs(spec: RunSpec, options: Mapping[str, Any] | None = None) -> l
         rungs.append(base)
         if base.tier == 2:  # model parallelism is what avoids offload: not combined with it
             continue
-        for dim in strategy.model_split.parallel_dims:
+        for dim in strategy.searched_axes:
             assert dim in MESH_DIMS, f"{name}: unknown parallel dim {dim!r}"
             for size in range(2, world + 1):
                 if world % size or size == getattr(base, dim):

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from omegaconf import DictConfig
 
 from hydratune.components.config.errors import ConfigError
 from hydratune.components.config.registry import check_known_keys
 from hydratune.components.data.stream_prepare import check_streaming
-from hydratune.components.distributed.mesh import Mesh
 from hydratune.components.recipe import DATA_KINDS
 from hydratune.components.runtime.diskspace import DiskFull, check_room_before_load, planned_run_dir
 from hydratune.components.runtime.run import Components, batch_plan, world_size
-from hydratune.components.strategy import own_loop_refusal
+from hydratune.components.runtime.split_checks import check_split
+from hydratune.components.strategy import axis_refusal, own_loop_refusal
 
 
 def check_train(cfg: DictConfig) -> None:
@@ -65,7 +64,6 @@ def check_combinations(cfg: DictConfig, comps: Components, device: str) -> None:
             hint="merge offline into the unquantized base, or drop merge=true",
         )
     comps.optimizer.check_device(device)
-    check_vision_split(comps)
     check_strategy(cfg, comps, device)
     check_loss_scaling(comps, device)
     weights = comps.model.dtype
@@ -100,7 +98,8 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
     plan = batch_plan(cfg, comps, device)
     strategy.check(plan, device)
     dtype = plan.dtype  # precision=auto resolved with the model's size
-    refusal = strategy.device_refusal(device, dtype, recipe.owns_loop)
+    refusal = axis_refusal(strategy, device, dtype)  # the engine's limits of its axes on this device
+    refusal = refusal or strategy.device_refusal(device, dtype, recipe.owns_loop)
     if refusal is not None:
         raise refusal
     if cfg.merge and strategy.shards_parameters:
@@ -109,7 +108,7 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
             key="merge",
             hint="drop merge and merge the saved adapter afterwards (peft's merge_and_unload on one device)",
         )
-    check_split(cfg, comps, device, dtype)
+    check_split(cfg, comps, world, device, dtype)  # the model split over ranks: runtime/split_checks.py
     refusal = strategy.combination_refusal(recipe, comps.peft, quant, dtype, comps.data, comps.model)
     if refusal is None and strategy.shards_parameters:
         refusal = quant.sharding_refusal(dtype, strategy.label)
@@ -117,145 +116,6 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
         refusal = own_loop_refusal(strategy, recipe, dtype)
     if refusal is not None:
         raise refusal
-
-
-def split_recipe_refusal(recipe: Any) -> str | None:
-    """Why ``recipe`` cannot train a model split over ranks (tensor, sequence or expert parallel), None when
-    it can: the split engines are verified with the Trainer recipes that declare ``splits_model``."""
-    if recipe.inference_only:
-        return "trains nothing (one whole model per process)"
-    if recipe.owns_loop:
-        return "runs its own loop, which does not split a model"
-    if not recipe.splits_model:
-        return "is not one the split engines are verified with (recipe=sft is)"
-    return None
-
-
-def check_split(cfg: DictConfig, comps: Components, device: str, dtype: str) -> None:
-    """A model split over ranks (``strategy.tp_size`` / ``strategy.sp_size``): the mesh divides the world,
-    the model's heads and sizes divide by it, and nothing it cannot go with is asked for (the recipe, the
-    engine's knobs, quantization, PEFT, the attention on packed rows), each refused with its fix. ``dtype``:
-    the run's resolved precision (``batch_plan``)."""
-    from hydratune.components.distributed.mesh import ModelDims, check_model
-
-    split, recipe = comps.strategy.model_split, comps.recipe
-    mesh = split.mesh(world_size(comps))
-    if mesh.ep > 1:
-        check_expert_split(comps, mesh)
-    if mesh.tp == 1 and mesh.sp == 1:  # data parallel, or pipeline stages (strategy=pipeline checks those)
-        return
-    knob = "strategy.tp_size" if mesh.tp > 1 else "strategy.sp_size"
-    what = "tensor parallel" if mesh.tp > 1 else "sequence parallel"
-    drop = f"drop {knob} (or set it to 1)"
-    mesh.check()
-    why = split_recipe_refusal(recipe)
-    if why is not None:
-        raise ConfigError(f"{what} ({knob}): recipe={recipe.name} {why}", key=knob, hint=drop)
-    refusal = split.split_refusal(device, dtype)
-    if refusal is not None:
-        raise refusal
-    peft = type(comps.peft).__name__
-    refused = [  # (refused, key, why, fix)
-        (
-            comps.quantization.enabled,
-            "quantization",
-            f"{what} with a quantized base: the engines split torch Linear layers, not bitsandbytes' ones",
-            f"quantization=none, or {drop}",
-        ),
-        (
-            mesh.tp > 1 and comps.peft.enabled,
-            "peft",
-            f"tensor parallel with peft={peft}: the engines (DeepSpeed AutoTP, DTensor in pipeline stages) "
-            "split the base layers and leave an adapter's layers whole beside them (not supported)",
-            "peft=none (full fine-tuning), or strategy.sp_size for long sequences with an adapter",
-        ),
-        (
-            mesh.sp > 1 and comps.peft.adds_virtual_tokens,
-            "peft",
-            f"sequence parallel with {peft}: its virtual tokens are prepended to every row, so the ranks' "
-            "slices of a row would not be the row",
-            "peft=lora, or drop strategy.sp_size",
-        ),
-    ]
-    for bad, key, why, fix in refused:
-        if bad:
-            raise ConfigError(why, key=key, hint=fix)
-    check_model(mesh, ModelDims.from_config(comps.model.load_config()))
-    if mesh.sp > 1:
-        check_sequence_split(cfg, comps, device)
-
-
-def check_expert_split(comps: Components, mesh: Mesh) -> None:
-    """Expert parallel (``strategy.ep_size``): the mesh divides, the model is a mixture whose experts ep
-    divides, and only what is verified with it is asked for (a Trainer recipe, full fine-tuning, no
-    quantization), each refused with its fix."""
-    from hydratune.components.distributed.mesh import ModelDims, check_model
-    from hydratune.components.distributed.model_parallel import AUTOEP_MODEL_TYPES
-
-    recipe, drop = comps.recipe, "strategy.ep_size=1"
-    unverified = split_recipe_refusal(recipe)
-    mesh.check()
-    refused = [
-        (
-            unverified is not None,
-            "strategy.ep_size",
-            f"expert parallel: recipe={recipe.name} {unverified}",
-            drop,
-        ),
-        (
-            comps.peft.enabled,
-            "peft",
-            f"expert parallel with peft={type(comps.peft).__name__.lower()}: adapters on split experts are "
-            "not verified",
-            f"peft=none (full fine-tuning), or {drop}",
-        ),
-        (
-            comps.quantization.enabled,
-            "quantization",
-            "expert parallel with a quantized base is not supported",
-            f"quantization=none, or {drop}",
-        ),
-        (  # DeepSpeed builds the optimizer after AutoEP (the experts in their own groups): its Adam only
-            not comps.optimizer.deepspeed_cpu_adam,
-            "optimizer",
-            f"expert parallel trains with DeepSpeed's own AdamW (built after the experts are split, each in "
-            f"its own group); optimizer={type(comps.optimizer).__name__.lower()} is not one it builds",
-            f"optimizer=adamw, or {drop}",
-        ),
-    ]
-    for bad, key, why, fix in refused:
-        if bad:
-            raise ConfigError(why, key=key, hint=fix)
-    config = comps.model.load_config()
-    check_model(mesh, ModelDims.from_config(config))
-    kind = getattr(getattr(config, "text_config", config), "model_type", None)
-    if kind not in AUTOEP_MODEL_TYPES:
-        raise ConfigError(
-            f"expert parallel splits the experts of {', '.join(AUTOEP_MODEL_TYPES)} models here (gathered "
-            f"back whole for final/ and verified against one process); this model is {kind}",
-            key="strategy.ep_size",
-            hint=f"{drop} (the experts stay whole on every rank; ZeRO still shards the optimizer state)",
-        )
-
-
-def check_vision_split(comps: Components) -> None:
-    """A vision-language model is not split over ranks: tensor / sequence parallel and pipeline stages
-    know a decoder's layers, not an image encoder beside them (not verified: refused). Data parallel, FSDP
-    and ZeRO keep whole models (or shard parameters) and pass."""
-    if not comps.model.is_vision:
-        return
-    split = comps.strategy.model_split
-    mesh = split.mesh(world_size(comps))
-    dims = [(f"strategy.{d}_size", size) for d, size in (("tp", mesh.tp), ("sp", mesh.sp), ("pp", mesh.pp))]
-    dims = [(knob, size) for knob, size in dims if size > 1]
-    if dims or split.splits_layers:
-        knob = dims[0][0] if dims else "strategy"
-        raise ConfigError(
-            f"{comps.model.name_or_path} is a vision-language model: splitting it over ranks "
-            "(tensor / sequence parallel, pipeline stages) is not supported",
-            key=knob,
-            hint="use data parallel, FSDP or ZeRO (strategy=ddp / fsdp / zero2 / zero3 ...)",
-        )
 
 
 def check_freeze(comps: Components) -> None:
@@ -269,23 +129,6 @@ def check_freeze(comps: Components) -> None:
             key="model.freeze",
             hint="drop language_model from model.freeze, or put adapters on the vision modules too "
             "(peft.exclude_modules=[])",
-        )
-
-
-def check_sequence_split(cfg: DictConfig, comps: Components, device: str) -> None:
-    """The attention the model is built with keeps documents apart on the rows the engine splits (packed
-    rows need one that reads the position ids), and on gloo the collator's collective runs in the
-    training process."""
-    packed = comps.data.kind == "chat" and comps.data.packing
-    refusal = comps.strategy.model_split.sequence_refusal(comps.model.resolved_attn_implementation(), packed)
-    if refusal is not None:
-        raise refusal
-    if device == "cpu" and cfg.train.num_workers:
-        raise ConfigError(
-            "sequence parallel on CPU pads every rank's batch to the longest of the step (gloo's all-gather "
-            "takes equal shapes): a collective the data collator runs, so not in dataloader workers",
-            key="train.num_workers",
-            hint="train.num_workers=0 (the default on CPU)",
         )
 
 
@@ -314,7 +157,7 @@ def warnings_for(cfg: DictConfig, comps: Components, device: str = "cpu") -> lis
 def split_warnings(cfg: DictConfig, comps: Components) -> list[str]:
     """Ulysses' loss weights each micro-batch of a sequence-parallel group alike: with accumulation or
     several data-parallel replicas that is not one process's token-weighted mean over the global batch."""
-    mesh = comps.strategy.model_split.mesh(world_size(comps))
+    mesh = comps.strategy.parallel.mesh(world_size(comps))
     if mesh.sp == 1 or (cfg.train.gradient_accumulation_steps == 1 and mesh.dp == 1):
         return []
     return [
@@ -388,15 +231,6 @@ def check_before_load(cfg: DictConfig, comps: Components, device: str | None = N
     check_train(cfg)
     for _, component in comps.items():
         component.validate()
-    axis = comps.strategy.as_pipeline()  # strategy.pp_size on ddp / zero0-1: pipeline_axis rewrites it first
-    if axis is not None:
-        raise ConfigError(
-            f"strategy.pp_size on {type(comps.strategy).__name__} trains as {' '.join(axis)}, which the "
-            "hydratune command puts in before these checks (components/runtime/run.py pipeline_axis); this "
-            "config skipped it",
-            key="strategy.pp_size",
-            hint=f"run it through the hydratune command, or compose {' '.join(axis)}",
-        )
     check_recipe_data(comps)
     device = device or comps.strategy.resolve_device()  # first torch import
     check_combinations(cfg, comps, device)

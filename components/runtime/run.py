@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from hydratune.components.config.schema import GROUPS
 from hydratune.components.runtime.rundir import RunDir
@@ -31,6 +30,10 @@ class Components:
     scheduler: Any
     tracker: Any
     launcher: Any
+    #: the strategy option as configured, when the run trains another engine for it: with pipeline stages
+    #: (``strategy.pp_size`` > 1) ``strategy`` is the staged engine built from it (``strategy/pipeline.py``
+    #: ``with_stages``: its parallel keys and data-parallel side); None: ``strategy`` is the option itself
+    configured_strategy: Any = None
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> Components:
@@ -45,6 +48,7 @@ class Components:
         from hydratune.components.config.resolvers import check_resolves
         from hydratune.components.config.trust import check_targets
         from hydratune.components.data.images import with_images
+        from hydratune.components.strategy import with_stages
         from hydratune.components.tracker import Trackers
 
         check_resolves(cfg)  # ${oc.env:UNSET} and the like, naming the key
@@ -56,35 +60,13 @@ class Components:
         # data.images=null follows the model component's accepts_images (components/data/images.py)
         built["data"] = with_images(built["data"], built["model"])
         built["tracker"] = Trackers.of(built["tracker"])
-        return cls(**built)
+        staged = with_stages(built["strategy"])  # pipeline stages: the engine the run trains with
+        configured = built["strategy"] if staged is not built["strategy"] else None
+        return cls(**{**built, "strategy": staged}, configured_strategy=configured)
 
     def items(self) -> list[tuple[str, Any]]:
-        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
-
-
-def pipeline_axis(
-    cfg: DictConfig, compose_strategy: Callable[[list[str]], DictConfig] | None = None
-) -> tuple[DictConfig, str] | None:
-    """``strategy.pp_size`` > 1 on an option that trains pipeline stages as ``strategy=pipeline``
-    (``Strategy.as_pipeline``: DDP, ZeRO-0/1): the config with that strategy node (composed by Hydra, the
-    run dir replays it) and what the CLI prints; None for any other strategy node."""
-    from hydratune.components.auto import compose_strategy_hydra
-
-    if int(cfg.strategy.get("pp_size", 1) or 1) == 1:  # no pipeline axis asked: nothing to instantiate
-        return None
-    overrides = _instantiate(cfg, "strategy").as_pipeline()
-    if overrides is None:
-        return None
-    new = cfg.copy()
-    with open_dict(new):
-        new.strategy = (compose_strategy or compose_strategy_hydra)(list(overrides))
-    name = str(cfg.strategy._target_).rsplit(".", 1)[-1]
-    label = _instantiate(new, "strategy").label  # Pipeline (pp 2, 1f1b, FSDP2 (ZeRO-3) over the replicas)
-    text = (
-        f"strategy: {name} with strategy.pp_size={cfg.strategy.pp_size} trains as {' '.join(overrides)}: "
-        f"{label}, the stages in the pipeline loop"
-    )
-    return new, text
+        """The config groups' components, by group."""
+        return [(group, getattr(self, group)) for group in GROUPS]
 
 
 def _instantiate(cfg: DictConfig, group: str) -> Any:
@@ -222,7 +204,7 @@ def batch_plan(cfg: DictConfig, comps: Components, device: str) -> Any:
         largest_param=largest,
         # a worker knows its node's process count (SLURM sets it per node); else the launcher's
         gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or comps.launcher.nproc_per_node),
-        mesh=split.mesh(world),
+        mesh=comps.strategy.parallel.mesh(world),  # the run's one mesh (strategy/parallelism.py)
         # Ulysses wraps the attention the model is built with (and must be told which)
         attention=comps.model.resolved_attn_implementation() if split.splits_sequences else None,
         architecture=config,

@@ -238,7 +238,7 @@ class Session:
         from hydratune.components.runtime.trainer_hooks import hydratune_trainer
 
         c = self.ctx.components
-        if c.strategy.model_split.splits_layers:  # the trainer gets this rank's stages only
+        if c.strategy.parallel.pp > 1:  # the trainer gets this rank's stages only
             from hydratune.components.runtime.pipeline_loop import cut_model
 
             self.pipeline = cut_model(self)
@@ -292,7 +292,7 @@ class Session:
         # gathered whole on rank 0 after training
         if (
             strategy.shards_parameters
-            and not model_split.splits_layers
+            and strategy.parallel.pp == 1
             and not model_split.generates_together
         ):
             self.report.setdefault("eval accuracy (exact match)", {})[when] = "skipped (sharded parameters)"
@@ -406,7 +406,7 @@ class Session:
 
     def train_and_finish(self, trainer: Any, *, probes: dict[str, Any] | None = None) -> dict[str, Any]:
         """``_train_and_finish``, then close the trackers whatever happened."""
-        if self.ctx.components.strategy.model_split.splits_layers:  # our own loop over the stages
+        if self.ctx.components.strategy.parallel.pp > 1:  # our own loop over the stages
             from hydratune.components.runtime.pipeline_loop import train_in_stages
 
             return train_in_stages(self, trainer)

@@ -24,9 +24,10 @@ from hydratune.components.strategy.core import (
     OwnLoop,
     PreparedLoop,
     Strategy,
-    check_split_sizes,
+    axis_refusal,
     detect_device,
     first_refusal,
+    knobs_refusal,
     live_type,
     own_loop_refusal,
     training_options,
@@ -45,10 +46,12 @@ from hydratune.components.strategy.deepspeed import (
     validate_deepspeed_config,
 )
 from hydratune.components.strategy.fsdp import FSDP, STATE_DICT_TYPES
-from hydratune.components.strategy.pipeline import Pipeline
+from hydratune.components.strategy.parallelism import AXES, Axis, Parallel, ParallelKnobs
+from hydratune.components.strategy.pipeline import Pipeline, stages_note, with_stages
 
 __all__ = [
     "AIO_KEYS",
+    "AXES",
     "COMM_DTYPES",
     "DDP",
     "DEVICES",
@@ -61,20 +64,26 @@ __all__ = [
     "TRAINED",
     "WHOLE",
     "ZERO_CHECKPOINT",
+    "Axis",
     "BatchPlan",
     "DeepSpeed",
     "ModelSplit",
     "OwnLoop",
+    "Parallel",
+    "ParallelKnobs",
     "Pipeline",
     "PreparedLoop",
     "Single",
     "Strategy",
-    "check_split_sizes",
+    "axis_refusal",
     "detect_device",
     "first_refusal",
+    "knobs_refusal",
     "live_type",
     "own_loop_refusal",
     "partition_at_load",
+    "stages_note",
     "training_options",
     "validate_deepspeed_config",
+    "with_stages",
 ]

@@ -1,12 +1,15 @@
 """The strategy interface: the core every strategy implements (:class:`Strategy`: identity, capabilities,
-memory shape, refusals and checks, TrainingArguments, generated files, the live check) and the extensions a
-strategy opts into by subclassing them, in the manner of NeMo-RL's ``PolicyInterface`` /
-``ColocatablePolicyInterface``: :class:`ModelSplit` (the model split over ranks) and :class:`OwnLoop` (the
-hooks of the loops we own). Callers reach an extension through ``strategy.model_split`` (:data:`WHOLE` for a
-strategy that does not split the model) and ``strategy.loop_hooks`` (None without them), never through
-defaults every strategy carries. Also here: the run's :class:`BatchPlan`, the helpers the strategy modules
-share, and ``training_options()`` (every option of conf/strategy/ that trains). The strategies themselves:
-``data_parallel.py`` (single, ddp), ``fsdp.py``, ``deepspeed.py`` (zero0..zero3pp), ``pipeline.py``.
+the axes its engine trains, memory shape, refusals and checks, TrainingArguments, generated files, the live
+check) and the extensions a strategy opts into by subclassing them, in the manner of NeMo-RL's
+``PolicyInterface`` / ``ColocatablePolicyInterface``: :class:`ModelSplit` (the engine's hooks for a model
+split over ranks) and :class:`OwnLoop` (the hooks of the loops we own). Callers reach an extension through
+``strategy.model_split`` (:data:`WHOLE` for a strategy that does not split the model) and
+``strategy.loop_hooks`` (None without them), never through defaults every strategy carries. How the model is
+split is not an engine's field: every option carries the parallel keys (``parallelism.py``: one
+:class:`~hydratune.components.strategy.parallel.Parallel`, the mesh's one source). Also here: the run's
+:class:`BatchPlan`, the helpers the strategy modules share, and ``training_options()`` (every option of
+conf/strategy/ that trains). The strategies themselves: ``data_parallel.py`` (single, ddp), ``fsdp.py``,
+``deepspeed.py`` (zero0..zero3pp), ``pipeline.py`` (the staged engine: pipeline stages).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, ClassVar
 from hydratune.components.config.errors import ConfigError
 from hydratune.components.distributed.mesh import Mesh
 from hydratune.components.memory.shapes import SINGLE, StrategyShape
+from hydratune.components.strategy.parallelism import AXES, ParallelKnobs
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 MULTI_PROCESS = {"MULTI_GPU", "MULTI_CPU", "MULTI_MPS", "MULTI_XPU"}  # plain multi-process (DDP) types
@@ -95,25 +99,17 @@ def first_refusal(rules: dict[str, tuple[bool, str, str]]) -> ConfigError | None
     return None
 
 
-def pipeline_overrides(
-    pp_size: int,
-    device: str,
-    refusal: ConfigError | None = None,
-    *,
-    tp_size: int | None = None,
-    zero_stage: int | None = None,
-) -> tuple[str, ...] | None:
-    """An option's pipeline axis (``Strategy.as_pipeline``): the ``strategy=pipeline`` overrides it trains
-    with (pp, then tp and the ZeRO stage where the option carries them, then the device); None at ``pp_size``
-    1; ``refusal`` (what the option's stages cannot go with) raised first."""
-    if pp_size == 1:
+def knobs_refusal(strategy: Strategy, knobs: dict[str, bool], what: str, hint: str) -> ConfigError | None:
+    """The refusal of the first of ``knobs`` (``{"offload_param": asked}``) that is asked: ``what`` does not
+    do it; ``hint`` may name it as ``{key}``. None when none is asked. The form an engine's ``axis_refusal``
+    takes for its own knobs that an axis cannot go with."""
+    name = next((k for k, asked in knobs.items() if asked), None)
+    if name is None:
         return None
-    if refusal is not None:
-        raise refusal
-    sizes = [f"strategy.pp_size={pp_size}"]
-    sizes += [f"strategy.tp_size={tp_size}"] if tp_size is not None else []
-    sizes += [f"strategy.zero_stage={zero_stage}"] if zero_stage is not None else []
-    return ("strategy=pipeline", *sizes, f"strategy.device={device}")
+    key = f"strategy.{name}"
+    return ConfigError(
+        f"{what} does not do {key}={getattr(strategy, name)}", key=key, hint=hint.format(key=key)
+    )
 
 
 def live_type(accelerator: Any) -> str:
@@ -122,14 +118,21 @@ def live_type(accelerator: Any) -> str:
 
 
 @dataclass(frozen=True)
-class Strategy:
+class Strategy(ParallelKnobs):
     """The core of every strategy: where it runs, what it adds to TrainingArguments, what it must produce,
     and what the rest of hydratune may ask of it (the class variables and the methods below) instead of its
     class. What only some strategies do is an extension they opt into by subclassing it, asked through
     :attr:`model_split` (:class:`ModelSplit`: the model split over ranks) and :attr:`loop_hooks`
-    (:class:`OwnLoop`: the hooks of the loops we own), never carried by every strategy as defaults."""
+    (:class:`OwnLoop`: the hooks of the loops we own), never carried by every strategy as defaults. The
+    parallel keys (``strategy.tp_size`` ...) are every option's (:class:`ParallelKnobs`); its engine declares
+    which axes it trains (:attr:`axes`) and what it cannot do with them (:meth:`axis_refusal`)."""
 
     device: str = "auto"
+
+    #: the axes this engine trains with (``parallel.AXES``): a size above 1 for another one is refused
+    axes: ClassVar[frozenset[str]] = frozenset()
+    #: the axes whose sizes ``strategy=auto`` tries for this option (a subset of ``axes``)
+    searched_axes: ClassVar[tuple[str, ...]] = ()
 
     #: parameters live sharded across ranks (ZeRO-3, FSDP): saving needs a gather, generation all ranks
     shards_parameters: ClassVar[bool] = False
@@ -168,10 +171,18 @@ class Strategy:
         """Whether this option makes sense for ``world_size`` ranks (the estimate's table, auto's ladder)."""
         return True
 
-    def as_pipeline(self) -> tuple[str, ...] | None:
-        """Extension: pipeline stages as an axis of this option (``strategy.pp_size`` > 1 on DDP or ZeRO-0/1):
-        the ``strategy=pipeline`` overrides the run trains with instead, its data-parallel side kept
-        (``components/strategy/pipeline.py`` ``pipeline_axis``); None: no pipeline axis."""
+    @property
+    def stage_sharding(self) -> int | None:
+        """With pipeline stages (``pp`` among :attr:`axes`): the data-parallel side this option gives the
+        staged loop (0 whole stages on every replica, 1 ZeRO-1's optimizer states sharded over the replicas,
+        2 / 3 FSDP2 on each stage without / with resharding after forward); None: no pipeline axis."""
+        return None
+
+    def axis_refusal(self, device: str | None = None, dtype: str | None = None) -> ConfigError | None:
+        """What this engine cannot do with the sizes of its :attr:`axes` together with its own knobs, on
+        ``device`` in ``dtype`` (None: the rules that hold on any device). The axes it does not train at all
+        are refused before this is asked (:func:`axis_refusal`); what an axis refuses of the rest of the run
+        is ``components/runtime/split_checks.py``."""
         return None
 
     def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
@@ -203,6 +214,9 @@ class Strategy:
             raise ConfigError(
                 f"unknown device '{self.device}'", key="strategy.device", hint=f"one of {DEVICES}"
             )
+        refusal = axis_refusal(self)
+        if refusal is not None:
+            raise refusal
 
     def resolve_device(self) -> str:
         return detect_device(self.device)
@@ -298,34 +312,19 @@ class Strategy:
 
 # ---- the extensions a strategy opts into -------------------------------------------------------------
 class ModelSplit:
-    """Extension: the model split over ranks (tensor / sequence parallel, pipeline stages) instead of whole
-    on each. A strategy whose engines split it subclasses this beside :class:`Strategy` (``class
+    """Extension: the engine's hooks for a model split over ranks (tensor / sequence / expert parallel,
+    pipeline stages) instead of whole on each: how it loads, which attention its sequence split runs, what it
+    built. The sizes are the strategy's :attr:`~Strategy.parallel` (every option's keys), not this class's.
+    A strategy whose engines split the model subclasses this beside :class:`Strategy` (``class
     FSDP(ModelSplit, OwnLoop, Strategy)``) and overrides what it does; the rest of hydratune asks
     ``strategy.model_split``, which is :data:`WHOLE` (this class's own answers: nothing split, data parallel
     only) for a strategy that does not."""
-
-    #: the mesh dimensions ("tp", "sp", "pp") this option splits the model along, each set by its
-    #: ``strategy.<dim>_size`` knob and read back through :meth:`mesh`: strategy=auto tries their sizes
-    parallel_dims: ClassVar[tuple[str, ...]] = ()
-    #: tensor / sequence parallel ranks: knobs (``strategy.tp_size``, ``strategy.sp_size``) of the strategies
-    #: whose engines split the model that way (DeepSpeed, FSDP); 1 elsewhere
-    tp_size: ClassVar[int] = 1
-    sp_size: ClassVar[int] = 1
-    #: expert parallel ranks (``strategy.ep_size``: a mixture's experts split over them; FSDP); 1 elsewhere
-    ep_size: ClassVar[int] = 1
-    #: the model is built whole, then cut into pipeline stages, one part per rank: a recipe trains through
-    #: the pipeline's own loop (``components/runtime/pipeline_loop.py``) when it declares ``trains_in_stages``
-    splits_layers: ClassVar[bool] = False
-
-    def mesh(self, world_size: int) -> Mesh:
-        """How ``world_size`` processes split into dp x tp x sp x pp under this strategy."""
-        return Mesh(world_size, tp=self.tp_size, sp=self.sp_size, ep=self.ep_size)
 
     @property
     def splits_sequences(self) -> bool:
         """Each micro-batch's tokens are split over ranks (Ulysses SP, context parallel): rows must keep a
         ``[micro_batch, tokens]`` shape whose token count the ranks divide."""
-        return self.sp_size > 1
+        return self is not WHOLE and self.parallel.sp > 1  # type: ignore[attr-defined]
 
     @property
     def generates_together(self) -> bool:
@@ -336,11 +335,6 @@ class ModelSplit:
     def model_load_kwargs(self, plan: BatchPlan) -> dict[str, Any]:
         """What ``from_pretrained`` gets from the strategy (FSDP x TP: ``DistributedConfig``)."""
         return {}
-
-    def split_refusal(self, device: str, dtype: str) -> ConfigError | None:
-        """What this strategy's engines cannot do with its ``tp_size`` / ``sp_size`` on ``device`` and with
-        its other knobs (None: they can). The model's own numbers are checked by ``mesh.check_model``."""
-        return None
 
     def sequence_refusal(self, attention: str, packed: bool) -> ConfigError | None:
         """Why this strategy's sequence split cannot run the model's ``attention`` implementation, on rows
@@ -358,18 +352,33 @@ class ModelSplit:
 WHOLE = ModelSplit()
 
 
-def check_split_sizes(strategy: ModelSplit) -> None:
-    """``tp_size`` and ``sp_size`` not both above 1 (each is at least 1 by its declared range): the engines do
-    not compose them through the Trainer (DeepSpeed's AutoTP and Ulysses each make the groups the other
-    would need)."""
-    if strategy.tp_size > 1 and strategy.sp_size > 1:
-        raise ConfigError(
-            f"tensor parallel (tp_size={strategy.tp_size}) and sequence parallel "
-            f"(sp_size={strategy.sp_size}) together are not supported: the engines do not compose them "
-            "through the Trainer",
+def axis_refusal(
+    strategy: Strategy, device: str | None = None, dtype: str | None = None
+) -> ConfigError | None:
+    """Why ``strategy``'s parallel sizes cannot train (None: they can), in one order: an axis its engine does
+    not train (the options that do named), tensor with sequence parallel (no engine composes them), the
+    pipeline's own rules (:meth:`Parallel.refusal`), then the engine's own :meth:`Strategy.axis_refusal`."""
+    parallel = strategy.parallel
+    for name in parallel.asked:
+        if name not in strategy.axes:
+            axis, size = AXES[name], parallel.size(name)
+            options = [o for o, s in training_options().items() if name in s.axes]
+            return ConfigError(
+                f"strategy {strategy.label} does not train {axis.title} ({axis.knob}={size}: "
+                f"{axis.splits} split over ranks)",
+                key=axis.knob,
+                hint=f"strategy={options[0]} {axis.knob}={size} (options that do: {', '.join(options)}), "
+                f"or {axis.knob}=1",
+            )
+    if parallel.tp > 1 and parallel.sp > 1:
+        return ConfigError(
+            f"tensor parallel (tp_size={parallel.tp}) and sequence parallel (sp_size={parallel.sp}) together "
+            "are not supported: the engines do not compose them (DeepSpeed's AutoTP and Ulysses each make "
+            "the groups the other would need; pipeline stages split no sequences)",
             key="strategy.sp_size",
             hint="use one of them (tp_size for weights that do not fit, sp_size for sequences that do not)",
         )
+    return parallel.refusal() or strategy.axis_refusal(device, dtype)
 
 
 class OwnLoop:

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hydratune.components.config.errors import ConfigError
-from hydratune.components.config.ranges import AT_LEAST_ONE, POSITIVE, knob
+from hydratune.components.config.ranges import POSITIVE, knob
 from hydratune.components.config.registry import component
 from hydratune.components.memory.shapes import StrategyShape
-from hydratune.components.strategy.core import MULTI_PROCESS, BatchPlan, OwnLoop, Strategy, pipeline_overrides
+from hydratune.components.strategy.core import MULTI_PROCESS, BatchPlan, OwnLoop, Strategy
 
 
 @component("strategy")
@@ -35,11 +35,13 @@ class DDP(OwnLoop, Strategy):
     find_unused_parameters: bool | None = None
     bucket_cap_mb: int = knob(25, POSITIVE)  # MB of gradients per all-reduce bucket
     broadcast_buffers: bool = False
-    # > 1: the layers cut into that many pipeline stages, the replicas DDP's (trains as strategy=pipeline)
-    pp_size: int = knob(1, AT_LEAST_ONE)
 
-    def as_pipeline(self) -> tuple[str, ...] | None:
-        return pipeline_overrides(self.pp_size, self.device)
+    #: pipeline stages (``strategy.pp_size``): the staged loop, each replica holding its stages whole
+    axes: ClassVar[frozenset[str]] = frozenset({"pp"})
+
+    @property
+    def stage_sharding(self) -> int | None:
+        return 0
 
     def validate(self) -> None:
         super().validate()

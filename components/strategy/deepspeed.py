@@ -1,6 +1,6 @@
 """``strategy=zero0``..``zero3pp``: DeepSpeed ZeRO, its config generated from the composed run (every
-``"auto"`` resolved, see :meth:`DeepSpeed.deepspeed_config`), AutoTP / Ulysses / AutoEP as ``tp_size`` /
-``sp_size`` / ``ep_size``."""
+``"auto"`` resolved, see :meth:`DeepSpeed.deepspeed_config`), AutoTP / Ulysses / AutoEP for the ``tp`` /
+``sp`` / ``ep`` axes; with pipeline stages (``pp``) the staged loop shards the stages as this stage says."""
 
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ from hydratune.components.strategy.core import (
     PreparedLoop,
     Strategy,
     _mixed,
-    check_split_sizes,
-    pipeline_overrides,
+    knobs_refusal,
 )
 
 OFFLOAD = ("none", "cpu", "nvme")
@@ -71,16 +70,6 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
     # NVMe param swap buffer (elements); null = largest shard
     offload_param_buffer_size: float | None = knob(None, POSITIVE)
     optimizer_impl: str = "auto"  # auto | torch | deepspeed (DeepSpeed's CPU Adam under offload)
-    parallel_dims: ClassVar[tuple[str, ...]] = ("tp", "sp", "ep")
-    # tensor parallel ranks (DeepSpeed AutoTP); data parallel = world / (tp x sp)
-    tp_size: int = knob(1, AT_LEAST_ONE)
-    sp_size: int = knob(1, AT_LEAST_ONE)  # sequence parallel ranks (DeepSpeed Ulysses)
-    # expert parallel ranks (DeepSpeed AutoEP, ZeRO 0-2): a mixture's experts split over them, all-to-all
-    ep_size: int = knob(1, AT_LEAST_ONE)
-    # > 1: the layers cut into that many pipeline stages, trained by the pipeline loop (as strategy=pipeline)
-    # with this stage's sharding over its data-parallel replicas: ZeRO-1's optimizer states
-    # (ZeroRedundancyOptimizer), ZeRO-2/3's by FSDP2 on each stage
-    pp_size: int = knob(1, AT_LEAST_ONE)
     aio: dict[str, Any] = field(
         default_factory=lambda: {
             "block_size": 1048576,
@@ -91,51 +80,8 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
         }
     )
 
-    def as_pipeline(self) -> tuple[str, ...] | None:
-        return pipeline_overrides(
-            self.pp_size, self.device, self.pipeline_refusal(), tp_size=self.tp_size, zero_stage=self.stage
-        )
-
-    def pipeline_refusal(self) -> ConfigError | None:
-        """What pipeline stages (``pp_size`` > 1) cannot go with in this option (None: nothing asked)."""
-        if self.pp_size == 1:
-            return None
-        asked = {
-            "strategy.tp_size": self.tp_size > 1 and self.stage > 0,
-            "strategy.sp_size": self.sp_size > 1,
-            "strategy.ep_size": self.ep_size > 1,
-            "strategy.offload_optimizer": self.offload_optimizer != "none",
-            "strategy.offload_param": self.offload_param != "none",
-            "strategy.zero_quantized_weights": self.zero_quantized_weights,
-            "strategy.zero_quantized_gradients": self.zero_quantized_gradients,
-            "strategy.zero_hpz_partition_size": (self.zero_hpz_partition_size or 1) > 1,
-        }
-        key = next((k for k, bad in asked.items() if bad), None)
-        if key is None:
-            return None
-        if key == "strategy.tp_size":
-            return ConfigError(
-                f"pipeline stages (strategy.pp_size={self.pp_size}) with tensor-parallel stages "
-                f"(strategy.tp_size={self.tp_size}) keep each replica's stage and optimizer states whole: "
-                f"the pipeline loop does not shard DTensor stages over the replicas (ZeRO-{self.stage})",
-                key=key,
-                hint=f"strategy=zero0 strategy.pp_size={self.pp_size} strategy.tp_size={self.tp_size}, or "
-                "strategy.tp_size=1",
-            )
-        return ConfigError(
-            f"pipeline stages (strategy.pp_size={self.pp_size}) train through the pipeline loop, whose "
-            "data-parallel side shards with ZeRO-1 (ZeroRedundancyOptimizer) or FSDP2 (ZeRO-2/3) and does "
-            f"not do {key}={getattr(self, key.split('.')[1])}",
-            key=key,
-            hint=f"strategy=zero{self.stage} strategy.pp_size={self.pp_size} with {key} left at its default, "
-            "or drop strategy.pp_size",
-        )
-
     def validate(self) -> None:
         super().validate()
-        refusal = self.pipeline_refusal()
-        if refusal is not None:
-            raise refusal
         for key in ("offload_optimizer", "offload_param"):
             if getattr(self, key) not in OFFLOAD:
                 raise ConfigError(
@@ -180,16 +126,10 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
                 key="strategy.optimizer_impl",
                 hint="auto, torch or deepspeed",
             )
-        check_split_sizes(self)
-        if self.ep_size > 1 and (self.stage == 3 or self.tp_size > 1 or self.sp_size > 1):
-            key = "strategy.stage" if self.stage == 3 else "strategy.ep_size"
-            raise ConfigError(
-                f"expert parallel (AutoEP, ep_size={self.ep_size}) runs here with ZeRO stage 0-2 and no "
-                "tensor or sequence parallel (verified against one process only there)",
-                key=key,
-                hint="strategy=zero1 or zero2 with strategy.ep_size, and tp_size=1, sp_size=1",
-            )
 
+    #: AutoTP, Ulysses, AutoEP; pipeline stages through the staged loop (:attr:`stage_sharding`)
+    axes: ClassVar[frozenset[str]] = frozenset({"tp", "sp", "pp", "ep"})
+    searched_axes: ClassVar[tuple[str, ...]] = ("tp", "sp", "ep")
     needs_process_group: ClassVar[bool] = True
     wraps_model: ClassVar[bool] = True
     scales_loss: ClassVar[bool] = True
@@ -271,14 +211,50 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
             )
         return None
 
-    def split_refusal(self, device: str, dtype: str) -> ConfigError | None:
-        """What AutoTP / Ulysses are not run with here: offload and ZeRO++ (not measured with a split
-        model); ZeRO-3 with tensor parallel unless ``TP_ZERO3`` (measured equal to ZeRO-3 on one process);
-        Ulysses under ZeRO-3 (measured different, whichever ``reduce_scatter``)."""
-        if self.tp_size == 1 and self.sp_size == 1:
+    @property
+    def stage_sharding(self) -> int | None:
+        """ZeRO-1: the stages' optimizer states sharded over the replicas; ZeRO-2 / 3: FSDP2 on each stage."""
+        return self.stage
+
+    def axis_refusal(self, device: str | None = None, dtype: str | None = None) -> ConfigError | None:
+        """With pipeline stages the staged loop shards the stages itself (:attr:`stage_sharding`): none of
+        DeepSpeed's offload or ZeRO++ knobs. AutoEP is verified with ZeRO 0-2 and no TP / SP. AutoTP /
+        Ulysses are not run with offload or ZeRO++ (not measured with a split model); ZeRO-3 with tensor
+        parallel only when ``TP_ZERO3`` (measured equal to ZeRO-3 on one process); Ulysses under ZeRO-3 not
+        (measured different, whichever ``reduce_scatter``)."""
+        p = self.parallel
+        if p.pp > 1:
+            knobs = {
+                "offload_optimizer": self.offload_optimizer != "none",
+                "offload_param": self.offload_param != "none",
+                "zero_quantized_weights": self.zero_quantized_weights,
+                "zero_quantized_gradients": self.zero_quantized_gradients,
+                "zero_hpz_partition_size": (self.zero_hpz_partition_size or 1) > 1,
+            }
+            return knobs_refusal(
+                self,
+                knobs,
+                f"pipeline stages (strategy.pp_size={p.pp}) train through the pipeline loop, whose "
+                "data-parallel side shards with ZeRO-1 (ZeroRedundancyOptimizer) or FSDP2 (ZeRO-2/3) and",
+                f"strategy=zero{self.stage} strategy.pp_size={p.pp} with {{key}} left at its default, or "
+                "drop strategy.pp_size",
+            )
+        if p.ep > 1 and (self.stage == 3 or p.tp > 1 or p.sp > 1):
+            return ConfigError(
+                f"expert parallel (AutoEP, ep_size={p.ep}) runs here with ZeRO stage 0-2 and no tensor or "
+                "sequence parallel (verified against one process only there)",
+                key="strategy.stage" if self.stage == 3 else "strategy.ep_size",
+                hint="strategy=zero1 or zero2 with strategy.ep_size, and tp_size=1, sp_size=1",
+            )
+        return self.split_refusal()
+
+    def split_refusal(self) -> ConfigError | None:
+        """What AutoTP / Ulysses (``tp`` / ``sp`` above 1) are not run with here (None: nothing asked)."""
+        p = self.parallel
+        if p.tp == 1 and p.sp == 1:
             return None
-        knob = "strategy.tp_size" if self.tp_size > 1 else "strategy.sp_size"
-        what = "tensor parallel (AutoTP)" if self.tp_size > 1 else "sequence parallel (Ulysses)"
+        knob = "strategy.tp_size" if p.tp > 1 else "strategy.sp_size"
+        what = "tensor parallel (AutoTP)" if p.tp > 1 else "sequence parallel (Ulysses)"
         if self.offload_optimizer != "none" or self.offload_param != "none":
             return ConfigError(
                 f"{what} with ZeRO offload is not supported here (not verified against one process)",
@@ -291,14 +267,14 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
             return ConfigError(
                 f"{what} with ZeRO++ is not supported here", key=knob, hint=f"strategy=zero3 {knob}=..."
             )
-        if self.stage == 3 and self.tp_size > 1 and not TP_ZERO3:
+        if self.stage == 3 and p.tp > 1 and not TP_ZERO3:
             return ConfigError(
                 "tensor parallel (AutoTP) under ZeRO-3 is not supported here",
                 key="strategy.stage",
                 hint="strategy=zero1 or zero2 with strategy.tp_size (the optimizer state is sharded over the "
                 "data-parallel replicas)",
             )
-        if self.stage == 3 and self.sp_size > 1:
+        if self.stage == 3 and p.sp > 1:
             return ConfigError(
                 "sequence parallel (Ulysses) under ZeRO-3 does not train like one process through the HF "
                 "Trainer: measured with SGD, the step-2 loss 5.6829 (reduce_scatter=true) or 5.7046 (false) "

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hydratune.components.config.errors import ConfigError
-from hydratune.components.config.ranges import AT_LEAST_ONE, knob
 from hydratune.components.config.registry import component
 from hydratune.components.distributed import model_parallel
 from hydratune.components.distributed.mesh import Mesh
@@ -21,9 +20,8 @@ from hydratune.components.strategy.core import (
     OwnLoop,
     PreparedLoop,
     Strategy,
-    check_split_sizes,
     first_refusal,
-    pipeline_overrides,
+    knobs_refusal,
 )
 
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
@@ -46,15 +44,11 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
     # Trainer path; PPO's own loop gathers, and refuses it); the final model is always gathered
     state_dict_type: str = "FULL_STATE_DICT"
     cpu_ram_efficient_loading: bool = True  # rank 0 loads the weights, the others get them broadcast
-    parallel_dims: ClassVar[tuple[str, ...]] = ("tp",)
-    # tensor parallel ranks (transformers' tp_plan at load, FSDP2 over the rest; GPU only)
-    tp_size: int = knob(1, AT_LEAST_ONE)
-    # context parallel ranks (accelerate's cp_size: ring attention; GPU only)
-    sp_size: int = knob(1, AT_LEAST_ONE)
-    # > 1: the layers cut into that many pipeline stages, trained by the pipeline loop (as strategy=pipeline)
-    # with FSDP2 on each stage over its data-parallel replicas (torchtitan's PP x FSDP; CPU too)
-    pp_size: int = knob(1, AT_LEAST_ONE)
 
+    #: tp: transformers' tp_plan at load, FSDP2 over the rest; sp: context parallel (accelerate's cp_size,
+    #: ring attention), both GPU only; pp: FSDP2 on each stage over the replicas (torchtitan's PP x FSDP)
+    axes: ClassVar[frozenset[str]] = frozenset({"tp", "sp", "pp"})
+    searched_axes: ClassVar[tuple[str, ...]] = ("tp",)
     shards_parameters: ClassVar[bool] = True
     needs_process_group: ClassVar[bool] = True
     wraps_model: ClassVar[bool] = True
@@ -65,17 +59,45 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
         stage = 3 if self.reshard_after_forward else 2
         return StrategyShape("fsdp", stage=stage, offload_optimizer=offload, offload_param=offload)
 
-    def device_refusal(self, device: str, dtype: str, owns_loop: bool) -> ConfigError | None:
-        if device != "cuda" and (self.tp_size > 1 or self.sp_size > 1):
-            what = "tensor parallel" if self.tp_size > 1 else "context parallel"
+    @property
+    def stage_sharding(self) -> int | None:
+        """FSDP2 on each stage over the replicas, resharding after forward (ZeRO-3) or not (ZeRO-2)."""
+        return 3 if self.reshard_after_forward else 2
+
+    def axis_refusal(self, device: str | None = None, dtype: str | None = None) -> ConfigError | None:
+        """With pipeline stages the staged loop shards each stage with FSDP2 itself (one unit per decoder
+        layer, checkpoints gathered whole): none of this option's own sharding knobs. Tensor and context
+        parallel go through accelerate's ParallelismConfig, which refuses a split model off a GPU."""
+        p = self.parallel
+        if p.pp > 1:
+            knobs = {
+                "cpu_offload": self.cpu_offload,
+                "activation_checkpointing": self.activation_checkpointing,
+                "transformer_layer_cls_to_wrap": bool(self.transformer_layer_cls_to_wrap),
+                "state_dict_type": self.state_dict_type != "FULL_STATE_DICT",
+            }
+            return knobs_refusal(
+                self,
+                knobs,
+                f"pipeline stages (strategy.pp_size={p.pp}) train through the pipeline loop, which shards "
+                "each stage with FSDP2 over the data-parallel replicas (one unit per decoder layer, "
+                "checkpoints gathered whole) and",
+                f"strategy=fsdp strategy.pp_size={p.pp} with {{key}} left at its default, or drop "
+                "strategy.pp_size",
+            )
+        if device is not None and device != "cuda" and (p.tp > 1 or p.sp > 1):
+            what = "tensor parallel" if p.tp > 1 else "context parallel"
             return ConfigError(
                 f"FSDP2 x {what} needs GPUs: accelerate's ParallelismConfig refuses a split model on "
                 f"{device} (it takes FSDP2, multi-GPU or DeepSpeed only), and its ring attention is "
                 "CUDA-only",
-                key="strategy.tp_size" if self.tp_size > 1 else "strategy.sp_size",
+                key="strategy.tp_size" if p.tp > 1 else "strategy.sp_size",
                 hint="on CPU: strategy=zero1 with strategy.tp_size / strategy.sp_size (DeepSpeed AutoTP / "
                 "Ulysses run over gloo)",
             )
+        return None
+
+    def device_refusal(self, device: str, dtype: str, owns_loop: bool) -> ConfigError | None:
         if device == "cuda" or owns_loop:  # a loop we own shards with fully_shard itself, over gloo too
             return None
         return ConfigError(
@@ -108,42 +130,8 @@ class FSDP(ModelSplit, OwnLoop, Strategy):
         }
         return first_refusal(refused)
 
-    def as_pipeline(self) -> tuple[str, ...] | None:
-        stage = 3 if self.reshard_after_forward else 2  # FSDP2 with or without resharding after forward
-        return pipeline_overrides(self.pp_size, self.device, self.pipeline_refusal(), zero_stage=stage)
-
-    def pipeline_refusal(self) -> ConfigError | None:
-        """What pipeline stages (``pp_size`` > 1) cannot go with in this option (None: nothing asked): the
-        pipeline loop shards each stage with FSDP2 itself, one unit per decoder layer, and gathers its
-        checkpoints whole."""
-        if self.pp_size == 1:
-            return None
-        asked = {
-            "strategy.tp_size": self.tp_size > 1,
-            "strategy.sp_size": self.sp_size > 1,
-            "strategy.cpu_offload": self.cpu_offload,
-            "strategy.activation_checkpointing": self.activation_checkpointing,
-            "strategy.transformer_layer_cls_to_wrap": bool(self.transformer_layer_cls_to_wrap),
-            "strategy.state_dict_type": self.state_dict_type != "FULL_STATE_DICT",
-        }
-        key = next((k for k, bad in asked.items() if bad), None)
-        if key is None:
-            return None
-        return ConfigError(
-            f"pipeline stages (strategy.pp_size={self.pp_size}) train through the pipeline loop, which "
-            "shards each stage with FSDP2 over the data-parallel replicas (one unit per decoder layer, "
-            f"checkpoints gathered whole) and does not do {key}={getattr(self, key.split('.')[1])}",
-            key=key,
-            hint=f"strategy=fsdp strategy.pp_size={self.pp_size} with {key} left at its default, or drop "
-            "strategy.pp_size",
-        )
-
     def validate(self) -> None:
         super().validate()
-        check_split_sizes(self)
-        refusal = self.pipeline_refusal()
-        if refusal is not None:
-            raise refusal
         if self.state_dict_type not in STATE_DICT_TYPES:
             raise ConfigError(
                 f"unknown state dict type '{self.state_dict_type}'",

@@ -1,18 +1,22 @@
-"""``strategy=pipeline``: the decoder layers cut into stages over ``torch.distributed.pipelining``, trained
-by our own loop (``components/runtime/pipeline_loop.py``)."""
+"""The staged engine: the decoder layers cut into stages over ``torch.distributed.pipelining``, trained by
+the staged loop (``components/runtime/pipeline_loop.py``). Pipeline stages are an axis
+(``strategy.pp_size``) of every option whose engine declares it: such an option trains as this engine
+(:func:`with_stages`: its parallel keys and its data-parallel side, ``stage_sharding``), one place, the
+saved config untouched. ``strategy=pipeline`` is its preset, the data-parallel side chosen by
+``strategy.zero_stage``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from hydratune.components.config.errors import ConfigError
-from hydratune.components.config.ranges import AT_LEAST_ONE, Range, knob, one_of
+from hydratune.components.config.ranges import Range, knob, one_of
 from hydratune.components.config.registry import component
 from hydratune.components.distributed.mesh import Mesh
-from hydratune.components.memory.parallel import SCHEDULES
 from hydratune.components.memory.shapes import StrategyShape
-from hydratune.components.strategy.core import BatchPlan, ModelSplit, Strategy, first_refusal
+from hydratune.components.strategy.core import BatchPlan, ModelSplit, Strategy
+from hydratune.components.strategy.parallelism import ParallelKnobs
 
 
 @component("strategy")
@@ -29,13 +33,8 @@ class Pipeline(ModelSplit, Strategy):
     (``components/runtime/pipeline_loop.py``); CPU (gloo) and GPU."""
 
     # pipeline ranks; launcher.nproc_per_node x nnodes must be a multiple; world / pp_size data-parallel
-    # replicas
+    # replicas (tp_size: tensor-parallel ranks inside each stage, 3D: pp x dp x tp)
     pp_size: int = knob(2, Range(2), hint="one stage would be no pipeline")
-    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b (needs stages_per_rank >= 2)
-    stages_per_rank: int = knob(1, AT_LEAST_ONE)  # > 1: interleaved_1f1b (virtual stages, a smaller bubble)
-    # the first layer of stages 1..N-1, e.g. [12] for 2 stages; [] = balanced by parameter count
-    split: list[int] = knob([], AT_LEAST_ONE)
-    tp_size: int = knob(1, AT_LEAST_ONE)  # tensor-parallel ranks inside each stage (3D: pp x dp x tp)
     # over the data-parallel replicas: 0 every replica keeps the stage whole; 1 ZeRO-1, each keeps the
     # optimizer states of its partition (torch's ZeroRedundancyOptimizer); 3 FSDP2 on each stage: parameters,
     # gradients and states sharded, a layer gathered for its forward and backward (ZeRO-3); 2 the same
@@ -43,10 +42,10 @@ class Pipeline(ModelSplit, Strategy):
     zero_stage: int = knob(0, one_of(0, 1, 2, 3))
 
     shards_parameters: ClassVar[bool] = True  # no rank holds the whole model: saving gathers it
-    parallel_dims: ClassVar[tuple[str, ...]] = ("pp", "tp")  # strategy=auto tries their sizes
+    axes: ClassVar[frozenset[str]] = frozenset({"pp", "tp"})
+    searched_axes: ClassVar[tuple[str, ...]] = ("pp", "tp")
     needs_process_group: ClassVar[bool] = True
     wraps_model: ClassVar[bool] = True
-    splits_layers: ClassVar[bool] = True
 
     @property
     def label(self) -> str:
@@ -62,10 +61,11 @@ class Pipeline(ModelSplit, Strategy):
 
     @property
     def num_stages(self) -> int:
-        return self.pp_size * self.stages_per_rank
+        return self.parallel.num_stages
 
-    def mesh(self, world_size: int) -> Mesh:
-        return Mesh(world_size, tp=self.tp_size, pp=self.pp_size)
+    @property
+    def stage_sharding(self) -> int | None:
+        return self.zero_stage
 
     def applicable(self, world_size: int) -> bool:
         ranks = self.pp_size * self.tp_size
@@ -80,83 +80,26 @@ class Pipeline(ModelSplit, Strategy):
             kind, self.zero_stage, pipeline_schedule=self.schedule, pipeline_chunks=self.stages_per_rank
         )
 
-    def validate(self) -> None:
-        super().validate()
-        if self.zero_stage and self.tp_size > 1:
-            how = (
-                "ZeRO-1 (torch's ZeroRedundancyOptimizer) shards plain tensors, not the tensor-parallel "
-                "stages' DTensors"
-                if self.zero_stage == 1
-                else "FSDP2 over tensor-parallel stages (a 2-D data x tensor mesh per stage) is not wired"
-            )
-            raise ConfigError(
-                f"strategy.zero_stage={self.zero_stage} in the pipeline loop with tp_size={self.tp_size}: "
-                + how,
-                key="strategy.zero_stage",
-                hint="strategy.zero_stage=0 with strategy.tp_size > 1, or strategy.tp_size=1",
-            )
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(
-                f"unknown schedule '{self.schedule}'",
-                key="strategy.schedule",
-                hint=f"one of {SCHEDULES}",
-            )
-        if self.schedule == "interleaved_1f1b" and self.stages_per_rank < 2:
-            raise ConfigError(
-                "interleaved_1f1b runs several stages per rank",
-                key="strategy.stages_per_rank",
-                hint="strategy.stages_per_rank=2 (or more), or strategy.schedule=1f1b",
-            )
-        if self.schedule != "interleaved_1f1b" and self.stages_per_rank != 1:
-            raise ConfigError(
-                f"{self.schedule} runs one stage per rank",
-                key="strategy.stages_per_rank",
-                hint="strategy.stages_per_rank=1, or strategy.schedule=interleaved_1f1b",
-            )
-
-    def combination_refusal(
-        self, recipe: Any, peft: Any, quantization: Any, dtype: str, data: Any = None, model: Any = None
-    ) -> ConfigError | None:
-        refused = {
-            "recipe": (
-                not recipe.trains_in_stages,
-                f"recipe={recipe.name} does not train through the pipeline loop (its loss is not the "
-                "causal-LM cross-entropy on its data's labels that the stages compute)",
-                "recipe=sft, or strategy=fsdp / a DeepSpeed zero stage for this recipe",
-            ),
-            "quantization": (
-                quantization.enabled,
-                "a quantized base is not cut into pipeline stages",
-                "quantization=none (or strategy=ddp / zero2 for QLoRA)",
-            ),
-            "peft": (
-                peft.adds_virtual_tokens,
-                "prompt-learning adapters prepend virtual tokens to the first stage's input, which the "
-                "pipeline's fixed-shape activations do not carry",
-                "peft=lora (or none), or another strategy for this adapter",
-            ),
-            "precision": (
-                dtype == "fp16",
-                "fp16 loss scaling is not wired across pipeline stages",
-                "precision=bf16 (or fp32)",
-            ),
-            "data.packing": (
-                data is not None and bool(getattr(data, "packing", False)),
-                "packed rows are not split into pipeline micro-batches: the stages pad rows to one length",
-                "data.packing=false",
-            ),
-            "model.compile": (
-                bool(getattr(model, "compile", False)),
-                "torch.compile is not applied to pipeline stages",
-                "model.compile=false",
-            ),
-            "model.liger": (
-                getattr(model, "liger", None) is True,
-                "Liger's kernels patch the whole model's modules, not pipeline stages",
-                "model.liger=null (off under strategy=pipeline)",
-            ),
-        }
-        return first_refusal(refused)
+    def axis_refusal(self, device: str | None = None, dtype: str | None = None) -> ConfigError | None:
+        """Tensor-parallel stages (DTensor) keep each replica's stage and optimizer states whole: ZeRO-1
+        (torch's ZeroRedundancyOptimizer) shards plain tensors, and FSDP2 over them (a 2-D data x tensor
+        mesh per stage) is not wired."""
+        if not (self.zero_stage and self.tp_size > 1):
+            return None
+        how = (
+            "ZeRO-1 (torch's ZeroRedundancyOptimizer) shards plain tensors, not the tensor-parallel stages' "
+            "DTensors"
+            if self.zero_stage == 1
+            else "FSDP2 over tensor-parallel stages (a 2-D data x tensor mesh per stage) is not wired"
+        )
+        return ConfigError(
+            f"pipeline stages with tensor-parallel stages (strategy.tp_size={self.tp_size}) keep each "
+            f"replica's stage whole, and their data-parallel side here is ZeRO-{self.zero_stage}: " + how,
+            key="strategy.tp_size",
+            hint=f"whole stages on every replica (strategy=ddp, or zero0, strategy.pp_size={self.pp_size} "
+            f"strategy.tp_size={self.tp_size}; strategy=pipeline strategy.zero_stage=0), or "
+            "strategy.tp_size=1",
+        )
 
     def training_args(self, device: str, plan: BatchPlan | None = None) -> dict[str, Any]:
         """The trainer only prepares data, optimizer and schedule here: nothing of its own training loop
@@ -166,7 +109,7 @@ class Pipeline(ModelSplit, Strategy):
     def check(self, plan: BatchPlan, device: str) -> None:
         """The mesh (pp_size divides the world), the model (a family cut here, enough layers, a valid
         split) and the schedule (1F1B with fewer micro-batches than stages)."""
-        self.mesh(plan.world_size).check()
+        self.parallel.mesh(plan.world_size).check()
         if plan.architecture is None:
             raise ConfigError(
                 "strategy=pipeline needs the model's architecture to plan its stages, and it cannot be read",
@@ -210,7 +153,9 @@ class Pipeline(ModelSplit, Strategy):
                 hint="use strategy=fsdp or a DeepSpeed zero stage (zero3) for this model",
             )
         model = stages.meta_model(architecture)
-        return stages.plan_stages(model, self.num_stages, self.pp_size, self.split, balance=balanced_split)
+        return stages.plan_stages(
+            model, self.num_stages, self.pp_size, list(self.split), balance=balanced_split
+        )
 
     @staticmethod
     def stage_ranks(stage_plan: Any, stage: int, mesh: Mesh) -> str:
@@ -229,7 +174,7 @@ class Pipeline(ModelSplit, Strategy):
 
     def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
         stage_plan = self.stage_plan(plan.architecture)
-        mesh = self.mesh(plan.world_size)
+        mesh = self.parallel.mesh(plan.world_size)
         m, dp = plan.gradient_accumulation_steps, mesh.dp
         described = super().describe(plan, device)
         described["batch"]["global_batch_size"] = (
@@ -247,3 +192,26 @@ class Pipeline(ModelSplit, Strategy):
             "bubble (theoretical)": round(self.bubble(m), 4),
         }
         return described
+
+
+def with_stages(strategy: Strategy) -> Strategy:
+    """The engine a run of ``strategy`` trains with: itself, or with pipeline stages (``strategy.pp_size``
+    > 1 on an option that declares the axis) the staged engine, :class:`Pipeline`, with the option's
+    parallel keys and its data-parallel side (``stage_sharding``); the option's own refusals are asked first
+    (what its engine's knobs cannot do under stages), then the staged engine's."""
+    sharding = getattr(strategy, "stage_sharding", None)
+    if sharding is None or strategy.parallel.pp == 1 or type(strategy) is Pipeline:
+        return strategy  # an option without the axis refuses pp_size itself (its validate)
+    strategy.validate()
+    parallel = {f.name: getattr(strategy, f.name) for f in fields(ParallelKnobs)}
+    staged = Pipeline(device=strategy.device, zero_stage=sharding, **parallel)
+    staged.validate()
+    return staged
+
+
+def stages_note(option: Strategy, staged: Strategy) -> str:
+    """What the command prints when ``option`` trains as ``staged`` (:func:`with_stages`)."""
+    return (
+        f"strategy: {type(option).__name__} with strategy.pp_size={option.parallel.pp} trains as "
+        f"{staged.label}, the stages in the pipeline loop"
+    )

@@ -35,15 +35,14 @@ AFTER_COMPOSE = [
     (["strategy=zero3", "strategy.pp_size=2", "strategy.offload_param=cpu"], "strategy.offload_param"),
     (["strategy=zero2", "strategy.pp_size=2", "strategy.tp_size=2"], "strategy.tp_size"),
     (["strategy=fsdp", "strategy.pp_size=2", "strategy.cpu_offload=true"], "strategy.cpu_offload"),
-    (["strategy=pipeline", "strategy.zero_stage=3", "strategy.tp_size=2"], "strategy.zero_stage"),
+    (["strategy=pipeline", "strategy.zero_stage=3", "strategy.tp_size=2"], "strategy.tp_size"),
     (
         ["strategy=zero1", "strategy.pp_size=2", "strategy.ep_size=2", "launcher.nproc_per_node=4"],
         "strategy.ep_size",
     ),
-    (
-        ["strategy=zero1", "strategy.pp_size=2", "launcher.nproc_per_node=4"],
-        "strategy.pp_size",
-    ),  # not rewritten
+    (["strategy=single", "strategy.pp_size=2"], "strategy.pp_size"),  # single trains no stages
+    (["strategy=ddp", "strategy.ep_size=2", "launcher.nproc_per_node=2"], "strategy.ep_size"),
+    (["strategy=zero1", "strategy.schedule=gpipe"], "strategy.schedule"),  # a pipeline knob, no stages
     (["optimizer.lr=-1e-4"], "optimizer.lr"),
     (["optimizer.lr=0"], "optimizer.lr"),
     (["optimizer.weight_decay=-0.1"], "optimizer.weight_decay"),

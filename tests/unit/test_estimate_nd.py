@@ -3,7 +3,7 @@ rungs (components/memory/parallel.py, estimate.py, ladder.py, spec.py; docs/memo
 
 Pure arithmetic against hand-computed figures and independent oracles: DeepSpeed's own TP plan reading and
 its ZeRO estimators, its pipeline partitioner, torch's interleaved 1F1B schedule. The strategies here are
-test stand-ins that declare a mesh (``ModelSplit.mesh``) and ``parallel_dims`` the way the real options do."""
+test stand-ins that declare their axes (``Strategy.axes``, ``searched_axes``) the way the real options do."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from typing import ClassVar
 import pytest
 
 from hydratune.components.config.errors import ConfigError
-from hydratune.components.distributed.mesh import Mesh
 from hydratune.components.memory.arch import Arch, param_counts
 from hydratune.components.memory.estimate import (
     ACTIVATION_SLACK,
@@ -60,15 +59,9 @@ def full(model: str, **over) -> RunSpec:
 # ---- test stand-ins for the options that split the model ------------------------------------------
 @dataclass(frozen=True)
 class NDDeepSpeed(DeepSpeed):
-    """A DeepSpeed option with ``strategy.tp_size`` / ``strategy.sp_size`` knobs, read through its mesh."""
+    """A DeepSpeed option whose ``strategy.tp_size`` / ``strategy.sp_size`` sizes strategy=auto tries."""
 
-    tp_size: int = 1
-    sp_size: int = 1
-
-    parallel_dims: ClassVar[tuple[str, ...]] = ("tp", "sp")
-
-    def mesh(self, world_size: int) -> Mesh:
-        return Mesh(world_size, tp=self.tp_size, sp=self.sp_size)
+    searched_axes: ClassVar[tuple[str, ...]] = ("tp", "sp")
 
 
 @dataclass(frozen=True)
@@ -76,9 +69,9 @@ class NDPipeline(ModelSplit, Strategy):
     """A pipeline option: ``strategy.pp_size`` stages, ``strategy.schedule``, data parallel replicas."""
 
     pp_size: int = 2
-    schedule: str = "1f1b"
 
-    parallel_dims: ClassVar[tuple[str, ...]] = ("pp",)
+    axes: ClassVar[frozenset[str]] = frozenset({"pp"})
+    searched_axes: ClassVar[tuple[str, ...]] = ("pp",)
 
     def applicable(self, world_size: int) -> bool:
         return world_size > 1
@@ -86,9 +79,6 @@ class NDPipeline(ModelSplit, Strategy):
     def memory_shape(self, gpus_per_node: int = 8) -> StrategyShape:
         chunks = 2 if self.schedule == "interleaved_1f1b" else 1
         return StrategyShape("ddp", pipeline_schedule=self.schedule, pipeline_chunks=chunks)
-
-    def mesh(self, world_size: int) -> Mesh:
-        return Mesh(world_size, pp=self.pp_size)
 
 
 OPTIONS = {

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hydratune.components.commands import matrix
 from hydratune.components.config.errors import ConfigError
 from hydratune.components.runtime.checks import check_before_load
-from hydratune.components.runtime.run import Components, pipeline_axis
+from hydratune.components.runtime.run import Components
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "matrix.md"
@@ -170,9 +170,7 @@ def test_every_split_layout_gets_the_verdict_the_table_gives(compose_cfg, monkey
     wrong = []
     for split in matrix.SPLITS:
         cfg = compose_cfg(*split.overrides, f"launcher.nproc_per_node={split.processes}")
-        try:  # strategy.pp_size on ddp / zero0-1: the CLI trains it as strategy=pipeline
-            axis = pipeline_axis(cfg, lambda overrides: compose_cfg(*overrides).strategy)
-            cfg = axis[0] if axis else cfg
+        try:  # strategy.pp_size on ddp / zero / fsdp: Components trains it as the staged engine
             got = observed(lambda _, cfg=cfg: copy.deepcopy(cfg), None)
         except ConfigError as err:
             got = matrix.Verdict("refused", key=err.key)

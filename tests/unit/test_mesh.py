@@ -197,15 +197,15 @@ def test_the_plan_names_the_ranks_of_every_group_and_node() -> None:
 
 
 def test_plan_trains_pp_size_on_zero1_as_the_pipeline_and_refuses_an_offload(capsys) -> None:
-    """``strategy=zero1 strategy.pp_size=2`` in mode=plan: the rewrite said, the pipeline's groups and stages
-    on their ranks printed; ZeRO-3's parameter offload with pp_size exits 2 naming
+    """``strategy=zero1 strategy.pp_size=2`` in mode=plan: the staged engine said, the pipeline's groups and
+    stages on their ranks printed; ZeRO-3's parameter offload with pp_size exits 2 naming
     ``strategy.offload_param``."""
     from hydratune.recipes.cli import main
 
     main(["mode=plan", "strategy=zero1", "strategy.pp_size=2", "launcher.nproc_per_node=4"])
     out = capsys.readouterr().out
-    assert "trains as strategy=pipeline strategy.pp_size=2 strategy.tp_size=1 strategy.zero_stage=1" in out
-    assert "_target_: hydratune.components.strategy.Pipeline" in out and "zero_stage: 1" in out
+    assert "DeepSpeed with strategy.pp_size=2 trains as Pipeline (pp 2, 1f1b, ZeRO-1 over the replicas" in out
+    assert "_target_: hydratune.components.strategy.DeepSpeed" in out and "pp_size: 2" in out  # as typed
     assert "pp groups: '[0, 2] [1, 3]'" in out and "dp groups: '[0, 1] [2, 3]'" in out
     assert re.search(r"\(471,552 parameters\) on ranks\s+\[0, 1\]", out), out
     with pytest.raises(SystemExit) as code:

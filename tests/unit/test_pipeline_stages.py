@@ -145,7 +145,7 @@ def test_adapters_and_frozen_weights_go_with_their_layers(compose_cfg, peft: str
         (["strategy.schedule=interleaved_1f1b"], "strategy.stages_per_rank", "several stages per rank"),
         (["strategy.stages_per_rank=2"], "strategy.stages_per_rank", "one stage per rank"),
         (INTERLEAVED_5, "train.gradient_accumulation_steps", "do not divide into them"),
-        (["recipe=dpo"], "recipe", "does not train through the pipeline loop"),
+        (["recipe=dpo"], "strategy.pp_size", "verified with recipe=sft only, not recipe=dpo"),
         (["peft=prefix"], "peft", "prompt-learning adapters prepend virtual tokens"),
         (["quantization=nf4", "peft=lora"], "quantization", "quantized base"),
         (["data.packing=true"], "data.packing", "packed rows"),
@@ -205,44 +205,51 @@ def test_plan_prints_the_mesh_the_stages_and_the_batch_arithmetic(capsys) -> Non
 
 
 def test_pp_size_on_ddp_and_zero_trains_as_the_pipeline(compose_cfg) -> None:
-    """``strategy.pp_size`` on DDP, ZeRO-0-3 and FSDP becomes the pipeline's node (ZeRO-1 over its replicas
-    for zero1, FSDP2's ZeRO-2 / ZeRO-3 for zero2 / zero3 and fsdp), composed by Hydra; what the pipeline
-    loop cannot do with it is refused naming the key."""
+    """``strategy.pp_size`` on DDP, ZeRO-0-3 and FSDP is an axis: the option trains as the staged engine with
+    its data-parallel side (ZeRO-1 over its replicas for zero1, FSDP2's ZeRO-2 / ZeRO-3 for zero2 / zero3 and
+    fsdp), the config as typed; what the staged loop cannot do with it is refused naming the key."""
     from hydratune.components.config.errors import ConfigError
-    from hydratune.components.runtime.run import pipeline_axis
+    from hydratune.components.runtime.run import _instantiate
+    from hydratune.components.strategy import stages_note, with_stages
 
-    def compose(overrides: list[str]):
-        return compose_cfg(*overrides).strategy
+    def staged(*overrides: str):
+        option = _instantiate(compose_cfg(*overrides), "strategy")
+        engine = with_stages(option)
+        engine.validate()  # as the pre-load checks do (an option without the axis refuses it here)
+        return option, engine
 
-    new, text = pipeline_axis(compose_cfg("strategy=zero1", "strategy.pp_size=2"), compose)
-    assert (
-        new.strategy._target_ == "hydratune.components.strategy.Pipeline"
-        and "trains as strategy=pipeline" in text
+    option, engine = staged("strategy=zero1", "strategy.pp_size=2")
+    assert type(engine).__name__ == "Pipeline" and option.pp_size == 2  # the option as configured, kept
+    assert (engine.pp_size, engine.zero_stage, engine.tp_size) == (2, 1, 1)
+    assert stages_note(option, engine) == (
+        "strategy: DeepSpeed with strategy.pp_size=2 trains as Pipeline (pp 2, 1f1b, ZeRO-1 over the "
+        "replicas), the stages in the pipeline loop"
     )
-    assert (new.strategy.pp_size, new.strategy.zero_stage, new.strategy.tp_size) == (2, 1, 1)
-    new, _ = pipeline_axis(compose_cfg("strategy=ddp", "strategy.pp_size=4"), compose)
-    assert (new.strategy.pp_size, new.strategy.zero_stage) == (4, 0)
-    for option, stage in (("zero2", 2), ("zero3", 3), ("fsdp", 3)):
-        new, text = pipeline_axis(compose_cfg(f"strategy={option}", "strategy.pp_size=2"), compose)
-        assert (new.strategy.pp_size, new.strategy.zero_stage) == (2, stage), option
-        assert f"FSDP2 (ZeRO-{stage}) over the replicas" in text, text
-    new, _ = pipeline_axis(
-        compose_cfg("strategy=fsdp", "strategy.reshard_after_forward=false", "strategy.pp_size=2"), compose
-    )
-    assert new.strategy.zero_stage == 2
-    assert pipeline_axis(compose_cfg("strategy=zero1"), compose) is None
-    assert pipeline_axis(compose_cfg("strategy=pipeline"), compose) is None
+    _, engine = staged("strategy=ddp", "strategy.pp_size=4", "strategy.schedule=gpipe")
+    assert (engine.pp_size, engine.zero_stage, engine.schedule) == (4, 0, "gpipe")
+    for name, stage in (("zero2", 2), ("zero3", 3), ("fsdp", 3)):
+        option, engine = staged(f"strategy={name}", "strategy.pp_size=2")
+        assert (engine.pp_size, engine.zero_stage) == (2, stage), name
+        assert f"FSDP2 (ZeRO-{stage}) over the replicas" in stages_note(option, engine)
+    _, engine = staged("strategy=fsdp", "strategy.reshard_after_forward=false", "strategy.pp_size=2")
+    assert engine.zero_stage == 2
+    for overrides in (("strategy=zero1",), ("strategy=pipeline",)):
+        option, engine = staged(*overrides)
+        assert engine is option, overrides
     refused = {
         ("strategy=zero3", "strategy.zero_quantized_weights=true"): "strategy.zero_quantized_weights",
         ("strategy=zero1", "strategy.tp_size=2"): "strategy.tp_size",
+        ("strategy=fsdp", "strategy.tp_size=2"): "strategy.tp_size",
         ("strategy=fsdp", "strategy.activation_checkpointing=true"): "strategy.activation_checkpointing",
         ("strategy=fsdp", "strategy.state_dict_type=SHARDED_STATE_DICT"): "strategy.state_dict_type",
         ("strategy=zero1", "strategy.offload_optimizer=cpu"): "strategy.offload_optimizer",
         ("strategy=zero1", "strategy.sp_size=2"): "strategy.sp_size",
+        ("strategy=zero1", "strategy.ep_size=2"): "strategy.ep_size",
+        ("strategy=single",): "strategy.pp_size",
     }
     for overrides, key in refused.items():
         with pytest.raises(ConfigError) as err:
-            pipeline_axis(compose_cfg(*overrides, "strategy.pp_size=2"), compose)
+            staged(*overrides, "strategy.pp_size=2")
         assert err.value.key == key, overrides
 
 
@@ -257,6 +264,6 @@ def test_the_estimate_of_pp_size_on_fsdp_is_the_pipeline_s(capsys) -> None:
     rewritten = capsys.readouterr().out
     cli([*common, "strategy=pipeline", "strategy.pp_size=2", "strategy.zero_stage=3"])
     direct = capsys.readouterr().out
-    assert rewritten.startswith("strategy: FSDP with strategy.pp_size=2 trains as strategy=pipeline")
+    assert rewritten.startswith("strategy: FSDP with strategy.pp_size=2 trains as Pipeline (pp 2")
     assert rewritten[rewritten.index("mesh:") :] == direct
     assert "mesh: dp 4 x tp 1 x sp 1 x pp 2 = 8 processes" in direct

@@ -464,9 +464,25 @@ def test_the_core_carries_no_extension_member() -> None:
     core = public_members(Strategy) - {"device"}
     split, loop = public_members(ModelSplit), public_members(OwnLoop)
     assert not core & split and not core & loop and not split & loop, (core & split, core & loop)
-    assert {"mesh", "splits_sequences", "verify_built", "parallel_dims", "splits_layers"} <= split
+    assert {"splits_sequences", "verify_built", "sequence_refusal", "model_load_kwargs"} <= split
     assert {"loop_accelerator", "prepare_loop", "verify_loop", "loop_refusal", "loop_engine"} <= loop
     assert len(core) <= 30, sorted(core)
+
+
+def test_the_parallel_keys_are_declared_once() -> None:
+    """Every option carries the same parallel keys (``ParallelKnobs``, read as one ``Parallel``); no engine
+    declares a size of its own (the staged engine's preset default of 2 stages apart) and each says which
+    axes it trains."""
+    import dataclasses
+
+    from hydratune.components.strategy import AXES, ParallelKnobs, training_options
+
+    keys = {f.name for f in dataclasses.fields(ParallelKnobs)}
+    for name, option in training_options().items():
+        assert keys <= {f.name for f in dataclasses.fields(option)}, name
+        own = keys & set(vars(type(option))) - ({"pp_size"} if name == "pipeline" else set())
+        assert not own, f"{name} declares {own} again"
+        assert option.axes <= set(AXES) and set(option.searched_axes) <= option.axes, name
 
 
 def test_each_option_opts_into_the_extensions_it_uses() -> None:
@@ -480,7 +496,7 @@ def test_each_option_opts_into_the_extensions_it_uses() -> None:
     assert splits == set(options) - {"single", "ddp"}
     assert loops == set(options) - {"pipeline"}
     for name in ("single", "ddp"):
-        mesh = options[name].model_split.mesh(4)
+        mesh = options[name].parallel.mesh(4)
         assert (mesh.dp, mesh.tp, mesh.sp, mesh.pp) == (4, 1, 1, 1)
         assert not options[name].model_split.splits_sequences
     ppo = SimpleNamespace(name="ppo")

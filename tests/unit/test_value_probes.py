@@ -176,6 +176,9 @@ BUILT_FROM = [
 #: (group, option) -> knobs whose range edge the option refuses in combination with its own other knobs,
 #: not by a second range: ZeRO++ (zero3pp's quantized weights and gradients) is ZeRO-3 only
 COMBINED = {("strategy", "zero3pp"): {"stage"}}
+# the pipeline's knobs schedule stages: with strategy.pp_size 1 (every option but pipeline) any is refused
+STAGELESS = [b[:2] for b in BUILT_FROM if b[0] == "strategy" and b[1] != "pipeline"]
+COMBINED |= {option: {"split"} | COMBINED.get(option, set()) for option in STAGELESS}
 
 
 def refusals_of(check: Any, key: str) -> list[str]:
