@@ -241,8 +241,8 @@ class ChatDataset(Source):
         (the number of last turns that are the completion) for prompt/completion formats and ``tools`` (JSON
         text of the row's tool schemas, or None) when the data has them. A ``system`` column, else
         ``system_prompt``, becomes a leading system turn unless the messages already start with one.
-        ``images`` (data.images: this row's ``RowImages``, from ``convert_range``): ``images``, the row's
-        images, checked (components/data/images.py); None: text rows."""
+        ``images`` (data.images: this row's ``RowImages``, made by ``convert_range``): the ``images``
+        column, the row's images checked (components/data/images.py); None: text rows."""
         completion: Messages = []
         if fmt in ("messages", "sharegpt"):
             column = SIGNATURES[fmt][0]
