@@ -65,13 +65,12 @@ class DPO(Recipe):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import DPOConfig, DPOTrainer
 
-        from hydratune.components.data.images import rows_have_images
         from hydratune.components.runtime.session import Session, training_pairs
 
         c = ctx.components
         session = Session.start(ctx)
         data = session.load_data()
-        images = rows_have_images(data["train"])  # image pairs: the processor tokenizes them batch by batch
+        images = data.has_images  # image pairs: the processor tokenizes them batch by batch
         if images:
             self.check_image_pairs(session)
         session.build_model()

@@ -148,7 +148,6 @@ class GRPO(Recipe, RewardURL):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import GRPOConfig, GRPOTrainer
 
-        from hydratune.components.data.images import rows_have_images
         from hydratune.components.rewards import RewardModel, resolve_reward
         from hydratune.components.runtime.session import Session
 
@@ -156,7 +155,7 @@ class GRPO(Recipe, RewardURL):
         session = Session.start(ctx)
         data = session.load_data()
         self.check_data(c, data, None)  # before the model loads
-        images = rows_have_images(data["train"])
+        images = data.has_images  # prompts with images: the trainer gets the processor
         model = session.build_model()
         session.evaluate_generations("before")
         rewards = [resolve_reward(spec) for spec in self.reward_funcs]

@@ -68,7 +68,6 @@ class SFT(Recipe):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import SFTConfig, SFTTrainer
 
-        from hydratune.components.data.prepare import IMAGE_ROWS_UNTOKENIZED
         from hydratune.components.data.stream_prepare import sft_data_args
         from hydratune.components.data.tokens import token_plan
         from hydratune.components.runtime.session import Session
@@ -76,7 +75,7 @@ class SFT(Recipe):
         c = ctx.components
         session = Session.start(ctx)
         rows = session.load_data()  # the rows checked and tokenized (TRL's masks or hydratune's)
-        if session.report["data"].get("tokens") == IMAGE_ROWS_UNTOKENIZED:  # the processor tokenizes them
+        if rows.has_images:  # image rows: not tokenized by load_data, the processor tokenizes them
             return self.run_image_rows(session, rows)
         plan = token_plan(session.token_facts)
         model = session.build_model()

@@ -162,7 +162,7 @@ class ChatDataset(Source):
 
     def turn_options(self) -> dict[str, Any]:
         """Chat turns carry per-turn training flags and reasoning (``parse_turn``)."""
-        return {"flags": True, "reasoning": self.keep_reasoning, "images": bool(self.images)}
+        return {"flags": True, "reasoning": self.keep_reasoning}
 
     def reads_task_columns(self, columns: list[str]) -> set[str]:
         """``tools``, beside chat messages (``messages`` or ShareGPT ``conversations``); ``images`` /
@@ -220,7 +220,7 @@ class ChatDataset(Source):
 
     def converter(
         self, tables: list[Table], fmt: str, tools: bool
-    ) -> tuple[Callable[[Row], Row], tuple[str, ...], tuple[str, ...]]:
+    ) -> tuple[Callable[..., Row], tuple[str, ...], tuple[str, ...]]:
         """(row -> canonical row, its columns, the columns it reads) for rows of format ``fmt`` (``tables``
         must have its columns; ``tools``: the rows carry tool schemas)."""
         self.require(tables, SIGNATURES[fmt], f"needed by format={fmt}")
@@ -234,17 +234,20 @@ class ChatDataset(Source):
             used += image_rows.IMAGE_COLUMNS
         return functools.partial(self.to_chat, fmt=fmt, tools=tools), columns, used
 
-    def to_chat(self, row: Row, fmt: str, *, tools: bool = False) -> Row:
+    def to_chat(
+        self, row: Row, fmt: str, *, tools: bool = False, images: image_rows.RowImages | None = None
+    ) -> Row:
         """One row of format ``fmt`` as ``{"messages": [...], "answer": str}``, plus ``completion_turns``
         (the number of last turns that are the completion) for prompt/completion formats and ``tools`` (JSON
         text of the row's tool schemas, or None) when the data has them. A ``system`` column, else
-        ``system_prompt``, becomes a leading system turn unless the messages already start with one. With
-        data.images: ``images``, the row's images, checked (components/data/images.py)."""
-        image_rows.start_row()
+        ``system_prompt``, becomes a leading system turn unless the messages already start with one.
+        ``images`` (data.images: this row's ``RowImages``, made by ``convert_range``): the ``images``
+        column, the row's images checked (components/data/images.py); None: text rows."""
         completion: Messages = []
         if fmt in ("messages", "sharegpt"):
             column = SIGNATURES[fmt][0]
-            messages = parse_messages(row.get(column), column, self.roles, **self.turn_options())
+            options = self.turn_options()
+            messages = parse_messages(row.get(column), column, self.roles, images=images, **options)
         elif fmt == "alpaca":
             user = text_of(row, "instruction")
             extra = text_of(row, "input", required=False)
@@ -252,17 +255,17 @@ class ChatDataset(Source):
             messages = [{"role": "user", "content": f"{user}\n\n{extra}" if extra.strip() else user}]
             messages += completion
         else:
-            completion = self.messages(row.get("completion"), "assistant", "completion")
-            messages = self.messages(row.get("prompt"), "user", "prompt") + completion
+            completion = self.messages(row.get("completion"), "assistant", "completion", images)
+            messages = self.messages(row.get("prompt"), "user", "prompt", images) + completion
         system = text_of(row, "system", required=False) or self.system_prompt
         if system and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": system}, *messages]
         found = None
-        if self.images:
+        if images is not None:
             if fmt == "alpaca":  # the text columns' <image> placeholders (the other formats' are parsed)
                 for turn in messages:
-                    turn["content"] = image_rows.content_parts(turn["content"], 0, "instruction")
-            found = image_rows.finish_row(row, {"messages": messages})
+                    turn["content"] = images.content_parts(turn["content"], 0, "instruction")
+            found = images.finish(row, {"messages": messages})
         out: Row = {"messages": messages, "answer": turn_text(messages[last_answer(messages)])}
         if found is not None:
             out[image_rows.IMAGES_COLUMN] = found

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydratune.components.data import images as image_rows
 from hydratune.components.data.readers import RowError
@@ -21,6 +21,9 @@ from hydratune.components.data.rows import (
     Messages,
     Row,
 )
+
+if TYPE_CHECKING:
+    from hydratune.components.data.images import RowImages
 
 
 def text_of(row: Row, column: str, *, required: bool = True) -> str:
@@ -168,7 +171,7 @@ def parse_turn(
     *,
     flags: bool = False,
     reasoning: bool | None = None,
-    images: bool = False,
+    images: RowImages | None = None,
 ) -> dict[str, Any]:
     """One ``{"role", "content"}`` or ShareGPT ``{"from", "value"}`` turn as ``{"role", "content"}`` (content
     text), plus what tool calling needs: an assistant turn's ``tool_calls`` (OpenAI's shape; also from a
@@ -176,9 +179,9 @@ def parse_turn(
     ``name``. ``flags``: a per-turn training flag (``TRAIN_FLAG_KEYS``) that turns an assistant turn off
     becomes ``"train": False``. ``reasoning``: an assistant turn's reasoning (``REASONING_KEYS``) is kept as
     ``reasoning_content`` (True) or dropped and counted (False); None: not read. Every other key of the
-    message is noted in ``TURN_NOTES`` (the summary counts the rows). ``images`` (data.images): image parts
-    and ``<image>`` placeholders become ``{"type": "image"}`` parts (``images.content_parts``), else an
-    image part is a ``RowError`` (a text model)."""
+    message is noted in ``TURN_NOTES`` (the summary counts the rows). ``images`` (data.images: the row's
+    ``RowImages``): image parts and ``<image>`` placeholders become ``{"type": "image"}`` parts, the images
+    noted in it (``RowImages.content_parts``); None: an image part is a ``RowError`` (a text model)."""
     keys = next(
         (
             k
@@ -204,8 +207,8 @@ def parse_turn(
             "e.g. data.roles='{bot: assistant, me: user}'",
         )
     content = message.get(keys[1])
-    if images and isinstance(content, (str, list)):
-        text: Any = image_rows.content_parts(content, i, column)
+    if images is not None and isinstance(content, (str, list)):
+        text: Any = images.content_parts(content, i, column)
     else:
         text = _content_text(content, i, column)
     turn: dict[str, Any] = {"role": names[name], "content": text}
@@ -294,11 +297,13 @@ def as_messages(
     value: Any, role: str, column: str, roles: dict[str, str] | None = None, **options: Any
 ) -> Messages:
     """Text becomes one message of ``role`` (it must not be blank); a message list (or a JSON string of one)
-    is checked (``parse_turn``'s ``options``)."""
+    is checked (``parse_turn``'s ``options``; ``images``, the row's ``RowImages``, reads text's ``<image>``
+    placeholders too)."""
     if isinstance(value, str) and json_turns(value) is None:
         text: Any = text_of({column: value}, column)
-        if options.get("images"):
-            text = image_rows.content_parts(text, 0, column)
+        images = options.get("images")
+        if images is not None:
+            text = images.content_parts(text, 0, column)
         return [{"role": role, "content": text}]
     return parse_messages(value, column, roles, **options)
 

@@ -44,7 +44,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from hydratune.components.config.errors import ConfigError
-from hydratune.components.data.readers import RowError
+from hydratune.components.data.readers import RowError, Table
 
 #: the content-part types that carry (or stand for) an image
 IMAGE_PARTS = ("image", "image_url", "input_image")
@@ -121,33 +121,147 @@ def measured_image_tokens(processor: Any, split: Any, limit: int = 64) -> list[i
 # ------------------------------------------------------------------------------------- one row's images
 
 
+@dataclass(frozen=True)
+class TableImages:
+    """What every row of one table shares: the folder its relative image paths are resolved against (None:
+    a hub split's, only absolute paths) and data.image_max_pixels. ``row()`` starts one row's images."""
+
+    folder: Path | None = None
+    max_pixels: int | None = None
+
+    @classmethod
+    def of(cls, table: Table, max_pixels: int | None) -> TableImages:
+        """A table's: its ``image_dir`` (a LLaMA-Factory dir), else its file's folder (``table_folder``)."""
+        return cls(table.image_dir or table_folder(table.source), max_pixels)
+
+    def row(self) -> RowImages:
+        """A fresh collector for the next row of this table."""
+        return RowImages(self)
+
+
 @dataclass
 class RowImages:
-    """What the conversion of one row met: image refs given inside content parts (in order), bare
-    placeholders (``<image>`` text, ``{"type": "image"}`` parts) waiting for the images column; and, once
-    loaded, the images' pixel counts and how many were resized."""
+    """One row's images, collected as its conversion meets them and handed back with it (``convert_range``
+    makes one per row, the option's conversion fills it, ``ImageCounts.add_row`` counts it): image refs
+    given inside content parts (in order), bare placeholders (``<image>`` text, ``{"type": "image"}``
+    parts) waiting for the images column; once loaded, the images' pixel counts and how many were
+    resized."""
 
+    table: TableImages = field(default_factory=TableImages)
     inline: list[tuple[Any, str]] = field(default_factory=list)  # (the ref, where it was)
     bare: int = 0
     pixels: list[int] = field(default_factory=list)
     resized: int = 0
 
+    def split_text(self, text: str) -> list[dict[str, Any]]:
+        """Text with ``<image>`` placeholders as parts (counted as bare placeholders)."""
+        parts: list[dict[str, Any]] = []
+        for k, piece in enumerate(text.split(PLACEHOLDER)):
+            if k:
+                parts.append({"type": "image"})
+                self.bare += 1
+            if piece:
+                parts.append({"type": "text", "text": piece})
+        return parts
 
-#: the row being converted (a worker converts one row at a time); ``convert_range`` reads its counts
-ROW = RowImages()
-#: where relative image paths of the table being converted are resolved, and data.image_max_pixels
-CONTEXT: dict[str, Any] = {"dir": None, "max_pixels": None}
+    def content_parts(self, value: Any, i: int, column: str) -> str | list[dict[str, Any]]:
+        """A turn's content with images allowed: text (returned as it is when it holds no ``<image>``), or
+        parts: text parts kept (``<image>`` inside them split off), image parts as ``{"type": "image"}``
+        placeholders (the image each carries noted here, in order). Other part types (audio, file) are a
+        ``RowError``."""
+        if isinstance(value, str):
+            return self.split_text(value) if PLACEHOLDER in value else value
+        out: list[dict[str, Any]] = []
+        for j, part in enumerate(value):
+            if isinstance(part, str):
+                out += self.split_text(part)
+                continue
+            kind = part.get("type", "text") if isinstance(part, dict) else type(part).__name__
+            if kind == "text" and isinstance(part.get("text"), str):
+                out += self.split_text(part["text"])
+                continue
+            if kind not in IMAGE_PARTS:
+                raise RowError(
+                    f"message {i} in column '{column}' has a '{kind}' content part (part {j}): only text and "
+                    "image parts can be trained",
+                    key="data.path",
+                    hint="drop the other parts (audio, files) from the data, or set data.on_error=skip to "
+                    "drop such rows and count them",
+                )
+            payload = _payload(part)
+            if payload is None:
+                self.bare += 1
+            else:
+                self.inline.append((payload, f"message {i} in column '{column}', part {j}"))
+            out.append({"type": "image"})
+        return out
 
+    def finish(self, row: dict[str, Any], lists: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """The row's images, loaded and checked, in placeholder order: from its content parts, or (bare
+        placeholders) from its ``images`` / ``image`` column; placeholders and images must agree in number.
+        With images, every turn of ``lists`` (the converted message lists, changed in place) gets list
+        content."""
+        column = next((c for c in IMAGE_COLUMNS if c in row and not _blank(row[c])), None)
+        given = _column_images(row[column], column) if column else []
+        if self.inline and (given or self.bare):
+            what = f"column '{column}' holds {len(given)}" if given else f"{self.bare} placeholders have none"
+            raise RowError(
+                f"the row gives images both inside its content parts ({len(self.inline)}) and apart from "
+                f"them ({what}): give each image once",
+                key="data.path",
+                hint="either image parts that carry their image (image_url), or placeholders (<image> or "
+                '{"type": "image"}) with an images column',
+            )
+        refs = self.inline or [(image, f"column '{column}' item {k}") for k, image in enumerate(given)]
+        if not self.inline and self.bare != len(given):
+            found = f"column '{column}' holds {len(given)}" if column else "the row has no images column"
+            raise RowError(
+                f"the row has {self.bare} image placeholder{'' if self.bare == 1 else 's'} (<image> or "
+                f'{{"type": "image"}}) and {len(given)} image{"" if len(given) == 1 else "s"} ({found}): '
+                "each placeholder takes one image, in order",
+                key="data.path",
+                hint="put one placeholder (<image>) where each image goes, in order, or set "
+                "data.on_error=skip to drop such rows and count them",
+            )
+        images = [self.load_image(ref, where) for ref, where in refs]
+        if images:
+            for turns in lists.values():
+                for turn in turns:
+                    turn["content"] = as_parts(turn["content"])
+        return images
 
-def start_row() -> None:
-    """Forget the previous row's images (each conversion of a row with images starts here)."""
-    global ROW
-    ROW = RowImages()
+    def load_image(self, ref: Any, where: str) -> dict[str, Any]:
+        """One image as the ``Image()`` feature stores it (``{"bytes", "path": None}``), opened and fully
+        decoded first; larger than data.image_max_pixels: downsized (aspect kept), saved as PNG and counted
+        here. ``ref``: a path (relative: to the table's folder), a ``file://`` or ``data:`` URL, ``{"bytes",
+        "path"}`` (a ``datasets`` image), a PIL image."""
+        data, name = _bytes_of(ref, where, self.table.folder)
+        from PIL import Image, UnidentifiedImageError
 
-
-def start_table(folder: Path | None, max_pixels: int | None) -> None:
-    """The folder relative image paths of the next rows are resolved against, and data.image_max_pixels."""
-    CONTEXT.update(dir=folder, max_pixels=max_pixels)
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                image.load()  # decodes every pixel: truncated or corrupt data fails here
+                width, height = image.size
+                limit = self.table.max_pixels
+                if limit and width * height > limit:
+                    scale = math.sqrt(limit / (width * height))
+                    size = (max(1, int(width * scale)), max(1, int(height * scale)))
+                    smaller = image.convert("RGBA" if "A" in image.getbands() else "RGB").resize(
+                        size, Image.Resampling.LANCZOS
+                    )
+                    out = io.BytesIO()
+                    smaller.save(out, format="PNG")
+                    data, (width, height) = out.getvalue(), size
+                    self.resized += 1
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
+            raise RowError(
+                f"{where}: {name} is not a readable image ({type(err).__name__}: {err})",
+                key="data.path",
+                hint="replace the file with a valid PNG / JPEG / WebP..., or set data.on_error=skip to drop "
+                "such rows and count them",
+            ) from None
+        self.pixels.append(width * height)
+        return {"bytes": data, "path": None}
 
 
 def table_folder(source: str) -> Path | None:
@@ -159,18 +273,6 @@ def table_folder(source: str) -> Path | None:
     return path if path.is_dir() else None
 
 
-def _split_text(text: str) -> list[dict[str, Any]]:
-    """Text with ``<image>`` placeholders as parts (counted as bare placeholders)."""
-    parts: list[dict[str, Any]] = []
-    for k, piece in enumerate(text.split(PLACEHOLDER)):
-        if k:
-            parts.append({"type": "image"})
-            ROW.bare += 1
-        if piece:
-            parts.append({"type": "text", "text": piece})
-    return parts
-
-
 def _payload(part: dict[str, Any]) -> Any:
     """The image a content part carries (a URL, a path, bytes...), None for a bare placeholder."""
     for key in ("image_url", "image", "url", "path"):
@@ -180,39 +282,6 @@ def _payload(part: dict[str, Any]) -> Any:
         if value is not None:
             return value
     return None
-
-
-def content_parts(value: Any, i: int, column: str) -> str | list[dict[str, Any]]:
-    """A turn's content with images allowed: text (returned as it is when it holds no ``<image>``), or
-    parts: text parts kept (``<image>`` inside them split off), image parts as ``{"type": "image"}``
-    placeholders (the image each carries noted in ``ROW``, in order). Other part types (audio, file) are a
-    ``RowError``."""
-    if isinstance(value, str):
-        return _split_text(value) if PLACEHOLDER in value else value
-    out: list[dict[str, Any]] = []
-    for j, part in enumerate(value):
-        if isinstance(part, str):
-            out += _split_text(part)
-            continue
-        kind = part.get("type", "text") if isinstance(part, dict) else type(part).__name__
-        if kind == "text" and isinstance(part.get("text"), str):
-            out += _split_text(part["text"])
-            continue
-        if kind not in IMAGE_PARTS:
-            raise RowError(
-                f"message {i} in column '{column}' has a '{kind}' content part (part {j}): only text and "
-                "image parts can be trained",
-                key="data.path",
-                hint="drop the other parts (audio, files) from the data, or set data.on_error=skip to drop "
-                "such rows and count them",
-            )
-        payload = _payload(part)
-        if payload is None:
-            ROW.bare += 1
-        else:
-            ROW.inline.append((payload, f"message {i} in column '{column}', part {j}"))
-        out.append({"type": "image"})
-    return out
 
 
 def as_parts(content: Any) -> list[dict[str, Any]]:
@@ -227,41 +296,6 @@ def text_of_content(content: Any) -> str:
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if p.get("type") == "text")
     return str(content)
-
-
-def finish_row(row: dict[str, Any], lists: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """The row's images, loaded and checked, in placeholder order: from its content parts, or (bare
-    placeholders) from its ``images`` / ``image`` column; placeholders and images must agree in number.
-    With images, every turn of ``lists`` (the converted message lists, changed in place) gets list
-    content."""
-    column = next((c for c in IMAGE_COLUMNS if c in row and not _blank(row[c])), None)
-    given = _column_images(row[column], column) if column else []
-    if ROW.inline and (given or ROW.bare):
-        what = f"column '{column}' holds {len(given)}" if given else f"{ROW.bare} placeholders have none"
-        raise RowError(
-            f"the row gives images both inside its content parts ({len(ROW.inline)}) and apart from them "
-            f"({what}): give each image once",
-            key="data.path",
-            hint="either image parts that carry their image (image_url), or placeholders (<image> or "
-            '{"type": "image"}) with an images column',
-        )
-    refs = ROW.inline or [(image, f"column '{column}' item {k}") for k, image in enumerate(given)]
-    if not ROW.inline and ROW.bare != len(given):
-        found = f"column '{column}' holds {len(given)}" if column else "the row has no images column"
-        raise RowError(
-            f"the row has {ROW.bare} image placeholder{'' if ROW.bare == 1 else 's'} (<image> or "
-            f'{{"type": "image"}}) and {len(given)} image{"" if len(given) == 1 else "s"} ({found}): each '
-            "placeholder takes one image, in order",
-            key="data.path",
-            hint="put one placeholder (<image>) where each image goes, in order, or set data.on_error=skip "
-            "to drop such rows and count them",
-        )
-    images = [load_image(ref, where) for ref, where in refs]
-    if images:
-        for turns in lists.values():
-            for turn in turns:
-                turn["content"] = as_parts(turn["content"])
-    return images
 
 
 def _blank(value: Any) -> bool:
@@ -283,41 +317,8 @@ def _column_images(value: Any, column: str) -> list[Any]:
 # ------------------------------------------------------------------------------------ one image
 
 
-def load_image(ref: Any, where: str) -> dict[str, Any]:
-    """One image as the ``Image()`` feature stores it (``{"bytes", "path": None}``), opened and fully
-    decoded first; larger than data.image_max_pixels: downsized (aspect kept) and saved as PNG. ``ref``: a
-    path, a ``file://`` or ``data:`` URL, ``{"bytes", "path"}`` (a ``datasets`` image), a PIL image."""
-    data, name = _bytes_of(ref, where)
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            image.load()  # decodes every pixel: truncated or corrupt data fails here
-            width, height = image.size
-            limit = CONTEXT["max_pixels"]
-            if limit and width * height > limit:
-                scale = math.sqrt(limit / (width * height))
-                size = (max(1, int(width * scale)), max(1, int(height * scale)))
-                smaller = image.convert("RGBA" if "A" in image.getbands() else "RGB").resize(
-                    size, Image.Resampling.LANCZOS
-                )
-                out = io.BytesIO()
-                smaller.save(out, format="PNG")
-                data, (width, height) = out.getvalue(), size
-                ROW.resized += 1
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
-        raise RowError(
-            f"{where}: {name} is not a readable image ({type(err).__name__}: {err})",
-            key="data.path",
-            hint="replace the file with a valid PNG / JPEG / WebP..., or set data.on_error=skip to drop such "
-            "rows and count them",
-        ) from None
-    ROW.pixels.append(width * height)
-    return {"bytes": data, "path": None}
-
-
-def _bytes_of(ref: Any, where: str) -> tuple[bytes, str]:
-    """(the image's bytes, how to name it in an error)."""
+def _bytes_of(ref: Any, where: str, folder: Path | None) -> tuple[bytes, str]:
+    """(the image's bytes, how to name it in an error); a relative path is read from ``folder``."""
     if isinstance(ref, dict) and ("bytes" in ref or "path" in ref):  # a datasets Image
         if ref.get("bytes"):
             return bytes(ref["bytes"]), "the image bytes"
@@ -349,8 +350,8 @@ def _bytes_of(ref: Any, where: str) -> tuple[bytes, str]:
             "set data.on_error=skip to drop such rows and count them",
         )
     path = Path(unquote(urlparse(ref).path) if scheme == "file" else ref).expanduser()
-    if not path.is_absolute() and CONTEXT["dir"] is not None:
-        path = CONTEXT["dir"] / path
+    if not path.is_absolute() and folder is not None:
+        path = folder / path
     try:
         return path.read_bytes(), str(path)
     except FileNotFoundError:

@@ -95,20 +95,19 @@ class PreferenceDataset(Source):
         report.info["format"] = f"{fmt} (detected)"
         return fmt
 
-    def to_pair(self, row: Row, fmt: str) -> Row:
-        """One row of format ``fmt`` as ``prompt``/``chosen``/``rejected`` message lists. With data.images
-        (explicit pairs): the prompt's images (``images``, checked), as TRL's DPO collator reads them; the
-        responses are text."""
+    def to_pair(self, row: Row, fmt: str, images: image_rows.RowImages | None = None) -> Row:
+        """One row of format ``fmt`` as ``prompt``/``chosen``/``rejected`` message lists. ``images``
+        (data.images: this row's ``RowImages``; explicit pairs): the prompt's images (``images``, checked),
+        as TRL's DPO collator reads them; the responses are text."""
         if fmt == "explicit":
-            image_rows.start_row()
-            prompt = as_messages(row.get("prompt"), "user", "prompt", self.roles, images=bool(self.images))
+            prompt = as_messages(row.get("prompt"), "user", "prompt", self.roles, images=images)
             out = {
                 "prompt": prompt,
                 "chosen": self.messages(row.get("chosen"), "assistant", "chosen"),
                 "rejected": self.messages(row.get("rejected"), "assistant", "rejected"),
             }
-            if self.images:
-                out[image_rows.IMAGES_COLUMN] = image_rows.finish_row(row, {"prompt": prompt})
+            if images is not None:
+                out[image_rows.IMAGES_COLUMN] = images.finish(row, {"prompt": prompt})
             return out
         if self.images:
             raise RowError(

@@ -10,8 +10,9 @@ from typing import Any
 from hydratune.components.generation.evaluation import EvalPrompt, eval_pairs, eval_prompts
 from hydratune.components.text.chat_template import fold_system
 
-#: the summary's line for image rows handed to the trainer as rows (``check_image_tokens``)
-IMAGE_ROWS_UNTOKENIZED = (
+#: the summary's words on image rows handed to the trainer as rows (``check_image_tokens``); what the
+#: recipes branch on is ``LoadedData.has_images``, never this line
+IMAGE_TOKENS_NOTE = (
     "image rows, tokenized by the model's processor batch by batch (TRL's vision collator): each image "
     "expanded to its image tokens, the loss on the assistant's answer only (the chat template's generation "
     "markers; image tokens never trained); data.max_length does not cut them (an image's tokens or the "
@@ -80,8 +81,9 @@ def prepare_data(
         data, defaulted = _load(data_component, load, tokenizer, workers, tokens)
         made = {"rows/train": data["train"], "rows/eval": data["eval"]}
         facts: dict[str, Any] = {"report": asdict(data.report), "default template": defaulted}
-        # image rows: no tokens here, the processor tokenizes them batch by batch (TRL's vision collator)
-        if tokens is not None and data.report.info.get("tokens") != IMAGE_ROWS_UNTOKENIZED:
+        # image rows: no tokens here, the processor tokenizes them batch by batch (TRL's vision collator;
+        # a token maker that takes no images was refused by _load)
+        if tokens is not None and not data.has_images:
             # a stream: its first rows and eval rows as unpacked tokens (the feed packs the stream)
             token_maker = tokens.unpacked() if streaming else tokens
             token_splits, facts["tokens"] = token_maker.prepare(data, tokenizer, workers)
@@ -138,9 +140,9 @@ def plan_image_tokens(model: Any, tokenizer: Any, splits: Any, limit: int = 64) 
     of the first ``limit`` train rows with images, beside what the memory estimate counts (a processor that
     cannot load offline: the line says so)."""
     from hydratune.components.config.errors import ConfigError
-    from hydratune.components.data.images import measured_image_tokens, rows_have_images
+    from hydratune.components.data.images import measured_image_tokens
 
-    if not getattr(model, "is_vision", False) or not rows_have_images(splits["train"]):
+    if not getattr(model, "is_vision", False) or not splits.has_images:
         return {}
     key = "image tokens per row (measured)"
     try:
@@ -162,11 +164,10 @@ def plan_image_tokens(model: Any, tokenizer: Any, splits: Any, limit: int = 64) 
 def check_image_recipe(recipe: Any, splits: Any) -> None:
     """Rows with images for a recipe whose trainer takes none (``Recipe.image_rows``: SFT, DPO and GRPO
     do),
-    refused once the rows are read, before the model loads, naming the recipe."""
+    refused once the rows are read (``splits.has_images``), before the model loads, naming the recipe."""
     from hydratune.components.config.errors import ConfigError
-    from hydratune.components.data.images import rows_have_images
 
-    if getattr(recipe, "image_rows", False) or not rows_have_images(splits["train"]):
+    if getattr(recipe, "image_rows", False) or not splits.has_images:
         return
     raise ConfigError(
         f"recipe={recipe.name} does not train on image rows (its trainer is not given the model's "
@@ -184,9 +185,9 @@ def check_image_tokens(data: Any, tokens: Any) -> bool:
     each row's tokens at batch time, so there are no lengths to pack by). Text rows: False (tokenized
     here, on a vision-language model too)."""
     from hydratune.components.config.errors import ConfigError
-    from hydratune.components.data.images import CAPABILITY, rows_have_images
+    from hydratune.components.data.images import CAPABILITY
 
-    if not rows_have_images(data["train"]):
+    if not data.has_images:
         return False  # text rows, for a vision-language model too: tokenized as text
     if not getattr(tokens, CAPABILITY, False):
         raise ConfigError(
@@ -317,19 +318,20 @@ def _load(
     """The rows as training reads them: loaded (``load(workers)``), the chat template given (the default
     for a tokenizer without one) and fitted, the length policy applied. Returns them and the default
     template's name. Image rows for a recipe that tokenizes here (``tokens``) are refused first
-    (``check_image_tokens``)."""
+    (``check_image_tokens``), or left untokenized and uncut (SFT on a vision-language model)."""
     from hydratune.components.text.chat_template import default_template, is_conversational
 
     data = load(workers)
-    if tokens is not None and check_image_tokens(data, tokens):
-        data.report.info["tokens"] = IMAGE_ROWS_UNTOKENIZED
+    untokenized = tokens is not None and check_image_tokens(data, tokens)
+    if untokenized:
+        data.report.info["tokens"] = IMAGE_TOKENS_NOTE  # the summary's words only
     defaulted = None
     conversational = is_conversational(data["train"][0])
     if tokenizer is not None and not tokenizer.chat_template and conversational:
         tokenizer.chat_template, defaulted = default_template(tokenizer)
     if tokenizer is not None and conversational:
         data = fit_template(data_component, data, tokenizer, workers)
-    if tokenizer is not None and data.report.info.get("tokens") != IMAGE_ROWS_UNTOKENIZED:
+    if tokenizer is not None and not untokenized:
         data = data_component.enforce_length(data, tokenizer, workers)
     return data, defaulted
 

@@ -65,20 +65,15 @@ class PromptDataset(Source):
         """The prompt's columns; ``images`` / ``image`` with data.images."""
         return set(self.CANONICAL) | (set(image_rows.IMAGE_COLUMNS) if self.images else set())
 
-    def turn_options(self) -> dict[str, Any]:
-        """With data.images a prompt's image parts and ``<image>`` placeholders are read (``parse_turn``)."""
-        return {"images": bool(self.images)}
-
-    def to_prompt(self, row: Row, answer: bool) -> Row:
-        """One row as ``prompt`` messages, with its reference ``answer`` (text) when the data has them; with
-        data.images, the prompt's images (``images``, checked, in placeholder order)."""
-        if self.images:
-            image_rows.start_row()
-        out: Row = {"prompt": self.messages(row.get("prompt"), "user", "prompt")}
+    def to_prompt(self, row: Row, answer: bool, images: image_rows.RowImages | None = None) -> Row:
+        """One row as ``prompt`` messages, with its reference ``answer`` (text) when the data has them;
+        ``images`` (data.images: this row's ``RowImages``): the prompt's image parts and ``<image>``
+        placeholders read, and its images (``images``, checked, in placeholder order)."""
+        out: Row = {"prompt": self.messages(row.get("prompt"), "user", "prompt", images)}
         if answer:
             out["answer"] = text_of(row, "answer")  # a blank / NaN reference is no reference
-        if self.images:
-            out[image_rows.IMAGES_COLUMN] = image_rows.finish_row(row, {"prompt": out["prompt"]})
+        if images is not None:
+            out[image_rows.IMAGES_COLUMN] = images.finish(row, {"prompt": out["prompt"]})
         return out
 
     def load(self, workers: Workers | None = None) -> LoadedData:

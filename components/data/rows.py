@@ -3,6 +3,7 @@ every stage reads: formats and their columns, roles, message keys, task columns,
 
 from __future__ import annotations
 
+import functools
 import re
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -150,7 +151,8 @@ class LoadReport:
 
 
 class LoadedData(Mapping[str, "Dataset"]):
-    """The train/eval splits of one ``load()`` (``data["train"]``, ``data["eval"]``) and its report."""
+    """The train/eval splits of one ``load()`` (``data["train"]``, ``data["eval"]``), its report, and
+    whether its rows carry images (``has_images``: what every recipe branches on)."""
 
     def __init__(self, splits: dict[str, Dataset], report: LoadReport) -> None:
         self.splits, self.report = dict(splits), report
@@ -173,6 +175,16 @@ class LoadedData(Mapping[str, "Dataset"]):
     def info(self) -> dict[str, str]:
         """How the data was read: the format used, where the eval rows came from."""
         return self.report.info
+
+    @functools.cached_property
+    def has_images(self) -> bool:
+        """Whether the train rows carry images (an image in any row's ``images`` list, no image decoded),
+        read once from the rows themselves: image rows go to a vision-language model's processor batch by
+        batch (SFT makes no tokens of them, DPO and GRPO hand the trainer the processor), and a recipe
+        that takes none refuses them. The one test of image rows every recipe reads."""
+        from hydratune.components.data.images import rows_have_images
+
+        return rows_have_images(self.splits["train"])
 
 
 _SCRATCH: list[tempfile.TemporaryDirectory[str]] = []

@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from hydratune.components.config.errors import ConfigError
 from hydratune.components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, SEED, knob
-from hydratune.components.data import images as image_rows
 from hydratune.components.data.formats import as_messages
-from hydratune.components.data.images import check_combination
+from hydratune.components.data.images import IMAGE_COLUMNS, RowImages, TableImages, check_combination
 from hydratune.components.data.layout import (
     Layout,
     Part,
@@ -58,6 +57,7 @@ from hydratune.components.data.rows import (
 from hydratune.components.data.tables import (
     MESSAGE_COLUMNS,
     Converted,
+    convert_one,
     convert_range,
     empty_rows,
     pick,
@@ -137,7 +137,7 @@ class Source:
             check_path(self.eval_path, "data.eval_path", None)
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"unknown '{self.on_error}'", key="data.on_error", hint=f"one of {ON_ERROR}")
-        known = (*self.CANONICAL, *(image_rows.IMAGE_COLUMNS if self.reads_images else ()))
+        known = (*self.CANONICAL, *(IMAGE_COLUMNS if self.reads_images else ()))
         unknown = [c for c in self.columns if c not in known]
         if unknown:
             raise ConfigError(
@@ -190,13 +190,14 @@ class Source:
         """The length policy on loaded rows (here: none; the trainer truncates)."""
         return data
 
-    def messages(self, value: Any, role: str, column: str) -> Messages:
-        """``as_messages`` with this option's ``roles``."""
-        return as_messages(value, role, column, self.roles, **self.turn_options())
+    def messages(self, value: Any, role: str, column: str, images: RowImages | None = None) -> Messages:
+        """``as_messages`` with this option's ``roles`` and ``turn_options``; ``images``: the row's
+        ``RowImages`` (data.images), None for text."""
+        return as_messages(value, role, column, self.roles, images=images, **self.turn_options())
 
     def turn_options(self) -> dict[str, Any]:
-        """What ``parse_turn`` reads besides roles, content and tool calls (here: nothing more; chat data
-        reads training flags and reasoning)."""
+        """What ``parse_turn`` reads besides roles, content, tool calls and images (here: nothing more;
+        chat data reads training flags and reasoning)."""
         return {}
 
     def formats_hint(self) -> str:
@@ -328,7 +329,7 @@ class Source:
     def convert(
         self,
         tables: list[Table],
-        fn: Callable[[Row], Row],
+        fn: Callable[..., Row],
         columns: tuple[str, ...],
         key: str,
         report: LoadReport,
@@ -341,22 +342,25 @@ class Source:
         (``on_error=skip``) drops the row and counts it; when the first rows all fail alike, the error
         says the format or mapping does not fit (skipping would drop every row). ``used``: the canonical
         columns ``fn`` reads (default: ``CANONICAL``), for the report's used / ignored lists. ``flags``:
-        tests on the converted rows, counted (returned, and summed in ``report.flags``)."""
+        tests on the converted rows, counted (returned, and summed in ``report.flags``). With data.images,
+        ``fn`` takes ``images=``, each row's ``RowImages`` (``tables.convert_one``)."""
         from datasets import concatenate_datasets
 
         for table in tables:
             if table.prepare is None:  # else the reader accounted for the file's columns
                 self.account(table, used or self.CANONICAL, report)
         pixels = self.image_max_pixels
-        if self.images:  # check_first_rows converts rows here: relative paths from the first table's folder
-            image_rows.start_table(tables[0].image_dir or image_rows.table_folder(tables[0].source), pixels)
+
+        def images_of(table: Table) -> TableImages | None:  # relative image paths: from the table's folder
+            return TableImages.of(table, pixels) if self.images else None
+
         if self.on_error == "raise":
-            self.check_first_rows(tables[0], prepared(tables[0], fn))
+            self.check_first_rows(tables[0], prepared(tables[0], fn), images_of(tables[0]))
         skip = self.on_error == "skip"
         tasks = [
             functools.partial(
                 convert_range, table, span, prepared(table, fn), columns, workers.file("rows"), key, skip,
-                flags or {}, images=(table.image_dir, pixels) if self.images else None,
+                flags or {}, images=images_of(table),
             )
             for table in tables
             for span in table.ranges(4 * workers.num_proc)
@@ -391,13 +395,16 @@ class Source:
             [theirs.get(c, c) for c in present if c in used], [c for c in present if c not in used]
         )
 
-    def check_first_rows(self, source: Table, fn: Callable[[Row], Row]) -> None:
+    def check_first_rows(
+        self, source: Table, fn: Callable[..., Row], images: TableImages | None = None
+    ) -> None:
         """If the first ``PROBE_ROWS`` rows (all, if fewer) fail with the same error, the file does not fit
-        the format or mapping: say so with the columns found, not "fix the row"."""
+        the format or mapping: say so with the columns found, not "fix the row". ``images``: the table's,
+        for image rows."""
         errors: list[RowError] = []
         for row in source.head(PROBE_ROWS):
             try:
-                fn(row)
+                convert_one(fn, row, images)
                 return
             except RowError as err:
                 errors.append(err)

@@ -108,22 +108,33 @@ class Converted:
         self.images.merge(other.images)
 
 
+def convert_one(
+    fn: Callable[..., Row], row: Row, images: image_rows.TableImages | None
+) -> tuple[Row, image_rows.RowImages | None]:
+    """``fn(row)``; image rows (``images``, the table's): ``fn(row, images=...)`` with a fresh
+    ``RowImages`` for this row, returned with the converted row (nothing outlives the row)."""
+    if images is None:
+        return fn(row), None
+    seen = images.row()
+    return fn(row, images=seen), seen
+
+
 def convert_range(
     table: Table,
     span: tuple[int, int],
-    fn: Callable[[Row], Row],
+    fn: Callable[..., Row],
     columns: tuple[str, ...],
     path: Path,
     key: str,
     skip: bool,
     flags: Mapping[str, Callable[[Row], bool]],
     tick: Callable[[int], None],
-    images: tuple[Path | None, int | None] | None = None,
+    images: image_rows.TableImages | None = None,
 ) -> Converted:
     """Rows ``span`` of ``table`` through ``fn`` into Arrow shards (``path``, a batch at a time). A
     ``RowError`` names the file and line/row (``skip``: the row is dropped and counted). ``images`` (image
-    rows: data.images): (the folder relative image paths are read from, None: the table's file's;
-    data.image_max_pixels), and each row's images counted."""
+    rows: data.images): the table's folder and data.image_max_pixels; each row converted with its own
+    ``RowImages`` (``convert_one``), its images counted."""
     from datasets.arrow_writer import ArrowWriter
 
     out, batch = Converted(), []
@@ -149,13 +160,10 @@ def convert_range(
         out.rows += len(batch)
         batch = []
 
-    if images is not None:
-        image_rows.start_table(images[0] or image_rows.table_folder(table.source), images[1])
     for index, line, row in table.read(*span):
         TURN_NOTES.clear()
-        image_rows.start_row()
         try:
-            converted = fn(row)
+            converted, seen = convert_one(fn, row, images)
         except RowError as err:
             where = table.where(index, line)
             if not skip:
@@ -165,8 +173,8 @@ def convert_range(
             continue
         for key in dict.fromkeys(TURN_NOTES):
             out.keys[key] = out.keys.get(key, 0) + 1
-        if images is not None:
-            out.images.add_row(image_rows.ROW)
+        if seen is not None:
+            out.images.add_row(seen)
         for name, test in flags.items():
             if test(converted):
                 out.flags[name] = out.flags.get(name, 0) + 1
@@ -180,13 +188,14 @@ def convert_range(
     return out
 
 
-def prepared(table: Table, fn: Callable[[Row], Row]) -> Callable[[Row], Row]:
-    """``fn`` after the table's own row conversion (``Table.prepare``), when it has one."""
+def prepared(table: Table, fn: Callable[..., Row]) -> Callable[..., Row]:
+    """``fn`` after the table's own row conversion (``Table.prepare``), when it has one (``fn``'s keyword
+    arguments, a row's ``images``, passed on to it)."""
     return fn if table.prepare is None else functools.partial(_then, table.prepare, fn)
 
 
-def _then(first: Callable[[Row], Row], then: Callable[[Row], Row], row: Row) -> Row:
-    return then(first(row))
+def _then(first: Callable[[Row], Row], then: Callable[..., Row], row: Row, **more: Any) -> Row:
+    return then(first(row), **more)
 
 
 def note_unanswered(converted: Converted, key: str, report: LoadReport) -> None:

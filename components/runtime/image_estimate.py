@@ -17,7 +17,7 @@ def estimate_image_tokens(cfg: Any, limit: int = 64) -> tuple[Any, str | None]:
     from omegaconf import open_dict
 
     from hydratune.components.config.errors import ConfigError
-    from hydratune.components.data.images import measured_image_tokens, rows_have_images, with_images
+    from hydratune.components.data.images import measured_image_tokens, with_images
     from hydratune.components.data.prepare import prepare_data
     from hydratune.components.runtime.run import _instantiate
 
@@ -36,8 +36,8 @@ def estimate_image_tokens(cfg: Any, limit: int = 64) -> tuple[Any, str | None]:
         processor = model.build_processor(tokenizer)
     except ConfigError as err:
         return cfg, f"image tokens per row: {default} (one default image), not measured: {err.args[0]}"
-    train = prepare_data(data, tokenizer, 0).splits["train"]
-    counts = measured_image_tokens(processor, train, limit) if rows_have_images(train) else []
+    splits = prepare_data(data, tokenizer, 0).splits
+    counts = measured_image_tokens(processor, splits["train"], limit) if splits.has_images else []
     if not counts:
         return cfg, None
     new = cfg.copy()

@@ -85,8 +85,8 @@ class BatchedGeneration(Recipe):
         c = ctx.components
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         session = Session.start(ctx)
-        rows, info = prompt_rows(c.data, session.tokenizer)
-        if any(r["images"] for r in rows) and not self.image_rows:  # before the model loads, as in plan
+        rows, info, images = prompt_rows(c.data, session.tokenizer)
+        if images and not self.image_rows:  # before the model loads, as in plan
             raise ConfigError(
                 f"recipe={self.name} does not generate for image rows (recipe=generate does)",
                 key="recipe",
@@ -119,10 +119,11 @@ class BatchedGeneration(Recipe):
         return session, rows, merge_ranks(ctx, records, rank, world, self.output), seconds
 
 
-def prompt_rows(data: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def prompt_rows(data: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
     """Every row of ``data.path`` in file order (no eval split): the prompt turns, tokenized with the
-    chat template's generation prompt under the data's length policy, and the reference if any; and how
-    the data was read (the format, what the length policy cut), for the summary."""
+    chat template's generation prompt under the data's length policy, and the reference if any; how the
+    data was read (the format, what the length policy cut), for the summary; and whether the rows carry
+    images (``LoadedData.has_images``)."""
     from hydratune.components.data.prepare import eval_images
     from hydratune.components.generation.evaluation import eval_prompts
 
@@ -141,7 +142,7 @@ def prompt_rows(data: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[s
         pairs, tokenizer, max_length=limit, on_overlong=policy, key=key, images=images
     )
     info = {k: v for k, v in splits.info.items() if k != "eval rows from"}
-    return [
+    rows = [
         {
             "ids": p.ids,
             "prompt": p.question,
@@ -152,7 +153,8 @@ def prompt_rows(data: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[s
             "text": p.text,
         }
         for p in prompts
-    ], {**info, **counts}
+    ]
+    return rows, {**info, **counts}, splits.has_images
 
 
 def complete_rows(model: Any, session: Any, rows: list[dict[str, Any]], sampling: Any) -> list[Any]:

@@ -361,19 +361,16 @@ def test_grpo_prompts_with_images_in_two_shapes_give_the_same_rows(tmp_path: Pat
 
 
 def test_a_data_url_must_be_base64_and_decodable(tmp_path: Path) -> None:
-    image_rows.start_table(tmp_path, None)
+    row = image_rows.TableImages(tmp_path, None).row()
     with pytest.raises(image_rows.RowError, match="should be base64"):
-        image_rows.load_image("data:image/png,abc", "here")
+        row.load_image("data:image/png,abc", "here")
     with pytest.raises(image_rows.RowError, match="not valid base64"):
-        image_rows.load_image("data:image/png;base64,***", "here")
+        row.load_image("data:image/png;base64,***", "here")
     buffer = io.BytesIO()
     from PIL import Image
 
     Image.new("L", (3, 5)).save(buffer, format="PNG")
-    assert (
-        image_rows.load_image({"bytes": buffer.getvalue(), "path": None}, "here")["bytes"]
-        == buffer.getvalue()
-    )
+    assert row.load_image({"bytes": buffer.getvalue(), "path": None}, "here")["bytes"] == buffer.getvalue()
 
 
 def test_one_image_column_and_an_eval_file_of_its_own_folder(tmp_path: Path, pictures: Any) -> None:
