@@ -11,7 +11,7 @@ hydratune export <run dir> [out=<dir>] [dtype=…]        merged model + tokeniz
 hydratune chat <run dir | model dir> [system=…]         talk to the model, tokens streamed
 hydratune ls                                            recipes, groups and their options, experiments
 hydratune matrix [--markdown]                           the support matrix (docs/matrix.md)
-hydratune docs [--check]                                the generated tables of README.md and docs/
+hydratune docs [--check]                                README.md, docs/, ARCHITECTURE.md: generated tables
 hydratune cache ls | clear [key ...]                    the prepared-data cache: list it, free it
 """
 

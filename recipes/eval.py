@@ -114,7 +114,9 @@ class Eval(Recipe):
         c, out = ctx.components, ctx.run_dir.path
         specs: list[Any] = expand(self.task_manager(), self.tasks)
         if DATA_TASKS & set(specs):
-            rows, info = task_rows(c.data)
+            loaded = c.data.whole().load()
+            self.check_data(c, loaded, session.tokenizer)  # the recipe's own check, as in mode=plan
+            rows, info = task_rows(c.data, loaded)
             write_jsonl(out / DATA, rows)
             report = {"path": c.data.path, "rows": len(rows), **info, "as read by lm-eval": DATA}
             session.report["data"] = report
@@ -224,11 +226,11 @@ def expand(manager: Any, names: list[str]) -> list[str]:
     return out
 
 
-def task_rows(data: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Every row of ``data.path`` in file order as ``{"prompt": turns, "answer": text}`` (what hydratune's
-    tasks read: the whole conversation before the answer, system prompt included), and how the load read
-    the file (format, columns used and ignored); rows without an answer cannot be scored."""
-    loaded = data.whole().load()
+def task_rows(data: Any, loaded: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Every row of ``loaded`` (``data.whole().load()``: ``data.path`` in file order) as ``{"prompt": turns,
+    "answer": text}`` (what hydratune's tasks read: the whole conversation before the answer, system prompt
+    included), and how the load read the file (format, columns used and ignored); rows without an answer
+    cannot be scored."""
     pairs = data.pairs(loaded, "train")  # every row, in order
     if pairs and any(answer is None for _, answer in pairs):
         raise ConfigError(

@@ -153,8 +153,7 @@ class GRPO(Recipe, RewardURL):
 
         c, t = ctx.components, ctx.train
         session = Session.start(ctx)
-        data = session.load_data()
-        self.check_data(c, data, None)  # before the model loads
+        data = session.load_data()  # and check_data: the reward columns, no prompt left to cut
         images = data.has_images  # prompts with images: the trainer gets the processor
         model = session.build_model()
         session.evaluate_generations("before")

@@ -112,8 +112,7 @@ class PPO(Recipe, OneReward):
 
         session = Session.start(ctx)
         resume = pinned(ctx.cfg)  # resolved and checked before load (components/runtime/resume.py)
-        splits = session.load_data()
-        self.check_columns(ctx.components, splits)  # before the model loads
+        splits = session.load_data()  # and check_data: the reward's columns, before the model loads
         data = splits["train"]
         policy = session.build_model()
         session.evaluate_generations("before")

@@ -48,7 +48,7 @@ usage:
   hydratune chat <run dir | model dir>           an interactive chat with the model, tokens streamed
   hydratune ls                                   every option of every group, with a line on each
   hydratune matrix [--markdown]                  the support matrix: what runs where (docs/matrix.md)
-  hydratune docs [--check]                       regenerate the option tables of README.md and docs/
+  hydratune docs [--check]                       regenerate the tables of README.md, docs/, ARCHITECTURE.md
   hydratune cache ls | clear [key ...]           the prepared-data cache (~/.cache/hydratune/data): list, free
   hydratune [overrides] --cfg job                print the composed config
   hydratune --hydra-help                         Hydra's own flags (--info, --shell-completion, ...)

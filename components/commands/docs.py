@@ -1,16 +1,19 @@
 """``hydratune docs [--check]``: the documentation tables derived from conf/ and the components, written into
-the checkout (README.md's option lists, docs/strategies.md's strategy table, docs/matrix.md). A new option
-is its YAML file: this command puts it in the docs, and ``tests/unit/test_options.py`` fails while the
-committed docs disagree.
+the checkout (README.md's option lists, docs/strategies.md's strategy table, docs/matrix.md, ARCHITECTURE.md's
+contract tables read from the interface classes: ``components/commands/contracts.py``). A new option is its
+YAML file, a new member of an interface its code: this command puts it in the docs, and
+``tests/unit/test_options.py`` fails while the committed docs disagree.
 
-README.md and docs/strategies.md hold the generated parts between markers, so the prose around them stays
-hand-written::
+README.md, docs/strategies.md and ARCHITECTURE.md hold the generated parts between markers, so the prose
+around them stays hand-written::
 
     <!-- options:strategy -->`single` (default), `ddp`, ...<!-- /options -->        (README.md)
     <!-- strategies -->                                                              (docs/strategies.md)
     | strategy | what it is |
     ...
     <!-- /strategies -->
+    <!-- contract:recipe --> ... <!-- /contract -->, <!-- capabilities --> ... <!-- /capabilities -->
+                                                                                     (ARCHITECTURE.md)
 """
 
 from __future__ import annotations
@@ -44,11 +47,14 @@ def strategy_table() -> str:
 
 
 #: the hand-written pages that hold generated parts between markers
-MARKED = ("README.md", "docs/strategies.md")
+MARKED = ("README.md", "docs/strategies.md", "ARCHITECTURE.md")
 
 
 def readme(text: str) -> str:
-    """``text`` (README.md, docs/strategies.md) with every generated part regenerated."""
+    """``text`` (README.md, docs/strategies.md, ARCHITECTURE.md) with every generated part regenerated."""
+    from hydratune.components.commands.contracts import contracts
+
+    text = contracts(text)
     text = OPTIONS.sub(
         lambda m: f"<!-- options:{m['group']} -->{option_list(m['group'])}<!-- /options -->", text
     )

@@ -70,7 +70,7 @@ class Part:
 
     path: Path
     split: str | None = None  # the DatasetDict split (save_to_disk folders only)
-    reader: Any = field(default=None, compare=False)  # a LLaMA-Factory entry (components/llamafactory.py)
+    reader: Any = field(default=None, compare=False)  # a LLaMA-Factory entry (data/llamafactory.py)
 
     def name(self, root: Path) -> str:
         if self.split is not None:

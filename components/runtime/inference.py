@@ -85,7 +85,9 @@ class BatchedGeneration(Recipe):
         c = ctx.components
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         session = Session.start(ctx)
-        rows, info, images = prompt_rows(c.data, session.tokenizer)
+        loaded = c.data.whole().load()  # every row, in file order (no eval split)
+        self.check_data(c, loaded, session.tokenizer)  # the recipe's own check, as in mode=plan
+        rows, info, images = prompt_rows(c.data, session.tokenizer, loaded)
         if images and not self.image_rows:  # before the model loads, as in plan
             raise ConfigError(
                 f"recipe={self.name} does not generate for image rows (recipe=generate does)",
@@ -119,15 +121,16 @@ class BatchedGeneration(Recipe):
         return session, rows, merge_ranks(ctx, records, rank, world, self.output), seconds
 
 
-def prompt_rows(data: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
-    """Every row of ``data.path`` in file order (no eval split): the prompt turns, tokenized with the
-    chat template's generation prompt under the data's length policy, and the reference if any; how the
-    data was read (the format, what the length policy cut), for the summary; and whether the rows carry
-    images (``LoadedData.has_images``)."""
+def prompt_rows(
+    data: Any, tokenizer: Any, splits: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
+    """Every row of ``splits`` (``data.whole().load()``: ``data.path`` in file order, no eval split): the
+    prompt turns, tokenized with the chat template's generation prompt under the data's length policy, and
+    the reference if any; how the data was read (the format, what the length policy cut), for the summary;
+    and whether the rows carry images (``LoadedData.has_images``)."""
     from hydratune.components.data.prepare import eval_images
     from hydratune.components.generation.evaluation import eval_prompts
 
-    splits = data.whole().load()
     pairs = data.pairs(splits, "train")
     if not pairs:
         raise ConfigError(

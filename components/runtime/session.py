@@ -124,6 +124,7 @@ class Session:
         tokens = c.recipe.tokens(c)
         prepared = prepare_data(c.data, self.tokenizer, train.eval_generations, eval_every(c, train), tokens)
         check_image_recipe(c.recipe, prepared.splits)  # before any model loads
+        c.recipe.check_data(c, prepared.splits, self.tokenizer)  # every recipe's own check, as mode=plan's
         self.eval_prompts = prepared.prompts
         self.tokens, self.token_facts = prepared.tokens, prepared.token_facts
         self.report["data"] = prepared.notes

@@ -153,8 +153,9 @@ def test_the_matrix_ls_and_readme_list_every_option(compose_cfg) -> None:
 
 
 def test_the_generated_docs_are_up_to_date() -> None:
-    """README.md's and docs/strategies.md's generated parts and docs/matrix.md as ``hydratune docs`` writes
-    them (a hand-deleted row, or an option added without regenerating, fails here)."""
+    """README.md's, docs/strategies.md's and ARCHITECTURE.md's generated parts and docs/matrix.md as
+    ``hydratune docs`` writes them (a hand-deleted row, an option added without regenerating, a member added
+    to an interface class, fails here)."""
     from hydratune.components.commands.docs import generated
 
     stale = [str(path) for path, text in generated(REPO).items() if path.read_text() != text]
@@ -207,6 +208,7 @@ def test_a_new_strategy_option_reaches_every_derived_table(
     (tmp_path / "docs").mkdir()
     shutil.copy(REPO / "README.md", readme)
     shutil.copy(REPO / "docs" / "strategies.md", page)
+    shutil.copy(REPO / "ARCHITECTURE.md", tmp_path / "ARCHITECTURE.md")
     assert docs.cli(["--check", str(tmp_path)]) == 1  # the committed docs do not list it yet
     assert docs.cli([str(tmp_path)]) == 0 and "`zero1_offload`" in readme.read_text()
     assert "| `zero1_offload` | DeepSpeed ZeRO-1 with the optimizer states" in page.read_text()
