@@ -528,8 +528,8 @@ def test_unset_environment_variable_refused_before_build(compose_cfg, monkeypatc
 
 def test_hydra_writing_the_run_dir_on_a_full_disk_is_a_named_error() -> None:
     """What Hydra raises itself (outside the job: its .hydra/ files) reaches the CLI's startup_error."""
+    from hydratune.components.commands.argv import startup_error
     from hydratune.components.runtime.diskspace import DiskFull
-    from hydratune.recipes.cli import startup_error
 
     full = startup_error(OSError(errno.ENOSPC, "No space left on device", "outputs/x/.hydra/config.yaml"))
     assert isinstance(full, DiskFull) and "outputs/x/.hydra/config.yaml" in str(full)
