@@ -386,7 +386,7 @@ ROW = json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assis
 def test_brackets_nested_too_deep_are_a_named_row_error(
     tmp_path: Path, lines: list[str], suffix: str
 ) -> None:
-    from hydratune.components.data.readers import read_json
+    from hydratune.components.data.json_files import read_json
     from hydratune.components.data.rows import scratch_workers
 
     path = tmp_path / f"deep{suffix}"
@@ -397,7 +397,7 @@ def test_brackets_nested_too_deep_are_a_named_row_error(
 
 
 def test_brackets_nested_too_deep_skipped_with_on_error_skip(tmp_path: Path) -> None:
-    from hydratune.components.data.readers import read_json
+    from hydratune.components.data.json_files import read_json
     from hydratune.components.data.rows import scratch_workers
 
     path = tmp_path / "deep.jsonl"
