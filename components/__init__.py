@@ -18,7 +18,7 @@ import pkgutil
 
 #: the groups whose components are a package (``hydratune.components.strategy.DeepSpeed`` re-exported by its
 #: ``__init__`` from ``components/strategy/deepspeed.py``), not one module
-GROUP_PACKAGES = ("strategy", "data")
+GROUP_PACKAGES = ("strategy", "data", "launcher", "peft")
 
 
 def group_modules() -> list[str]:

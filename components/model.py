@@ -11,7 +11,7 @@ from hydratune.components.config.errors import ConfigError
 from hydratune.components.config.ranges import NON_NEGATIVE, knob
 from hydratune.components.config.registry import component
 from hydratune.components.modeling.model_dir import WEIGHT_PATTERNS, check_model_dir, weight_files
-from hydratune.components.modeling.vision import Family
+from hydratune.components.modeling.vision_language import VisionLanguage
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -37,7 +37,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 
 @component("model")
 @dataclass(frozen=True)
-class CausalLM:
+class CausalLM(VisionLanguage):
     """A decoder-only language model and its tokenizer.
 
     ``name_or_path`` is a hub id or a local directory; with ``gguf_file`` it is the folder of that GGUF
@@ -54,7 +54,8 @@ class CausalLM:
     ``AutoModelForImageTextToText``, its processor (``processor``, default: the tokenizer's source) is
     built with the run's tokenizer and saved with every checkpoint and export, ``freeze`` keeps named parts
     (``vision_tower``, ``projector``, ``language_model``) frozen, and LoRA adapts the language model only
-    unless ``peft.exclude_modules`` says otherwise.
+    unless ``peft.exclude_modules`` says otherwise (its methods: :class:`VisionLanguage`,
+    components/modeling/vision_language.py).
     """
 
     name_or_path: str = "???"
@@ -214,7 +215,7 @@ class CausalLM:
                 "--no-build-isolation on a CUDA machine",
             )
 
-    # ---- vision-language models -------------------------------------------------------------------
+    # ---- where it loads from --------------------------------------------------------------------
     def config_dict(self) -> dict[str, Any]:
         """config.json's keys without transformers: ``architecture`` over a local dir's config.json; a hub
         id without shipped numbers asks transformers (cached or served; {} when neither answers)."""
@@ -234,132 +235,6 @@ class CausalLM:
             return self.load_config().to_dict()
         except ConfigError:
             return {}
-
-    @property
-    def vision_family(self) -> Family | None:
-        """The VLM family of this model (None for a text model); an unknown VLM is refused."""
-        from hydratune.components.modeling.vision import family_of, is_vision_config
-
-        config = self.config_dict()
-        return family_of(config) if is_vision_config(config) else None
-
-    @property
-    def accepts_images(self) -> bool:
-        """Image rows are read for this model (``components/data/images.py``): a vision-language one."""
-        return self.is_vision
-
-    @property
-    def is_vision(self) -> bool:
-        from hydratune.components.modeling.vision import is_vision_config
-
-        return is_vision_config(self.config_dict())
-
-    def check_vision_knobs(self) -> None:
-        """``freeze``, ``processor`` and ``image_tokens_per_row`` belong to vision-language models: refused
-        for text models (naming the key), freeze's parts checked; no weight is read."""
-        from hydratune.components.modeling.hub import is_local
-        from hydratune.components.modeling.vision import PARTS, check_parts, has_processor
-
-        if not isinstance(self.freeze, list | tuple):
-            raise ConfigError(f"must be a list of parts, got {self.freeze!r}", key="model.freeze")
-        check_parts(self.freeze)  # unknown names first: the same message for text and vision models
-        given = [k for k in ("freeze", "processor") if getattr(self, k)]
-        given += ["image_tokens_per_row"] if self.image_tokens_per_row is not None else []
-        if given and not self.config_dict():
-            raise ConfigError(
-                f"model.{given[0]} needs the config of {self.name_or_path} (which parts it has), and it is "
-                "neither shipped, local, cached nor reachable",
-                key=f"model.{given[0]}",
-                hint="use a shipped option (model=qwen2_5_vl_7b, ...), a local dir, or reach the hub",
-            )
-        if given and self.vision_family is None:
-            raise ConfigError(
-                f"{self.name_or_path} is a text model (its config has no vision_config): "
-                f"model.{given[0]} applies to vision-language models only",
-                key=f"model.{given[0]}",
-                hint=f"drop it, or pick a vision-language model (model=tiny_vlm, model=qwen2_5_vl_7b, ...); "
-                f"parts: {', '.join(PARTS)}",
-            )
-        if self.processor and is_local(self.processor) and not has_processor(self.processor):
-            raise ConfigError(
-                f"{self.processor} holds no processor (processor_config.json / preprocessor_config.json)",
-                key="model.processor",
-                hint="point it at a dir a processor was saved to (a VLM's export or final/), or drop it",
-            )
-
-    def estimated_image_tokens(self) -> int | None:
-        """The image tokens per row the memory estimate counts: ``model.image_tokens_per_row``, else one
-        image at the processor's default size; None for a text model or a family the estimate lacks."""
-        if self.image_tokens_per_row is not None:
-            return self.image_tokens_per_row
-        if self.vision_family is None:
-            return None
-        from hydratune.components.memory.arch import Arch
-
-        try:
-            vision = Arch.from_dict(self.config_dict()).vision
-        except (KeyError, TypeError, ValueError):
-            return None
-        return vision.default_image_tokens if vision is not None else None
-
-    def describe_vision(self) -> str | None:
-        """A VLM's parts for ``mode=plan`` and the summary (from its config numbers, no weights): the
-        parameters of the vision tower, projector and language model, what ``freeze`` keeps frozen, the
-        image tokens the estimate assumes per row; None for a text model."""
-        from hydratune.components.memory.arch import Arch, param_counts
-
-        family = self.vision_family
-        if family is None:
-            return None
-        try:
-            arch = Arch.from_dict(self.config_dict())
-        except (KeyError, TypeError, ValueError) as err:
-            return f"a vision-language model ({family.model_type}); its parts are not counted: {err}"
-        v = arch.vision
-        assert v is not None
-        language = param_counts(arch).total - v.params
-        tokens = self.image_tokens_per_row
-        said = (
-            f"{tokens} (model.image_tokens_per_row)"
-            if tokens is not None
-            else (
-                f"{v.default_image_tokens} (one {v.image_size}-pixel image; set model.image_tokens_per_row)"
-            )
-        )
-        return (
-            f"a vision-language model ({family.model_type}): vision tower {v.tower:,} params "
-            f"({v.num_layers} layers of {v.hidden_size}), projector {v.projector:,}, language model "
-            f"{language:,}; frozen: {', '.join(self.freeze) or 'none'} (model.freeze); image tokens per "
-            f"row for the estimate: {said}"
-        )
-
-    def adapter_exclusion(self) -> str | None:
-        """peft's ``exclude_modules`` regex for a VLM (its vision tower and projector), None for text."""
-        from hydratune.components.modeling.vision import adapter_exclusion
-
-        family = self.vision_family
-        return adapter_exclusion(family) if family is not None else None
-
-    def apply_freeze(self, model: Any) -> int:
-        """Freeze the parts ``freeze`` names (after PEFT, which sets what trains); returns the tensors
-        frozen."""
-        from hydratune.components.modeling.vision import freeze
-
-        family = self.vision_family
-        if not self.freeze or family is None:
-            return 0
-        return freeze(model, family, self.freeze)
-
-    def build_processor(self, tokenizer: Any = None) -> Any:
-        """A VLM's processor (its image processor + ``tokenizer``, the run's), None for a text model."""
-        if not self.is_vision:
-            return None
-        from hydratune.components.modeling.vision import load_processor
-
-        source = self.processor or self.tokenizer or self.source_dir()
-        return load_processor(
-            source, tokenizer, revision=self.revision, trust_remote_code=self.trust_remote_code
-        )
 
     def check_sources(self) -> None:
         """The hub ids a training run will read: the tokenizer always, the weights (``init=pretrained``) or

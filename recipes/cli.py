@@ -17,19 +17,25 @@ hydratune cache ls | clear [key ...]                    the prepared-data cache:
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import hydra
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from hydratune import recipes
+from hydratune.components.commands.argv import (
+    compose_error,
+    replay_argv,
+    resume_argv,
+    resumed_run,
+    startup_error,
+)
 from hydratune.components.config.errors import ConfigError, print_error
 from hydratune.components.config.resolvers import register_resolvers
+from hydratune.components.runtime.hydra_dirs import remove_unused_run_dir
 from hydratune.components.runtime.startup import pause_gc, process_defaults, run_ends
 
 process_defaults()  # TOKENIZERS_PARALLELISM=false, no FutureWarnings (components/runtime/startup.py)
@@ -252,288 +258,6 @@ def keep_refused_point(err: ConfigError) -> bool:
     return str(HydraConfig.get().sweeper.get("_target_", "")).endswith(".BasicSweeper")
 
 
-#: what a run dir holds before anything of value is written: Hydra's config and log, the start-up files
-STARTUP_FILES = (
-    ".hydra",
-    "versions.json",
-    "frozen_config.yaml",
-    "data_fingerprint.json",
-    "deepspeed.json",
-    "fsdp.json",
-    ".workers",
-    ".interrupt",
-)
-
-
-def startup_clutter(path: Path) -> bool:
-    """A run dir's entry written before anything of value: :data:`STARTUP_FILES` and Hydra's log."""
-    return path.name in STARTUP_FILES or path.suffix == ".log"
-
-
-def remove_unused_run_dir() -> None:
-    """After a run failed before writing anything of value (or ``mode=plan`` finished): remove what this run
-    created (components/runtime/created.py): its run dir when it holds only start-up clutter, and the folders
-    above it that this run created and left empty; in a pinned run dir that existed, only what this run
-    added there."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from hydratune.components.runtime.created import MADE, remove_unused
-
-    if HydraConfig.initialized():
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
-    elif MADE:  # interrupted between RunDirCheck recording the dir and Hydra's job set-up
-        run_dir = MADE[-1].path
-    else:
-        return
-    detach_file_handlers(run_dir.resolve())  # Hydra's file handler holds the log open (and would reopen it)
-    remove_unused(run_dir, startup_clutter)
-
-
-def detach_file_handlers(directory: Path) -> None:
-    """Close and remove every logging file handler writing under ``directory`` (from every logger), so
-    nothing reopens a log file in a removed run dir."""
-    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in logging.root.manager.loggerDict)]
-    for logger in loggers:
-        for handler in list(getattr(logger, "handlers", [])):
-            if isinstance(handler, logging.FileHandler) and directory in Path(handler.baseFilename).parents:
-                logger.removeHandler(handler)
-                handler.close()
-
-
-def compose_error(err: Exception) -> ConfigError:
-    """Hydra's own composition error (misspelt key, unknown option, wrong type, bad override syntax) as
-    a ConfigError naming the key, with the allowed options where Hydra knows them."""
-    from hydra.errors import MissingConfigException, OverrideParseException
-
-    if isinstance(err, OverrideParseException):
-        return override_syntax_error(err.override, err.message)
-    cause = err.__cause__
-    key = getattr(cause, "full_key", None) or None
-    if isinstance(err, MissingConfigException) and err.missing_cfg_file:
-        group, _, option = str(err.missing_cfg_file).rpartition("/")
-        options = ", ".join(err.options or [])
-        return ConfigError(
-            f"unknown option '{option}' for {group or 'the config'}",
-            key=group or None,
-            hint=f"one of: {options}" if options else "hydratune ls lists the groups and their options",
-        )
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    if cause is not None:
-        lines += [line.strip() for line in str(cause).splitlines()[:1]]
-    hint = "hydratune --cfg job prints the composed config and its keys; +key=value adds a new key"
-    return ConfigError("; ".join(lines), key=key, hint=hint)
-
-
-def override_syntax_error(override: str, message: str) -> ConfigError:
-    """An override Hydra's grammar cannot read, named with its key and how to write it: a value with
-    characters outside the grammar (non-ASCII, quotes, brackets, ``#``...) goes in Hydra's own quotes, inside
-    the shell's; an unclosed list or dict is closed."""
-    key, sep, value = override.lstrip("+~").partition("=")
-    first = message.strip().splitlines()[0] if message.strip() else "cannot be read"
-    if not sep:
-        hint = "an override is key=value (+key=value adds a key, ~key removes one)"
-    elif value.count("[") != value.count("]") or value.count("{") != value.count("}"):
-        hint = f"close the list ({key}=[a,b]) or quote a value that holds brackets: '{key}=\"{value}\"'"
-    else:
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-        hint = f"quote the value for Hydra inside the shell's quotes: '{key}=\"{escaped}\"'"
-    return ConfigError(f"the override {override!r} cannot be read: {first}", key=key or None, hint=hint)
-
-
-def override_value(override: str) -> Any:
-    """The value of ``key=value`` as Hydra reads it (its quotes and escapes undone); the raw text when its
-    grammar cannot read it (composing then names the problem)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    try:
-        return OverridesParser.create().parse_overrides([override])[0].value()
-    except OverrideParseException:
-        return override.partition("=")[2]
-
-
-def resumed_run(args: list[str]) -> Path | None:
-    """The run dir a ``resume=<run dir or checkpoint dir>`` argument names, when it has a saved config
-    (``resume=true`` / ``false`` and sweeps compose as usual)."""
-    if any(a in ("-m", "--multirun") or a.startswith("--config") for a in args):
-        return None
-    paths = [a for a in args if a.startswith("resume=")]
-    value = override_value(paths[-1]) if paths else None
-    from hydratune.components.runtime.resume import LATEST
-
-    if value in LATEST:
-        return pinned_run(args)
-    if not isinstance(value, str) or value in ("false", "False", "null"):
-        return None
-    path = Path(value).expanduser().resolve()
-    run = path.parent.parent if path.parent.name == "checkpoints" else path
-    return run if (run / ".hydra" / "config.yaml").is_file() else None
-
-
-def pinned_run(args: list[str]) -> Path | None:
-    """``resume=true hydra.run.dir=<dir>`` where ``<dir>`` holds a run: that run is the one to continue
-    (in place), as ``resume=<dir>`` would."""
-    from hydratune.components.runtime.resume import holds_a_run
-
-    pinned = [override_value(a) for a in args if a.startswith("hydra.run.dir=")]
-    if not pinned or not isinstance(pinned[-1], str):
-        return None
-    run = Path(pinned[-1]).expanduser().resolve()
-    return run if holds_a_run(run) and (run / ".hydra" / "config.yaml").is_file() else None
-
-
-def resume_argv(run: Path, args: list[str]) -> list[str]:
-    """``resume=<run>`` continues that run with its own config: the saved one, the overrides given now on
-    top (listed on stderr). Overrides the run was started with are in that config already: dropped (a
-    ``group=option`` among them could not be applied to a saved config a second time)."""
-    from hydratune.components.runtime.multinode import in_place
-    from hydratune.components.runtime.resume import LATEST
-
-    saved = run / ".hydra" / "overrides.yaml"
-    original = {str(o) for o in OmegaConf.load(saved)} if saved.is_file() else set()
-    quoted = str(run).replace("\\", "\\\\").replace('"', '\\"')
-    latest = [a for a in args if a.startswith("resume=") and override_value(a) in LATEST]
-    args = [f'resume="{quoted}"' if a in latest else a for a in args]  # resume=true: this run (pinned_run)
-    others = [a for a in args if a not in original]
-    listed = " ".join(a for a in others if not a.startswith("resume=")) or "none"
-    print(f"hydratune: continuing {run} with its own config; overrides on top: {listed}", file=sys.stderr)
-    return replay_argv([str(run), *others, *in_place(run, others)], label="resume")
-
-
-def replay_argv(args: list[str], label: str = "replay") -> list[str]:
-    """``replay <run dir> [overrides]`` → Hydra args that compose exactly that run's saved config."""
-    if not args:
-        raise ConfigError(
-            "replay needs a run dir", key="replay", hint="hydratune replay outputs/<date>/<run>"
-        )
-    saved = Path(args[0]).expanduser().resolve() / ".hydra"
-    if not (saved / "config.yaml").is_file():
-        raise ConfigError(f"{saved / 'config.yaml'} not found: not a run dir", key="replay")
-    refuse_group_options(args[1:], label)
-    return [
-        "--config-path",
-        str(saved),
-        "--config-name",
-        "config",
-        f"hydra.run.dir=outputs/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}_{label}_${{run_tag:}}",
-        f"hydra.sweep.dir=multirun/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}_{label}_${{run_tag:}}",
-        # the saved config has no hydra node: its run-dir check (and a multi-node job's .hydra/ rule) added
-        f"+hydra.callbacks.run_dir_check._target_={RunDirCheck.__module__}.{RunDirCheck.__qualname__}",
-        *args[1:],
-    ]
-
-
-def refuse_group_options(overrides: list[str], label: str) -> None:
-    """A saved config has no config groups left to choose from: ``peft=lora`` on top of it cannot pick an
-    option (Hydra would put the string "lora" where the peft node was)."""
-    from hydratune.components.config.schema import GROUPS
-
-    chosen = [o for o in overrides if "=" in o and o.split("=", 1)[0].lstrip("+~") in GROUPS]
-    if not chosen:
-        return
-    group = chosen[0].split("=", 1)[0].lstrip("+~")
-    hint = (
-        f"continue it with the {group} it was trained with (drop {chosen[0]}), or start a new run "
-        "without resume="
-        if label == "resume"
-        else f"set that option's keys ({group}.<key>=…), or compose a new run: hydratune {chosen[0]}"
-    )
-    raise ConfigError(
-        f"{label} composes the run's saved config, whose groups are chosen already: {chosen[0]} cannot "
-        "pick another option there",
-        key=group,
-        hint=hint,
-    )
-
-
-class RunDirCheck(Callback):
-    """Hydra callback (``hydra.callbacks`` in conf/config.yaml): fail early, naming the key, when the run
-    or sweep dir cannot be created (Hydra would crash with a traceback while creating it). It sees the
-    config Hydra composed for the job, so checking costs no composition of its own."""
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from hydratune.components.config.scriptvalues import check_one_line
-        from hydratune.components.runtime.created import remember
-        from hydratune.components.runtime.multinode import quiet_hydra_files
-        from hydratune.components.runtime.resume import check_run_dir
-
-        quiet_hydra_files(config)  # a multi-node job writes its .hydra/ itself, once (execute)
-        try:
-            check_one_line(config.hydra.run.dir, "hydra.run.dir")  # it reaches job scripts and their comments
-            check_run_dir(Path(config.hydra.run.dir), config.get("resume"))  # before Hydra writes .hydra/
-        except ConfigError as err:
-            print_error(err)
-            sys.exit(2)
-        remember(Path(config.hydra.run.dir))  # a cleanup removes only what this run creates
-        exit_unless_writable(Path(config.hydra.run.dir), "hydra.run.dir")
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from hydra_plugins.hydratune.submitit_slurm import SUBMITIT_TARGET
-        from hydratune.components.config.scriptvalues import check_one_line
-        from hydratune.components.distributed.slurm_sweep import check_submitit_values
-        from hydratune.components.runtime.created import remember
-        from hydratune.components.runtime.sweepdir import check_sweep_dir
-
-        try:
-            check_one_line(config.hydra.sweep.dir, "hydra.sweep.dir")
-            check_sweep_dir(Path(config.hydra.sweep.dir))
-            if config.hydra.get("launcher", {}).get("_target_") == SUBMITIT_TARGET:
-                check_submitit_values(config.hydra.launcher)  # each point's sbatch script
-        except ConfigError as err:
-            print_error(err)
-            sys.exit(2)
-        remember(Path(config.hydra.sweep.dir))
-        exit_unless_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
-        wait_for_every_slurm_point(config)
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        """``-m … mode=plan`` writes nothing: the sweep dir (its ``multirun.yaml``) goes too, unless a
-        refused point left its error there."""
-        from hydratune.components.runtime.created import remove_unused
-
-        if config.get("mode") == "plan":
-            remove_unused(Path(config.hydra.sweep.dir), lambda p: p.name == "multirun.yaml")
-
-
-def wait_for_every_slurm_point(config: DictConfig) -> None:
-    """``hydra/launcher=submitit_slurm``: launch through hydratune's subclass of the plugin's launcher
-    (hydra_plugins/hydratune/submitit_slurm.py), which waits for every sweep point however its job ends and
-    names the failed ones (the plugin waits forever for a job that ended without a result when SLURM has no
-    accounting). Hydra instantiates the launcher from this same config right after this callback. The class
-    is registered with Hydra's plugins here too: Hydra's scan of ``hydra_plugins`` misses it under an
-    editable install (``pip install -e``), whose import hook ``pkgutil`` cannot list."""
-    from hydra.core.plugins import Plugins
-    from omegaconf import open_dict, read_write
-
-    from hydra_plugins.hydratune.submitit_slurm import SUBMITIT_TARGET, TARGET, SlurmLauncher
-
-    if config.hydra.get("launcher", {}).get("_target_") == SUBMITIT_TARGET:
-        Plugins.instance().class_name_to_class.setdefault(TARGET, SlurmLauncher)
-        with read_write(config.hydra.launcher), open_dict(config.hydra.launcher):
-            config.hydra.launcher._target_ = TARGET
-
-
-def exit_unless_writable(run_dir: Path, key: str) -> None:
-    """Print a ConfigError naming ``key`` and exit 2 unless ``run_dir`` can be created and written: it is
-    created and a probe file written there (``os.access`` says yes to root even under /proc)."""
-    import uuid
-
-    probe = run_dir / f".hydratune-write-probe.{uuid.uuid4().hex}"  # its own: nodes may probe the dir at once
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        print_error(
-            ConfigError(
-                f"cannot create the run dir {run_dir}: {err.strerror or err}",
-                key=key,
-                hint=f"run from a writable directory, or pass {key}=/writable/path",
-            )
-        )
-        sys.exit(2)  # SystemExit passes through Hydra's error reporting, which catches Exceptions only
-
-
 class StartupSignal(KeyboardInterrupt):
     """SIGTERM / SIGUSR1 before training set up its own handler: stop like Ctrl-C, leaving no run dir."""
 
@@ -635,19 +359,6 @@ def _commands(args: list[str]) -> None:
         sys.exit(2)
     sys.argv = [sys.argv[0] or "hydratune", *args]
     run_hydra_app()
-
-
-def startup_error(err: Exception) -> ConfigError | None:
-    """An error Hydra raises while composing or setting up a job that has a name: a malformed YAML file
-    (file and line), a disk that is full or a file size limit reached while writing the run dir."""
-    import yaml
-
-    from hydratune.components.config.errors import yaml_error
-    from hydratune.components.runtime.diskspace import as_disk_full
-
-    if isinstance(err, yaml.YAMLError):
-        return yaml_error(err)
-    return as_disk_full(err, None)
 
 
 def run_hydra_app() -> None:

@@ -1,2 +1,2 @@
 """The CLI verbs besides training: estimate, export, chat, report, ls/--help, and the support matrix
-generator."""
+generator; argv: the command line before Hydra composes it (replay, resume=, Hydra's start-up errors)."""

@@ -13,17 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydratune.components.config.errors import ConfigError
-from hydratune.components.data.readers import (
-    BUILDERS,
-    COMPRESSIONS,
-    Table,
-    data_suffix,
-    file_type,
-    read_arrow,
-    read_hub,
-    read_json,
-    read_table,
-)
+from hydratune.components.data.file_bytes import BUILDERS, COMPRESSIONS, data_suffix, file_type
+from hydratune.components.data.json_files import read_json
+from hydratune.components.data.readers import Table, read_arrow, read_hub, read_table
 from hydratune.components.data.rows import (
     EVAL_SPLITS,
     FILE_SUFFIXES,

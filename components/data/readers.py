@@ -4,9 +4,12 @@ are read in ranges, by worker processes when there are several (``components/dis
 - JSON lines are scanned first (every line parsed: a bad line is named with its line number, or skipped
   and counted with ``data.on_error=skip``; the columns of every row are collected) in byte ranges, then
   read again range by range by the conversion, which writes Arrow shards. Nothing holds the file's rows.
+  A ``.json`` file holding one document (an array, ``{"data": [...]}``) has to be parsed whole. Both:
+  ``json_files.py``.
 - csv, parquet, ``.arrow`` files, save_to_disk folders and hub splits are Arrow tables already
-  (``datasets``), memory-mapped and read in slices.
-- A ``.json`` file holding one document (an array, ``{"data": [...]}``) has to be parsed whole.
+  (``datasets``), memory-mapped and read in slices: here.
+
+A file's bytes come first (``file_bytes.py``: its type by name, decompressed, a byte order mark skipped).
 
 A table applies ``data.ignore_columns`` and ``data.columns`` to every row it yields, and knows where each
 row came from (``file:line (row n)`` for JSON lines, ``file, row n`` otherwise) for error messages.
@@ -15,18 +18,22 @@ row came from (``file:line (row n)`` for JSON lines, ``file, row n`` otherwise) 
 from __future__ import annotations
 
 import codecs
-import functools
-import importlib
-import itertools
-import json
 import math
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.file_bytes import (
+    BLOCK,
+    BUILDERS,
+    bom_length,
+    data_suffix,
+    decompressed,
+    first_line,
+    not_utf8,
+)
 from hydratune.components.distributed.workers import SHARD_ROWS, Workers, ranges
 
 if TYPE_CHECKING:
@@ -34,17 +41,7 @@ if TYPE_CHECKING:
 
 Row = dict[str, Any]
 
-BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-BUILDERS[".txt"] = "text"  # one document per blank-line-separated block (components/data/textcorpus.py)
-# compressed text files (``x.jsonl.gz``): the suffix -> how to decompress (``zstd`` needs ``zstandard``,
-# as it does for ``datasets``)
-COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": "zstd"}
-COMPRESSIBLE = (".jsonl", ".json", ".csv", ".txt")
 PROBE_ROWS = 5  # when this many first rows (or all, if fewer) fail alike, the format or mapping is wrong
-UTF8_BOM = b"\xef\xbb\xbf"
-UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
-BLOCK = 4 << 20  # bytes read at a time
-MIN_RANGE = 1 << 20  # the smallest byte range a scan task reads
 
 
 class RowError(ValueError):
@@ -64,25 +61,6 @@ def row_error(where: str, err: RowError, key: str) -> ConfigError:
         hint=(f"{err.hint}; or " if err.hint else "")
         + "fix the row, or set data.on_error=skip to drop bad rows and count them",
     )
-
-
-def file_type(path: Path) -> tuple[str, str | None] | None:
-    """(the data suffix, the compression or None) of a file the loader reads, by its name; else None."""
-    last = path.suffix.lower()
-    if last in COMPRESSIONS:
-        inner = Path(path.stem).suffix.lower()
-        return (inner, COMPRESSIONS[last]) if inner in COMPRESSIBLE else None
-    return (last, None) if last in BUILDERS else None
-
-
-def data_suffix(path: Path) -> str:
-    """``.jsonl`` for ``x.jsonl`` and ``x.jsonl.gz`` alike; a file of no known type: its last suffix."""
-    kind = file_type(path)
-    return kind[0] if kind else path.suffix.lower()
-
-
-def first_line(err: BaseException) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
 def chain(err: BaseException) -> list[BaseException]:
@@ -188,368 +166,7 @@ class ArrowTable(Table):
                 yield a + i, None, row
 
 
-@dataclass(frozen=True)
-class Span:
-    """One byte range of a JSON lines file, as its scan found it."""
-
-    start: int
-    end: int
-    first_line: int  # the number of the range's first line (from 1)
-    first_row: int  # the index of the range's first row in the file
-    rows: int
-
-
-@dataclass
-class JsonLinesTable(Table):
-    """A JSON lines file read back range by range (``spans``: what the scan found); bad lines are the ones
-    the scan skipped (``data.on_error=skip``)."""
-
-    path: Path = Path()
-    spans: list[Span] = field(default_factory=list)
-
-    def ranges(self, parts: int) -> list[tuple[int, int]]:
-        """One task per scanned byte range (cut at ``rows``)."""
-        out = [(s.first_row, min(s.first_row + s.rows, self.rows)) for s in self.spans]
-        return [(a, b) for a, b in out if b > a] or [(0, 0)]
-
-    def _raw(self, start: int, stop: int) -> Iterator[tuple[int, int | None, Row]]:
-        for span in self.spans:
-            if span.first_row + span.rows <= start or span.first_row >= stop:
-                continue
-            index = span.first_row
-            for number, line in enumerate(lines(self.path, span.start, span.end), start=span.first_line):
-                row = parse_line(line)
-                if not isinstance(row, dict):
-                    continue  # a bad line the scan skipped and counted
-                if index >= stop:
-                    return
-                if index >= start:
-                    yield index, number, row
-                index += 1
-
-
-# -------------------------------------------------------------------------------------- JSON lines
-
-
-def lines(path: Path, start: int, end: int) -> Iterator[bytes]:
-    """The lines of ``path`` between byte ``start`` and ``end`` (both at line starts), read a block at a
-    time (split as ``bytes.splitlines`` does, so line numbers match a whole-file split)."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        left, rest = end - start, b""
-        while left > 0:
-            block = f.read(min(BLOCK, left))
-            if not block:
-                break
-            left -= len(block)
-            block = rest + block
-            cut = block.rfind(b"\n") + 1 if left > 0 else len(block)
-            rest = block[cut:]
-            yield from block[:cut].splitlines()
-        if rest:
-            yield from rest.splitlines()
-
-
-def parse_line(line: bytes) -> Row | str | None:
-    """A JSON lines line as an object; None for a blank line; the problem (text) for a bad one."""
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as err:
-        return f"not UTF-8 text (byte {err.start} of the line)"
-    if not text.strip():
-        return None
-    try:
-        row = json.loads(text)
-    except json.JSONDecodeError as err:
-        return f"malformed JSON ({err.msg}, column {err.colno})"
-    except RecursionError:  # json's parser recurses once per nested bracket
-        return "JSON nested too deeply to parse"
-    if not isinstance(row, dict):
-        return f"expected a JSON object, got {type(row).__name__}"
-    return row
-
-
-@dataclass
-class Scanned:
-    """What the scan of one byte range found."""
-
-    lines: int = 0
-    rows: int = 0
-    keys: dict[str, None] = field(default_factory=dict)
-    skipped: int = 0
-    first_bad: tuple[int, str] | None = None  # (line within the range, from 1; the problem)
-
-
-def scan_range(
-    path: Path, start: int, end: int, skip: bool, tick: Callable[[int], None], limit: int = -1
-) -> Scanned:
-    """Parse every line of a byte range: rows, their columns, bad lines (the first one stops the scan
-    unless ``skip``); ``limit`` >= 0: only the first ``limit`` rows count (their columns)."""
-    out = Scanned()
-    done = 0
-    for out.lines, line in enumerate(lines(path, start, end), start=1):
-        done += len(line) + 1
-        if done >= 1 << 20:
-            tick(done)
-            done = 0
-        row = parse_line(line)
-        if row is None:
-            continue
-        if isinstance(row, str):
-            if not skip:
-                out.first_bad = (out.lines, row)
-                return out
-            out.skipped += 1
-            continue
-        if out.rows == limit:
-            continue
-        out.rows += 1
-        out.keys.update(dict.fromkeys(row))
-    tick(done)
-    return out
-
-
-def cut_points(path: Path, start: int, parts: int) -> list[int]:
-    """Byte offsets that split ``path`` (from ``start``) into about ``parts`` ranges of at least
-    ``MIN_RANGE`` bytes, each cut just after a newline."""
-    size = path.stat().st_size
-    parts = max(1, min(parts, (size - start) // MIN_RANGE))
-    points = [start]
-    with open(path, "rb") as f:
-        for k in range(1, parts):
-            f.seek(max(points[-1], start + (size - start) * k // parts))
-            f.readline()  # to the next line start
-            if f.tell() >= size:
-                break
-            if f.tell() > points[-1]:
-                points.append(f.tell())
-    return [*points, size]
-
-
-def check_first_lines(path: Path, source: str, start: int, key: str) -> None:
-    """If none of the first ``PROBE_ROWS`` non-blank lines (all, if fewer) is a JSON object, the file is not
-    JSON lines at all: say so instead of offering to skip (which would drop every line)."""
-    check_head(lines(path, start, path.stat().st_size), source, key)
-
-
-def check_head(file_lines: Iterator[bytes], source: str, key: str) -> None:
-    """:func:`check_first_lines` on a file's lines (from its first; a stream's, decompressed as read)."""
-    head: list[bytes] = []
-    seen: list[bytes] = []
-    for line in file_lines:
-        seen.append(line)
-        if line.strip():
-            head.append(line)
-        if len(head) == PROBE_ROWS:
-            break
-    if not head or any(isinstance(parse_line(line), dict) for line in head):
-        return
-    for number, line in enumerate(seen, start=1):
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError as err:  # e.g. latin-1: say so, not "not JSON lines"
-            raise not_utf8(source, number, line[err.start], key) from None
-    which = "the only line is" if len(head) == 1 else f"none of the first {len(head)} lines is"
-    raise ConfigError(
-        f"{source}: {which} a JSON object, so this is not JSON lines (one {{...}} object per line); "
-        f"it starts {head[0][:60].decode('utf-8', 'replace')!r}",
-        key=key,
-        hint="write one JSON object per line (double quotes, not Python's single-quoted dicts), or a "
-        ".json file holding one array of objects, or a .csv file with a header row",
-    )
-
-
-def not_utf8(source: str, line: int, byte: int, key: str) -> ConfigError:
-    return ConfigError(
-        f"{source}:{line}: not UTF-8 text (byte 0x{byte:02x}; latin-1 or cp1252 perhaps)",
-        key=key,
-        hint="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 in.jsonl > out.jsonl)",
-    )
-
-
-def bad_line(source: str, line: int, problem: str, key: str) -> ConfigError:
-    return ConfigError(
-        f"{source}:{line}: {problem}",
-        key=key,
-        hint="fix the line, or set data.on_error=skip to drop bad rows and count them",
-    )
-
-
-def scan_json_lines(
-    path: Path,
-    source: str,
-    start: int,
-    *,
-    key: str,
-    skip: bool,
-    limit: int | None,
-    workers: Workers,
-    stats: dict[str, int],
-) -> JsonLinesTable:
-    """Scan a JSON lines file (from byte ``start``, after a BOM) in parallel byte ranges: the first bad line
-    stops the load, named with its line (``skip``: counted in ``stats``), and the table's columns are every
-    column of its first ``limit`` rows (all, None)."""
-    if not skip:
-        check_first_lines(path, source, start, key)
-    points = cut_points(path, start, 4 * workers.num_proc)
-    bounds = list(itertools.pairwise(points))
-    tasks = [functools.partial(scan_range, path, a, b, skip) for a, b in bounds]
-    scans = workers.run(tasks, f"reading {Path(source).name}", points[-1] - start, unit="bytes")
-    spans, line, row = [], 1, 0
-    for (a, b), scan in zip(bounds, scans, strict=True):
-        if scan.first_bad is not None:
-            number, problem = scan.first_bad
-            raise bad_line(source, line + number - 1, problem, key)
-        spans.append(Span(a, b, line, row, scan.rows))
-        line, row = line + scan.lines, row + scan.rows
-    skipped = sum(s.skipped for s in scans)
-    if skipped:
-        stats["skipped rows"] = stats.get("skipped rows", 0) + skipped
-    total = row if limit is None else min(row, limit)
-    keys: dict[str, None] = {}
-    for span, scan in zip(spans, scans, strict=True):
-        if span.first_row >= total:
-            break
-        if span.first_row + span.rows > total:  # the range the limit cuts: the columns of its rows kept
-            scan = scan_range(path, span.start, span.end, True, lambda n: None, total - span.first_row)
-        keys.update(scan.keys)
-    return JsonLinesTable(source, list(keys), total, path=path, spans=spans)
-
-
-# ------------------------------------------------------------------------------------- files as tables
-
-
-def decompressed(path: Path, key: str, workers: Workers) -> Path:
-    """``path`` itself, or (``.gz``, ``.bz2``, ``.xz``, ``.zst``) a decompressed copy in ``workers.dir``,
-    written a block at a time."""
-    kind = file_type(path)
-    compression = kind[1] if kind else None
-    if compression is None:
-        return path
-    out = workers.file("decompressed").with_suffix(kind[0] if kind else "")
-    try:
-        with open_compressed(path, compression) as src, open(out, "wb") as dst:
-            shutil.copyfileobj(src, dst, BLOCK)
-    except Exception as err:  # each library raises its own error for a damaged or mislabelled file
-        raise ConfigError(
-            f"{path} is not a valid {compression} file ({first_line(err)})",
-            key=key,
-            hint=f"check the file, or rename it without '{path.suffix}' if it is not compressed",
-        ) from None
-    return out
-
-
-def open_compressed(path: Path, compression: str) -> Any:
-    if compression == "zstd":
-        import zstandard
-
-        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
-    return importlib.import_module(compression).open(path, "rb")
-
-
-def bom_length(path: Path, source: str, key: str) -> int:
-    """Bytes of a UTF-8 byte order mark at the start (Windows editors and Excel write one); UTF-16 is
-    refused by name (its BOM would otherwise read as a malformed first line)."""
-    with open(path, "rb") as f:
-        return bom_of(f.read(3), source, key)
-
-
-def bom_of(head: bytes, source: str, key: str) -> int:
-    """:func:`bom_length` of a file whose first bytes are ``head``."""
-    if head.startswith(UTF16_BOMS):
-        raise ConfigError(
-            f"{source} is UTF-16 text, not UTF-8",
-            key=key,
-            hint="re-encode the file as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8, or 'Save as UTF-8')",
-        )
-    return len(UTF8_BOM) if head.startswith(UTF8_BOM) else 0
-
-
-def is_json_lines(path: Path, start: int, suffix: str) -> bool:
-    """Whether a ``.jsonl`` / ``.json`` file holds one object per line rather than one document: its first
-    non-blank line is a whole JSON object, and (for ``.json``) more follows; a ``.jsonl`` file that is one
-    document (a pretty-printed array or object) is read as one."""
-    first, more = None, False
-    for line in lines(path, start, path.stat().st_size):
-        if not line.strip():
-            continue
-        if first is not None:
-            more = True
-            break
-        first = line
-    if first is None:
-        return suffix == ".jsonl"
-    parsed = parse_line(first)
-    if isinstance(parsed, dict):
-        return suffix == ".jsonl" or more
-    if suffix == ".json" or first.lstrip()[:1] not in (b"[", b"{"):
-        return suffix == ".jsonl"
-    return not _parses_whole(path, start)
-
-
-def _parses_whole(path: Path, start: int) -> bool:
-    try:
-        json.loads(path.read_bytes()[start:])
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
-def read_json_document(path: Path, source: str, start: int, key: str) -> ListTable | None:
-    """A ``.json`` file holding one document: a list of objects, a dict of equal-length columns, or a dict
-    with one list of objects (``{"data": [...]}``). None when it turns out to be JSON lines."""
-    raw = path.read_bytes()[start:]
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise not_utf8(source, raw.count(b"\n", 0, err.start) + 1, raw[err.start], key) from None
-    if not text.strip():
-        return ListTable(source, [], 0)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        if err.msg == "Extra data":  # one object per line in a .json file
-            return None
-        raise ConfigError(
-            f"{source}:{err.lineno}: malformed JSON ({err.msg}, column {err.colno})", key=key
-        ) from None
-    except RecursionError:
-        raise ConfigError(f"{source}: JSON nested too deeply to parse", key=key) from None
-    if isinstance(data, dict):
-        lists = [v for v in data.values() if isinstance(v, list)]
-        if len(lists) == 1 and all(isinstance(r, dict) for r in lists[0]):
-            data = lists[0]
-        elif data and len(lists) == len(data) and len({len(v) for v in lists}) == 1:
-            data = [dict(zip(data, values, strict=True)) for values in zip(*lists, strict=True)]
-    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-        raise ConfigError(
-            f"{source} is not a list of JSON objects (nor JSON lines)",
-            key=key,
-            hint='use one object per line, or [{"messages": [...]}, ...]',
-        )
-    keys: dict[str, None] = {}
-    for row in data:
-        keys.update(dict.fromkeys(row))
-    return ListTable(source, list(keys), len(data), data=data)
-
-
-def read_json(
-    path: Path, *, key: str, skip: bool, stats: dict[str, int], workers: Workers, limit: int | None = None
-) -> Table:
-    """A ``.jsonl`` file, or a ``.json`` file holding one document or, despite its name, JSON lines
-    (compressed ones decompressed first; a UTF-8 BOM skipped)."""
-    source = str(path)
-    plain = decompressed(path, key, workers)
-    start = bom_length(plain, source, key)
-    suffix = data_suffix(path)
-    if not is_json_lines(plain, start, suffix):
-        document = read_json_document(plain, source, start, key)
-        if document is not None:
-            document.rows = document.rows if limit is None else min(limit, document.rows)
-            return document
-    return scan_json_lines(
-        plain, source, start, key=key, skip=skip, limit=limit, workers=workers, stats=stats
-    )
+# ------------------------------------------------------------------------------ csv, parquet, Arrow, hub
 
 
 def csv_check(path: Path, source: str, key: str, workers: Workers) -> tuple[bool, bool]:

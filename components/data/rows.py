@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydratune.components.config.ranges import Range
-from hydratune.components.data.readers import BUILDERS, COMPRESSIONS
+from hydratune.components.data.file_bytes import BUILDERS, COMPRESSIONS
 from hydratune.components.distributed.workers import Workers
 
 if TYPE_CHECKING:

@@ -27,24 +27,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydratune.components.config.errors import ConfigError
+from hydratune.components.data.file_bytes import BUILDERS, bom_of, data_suffix, file_type, first_line
 from hydratune.components.data.formats import TURN_NOTES
+from hydratune.components.data.json_files import bad_line, check_head, parse_line, read_json
 from hydratune.components.data.layout import Part, looks_local
 from hydratune.components.data.readers import (
-    BUILDERS,
     ListTable,
     RowError,
     Table,
-    bad_line,
-    bom_of,
     chain,
-    check_head,
-    data_suffix,
-    file_type,
-    first_line,
     hub_error,
-    parse_line,
     read_arrow,
-    read_json,
     row_error,
 )
 from hydratune.components.data.rows import CHAT_TOOLS_COLUMN, LoadReport, Row, scratch_workers

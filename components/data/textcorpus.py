@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from hydratune.components.data.readers import Table, bom_of, decompressed, not_utf8, open_compressed
+from hydratune.components.data.file_bytes import bom_of, decompressed, not_utf8, open_compressed
+from hydratune.components.data.readers import Table
 from hydratune.components.distributed.workers import Workers
 
 TEXT_SUFFIX = ".txt"
@@ -115,7 +116,7 @@ def read_text(
 def text_rows(path: Path, skip: int, key: str) -> Iterator[tuple[int, dict[str, Any], None]]:
     """A stream's rows of a ``.txt`` file: ``(document number, row, None)`` after its first ``skip``
     documents (read again and passed over, as a compressed file's lines are)."""
-    from hydratune.components.data.readers import file_type
+    from hydratune.components.data.file_bytes import file_type
 
     compression = (file_type(path) or (TEXT_SUFFIX, None))[1]
     with open_compressed(path, compression) if compression else open(path, "rb") as f:

@@ -212,7 +212,7 @@ def sbatch_script(
         *([f"export PYTHONPATH={shlex.quote(pythonpath)}"] if pythonpath else []),
         *launcher.setup,
         "# rendezvous: the first node of the allocation is the master; each srun task reads its rank from",
-        "# SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS (components/launcher.py Slurm.rank_env)",
+        "# SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS (components/launcher/slurm_job.py Slurm.rank_env)",
         'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         f"export MASTER_PORT={port}",
         'echo "hydratune: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST,'

@@ -1,7 +1,7 @@
 """The numbers of a decoder-only transformer that memory depends on, and its parameter counts.
 
 Pure arithmetic over config.json keys: no torch, no Hydra. The PEFT components count their own trainable
-parameters with the helpers here (``Peft.trainable_params`` in ``components/peft.py``). A vision-language
+parameters with the helpers here (``Peft.trainable_params`` in ``components/peft/``). A vision-language
 model (a config with ``vision_config``) is its decoder (``text_config``) plus a :class:`VisionArch`: the
 image encoder and the projector into the decoder, counted exactly per family (tests/unit/test_vlm.py
 checks every shipped option against transformers' meta-device model).

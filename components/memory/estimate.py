@@ -26,7 +26,7 @@ Model states (Φ parameters, N data-parallel ranks, mixed-precision Adam: 2 byte
 plus the fp32 gradient copy at the step (4Φ/N; ZeRO-3: 4·min(sub_group_size, Φ/N)), ZeRO-3's gathered
 modules and ZeRO++ hpZ's secondary copy (2Φ/hpz). Under ``offload_optimizer`` DeepSpeed keeps the
 gradients on the host (docs/memory.md cites its code); ``tests/unit/test_estimate.py`` checks all of this
-against DeepSpeed's own estimators or its code's allocation.
+against DeepSpeed's own estimators or its code's allocation. ``states.py`` places these states on a rank.
 
 Activations per layer per token follow what autograd actually saves in a Llama-style block (RMSNorm
 in fp32, q/k/v/o projections, RoPE, SDPA/flash attention saving q, k, v, its output and the
@@ -39,9 +39,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hydratune.components.memory.arch import Arch, largest_param, param_counts
+from hydratune.components.memory.arch import param_counts
 from hydratune.components.memory.parallel import Slice, bubble_fraction, slices
-from hydratune.components.memory.shapes import SINGLE, StrategyShape
+from hydratune.components.memory.shapes import RunSpec, StrategyShape
+from hydratune.components.memory.states import (
+    ElementBytes,
+    HeldWeights,
+    TrainingStates,
+    element_bytes,
+    held_weights,
+    host_ram,
+    model_state_bytes,  # noqa: F401 - the state formulas' old home: callers import them from here
+    quantized_bytes_per_param,  # noqa: F401
+    trainable_of,
+    training_states,
+)
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 GB = 1000**3
@@ -57,116 +69,6 @@ ACTIVATION_SLACK = 0.05
 #: Bytes per element of the logits path for the loss: fp32 log-softmax output kept for backward, plus
 #: its gradient and the gradient of the fp32 logits during the loss backward (3 x 4 bytes).
 LOGITS_BYTES = 12
-
-
-# ---- bytes per element --------------------------------------------------------------------------
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
-
-
-def quantized_bytes_per_param(bits: int | None, quant_type: str = "nf4", double_quant: bool = False) -> float:
-    """Storage of one quantized weight, scales included.
-
-    4-bit (nf4/fp4): 0.5 byte + one fp32 absmax per block of 64 (0.5 bit/param); double quantization
-    stores those absmax in 8 bits with one fp32 constant per 256 blocks: 8/64 + 32/(64*256) = 0.127 bit.
-    8-bit (LLM.int8): 1 byte + a per-row fp32 scale (counted by ``quantized_weight_bytes``).
-    """
-    if bits == 4:
-        overhead_bits = 8 / 64 + 32 / (64 * 256) if double_quant else 32 / 64
-        return 0.5 + overhead_bits / 8
-    if bits == 8:
-        return 1.0
-    raise ValueError(f"unsupported bits {bits}")
-
-
-def optimizer_bytes(kind: str, param_bytes: int) -> float:
-    """Optimizer-state bytes per trainable parameter (moments only; master weights are separate).
-
-    torch keeps Adam's two moments in the parameter's dtype (8 bytes for fp32 params); bitsandbytes'
-    8-bit Adam 2 bytes (paged or not); Adafactor's factored second moment is ~nothing per parameter;
-    SGD 0, or one momentum buffer.
-    """
-    return {
-        "adamw": 2.0 * param_bytes,
-        "adamw_8bit": 2.0,
-        "adafactor": 0.02,
-        "sgd": 0.0,
-        "sgd_momentum": float(param_bytes),
-    }.get(kind, 2.0 * param_bytes)
-
-
-def model_state_bytes(params: float, stage: int = 0, world_size: int = 1, k: float = 12.0) -> float:
-    """Per-GPU model states of mixed-precision Adam under ZeRO (the ZeRO paper's arithmetic): 2 bytes of
-    16-bit weights, 2 of gradients and ``k`` = 12 of fp32 master weights + moments per parameter.
-
-    stage 0 (DDP): (4 + k)Φ, 1: 4Φ + kΦ/N, 2: 2Φ + (2 + k)Φ/N, 3: (4 + k)Φ/N."""
-    n = max(1, world_size)
-    weights = 2 * params / (n if stage >= 3 else 1)
-    grads = 2 * params / (n if stage >= 2 else 1)
-    states = k * params / (n if stage >= 1 else 1)
-    return weights + grads + states
-
-
-# ---- the run being estimated --------------------------------------------------------------------
-@dataclass(frozen=True)
-class RunSpec:
-    """Everything the estimate depends on, as plain values (build one with ``spec_from_config``)."""
-
-    arch: Arch
-    trainable: int  # parameters the optimizer updates
-    full_finetune: bool  # trainable is the whole model (no adapter)
-    weight_bytes: int = 4  # model.dtype: 4 (auto/float32: fp32 master weights + autocast) or 2
-    compute_bytes: int = 2  # precision: 2 for bf16/fp16 autocast, 4 for fp32
-    optimizer: str = "adamw"  # the optimizer component's memory_kind
-    quant_bits: int | None = None  # 4 / 8 for bitsandbytes bases
-    quant_type: str = "nf4"
-    double_quant: bool = False
-    micro_batch: int = 1
-    seq_len: int = 1024
-    gradient_checkpointing: bool = False
-    attn_implementation: str = "sdpa"
-    strategy: StrategyShape = SINGLE
-    lora_inputs_per_layer: int = 0  # input features summed over one layer's LoRA-targeted linears
-    lora_dropout: bool = False  # LoRA dropout keeps a mask per adapter input
-    num_gpus: int = 1  # per node
-    num_nodes: int = 1
-    tp: int = 1  # tensor-parallel ranks of one model replica (the strategy's mesh)
-    sp: int = 1  # sequence-parallel (Ulysses) ranks: each holds 1/sp of every sequence
-    pp: int = 1  # pipeline stages
-    ep: int = 1  # expert-parallel ranks (of the data-parallel ones): each holds 1/ep of a mixture's experts
-    micro_batches: int = 1  # per optimizer step and replica (train.gradient_accumulation_steps): PP's m
-    # a vision-language model: image tokens per row (already inside seq_len), parameters model.freeze keeps
-    # frozen under full fine-tuning, whether the vision tower trains (then autograd keeps its activations)
-    image_tokens: int = 0
-    frozen_params: int = 0
-    vision_trains: bool = False
-
-    @property
-    def world_size(self) -> int:
-        return max(1, self.num_gpus) * max(1, self.num_nodes)
-
-    @property
-    def zero_ranks(self) -> int:
-        """Ranks that ZeRO / FSDP shard the states over: every rank holding the same weights, i.e. the data
-        and sequence parallel ones, world / (tp x pp) (DeepSpeed shards over its sequence-data-parallel
-        group, deepspeed/utils/groups.py ``_get_sequence_data_parallel_group``)."""
-        return max(1, self.world_size // (max(1, self.tp) * max(1, self.pp)))
-
-    @property
-    def data_parallel(self) -> int:
-        """Replicas that each see their own micro-batches: world / (tp x sp x pp)."""
-        return max(1, self.world_size // (max(1, self.tp) * max(1, self.sp) * max(1, self.pp)))
-
-    @property
-    def tokens(self) -> int:
-        return self.micro_batch * self.seq_len
-
-    @property
-    def residual_bytes(self) -> int:
-        """dtype of the residual stream: fp32 when fp32 weights (or the fp32 norms that peft's
-        ``prepare_model_for_kbit_training`` makes of a quantized base) meet autocast; DeepSpeed casts."""
-        if self.strategy.is_deepspeed:
-            return self.compute_bytes
-        return 4 if (self.weight_bytes == 4 or self.quant_bits) else self.compute_bytes
 
 
 @dataclass
@@ -337,104 +239,61 @@ def estimate(spec: RunSpec) -> Estimate:
 
 
 def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
-    """The estimate of one rank holding ``part`` of the model."""
-    a, s, n = spec.arch, spec.strategy, spec.zero_ranks
-    counts = param_counts(a)
-    total_params = part.params
-    # adapters live on the decoder layers (whole on every tp rank: their sharding is not modelled)
-    trainable = total_params if spec.full_finetune else round(spec.trainable * part.layers / a.num_layers)
-    if spec.full_finetune and spec.frozen_params and part.first:  # model.freeze's parts of a VLM
-        trainable = max(total_params - spec.frozen_params, 0)
-    frozen = total_params - trainable
-    ds = s.is_deepspeed
-    tp = max(1, spec.tp)
-
-    # bytes per element ---------------------------------------------------------------------------
-    if ds:
-        # DeepSpeed casts the module to the compute dtype and keeps fp32 masters + moments in its optimizer
-        w = spec.compute_bytes
-        master = 4 if spec.compute_bytes == 2 else 0
-        grad_b = spec.compute_bytes
-        opt_b = optimizer_bytes(spec.optimizer, 4)
-    else:
-        w = spec.weight_bytes
-        master = 0
-        trainable_w = w if spec.full_finetune else 4  # peft keeps adapter weights in fp32
-        grad_b = trainable_w
-        opt_b = optimizer_bytes(spec.optimizer, trainable_w)
-    quantized = part.linear if spec.quant_bits and not spec.full_finetune else 0
-    row_scales = part.layers * sum(o for _, o, _ in a.linears().values()) / tp  # int8: one fp32 per row
-    q_bytes = (
-        quantized * quantized_bytes_per_param(spec.quant_bits, spec.quant_type, spec.double_quant)
-        + (4 * row_scales if spec.quant_bits == 8 else 0)
-        if quantized
-        else 0.0
+    """The estimate of one rank holding ``part`` of the model: what it trains, the bytes of each element, its
+    weights and its training states placed (sharded, offloaded), the host's RAM, the transient copies and
+    buffers, then the rows of both phases (the larger is the peak)."""
+    trainable = trainable_of(spec, part)
+    per = element_bytes(spec)
+    weights = held_weights(spec, part, trainable, per)
+    states = training_states(spec, part, trainable, per)
+    host_offload, host_load, cpu = host_ram(spec, weights, states)
+    gathered = _gathered(spec, part)
+    terms = _state_terms(spec, part, trainable, per, weights, states)
+    terms += _transient_terms(spec, part, trainable, per, gathered)
+    rows, peak, phase = _phase_rows(terms, *_phases(spec.strategy.is_deepspeed))
+    model_states = (
+        weights.gpu
+        + weights.quantized
+        + weights.secondary
+        + states.gradients
+        + states.offload_buffer
+        + states.optimizer
+        + states.fp32_grads
+        + gathered
     )
-    plain_frozen = max(frozen - quantized, 0)
-    adapter_w = trainable * (w if spec.full_finetune or ds else 4)
+    if trainable != part.params:
+        rows.insert(
+            next(i for i, r in enumerate(rows) if r.name == "optimizer states") + 1,
+            Row(
+                "LoRA/adapter states",
+                weights.adapter / weights.shards + states.gradients + states.optimizer,
+                f"{trainable:,} trainable params (included above)",
+                in_peak=False,
+            ),
+        )
+    if cpu:
+        what = "loading the weights on every rank" if cpu == host_load else "offloaded states"
+        rows.append(
+            Row("CPU RAM (per node)", cpu, f"the larger of loading and offload: {what}", in_peak=False)
+        )
+    total = param_counts(spec.arch).total
+    return Estimate(spec, rows, peak, cpu, total, spec.trainable, phase, model_states, host_offload, part)
 
-    # sharding of each state over the ranks ----------------------------------------------------
-    # DeepSpeed / FSDP by their stage; ddp at stage 1: torch's ZeroRedundancyOptimizer (optimizer states)
-    sharded = s.kind not in ("single", "ddp") or (s.kind == "ddp" and s.stage == 1)
-    shard_p = n if sharded and s.stage >= 3 else 1
-    shard_g = n if sharded and s.stage >= 2 else 1
-    shard_o = n if sharded and s.stage >= 1 else 1
-    plain_w = 4 if (spec.quant_bits and not ds) else w  # kbit prep casts the rest to fp32
-    all_weights = plain_frozen * plain_w + adapter_w
-    weights_b = all_weights / shard_p
-    q_bytes /= shard_p
-    # ZeRO++ hpZ: a secondary copy of the 16-bit weights sharded over the hpZ group, kept next to the
-    # primary partition from the first forward until after the optimizer step
-    hpz = min(n, s.hpz_partition_size) if ds and s.stage >= 3 and s.hpz_partition_size > 1 else 0
-    secondary = all_weights / hpz if hpz else 0.0
-    host_weights = 0.0
-    if s.offload_param != "none" and s.stage >= 3:
-        host_weights = (weights_b + q_bytes + secondary) * spec.num_gpus  # per node
-        weights_b, q_bytes, secondary = 0.0, 0.0, 0.0
-    # expert parallel: a rank's experts are shared with world / ep of the ranks only (DeepSpeed's
-    # expert-data-parallel group), so ZeRO shards their gradients and optimizer states over those
-    experts = part.experts if spec.full_finetune and spec.ep > 1 else 0
-    spread = max(1, spec.ep)
-    shard_ge, shard_oe = (max(1, k // spread) if k > 1 else 1 for k in (shard_g, shard_o))
-    partition = (trainable - experts) / shard_o + experts / shard_oe  # trainable elements this rank steps
-    grads_b = ((trainable - experts) / shard_g + experts / shard_ge) * grad_b
-    opt_states = partition * (opt_b + master)
-    host_states, offload_buffer, fp32_grads, step_temp = 0.0, 0.0, 0.0, 0.0
-    if s.offload_optimizer != "none":
-        host_states = opt_states
-        if ds:
-            # fp32 gradient partition on the host (stage 1/2: initialize_optimizer_states; stage 3: one
-            # buffer per sub-group) + a 16-bit partition buffer (stage 1/2: the bit16 param staging
-            # buffer; stage 3: grad_partitions_flat_buffer, allocated on the optimizer's device)
-            host_states += partition * (4 + grad_b)
-            grads_b = 0.0
-            if s.stage in (1, 2):  # temp_grad_buffer_for_gpu_offload: one largest parameter, 16-bit
-                offload_buffer = min(part.largest, trainable) * grad_b
-        opt_states = 0.0
-    elif ds and master:
-        if s.stage == 3:  # _prepare_fp32_grad_for_sub_group: one sub-group's fp32 gradients at a time
-            sub_group = min(s.sub_group_size or 1e12, partition)
-            fp32_grads = 4 * sub_group
-            step_temp = grad_b * sub_group  # the 16-bit flatten the fp32 copy is cast from
-        else:  # stage 0/1/2: the fp32 copy of the whole gradient partition at the step
-            fp32_grads = 4 * partition
-    host_offload = host_states * spec.num_gpus + host_weights  # per node
-    if "nvme" in (s.offload_optimizer, s.offload_param):
-        host_offload = 0.0  # on the NVMe drive, not in RAM
-    # loading: every rank materialises the weights on the host (the whole model; under ZeRO-3's
-    # zero.Init one module at a time); DeepSpeed's estimators count the same 4 bytes/param
-    loaded = largest_param(a) if ds and s.stage >= 3 else counts.total
-    host_load = spec.num_gpus * loaded * spec.weight_bytes
-    cpu = max(host_load, host_offload)
 
-    # what a sharded stage gathers back transiently (one layer at a time + the largest module)
+def _gathered(spec: RunSpec, part: Slice) -> float:
+    """What a sharded stage gathers back transiently (one layer at a time + the largest module)."""
+    s, n = spec.strategy, spec.zero_ranks
     gathered = 0.0
-    if s.stage >= 3 and s.kind != "single" and (n > 1 or ds):
+    if s.stage >= 3 and s.kind != "single" and (n > 1 or s.is_deepspeed):
         gathered = 2 * part.gathered_unit * spec.compute_bytes  # the gathered module + the prefetched one
     elif s.kind == "fsdp" and s.stage == 2 and n > 1:
-        gathered = total_params * spec.compute_bytes * (1 - 1 / n)
+        gathered = part.params * spec.compute_bytes * (1 - 1 / n)
+    return gathered
 
-    # low-precision weight copies autocast keeps for backward (fp32 weights, bf16/fp16 compute)
+
+def _autocast_copies(spec: RunSpec, part: Slice, w: int) -> float:
+    """Low-precision weight copies autocast keeps for backward (fp32 weights, bf16/fp16 compute)."""
+    ds = spec.strategy.is_deepspeed
     casts = 0.0
     head = part.head
     if not ds and spec.compute_bytes == 2 and spec.quant_bits:
@@ -444,11 +303,15 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
         # only as saved tensors, which gradient checkpointing drops
         linear = part.linear if (spec.full_finetune or not spec.gradient_checkpointing) else 0
         casts = (linear + head) * 2
+    return casts
 
-    # buffers -------------------------------------------------------------------------------------
+
+def _buffers(spec: RunSpec, part: Slice, trainable: int, grad_b: int) -> tuple[float, str]:
+    """Communication buffers (bytes, what they are): DeepSpeed's buckets, DDP's gradient buckets."""
+    a, s, n = spec.arch, spec.strategy, spec.zero_ranks
     buffers = 0.0
     note = ""
-    if ds:
+    if s.is_deepspeed:
         rb = min(s.reduce_bucket_size or a.hidden_size**2, trainable)
         ab = min(s.allgather_bucket_size or a.hidden_size**2, trainable)
         if s.stage in (1, 2):
@@ -456,51 +319,89 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
             note = "reduce (x2 with overlap_comm) + allgather buckets"
         elif s.stage == 3:
             pb = s.prefetch_bucket_size or 0.9 * a.hidden_size**2
-            buffers = (rb + min(pb, total_params)) * spec.compute_bytes
+            buffers = (rb + min(pb, part.params)) * spec.compute_bytes
             note = "reduce + prefetch buckets"
     elif s.kind == "ddp" and n > 1:
         buffers = trainable * grad_b
         note = "gradient buckets (a second copy of the gradients)"
+    return buffers, note
 
-    stack, logits = activations(spec, part)
-    vision = vision_activations(spec, part)
-    mb = f"{spec.micro_batch}x{spec.seq_len} tokens" + _split_note(spec, part)
-    terms: list[tuple[str, float, str]] = [
+
+Terms = list[tuple[str, float, str]]
+
+
+def _state_terms(
+    spec: RunSpec,
+    part: Slice,
+    trainable: int,
+    per: ElementBytes,
+    weights: HeldWeights,
+    states: TrainingStates,
+) -> Terms:
+    """The table's rows of the model states: (name, bytes, note)."""
+    s, ds = spec.strategy, spec.strategy.is_deepspeed
+    experts = states.experts
+    return [
         (
             "parameters",
-            weights_b,
-            (f"{plain_w} B/param" if trainable == total_params else f"{plain_w} B/frozen param")
+            weights.gpu,
+            (
+                f"{weights.plain_bytes} B/param"
+                if trainable == part.params
+                else f"{weights.plain_bytes} B/frozen param"
+            )
             + _held_note(spec, part)
-            + (f", /{shard_p} shards" if shard_p > 1 else "")
-            + (" (offloaded to cpu)" if host_weights else ""),
+            + (f", /{weights.shards} shards" if weights.shards > 1 else "")
+            + (" (offloaded to cpu)" if weights.host else ""),
         ),
-        ("hpZ secondary weights", secondary, f"ZeRO++ hpZ: a second copy of the weights, /{hpz} in-node"),
-        ("quantized weights", q_bytes, _quant_note(spec) if quantized else ""),
+        (
+            "hpZ secondary weights",
+            weights.secondary,
+            f"ZeRO++ hpZ: a second copy of the weights, /{weights.hpz} in-node",
+        ),
+        ("quantized weights", weights.quantized, _quant_note(spec) if weights.quantized_params else ""),
         (
             "gradients",
-            grads_b,
-            f"{grad_b} B/trainable param"
-            + (f", /{shard_g}" if shard_g > 1 else "")
-            + (f" (its experts over the {shard_ge} rank(s) holding them)" if experts else "")
+            states.gradients,
+            f"{per.grads} B/trainable param"
+            + (f", /{states.grad_shards}" if states.grad_shards > 1 else "")
+            + (f" (its experts over the {states.expert_grad_shards} rank(s) holding them)" if experts else "")
             + (" (on the host with the offloaded optimizer)" if ds and s.offload_optimizer != "none" else ""),
         ),
         (
             "offload gradient buffer",
-            offload_buffer,
+            states.offload_buffer,
             "one largest-parameter 16-bit buffer (stage 1/2 offload)",
         ),
         (
             "optimizer states",
-            opt_states,
-            _opt_note(opt_b, master, shard_o, s) + (f" (its experts /{shard_oe})" if experts else ""),
+            states.optimizer,
+            _opt_note(per.optimizer, per.master, states.state_shards, s)
+            + (f" (its experts /{states.expert_state_shards})" if experts else ""),
         ),
         (
             "fp32 gradient copy",
-            fp32_grads,
+            states.fp32_grads,
             "4 B/param of one sub-group (sub_group_size)" if s.stage == 3 else "4 B/param of the partition",
         ),
-        ("step temporaries", step_temp, "16-bit flatten of the sub-group, cast to fp32"),
-        ("autocast weight copies", casts, "bf16/fp16 copies of fp32 weights kept for backward"),
+        ("step temporaries", states.step_temp, "16-bit flatten of the sub-group, cast to fp32"),
+    ]
+
+
+def _transient_terms(spec: RunSpec, part: Slice, trainable: int, per: ElementBytes, gathered: float) -> Terms:
+    """The table's rows of what a step holds for a while: weight copies, gathered layers, activations,
+    logits, a vision tower's activations, communication buffers."""
+    a = spec.arch
+    stack, logits = activations(spec, part)
+    vision = vision_activations(spec, part)
+    buffers, note = _buffers(spec, part, trainable, per.grads)
+    mb = f"{spec.micro_batch}x{spec.seq_len} tokens" + _split_note(spec, part)
+    return [
+        (
+            "autocast weight copies",
+            _autocast_copies(spec, part, per.weights),
+            "bf16/fp16 copies of fp32 weights kept for backward",
+        ),
         ("gathered params", gathered, "ZeRO-3/FSDP: layers gathered in forward/backward"),
         (
             "activations",
@@ -526,6 +427,10 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
         ),
         ("buffers", buffers, note or "communication buffers"),
     ]
+
+
+def _phases(ds: bool) -> tuple[set[str], set[str]]:
+    """The rows held in the forward/backward phase and in the optimizer step."""
     always = {
         "parameters",
         "hpZ secondary weights",
@@ -539,28 +444,7 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
     if ds:  # DeepSpeed keeps its gradient partitions for the whole backward
         fwd_bwd.add("gradients")
     step = always | {"gradients", "fp32 gradient copy", "step temporaries"}
-    rows, peak, phase = _phase_rows(terms, fwd_bwd, step)
-    model_states = (
-        weights_b + q_bytes + secondary + grads_b + offload_buffer + opt_states + fp32_grads + gathered
-    )
-    if trainable != total_params:
-        rows.insert(
-            next(i for i, r in enumerate(rows) if r.name == "optimizer states") + 1,
-            Row(
-                "LoRA/adapter states",
-                adapter_w / shard_p + grads_b + opt_states,
-                f"{trainable:,} trainable params (included above)",
-                in_peak=False,
-            ),
-        )
-    if cpu:
-        what = "loading the weights on every rank" if cpu == host_load else "offloaded states"
-        rows.append(
-            Row("CPU RAM (per node)", cpu, f"the larger of loading and offload: {what}", in_peak=False)
-        )
-    return Estimate(
-        spec, rows, peak, cpu, counts.total, spec.trainable, phase, model_states, host_offload, part
-    )
+    return fwd_bwd, step
 
 
 def _quant_note(spec: RunSpec) -> str:

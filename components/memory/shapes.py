@@ -1,5 +1,6 @@
 """What a strategy does to memory, as plain numbers: each strategy component says its own shape
-(``Strategy.memory_shape()`` in ``components/strategy/``), and the estimate reads only this.
+(``Strategy.memory_shape()`` in ``components/strategy/``), and the estimate reads only this; and the run
+being estimated (:class:`RunSpec`: the model, the strategy's shape, the batch, the mesh) as plain values.
 
 Pure: no torch, no Hydra (``bench/memory.py`` builds shapes on a machine without either).
 """
@@ -10,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from hydratune.components.memory.arch import Arch
 from hydratune.components.memory.parallel import bubble_fraction
 
 #: ASSUMED relative throughput (1.0 = DDP): NOT measured. No throughput measurement with provenance backs
@@ -101,3 +103,66 @@ def elements(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return 0.0
+
+
+# ---- the run being estimated --------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything the estimate depends on, as plain values (build one with ``spec_from_config``)."""
+
+    arch: Arch
+    trainable: int  # parameters the optimizer updates
+    full_finetune: bool  # trainable is the whole model (no adapter)
+    weight_bytes: int = 4  # model.dtype: 4 (auto/float32: fp32 master weights + autocast) or 2
+    compute_bytes: int = 2  # precision: 2 for bf16/fp16 autocast, 4 for fp32
+    optimizer: str = "adamw"  # the optimizer component's memory_kind
+    quant_bits: int | None = None  # 4 / 8 for bitsandbytes bases
+    quant_type: str = "nf4"
+    double_quant: bool = False
+    micro_batch: int = 1
+    seq_len: int = 1024
+    gradient_checkpointing: bool = False
+    attn_implementation: str = "sdpa"
+    strategy: StrategyShape = SINGLE
+    lora_inputs_per_layer: int = 0  # input features summed over one layer's LoRA-targeted linears
+    lora_dropout: bool = False  # LoRA dropout keeps a mask per adapter input
+    num_gpus: int = 1  # per node
+    num_nodes: int = 1
+    tp: int = 1  # tensor-parallel ranks of one model replica (the strategy's mesh)
+    sp: int = 1  # sequence-parallel (Ulysses) ranks: each holds 1/sp of every sequence
+    pp: int = 1  # pipeline stages
+    ep: int = 1  # expert-parallel ranks (of the data-parallel ones): each holds 1/ep of a mixture's experts
+    micro_batches: int = 1  # per optimizer step and replica (train.gradient_accumulation_steps): PP's m
+    # a vision-language model: image tokens per row (already inside seq_len), parameters model.freeze keeps
+    # frozen under full fine-tuning, whether the vision tower trains (then autograd keeps its activations)
+    image_tokens: int = 0
+    frozen_params: int = 0
+    vision_trains: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return max(1, self.num_gpus) * max(1, self.num_nodes)
+
+    @property
+    def zero_ranks(self) -> int:
+        """Ranks that ZeRO / FSDP shard the states over: every rank holding the same weights, i.e. the data
+        and sequence parallel ones, world / (tp x pp) (DeepSpeed shards over its sequence-data-parallel
+        group, deepspeed/utils/groups.py ``_get_sequence_data_parallel_group``)."""
+        return max(1, self.world_size // (max(1, self.tp) * max(1, self.pp)))
+
+    @property
+    def data_parallel(self) -> int:
+        """Replicas that each see their own micro-batches: world / (tp x sp x pp)."""
+        return max(1, self.world_size // (max(1, self.tp) * max(1, self.sp) * max(1, self.pp)))
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    @property
+    def residual_bytes(self) -> int:
+        """dtype of the residual stream: fp32 when fp32 weights (or the fp32 norms that peft's
+        ``prepare_model_for_kbit_training`` makes of a quantized base) meet autocast; DeepSpeed casts."""
+        if self.strategy.is_deepspeed:
+            return self.compute_bytes
+        return 4 if (self.weight_bytes == 4 or self.quant_bits) else self.compute_bytes

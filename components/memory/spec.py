@@ -20,10 +20,11 @@ from hydratune.components.config.errors import ConfigError
 from hydratune.components.distributed.mesh import Mesh
 from hydratune.components.distributed.model_parallel import AUTOEP_MODEL_TYPES
 from hydratune.components.memory.arch import Arch, param_counts
-from hydratune.components.memory.estimate import DTYPE_BYTES, Estimate, GiB, KiB, MiB, RunSpec, estimate
+from hydratune.components.memory.estimate import Estimate, GiB, KiB, MiB, RunSpec, estimate
 from hydratune.components.memory.ladder import Rung
 from hydratune.components.memory.parallel import mesh_refusal
 from hydratune.components.memory.shapes import StrategyShape
+from hydratune.components.memory.states import DTYPE_BYTES
 
 #: the mesh dimensions a strategy option may split (``Strategy.searched_axes``): ``strategy.<dim>_size``
 MESH_DIMS = ("tp", "sp", "pp", "ep")

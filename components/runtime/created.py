@@ -1,10 +1,11 @@
 """What this run created on disk, so that cleaning up after an early stop removes only that.
 
-The run-dir check (recipes/cli.py ``RunDirCheck``) calls :func:`remember` for the run dir (or the sweep dir)
-before anything creates it: the highest folder that did not exist yet, and the entries the dir already held
-(a pinned ``hydra.run.dir`` may be a folder the user made). :func:`remove_unused` then removes the entries
-this run added (when every one of them is start-up clutter), the folders it created, and never anything
-that was there before: not a pinned run dir's parent, not a mount point, not a user's empty folder.
+The run-dir check (components/runtime/hydra_dirs.py ``RunDirCheck``) calls :func:`remember` for the run dir
+(or the sweep dir) before anything creates it: the highest folder that did not exist yet, and the entries the
+dir already held (a pinned ``hydra.run.dir`` may be a folder the user made). :func:`remove_unused` then
+removes the entries this run added (when every one of them is start-up clutter), the folders it created, and
+never anything that was there before: not a pinned run dir's parent, not a mount point, not a user's empty
+folder.
 """
 
 from __future__ import annotations

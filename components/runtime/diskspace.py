@@ -86,8 +86,8 @@ def planned_bytes(cfg: Any, comps: Any) -> tuple[int, int]:
     """(bytes on disk at the run's fullest, the largest file) from the architecture numbers: one whole
     checkpoint (weights + Adam's moments of the trainable parameters) next to the final model."""
     from hydratune.components.memory.arch import param_counts
-    from hydratune.components.memory.estimate import optimizer_bytes
     from hydratune.components.memory.spec import spec_from_config
+    from hydratune.components.memory.states import optimizer_bytes
 
     # the groups the spec asks (built from their nodes otherwise) as the run already built them
     built = {group: getattr(comps, group) for group in ("peft", "optimizer", "quantization", "strategy")}

@@ -1,10 +1,11 @@
 """hydra-submitit-launcher's SLURM launcher, waiting for its jobs as hydratune does.
 
-``hydratune -m launcher=slurm hydra/launcher=submitit_slurm`` runs this subclass (recipes/cli.py's
-RunDirCheck swaps it in when the sweep starts; every ``hydra.launcher.*`` knob is the plugin's): the same
-submission and the same job, but the sweep waits for every point until it ends, however it ends, and names
-the points that failed (components/distributed/slurm_sweep.py). Hydra finds launchers only under the
-``hydra_plugins`` package, hence this module; without hydra-submitit-launcher installed it defines nothing.
+``hydratune -m launcher=slurm hydra/launcher=submitit_slurm`` runs this subclass (RunDirCheck of
+components/runtime/hydra_dirs.py swaps it in when the sweep starts; every ``hydra.launcher.*`` knob is the
+plugin's): the same submission and the same job, but the sweep waits for every point until it ends, however it
+ends, and names the points that failed (components/distributed/slurm_sweep.py). Hydra finds launchers only
+under the ``hydra_plugins`` package, hence this module; without hydra-submitit-launcher installed it defines
+nothing.
 """
 
 from __future__ import annotations

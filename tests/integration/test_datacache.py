@@ -115,10 +115,10 @@ def test_rows_stay_memory_mapped(chats: Path, tmp_path: Path) -> None:
 @pytest.fixture
 def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     """Byte ranges of 1 KB, row ranges of 8 rows: many tasks on a small file, run by worker processes."""
-    from hydratune.components.data import preferences, readers
+    from hydratune.components.data import json_files, preferences, readers
     from hydratune.components.distributed import workers
 
-    monkeypatch.setattr(readers, "MIN_RANGE", 1024)
+    monkeypatch.setattr(json_files, "MIN_RANGE", 1024)
     for module in (workers, readers, preferences):
         monkeypatch.setattr(module, "SHARD_ROWS", 8)
     monkeypatch.setattr(workers, "PARALLEL_FROM", {"rows": 0, "bytes": 0})  # worker processes however small

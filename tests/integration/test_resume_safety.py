@@ -3,7 +3,7 @@ data is the data it was trained on, and a signal at any moment leaves either a w
 
 One short SFT run (3 steps, a checkpoint each) is shared: its final save is hit by a SIGTERM; then its
 checkpoints are damaged, its data edited and its dir reused (components/runtime/checkpoint.py and resume.py,
-components/data/fingerprint.py, recipes/cli.py)."""
+components/data/fingerprint.py, components/runtime/hydra_dirs.py)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from hydratune.components.launcher import free_port
 
 
 def probe_often(run_dir: str, tries: int, failures: Any) -> None:
-    from hydratune.recipes.cli import exit_unless_writable
+    from hydratune.components.runtime.hydra_dirs import exit_unless_writable
 
     for _ in range(tries):
         try:

@@ -14,10 +14,10 @@ import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 
+from hydratune.components.commands.argv import compose_error, override_value
 from hydratune.components.config.errors import ConfigError
 from hydratune.components.modeling.model_dir import check_model_dir
 from hydratune.components.runtime.run import Components
-from hydratune.recipes.cli import compose_error, override_value
 
 
 @pytest.mark.parametrize("value", ["/tmp/é/x.jsonl", '/tmp/a"b.jsonl', "/tmp/a#b'c.jsonl"])

@@ -124,7 +124,7 @@ def test_submitit_slurm_runs_through_hydratunes_launcher(monkeypatch: pytest.Mon
     from omegaconf import OmegaConf
 
     from hydra_plugins.hydratune.submitit_slurm import SUBMITIT_TARGET, TARGET
-    from hydratune.recipes.cli import wait_for_every_slurm_point
+    from hydratune.components.runtime.hydra_dirs import wait_for_every_slurm_point
 
     plugins = Plugins.instance()
 

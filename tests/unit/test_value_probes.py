@@ -389,7 +389,7 @@ ROW = json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assis
 def test_brackets_nested_too_deep_are_a_named_row_error(
     tmp_path: Path, lines: list[str], suffix: str
 ) -> None:
-    from hydratune.components.data.readers import read_json
+    from hydratune.components.data.json_files import read_json
     from hydratune.components.data.rows import scratch_workers
 
     path = tmp_path / f"deep{suffix}"
@@ -400,7 +400,7 @@ def test_brackets_nested_too_deep_are_a_named_row_error(
 
 
 def test_brackets_nested_too_deep_skipped_with_on_error_skip(tmp_path: Path) -> None:
-    from hydratune.components.data.readers import read_json
+    from hydratune.components.data.json_files import read_json
     from hydratune.components.data.rows import scratch_workers
 
     path = tmp_path / "deep.jsonl"
@@ -531,8 +531,8 @@ def test_unset_environment_variable_refused_before_build(compose_cfg, monkeypatc
 
 def test_hydra_writing_the_run_dir_on_a_full_disk_is_a_named_error() -> None:
     """What Hydra raises itself (outside the job: its .hydra/ files) reaches the CLI's startup_error."""
+    from hydratune.components.commands.argv import startup_error
     from hydratune.components.runtime.diskspace import DiskFull
-    from hydratune.recipes.cli import startup_error
 
     full = startup_error(OSError(errno.ENOSPC, "No space left on device", "outputs/x/.hydra/config.yaml"))
     assert isinstance(full, DiskFull) and "outputs/x/.hydra/config.yaml" in str(full)

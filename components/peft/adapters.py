@@ -1,33 +1,32 @@
-"""PEFT components: which parameters train. Full, freeze, BitFit, and peft's LoRA/DoRA/IA3/prefix/p-tuning.
-
-Every option has ``validate()`` (field checks, no torch), ``check_targets(names)`` (run against the
-model built on the meta device, before weights load), ``apply(model) -> model`` (the model ready to
-train), ``peft_config()`` (the ``peft.PeftConfig``, or None), ``is_adapter`` (saving writes the
-adapter only) and ``trainable_params(arch)`` (what it trains, for the memory estimate). Nothing here
-loads weights from a hub.
-"""
+"""The PEFT options of the peft library: the ``PeftModel`` wrapping (:class:`Adapter`), adapters on named
+modules (LoRA, DoRA, IA3: :class:`TargetedAdapter`), virtual tokens (prefix tuning, p-tuning:
+:class:`PromptLearning`), and an adapter merged back into the weights (:func:`merge_and_unload`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hydratune.components.config.errors import ConfigError
-from hydratune.components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, knob
+from hydratune.components.config.ranges import AT_LEAST_ONE, FRACTION, POSITIVE, knob
 from hydratune.components.config.registry import component
 from hydratune.components.memory.arch import (
     Arch,
     expert_lora_params,
-    extra_module_params,
     lora_inputs,
     lora_params,
-    param_counts,
     targeted_linears,
+)
+from hydratune.components.peft.selective import Peft
+from hydratune.components.peft.targets import (
+    CLASSIFIER_HEADS,
+    as_targets,
+    linear_leaf_names,
+    module_matches,
 )
 
 if TYPE_CHECKING:
@@ -35,126 +34,9 @@ if TYPE_CHECKING:
     from torch import nn
 
 TASK_TYPES = ("CAUSAL_LM", "SEQ_CLS")
-#: heads of sequence-classification (reward) models: freshly initialised, so they must train and be saved
-CLASSIFIER_HEADS = ("score", "classifier")
 #: init_lora_weights values that need extra config or data this component does not expose
 _UNSUPPORTED_INITS = ("eva", "corda", "loftq")
 _PLAIN_INITS = ("gaussian", "olora", "pissa", "orthogonal", "mica")
-_LAYER_LIST = re.compile(r"^(?:(?P<prefix>.*)\.)?(?:layers|h|blocks)\.(?P<index>\d+)$")
-_NOT_LINEAR = re.compile(r"norm|emb|act|drop|rotary|pool", re.IGNORECASE)
-
-
-# ---- helpers -------------------------------------------------------------------------------------
-def trainable_summary(model: nn.Module) -> str:
-    """'trainable 12,345 / 1,234,567 params (1.00%)'."""
-
-    def size(p: nn.Parameter) -> int:
-        return int(getattr(p, "ds_numel", p.numel()))  # ZeRO-3 partitions leave an empty local tensor
-
-    total = sum(size(p) for p in model.parameters())
-    trainable = sum(size(p) for p in model.parameters() if p.requires_grad)
-    return f"trainable {trainable:,} / {total:,} params ({100 * trainable / max(total, 1):.2f}%)"
-
-
-def decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The decoder blocks as (qualified name, module): the longest ModuleList named layers / h / blocks, a
-    vision-language model's image encoder passed over."""
-    from torch import nn
-
-    from hydratune.components.modeling.vision import in_vision_part
-
-    lists = [
-        (name, module)
-        for name, module in model.named_modules()
-        if isinstance(module, nn.ModuleList)
-        and re.search(r"(^|\.)(layers|h|blocks)$", name)
-        and not in_vision_part(name)
-    ]
-    if not lists:
-        raise ConfigError(
-            f"cannot find the decoder layers of {type(model).__name__} (no ModuleList named layers/h/blocks)",
-            key="peft.last_n_layers",
-            hint="set peft.last_n_layers=0 and list what should train in peft.modules",
-        )
-    name, layers = max(lists, key=lambda item: len(item[1]))
-    return [(f"{name}.{i}", layer) for i, layer in enumerate(layers)]
-
-
-def count_layers(module_names: list[str]) -> int | None:
-    """Number of decoder layers judged from module names alone (None if there is no layer list)."""
-    from hydratune.components.modeling.vision import in_vision_part
-
-    counts: dict[str, int] = {}
-    for name in module_names:
-        m = _LAYER_LIST.match(name)
-        if m and in_vision_part(name):  # a vision-language model's image encoder is not the decoder
-            continue
-        if m:
-            prefix = m.group("prefix") or ""
-            counts[prefix] = max(counts.get(prefix, 0), int(m.group("index")) + 1)
-    return max(counts.values()) if counts else None
-
-
-def matches(name: str, pattern: str) -> bool:
-    """A parameter/module name matches a glob pattern as a whole dotted segment run anywhere in it.
-
-    ``lm_head`` matches ``lm_head.weight``; ``norm`` matches ``model.norm.weight`` but not
-    ``model.layers.0.input_layernorm.weight``; ``*layernorm*`` matches every layernorm.
-    """
-    return any(
-        fnmatch.fnmatchcase(name, p) for p in (pattern, f"*.{pattern}", f"{pattern}.*", f"*.{pattern}.*")
-    )
-
-
-def linear_leaf_names(module_names: list[str]) -> list[str]:
-    """Short names of the leaf modules that look like linear layers (for error messages)."""
-    names = set(module_names)
-    parents = {n.rsplit(".", 1)[0] for n in names if "." in n}
-    leaves = {n.rsplit(".", 1)[-1] for n in names if n and n not in parents}
-    return sorted(x for x in leaves if not x.isdigit() and not _NOT_LINEAR.search(x))
-
-
-def _as_targets(value: Any) -> str | list[str]:
-    """A bare module name becomes a one-item list (peft would full-match a string against whole names);
-    ``all-linear`` and regexes stay strings."""
-    if isinstance(value, str):
-        return [value] if value != "all-linear" and re.fullmatch(r"\w+", value) else value
-    return [str(x) for x in value]
-
-
-def _module_matches(module_names: list[str], target: str) -> bool:
-    """peft's rule for a list entry: the module's name equals ``target`` or ends with ``.target``."""
-    return any(n == target or n.endswith(f".{target}") for n in module_names)
-
-
-def _is_seq_cls(model: nn.Module) -> bool:
-    return type(model).__name__.endswith("ForSequenceClassification")
-
-
-def _set_trainable(
-    model: nn.Module, keep: Callable[[str], bool], what: str, key: str, hint: str
-) -> nn.Module:
-    """Set ``requires_grad`` from ``keep(name)``; refuse to train nothing.
-
-    Tied parameters (``lm_head.weight`` is ``embed_tokens.weight``) train if any of their names is kept;
-    a sequence classifier's fresh head always trains (it would stay random otherwise).
-    """
-    heads = tuple(f"{h}." for h in CLASSIFIER_HEADS) if _is_seq_cls(model) else ()
-    wanted: dict[int, bool] = {}
-    params: dict[int, nn.Parameter] = {}
-    head_ids: set[int] = set()
-    for name, p in model.named_parameters(remove_duplicate=False):
-        params[id(p)] = p
-        wanted[id(p)] = wanted.get(id(p), False) or bool(keep(name))
-        if name.startswith(heads):
-            head_ids.add(id(p))
-    if not any(want for pid, want in wanted.items() if pid not in head_ids):
-        raise ConfigError(
-            f"{what} leaves no parameter of {type(model).__name__} to train", key=key, hint=hint
-        )
-    for pid, p in params.items():
-        p.requires_grad_(wanted[pid] or pid in head_ids)
-    return model
 
 
 @contextmanager
@@ -170,168 +52,6 @@ def _peft_errors(key: str, hint: str) -> Iterator[None]:
         if isinstance(e, NoMatchingPeftModuleError):
             key, hint = "peft.target_modules", "use all-linear or the names of the model's linear layers"
         raise ConfigError(f"peft rejected the settings: {e}", key=key, hint=hint) from e
-
-
-def _check_patterns(patterns: list[str], module_names: list[str], key: str) -> None:
-    """Each glob pattern must match a module or one of its weight/bias parameters."""
-    candidates = [c for n in module_names if n for c in (n, f"{n}.weight", f"{n}.bias")]
-    for pattern in patterns:
-        if not any(matches(c, pattern) for c in candidates):
-            raise ConfigError(
-                f"'{pattern}' matches no module or parameter of the model",
-                key=key,
-                hint=f"use names such as {', '.join(linear_leaf_names(module_names)[:20])}, lm_head or norm",
-            )
-
-
-# ---- components ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Peft:
-    """Base of every PEFT option: all parameters train, no adapter."""
-
-    #: a parameter-efficient method: only some parameters train (False only for full fine-tuning)
-    enabled: ClassVar[bool] = True
-    #: virtual tokens are prepended to every row (prompt learning): flattened rows would share them
-    adds_virtual_tokens: ClassVar[bool] = False
-
-    def trainable_params(self, arch: Arch) -> int:
-        """Parameters the optimizer updates on ``arch`` (the memory estimate's count; no model built)."""
-        return param_counts(arch).total
-
-    def adapter_inputs(self, arch: Arch) -> int:
-        """Input features summed over one layer's adapted linears: what LoRA keeps for backward."""
-        return 0
-
-    @property
-    def adapter_dropout(self) -> bool:
-        """The adapter applies dropout to its inputs (a mask per input element is kept)."""
-        return False
-
-    def for_task(self, task: str) -> Peft:
-        """This option for a model of ``task`` (``seq_cls``: a reward model's score head): itself here."""
-        return self
-
-    def for_model(self, exclusion: str | None) -> Peft:
-        """This option on a model whose modules matching ``exclusion`` (a vision-language model's vision
-        tower and projector: ``CausalLM.adapter_exclusion``) take no adapter by default: itself here."""
-        return self
-
-    @property
-    def adapts_vision(self) -> bool:
-        """Its adapters may sit on a vision-language model's vision modules (the user set which modules
-        are excluded); False: none there (the default), or no adapter at all."""
-        return False
-
-    @property
-    def is_adapter(self) -> bool:
-        """True when ``apply`` returns a ``peft.PeftModel`` (saving then writes the adapter only)."""
-        return False
-
-    @property
-    def freezes_base(self) -> bool:
-        """True when the base weights all stay frozen and only the adapter is saved: the base may then
-        load in bf16 (see CausalLM.weight_dtype)."""
-        return self.is_adapter
-
-    def validate(self) -> None:
-        """Check the fields alone beyond their declared ranges (cheap: no torch); raises ConfigError."""
-
-    def check_targets(self, module_names: list[str]) -> None:
-        """Check names against the meta-device model's module names, before any weight loads."""
-
-    def peft_config(self) -> PeftConfig | None:
-        """The ``peft`` config this option builds (None when peft is not involved)."""
-        return None
-
-    def apply(self, model: nn.Module) -> nn.Module:
-        """Return ``model`` ready to train."""
-        for p in model.parameters():
-            p.requires_grad_(True)
-        return model
-
-
-@component("peft")
-@dataclass(frozen=True)
-class FullFineTune(Peft):
-    """Full fine-tuning: every parameter trains."""
-
-    enabled: ClassVar[bool] = False
-
-
-@component("peft")
-@dataclass(frozen=True)
-class Freeze(Peft):
-    """Freeze the model except its last ``last_n_layers`` decoder layers and the ``modules`` patterns."""
-
-    last_n_layers: int = knob(1, NON_NEGATIVE)  # 0: only the modules patterns train
-    modules: list[str] = field(default_factory=list)  # glob patterns on parameter names, e.g. [lm_head, norm]
-
-    def trainable_params(self, arch: Arch) -> int:
-        layers = min(self.last_n_layers, arch.num_layers)
-        return layers * param_counts(arch).layer + extra_module_params(arch, self.modules)
-
-    def validate(self) -> None:
-        if self.last_n_layers == 0 and not self.modules:
-            raise ConfigError(
-                "peft=freeze with last_n_layers=0 and no modules trains nothing",
-                key="peft.last_n_layers",
-                hint="set peft.last_n_layers>=1 or list modules, e.g. peft.modules=[lm_head]",
-            )
-
-    def check_targets(self, module_names: list[str]) -> None:
-        self.validate()
-        n_layers = count_layers(module_names)
-        if n_layers is not None and self.last_n_layers > n_layers:
-            raise ConfigError(
-                f"the model has only {n_layers} decoder layers, last_n_layers={self.last_n_layers}",
-                key="peft.last_n_layers",
-                hint=f"use at most {n_layers}, or peft=none to train everything",
-            )
-        _check_patterns(self.modules, module_names, "peft.modules")
-
-    def apply(self, model: nn.Module) -> nn.Module:
-        self.validate()
-        layers = decoder_layers(model) if self.last_n_layers else []
-        if self.last_n_layers > len(layers):
-            raise ConfigError(f"the model has only {len(layers)} decoder layers", key="peft.last_n_layers")
-        open_prefixes = tuple(f"{name}." for name, _ in layers[len(layers) - self.last_n_layers :])
-
-        def keep(name: str) -> bool:
-            return name.startswith(open_prefixes) or any(matches(name, pat) for pat in self.modules)
-
-        return _set_trainable(
-            model, keep, "peft=freeze", "peft.modules", "raise peft.last_n_layers or fix peft.modules"
-        )
-
-
-@component("peft")
-@dataclass(frozen=True)
-class BitFit(Peft):
-    """BitFit: train only the bias terms (plus ``extra_modules`` patterns). peft has no tuner for it."""
-
-    extra_modules: list[str] = field(default_factory=list)  # glob patterns kept trainable, e.g. [lm_head]
-
-    def trainable_params(self, arch: Arch) -> int:
-        counts = param_counts(arch)
-        return counts.layer_bias * arch.num_layers + extra_module_params(arch, self.extra_modules)
-
-    def check_targets(self, module_names: list[str]) -> None:
-        _check_patterns(self.extra_modules, module_names, "peft.extra_modules")
-
-    def apply(self, model: nn.Module) -> nn.Module:
-        if not any(name.endswith("bias") for name, _ in model.named_parameters()):
-            raise ConfigError(
-                f"BitFit trains bias terms and {type(model).__name__} has none (Llama/Mistral linear layers "
-                "are bias-free), so BitFit would train nothing on this model",
-                key="peft",
-                hint="use peft=lora, or a model with biases (Qwen2, GPT-2, or model.architecture."
-                "attention_bias=true as in the tiny default)",
-            )
-
-        def keep(name: str) -> bool:
-            return name.endswith("bias") or any(matches(name, pat) for pat in self.extra_modules)
-
-        return _set_trainable(model, keep, "peft=bitfit", "peft", "use peft=lora")
 
 
 @dataclass(frozen=True)
@@ -394,7 +114,7 @@ class TargetedAdapter(Adapter):
 
     def excluded(self) -> str | list[str] | None:
         """``exclude_modules`` as peft takes it (None or [] : nothing excluded)."""
-        return _as_targets(self.exclude_modules) if self.exclude_modules else None
+        return as_targets(self.exclude_modules) if self.exclude_modules else None
 
     def is_excluded(self, name: str) -> bool:
         """peft's rule for ``exclude_modules``: a regex full-matches, a list entry matches by name suffix."""
@@ -407,7 +127,7 @@ class TargetedAdapter(Adapter):
 
     def targets(self) -> str | list[str]:
         """``all-linear``, a list of names, or a regex string (peft full-matches it against module names)."""
-        return _as_targets(self.target_modules)
+        return as_targets(self.target_modules)
 
     def validate(self) -> None:
         super().validate()
@@ -442,7 +162,7 @@ class TargetedAdapter(Adapter):
                 )
         else:
             for target in targets:
-                if not _module_matches(module_names, target):
+                if not module_matches(module_names, target):
                     raise ConfigError(
                         f"target module '{target}' matches no module of the model",
                         key="peft.target_modules",
@@ -450,7 +170,7 @@ class TargetedAdapter(Adapter):
                     )
         # the names come from the causal-LM build, which has no classifier head
         for name in self.modules_to_save or []:
-            if name not in CLASSIFIER_HEADS and not _module_matches(module_names, name):
+            if name not in CLASSIFIER_HEADS and not module_matches(module_names, name):
                 raise ConfigError(
                     f"'{name}' matches no module of the model",
                     key="peft.modules_to_save",
@@ -594,7 +314,7 @@ class IA3(TargetedAdapter):
 
     def feedforward(self) -> str | list[str]:
         """``feedforward_modules`` normalised like ``targets()``."""
-        return _as_targets(self.feedforward_modules)
+        return as_targets(self.feedforward_modules)
 
     def trainable_params(self, arch: Arch) -> int:
         """One scale per input feature of a feed-forward module, per output feature of the others."""
