@@ -140,20 +140,24 @@ def options_of(group: str) -> list[type]:
 
 
 def interface(group: str) -> list[type]:
-    """``group``'s interface classes: the base most of its options derive from (the most general of
-    those, when several tie), the extensions its options mix in beside it from the same module (not its
-    subclasses), then the classes of the group's package that their members are declared as."""
+    """``group``'s interface classes: the base most of its options derive from (when several tie, the one
+    deriving from all the others, else the most general), the extensions its options mix in beside it from
+    the same module (not its subclasses), its own bases from the group's package (the parallel keys of a
+    strategy), then the classes of the group's package that their members are declared as."""
     options = options_of(group)
     counts = Counter(
         base for cls in options for base in cls.__mro__ if base.__module__.startswith("hydratune.components.")
     )
     most = max(counts.values())
-    core = min((b for b, n in counts.items() if n == most), key=lambda b: len(b.__mro__))
+    ties = [b for b, n in counts.items() if n == most]
+    chain = [b for b in ties if all(issubclass(b, other) for other in ties)]  # a core over its own bases
+    core = chain[0] if chain else min(ties, key=lambda b: len(b.__mro__))
+    package = f"hydratune.components.{group}."
     extensions = [
         b for b in counts if b.__module__ == core.__module__ and b not in options and not issubclass(b, core)
     ]
-    found = [core, *sorted(extensions, key=lambda b: class_node(b)[0].lineno)]
-    package = f"hydratune.components.{group}."
+    bases = [b for b in core.__mro__[1:] if b.__module__.startswith(package)]  # its keys declared apart
+    found = [core, *sorted(extensions, key=lambda b: class_node(b)[0].lineno), *bases]
     for cls in found:  # grows while it is read: a description may name another
         for member in members(cls, fields=True):
             for named in declared_types(cls, member):
@@ -183,10 +187,11 @@ def declared_types(cls: type, member: Member) -> list[type]:
 def member_table(group: str) -> str:
     """One row per member of ``group``'s interface classes, each class introduced by a row of its own."""
     rows = ["| member | what it is |", "| --- | --- |"]
-    options = options_of(group)
-    for cls in interface(group):
+    options, classes = options_of(group), interface(group)
+    for cls in classes:
         rows.append(f"| **`{cls.__name__}`** | {markdown(first_sentence(cls.__doc__))} |")
-        described = not any(cls in option.__mro__ for option in options)  # a description: its fields too
+        # a description, or a base of the core declaring keys apart (the parallel keys): its fields too
+        described = cls in classes[0].__mro__[1:] or not any(cls in option.__mro__ for option in options)
         rows += [f"| {m.label} | {markdown(m.doc)} |" for m in members(cls, fields=described)]
     return "\n".join(rows)
 

@@ -121,9 +121,7 @@ class BatchedGeneration(Recipe):
         return session, rows, merge_ranks(ctx, records, rank, world, self.output), seconds
 
 
-def prompt_rows(
-    data: Any, tokenizer: Any, splits: Any
-) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
+def prompt_rows(data: Any, tokenizer: Any, splits: Any) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
     """Every row of ``splits`` (``data.whole().load()``: ``data.path`` in file order, no eval split): the
     prompt turns, tokenized with the chat template's generation prompt under the data's length policy, and
     the reference if any; how the data was read (the format, what the length policy cut), for the summary;

@@ -291,11 +291,7 @@ class Session:
         model_split = strategy.model_split
         # each rank holds a shard: no lone generate(); a pipeline's model is whole before it is cut and
         # gathered whole on rank 0 after training
-        if (
-            strategy.shards_parameters
-            and strategy.parallel.pp == 1
-            and not model_split.generates_together
-        ):
+        if strategy.shards_parameters and strategy.parallel.pp == 1 and not model_split.generates_together:
             self.report.setdefault("eval accuracy (exact match)", {})[when] = "skipped (sharded parameters)"
             return
         from hydratune.components.distributed.model_parallel import unwrapped_attention

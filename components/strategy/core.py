@@ -6,7 +6,7 @@ split over ranks) and :class:`OwnLoop` (the hooks of the loops we own). Callers 
 ``strategy.model_split`` (:data:`WHOLE` for a strategy that does not split the model) and
 ``strategy.loop_hooks`` (None without them), never through defaults every strategy carries. How the model is
 split is not an engine's field: every option carries the parallel keys (``parallelism.py``: one
-:class:`~hydratune.components.strategy.parallel.Parallel`, the mesh's one source). Also here: the run's
+:class:`~hydratune.components.strategy.parallelism.Parallel`, the mesh's one source). Also here: the run's
 :class:`BatchPlan`, the helpers the strategy modules share, and ``training_options()`` (every option of
 conf/strategy/ that trains). The strategies themselves: ``data_parallel.py`` (single, ddp), ``fsdp.py``,
 ``deepspeed.py`` (zero0..zero3pp), ``pipeline.py`` (the staged engine: pipeline stages).
@@ -129,7 +129,7 @@ class Strategy(ParallelKnobs):
 
     device: str = "auto"
 
-    #: the axes this engine trains with (``parallel.AXES``): a size above 1 for another one is refused
+    #: the axes this engine trains with (``parallelism.AXES``): a size above 1 for another one is refused
     axes: ClassVar[frozenset[str]] = frozenset()
     #: the axes whose sizes ``strategy=auto`` tries for this option (a subset of ``axes``)
     searched_axes: ClassVar[tuple[str, ...]] = ()

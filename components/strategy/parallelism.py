@@ -125,21 +125,23 @@ class ParallelKnobs:
     """The parallel keys of every strategy option (``strategy.tp_size`` ...), read as :attr:`parallel`. An
     option whose engine does not train an axis refuses a size above 1 for it, naming the options that do."""
 
-    # tensor parallel ranks: each layer's projections split over them (DeepSpeed AutoTP; FSDP: transformers'
-    # tp_plan, GPU only; pipeline stages: DTensor); world / (tp x sp x pp) data-parallel replicas
+    #: tensor parallel ranks: each layer's projections split over them (DeepSpeed AutoTP; FSDP: transformers'
+    #: tp_plan, GPU only; pipeline stages: DTensor); world / (tp x sp x pp) data-parallel replicas
     tp_size: int = knob(1, AT_LEAST_ONE)
-    # sequence parallel ranks: each micro-batch's tokens split over them (DeepSpeed Ulysses; FSDP: context
-    # parallel, ring attention, GPU only)
+    #: sequence parallel ranks: each micro-batch's tokens split over them (DeepSpeed Ulysses; FSDP: context
+    #: parallel, ring attention, GPU only)
     sp_size: int = knob(1, AT_LEAST_ONE)
-    # pipeline stages: the decoder layers cut into that many, trained by the staged loop, whose data-parallel
-    # side is this option's (ddp: whole stages; zero1: ZeRO-1 states; zero2 / zero3 / fsdp: FSDP2 per stage)
+    #: pipeline stages: the decoder layers cut into that many, trained by the staged loop, whose data-parallel
+    #: side is this option's (ddp: whole stages; zero1: ZeRO-1 states; zero2 / zero3 / fsdp: FSDP2 per stage)
     pp_size: int = knob(1, AT_LEAST_ONE)
-    # expert parallel ranks: a mixture's experts split over them, tokens sent there and back (DeepSpeed
-    # AutoEP, ZeRO 0-2)
+    #: expert parallel ranks: a mixture's experts split over them, tokens sent there and back (DeepSpeed
+    #: AutoEP, ZeRO 0-2)
     ep_size: int = knob(1, AT_LEAST_ONE)
-    schedule: str = "1f1b"  # pipeline stages: gpipe | 1f1b | interleaved_1f1b (needs stages_per_rank >= 2)
-    stages_per_rank: int = knob(1, AT_LEAST_ONE)  # pipeline stages: > 1 interleaved (virtual stages)
-    # pipeline stages: the first layer of stages 1..N-1, e.g. [12] for 2 stages; [] = balanced by parameters
+    #: pipeline stages: their schedule, gpipe | 1f1b | interleaved_1f1b (needs stages_per_rank >= 2)
+    schedule: str = "1f1b"
+    #: pipeline stages: more than one per rank is interleaved 1F1B (virtual stages, a smaller bubble)
+    stages_per_rank: int = knob(1, AT_LEAST_ONE)
+    #: pipeline stages: the first layer of stages 1..N-1, e.g. [12] for 2 stages; [] = balanced by parameters
     split: list[int] = knob([], AT_LEAST_ONE)
 
     @property

@@ -30,8 +30,9 @@ def public(cls: type) -> set[str]:
     ("group", "classes"), [("recipe", [Recipe]), ("strategy", [Strategy, ModelSplit, OwnLoop])]
 )
 def test_every_member_of_an_interface_is_in_its_table(group: str, classes: list[type]) -> None:
-    """Recipe's 13+ class variables and its methods, Strategy's and its extensions' members (``as_pipeline``,
-    ``ep_size``...): each has its row, described by its ``#:`` comment or docstring."""
+    """Recipe's 13+ class variables and its methods, Strategy's and its extensions' members (``axes``,
+    ``axis_refusal``...), the parallel keys (``ep_size``...): each has its row, described by its ``#:``
+    comment or docstring."""
     table = contracts.member_table(group)
     assert set(classes) <= set(contracts.interface(group)), contracts.interface(group)
     for cls in classes:
@@ -42,7 +43,8 @@ def test_every_member_of_an_interface_is_in_its_table(group: str, classes: list[
 
 def test_the_tables_show_what_the_hand_kept_ones_missed() -> None:
     strategy, recipe = contracts.member_table("strategy"), contracts.member_table("recipe")
-    assert "| `as_pipeline()` |" in strategy and "| `ep_size` | expert parallel ranks" in strategy
+    assert "| `axis_refusal(device, dtype)` |" in strategy
+    assert "| `ep_size` | expert parallel ranks" in strategy
     assert "| `streams_data` | trains on `data.streaming`'s rows as they are read" in recipe
     assert "| `check_data(comps, splits, tokenizer)` |" in recipe
 
