@@ -65,7 +65,8 @@ class DPO(Recipe):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import DPOConfig, DPOTrainer
 
-        from hydratune.components.runtime.session import Session, training_pairs
+        from hydratune.components.runtime.session import Session
+        from hydratune.components.runtime.trainer_loop import TrainerLoop, training_pairs
 
         c = ctx.components
         session = Session.start(ctx)
@@ -88,7 +89,7 @@ class DPO(Recipe):
         )
         extra = {"processing_class": session.processor} if images else {}
         trainer = session.trainer(DPOTrainer, args, data, ref_model=reference, **extra)
-        return session.train_and_finish(trainer, probes=training_pairs(trainer, ctx.train.probe_pairs))
+        return session.run(TrainerLoop(session, trainer, training_pairs(trainer, ctx.train.probe_pairs)))
 
     def check_image_pairs(self, session: Any) -> None:
         """Image pairs (a vision-language model; its processor tokenizes them in TRL's vision collator),

@@ -150,6 +150,7 @@ class GRPO(Recipe, RewardURL):
 
         from hydratune.components.rewards import RewardModel, resolve_reward
         from hydratune.components.runtime.session import Session
+        from hydratune.components.runtime.trainer_loop import TrainerLoop
 
         c, t = ctx.components, ctx.train
         session = Session.start(ctx)
@@ -186,13 +187,12 @@ class GRPO(Recipe, RewardURL):
                 generation_kwargs={"use_cache": True},
                 disable_dropout=True,
                 include_num_input_tokens_seen="no",
-                **({} if len(data["eval"]) else {"eval_strategy": "no"}),
                 remove_unused_columns=False,
             )
         )
         extra = {"processing_class": session.processor} if images else {}
         trainer = session.trainer(GRPOTrainer, args, data, reward_funcs=rewards, **extra)
-        return session.train_and_finish(trainer)
+        return session.run(TrainerLoop(session, trainer))
 
 
 def save_whole(model: Any, path: Any, ctx: RunContext) -> None:

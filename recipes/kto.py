@@ -66,7 +66,8 @@ class KTO(Recipe):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import KTOConfig, KTOTrainer
 
-        from hydratune.components.runtime.session import Session, training_pairs
+        from hydratune.components.runtime.session import Session
+        from hydratune.components.runtime.trainer_loop import TrainerLoop, training_pairs
 
         c = ctx.components
         session = Session.start(ctx)
@@ -79,4 +80,4 @@ class KTO(Recipe):
         # with log-probs precomputed and no reference kept, TRL cannot score new rows after training
         scorable = not (self.precompute_ref_log_probs and reference is None)
         probes = training_pairs(trainer, ctx.train.probe_pairs) if scorable else {}
-        return session.train_and_finish(trainer, probes=probes)
+        return session.run(TrainerLoop(session, trainer, probes))

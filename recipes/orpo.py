@@ -34,7 +34,7 @@ class ORPO(Recipe):
         return {"beta": self.beta, "max_length": max_length}
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from hydratune.components.runtime.session import train_on_pairs
+        from hydratune.components.runtime.trainer_loop import train_on_pairs
         from hydratune.components.runtime.trl_experimental import experimental
 
         config_cls, trainer_cls = experimental("orpo", "ORPOConfig", "ORPOTrainer")

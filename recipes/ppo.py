@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from hydratune.components.config.errors import ConfigError, ServerError
+from hydratune.components.config.errors import ConfigError
 from hydratune.components.config.ranges import AT_LEAST_ONE, FINITE, NON_NEGATIVE, POSITIVE, Range, knob
 from hydratune.components.recipe import Recipe, recipe
 from hydratune.components.rewards import reward_model_path
@@ -106,49 +106,14 @@ class PPO(Recipe, OneReward):
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from hydratune.components.rl.loop import PPOLoop
-        from hydratune.components.runtime.resume import pinned
         from hydratune.components.runtime.session import Session
-        from hydratune.components.runtime.startup import training_starts
 
         session = Session.start(ctx)
-        resume = pinned(ctx.cfg)  # resolved and checked before load (components/runtime/resume.py)
-        splits = session.load_data()  # and check_data: the reward's columns, before the model loads
-        data = splits["train"]
+        data = session.load_data()["train"]  # and check_data: the reward's columns, before the model loads
         policy = session.build_model()
         session.evaluate_generations("before")
-        loop = PPOLoop.build(self, ctx, session, policy, data)
-        first = loop.restore(resume) if resume else 1
-        if resume:
-            session.report["run"]["resumed from"] = resume
-        earlier = f" (1 to {first - 1} are in {resume})" if resume else ""
-        session.report["run"]["iterations run"] = f"iterations {first} to {loop.iterations}{earlier}"
-        save_every, record = ctx.train.save_every, {}
-        training_starts()  # everything is built: the collector's start-up pause ends here
-        session.interrupt.install()  # through the final save too: a signal then finishes it
-        try:
-            try:
-                for it in range(first, loop.iterations + 1):
-                    drawn = loop.sampler.state_dict()  # a failed reward server: checkpointed as before it
-                    try:
-                        record = loop.iteration(it)  # rollouts, rewards, advantages, updates (every rank)
-                    except ServerError as err:
-                        loop.sampler.load_state_dict(drawn)
-                        save = lambda: loop.save(it - 1)  # noqa: B023, E731
-                        raise session.server_failed(err, it - 1, first - 1, save) from None
-                    session.log_metrics(record)  # metrics.jsonl + the configured trackers, rank 0
-                    loop.progress(it, first, record)
-                    stop = session.interrupt.agreed()  # collective: every rank stops after the same one
-                    if (save_every and it % save_every == 0) or stop:
-                        saved = loop.save(it)
-                    if stop:
-                        raise session.stopped(it, str(saved), {"train_runtime": loop.elapsed(), **record})
-            finally:
-                session.finish_trackers()
-            session.interrupt.finishing = True  # training is done: a signal now finishes final/
-            metrics = {"train_runtime": loop.elapsed(), "iterations": loop.iterations, **record}
-            return session.finish_loop(metrics=metrics, **loop.final())  # ZeRO-3 / FSDP: gathered on rank 0
-        finally:
-            session.interrupt.uninstall()
+        # the driver resumes, iterates, checkpoints and stops it; ZeRO-3 / FSDP: gathered on rank 0 for final/
+        return session.run(PPOLoop.build(self, ctx, session, policy, data))
 
 
 def check_reward(spec: Any) -> None:

@@ -27,7 +27,8 @@ class Reward(Recipe):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import RewardConfig, RewardTrainer
 
-        from hydratune.components.runtime.session import Session, training_pairs
+        from hydratune.components.runtime.session import Session
+        from hydratune.components.runtime.trainer_loop import TrainerLoop, training_pairs
 
         c = ctx.components
         session = Session.start(ctx)
@@ -41,4 +42,4 @@ class Reward(Recipe):
             )
         )
         trainer = session.trainer(RewardTrainer, args, data)
-        return session.train_and_finish(trainer, probes=training_pairs(trainer, ctx.train.probe_pairs))
+        return session.run(TrainerLoop(session, trainer, training_pairs(trainer, ctx.train.probe_pairs)))

@@ -70,7 +70,9 @@ class SFT(Recipe):
 
         from hydratune.components.data.stream_prepare import sft_data_args
         from hydratune.components.data.tokens import token_plan
+        from hydratune.components.runtime.pipeline_loop import StagedLoop, cut_model
         from hydratune.components.runtime.session import Session
+        from hydratune.components.runtime.trainer_loop import TrainerLoop
 
         c = ctx.components
         session = Session.start(ctx)
@@ -94,9 +96,12 @@ class SFT(Recipe):
                 **sft_data_args(c.data),  # the tokens are TRL's already; a stream: packed by hydratune's feed
             )
         )
+        staged = c.strategy.parallel.pp > 1  # pipeline stages: the trainer gets this rank's stages only
+        cut = cut_model(session) if staged else None
         trainer = session.trainer(SFTTrainer, args, session.tokens, **extra)
         session.check_loss_mask(trainer.train_dataset, masked=plan.mask != "none" or plan.completion)
-        return session.train_and_finish(trainer)
+        # the trainer prepares data, optimizer and schedule; the stages train through their own loop
+        return session.run(StagedLoop.build(session, trainer, cut) if cut else TrainerLoop(session, trainer))
 
     def run_image_rows(self, session: Any, rows: Any) -> dict[str, Any]:
         """Image rows on a vision-language model: the rows themselves to TRL's SFTTrainer with the model's
@@ -107,6 +112,7 @@ class SFT(Recipe):
         packing is refused before load)."""
         from trl import SFTConfig, SFTTrainer
 
+        from hydratune.components.runtime.trainer_loop import TrainerLoop
         from hydratune.components.text.batching import NoImageTokenLoss, image_token_ids
 
         ctx = session.ctx
@@ -139,4 +145,4 @@ class SFT(Recipe):
             else "the completion only (TRL's vision collator); image tokens never trained"
         )
         session.check_image_loss_mask(trainer, masked=masked)
-        return session.train_and_finish(trainer)
+        return session.run(TrainerLoop(session, trainer))

@@ -41,7 +41,7 @@ class SimPO(Recipe):
         }
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from hydratune.components.runtime.session import train_on_pairs
+        from hydratune.components.runtime.trainer_loop import train_on_pairs
         from hydratune.components.runtime.trl_experimental import experimental
 
         config_cls, trainer_cls = experimental("cpo", "CPOConfig", "CPOTrainer")

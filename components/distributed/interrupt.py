@@ -22,8 +22,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from transformers import TrainerCallback
-
 SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None)
 RELAY = signal.SIGUSR2
 RELAY_FILE = ".interrupt"  # in the run dir: the name of the signal the launcher relays
@@ -55,10 +53,11 @@ def announce(signum: int, who: str = "", doing: str = STOPPING) -> None:
 PREEMPTED = 1000
 
 
-class GracefulInterrupt(TrainerCallback):
-    """Turns the first signal into 'save and stop after this step'; the second one kills. ``preemption``:
-    the launcher's pre-emption signals, handled too (they may be the local launcher's ``RELAY`` signal
-    elsewhere, so they are not in :data:`SIGNALS`)."""
+class GracefulInterrupt:
+    """Turns the first signal into 'save and stop after this step' (the loop driver asks :meth:`agreed`
+    after every step: ``components/runtime/loop.py``); the second one kills. ``preemption``: the launcher's
+    pre-emption signals, handled too (they may be the local launcher's ``RELAY`` signal elsewhere, so they
+    are not in :data:`SIGNALS`)."""
 
     def __init__(self, preemption: frozenset[int] = frozenset()) -> None:
         self.preemption = preemption
@@ -139,11 +138,6 @@ class GracefulInterrupt(TrainerCallback):
         # the answer is the all-reduced flag only: a signal handled while this rank waited in the all-reduce
         # set self.signum after its flag was sent, and the other ranks do not know it until the next step
         return bool(agreed)
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.agreed():
-            control.should_save = True
-            control.should_training_stop = True
 
 
 def accept_relays(run_dir: Path) -> None:

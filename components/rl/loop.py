@@ -1,7 +1,8 @@
-"""PPO's loop on accelerate: built from a run's components through the strategy's loop hooks (its
-``OwnLoop`` extension, ``components/strategy/core.py``), one
-iteration at a time, checkpointed and restored whole. ``recipes/ppo.py`` drives it; the algorithm's pieces
-are the small functions of ``components/rl/ppo_parts.py``.
+"""PPO's loop on accelerate (the driver's ``Loop``, ``components/runtime/loop.py``): built from a run's
+components through the strategy's loop hooks (its ``OwnLoop`` extension, ``components/strategy/core.py``),
+one iteration at a time (an iteration is the driver's step), checkpointed and restored whole.
+``recipes/ppo.py`` builds it and hands it to the driver; the algorithm's pieces are the small functions of
+``components/rl/ppo_parts.py``.
 
 Whatever the strategy: the trained modules are sharded (``shard_trained``: FSDP2) before the optimizer is
 built over them, the live layout is verified, then ``prepare_loop`` wraps them (DDP, or one DeepSpeed
@@ -18,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydratune.components.config.errors import ServerError
 from hydratune.components.rl import ppo_parts
+from hydratune.components.runtime.loop import AfterStep, Final
 
 
 @dataclass
@@ -41,6 +44,12 @@ class PPOLoop:
     iterations: int
     start: float = field(default_factory=time.time)
     tokens: int = 0
+    done: int = 0  # the last iteration that finished
+    evaluates = False  # PPO scores its rollouts, not a held-out split
+
+    @property
+    def max_steps(self) -> int:
+        return self.iterations
 
     @classmethod
     def build(cls, knobs: Any, ctx: Any, session: Any, policy: Any, data: Any) -> PPOLoop:
@@ -132,6 +141,40 @@ class PPOLoop:
     @property
     def unwrapped(self) -> dict[str, Any]:
         return {name: self.accelerator.unwrap_model(m) for name, m in self.loop.modules.items()}
+
+    def resume(self, checkpoint: str | None) -> int:
+        """Restore ``checkpoint`` if given; the last iteration done (the summary says which this run runs)."""
+        self.done = self.restore(checkpoint) - 1 if checkpoint else 0
+        earlier = f" (1 to {self.done} are in {checkpoint})" if checkpoint else ""
+        self.session.report["run"]["iterations run"] = (
+            f"iterations {self.done + 1} to {self.iterations}{earlier}"
+        )
+        return self.done
+
+    def train(self, done: int, after_step: AfterStep) -> dict[str, Any]:
+        """Iterations ``done + 1`` to the last, each logged (metrics.jsonl, the trackers, the progress line)
+        and followed by the driver's decision (a checkpoint, the stop). A reward server failing mid-iteration
+        leaves the prompt sampler where the iteration found it (its checkpoint is the last finished one)."""
+        record: dict[str, Any] = {}
+        for it in range(done + 1, self.iterations + 1):
+            drawn = self.sampler.state_dict()
+            try:
+                record = self.iteration(it)  # rollouts, rewards, advantages, updates (every rank)
+            except ServerError:
+                self.sampler.load_state_dict(drawn)
+                raise
+            self.done = it
+            self.session.log_metrics(record)  # metrics.jsonl + the configured trackers, rank 0
+            self.progress(it, done + 1, record)
+            decision = after_step(it)
+            if decision.save:
+                self.save(it)
+            if decision.stop:
+                break
+        return {"train_runtime": self.elapsed(), "iterations": self.iterations, **record}
+
+    def last_step(self) -> int:
+        return self.done
 
     def restore(self, checkpoint: str) -> int:
         """Load ``checkpoint`` (last: it restores the random generators too); the next iteration."""
@@ -249,15 +292,15 @@ class PPOLoop:
     def elapsed(self) -> float:
         return round(time.time() - self.start, 2)
 
-    def final(self) -> dict[str, Any]:
-        """``Session.finish_loop``'s model, extra modules and, where the weights are sharded, the state
+    def finish(self, metrics: dict[str, Any]) -> Final:
+        """The policy for ``final/``, the value head beside it and, where the weights are sharded, the state
         dicts gathered on rank 0 (a collective call)."""
         acc, hooks = self.accelerator, self.ctx.components.strategy.loop_hooks
         engine = self.loop.engine
         trained = engine if engine is not None else ppo_parts.PolicyAndValue.of(self.loop.modules)
-        gathered = ppo_parts.split_gathered(hooks.gather_loop_weights(acc, trained))
+        gathered = ppo_parts.split_gathered(hooks.gather_loop_weights(acc, trained)) or {}
         unwrapped = self.unwrapped
-        return {"model": unwrapped["policy"], "extra": {"value": unwrapped["value"]}, "gathered": gathered}
+        return Final(unwrapped["policy"], gathered, extra={"value": unwrapped["value"]})
 
 
 def iterations_of(knobs: Any, train: Any, rows: int) -> int:

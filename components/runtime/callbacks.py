@@ -49,17 +49,6 @@ class NonFiniteLossGuard(TrainerCallback):
         raise Diverged(state.global_step, loss, self.last_finite, args.learning_rate, args.max_grad_norm)
 
 
-class OneEndOfRunEval(TrainerCallback):
-    """The end-of-run evaluation once: with ``eval_strategy="steps"`` the Trainer also evaluates at its last
-    step (``DefaultFlowCallback``), on the weights the session then evaluates again after training
-    (``Session._finish``, which measures it for the summary). This callback, called after the Trainer's own,
-    drops the Trainer's evaluation at the last step; the periodic ones before it are untouched."""
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.global_step >= state.max_steps:
-            control.should_evaluate = False
-
-
 class LayoutCheck(TrainerCallback):
     """When training begins (the engine is built by then: DeepSpeed's AutoTP has split the layers, Ulysses has
     made its groups): the strategy reads back what was built (:meth:`ModelSplit.verify_built`) and refuses a

@@ -1,20 +1,20 @@
-"""Pipeline-parallel training (``strategy=pipeline``): a trainer-based recipe's run with the model cut into
+"""The staged loop (pipeline stages: ``strategy.pp_size`` > 1): a Trainer recipe's run with the model cut into
 stages, trained by our own loop over ``torch.distributed.pipelining`` instead of ``Trainer.train``.
 
-:func:`cut_model` runs before the recipe's trainer is built (``Session.trainer``): every rank builds the model
+:func:`cut_model` runs before the recipe's trainer is built (the recipe calls it): every rank builds the model
 whole, then keeps its stages (``components/distributed/stages.py``), their layers split over the stage's
 tensor-parallel ranks with ``strategy.tp_size`` > 1 (``components/distributed/stage_tp.py``), so the trainer
 only ever holds this rank's part. The trainer still does what it is good at and what keeps the run equal to a
 single-process one: the recipe's data preparation (TRL's tokenization, label masks, truncation), the optimizer
-with its weight-decay groups, and the learning-rate schedule. :func:`train_in_stages` then runs the steps
-(``Session.train_and_finish``): each optimizer step is ``train.gradient_accumulation_steps`` micro-batches of
-``train.micro_batch_size`` rows per data-parallel replica, pushed through the schedule; rows are right-padded
-to one length (the stages exchange fixed-shape activations; a causal mask never lets a real token see the
-padding). The loss is the recipe's causal-LM cross-entropy summed over the step's trained tokens of every
-replica and divided by their count, as the Trainer's ``num_items_in_batch`` does; gradients are summed over
-the replicas and between the two copies of a tied embedding, clipped by the norm over all stages and
-tensor-parallel shards. Checkpoints, resume, signals, metrics, trackers and the summary follow the loops we
-own (``components/rl/loop.py``); the final weights are gathered into a normal model folder on rank 0.
+with its weight-decay groups, and the learning-rate schedule. :class:`StagedLoop` then runs the steps (the
+driver, ``runtime/loop.py``, decides checkpoints, evaluations and the stop after each): each optimizer step is
+``train.gradient_accumulation_steps`` micro-batches of ``train.micro_batch_size`` rows per data-parallel
+replica, pushed through the schedule; rows are right-padded to one length (the stages exchange fixed-shape
+activations; a causal mask never lets a real token see the padding). The loss is the recipe's causal-LM
+cross-entropy summed over the step's trained tokens of every replica and divided by their count, as the
+Trainer's ``num_items_in_batch`` does; gradients are summed over the replicas and between the two copies of a
+tied embedding, clipped by the norm over all stages and tensor-parallel shards. Its checkpoints hold each
+pipeline rank's stage folder; the final weights are gathered into a normal model folder on rank 0.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from hydratune.components.config.errors import ConfigError, Diverged
 from hydratune.components.distributed import pp_schedule as pp
 from hydratune.components.distributed import stage_fsdp, stage_tp
 from hydratune.components.distributed import stages as st
+from hydratune.components.runtime.loop import AfterStep, Final
 
 STAGE_DIR = "stage-{stage}"  # in a checkpoint: one pipeline rank's weights and optimizer state
 LAYOUT = "pipeline.json"  # in a checkpoint: the mesh and split that wrote it
@@ -203,9 +204,9 @@ def longest(*datasets: Any) -> int:
 
 
 @dataclass
-class StagedRun:
-    """One pipeline run's live objects: the stages and their schedules, the optimizer and schedule the
-    trainer made for this rank's parameters, the data order, and the counters."""
+class StagedLoop:
+    """The pipeline stages' loop (the driver's ``Loop``): the stages and their schedules, the optimizer and
+    schedule the trainer made for this rank's parameters, the data order, and the counters."""
 
     session: Any
     trainer: Any
@@ -216,8 +217,8 @@ class StagedRun:
     scheduler: Any
     sampler: Any  # seeded per epoch like the Trainer's (accelerate's SeedableRandomSampler)
     batches: Any  # the sampler in micro-batches, sharded over the data-parallel replicas
-    train: Batches
-    eval: Batches | None
+    train_rows: Batches
+    eval_rows: Batches | None
     max_steps: int
     steps_per_epoch: int
     stash: list[torch.Tensor]
@@ -233,13 +234,21 @@ class StagedRun:
     last: dict[str, Any] = field(default_factory=dict)  # the last record logged
     total_loss: float = 0.0
     last_finite: int | None = None
+    done: int = 0  # the last step that finished
+    epoch: float = 0.0  # where it ended, in epochs
+
+    @property
+    def evaluates(self) -> bool:
+        return self.eval_rows is not None
 
     @classmethod
-    def build(cls, session: Any, trainer: Any) -> StagedRun:
+    def build(cls, session: Any, trainer: Any, cut: Cut) -> StagedLoop:
+        """The loop over ``cut`` (this rank's stages, :func:`cut_model`) with ``trainer``'s data, optimizer
+        and schedule."""
         from accelerate.data_loader import BatchSamplerShard, SeedableRandomSampler
         from torch.utils.data import BatchSampler
 
-        ctx, cut = session.ctx, session.pipeline
+        ctx = session.ctx
         c, t, args = ctx.components, ctx.train, trainer.args
         model = trainer.model
         layout = st.CausalLMParts.of(model)
@@ -321,11 +330,11 @@ class StagedRun:
         import torch.distributed as dist
 
         mesh, device = self.cut.mesh, self.cut.mesh.device
-        ids, labels, real = self.train.tensors(micro)
+        ids, labels, real = self.train_rows.tensors(micro)
         items = torch.tensor(int((labels[:, 1:] != -100).sum()), device=device)
         dist.all_reduce(items, group=mesh.dp_group)  # the step's trained tokens over every replica
         self.stash.clear()
-        ran = self.pipe.run(ids.to(device), labels.to(device), len(micro), self.train.length,
+        ran = self.pipe.run(ids.to(device), labels.to(device), len(micro), self.train_rows.length,
                             loss_kwargs={"num_items": int(items)})  # fmt: skip
         if not ran.fresh:  # a step that built its schedule pays the set-up: not timed
             self.timing.add(ran.busy, ran.wall)
@@ -368,17 +377,18 @@ class StagedRun:
         rows) and mean token accuracy, forward only through the pipeline (a collective call)."""
         import torch.distributed as dist
 
-        assert self.eval is not None
-        mesh, rows, begun = self.cut.mesh, self.eval.rows, time.time()
-        indices = list(range(len(self.eval.data)))
+        assert self.eval_rows is not None
+        mesh, rows, begun = self.cut.mesh, self.eval_rows.rows, time.time()
+        indices = list(range(len(self.eval_rows.data)))
         mine = [indices[i : i + rows] for i in range(0, len(indices), rows)][mesh.dp_rank :: mesh.dp]
         chunk = self.session.ctx.train.gradient_accumulation_steps
         sums = [0.0, 0.0, 0.0]  # rows x batch mean loss, rows, rows x batch accuracy
         for start in range(0, len(mine), chunk):
             part = mine[start : start + chunk]
             part += [[]] * (chunk - len(part))  # one shape per schedule: padding micro-batches
-            ids, labels, _ = self.eval.tensors(part)
-            outputs = self.pipe.run(ids.to(mesh.device), None, chunk, self.eval.length, train=False).result
+            ids, labels, _ = self.eval_rows.tensors(part)
+            length = self.eval_rows.length
+            outputs = self.pipe.run(ids.to(mesh.device), None, chunk, length, train=False).result
             if not self.pipe.has_last or mesh.tp_rank:  # the last stage's tensor-parallel ranks agree
                 continue
             logits = outputs[0]
@@ -405,7 +415,7 @@ class StagedRun:
         }
 
     # ---- checkpoints ------------------------------------------------------------------------------------
-    def save(self, step: int, epoch: float) -> Path:
+    def save(self, step: int) -> Path:
         """``checkpoints/checkpoint-<step>``: each pipeline rank's weights (safetensors, the whole model's
         names) and optimizer state in ``stage-<rank>/`` (data-parallel replica 0 writes them: the weights
         gathered whole, the optimizer state one file per tensor-parallel rank), the schedule, the step and the
@@ -431,7 +441,7 @@ class StagedRun:
                 torch.save(pp.optimizer_part_state(self.optimizer), folder / name)
             if main:
                 torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
-                torch.save({"step": step, "epoch": epoch, "tokens": self.tokens}, staging / LOOP_STATE)
+                torch.save({"step": step, "epoch": self.epoch, "tokens": self.tokens}, staging / LOOP_STATE)
                 (staging / LAYOUT).write_text(json.dumps(self.layout()))
         return ctx.run_dir.checkpoints / f"checkpoint-{step}"
 
@@ -526,27 +536,44 @@ class StagedRun:
             name, elapsed = ctx.components.recipe.name, self.elapsed()
             print(progress_line(name, step, self.max_steps, elapsed, self.steps_run, shown), flush=True)
 
-    def finish(self, step: int, epoch: float) -> dict[str, Any]:
-        """After the last step: the final evaluation (skipped when a signal came after the last step), the
-        bubble, the whole model gathered on rank 0, ``final/`` and the summary (a collective call)."""
-        session, interrupt = self.session, self.session.interrupt
-        interrupt.finishing = True
-        metrics: dict[str, Any] = {
+    def train(self, done: int, after_step: AfterStep) -> dict[str, Any]:
+        """The steps after ``done``: each logged, then the driver's decision carried out (an evaluation
+        logged, a checkpoint, the stop). The run's metrics: stopped early, its time and the last record."""
+        self.done = done
+        for step, epoch, micro in self.steps(done):
+            self.log(step, epoch, self.step(micro))
+            self.done, self.epoch = step, epoch
+            decision = after_step(step)
+            if decision.evaluate:
+                self.session.log_metrics(
+                    {"step": step, "epoch": epoch, "time": self.elapsed(), **self.evaluate()}
+                )
+            if decision.save:
+                self.save(step)
+            if decision.stop:
+                return {"train_runtime": self.elapsed(), **self.last}
+        return {
             "train_runtime": self.elapsed(),
             "train_loss": self.total_loss / max(self.steps_run, 1),
             "train_tokens_per_second": self.tokens / max(self.elapsed(), 1e-9),
         }
-        if self.eval is not None and not interrupt.agreed():
+
+    def last_step(self) -> int:
+        return self.done
+
+    def finish(self, metrics: dict[str, Any]) -> Final:
+        """After the last step: the final evaluation (skipped when a signal came after the last step), the
+        bubble and the optimizer states per rank for the summary, the whole model gathered on rank 0 (a
+        collective call)."""
+        session = self.session
+        if self.eval_rows is not None and not session.interrupt.agreed():
             metrics.update(self.evaluate())
-        session.log_metrics({"step": step, "epoch": epoch, "time": self.elapsed(), **metrics})
+        session.log_metrics({"step": self.done, "epoch": self.epoch, "time": self.elapsed(), **metrics})
         session.report["pipeline"].update(self.bubble())
         states = pp.all_gather(pp.held_states(self.optimizer))  # collective
         zero = " (each data-parallel replica holds its partition)" if self.zero else ""
         session.report["pipeline"]["optimizer states per rank"] = ", ".join(f"{n:,}" for n in states) + zero
-        model = self.whole_model()  # collective: every rank sends its part to rank 0
-        if session.ctx.is_main_process:
-            session.note_late_signal()
-        return session.finish_loop(model, metrics=metrics)
+        return Final(self.whole_model())  # collective: every rank sends its part to rank 0
 
     # ---- the end -------------------------------------------------------------------------------------
     def whole_model(self) -> Any:
@@ -592,32 +619,3 @@ class StagedRun:
             "steps timed": f"{rows[0][2]} (the steps that built a schedule are left out)",
             "schedules run": ", ".join(f"{k}: {v} steps" for k, v in self.kinds.items()),
         }
-
-
-def train_in_stages(session: Any, trainer: Any) -> dict[str, Any]:
-    """The pipeline's train-and-finish (``Session.train_and_finish`` for a strategy that splits layers):
-    resume if asked, run the steps with logging, evaluation, checkpoints and the stop signal, then gather
-    the weights, evaluate generations and save ``final/`` on rank 0."""
-    from hydratune.components.runtime.resume import pinned
-    from hydratune.components.runtime.startup import training_starts
-
-    t, interrupt = session.ctx.train, session.interrupt
-    run = StagedRun.build(session, trainer)
-    done = run.resume(pinned(session.ctx.cfg))
-    step, epoch = done, 0.0
-    interrupt.install()
-    training_starts()
-    try:
-        for step, epoch, micro in run.steps(done):
-            run.log(step, epoch, run.step(micro))
-            if run.eval is not None and t.eval_every and step % t.eval_every == 0:
-                session.log_metrics({"step": step, "epoch": epoch, "time": run.elapsed(), **run.evaluate()})
-            stop = interrupt.agreed()
-            if (t.save_every and step % t.save_every == 0) or (stop and step < run.max_steps):
-                saved = run.save(step, epoch)
-            if stop and step < run.max_steps:
-                raise session.stopped(step, str(saved), {"train_runtime": run.elapsed(), **run.last})
-        return run.finish(step, epoch)
-    finally:
-        interrupt.uninstall()
-        session.finish_trackers()

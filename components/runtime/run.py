@@ -280,7 +280,6 @@ class RunContext:
     def training_args(self, **recipe_args: Any) -> dict[str, Any]:
         """TrainingArguments fields from ``train:`` and every component, then the recipe's own."""
         t, c = self.cfg.train, self.components
-        every = {"eval": t.eval_every, "save": t.save_every}
         args: dict[str, Any] = {
             "output_dir": str(self.run_dir.checkpoints),
             "run_name": self.run_name,
@@ -292,10 +291,10 @@ class RunContext:
             "max_grad_norm": t.max_grad_norm,
             "logging_steps": t.log_every,
             "logging_first_step": True,
-            "eval_strategy": "steps" if every["eval"] > 0 else "no",
-            "eval_steps": every["eval"] or None,
-            "save_strategy": "steps" if every["save"] > 0 else "no",
-            "save_steps": every["save"] or None,
+            # train.eval_every / save_every: the loop driver decides after each step (runtime/loop.py), the
+            # Trainer does what it says (runtime/trainer_loop.py DriverStep): its own strategies stay off
+            "eval_strategy": "no",
+            "save_strategy": "no",
             "save_total_limit": t.keep_last,
             "seed": t.seed,
             "data_seed": t.data_seed if t.data_seed is not None else t.seed,

@@ -1,8 +1,10 @@
-"""The lifecycle every trainer-based recipe shares, so recipes stay one screen long.
+"""The lifecycle every recipe shares, so recipes stay one screen long.
 
-``Session.start`` seeds, prepares the run dir and the tokenizer; ``build_model`` applies quantization
-and PEFT; ``train_and_finish`` checks the live strategy, trains or resumes (stopping cleanly on
-SIGTERM/SIGINT), evaluates, saves and reports.
+``Session.start`` seeds, prepares the run dir and the tokenizer; ``load_data`` reads and checks the rows
+(the recipe's ``check_data`` too) before any model; ``build_model`` applies quantization and PEFT;
+``trainer`` builds a Trainer recipe's trainer; ``run(loop)`` trains the loop the recipe names with the one
+driver (``runtime/loop.py``: resume, steps, checkpoints, stopping cleanly on SIGTERM/SIGINT) and
+``finish`` saves ``final/`` and the summary.
 """
 
 from __future__ import annotations
@@ -27,16 +29,14 @@ from hydratune.components.runtime.callbacks import (
     LayoutCheck,
     MetricsCallback,
     NonFiniteLossGuard,
-    OneEndOfRunEval,
     ResumeSplitRows,
     progress_callback,
 )
 from hydratune.components.runtime.checkpoint import checkpoints_in, save_final
 from hydratune.components.runtime.diskspace import ensure_room_for_final
 from hydratune.components.runtime.expert_load import ExpertLoad, routers
-from hydratune.components.runtime.resume import loss_span, pinned
+from hydratune.components.runtime.loop import Final, Loop, drive
 from hydratune.components.runtime.run import RunContext, peak_memory_gb
-from hydratune.components.runtime.startup import training_starts
 from hydratune.components.text.chat_template import generation_header, label_for, mask_segments
 from hydratune.components.text.masking import check_label_mask, label_mask_stats, stop_token_ids
 from hydratune.components.tracker import TrackerRun
@@ -65,7 +65,6 @@ class Session:
     layout: dict[str, Any] = field(default_factory=dict)
     #: the model's attention function before Ulysses wrapped it (generation runs with it)
     attention: Any = None
-    pipeline: Any = None  # strategy=pipeline: this rank's stages and mesh (runtime/pipeline_loop.py)
     eval_cost: dict[str, Any] = field(default_factory=dict)  # the end-of-run evaluation: seconds, rows
     #: the passes outside the training steps (probes, eval generations) before / after training: seconds
     probe_cost: dict[str, Any] = field(default_factory=dict)
@@ -224,9 +223,7 @@ class Session:
             *engine,
             MetricsCallback(self.ctx.run_dir),
             NonFiniteLossGuard(),
-            OneEndOfRunEval(),  # the session evaluates after the last step (_finish): not the Trainer too
             progress_callback(c.recipe.name),
-            self.interrupt,
             self.first_step,
             *c.tracker.callbacks(self.ctx.run_info()),
         ]
@@ -239,10 +236,6 @@ class Session:
         from hydratune.components.runtime.trainer_hooks import hydratune_trainer
 
         c = self.ctx.components
-        if c.strategy.parallel.pp > 1:  # the trainer gets this rank's stages only
-            from hydratune.components.runtime.pipeline_loop import cut_model
-
-            self.pipeline = cut_model(self)
         # fp16 outside DeepSpeed (whose config carries them): the loss-scaling knobs reach torch's GradScaler
         handlers = () if c.strategy.scales_loss else tuple(c.precision.scaler_handlers(self.ctx.plan.dtype))
         replicas = self.ctx.plan.mesh.tp if self.ctx.plan.mesh is not None else 1
@@ -378,140 +371,9 @@ class Session:
                 max(counts),
             )
 
-    def probe(self, trainer: Any, probes: dict[str, Any], when: str) -> None:
-        """Evaluate the trainer on extra datasets (e.g. training pairs) and keep the metrics and seconds."""
-        for name, dataset in probes.items():
-            started = time.perf_counter()
-            metrics = trainer.evaluate(eval_dataset=dataset, metric_key_prefix="probe")
-            self.probe_cost[f"{name} probe {when} (s)"] = round(time.perf_counter() - started, 1)
-            kept = {
-                k.removeprefix("probe_"): v
-                for k, v in metrics.items()
-                if not k.endswith(("runtime", "per_second"))
-            }
-            self.report.setdefault(f"{name} ({when})", {}).update(kept)
-
-    def probe_before(self, trainer: Any, probes: dict[str, Any]) -> None:
-        """:meth:`probe` before training, except under DeepSpeed: an ``evaluate()`` before ``train()`` leaves
-        the model wrapped in an inference engine that ``train()`` frees and does not rebuild (transformers
-        5), so the first backward finds no engine."""
-        if probes and getattr(trainer, "is_deepspeed_enabled", False):
-            for name in probes:
-                self.report[f"{name} (before)"] = {"skipped": "DeepSpeed: no evaluation before train()"}
-            return
-        self.probe(trainer, probes, "before")
-
-    def train_and_finish(self, trainer: Any, *, probes: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``_train_and_finish``, then close the trackers whatever happened."""
-        if self.ctx.components.strategy.parallel.pp > 1:  # our own loop over the stages
-            from hydratune.components.runtime.pipeline_loop import train_in_stages
-
-            return train_in_stages(self, trainer)
-        try:
-            return self._train_and_finish(trainer, probes=probes or {})
-        finally:
-            self.finish_trackers()
-
     def finish_trackers(self) -> None:
         """Flush and close what the trackers opened (rank 0; a no-op elsewhere)."""
         self.trackers.finish()
-
-    def _train_and_finish(self, trainer: Any, *, probes: dict[str, Any]) -> dict[str, Any]:
-        """Verify the strategy, train (resuming if asked), evaluate, save ``final/``, write the summary.
-
-        On SIGTERM/SIGINT/SIGUSR1 (or a SLURM job's pre-emption signal, after which the launcher requeues
-        the job) the current step finishes, a checkpoint is written, the summary says
-        how to resume, and ``Interrupted`` is raised (the CLI exits with code 75); after the last step, the
-        final save is finished instead (:meth:`_finish`).
-        """
-        from transformers import PrinterCallback
-
-        ctx, c = self.ctx, self.ctx.components
-        ctx.trainer = trainer
-        trainer.remove_callback(PrinterCallback)
-        trainer.optimizer_cls_and_kwargs = c.optimizer.cls_and_kwargs(
-            ctx.device
-        )  # every trainer, same optimizer
-        c.strategy.verify(trainer.accelerator, ctx.plan.world_size)
-        self.report["run"]["live strategy"] = c.strategy.live_description(trainer.accelerator)
-        if not ctx.cfg.resume:
-            self.probe_before(trainer, probes)
-        resume = pinned(
-            ctx.cfg
-        )  # resolved and checked before the model loaded (components/runtime/resume.py)
-        if resume:
-            self.report["run"]["resumed from"] = resume
-        self.interrupt.install()  # through the final save too: a signal then finishes it (see _finish)
-        training_starts()  # everything is built: the collector's start-up pause ends here
-        try:
-            try:
-                result = trainer.train(resume_from_checkpoint=resume)
-            except ServerError as err:  # the reward server, mid-step: checkpoint the last finished step
-                first = getattr(trainer, "_initial_global_step", 0)
-                save = lambda: trainer._save_checkpoint(trainer.model, trial=None)  # noqa: E731
-                raise self.server_failed(err, trainer.state.global_step, first, save) from None
-            self.report_loss_span(trainer, resume)
-            self.report.setdefault("data", {}).update(getattr(trainer, "stream_report", {}))
-            if self.interrupt.requested and trainer.state.global_step < trainer.state.max_steps:
-                saved = checkpoints_in(ctx.run_dir.path)
-                checkpoint = str(saved[-1]) if saved else None
-                raise self.stopped(trainer.state.global_step, checkpoint, dict(result.metrics))
-            return self._finish(trainer, dict(result.metrics), probes)
-        finally:
-            self.interrupt.uninstall()
-
-    def _finish(self, trainer: Any, metrics: dict[str, Any], probes: dict[str, Any]) -> dict[str, Any]:
-        """After the last step: evaluate, save ``final/``, write the summary. A signal now (training is
-        done) skips what is left of the evaluation and finishes the save and the summary; a second one stops
-        at once."""
-        ctx = self.ctx
-        self.interrupt.finishing = True
-        if trainer.eval_dataset is not None and not self.interrupt.agreed():
-            started = time.perf_counter()
-            metrics.update(trainer.evaluate())
-            self.eval_cost = {
-                "end-of-run eval (s)": round(time.perf_counter() - started, 1),
-                "end-of-run eval rows": len(trainer.eval_dataset),
-            }
-        state_dict = ctx.components.strategy.gather_state_dict(trainer)  # collective: every rank takes part
-        ctx.record_rank_weights(trainer.model)
-        self.record_layout(trainer)
-        if not self.interrupt.agreed():
-            self.probe(trainer, probes, "after")  # evaluate() is collective (ZeRO-3 gathers): every rank
-        together = ctx.components.strategy.model_split.generates_together  # TP: every rank generates
-        if together and not self.interrupt.agreed():
-            self.evaluate_generations("after")
-        if not trainer.is_world_process_zero():
-            return metrics
-        if not self.interrupt.requested and not together:
-            self.evaluate_generations("after")
-        ensure_room_for_final(trainer.model, ctx.run_dir.final, ctx.cfg.merge)
-        self.report["outputs"] = save_final(
-            trainer.model,
-            self.tokenizer,
-            ctx.run_dir.final,
-            merge=ctx.cfg.merge,
-            state_dict=state_dict,
-            processor=self.processor,
-        )
-        self.note_late_signal()
-        self.write_report(metrics)
-        return metrics
-
-    def record_layout(self, trainer: Any) -> None:
-        """What this rank held of a split model (its shards, groups, token split) into
-        ``.rank<r>.layout.json``, and rank 0's into the summary."""
-        split = getattr(trainer, "sequence_split", None)
-        if split:
-            self.layout["sequence split"] = split
-        if not self.layout:
-            return
-        import os
-
-        rank = int(os.environ.get("RANK", 0))
-        self.ctx.run_dir.write_json(f".rank{rank}.layout.json", self.layout)
-        if rank == 0:
-            self.report["mesh (live, rank 0)"] = dict(self.layout)
 
     def note_late_signal(self) -> None:
         """A signal after the last training step: say that final/ was finished and what was skipped."""
@@ -568,12 +430,6 @@ class Session:
             self.write_report(metrics)
         return stop
 
-    def report_loss_span(self, trainer: Any, resume: str | None) -> None:
-        """Which optimizer steps the trainer's ``train_loss`` averages: a resumed run's covers only the steps
-        it ran itself (the earlier ones are in the run it continued)."""
-        first, last = getattr(trainer, "_initial_global_step", 0) + 1, trainer.state.global_step
-        self.report["run"]["train_loss covers"] = loss_span(first, last, resume)
-
     def log_metrics(self, record: dict[str, Any]) -> None:
         """One record of a recipe that owns its loop (PPO): appended to ``metrics.jsonl`` and sent to every
         configured tracker at ``record["step"]`` (numbers only; ``time`` stays in the run dir). Rank 0."""
@@ -587,39 +443,39 @@ class Session:
         }
         self.trackers.log(values, int(record["step"]))
 
-    def finish_loop(
-        self,
-        model: Any,
-        *,
-        metrics: dict[str, Any],
-        extra: dict[str, Any] | None = None,
-        gathered: dict[str, dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
-        """The end of a recipe that owns its loop (PPO): evaluate, save ``final/`` (plus ``extra``
-        modules, e.g. a value head, as ``final/<name>.safetensors``), write summary.md and result.json.
-        ``gathered``: state dicts gathered from sharded weights (``"model"`` and each ``extra`` name)."""
+    def run(self, loop: Loop) -> dict[str, Any]:
+        """Train ``loop`` (the recipe names it: a Trainer's, PPO's, the pipeline stages') with the one driver
+        (``runtime/loop.py``): resume, the steps, checkpoints, the stop agreement, then :meth:`finish`."""
+        return drive(self, loop)
+
+    def finish(self, final: Final, metrics: dict[str, Any]) -> dict[str, Any]:
+        """After the last step: each rank's weights noted, the eval generations (on every rank when they
+        generate together), and on rank 0 ``final/`` (plus ``final.extra`` modules as
+        ``final/<name>.safetensors``, e.g. PPO's value head), summary.md and result.json."""
         from safetensors.torch import save_file
 
-        self.model = self.ctx.model = model
-        self.ctx.record_rank_weights(model)
-        if not self.ctx.is_main_process:  # rank 0 writes the run dir
-            return metrics
-        if not self.interrupt.requested:  # a signal after the last step: final/ and the summary only
+        ctx = self.ctx
+        self.model = ctx.model = final.model
+        ctx.record_rank_weights(final.model)
+        if final.generate_together and not self.interrupt.agreed():  # TP: every rank generates
             self.evaluate_generations("after")
-        gathered = gathered or {}
-        ensure_room_for_final(model, self.ctx.run_dir.final, self.ctx.cfg.merge)
+        if not ctx.is_main_process:  # rank 0 writes the run dir
+            return metrics
+        if not self.interrupt.requested and not final.generate_together:
+            self.evaluate_generations("after")  # a signal after the last step: final/ and the summary only
+        ensure_room_for_final(final.model, ctx.run_dir.final, ctx.cfg.merge)
         self.report["outputs"] = save_final(
-            model,
+            final.model,
             self.tokenizer,
-            self.ctx.run_dir.final,
-            merge=self.ctx.cfg.merge,
-            state_dict=gathered.get("model"),
+            ctx.run_dir.final,
+            merge=ctx.cfg.merge,
+            state_dict=final.gathered.get("model"),
             processor=self.processor,
         )
-        for name, module in (extra or {}).items():
-            state = gathered.get(name) or module.state_dict()
+        for name, module in final.extra.items():
+            state = final.gathered.get(name) or module.state_dict()
             state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-            save_file(state, str(self.ctx.run_dir.final / f"{name}.safetensors"))
+            save_file(state, str(ctx.run_dir.final / f"{name}.safetensors"))
         self.note_late_signal()
         self.write_report(metrics)
         return metrics
@@ -683,24 +539,3 @@ def _tokens_per_second(ctx: RunContext) -> float | None:
         r["train_tokens_per_second"] for r in ctx.run_dir.read_metrics() if "train_tokens_per_second" in r
     ]
     return round(rates[-1], 1) if rates else None
-
-
-def train_on_pairs(
-    ctx: RunContext, config_cls: Any, trainer_cls: Any, trainer_args: dict[str, Any]
-) -> dict[str, Any]:
-    """A reference-free preference trainer (ORPO, SimPO) through the shared lifecycle: load, build, train
-    with ``trainer_args``, probe the first training pairs before and after."""
-    session = Session.start(ctx)
-    data = session.load_data()
-    session.build_model()
-    trainer = session.trainer(trainer_cls, config_cls(**ctx.training_args(**trainer_args)), data)
-    return session.train_and_finish(trainer, probes=training_pairs(trainer, ctx.train.probe_pairs))
-
-
-def training_pairs(trainer: Any, pairs: int) -> dict[str, Any]:
-    """Reward and the preference recipes: the first ``pairs`` (``train.probe_pairs``; 0: none) training
-    pairs, scored before and after training (the ``probes`` of :meth:`Session.train_and_finish`)."""
-    rows = trainer.train_dataset
-    if not pairs:
-        return {}
-    return {"training pairs": rows.select(range(min(pairs, len(rows))))}

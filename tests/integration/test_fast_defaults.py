@@ -245,7 +245,7 @@ def test_the_cli_runs_no_full_collection_before_training(tmp_path, monkeypatch) 
     leaves collection on and nothing frozen when the run is over."""
     import gc
 
-    import hydratune.components.runtime.session
+    import hydratune.components.runtime.startup
     from hydratune.recipes.cli import main
 
     full, seen = [], {}
@@ -259,8 +259,8 @@ def test_the_cli_runs_no_full_collection_before_training(tmp_path, monkeypatch) 
         original()
         seen["frozen"] = gc.get_freeze_count()
 
-    original = hydratune.components.runtime.session.training_starts
-    monkeypatch.setattr(hydratune.components.runtime.session, "training_starts", training_starts)
+    original = hydratune.components.runtime.startup.training_starts
+    monkeypatch.setattr(hydratune.components.runtime.startup, "training_starts", training_starts)
     gc.unfreeze()  # the collector as a process starts it (not as tests/conftest.py leaves it)
     gc.callbacks.append(on_gc)
     try:

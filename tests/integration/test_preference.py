@@ -153,7 +153,7 @@ def test_the_probe_takes_the_first_probe_pairs() -> None:
 
     from datasets import Dataset
 
-    from hydratune.components.runtime.session import training_pairs
+    from hydratune.components.runtime.trainer_loop import training_pairs
 
     trainer = SimpleNamespace(train_dataset=Dataset.from_dict({"i": list(range(10))}))
     assert training_pairs(trainer, 3)["training pairs"]["i"] == [0, 1, 2]
