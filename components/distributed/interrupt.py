@@ -55,7 +55,7 @@ PREEMPTED = 1000
 
 class GracefulInterrupt:
     """Turns the first signal into 'save and stop after this step' (the loop driver asks :meth:`agreed`
-    after every step: ``components/runtime/loop.py``); the second one kills. ``preemption``: the launcher's
+    after every step: ``components/runtime/driver.py``); the second one kills. ``preemption``: the launcher's
     pre-emption signals, handled too (they may be the local launcher's ``RELAY`` signal elsewhere, so they
     are not in :data:`SIGNALS`)."""
 

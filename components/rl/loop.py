@@ -1,4 +1,4 @@
-"""PPO's loop on accelerate (the driver's ``Loop``, ``components/runtime/loop.py``): built from a run's
+"""PPO's loop on accelerate (the driver's ``Loop``, ``components/runtime/driver.py``): built from a run's
 components through the strategy's loop hooks (its ``OwnLoop`` extension, ``components/strategy/core.py``),
 one iteration at a time (an iteration is the driver's step), checkpointed and restored whole.
 ``recipes/ppo.py`` builds it and hands it to the driver; the algorithm's pieces are the small functions of
@@ -21,7 +21,7 @@ from typing import Any
 
 from hydratune.components.config.errors import ServerError
 from hydratune.components.rl import ppo_parts
-from hydratune.components.runtime.loop import AfterStep, Final
+from hydratune.components.runtime.driver import AfterStep, Final
 
 
 @dataclass

@@ -7,8 +7,8 @@ tensor-parallel ranks with ``strategy.tp_size`` > 1 (``components/distributed/st
 only ever holds this rank's part. The trainer still does what it is good at and what keeps the run equal to a
 single-process one: the recipe's data preparation (TRL's tokenization, label masks, truncation), the optimizer
 with its weight-decay groups, and the learning-rate schedule. :class:`StagedLoop` then runs the steps (the
-driver, ``runtime/loop.py``, decides checkpoints, evaluations and the stop after each): each optimizer step is
-``train.gradient_accumulation_steps`` micro-batches of ``train.micro_batch_size`` rows per data-parallel
+driver, ``runtime/driver.py``, decides checkpoints, evaluations and the stop after each): each optimizer step
+is ``train.gradient_accumulation_steps`` micro-batches of ``train.micro_batch_size`` rows per data-parallel
 replica, pushed through the schedule; rows are right-padded to one length (the stages exchange fixed-shape
 activations; a causal mask never lets a real token see the padding). The loss is the recipe's causal-LM
 cross-entropy summed over the step's trained tokens of every replica and divided by their count, as the
@@ -32,7 +32,7 @@ from hydratune.components.config.errors import ConfigError, Diverged
 from hydratune.components.distributed import pp_schedule as pp
 from hydratune.components.distributed import stage_fsdp, stage_tp
 from hydratune.components.distributed import stages as st
-from hydratune.components.runtime.loop import AfterStep, Final
+from hydratune.components.runtime.driver import AfterStep, Final
 
 STAGE_DIR = "stage-{stage}"  # in a checkpoint: one pipeline rank's weights and optimizer state
 LAYOUT = "pipeline.json"  # in a checkpoint: the mesh and split that wrote it

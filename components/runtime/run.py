@@ -291,7 +291,7 @@ class RunContext:
             "max_grad_norm": t.max_grad_norm,
             "logging_steps": t.log_every,
             "logging_first_step": True,
-            # train.eval_every / save_every: the loop driver decides after each step (runtime/loop.py), the
+            # train.eval_every / save_every: the loop driver decides after each step (runtime/driver.py), the
             # Trainer does what it says (runtime/trainer_loop.py DriverStep): its own strategies stay off
             "eval_strategy": "no",
             "save_strategy": "no",

@@ -3,7 +3,7 @@
 ``Session.start`` seeds, prepares the run dir and the tokenizer; ``load_data`` reads and checks the rows
 (the recipe's ``check_data`` too) before any model; ``build_model`` applies quantization and PEFT;
 ``trainer`` builds a Trainer recipe's trainer; ``run(loop)`` trains the loop the recipe names with the one
-driver (``runtime/loop.py``: resume, steps, checkpoints, stopping cleanly on SIGTERM/SIGINT) and
+driver (``runtime/driver.py``: resume, steps, checkpoints, stopping cleanly on SIGTERM/SIGINT) and
 ``finish`` saves ``final/`` and the summary.
 """
 
@@ -34,8 +34,8 @@ from hydratune.components.runtime.callbacks import (
 )
 from hydratune.components.runtime.checkpoint import checkpoints_in, save_final
 from hydratune.components.runtime.diskspace import ensure_room_for_final
+from hydratune.components.runtime.driver import Final, Loop, drive
 from hydratune.components.runtime.expert_load import ExpertLoad, routers
-from hydratune.components.runtime.loop import Final, Loop, drive
 from hydratune.components.runtime.run import RunContext, peak_memory_gb
 from hydratune.components.text.chat_template import generation_header, label_for, mask_segments
 from hydratune.components.text.masking import check_label_mask, label_mask_stats, stop_token_ids
@@ -445,7 +445,7 @@ class Session:
 
     def run(self, loop: Loop) -> dict[str, Any]:
         """Train ``loop`` (the recipe names it: a Trainer's, PPO's, the pipeline stages') with the one driver
-        (``runtime/loop.py``): resume, the steps, checkpoints, the stop agreement, then :meth:`finish`."""
+        (``runtime/driver.py``): resume, the steps, checkpoints, the stop agreement, then :meth:`finish`."""
         return drive(self, loop)
 
     def finish(self, final: Final, metrics: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The loop of the Trainer recipes (SFT, reward, DPO, KTO, ORPO, SimPO, GRPO): a transformers / TRL Trainer
 runs the steps (its data order, accumulation, logging, and its own ``_save_checkpoint``: atomic, checksummed),
-and the driver (``runtime/loop.py`` ``drive``) decides after each step through :class:`DriverStep`'s control
+and the driver (``runtime/driver.py`` ``drive``) decides after each step through :class:`DriverStep`'s control
 flags: the Trainer's own save and eval strategies are off (``RunContext.training_args``), so
 ``train.save_every``, ``train.eval_every`` and the stop agreement are the driver's alone. Around the steps:
 the live check of the strategy, the probes (extra datasets scored before and after training) and the
@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from hydratune.components.runtime.loop import AfterStep, Final
+from hydratune.components.runtime.driver import AfterStep, Final
 
 
 class DriverStep(TrainerCallback):

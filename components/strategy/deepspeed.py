@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -15,6 +14,7 @@ from hydratune.components.config.registry import component
 from hydratune.components.distributed import model_parallel
 from hydratune.components.distributed.mesh import Mesh
 from hydratune.components.memory.shapes import StrategyShape, elements
+from hydratune.components.strategy import deepspeed_config as generated
 from hydratune.components.strategy.core import (
     BatchPlan,
     ModelSplit,
@@ -317,7 +317,7 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
                 key="strategy",
                 hint="pip install 'hydratune[deepspeed]'",
             )
-        hpz = self.hpz_partition_size(plan)
+        hpz = generated.hpz_partition_size(self, plan)
         if hpz > 1 and plan.world_size % hpz:
             raise ConfigError(
                 f"ZeRO++ hpZ partition size {hpz} does not divide the {plan.world_size} process(es)",
@@ -325,146 +325,17 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
                 hint="null (= launcher.nproc_per_node, the GPUs per node) or a divisor of the world size",
             )
 
-    def uses_deepspeed_optimizer(self, device: str, optimizer: Any) -> bool:
-        """DeepSpeed's own (CPU) Adam under optimizer offload on GPU: the torch optimizer would run the
-        step on CPU tensors ~5x slower. On CPU-only hosts the torch optimizer avoids a 60 s JIT build. Expert
-        parallel: DeepSpeed builds the optimizer after AutoEP replaced the mixture blocks, with the experts in
-        their own groups (a caller's optimizer has none: ZeRO stops on it)."""
-        if self.ep_size > 1:
-            return True
-        if self.optimizer_impl != "auto":
-            return self.optimizer_impl == "deepspeed"
-        return self.offload_optimizer != "none" and device == "cuda" and optimizer.deepspeed_cpu_adam
-
-    def hpz_partition_size(self, plan: BatchPlan) -> int:
-        """hpZ's secondary partition: the knob, or the processes per node (the copy stays in-node)."""
-        if self.stage != 3:
-            return 1
-        return int(self.zero_hpz_partition_size or plan.gpus_per_node)
-
-    def param_buffer_size(self, plan: BatchPlan) -> int:
-        """Elements of one NVMe parameter swap buffer: the knob, or this rank's shard of the largest weight
-        (DeepSpeed asserts a shard fits one buffer; its 1e8 default is below a 128k-vocab embedding)."""
-        if self.offload_param_buffer_size is not None:
-            return int(self.offload_param_buffer_size)
-        if not plan.largest_param:
-            return int(1e8)  # DeepSpeed's default
-        return -(-plan.largest_param // max(1, plan.world_size))  # ceil: the largest shard
-
-    def _offload(self, target: str, *, params: bool, plan: BatchPlan | None = None) -> dict[str, Any]:
-        block: dict[str, Any] = {"device": target, "pin_memory": self.pin_memory}
-        if target == "nvme":
-            block["nvme_path"] = self.nvme_path
-            block["buffer_count"] = 5 if params else 4
-            if params and plan is not None:
-                block["buffer_size"] = self.param_buffer_size(plan)
-        if not params:
-            block["ratio"] = 1.0
-        return block
-
-    def zero_config(self, plan: BatchPlan) -> dict[str, Any]:
-        """The ``zero_optimization`` block with every size concrete."""
-        hidden_size = plan.hidden_size
-        h2 = hidden_size * hidden_size if hidden_size else None
-
-        def size(value: float | None, derived: float | None, default: float) -> int:
-            if value is not None:
-                return int(value)
-            return int(derived) if derived else int(default)
-
-        zero: dict[str, Any] = {"stage": self.stage}
-        if (
-            self.tp_size > 1
-        ):  # the final save gathers the tensor-parallel shards (accelerate's get_state_dict)
-            zero["stage3_gather_16bit_weights_on_model_save"] = True
-        if self.stage == 0:
-            return zero
-        zero.update(
-            overlap_comm=self.overlap_comm,
-            contiguous_gradients=self.contiguous_gradients,
-            reduce_scatter=self.reduce_scatter,
-            reduce_bucket_size=size(self.reduce_bucket_size, h2, 5e8),
-            round_robin_gradients=self.round_robin_gradients,
-            sub_group_size=int(self.sub_group_size),
-        )
-        if self.offload_optimizer != "none":
-            zero["offload_optimizer"] = self._offload(self.offload_optimizer, params=False)
-        if self.stage < 3:
-            zero["allgather_partitions"] = True
-            zero["allgather_bucket_size"] = size(self.allgather_bucket_size, h2, 5e8)
-            return zero
-        zero.update(
-            stage3_prefetch_bucket_size=size(self.stage3_prefetch_bucket_size, 0.9 * h2 if h2 else None, 5e7),
-            stage3_param_persistence_threshold=size(
-                self.stage3_param_persistence_threshold, 10 * hidden_size if hidden_size else None, 1e5
-            ),
-            stage3_max_live_parameters=int(self.stage3_max_live_parameters),
-            stage3_max_reuse_distance=int(self.stage3_max_reuse_distance),
-            stage3_gather_16bit_weights_on_model_save=self.stage3_gather_16bit_weights_on_model_save,
-            zero_quantized_weights=self.zero_quantized_weights,
-            zero_quantized_gradients=self.zero_quantized_gradients,
-            zero_hpz_partition_size=self.hpz_partition_size(plan),
-        )
-        if self.offload_param != "none":
-            zero["offload_param"] = self._offload(self.offload_param, params=True, plan=plan)
-        return zero
-
     def deepspeed_config(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
-        """The full DeepSpeed config for this run, no ``"auto"`` anywhere.
+        """The full DeepSpeed config for this run, no ``"auto"`` anywhere (``deepspeed_config.py``)."""
+        return generated.deepspeed_config(self, plan, device)
 
-        Batch sizes and clipping come from the same ``BatchPlan`` as the trainer's arguments, so the two
-        cannot disagree (train batch = micro x accumulation x world size). Precision blocks follow the
-        resolved dtype. The HF/DeepSpeed rule for optimizers: without an ``optimizer`` block the
-        trainer's torch optimizer and scheduler are used (``zero_allow_untested_optimizer``); under
-        offload on GPU DeepSpeed's CPU Adam is configured instead and the HF scheduler still drives it.
-        """
-        config: dict[str, Any] = {
-            "train_micro_batch_size_per_gpu": plan.micro_batch_size,
-            "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-            "train_batch_size": plan.global_batch_size,
-            "gradient_clipping": float(plan.max_grad_norm),
-            "zero_optimization": self.zero_config(plan),
-            "bf16": {"enabled": plan.dtype == "bf16"},
-            "fp16": {"enabled": plan.dtype == "fp16"},
-            "zero_allow_untested_optimizer": True,
-            "zero_force_ds_cpu_optimizer": False,
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-        }
-        if plan.dtype == "fp16" and plan.precision is not None:
-            p = plan.precision
-            config["fp16"].update(
-                loss_scale=float(p.loss_scale),
-                initial_scale_power=int(p.initial_scale_power),
-                loss_scale_window=int(p.loss_scale_window),
-                hysteresis=int(p.hysteresis),
-                min_loss_scale=float(p.min_loss_scale),
-            )
-        if self.tp_size > 1:
-            config["tensor_parallel"] = model_parallel.autotp_block(self.tp_size)
-        if self.ep_size > 1:
-            config["expert_parallel"] = model_parallel.autoep_block(self.ep_size, device)
-        if self.tp_size * self.sp_size > 1:
-            # DeepSpeed derives it (micro x accumulation x its own count of ranks); a value here would have to
-            # be world-based for the HF Trainer's check and data-parallel based for DeepSpeed's, both at once
-            del config["train_batch_size"]
-        if self.communication_data_type:
-            config["communication_data_type"] = self.communication_data_type
-        if "nvme" in (self.offload_optimizer, self.offload_param):
-            config["aio"] = dict(self.aio)
-        if self.uses_deepspeed_optimizer(device, plan.optimizer):
-            o = plan.optimizer
-            config["optimizer"] = {
-                "type": "AdamW",
-                "params": {
-                    "lr": float(o.lr),
-                    "betas": [float(b) for b in o.betas],
-                    "eps": float(o.eps),
-                    "weight_decay": float(o.weight_decay),
-                    **({} if device == "cuda" else {"torch_adam": True}),  # torch's AdamW: no kernel to build
-                },
-            }
-        return config
+    def inference_config(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
+        """The config of frozen models' engines (``deepspeed_config.py``)."""
+        return generated.inference_config(self, plan, device)
+
+    def uses_deepspeed_optimizer(self, device: str, optimizer: Any) -> bool:
+        """DeepSpeed's own Adam rather than the torch optimizer (``deepspeed_config.py``)."""
+        return generated.uses_deepspeed_optimizer(self, device, optimizer)
 
     def training_args(self, device: str, plan: BatchPlan | None = None) -> dict[str, Any]:
         if plan is None:
@@ -541,14 +412,6 @@ class DeepSpeed(ModelSplit, OwnLoop, Strategy):
         modules' names) become one engine, which scales, accumulates, clips and steps by itself."""
         engine, optimizer = accelerator.prepare(combine(modules), optimizer)
         return PreparedLoop({name: getattr(engine.module, name) for name in modules}, optimizer, engine)
-
-    def inference_config(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
-        """The config of frozen models' engines: the trained model's ZeRO stage and parameter offload,
-        no optimizer (so no optimizer offload), no accumulation."""
-        config = self.deepspeed_config(dataclasses.replace(plan, gradient_accumulation_steps=1), device)
-        config.pop("optimizer", None)
-        config["zero_optimization"].pop("offload_optimizer", None)
-        return config
 
     def prepare_frozen(self, accelerator: Any, build: Callable[[], Any]) -> Any:
         """ZeRO-3: ``build()`` runs with the inference config live (``from_pretrained`` then shards the

@@ -1,7 +1,7 @@
 """One loop protocol and one driver: how a run's optimizer steps are run, whatever runs them.
 
-A recipe names its loop and hands it to ``Session.run(loop)``: :class:`~.trainer_loop.TrainerLoop` (a
-transformers / TRL Trainer's), ``PPOLoop`` (PPO's own, ``components/rl/loop.py``) or ``StagedLoop`` (the
+A recipe names its loop and hands it to ``Session.run(loop)``: ``TrainerLoop`` (``runtime/trainer_loop.py``)
+(a transformers / TRL Trainer's), ``PPOLoop`` (PPO's own, ``components/rl/loop.py``) or ``StagedLoop`` (the
 pipeline stages', ``components/runtime/pipeline_loop.py``). A loop implements only what is its own
 (:class:`Loop`: resume, the steps, a checkpoint, an evaluation, the end); :func:`drive` owns what every loop
 shares, written once: resuming from the checkpoint ``resume=`` pinned, the stop agreement after every step (a
@@ -20,7 +20,7 @@ from hydratune.components.config.errors import ServerError
 
 
 @dataclass(frozen=True)
-class Decision:
+class StepDecision:
     """What the driver decided after a step, which the loop carries out: write a checkpoint of it, evaluate,
     stop (every rank agreed to, before the last step)."""
 
@@ -30,7 +30,7 @@ class Decision:
 
 
 #: what a loop calls after each finished step: ``after_step(step)`` -> what to do now
-AfterStep = Callable[[int], Decision]
+AfterStep = Callable[[int], StepDecision]
 
 
 @dataclass
@@ -77,7 +77,7 @@ class Loop(Protocol):
         ...
 
 
-def decide(session: Any, loop: Loop, step: int) -> Decision:
+def decide(session: Any, loop: Loop, step: int) -> StepDecision:
     """After ``step``: stop if any rank was asked to (a collective call on every rank, every step); a
     checkpoint every ``train.save_every`` steps, at the last step when checkpoints are on, and before a
     stop; an evaluation every ``train.eval_every`` steps before the last (the end's own is the loop's
@@ -87,7 +87,7 @@ def decide(session: Any, loop: Loop, step: int) -> Decision:
     stop = session.interrupt.agreed() and not last  # a signal after the last step finishes final/ instead
     save = (bool(t.save_every) and (step % t.save_every == 0 or last)) or stop
     evaluate = loop.evaluates and bool(t.eval_every) and step % t.eval_every == 0 and not last and not stop
-    return Decision(save=save, evaluate=evaluate, stop=stop)
+    return StepDecision(save=save, evaluate=evaluate, stop=stop)
 
 
 def drive(session: Any, loop: Loop) -> dict[str, Any]:
@@ -107,7 +107,7 @@ def drive(session: Any, loop: Loop) -> dict[str, Any]:
         session.report["run"]["resumed from"] = resume
     stopped: list[int] = []
 
-    def after_step(step: int) -> Decision:
+    def after_step(step: int) -> StepDecision:
         decision = decide(session, loop, step)
         stopped[:] = [step] if decision.stop else []
         return decision
