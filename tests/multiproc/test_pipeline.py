@@ -274,13 +274,13 @@ def test_tensor_parallel_stages_train_like_one_process(three_d: ThreeD, layout: 
 
 
 def test_zero1_pipeline_resumes_bit_exact_from_each_replicas_partition(three_d: ThreeD) -> None:
-    """``strategy=zero1 strategy.pp_size=2`` ran as the pipeline with ZeRO-1 (its saved config says so: the
-    run dir replays it); each replica wrote its own partition of the optimizer states, and the run resumed
-    from step 2 repeats steps 3-4 bit for bit."""
-    assert (
-        "_target_: hydratune.components.strategy.Pipeline"
-        in (three_d.zero1 / ".hydra" / "config.yaml").read_text()
-    )
+    """``strategy=zero1 strategy.pp_size=2`` ran as the staged engine with ZeRO-1 (its summary says so; its
+    saved config is the option as typed, which a replay trains the same way); each replica wrote its own
+    partition of the optimizer states, and the run resumed from step 2 repeats steps 3-4 bit for bit."""
+    saved = (three_d.zero1 / ".hydra" / "config.yaml").read_text()
+    assert "_target_: hydratune.components.strategy.DeepSpeed" in saved and "pp_size: 2" in saved
+    strategy = json.loads((three_d.zero1 / "result.json").read_text())["run"]["strategy"]
+    assert strategy == "Pipeline (pp 2, 1f1b, ZeRO-1 over the replicas)"
     stage = three_d.zero1 / "checkpoints" / "checkpoint-2" / "stage-1"
     assert {p.name for p in stage.iterdir()} == {"model.safetensors", "optimizer-dp0.pt", "optimizer-dp1.pt"}
     assert losses(three_d.zero1_resumed) == losses(three_d.zero1)[2:]
@@ -289,11 +289,13 @@ def test_zero1_pipeline_resumes_bit_exact_from_each_replicas_partition(three_d: 
 
 
 def test_fsdp_pipeline_resumes_bit_exact_from_each_replicas_shards(three_d: ThreeD) -> None:
-    """``strategy=fsdp strategy.pp_size=2`` ran as the pipeline with FSDP2 on each stage (its saved config
-    says so); each stage's weights were gathered whole, each replica wrote its shard of the optimizer
-    states, and the run resumed from step 2 repeats steps 3-4 bit for bit."""
+    """``strategy=fsdp strategy.pp_size=2`` ran as the staged engine with FSDP2 on each stage (its summary
+    says so; its saved config is the option as typed); each stage's weights were gathered whole, each replica
+    wrote its shard of the optimizer states, and the run resumed from step 2 repeats steps 3-4 bit for bit."""
     saved = (three_d.fsdp / ".hydra" / "config.yaml").read_text()
-    assert "_target_: hydratune.components.strategy.Pipeline" in saved and "zero_stage: 3" in saved
+    assert "_target_: hydratune.components.strategy.FSDP" in saved and "pp_size: 2" in saved
+    strategy = json.loads((three_d.fsdp / "result.json").read_text())["run"]["strategy"]
+    assert strategy == "Pipeline (pp 2, 1f1b, FSDP2 (ZeRO-3) over the replicas)"
     stage = three_d.fsdp / "checkpoints" / "checkpoint-2" / "stage-0"
     assert {p.name for p in stage.iterdir()} == {"model.safetensors", "optimizer-dp0.pt", "optimizer-dp1.pt"}
     assert load_file(stage / "model.safetensors")["model.embed_tokens.weight"].shape == (602, 128)  # whole
