@@ -70,8 +70,9 @@ class SFT(Recipe):
 
         from hydratune.components.data.stream_prepare import sft_data_args
         from hydratune.components.data.tokens import token_plan
-        from hydratune.components.runtime.pipeline_loop import StagedLoop, cut_model
+        from hydratune.components.runtime.pipeline_loop import StagedLoop
         from hydratune.components.runtime.session import Session
+        from hydratune.components.runtime.stage_cut import cut_model
         from hydratune.components.runtime.trainer_loop import TrainerLoop
 
         c = ctx.components

@@ -1,14 +1,15 @@
 """The staged loop (pipeline stages: ``strategy.pp_size`` > 1): a Trainer recipe's run with the model cut into
 stages, trained by our own loop over ``torch.distributed.pipelining`` instead of ``Trainer.train``.
 
-:func:`cut_model` runs before the recipe's trainer is built (the recipe calls it): every rank builds the model
-whole, then keeps its stages (``components/distributed/stages.py``), their layers split over the stage's
-tensor-parallel ranks with ``strategy.tp_size`` > 1 (``components/distributed/stage_tp.py``), so the trainer
-only ever holds this rank's part. The trainer still does what it is good at and what keeps the run equal to a
-single-process one: the recipe's data preparation (TRL's tokenization, label masks, truncation), the optimizer
-with its weight-decay groups, and the learning-rate schedule. :class:`StagedLoop` then runs the steps (the
-driver, ``runtime/driver.py``, decides checkpoints, evaluations and the stop after each): each optimizer step
-is ``train.gradient_accumulation_steps`` micro-batches of ``train.micro_batch_size`` rows per data-parallel
+``cut_model`` (``runtime/stage_cut.py``) runs before the recipe's trainer is built (the recipe calls it):
+every rank builds the model whole, then keeps its stages (``components/distributed/stages.py``), their layers
+split over the stage's tensor-parallel ranks with ``strategy.tp_size`` > 1
+(``components/distributed/stage_tp.py``), so the trainer only ever holds this rank's part. The trainer still
+does what it is good at and what keeps the run equal to a single-process one: the recipe's data preparation
+(TRL's tokenization, label masks, truncation), the optimizer with its weight-decay groups, and the
+learning-rate schedule. :class:`StagedLoop` then runs the steps (the driver, ``runtime/driver.py``, decides
+checkpoints, evaluations and the stop after each): each optimizer step is
+``train.gradient_accumulation_steps`` micro-batches of ``train.micro_batch_size`` rows per data-parallel
 replica, pushed through the schedule; rows are right-padded to one length (the stages exchange fixed-shape
 activations; a causal mask never lets a real token see the padding). The loss is the recipe's causal-LM
 cross-entropy summed over the step's trained tokens of every replica and divided by their count, as the
@@ -30,24 +31,13 @@ import torch
 
 from hydratune.components.config.errors import ConfigError, Diverged
 from hydratune.components.distributed import pp_schedule as pp
-from hydratune.components.distributed import stage_fsdp, stage_tp
+from hydratune.components.distributed import stage_fsdp
 from hydratune.components.distributed import stages as st
 from hydratune.components.runtime.driver import AfterStep, Final
+from hydratune.components.runtime.stage_cut import Cut, note_shards
 
 STAGE_DIR = "stage-{stage}"  # in a checkpoint: one pipeline rank's weights and optimizer state
 LAYOUT = "pipeline.json"  # in a checkpoint: the mesh and split that wrote it
-
-
-@dataclass
-class Cut:
-    """This rank's part of the model and where it sits in the mesh (kept by the Session)."""
-
-    mesh: pp.PipelineGroups
-    plan: st.StagePlan
-    stage_ids: list[int]
-    tied: bool
-    held: list[dict[str, Any]]  # every rank's held(), in rank order
-    local: list[int]  # every rank's parameters in its own memory (a tensor-parallel rank: its shards)
 
 
 def optimizer_file(mesh: pp.PipelineGroups, zero: bool, reading: bool = False) -> str | None:
@@ -59,89 +49,6 @@ def optimizer_file(mesh: pp.PipelineGroups, zero: bool, reading: bool = False) -
     if mesh.dp_rank and not reading:
         return None
     return "optimizer.pt" if mesh.tp == 1 else f"optimizer-tp{mesh.tp_rank}.pt"
-
-
-def cut_model(session: Any) -> Cut:
-    """Keep this rank's stages of ``session.model`` (in place) and check that every rank holds exactly the
-    stages planned for it (a collective call). The split is the one ``mode=plan`` printed: computed on the
-    model's architecture, ``strategy.split`` if given, else balanced by parameter count."""
-    ctx = session.ctx
-    strategy, model = ctx.components.strategy, session.model
-    tied = st.CausalLMParts.of(model).tied
-    mesh = pp.PipelineGroups.build(strategy.pp_size, ctx.device, tied, tp=strategy.tp_size)
-    plan = strategy.stage_plan(st.CausalLMParts.of(model).config)
-    stage_ids = plan.stages_of(mesh.pp_rank)
-    st.keep_stages(model, plan, stage_ids)
-    if mesh.tp > 1:  # each kept layer split over the stage's tensor-parallel ranks
-        stage_tp.split_layers(st.CausalLMParts.of(model).backbone.layers.values(), mesh.tp_mesh)
-    held = pp.all_gather(st.held(model))
-    local = pp.all_gather(sum(pp.local(p).numel() for p in model.parameters()))
-    cut = Cut(mesh, plan, stage_ids, tied, held, local)
-    verify(cut)
-    session.report["pipeline"] = describe(cut, strategy)
-    return cut
-
-
-def verify(cut: Cut) -> None:
-    """Refuse to train unless every rank holds what the plan gives its stages: the layers, the embedding
-    on the first stage's rank only, norm and head on the last's only, and the planned parameter count."""
-    wrong = []
-    for rank, got in enumerate(cut.held):
-        want = st.expected(cut.plan, cut.plan.stages_of(cut.mesh.pp_rank_of(rank)))
-        if got != want:
-            wrong.append(f"rank {rank} holds {got}, planned {want}")
-    if wrong:
-        raise ConfigError(
-            "the pipeline stages are not what was planned: " + "; ".join(wrong),
-            key="strategy",
-            hint="a bug: please report it with this message",
-        )
-
-
-def describe(cut: Cut, strategy: Any) -> dict[str, Any]:
-    """The summary's pipeline section: mesh, schedule, split, what each rank holds."""
-    rows: dict[str, Any] = {
-        "mesh": cut.mesh.label(),
-        "schedule": f"{strategy.schedule}, {cut.plan.num_stages} stages, {strategy.stages_per_rank} per rank",
-        "tied embeddings": "yes: the first and last stage each hold the matrix (trained: gradients summed "
-        "between them, one update)"
-        if cut.tied
-        else "no",
-    }
-    for stage in range(cut.plan.num_stages):
-        rows[f"stage {stage} (pipeline rank {cut.plan.rank_of(stage)})"] = cut.plan.describe(stage)
-    for rank, got in enumerate(cut.held):
-        parts = [f"layers {spans(got['layers'])}"] + [
-            name for name in ("embed_tokens", "lm_head") if got[name]
-        ]
-        rows[f"rank {rank} holds"] = f"{', '.join(parts)}; {got['parameters']:,} parameters"
-        if cut.mesh.tp > 1:  # the stage's projections split: this rank's own share
-            rows[f"rank {rank} holds"] += (
-                f", {cut.local[rank]:,} of them here (tensor-parallel rank {rank % cut.mesh.tp} of "
-                f"{cut.mesh.tp}: each layer's projections split)"
-            )
-    return rows
-
-
-def note_shards(rows: dict[str, Any], cut: Cut, model: Any, zero_stage: int) -> None:
-    """The summary's ``rank r holds`` rows with each rank's share under FSDP2 (a collective call)."""
-    local = pp.all_gather(sum(pp.local(p).numel() for p in model.parameters()))
-    for rank, here in enumerate(local):
-        rows[f"rank {rank} holds"] += (
-            f", {here:,} of them here (FSDP2, ZeRO-{zero_stage}: a 1/{cut.mesh.dp} shard of each parameter "
-            "over the data-parallel replicas)"
-        )
-
-
-def spans(indices: list[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
-    runs: list[list[int]] = []
-    for i in indices:
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def loss_function(vocab_size: int, stash: list[torch.Tensor]) -> Any:

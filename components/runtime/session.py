@@ -520,7 +520,7 @@ def cpu_threads() -> str:
 
 def split(mesh: Any) -> bool:
     """The run splits the model's layers over ranks (tensor / sequence / expert parallel): its engine's build
-    is checked before step 1 (pipeline stages are checked by ``components/runtime/pipeline_loop.py``)."""
+    is checked before step 1 (pipeline stages are checked by ``components/runtime/stage_cut.py``)."""
     return mesh is not None and (mesh.tp > 1 or mesh.sp > 1 or mesh.ep > 1)
 
 

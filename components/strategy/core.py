@@ -352,6 +352,20 @@ class ModelSplit:
 WHOLE = ModelSplit()
 
 
+def options_training(axis: str, size: int) -> list[str]:
+    """The strategy options that train ``axis`` at ``size`` as shipped (their engine declares it and refuses
+    none of it with their own knobs), those splitting nothing else first: what a refusal of the axis names
+    as the fix."""
+    import dataclasses
+
+    found = []
+    for name, option in training_options().items():
+        sized = dataclasses.replace(option, **{f"{axis}_size": size}) if axis in option.axes else None
+        if sized is not None and axis_refusal(sized) is None:
+            found.append((sized.parallel.asked != (axis,), name))
+    return [name for _, name in sorted(found, key=lambda f: f[0])]
+
+
 def axis_refusal(
     strategy: Strategy, device: str | None = None, dtype: str | None = None
 ) -> ConfigError | None:
@@ -362,7 +376,7 @@ def axis_refusal(
     for name in parallel.asked:
         if name not in strategy.axes:
             axis, size = AXES[name], parallel.size(name)
-            options = [o for o, s in training_options().items() if name in s.axes]
+            options = options_training(name, size)
             return ConfigError(
                 f"strategy {strategy.label} does not train {axis.title} ({axis.knob}={size}: "
                 f"{axis.splits} split over ranks)",

@@ -503,3 +503,19 @@ def test_each_option_opts_into_the_extensions_it_uses() -> None:
     refusal = own_loop_refusal(options["pipeline"], ppo, "fp32")
     assert refusal is not None and refusal.key == "strategy" and "no hooks" in str(refusal)
     assert own_loop_refusal(options["ddp"], ppo, "fp32") is None
+
+
+def test_an_axis_the_engine_does_not_train_is_refused_naming_options_that_do() -> None:
+    """``strategy=ddp strategy.ep_size=2`` names ``strategy=zero0 strategy.ep_size=2`` (an option whose engine
+    trains the axis and refuses none of it as shipped), never a ZeRO-3 option (AutoEP refuses stage 3), nor
+    the ``+strategy.ep_size`` of an unknown key; a pipeline knob without stages is refused too."""
+    from hydratune.components.strategy import DDP, DeepSpeed, Single, axis_refusal
+
+    refusal = axis_refusal(DDP(ep_size=2))
+    assert refusal is not None and refusal.key == "strategy.ep_size"
+    assert refusal.hint.startswith("strategy=zero0 strategy.ep_size=2") and "zero3" not in refusal.hint
+    assert axis_refusal(DeepSpeed(stage=1, ep_size=2)) is None
+    refusal = axis_refusal(Single(pp_size=2))
+    assert refusal is not None and refusal.hint.startswith("strategy=ddp strategy.pp_size=2")
+    refusal = axis_refusal(DDP(schedule="gpipe"))
+    assert refusal is not None and refusal.key == "strategy.schedule"
