@@ -129,7 +129,9 @@ class Tiers:
 
 
 class BudgetCheck(pytest.Item):
-    """``fast-tier-budget``: runs last; fails when the fast tiers together took longer than their budget."""
+    """``fast-tier-budget``: runs last; on CI (``CI=true``) fails when the fast tiers together took longer
+    than their budget; elsewhere (a user's machine, busy or slow) it says so and skips: a timing is not a
+    test result."""
 
     def __init__(self, *, plugin: Tiers, **kw: object) -> None:
         super().__init__(**kw)
@@ -137,7 +139,14 @@ class BudgetCheck(pytest.Item):
         self.add_marker(pytest.mark.unit)
 
     def runtest(self) -> None:
+        import os
+
         spent = sum(s for t, (_, s) in self.plugin.tier_seconds().items() if t in FAST)
+        if spent > FAST_BUDGET_S and os.environ.get("CI") != "true":  # a user's run: every test passed
+            pytest.skip(
+                f"the fast tiers took {spent:.0f} s, over their budget of {FAST_BUDGET_S:.0f} s: a busy or "
+                "slow machine? the budget fails CI only (CI=true)"
+            )
         if spent > FAST_BUDGET_S:
             slowest = sorted(
                 ((s, n) for n, s in self.plugin.seconds.items() if self.plugin.tier.get(n) in FAST),
