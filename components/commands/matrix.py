@@ -99,7 +99,6 @@ def verdict(cell: Cell) -> Verdict:
         return Verdict("refused", "a quantized base trains only through an adapter (QLoRA)", "peft")
     run = SimpleNamespace(recipe=recipe, peft=peft, quantization=quant, data=None, model=None, optimizer=None)
     refusal = split_checks.refusal(run, strategy.parallel.mesh(1), dtype)  # a split model: its axes' table
-    refusal = refusal or strategy.combination_refusal(recipe, peft, quant, dtype)
     if refusal is None and strategy.shards_parameters:
         refusal = quant.sharding_refusal(dtype, strategy.label)
     if refusal is None and recipe.owns_loop:

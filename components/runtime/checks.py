@@ -109,9 +109,7 @@ def check_strategy(cfg: DictConfig, comps: Components, device: str) -> None:
             hint="drop merge and merge the saved adapter afterwards (peft's merge_and_unload on one device)",
         )
     check_split(cfg, comps, world, device, dtype)  # the model split over ranks: runtime/split_checks.py
-    refusal = strategy.combination_refusal(recipe, comps.peft, quant, dtype, comps.data, comps.model)
-    if refusal is None and strategy.shards_parameters:
-        refusal = quant.sharding_refusal(dtype, strategy.label)
+    refusal = quant.sharding_refusal(dtype, strategy.label) if strategy.shards_parameters else None
     if refusal is None and recipe.owns_loop:
         refusal = own_loop_refusal(strategy, recipe, dtype)
     if refusal is not None:

@@ -198,14 +198,6 @@ class Strategy(ParallelKnobs):
         recipe runs its own loop through the :class:`OwnLoop` hooks (PPO) rather than a Trainer."""
         return None
 
-    def combination_refusal(
-        self, recipe: Any, peft: Any, quantization: Any, dtype: str, data: Any = None, model: Any = None
-    ) -> ConfigError | None:
-        """Why this strategy cannot train ``recipe`` (its class: the declared capabilities) with this adapter,
-        quantization, dtype, data and model (None: it can). The pre-load checks and the support matrix
-        (which has no data or model) ask it."""
-        return None
-
     def check(self, plan: BatchPlan, device: str) -> None:
         """This strategy's own checks of the run before any model loads (packages, process layout)."""
 
