@@ -25,9 +25,7 @@ from hydratune.components.memory.ladder import Rung
 from hydratune.components.memory.parallel import mesh_refusal
 from hydratune.components.memory.shapes import StrategyShape
 from hydratune.components.memory.states import DTYPE_BYTES
-
-#: the mesh dimensions a strategy option may split (``Strategy.searched_axes``): ``strategy.<dim>_size``
-MESH_DIMS = ("tp", "sp", "pp", "ep")
+from hydratune.components.strategy.parallelism import AXES
 
 
 def get(obj: Any, key: str, default: Any = None) -> Any:
@@ -309,7 +307,7 @@ def strategy_rungs(spec: RunSpec, options: Mapping[str, Any] | None = None) -> l
         if base.tier == 2:  # model parallelism is what avoids offload: not combined with it
             continue
         for dim in strategy.searched_axes:
-            assert dim in MESH_DIMS, f"{name}: unknown parallel dim {dim!r}"
+            assert dim in AXES, f"{name}: unknown parallel dim {dim!r}"
             for size in range(2, world + 1):
                 if world % size or size == getattr(base, dim):
                     continue
