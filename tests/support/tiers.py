@@ -58,6 +58,7 @@ def calibrate(repeats: int = 7) -> float:
     an interpreter loop; torch: a small MLP's forward and backward on one thread), best of ``repeats`` after
     one to warm up: the machine's speed, measured in the run that is judged."""
     import copy
+    import gc
     import time
 
     import torch
@@ -70,8 +71,9 @@ def calibrate(repeats: int = 7) -> float:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
     x = torch.randn(32, 64)
-    threads = torch.get_num_threads()
+    threads, collecting = torch.get_num_threads(), gc.isenabled()
     torch.set_num_threads(1)
+    gc.disable()  # a collection walks the whole heap: its cost is what the session imported, not the machine
     best = float("inf")
     try:
         for _ in range(repeats + 1):
@@ -85,6 +87,8 @@ def calibrate(repeats: int = 7) -> float:
             best = min(best, time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)
+        if collecting:
+            gc.enable()
     return best
 
 
@@ -138,7 +142,7 @@ class Tiers:
         items.sort(key=lambda item: order.get(self.tier.get(item.nodeid, ""), len(order)))
         selected = set(self.tier.values())
         if all(tier in selected for tier in FAST):  # a run of both fast tiers (or more): judge their time
-            self.calibration = calibrate()  # before any test, in a quiet process
+            self.calibration = calibrate()  # before any test; again as the budget is judged (BudgetCheck)
             items.append(BudgetCheck.from_parent(session, name="fast-tier-budget", plugin=self))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -193,6 +197,9 @@ class BudgetCheck(pytest.Item):
         import os
 
         spent = sum(s for t, (_, s) in self.plugin.tier_seconds().items() if t in FAST)
+        if self.plugin.calibration is not None:  # the slower of the run's start and end: on 2 hyperthreads
+            # a neighbour process halves the speed, and the tests met whatever load came in between
+            self.plugin.calibration = max(self.plugin.calibration, calibrate())
         budget = self.plugin.budget()
         if spent > budget and os.environ.get("CI") != "true":  # a user's run: every test passed
             pytest.skip(
