@@ -16,7 +16,7 @@ def judge(spent: float, at_start: float, at_end: float, monkeypatch) -> None:
     """BudgetCheck on ``spent`` seconds of the fast tiers, the machine calibrated at ``at_start`` seconds
     before the tests and at ``at_end`` after them."""
     plugin = Tiers()
-    plugin.calibration = at_start
+    plugin.calibrations.append(at_start)
     plugin.seconds.update({"unit-file::t": spent * 0.75, "integration-file::t": spent * 0.25})
     plugin.tier.update({"unit-file::t": "unit", "integration-file::t": "integration"})
     monkeypatch.setattr(tiers, "calibrate", lambda: at_end)
