@@ -67,6 +67,8 @@ def render(cfg: Any, console: Any = None) -> bool:
         f"({est.params_trainable:,} trainable{moe}), {spec.world_size} GPU(s), "
         f"micro-batch {spec.micro_batch} x {spec.seq_len} tokens, {a.num_layers} layers"
     )
+    for note in a.unmodelled:
+        console.print(f"note: {note}")
     if not auto:
         console.print(f"mesh: {Mesh(spec.world_size, spec.tp, spec.sp, spec.pp).describe()}")
         for line in held(est):

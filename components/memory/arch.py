@@ -23,6 +23,8 @@ VLM_TEXT_TYPES = {
     "qwen2_5_vl": "qwen2",
     "qwen3_vl": "qwen3",
 }
+#: families whose vision tower is not modelled -> their decoder's architecture (estimated alone, said so)
+VLM_DECODER_ONLY = {"qwen2_vl": "qwen2"}
 
 
 @dataclass(frozen=True)
@@ -132,20 +134,28 @@ class Arch:
     expert_intermediate_size: int = 0
     expert_bias: bool = False  # gpt-oss: biases on the experts and the router
     vision: VisionArch | None = None  # a vision-language model's image encoder and projector
+    #: what the estimate does not model of this model, said in plan and estimate (it goes on without)
+    unmodelled: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Arch:
         """From config.json-style keys, with each model type's transformers defaults; a vision-language
-        model's (a ``vision_config``): its decoder (``text_config``, over legacy top-level keys) + vision."""
+        model's (a ``vision_config``): its decoder (``text_config``, over legacy top-level keys) + vision.
+        What is not modelled (a VLM family's tower, a mixture's dense layers) is named in ``unmodelled``."""
         if d.get("vision_config") is not None:
             family = str(d.get("model_type", ""))
-            if family not in VLM_TEXT_TYPES:
-                raise ValueError(f"the vision-language model type {family!r} is not modelled")
             skip = ("vision_config", "text_config", "model_type")
             text = {k: v for k, v in d.items() if k not in skip}
             text.update(d.get("text_config") or {})
-            text["model_type"] = VLM_TEXT_TYPES[family]
+            decoder_type = VLM_TEXT_TYPES.get(family) or VLM_DECODER_ONLY.get(family)
+            text["model_type"] = decoder_type or str(text.get("model_type") or "llama")
             decoder = cls.from_dict(text)
+            if family not in VLM_TEXT_TYPES:
+                note = (
+                    f"the vision tower and projector of the vision-language model type {family!r} are not "
+                    f"modelled: the estimate counts its decoder ({text['model_type']}) alone"
+                )
+                return replace(decoder, unmodelled=(*decoder.unmodelled, note))
             vision = VisionArch.from_dict(family, d["vision_config"], d, decoder.hidden_size)
             return replace(decoder, vision=vision)
         model_type = str(d.get("model_type", "llama"))
@@ -154,8 +164,6 @@ class Arch:
         head_dim = d.get("head_dim") or h // heads
         attention_bias = bool(d.get("attention_bias", model_type == "gpt_oss"))
         experts = int(d.get("num_experts") or d.get("num_local_experts") or 0)
-        if experts and (d.get("mlp_only_layers") or int(d.get("decoder_sparse_step") or 1) != 1):
-            raise ValueError("a mixture of experts with dense layers between is not modelled")
         return cls(
             model_type=model_type,
             hidden_size=h,
@@ -178,6 +186,7 @@ class Arch:
             experts_per_token=int(d.get("num_experts_per_tok") or d.get("experts_per_token") or 0),
             expert_intermediate_size=int(d.get("moe_intermediate_size") or d["intermediate_size"]),
             expert_bias=model_type == "gpt_oss",
+            unmodelled=_dense_between(d, experts),
         )
 
     @property
@@ -288,6 +297,22 @@ def param_counts(arch: Arch) -> ParamCounts:
         layer_experts=experts,
         layer_active_experts=arch.expert_params(arch.experts_per_token) if arch.is_moe else 0,
         vision=arch.vision.params if arch.vision else 0,
+    )
+
+
+def _dense_between(d: Mapping[str, Any], experts: int) -> tuple[str, ...]:
+    """The note on a mixture with dense MLP layers between its sparse ones (Qwen-MoE's ``mlp_only_layers``,
+    ``decoder_sparse_step`` > 1): the estimate counts every layer as a mixture layer."""
+    step = int(d.get("decoder_sparse_step") or 1)
+    only = list(d.get("mlp_only_layers") or [])
+    if not experts or (not only and step == 1):
+        return ()
+    layers = int(d["num_hidden_layers"])
+    dense = sorted({*only, *(i for i in range(layers) if step > 1 and (i + 1) % step)})
+    return (
+        f"{len(dense)} of the {layers} layers are dense MLPs between the mixture's (mlp_only_layers="
+        f"{only}, decoder_sparse_step={step}): not modelled, the estimate counts every layer as a mixture "
+        f"layer of {experts} experts",
     )
 
 

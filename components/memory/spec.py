@@ -61,8 +61,6 @@ def arch_of_model(model: Any) -> Arch:
     text = {**arch, **(arch.get("text_config") or {})}  # a vision-language model's decoder
     missing = [k for k in needed if k not in text]
     if missing:
-        from hydratune.components.config.errors import ConfigError
-
         raise ConfigError(
             f"the estimate needs the architecture numbers of '{name}' and {', '.join(missing)} "
             "are not in model.architecture (and it is not a local dir with config.json)",
@@ -71,7 +69,7 @@ def arch_of_model(model: Any) -> Arch:
         )
     try:
         return Arch.from_dict(arch)
-    except ValueError as err:  # a vision-language family whose tower is not modelled
+    except ValueError as err:  # numbers it cannot read (what it does not model is Arch.unmodelled)
         raise ConfigError(f"cannot estimate '{name}': {err}", key="model.architecture") from None
 
 
@@ -109,8 +107,6 @@ def parse_memory(text: Any) -> float | None:
         return None
     m = re.fullmatch(r"(?i)([0-9]*\.?[0-9]+)([kmgt]?i?b?)?", s)
     if not m:
-        from hydratune.components.config.errors import ConfigError
-
         raise ConfigError(
             f"cannot read a memory size from '{text}'",
             key="estimate.gpu_memory",

@@ -146,10 +146,23 @@ def warnings_for(cfg: DictConfig, comps: Components, device: str = "cpu") -> lis
             f"optimizer.lr={comps.optimizer.lr:g} is very high for a pretrained model (the default is "
             "tuned for the tiny random-init demo): typical values are 1e-5..5e-5 (full), 1e-4..3e-4 (LoRA)"
         )
+    notes += unmodelled_notes(comps)
     notes += schedule_warnings(cfg, comps)
     notes += split_warnings(cfg, comps)
     notes += comps.recipe.warnings(cfg, comps)
     return notes
+
+
+def unmodelled_notes(comps: Components) -> list[str]:
+    """What the memory estimate (and so the disk check and ``strategy=auto``) does not model of this model:
+    said, never a refusal (the model trains all the same)."""
+    from hydratune.components.memory.spec import arch_of_model
+
+    try:
+        arch = arch_of_model(comps.model)
+    except ConfigError:  # no architecture numbers offline: nothing estimated
+        return []
+    return [f"memory estimate: {note}" for note in arch.unmodelled]
 
 
 def split_warnings(cfg: DictConfig, comps: Components) -> list[str]:

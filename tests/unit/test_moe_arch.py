@@ -142,3 +142,36 @@ def test_expert_parallel_splits_the_experts_and_their_states(compose_cfg) -> Non
     assert e.row("optimizer states") == pytest.approx(8 * (dense / 8 + experts / 8), rel=1e-6)
     whole = estimate(spec_from_config(compose_cfg(*args)))  # ep 1: every expert on every GPU
     assert whole.row("parameters") == pytest.approx(4 * (dense + experts), rel=1e-6)
+
+
+@pytest.mark.parametrize(("only", "step"), [([0], 1), ([], 2)])
+def test_a_mixture_with_dense_layers_between_is_estimated_with_a_note(
+    compose_cfg, tmp_path, only: list[int], step: int
+) -> None:
+    """Issue 49: Qwen3-MoE with ``mlp_only_layers`` / ``decoder_sparse_step`` > 1 trains: the disk check and
+    the estimate count every layer as a mixture layer (not less than transformers builds) and say so."""
+    from transformers import Qwen3MoeConfig
+
+    from hydratune.components.runtime import diskspace
+    from hydratune.components.runtime.checks import unmodelled_notes
+    from hydratune.components.runtime.run import Components
+
+    shape = {**TINY, **SHAPES["qwen3_moe"], "num_hidden_layers": 4}
+    config = Qwen3MoeConfig(**shape, mlp_only_layers=only, decoder_sparse_step=step)
+    with torch.device("meta"):
+        built = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    arch = Arch.from_dict(config.to_dict())
+    every_layer = Arch.from_dict(Qwen3MoeConfig(**shape).to_dict())
+    assert param_counts(arch).total == param_counts(every_layer).total >= built
+    dense = 1 if only else 2  # layers 0 (named), or 0 and 2 (every second layer sparse)
+    assert arch.unmodelled == (
+        f"{dense} of the 4 layers are dense MLPs between the mixture's (mlp_only_layers={only}, "
+        f"decoder_sparse_step={step}): not modelled, the estimate counts every layer as a mixture layer of "
+        "4 experts",
+    )
+    config.save_pretrained(tmp_path)
+    cfg = compose_cfg("model=tiny_moe", f"model.name_or_path={tmp_path}")
+    comps = Components.from_config(cfg)
+    total, _ = diskspace.planned_bytes(cfg, comps)  # was an UnboundLocalError before every run
+    assert total > 0
+    assert unmodelled_notes(comps) == [f"memory estimate: {arch.unmodelled[0]}"]
