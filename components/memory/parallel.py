@@ -212,6 +212,8 @@ def mesh_refusal(
     if ep > 1 and (not arch.is_moe or arch.num_experts % ep):
         has = f"{arch.num_experts} experts" if arch.is_moe else "no experts (a dense model)"
         return "strategy.ep_size", f"ep {ep} must divide a mixture's experts; this model has {has}"
+    if tp > 1 and arch.is_moe:  # runtime/split_checks.py check_tensor_split_kind refuses it before load
+        return "strategy.tp_size", f"tp {tp} does not split a mixture of experts (fused experts, not Linears)"
     heads, kv = arch.num_heads, arch.num_kv_heads
     if tp > 1 and (heads % tp or kv % tp):
         return "strategy.tp_size", f"tp {tp} must divide the {heads} attention heads and {kv} KV heads"

@@ -241,7 +241,10 @@ def checked_mesh(strategy: Any, arch: Arch, world_size: int) -> Mesh:
     refusal = mesh_refusal(arch, mesh.tp, mesh.sp, mesh.pp, ep=mesh.ep)
     if refusal:
         key, why = refusal
-        raise ConfigError(f"cannot split the model: {why}", key=key, hint="pick a size the model divides")
+        hint = "pick a size the model divides"
+        if key == "strategy.tp_size" and arch.is_moe:
+            hint = "strategy.tp_size=1; strategy.ep_size (zero0-zero2) splits a mixture's experts over ranks"
+        raise ConfigError(f"cannot split the model: {why}", key=key, hint=hint)
     return mesh
 
 

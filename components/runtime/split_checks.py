@@ -228,11 +228,29 @@ def check_split(cfg: DictConfig, comps: Any, world: int, device: str, dtype: str
         raise found
     if mesh.tp > 1 or mesh.sp > 1 or mesh.ep > 1:
         config = comps.model.load_config()
-        check_model(mesh, ModelDims.from_config(config))
+        dims = ModelDims.from_config(config)
+        check_model(mesh, dims)
+        if mesh.tp > 1:
+            check_tensor_split_kind(dims, mesh.tp)
         if mesh.ep > 1:
             check_expert_kind(config)
     if mesh.sp > 1:
         check_sequence_split(cfg, comps, device)
+
+
+def check_tensor_split_kind(dims: Any, tp: int) -> None:
+    """Tensor parallel splits a dense model's Linear layers: a mixture's fused experts have no split any
+    engine here runs (DeepSpeed AutoTP dies after load on transformers' ``moe_tp_experts`` /
+    ``packed_colwise`` plans; DTensor and the pipeline's stage split are not verified with experts)."""
+    if dims.experts:
+        raise ConfigError(
+            f"tensor parallel (strategy.tp_size={tp}) cannot split a mixture of experts ({dims.experts} "
+            "experts per layer): the engines split dense Linear layers, not fused experts (DeepSpeed AutoTP "
+            "fails after the model loads)",
+            key="strategy.tp_size",
+            hint="strategy.tp_size=1; to split the experts over ranks strategy=zero1 (or zero0 / zero2) "
+            "strategy.ep_size=<a divisor of the experts>, or shard the model with strategy=zero3 / fsdp",
+        )
 
 
 def check_expert_kind(config: Any) -> None:

@@ -127,6 +127,11 @@ AFTER_COMPOSE = [
             (["model=olmoe_1b_7b"], "strategy.ep_size"),  # experts not gathered back for this type
         )
     ),
+    # tensor parallel on a mixture of experts: DeepSpeed AutoTP died ~4 min after load (issue 49)
+    (
+        ["model=tiny_moe", "strategy=zero1", "strategy.tp_size=2", "launcher.nproc_per_node=2"],
+        "strategy.tp_size",
+    ),
     (["tracker=wandb"], "tracker.wandb.mode"),  # no WANDB_API_KEY, no ~/.netrc, WANDB_MODE unset (see below)
     # resume=<bad path>: test_a_bad_resume_path_fails_before_load (resolved by the CLI after these checks)
 ]

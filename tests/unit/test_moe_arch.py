@@ -175,3 +175,18 @@ def test_a_mixture_with_dense_layers_between_is_estimated_with_a_note(
     total, _ = diskspace.planned_bytes(cfg, comps)  # was an UnboundLocalError before every run
     assert total > 0
     assert unmodelled_notes(comps) == [f"memory estimate: {arch.unmodelled[0]}"]
+
+
+def test_no_rung_splits_a_mixture_by_tensor_parallel(compose_cfg) -> None:
+    """strategy=auto and the estimate's ladder never offer strategy.tp_size on a mixture (issue 49: refused
+    before load); an explicit one is refused naming strategy.tp_size with a fix that splits the experts."""
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.memory.spec import spec_from_config, strategy_rungs
+
+    spec = spec_from_config(compose_cfg("model=qwen3_30b_a3b", "estimate.num_gpus=8"))
+    rungs = strategy_rungs(spec)
+    assert rungs and all(rung.tp == 1 for rung in rungs)
+    assert any(rung.ep > 1 for rung in rungs)
+    with pytest.raises(ConfigError, match="mixture of experts") as info:
+        spec_from_config(compose_cfg("model=qwen3_30b_a3b", "strategy.tp_size=2", "estimate.num_gpus=2"))
+    assert info.value.key == "strategy.tp_size" and "strategy.ep_size" in info.value.hint
