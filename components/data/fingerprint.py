@@ -129,14 +129,14 @@ class FileHashes:
 def cache_root(data: Any) -> Path:
     """The prepared-data cache dir (components/data/prepared_cache.py) of a data component or node:
     ``data.cache_dir``, ``$HYDRATUNE_DATA_CACHE``, or ``$HYDRATUNE_CACHE/data`` (default
-    ``~/.cache/hydratune/data``); the file hashes are remembered there too."""
+    ``~/.cache/hydratune/data``); the file hashes are remembered there too. A relative dir is the working
+    dir's (made absolute here: the entries' files are named relative to it)."""
     from hydratune.components.modeling.gguf import cache_home
 
     given = data.get("cache_dir") if isinstance(data, dict) else getattr(data, "cache_dir", None)
-    if given:
-        return Path(str(given)).expanduser()
-    env = os.environ.get("HYDRATUNE_DATA_CACHE")
-    return Path(env).expanduser() if env else cache_home() / "data"
+    given = given or os.environ.get("HYDRATUNE_DATA_CACHE")
+    root = Path(str(given)).expanduser() if given else cache_home() / "data"
+    return Path(os.path.abspath(root))
 
 
 def files_under(path: Path) -> list[Path]:

@@ -109,7 +109,8 @@ class Source:
     # the prepared data (rows, tokens) written once under cache_dir and memory-mapped by later runs, ranks
     # and sweep points (components/runtime/datacache.py); false: prepared again by every run and rank
     cache: bool = True
-    # null: $HYDRATUNE_DATA_CACHE, else $HYDRATUNE_CACHE/data (~/.cache/hydratune/data)
+    # null: $HYDRATUNE_DATA_CACHE, else $HYDRATUNE_CACHE/data (~/.cache/hydratune/data); a relative dir is
+    # the working dir's
     cache_dir: str | None = None
     # processes preparing the data (reading, masking, tokenizing); null: the cores this process may use
     num_proc: int | None = knob(None, AT_LEAST_ONE)

@@ -83,6 +83,18 @@ def test_the_key_misses_on_a_row_the_template_the_tokenizer_and_max_length(
     assert len(prepared_cache.entries(cache)) == 5
 
 
+def test_a_relative_cache_dir_is_the_working_dir_s(
+    chats: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 49: ``data.cache_dir=relcache`` crashed every preparation (``relative_to`` of an absolute file
+    and a relative staging dir); it is resolved against the working dir, as a user expects."""
+    monkeypatch.chdir(tmp_path)
+    assert status(prepare(chats, Path("relcache"))) == "miss"
+    (entry,) = prepared_cache.entries(tmp_path / "relcache")
+    assert entry["path"].parent == tmp_path / "relcache"
+    assert status(prepare(chats, Path("relcache"))) == "hit"
+
+
 def test_a_damaged_entry_is_never_served(chats: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     first = prepare(chats, cache)
