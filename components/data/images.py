@@ -412,18 +412,19 @@ class ImageCounts:
 def referenced_files(
     files: list[Path], roots: list[Path], remember: Path | None, digest: Callable[[Path], str]
 ) -> list[Path]:
-    """The image files the rows of JSON / JSON lines data ``files`` may name: every string value of every
-    row (nested ones too) that is a path or ``file://`` URL of an existing file, or of a missing one with an
-    image suffix, relative to the data file's folder or one of ``roots``. A superset of what the conversion
-    reads (the cache key hashes them: an image whose bytes change gives another key though the data file
-    did not change). Remembered per data file's sha256 (``digest``) under ``remember``; other file types
-    hold their images inside (parquet, Arrow)."""
+    """The image files the rows of data ``files`` (JSON, JSON lines, csv, each maybe compressed; parquet,
+    Arrow) may name: every string value of every row (nested ones too: a csv cell holding JSON, an Arrow
+    ``{"bytes", "path"}`` struct) that is a path or ``file://`` URL of an existing file, or of a missing
+    one with an image suffix, relative to the data file's folder or one of ``roots``. A superset of what the
+    conversion reads (the cache key hashes them: an image whose bytes change gives another key though the
+    data file did not change). Remembered per data file's sha256 (``digest``) under ``remember``."""
     import json
+
+    from hydratune.components.data.file_bytes import file_type
 
     found: dict[str, None] = {}
     for data_file in files:
-        name = data_file.name.lower()
-        if not name.endswith((".jsonl", ".json")):
+        if file_type(data_file) is None:
             continue
         record = None
         if remember is not None:
@@ -457,34 +458,92 @@ def referenced_files(
     return [Path(p) for p in found]
 
 
-def _strings(data_file: Path) -> Iterator[str]:
-    """The short one-line strings of a JSON lines file, read a line at a time, or of a JSON document
-    (parsed whole, as the reader parses it): the candidate paths."""
+def _walk(value: Any) -> Iterator[str]:
+    """The short one-line strings in a row's value, nested ones too (a csv cell's JSON list included)."""
     import json
 
-    def walk(value: Any) -> Iterator[str]:
-        if isinstance(value, str):
-            if 0 < len(value) < 1024 and "\n" not in value and not value.startswith("data:"):
-                yield value
-        elif isinstance(value, dict):
-            for v in value.values():
-                yield from walk(v)
-        elif isinstance(value, list):
-            for v in value:
-                yield from walk(v)
-
-    if data_file.name.lower().endswith(".json"):
-        try:
-            yield from walk(json.loads(data_file.read_text(encoding="utf-8", errors="replace")))
-            return
-        except ValueError:
-            pass  # JSON lines in a .json file
-    with data_file.open(encoding="utf-8", errors="replace") as lines:
-        for line in lines:
+    if isinstance(value, str):
+        if value.lstrip().startswith(("[", "{")):  # a csv cell holding JSON (_column_images reads it so)
             try:
-                yield from walk(json.loads(line))
+                yield from _walk(json.loads(value))
+                return
+            except ValueError:
+                pass
+        if 0 < len(value) < 1024 and "\n" not in value and not value.startswith("data:"):
+            yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _walk(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _walk(v)
+
+
+def _strings(data_file: Path) -> Iterator[str]:
+    """The candidate paths of a data file: the short one-line strings of a JSON lines file (a line at a
+    time), a JSON document (parsed whole, as the reader parses it), a csv file (every cell), a parquet or
+    Arrow file (every row, a record batch at a time). A file that cannot be read so yields what was read
+    before (the reader refuses it by name when the rows are read)."""
+    try:
+        yield from _read_strings(data_file)
+    except Exception:  # each format's library raises its own error for a damaged file
+        return
+
+
+def _read_strings(data_file: Path) -> Iterator[str]:
+    import csv
+    import io
+    import json
+    import sys
+
+    from hydratune.components.data.file_bytes import file_type, open_compressed
+
+    suffix, compression = file_type(data_file) or (data_file.suffix.lower(), None)
+    if suffix in (".parquet", ".arrow"):
+        for batch in _record_batches(data_file, suffix):
+            yield from _walk(batch.to_pylist())
+        return
+    raw = open_compressed(data_file, compression) if compression else data_file.open("rb")
+    with io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="") as text:
+        if suffix == ".csv":
+            limit = csv.field_size_limit(sys.maxsize)  # a long text cell is read, as the reader reads it
+            try:
+                for row in csv.reader(text):
+                    yield from _walk(row)
+            finally:
+                csv.field_size_limit(limit)
+            return
+        if suffix == ".json":
+            whole = text.read()
+            try:
+                yield from _walk(json.loads(whole))
+                return
+            except ValueError:
+                text = io.StringIO(whole)  # JSON lines in a .json file
+        for line in text:
+            try:
+                yield from _walk(json.loads(line))
             except ValueError:
                 continue
+
+
+def _record_batches(data_file: Path, suffix: str) -> Iterator[Any]:
+    """A parquet or Arrow file (``datasets``' IPC stream, or the IPC file format) a record batch at a time."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if suffix == ".parquet":
+        yield from pq.ParquetFile(data_file).iter_batches(batch_size=1024)
+        return
+    with pa.memory_map(str(data_file)) as source:
+        try:
+            reader: Any = pa.ipc.open_stream(source)
+        except pa.ArrowInvalid:
+            source.seek(0)
+            file_reader = pa.ipc.open_file(source)
+            yield from (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
+            return
+        yield from reader
 
 
 def check_combination(data: Any) -> None:

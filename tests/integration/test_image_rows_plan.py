@@ -108,6 +108,62 @@ def test_the_cache_key_changes_with_an_image_s_bytes(tmp_path: Path, pictures: A
     assert again.notes["data cache"].startswith("miss") and len(again.splits["train"]) == 6
 
 
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_an_image_named_by_path_in_a_table_is_in_the_cache_key(
+    tmp_path: Path, pictures: Any, kind: str
+) -> None:
+    """Issue 49: a csv / parquet row naming its image by path (no bytes): rewriting the image under the same
+    name misses the cache (the old pixels never train)."""
+    import csv
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hydratune.components.data.preferences import PreferenceDataset
+
+    red, _ = pictures
+    path = tmp_path / f"pairs.{kind}"
+    rows = image_pairs(4)
+    if kind == "csv":  # the images cell: one path
+        with path.open("w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=list(rows[0]))
+            out.writeheader()
+            out.writerows({**row, "images": row["images"][0]} for row in rows)
+    else:  # a datasets Image struct without bytes
+        structs = [{**r, "images": [{"bytes": None, "path": i} for i in r["images"]]} for r in rows]
+        pq.write_table(pa.Table.from_pylist(structs), path)
+    data = PreferenceDataset(
+        path=str(path), images=True, eval_fraction=0.0, cache_dir=str(tmp_path / "cache")
+    )
+
+    def prepared() -> tuple[str, Any]:
+        done = prepare_data(data, None, 0)
+        return done.notes["data cache"].split(":")[0], done.splits["train"][0]["images"][0].getpixel((0, 0))
+
+    assert [prepared(), prepared()] == [("miss", (255, 0, 0)), ("hit", (255, 0, 0))]
+    png(red, (0, 255, 0))  # the same name, other bytes: the table is unchanged
+    assert prepared() == ("miss", (0, 255, 0))
+
+
+def test_images_named_in_arrow_and_compressed_csv_files_are_found(tmp_path: Path, pictures: Any) -> None:
+    """``referenced_files`` reads every data format the loader reads: an Arrow stream (``datasets``'
+    files), a compressed csv whose cell holds a JSON list."""
+    import gzip
+
+    import pyarrow as pa
+
+    from hydratune.components.data.images import referenced_files
+
+    red, blue = pictures
+    table = pa.Table.from_pylist([{"images": [{"bytes": None, "path": "img/red.png"}], "text": "x"}])
+    with pa.OSFile(str(tmp_path / "rows.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as out:
+        out.write_table(table)
+    with gzip.open(tmp_path / "rows.csv.gz", "wt") as f:
+        f.write('prompt,images\n"<image><image>hi","[""img/red.png"", ""img/blue.png""]"\n')
+    found = referenced_files([tmp_path / "rows.arrow", tmp_path / "rows.csv.gz"], [], None, str)
+    assert found == [red.resolve(), blue.resolve()]
+
+
 def test_the_estimate_counts_the_image_tokens_of_the_data(tmp_path: Path, pictures: Any, capsys: Any) -> None:
     """Two 56-pixel images a row are 8 image tokens (one default image: 4): ``hydratune estimate`` and
     ``strategy=auto`` measure them with the processor and count them, the table exactly as with
