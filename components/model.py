@@ -46,9 +46,10 @@ class CausalLM(VisionLanguage):
     ``init=random`` builds the architecture from ``name_or_path``'s config (plus ``architecture``
     overrides) with fresh weights; the shipped ``conf/model/*.yaml`` carry the architecture numbers of
     popular models so they compose offline. ``init=auto`` (``model=tiny``'s) decides from
-    ``name_or_path`` as the component is built: a local dir holding no weight file is built at random
-    (the bundled tiny model), anything holding weights (a dir with safetensors / .bin files, a GGUF file,
-    a hub id) is loaded; ``init_note`` says which and why (``mode=plan`` and the summary print it).
+    ``name_or_path`` as the component is built: a bundled dir holding no weight file is built at random
+    (the tiny models; a dir of the user's without weights is refused), anything holding weights (a dir
+    with safetensors / .bin files, a GGUF file, a hub id) is loaded; ``init_note`` says which and why
+    (``mode=plan`` and the summary print it).
 
     A config with a ``vision_config`` is a vision-language model (docs/vlm.md): it loads as
     ``AutoModelForImageTextToText``, its processor (``processor``, default: the tokenizer's source) is
@@ -61,7 +62,7 @@ class CausalLM(VisionLanguage):
     name_or_path: str = "???"
     from_run: str | None = None  # start from an earlier run dir's final/ model (overrides name_or_path)
     gguf_file: str | None = None  # a .gguf file inside name_or_path (llama.cpp / Ollama checkpoints)
-    init: str = "pretrained"  # pretrained | random | auto (random only for a dir without weights)
+    init: str = "pretrained"  # pretrained | random | auto (random only for a bundled dir without weights)
     architecture: dict[str, Any] = field(default_factory=dict)  # config.json numbers (offline / overrides)
     tokenizer: str | None = None  # defaults to name_or_path
     revision: str | None = None
@@ -106,17 +107,23 @@ class CausalLM(VisionLanguage):
         self.resolve_auto_init()
 
     def resolve_auto_init(self) -> None:
-        """``init=auto`` becomes ``random`` for a local dir that holds no weight file, else ``pretrained``:
-        a ``name_or_path`` that names weights means those weights (``model.init=random``, written by the
-        user, still trains from random init)."""
+        """``init=auto`` becomes ``random`` for a bundled dir (components/assets/) that holds no weight file,
+        else ``pretrained``: a ``name_or_path`` that names weights means those weights, and a dir of the
+        user's without them is refused before load (``check_local_dir``), never trained from random init
+        unasked (``model.init=random``, written by the user, still trains from random init)."""
         if self.init != "auto":
             return
         if self.gguf_file or not self.is_local:
             init, why = "pretrained", "a GGUF checkpoint" if self.gguf_file else "a hub id"
         else:
-            found = weight_files(Path(self.name_or_path).expanduser())
-            init = "pretrained" if found else "random"
+            from hydratune.components.config.resolvers import ASSETS
+
+            path = Path(self.name_or_path).expanduser()
+            found = weight_files(path)
+            bundled = path.resolve().is_relative_to(ASSETS)
+            init = "random" if bundled and not found else "pretrained"
             why = "a dir with weights" if found else "a dir without weight files"
+            why += "" if found or bundled else " (not a bundled one)"
         then = "model.init=random to train from random init instead" if init == "pretrained" else ""
         note = f"model.init=auto chose {init}: model.name_or_path is {why}" + (f" ({then})" if then else "")
         object.__setattr__(self, "init", init)
@@ -188,17 +195,24 @@ class CausalLM(VisionLanguage):
                 key="model.name_or_path",
                 hint="point it at a directory holding config.json, or at a hub id such as Qwen/Qwen2.5-0.5B",
             )
-        if self.init == "pretrained" and not weight_files(path):
-            raise ConfigError(
-                f"model.init=pretrained, but {self.name_or_path} holds no weight file "
-                f"({', '.join(WEIGHT_PATTERNS)})",
-                key="model.name_or_path",
-                hint="point it at a dir with the weights (save_pretrained's), or model.init=random to train "
-                "from random init with its config",
-            )
         key = "model.from_run" if self.from_run else "model.name_or_path"
         flag = "model.trust_remote_code"
         check_model_dir(path, key=key, trust_remote_code=self.trust_remote_code, flag=flag)
+        if self.init == "pretrained" and not weight_files(path):
+            held = sorted(f.name for f in path.iterdir())
+            shown = ", ".join(held[:12]) + (f" (+{len(held) - 12} more)" if len(held) > 12 else "")
+            asked = (
+                "model.init=auto (a dir of yours, not a bundled one)"
+                if self.init_note
+                else "model.init=pretrained"
+            )
+            raise ConfigError(
+                f"{asked} loads weights, and {self.name_or_path} holds no weight file "
+                f"({', '.join(WEIGHT_PATTERNS)}); it holds: {shown}",
+                key="model.name_or_path",
+                hint="point it at a dir with the weights (save_pretrained's model.safetensors), or pass "
+                "model.init=random to train from random init with its config",
+            )
 
     def check_attention_package(self) -> None:
         """flash_attention_2/3 need their package installed (else transformers fails at load)."""

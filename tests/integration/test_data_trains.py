@@ -69,7 +69,9 @@ def test_packed_sft_with_the_default_template(run_recipe, tmp_path: Path) -> Non
 
     base = tmp_path / "base"
     shutil.copytree(TINY, base, ignore=shutil.ignore_patterns("chat_template.jinja"))
-    ctx, _ = run_recipe(*STEPS, f"model.name_or_path={base}", "data.packing=true", name="packed_default")
+    ctx, _ = run_recipe(  # a copy of the tiny dir: random init, asked for (a dir of yours without weights)
+        *STEPS, f"model.name_or_path={base}", "model.init=random", "data.packing=true", name="packed_default"
+    )
     assert "seq_lengths" in ctx.trainer.train_dataset.column_names  # packed rows
     assert_assistant_only(ctx, rows=4)
     summary = (ctx.run_dir.path / "summary.md").read_text()

@@ -267,6 +267,26 @@ def test_a_dir_with_weights_is_loaded_not_built_at_random(compose_cfg, export_di
     assert said.init == "random" and said.describe_weights().endswith("(model.init=random)")
 
 
+def test_auto_init_on_a_dir_of_yours_without_weights_is_refused(compose_cfg, tmp_path: Path) -> None:
+    """Issue 49: config + tokenizer and no weights (a copy that lost its safetensors) trained from random
+    init, said only in summary.md; now refused before load naming the files found, unless model.init=random
+    says so (the bundled tiny dir, random by design, is unchanged: above)."""
+    import shutil
+
+    from hydratune.components.runtime.run import Components
+
+    folder = tmp_path / "my-model"
+    shutil.copytree(TINY, folder)
+    model = Components.from_config(compose_cfg(f"model.name_or_path={folder}")).model
+    with pytest.raises(ConfigError) as err:
+        model.validate()
+    assert err.value.key == "model.name_or_path" and "model.init=random" in err.value.hint
+    assert "model.init=auto" in str(err.value) and "config.json, tokenizer.json" in str(err.value)
+    said = Components.from_config(compose_cfg(f"model.name_or_path={folder}", "model.init=random")).model
+    said.validate()
+    assert said.init == "random"
+
+
 def test_pretrained_from_a_dir_without_weights_is_refused(compose_cfg) -> None:
     from hydratune.components.runtime.run import Components
 

@@ -177,7 +177,7 @@ def test_what_pipeline_stages_cannot_do_is_refused_before_load(compose_cfg, over
 
 
 def test_a_model_without_a_layer_list_is_refused_with_the_fix(compose_cfg, tmp_path) -> None:
-    cfg = compose_cfg(*PIPELINE, f"model.name_or_path={gpt2_dir(tmp_path)}")
+    cfg = compose_cfg(*PIPELINE, f"model.name_or_path={gpt2_dir(tmp_path)}", "model.init=random")
     with pytest.raises(ConfigError) as err:
         check_before_load(cfg, Components.from_config(cfg), "cpu")
     assert err.value.key == "strategy" and "model_type 'gpt2'" in str(err.value)
