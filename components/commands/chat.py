@@ -115,10 +115,16 @@ def load(path: Path, remote_code: bool = False) -> tuple[Any, Any]:
         return TrainedRun.open(path, key="chat", trust_remote_code=remote_code).load()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hydratune.components.modeling.model_dir import check_model_dir
+    from hydratune.components.modeling.model_dir import WEIGHT_PATTERNS, check_model_dir, weight_files
     from hydratune.components.modeling.vision import is_vision_config
 
     check_model_dir(path, key="chat", trust_remote_code=remote_code, flag=REMOTE_CODE.split("=")[0])
+    if not weight_files(path):
+        raise ConfigError(
+            f"{path} holds no weight file ({', '.join(WEIGHT_PATTERNS)}): there is no model to chat with",
+            key="chat",
+            hint="point it at a model dir with its weights (save_pretrained's), or at a run dir",
+        )
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote_code)
     if not tokenizer.chat_template:
         raise ConfigError(

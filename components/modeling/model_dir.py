@@ -37,7 +37,36 @@ def check_model_dir(path: Path, *, key: str, trust_remote_code: bool, flag: str)
         ) from None
     if not trust_remote_code:
         check_no_remote_code(path, config, key=flag)
+    check_shards(path, key=key)
     check_pickle_weights(path, key=key)
+
+
+def check_shards(path: Path, *, key: str) -> None:
+    """Every shard a sharded checkpoint's index names (``*.safetensors.index.json`` /
+    ``pytorch_model.bin.index.json``: its ``weight_map``) is in the dir: a missing one is named here, not
+    after loading began."""
+    for index in sorted([*path.glob("*.safetensors.index.json"), *path.glob("*.bin.index.json")]):
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ValueError("no weight_map object")
+        except (OSError, ValueError, AttributeError) as err:
+            raise ConfigError(
+                f"{index} cannot be read as a sharded checkpoint's index: {err}",
+                key=key,
+                hint="copy the index again from where the model was saved (save_pretrained writes it)",
+            ) from None
+        shards = sorted({str(name) for name in weight_map.values()})
+        missing = [name for name in shards if not (path / name).is_file()]
+        if missing:
+            shown = ", ".join(missing[:8]) + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else "")
+            raise ConfigError(
+                f"{path} is missing {len(missing)} of the {len(shards)} weight shards {index.name} names: "
+                f"{shown}",
+                key=key,
+                hint="copy (or finish downloading) the missing shards into the dir, e.g. hf download "
+                "<repo> --local-dir <dir>",
+            )
 
 
 def check_no_remote_code(path: Path, config: dict, *, key: str) -> None:

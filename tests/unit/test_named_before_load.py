@@ -112,3 +112,38 @@ def test_a_misspelt_reward_target_is_named_at_its_key(compose_cfg) -> None:
         Components.from_config(cfg)
     assert err.value.key == "recipe.reward_funcs[0]._target_"
     assert "did you mean exact_match" in str(err.value)
+
+
+def test_missing_shards_of_a_sharded_checkpoint_are_named_before_load(tmp_path: Path, compose_cfg) -> None:
+    """Issue 49: half the shards gone was named only after loading began; the index (written by the hub
+    library's own sharded save, as save_pretrained writes it) is checked against the files present, in
+    plan and chat alike."""
+    import shutil
+
+    from huggingface_hub import save_torch_state_dict
+
+    from hydratune.components.commands.chat import load
+    from tests.support.data import TINY
+
+    folder = tmp_path / "sharded"
+    shutil.copytree(TINY, folder)  # config.json + the tokenizer
+    save_torch_state_dict({f"w{i}": torch.zeros(4096) for i in range(6)}, folder, max_shard_size="20KB")
+    shards = sorted(folder.glob("model-*.safetensors"))
+    assert len(shards) == 6 and (folder / "model.safetensors.index.json").is_file()
+    check_model_dir(folder, key="model.name_or_path", trust_remote_code=False, flag="f")
+    gone = shards[::2]
+    for shard in gone:
+        shard.unlink()
+    model = Components.from_config(compose_cfg(f"model.name_or_path={folder}")).model
+    with pytest.raises(ConfigError) as err:
+        model.validate()
+    assert err.value.key == "model.name_or_path"
+    assert "missing 3 of the 6 weight shards model.safetensors.index.json names" in str(err.value)
+    assert all(shard.name in str(err.value) for shard in gone)
+    with pytest.raises(ConfigError, match="weight shards"):
+        load(folder)
+    for file in folder.glob("model*.safetensors*"):  # no weights at all: chat names that too
+        file.unlink()
+    with pytest.raises(ConfigError, match="holds no weight file") as err:
+        load(folder)
+    assert err.value.key == "chat"
