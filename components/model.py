@@ -175,6 +175,7 @@ class CausalLM(VisionLanguage):
         if self.padding_side not in ("left", "right"):
             raise ConfigError("padding_side must be left or right", key="model.padding_side")
         self.check_vision_knobs()
+        self.check_vision_packages()
         if self.gguf_file:
             from hydratune.components.modeling import gguf
 

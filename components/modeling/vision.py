@@ -95,6 +95,20 @@ def family_of(config: Mapping[str, Any], key: str = "model.name_or_path") -> Fam
     return FAMILIES[model_type]
 
 
+def missing_processor_packages(model_type: str) -> list[str]:
+    """The packages a VLM family's processor needs that are not installed, as transformers declares them:
+    a processor with a video processor (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, SmolVLM) builds it with
+    torchvision, which transformers' own mapping marks unavailable (its image processors fall back to PIL)."""
+    import transformers
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+    from transformers.utils import is_torchvision_available
+
+    name = PROCESSOR_MAPPING_NAMES.get(model_type)
+    processor = getattr(transformers, name, None) if isinstance(name, str) else None
+    attributes = processor.get_attributes() if hasattr(processor, "get_attributes") else []
+    return ["torchvision"] if "video_processor" in attributes and not is_torchvision_available() else []
+
+
 def adapter_exclusion(family: Family) -> str:
     """peft's ``exclude_modules`` regex (full-matched against module names) for the vision tower and
     projector: LoRA's default adapts the language model only."""

@@ -217,14 +217,41 @@ def test_the_estimate_counts_the_vision_tower(compose_cfg) -> None:
 
 def test_plan_prints_the_vision_parts(capsys, monkeypatch, tmp_path) -> None:
     """mode=plan of a real VLM option, offline: its tower, projector and decoder parameters."""
+    from hydratune.components.modeling import vision
     from tests.support.cli import in_process
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(vision, "missing_processor_packages", lambda family: [])  # torchvision or not
     in_process("mode=plan", "model=qwen2_5_vl_7b", "peft=lora", "model.freeze=[projector]")
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("# vision:"))
     assert "vision tower 631,975,680 params" in line and "projector 44,574,464" in line
     assert "language model 7,615,616,512" in line and "frozen: projector" in line
+
+
+@pytest.mark.parametrize(
+    ("option", "needs"), [("qwen2_5_vl_7b", True), ("qwen3_vl_8b", True), ("tiny_vlm", False)]
+)
+def test_a_processor_needing_torchvision_is_refused_naming_the_extra(
+    compose_cfg, monkeypatch, option: str, needs: bool
+) -> None:
+    """Issue 49: Qwen-VL without torchvision was transformers' ImportError once the processor was built;
+    transformers' own mapping says which processors need it (a video processor), refused before load."""
+    import transformers.utils
+
+    from hydratune.components.runtime.run import Components
+
+    monkeypatch.setattr(transformers.utils, "is_torchvision_available", lambda: False)
+    model = Components.from_config(compose_cfg(f"model={option}")).model
+    if not needs:
+        model.validate()
+        return
+    with pytest.raises(ConfigError) as err:
+        model.validate()
+    assert err.value.key == "model.name_or_path" and "needs torchvision" in str(err.value)
+    assert "pip install 'hydratune[vision]'" in err.value.hint
+    monkeypatch.setattr(transformers.utils, "is_torchvision_available", lambda: True)
+    model.validate()
 
 
 def test_freeze_on_a_model_whose_config_is_out_of_reach_says_so(monkeypatch) -> None:
