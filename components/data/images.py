@@ -22,9 +22,10 @@ The shapes read (``data.images`` on):
   ``image`` column.
 
 Relative paths are resolved against the data file's folder (a LLaMA-Factory dir: the dataset_info.json's
-folder, as its ``media_dir`` defaults). A missing file, unreadable bytes, an http(s) URL (nothing is
-downloaded) and a placeholder count that differs from the image count are row errors naming the file, line
-and column. ``data.image_max_pixels`` downsizes larger images (aspect kept, PNG) and counts them.
+folder, as its ``media_dir`` defaults). A missing file, a path that is not a regular file (a FIFO: never
+read), unreadable bytes, an http(s) URL (nothing is downloaded) and a placeholder count that differs from
+the image count are row errors naming the file, line and column. ``data.image_max_pixels`` downsizes larger
+images (aspect kept, PNG) and counts them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import hashlib
 import io
 import math
 import re
+import stat
 import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -353,6 +355,13 @@ def _bytes_of(ref: Any, where: str, folder: Path | None) -> tuple[bytes, str]:
     if not path.is_absolute() and folder is not None:
         path = folder / path
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO, a device: reading could block forever
+            raise RowError(
+                f"{where}: the image {path} is not a regular file ({_file_kind(path)}); it is not read",
+                key="data.path",
+                hint="point the row at the image file itself, or set data.on_error=skip to drop such rows "
+                "and count them",
+            )
         return path.read_bytes(), str(path)
     except FileNotFoundError:
         raise RowError(
@@ -365,6 +374,14 @@ def _bytes_of(ref: Any, where: str, folder: Path | None) -> tuple[bytes, str]:
         raise RowError(
             f"{where}: cannot read the image file {path} ({err.strerror})", key="data.path"
         ) from None
+
+
+def _file_kind(path: Path) -> str:
+    """What a path that is not a regular file is, in words."""
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+    kinds += ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 # ------------------------------------------------------------------------------------- the report

@@ -250,6 +250,21 @@ def test_a_bad_image_names_file_line_and_column(tmp_path: Path, pictures: Any, c
     assert len(skipped["train"]) == 3 and skipped.stats["skipped rows"] == 1
 
 
+def test_an_image_that_is_a_fifo_is_refused_not_read(tmp_path: Path, pictures: Any) -> None:
+    """Issue 49: a FIFO named as an image hung the preparation silently (a read that never returns)."""
+    import os
+
+    os.mkfifo(tmp_path / "img" / "pipe.png")
+    rows = [placeholder_row(["img/red.png", "img/blue.png"], k) for k in range(3)]
+    rows.insert(1, placeholder_row(["img/red.png", "img/pipe.png"], 9))
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert f"{path}:2 (row 2): column 'images' item 1: the image {tmp_path}/img/pipe.png" in str(info.value)
+    assert "is not a regular file (a FIFO)" in str(info.value)
+    assert len(load(path, on_error="skip")["train"]) == 3
+
+
 def test_content_part_errors_name_the_message_and_part(tmp_path: Path, pictures: Any) -> None:
     rows = [parts_row("img/red.png", "img/blue.png", k) for k in range(2)]
     rows.append(parts_row("img/red.png", "http://example.com/b.png", 2))
