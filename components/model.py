@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Any
 from hydratune.components.config.errors import ConfigError
 from hydratune.components.config.ranges import NON_NEGATIVE, knob
 from hydratune.components.config.registry import component
-from hydratune.components.modeling.model_dir import WEIGHT_PATTERNS, check_model_dir, weight_files
+from hydratune.components.modeling.model_dir import (
+    WEIGHT_PATTERNS,
+    check_model_dir,
+    check_no_remote_tokenizer,
+    weight_files,
+)
 from hydratune.components.modeling.vision_language import VisionLanguage
 
 if TYPE_CHECKING:
@@ -182,6 +187,9 @@ class CausalLM(VisionLanguage):
             gguf.gguf_path(self.name_or_path, self.gguf_file)  # folder, file, gguf package
         elif self.is_local:
             self.check_local_dir()
+        separate = Path(self.tokenizer).expanduser() if self.tokenizer else None
+        if separate is not None and separate.is_dir() and not self.trust_remote_code:
+            check_no_remote_tokenizer(separate, key="model.trust_remote_code")
         self.check_attention_package()
 
     def check_local_dir(self) -> None:

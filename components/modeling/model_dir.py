@@ -37,8 +37,39 @@ def check_model_dir(path: Path, *, key: str, trust_remote_code: bool, flag: str)
         ) from None
     if not trust_remote_code:
         check_no_remote_code(path, config, key=flag)
+        check_no_remote_tokenizer(path, key=flag)
     check_shards(path, key=key)
     check_pickle_weights(path, key=key)
+
+
+def check_no_remote_tokenizer(path: Path, *, key: str) -> None:
+    """A tokenizer whose ``tokenizer_config.json`` maps ``AutoTokenizer`` to the dir's own classes
+    (``auto_map``) and names a ``tokenizer_class`` transformers does not have needs that code run (as
+    transformers decides it): refused, naming the files, unless the user grants it (``key``)."""
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):  # none, or unreadable: the tokenizer's loader names it
+        return
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    mapped = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else None
+    if not mapped:
+        return
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    name = config.get("tokenizer_class")
+    known = isinstance(name, str) and any(
+        tokenizer_class_from_name(n) is not None for n in (name, name.removesuffix("Fast"), f"{name}Fast")
+    )
+    if known:
+        return
+    modules = sorted({str(v).split("--")[-1].rsplit(".", 1)[0] + ".py" for v in _flat(mapped)})
+    raise ConfigError(
+        f"the tokenizer in {path} needs its own code to load ({', '.join(modules)}): transformers has no "
+        f"tokenizer class '{name}'",
+        key=key,
+        hint=f"read that code, then pass {key}=true on the command line (code in a model dir never runs "
+        "unasked), or point model.tokenizer at a tokenizer transformers builds itself",
+    )
 
 
 def check_shards(path: Path, *, key: str) -> None:

@@ -40,6 +40,16 @@ def build_tokenizer(
             key="model.tokenizer",
             hint="point model.tokenizer (or model.name_or_path) at a local dir holding tokenizer files",
         ) from None
+    except ValueError as err:  # a hub tokenizer whose own code transformers would have to run
+        if trust_remote_code or "trust_remote_code" not in str(err):
+            raise
+        raise ConfigError(
+            f"the tokenizer of '{name_or_path}' needs its own code to load (transformers has no class of "
+            "its own for it)",
+            key="model.trust_remote_code",
+            hint="read that code, then pass model.trust_remote_code=true on the command line (code never "
+            "runs unasked), or point model.tokenizer at a tokenizer transformers builds itself",
+        ) from None
     if chat_template:
         tok.chat_template = resolve_chat_template(chat_template)[0]
     if tok.pad_token is None:

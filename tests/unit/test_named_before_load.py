@@ -147,3 +147,36 @@ def test_missing_shards_of_a_sharded_checkpoint_are_named_before_load(tmp_path: 
     with pytest.raises(ConfigError, match="holds no weight file") as err:
         load(folder)
     assert err.value.key == "chat"
+
+
+def test_a_tokenizer_needing_its_own_code_is_refused_naming_trust_remote_code(
+    tmp_path: Path, compose_cfg
+) -> None:
+    """Issue 49: a tokenizer_config.json whose auto_map names the dir's own tokenizer ended in transformers'
+    ValueError (train, plan, chat); now a ConfigError naming model.trust_remote_code and the file, and the
+    file never runs unasked."""
+    import shutil
+
+    from hydratune.components.commands.chat import load
+    from hydratune.components.text.tokenizer import build_tokenizer
+    from tests.support.data import TINY
+
+    folder, marker = tmp_path / "custom_tok", tmp_path / "ran"
+    shutil.copytree(TINY, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.update(
+        auto_map={"AutoTokenizer": ["tokenization_x.XTokenizer", None]}, tokenizer_class="XTokenizer"
+    )
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "tokenization_x.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n")
+    for overrides in ([f"model.name_or_path={folder}", "model.init=random"], [f"model.tokenizer={folder}"]):
+        model = Components.from_config(compose_cfg(*overrides)).model
+        with pytest.raises(ConfigError) as err:
+            model.validate()
+        assert err.value.key == "model.trust_remote_code" and "(tokenization_x.py)" in str(err.value)
+    with pytest.raises(ConfigError, match=r"tokenization_x\.py"):
+        load(folder)
+    with pytest.raises(ConfigError) as err:  # a hub id's (no dir to read first): transformers' own refusal
+        build_tokenizer(str(folder))
+    assert err.value.key == "model.trust_remote_code"
+    assert not marker.exists()
