@@ -44,15 +44,19 @@ def split_images(args: list[str]) -> tuple[list[str], list[Path]]:
 
 
 def open_image(path: Path) -> Any:
-    """The image at ``path`` as RGB (checked: a ConfigError naming it when missing or not an image)."""
-    from PIL import Image, UnidentifiedImageError
+    """The image at ``path`` as RGB, checked as training checks a row's image (``data/images.py``: a regular
+    file, fully decoded, no decompression bomb): a ConfigError naming it otherwise."""
+    from hydratune.components.data.images import open_image_file
+    from hydratune.components.data.readers import RowError
 
     try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except (OSError, UnidentifiedImageError) as err:
+        return open_image_file(path, "--image")
+    except RowError as err:
         raise ConfigError(
-            f"cannot open the image {path} ({err.__class__.__name__})", key="chat.image", hint=USAGE
+            f"cannot open the image: {err.args[0]}",
+            key="chat.image",
+            hint="give a PNG / JPEG / WebP... file that opens (PIL refuses more than twice "
+            f"PIL.Image.MAX_IMAGE_PIXELS as a decompression bomb); usage: {USAGE}",
         ) from None
 
 

@@ -238,7 +238,7 @@ class RowImages:
         here. ``ref``: a path (relative: to the table's folder), a ``file://`` or ``data:`` URL, ``{"bytes",
         "path"}`` (a ``datasets`` image), a PIL image."""
         data, name = _bytes_of(ref, where, self.table.folder)
-        from PIL import Image, UnidentifiedImageError
+        from PIL import Image
 
         try:
             with Image.open(io.BytesIO(data)) as image:
@@ -255,7 +255,7 @@ class RowImages:
                     smaller.save(out, format="PNG")
                     data, (width, height) = out.getvalue(), size
                     self.resized += 1
-        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
+        except unreadable_image_errors() as err:
             raise RowError(
                 f"{where}: {name} is not a readable image ({type(err).__name__}: {err})",
                 key="data.path",
@@ -264,6 +264,28 @@ class RowImages:
             ) from None
         self.pixels.append(width * height)
         return {"bytes": data, "path": None}
+
+
+def unreadable_image_errors() -> tuple[type[BaseException], ...]:
+    """What PIL raises for bytes that are no image, a truncated one, or a decompression bomb (more pixels
+    than ``PIL.Image.MAX_IMAGE_PIXELS`` twice over)."""
+    from PIL import Image, UnidentifiedImageError
+
+    return (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError)
+
+
+def open_image_file(path: Path, where: str) -> Any:
+    """The image file at ``path`` as an RGB PIL image, checked as a training row's image is (a regular file,
+    fully decoded, no decompression bomb); a RowError naming it otherwise (``where``: whose image)."""
+    data, name = _bytes_of(str(path), where, None)
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+            return image.convert("RGB")
+    except unreadable_image_errors() as err:
+        raise RowError(f"{where}: {name} is not a readable image ({type(err).__name__}: {err})") from None
 
 
 def table_folder(source: str) -> Path | None:

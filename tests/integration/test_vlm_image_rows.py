@@ -6,6 +6,7 @@ trains image tokens; packing image rows is refused before load."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -264,10 +265,22 @@ def test_chat_image_is_checked_before_the_model_loads(tmp_path: Path, monkeypatc
     (text_model / "config.json").write_text("{}")
     (tmp_path / "notes.png").write_text("not an image")
     red = png(tmp_path / "red.png", RED)
-    for image, says in ((tmp_path / "notes.png", "cannot open the image"), (red, "holds no processor")):
+    os.mkfifo(tmp_path / "pipe.png")
+    cases = [
+        (tmp_path / "notes.png", "cannot open the image"),
+        (tmp_path / "pipe.png", r"is not a regular file \(a FIFO\)"),  # never read: no hang
+        (red, "holds no processor"),
+    ]
+    for image, says in cases:
         with pytest.raises(ConfigError, match=says) as err:
             chat.cli([str(text_model), "--image", str(image)])
         assert err.value.key == "chat.image"
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 20)  # PIL's own bomb check: the 8 x 8 image is one now
+    with pytest.raises(ConfigError, match="DecompressionBombError") as err:  # issue 49: was a traceback
+        chat.cli([str(text_model), "--image", str(red)])
+    assert err.value.key == "chat.image" and "MAX_IMAGE_PIXELS" in err.value.hint
 
 
 def test_plan_measures_the_image_tokens_per_row(tmp_path: Path, capsys: Any) -> None:
