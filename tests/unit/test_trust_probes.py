@@ -246,7 +246,8 @@ def test_a_reward_that_cannot_be_called_names_its_parameters_and_the_command_lin
 def test_the_command_line_grants_what_a_file_cannot(tmp_path, capsys) -> None:
     """The switch the error names works (the payload was real): only typed on the command line."""
     marker = tmp_path / "marker"
-    node = {"model": {"name_or_path": str(evil_model(tmp_path, marker)), "trust_remote_code": True}}
+    model = {"name_or_path": str(evil_model(tmp_path, marker)), "trust_remote_code": True}
+    node = {"model": {**model, "init": "random"}}  # a dir without weights: random init, asked for
     write_yaml(tmp_path / "experiment" / "exp.yaml", node)
     with pytest.raises(BaseException):  # noqa: B017 — the planted config class is no real model: any failure
         cli("--config-dir", str(tmp_path), "+experiment=exp", "mode=plan", "model.trust_remote_code=true")
