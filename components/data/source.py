@@ -228,9 +228,10 @@ class Source:
             stats=report.stats,
             parts=parts,
         )
+        from hydratune.components.data.readers import delimiter_note
         from hydratune.components.data.textcorpus import documents_note
 
-        report.info.update(documents_note(tables))
+        report.info.update(documents_note(tables) | delimiter_note(tables))
         entry = next((p.reader for p in parts or [] if p.reader is not None), None)
         if entry is not None:  # a LLaMA-Factory dataset dir's entry
             from hydratune.components.data.llamafactory import wrap
