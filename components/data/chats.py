@@ -34,6 +34,7 @@ from hydratune.components.data.rows import (
 )
 from hydratune.components.data.source import Source
 from hydratune.components.data.tables import first_rows, note_unanswered, pick, token_lengths
+from hydratune.components.data.textcorpus import TEXT_UNITS
 from hydratune.components.distributed.workers import Workers
 
 if TYPE_CHECKING:
@@ -119,6 +120,8 @@ class ChatDataset(Source):
     # data.seed) and packed together (data.packing); a resume prepares at most one such window again
     stream_window: int = knob(1000, AT_LEAST_ONE)
     stream_shuffle: bool = True
+    # a .txt file's documents: paragraph (blank-line-separated blocks) | line (each non-blank line) | file
+    text_unit: str = "paragraph"
 
     def validate(self) -> None:
         super().validate()
@@ -129,6 +132,10 @@ class ChatDataset(Source):
                 f"unknown '{self.packing_strategy}'",
                 key="data.packing_strategy",
                 hint=f"one of {PACKING_STRATEGIES}",
+            )
+        if self.text_unit not in TEXT_UNITS:
+            raise ConfigError(
+                f"unknown '{self.text_unit}'", key="data.text_unit", hint=f"one of {', '.join(TEXT_UNITS)}"
             )
         if self.on_overlong not in ON_OVERLONG:
             raise ConfigError(

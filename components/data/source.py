@@ -227,6 +227,7 @@ class Source:
             skip=self.on_error == "skip",
             stats=report.stats,
             parts=parts,
+            text_unit=getattr(self, "text_unit", "paragraph"),  # SFT's text rows (ChatDataset)
         )
         from hydratune.components.data.readers import delimiter_note
         from hydratune.components.data.textcorpus import documents_note

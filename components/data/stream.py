@@ -324,7 +324,7 @@ class RowStream:
         if BUILDERS[data_suffix(part.path)] == "text":
             from hydratune.components.data.textcorpus import text_rows
 
-            return text_rows(part.path, at.row, KEY)
+            return text_rows(part.path, at.row, KEY, getattr(self.data, "text_unit", "paragraph"))
         return table_rows(part.path, at)
 
     def rows(self, start: Position) -> Iterator[tuple[Row, Position]]:

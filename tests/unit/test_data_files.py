@@ -73,3 +73,50 @@ def test_a_one_column_csv_stays_one_column(tmp_path: Path) -> None:
     path.write_text("text\na; b; c\nd; e; f\n")
     data = ChatDataset(path=str(path), eval_fraction=0.0).load(scratch_workers())
     assert list(data["train"]["text"]) == ["a; b; c", "d; e; f"]
+
+
+# ------------------------------------------------------------------------------ .txt documents
+
+LINES = "First line.\nSecond line.\n\nThird line, after a blank one.\nFourth.\n\n"
+#: data.text_unit -> the documents of LINES
+UNITS = {
+    "paragraph": ["First line.\nSecond line.", "Third line, after a blank one.\nFourth."],
+    "line": ["First line.", "Second line.", "Third line, after a blank one.", "Fourth."],
+    "file": ["First line.\nSecond line.\n\nThird line, after a blank one.\nFourth."],
+}
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_text_unit_cuts_a_txt_file_into_paragraphs_lines_or_one_document(tmp_path: Path, unit: str) -> None:
+    """``data.text_unit``: the documents loaded and streamed, counted in the summary with the unit."""
+    from hydratune.components.data.textcorpus import TEXT_UNITS, text_rows
+
+    path = tmp_path / "corpus.txt"
+    path.write_text(LINES)
+    data = ChatDataset(path=str(path), eval_fraction=0.0, text_unit=unit).load(scratch_workers())
+    assert list(data["train"]["text"]) == UNITS[unit]
+    assert data.info["text documents"].startswith(f"{len(UNITS[unit])} from corpus.txt ({TEXT_UNITS[unit]};")
+    assert [r["text"] for _, r, _ in text_rows(path, 0, "data.path", unit)] == UNITS[unit]
+
+
+def test_a_txt_of_one_line_per_document_is_told_to_set_text_unit_and_then_has_an_eval_split(
+    tmp_path: Path,
+) -> None:
+    """The filer's file: one document per line, no blank line. Read by paragraph it is one document and
+    the eval split is empty: the error names data.text_unit=line, and with it the split holds a row."""
+    from hydratune.components.data.prepare import check_eval_split
+
+    path = tmp_path / "lines.txt"
+    path.write_text("".join(f"sentence {i}\n" for i in range(40)))
+    whole = ChatDataset(path=str(path))
+    data = whole.load(scratch_workers())
+    assert len(data["train"]) == 1 and len(data["eval"]) == 0
+    err = refused(lambda: check_eval_split(whole, len(data["eval"]), 200))
+    assert "data.text_unit=paragraph" in str(err) and "data.text_unit=line" in (err.hint or "")
+    fixed = ChatDataset(path=str(path), text_unit="line")
+    fixed.validate()
+    split = fixed.load(scratch_workers())
+    assert (len(split["train"]), len(split["eval"])) == (38, 2)
+    check_eval_split(fixed, len(split["eval"]), 200)  # passes
+    bad = refused(lambda: ChatDataset(path=str(path), text_unit="lines").validate())
+    assert bad.key == "data.text_unit" and "paragraph, line, file" in (bad.hint or "")
