@@ -120,3 +120,86 @@ def test_a_txt_of_one_line_per_document_is_told_to_set_text_unit_and_then_has_an
     check_eval_split(fixed, len(split["eval"]), 200)  # passes
     bad = refused(lambda: ChatDataset(path=str(path), text_unit="lines").validate())
     assert bad.key == "data.text_unit" and "paragraph, line, file" in (bad.hint or "")
+
+
+# ------------------------------------------------------------------------------ exact duplicates
+
+
+def dup_rows() -> list[dict[str, Any]]:
+    """40 distinct alpaca rows, then 8 copies: row 1 three times in all, rows 2, 5, 7, 9, 11, 13 twice (an
+    ignored column differs: what trains is the same)."""
+    rows = [{"instruction": f"q{i}", "output": f"a{i}", "note": "first"} for i in range(40)]
+    return rows + [{**rows[i], "note": "copy"} for i in (1, 1, 2, 5, 7, 9, 11, 13)]
+
+
+COPIES = "8 of 48 rows of data.path are exact copies of another row (7 rows repeated; data.dedup="
+
+
+def as_keys(table: Any) -> list[str]:
+    import json
+
+    return [json.dumps(m, sort_keys=True) for m in table["messages"]]
+
+
+def test_duplicates_are_named_in_plan_and_never_on_both_sides_of_the_split(tmp_path: Path) -> None:
+    """The default (``data.dedup=split``): the 8 copies are named in what mode=plan prints (the notes of
+    ``prepare_data``, which plan runs), kept in train, and no eval row equals a train row, for every seed
+    tried (``count`` lets them cross, and says how many)."""
+    from hydratune.components.data.prepare import prepare_data
+    from tests.support.data import write_jsonl
+
+    path = write_jsonl(tmp_path / "dups.jsonl", dup_rows())
+    notes = prepare_data(ChatDataset(path=path, eval_fraction=0.5, cache=False), None, 0).notes
+    assert notes["duplicate rows"].startswith(f"{COPIES}split: kept in train")
+    crossed = 0
+    for seed in range(6):
+        data = ChatDataset(path=path, eval_fraction=0.5, seed=seed, ignore_columns=["note"]).load(
+            scratch_workers()
+        )
+        assert len(data["train"]) + len(data["eval"]) == 48 and len(data["eval"]) == 24
+        assert not set(as_keys(data["eval"])) & set(as_keys(data["train"]))
+        counted = ChatDataset(path=path, eval_fraction=0.5, seed=seed, dedup="count", ignore_columns=["note"])
+        loaded = counted.load(scratch_workers())
+        shared = [k for k in as_keys(loaded["eval"]) if k in set(as_keys(loaded["train"]))]
+        note = loaded.info.get("eval rows that copy a train row", "")
+        assert note.startswith(f"{len(shared)} of 24") if shared else not note
+        crossed += len(shared)
+    assert crossed  # without the rule, the seeds do put copies on both sides
+
+
+def test_dedup_drop_and_an_eval_file_of_train_copies(tmp_path: Path) -> None:
+    """``drop`` keeps the first of each row and counts the others; an eval file's copies of train rows are
+    named (the user's file, ``split``) or dropped from eval and counted (``drop``); a file of one row
+    repeated cannot hold out a clean eval row (refused, naming data.dedup), and where no row's copies fit
+    the eval rows asked for, one row is held out with all of its copies."""
+    from tests.support.data import write_jsonl
+
+    path = write_jsonl(tmp_path / "dups.jsonl", dup_rows())
+    dropped = ChatDataset(path=path, eval_fraction=0.0, dedup="drop", ignore_columns=["note"]).load(
+        scratch_workers()
+    )
+    assert as_keys(dropped["train"]) == list(dict.fromkeys(as_keys(dropped["train"])))
+    assert [m[0]["content"] for m in dropped["train"]["messages"]] == [f"q{i}" for i in range(40)]
+    assert dropped.stats["dropped (exact duplicates)"] == 8
+    assert dropped.info["duplicate rows"].startswith(COPIES + "drop")
+    evals = write_jsonl(
+        tmp_path / "eval.jsonl", [{"instruction": f"q{i}", "output": f"a{i}"} for i in (3, 50)]
+    )
+    train = write_jsonl(
+        tmp_path / "train.jsonl", [{"instruction": f"q{i}", "output": f"a{i}"} for i in range(9)]
+    )
+    kept = ChatDataset(path=train, eval_path=evals).load(scratch_workers())  # the user's eval file: named
+    assert len(kept["eval"]) == 2 and kept.info["eval rows that copy a train row"].startswith("1 of 2")
+    held = ChatDataset(path=train, eval_path=evals, dedup="drop").load(scratch_workers())
+    assert [m[0]["content"] for m in held["eval"]["messages"]] == ["q50"]
+    assert held.stats["dropped from eval (copies of train rows)"] == 1
+    same = write_jsonl(tmp_path / "same.jsonl", [{"instruction": "q", "output": "a"}] * 6)
+    err = refused(lambda: ChatDataset(path=same, eval_size=1).load(scratch_workers()))
+    assert err.key == "data.dedup" and "every one of the 6 rows of data.path is the same row" in str(err)
+    assert len(ChatDataset(path=same, eval_size=1, dedup="count").load(scratch_workers())["eval"]) == 1
+    rows = [{"instruction": f"q{i % 2}", "output": "a"} for i in range(6)]
+    few = ChatDataset(path=write_jsonl(tmp_path / "two.jsonl", rows), eval_size=1).load(scratch_workers())
+    assert (len(few["train"]), len(few["eval"])) == (3, 3)  # no row fits: one held out with its copies
+    assert not set(as_keys(few["eval"])) & set(as_keys(few["train"]))
+    bad = refused(lambda: ChatDataset(path=train, dedup="true").validate())
+    assert bad.key == "data.dedup" and "split, drop, count" in (bad.hint or "")
