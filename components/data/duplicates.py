@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from hydratune.components.config.errors import ConfigError
 from hydratune.components.data.rows import LoadReport, add_count
 from hydratune.components.data.tables import pick
 
@@ -31,6 +30,7 @@ DEDUP = ("split", "drop", "count")
 DUPLICATES = "duplicate rows"
 DROPPED = "dropped (exact duplicates)"
 EVAL_COPIES = "dropped from eval (copies of train rows)"
+NO_EVAL = "eval rows held out"
 BATCH = 4096
 
 
@@ -82,7 +82,7 @@ def held_out(keys: Sequence[bytes], order: Sequence[int], n: int, mode: str) -> 
     except (``mode`` not ``count``) that a row's copies go where it goes: a row whose copies would not fit
     in the eval rows left stays in train with them, and when no row fits at all, the first (in ``order``)
     that leaves train a row is held out with its copies (more than ``n``). Every row a copy of one: no
-    eval row can be held out, a ``ConfigError`` naming data.dedup."""
+    eval row (``no_eval`` says why)."""
     if mode == "count" or len(set(keys)) == len(keys) or not n:
         return list(order[n:]), list(order[:n])
     sizes = Counter(keys)
@@ -93,18 +93,18 @@ def held_out(keys: Sequence[bytes], order: Sequence[int], n: int, mode: str) -> 
         if taken < n and key not in chosen and taken + sizes[key] <= n:
             chosen.add(key)
             taken += sizes[key]
-    if not chosen:
-        key = next((keys[i] for i in order if sizes[keys[i]] < len(keys)), None)
-        if key is None:
-            raise ConfigError(
-                f"every one of the {len(keys):,} rows of data.path is the same row, so no eval row can be "
-                f"held out that is not also a train row (data.dedup={mode})",
-                key="data.dedup",
-                hint="data.eval_path=<eval file>, or data.eval_fraction=0 (no eval; train.eval_every=0), or "
-                "data.dedup=count to hold out copies anyway",
-            )
-        chosen.add(key)
+    if not chosen:  # the first row (in order) that leaves train a row; none when every row is one
+        chosen = {key for key in (keys[i] for i in order) if sizes[key] < len(keys)}
+        chosen = {next(keys[i] for i in order if keys[i] in chosen)} if chosen else set()
     return [i for i in order if keys[i] not in chosen], [i for i in order if keys[i] in chosen]
+
+
+def no_eval(rows: int, mode: str) -> str:
+    """Why a held-out split of ``rows`` copies of one row holds out nothing (the summary's ``NO_EVAL``)."""
+    return (
+        f"none: every one of the {rows:,} rows of data.path is the same row, and data.dedup={mode} holds out "
+        "no copy of a train row (data.dedup=count holds copies out anyway; or data.eval_path=<eval file>)"
+    )
 
 
 def separate_eval(train_keys: Sequence[bytes], evals: Dataset, mode: str, report: LoadReport) -> Dataset:

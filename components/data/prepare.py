@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydratune.components.data.duplicates import NO_EVAL
 from hydratune.components.data.textcorpus import TEXT_SUFFIX, TEXT_UNITS
 from hydratune.components.generation.evaluation import EvalPrompt, eval_pairs, eval_prompts
 from hydratune.components.text.chat_template import fold_system
@@ -98,7 +99,7 @@ def prepare_data(
     defaulted = facts.get("default template")
     if defaulted and tokenizer is not None and not tokenizer.chat_template:  # reused: set it as preparing did
         tokenizer.chat_template = default_template(tokenizer)[0]
-    check_eval_split(data_component, len(data["eval"]), eval_every)
+    check_eval_split(data_component, len(data["eval"]), eval_every, data.info.get(NO_EVAL))
     notes: dict[str, Any] = {"train rows": len(data["train"]), "eval rows": len(data["eval"])}
     notes.update(data.stats)
     notes.update(data.info)  # the format, where the eval rows came from
@@ -473,12 +474,21 @@ def _names_text(path: str) -> bool:
     return any(data_suffix(f) == TEXT_SUFFIX for f in files)
 
 
-def check_eval_split(data_component: Any, eval_rows: int, eval_every: int) -> None:
-    """An empty eval split with periodic evaluation on: the trainer would fail at its first eval step."""
+def check_eval_split(
+    data_component: Any, eval_rows: int, eval_every: int, duplicates: str | None = None
+) -> None:
+    """An empty eval split with periodic evaluation on: the trainer would fail at its first eval step.
+    ``duplicates``: why data.dedup held out nothing (components/data/duplicates.py), when it did not."""
     from hydratune.components.config.errors import ConfigError
 
     if eval_rows or eval_every <= 0:
         return
+    if duplicates:
+        raise ConfigError(
+            f"the eval split is empty, and train.eval_every={eval_every}: eval rows held out: {duplicates}",
+            key="data.dedup",
+            hint="data.dedup=count, or data.eval_path=<eval file>, or train.eval_every=0 (no eval)",
+        )
     from hydratune.components.data.rows import DEFAULT_EVAL_FRACTION
 
     fraction = getattr(data_component, "eval_fraction", 0)

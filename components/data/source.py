@@ -485,6 +485,8 @@ class Source:
 
                 order = np.random.default_rng(self.seed).permutation(len(train))
                 kept, held = duplicates.held_out(keys, order.tolist(), n, self.dedup)
+                if not held:
+                    report.info[duplicates.NO_EVAL] = duplicates.no_eval(len(keys), self.dedup)
                 copies = duplicates.split_note([keys[i] for i in kept], [keys[i] for i in held])
                 if copies:  # data.dedup=count
                     report.info["eval rows that copy a train row"] = (

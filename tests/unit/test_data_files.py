@@ -170,8 +170,9 @@ def test_duplicates_are_named_in_plan_and_never_on_both_sides_of_the_split(tmp_p
 def test_dedup_drop_and_an_eval_file_of_train_copies(tmp_path: Path) -> None:
     """``drop`` keeps the first of each row and counts the others; an eval file's copies of train rows are
     named (the user's file, ``split``) or dropped from eval and counted (``drop``); a file of one row
-    repeated cannot hold out a clean eval row (refused, naming data.dedup), and where no row's copies fit
-    the eval rows asked for, one row is held out with all of its copies."""
+    repeated holds out nothing, says why, and periodic eval is then refused naming data.dedup; where no
+    row's copies fit the eval rows asked for, one row is held out with all of its copies."""
+    from hydratune.components.data.prepare import check_eval_split
     from tests.support.data import write_jsonl
 
     path = write_jsonl(tmp_path / "dups.jsonl", dup_rows())
@@ -194,8 +195,14 @@ def test_dedup_drop_and_an_eval_file_of_train_copies(tmp_path: Path) -> None:
     assert [m[0]["content"] for m in held["eval"]["messages"]] == ["q50"]
     assert held.stats["dropped from eval (copies of train rows)"] == 1
     same = write_jsonl(tmp_path / "same.jsonl", [{"instruction": "q", "output": "a"}] * 6)
-    err = refused(lambda: ChatDataset(path=same, eval_size=1).load(scratch_workers()))
-    assert err.key == "data.dedup" and "every one of the 6 rows of data.path is the same row" in str(err)
+    alone = ChatDataset(path=same, eval_size=1)
+    none = alone.load(scratch_workers())
+    assert (len(none["train"]), len(none["eval"])) == (6, 0)
+    assert none.info["eval rows held out"].startswith(
+        "none: every one of the 6 rows of data.path is the same"
+    )
+    err = refused(lambda: check_eval_split(alone, 0, 200, none.info["eval rows held out"]))
+    assert err.key == "data.dedup" and "data.dedup=count" in (err.hint or "")
     assert len(ChatDataset(path=same, eval_size=1, dedup="count").load(scratch_workers())["eval"]) == 1
     rows = [{"instruction": f"q{i % 2}", "output": "a"} for i in range(6)]
     few = ChatDataset(path=write_jsonl(tmp_path / "two.jsonl", rows), eval_size=1).load(scratch_workers())
