@@ -12,7 +12,14 @@ from hydratune.components.config.errors import ConfigError
 from hydratune.components.config.ranges import AT_LEAST_ONE, Range, knob
 from hydratune.components.config.registry import component
 from hydratune.components.data import images as image_rows
-from hydratune.components.data.formats import last_answer, parse_messages, parse_tools, text_of, turn_text
+from hydratune.components.data.formats import (
+    alpaca_history,
+    last_answer,
+    parse_messages,
+    parse_tools,
+    text_of,
+    turn_text,
+)
 from hydratune.components.data.readers import Table
 from hydratune.components.data.rows import (
     CHAT_TOOLS_COLUMN,
@@ -91,6 +98,7 @@ class ChatDataset(Source):
 
     CANONICAL: ClassVar[tuple[str, ...]] = (
         *("messages", "conversations", "instruction", "input", "output", "prompt", "completion", "text"),
+        "history",  # alpaca's earlier [question, answer] pairs (LLaMA-Factory's alpaca shape)
         "system",
         "tools",  # CHAT_TOOLS_COLUMN: the tool schemas a row's conversation may call
     )
@@ -258,9 +266,16 @@ class ChatDataset(Source):
         elif fmt == "alpaca":
             user = text_of(row, "instruction")
             extra = text_of(row, "input", required=False)
-            completion = [{"role": "assistant", "content": text_of(row, "output")}]
-            messages = [{"role": "user", "content": f"{user}\n\n{extra}" if extra.strip() else user}]
-            messages += completion
+            answer = [{"role": "assistant", "content": text_of(row, "output")}]
+            history = alpaca_history(row.get("history"))
+            messages = [
+                *history,
+                {"role": "user", "content": f"{user}\n\n{extra}" if extra.strip() else user},
+            ]
+            messages += answer
+            # with history, every answer trains (as LLaMA-Factory trains them): the completion is every turn
+            # after the first question
+            completion = messages[1:] if history else answer
         else:
             completion = self.messages(row.get("completion"), "assistant", "completion", images)
             messages = self.messages(row.get("prompt"), "user", "prompt", images) + completion

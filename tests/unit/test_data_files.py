@@ -210,3 +210,81 @@ def test_dedup_drop_and_an_eval_file_of_train_copies(tmp_path: Path) -> None:
     assert not set(as_keys(few["eval"])) & set(as_keys(few["train"]))
     bad = refused(lambda: ChatDataset(path=train, dedup="true").validate())
     assert bad.key == "data.dedup" and "split, drop, count" in (bad.hint or "")
+
+
+# ------------------------------------------------------------------------------ alpaca history
+
+HISTORY_ROWS = [
+    {
+        "instruction": "Add 2 and 3.",
+        "input": "Answer with a number.",
+        "output": "5",
+        "system": "You add.",
+        "history": [["What is 1+1?", "2"], ["And 2+2?", "4"]],
+    },
+    {"instruction": "Add 4 and 4.", "input": "", "output": "8", "system": "", "history": []},
+    {"instruction": "Add 1 and 6.", "input": "", "output": "7", "history": [["Ready?", "Yes."]]},
+]
+
+
+def trained_ids(data: Any) -> list[list[int]]:
+    """Each train row's tokens that carry loss, as SFT makes them (assistant-only and completion-only loss,
+    the sft recipe's defaults), with the tiny tokenizer."""
+    from transformers import AutoTokenizer
+
+    from hydratune.components.data.tokens import SFTTokens
+    from tests.support.data import TINY
+
+    tok = AutoTokenizer.from_pretrained(str(TINY))
+    knobs = {"assistant_only": True, "completion_only": True, "max_length": 512, "packing": False}
+    tokens, _ = SFTTokens(**knobs, packing_strategy="bfd").prepare(data, tok, scratch_workers())
+    return [
+        [t for t, label in zip(row["input_ids"], row["labels"], strict=True) if label != -100]
+        for row in tokens["train"]
+    ]
+
+
+def test_a_plain_alpaca_file_with_history_trains_as_the_llamafactory_dir_does(tmp_path: Path) -> None:
+    """The same rows as a plain .jsonl and as a LLaMA-Factory dir's alpaca entry: the same turns (the user
+    turn's instruction and input joined by each path's own separator) and, token for token, the same
+    tokens carrying loss: every answer of the history and the output."""
+    import json
+
+    from tests.support.data import write_jsonl
+
+    plain = write_jsonl(tmp_path / "alpaca.jsonl", HISTORY_ROWS)
+    root = tmp_path / "lf"
+    root.mkdir()
+    write_jsonl(root / "alpaca.jsonl", HISTORY_ROWS)
+    columns = {"prompt": "instruction", "query": "input", "response": "output", "system": "system"}
+    entry = {"file_name": "alpaca.jsonl", "columns": {**columns, "history": "history"}}
+    (root / "dataset_info.json").write_text(json.dumps({"alpaca": entry}))
+    ours = ChatDataset(path=plain, eval_fraction=0.0).load(scratch_workers())
+    theirs = ChatDataset(path=str(root), subset="alpaca", eval_fraction=0.0).load(scratch_workers())
+
+    def joined(rows: Any) -> list[Any]:
+        return [[{**t, "content": t["content"].replace("\n\n", "\n")} for t in m] for m in rows["messages"]]
+
+    assert joined(ours["train"]) == joined(theirs["train"])
+    assert ours["train"][0]["messages"][1:5] == [
+        {"role": "user", "content": "What is 1+1?"},
+        {"role": "assistant", "content": "2"},
+        {"role": "user", "content": "And 2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    assert "history" in ours.info["columns used"] and "history" not in ours.info["columns ignored"]
+    mine, lf = trained_ids(ours), trained_ids(theirs)
+    assert mine == lf
+    from transformers import AutoTokenizer
+
+    from tests.support.data import TINY
+
+    tok = AutoTokenizer.from_pretrained(str(TINY))
+    assert [tok.decode(ids) for ids in mine] == [
+        "2<|im_end|>4<|im_end|>5<|im_end|>",
+        "8<|im_end|>",
+        "Yes.<|im_end|>7<|im_end|>",
+    ]
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{**HISTORY_ROWS[1], "history": [["only a question"]]}] * 2)
+    err = refused(lambda: ChatDataset(path=bad, eval_fraction=0.0).load(scratch_workers()))
+    assert "column 'history' item 0 should be [question, answer]" in str(err)
