@@ -273,6 +273,12 @@ def test_a_plain_alpaca_file_with_history_trains_as_the_llamafactory_dir_does(tm
         {"role": "assistant", "content": "4"},
     ]
     assert "history" in ours.info["columns used"] and "history" not in ours.info["columns ignored"]
+    import pandas
+
+    cells = [{**r, "history": json.dumps(r["history"])} for r in HISTORY_ROWS]  # a csv cell holds JSON text
+    pandas.DataFrame(cells).to_csv(tmp_path / "alpaca.csv", index=False)
+    from_csv = ChatDataset(path=str(tmp_path / "alpaca.csv"), eval_fraction=0.0).load(scratch_workers())
+    assert list(from_csv["train"]["messages"]) == list(ours["train"]["messages"])
     mine, lf = trained_ids(ours), trained_ids(theirs)
     assert mine == lf
     from transformers import AutoTokenizer
