@@ -97,6 +97,13 @@ def test_text_unit_cuts_a_txt_file_into_paragraphs_lines_or_one_document(tmp_pat
     assert list(data["train"]["text"]) == UNITS[unit]
     assert data.info["text documents"].startswith(f"{len(UNITS[unit])} from corpus.txt ({TEXT_UNITS[unit]};")
     assert [r["text"] for _, r, _ in text_rows(path, 0, "data.path", unit)] == UNITS[unit]
+    from itertools import islice
+
+    from hydratune.components.data.stream import Position, open_stream
+
+    stream = open_stream(ChatDataset(path=str(path), streaming=True, eval_fraction=0.0, text_unit=unit))[0]
+    rows = [row["text"] for row, _ in islice(stream.rows(Position()), len(UNITS[unit]))]
+    assert rows == UNITS[unit]  # data.streaming cuts them the same way
 
 
 def test_a_txt_of_one_line_per_document_is_told_to_set_text_unit_and_then_has_an_eval_split(
