@@ -12,7 +12,14 @@ from hydratune.components.config.errors import ConfigError
 from hydratune.components.config.ranges import AT_LEAST_ONE, Range, knob
 from hydratune.components.config.registry import component
 from hydratune.components.data import images as image_rows
-from hydratune.components.data.formats import last_answer, parse_messages, parse_tools, text_of, turn_text
+from hydratune.components.data.formats import (
+    alpaca_history,
+    last_answer,
+    parse_messages,
+    parse_tools,
+    text_of,
+    turn_text,
+)
 from hydratune.components.data.readers import Table
 from hydratune.components.data.rows import (
     CHAT_TOOLS_COLUMN,
@@ -34,6 +41,7 @@ from hydratune.components.data.rows import (
 )
 from hydratune.components.data.source import Source
 from hydratune.components.data.tables import first_rows, note_unanswered, pick, token_lengths
+from hydratune.components.data.textcorpus import TEXT_UNITS
 from hydratune.components.distributed.workers import Workers
 
 if TYPE_CHECKING:
@@ -90,6 +98,7 @@ class ChatDataset(Source):
 
     CANONICAL: ClassVar[tuple[str, ...]] = (
         *("messages", "conversations", "instruction", "input", "output", "prompt", "completion", "text"),
+        "history",  # alpaca's earlier [question, answer] pairs (LLaMA-Factory's alpaca shape)
         "system",
         "tools",  # CHAT_TOOLS_COLUMN: the tool schemas a row's conversation may call
     )
@@ -119,6 +128,8 @@ class ChatDataset(Source):
     # data.seed) and packed together (data.packing); a resume prepares at most one such window again
     stream_window: int = knob(1000, AT_LEAST_ONE)
     stream_shuffle: bool = True
+    # a .txt file's documents: paragraph (blank-line-separated blocks) | line (each non-blank line) | file
+    text_unit: str = "paragraph"
 
     def validate(self) -> None:
         super().validate()
@@ -129,6 +140,10 @@ class ChatDataset(Source):
                 f"unknown '{self.packing_strategy}'",
                 key="data.packing_strategy",
                 hint=f"one of {PACKING_STRATEGIES}",
+            )
+        if self.text_unit not in TEXT_UNITS:
+            raise ConfigError(
+                f"unknown '{self.text_unit}'", key="data.text_unit", hint=f"one of {', '.join(TEXT_UNITS)}"
             )
         if self.on_overlong not in ON_OVERLONG:
             raise ConfigError(
@@ -251,9 +266,16 @@ class ChatDataset(Source):
         elif fmt == "alpaca":
             user = text_of(row, "instruction")
             extra = text_of(row, "input", required=False)
-            completion = [{"role": "assistant", "content": text_of(row, "output")}]
-            messages = [{"role": "user", "content": f"{user}\n\n{extra}" if extra.strip() else user}]
-            messages += completion
+            answer = [{"role": "assistant", "content": text_of(row, "output")}]
+            history = alpaca_history(row.get("history"))
+            messages = [
+                *history,
+                {"role": "user", "content": f"{user}\n\n{extra}" if extra.strip() else user},
+            ]
+            messages += answer
+            # with history, every answer trains (as LLaMA-Factory trains them): the completion is every turn
+            # after the first question
+            completion = messages[1:] if history else answer
         else:
             completion = self.messages(row.get("completion"), "assistant", "completion", images)
             messages = self.messages(row.get("prompt"), "user", "prompt", images) + completion

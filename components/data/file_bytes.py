@@ -13,11 +13,12 @@ from hydratune.components.config.errors import ConfigError
 from hydratune.components.distributed.workers import Workers
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-BUILDERS[".txt"] = "text"  # one document per blank-line-separated block (components/data/textcorpus.py)
+BUILDERS[".txt"] = "text"  # documents: blank-line-separated blocks, or data.text_unit (textcorpus.py)
+BUILDERS[".tsv"] = "csv"  # tab-separated values (``csv_delimiter``)
 # compressed text files (``x.jsonl.gz``): the suffix -> how to decompress (``zstd`` needs ``zstandard``,
 # as it does for ``datasets``)
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": "zstd"}
-COMPRESSIBLE = (".jsonl", ".json", ".csv", ".txt")
+COMPRESSIBLE = (".jsonl", ".json", ".csv", ".tsv", ".txt")
 UTF8_BOM = b"\xef\xbb\xbf"
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 BLOCK = 4 << 20  # bytes read at a time
@@ -86,6 +87,28 @@ def bom_of(head: bytes, source: str, key: str) -> int:
             hint="re-encode the file as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8, or 'Save as UTF-8')",
         )
     return len(UTF8_BOM) if head.startswith(UTF8_BOM) else 0
+
+
+#: the field delimiters a ``.csv`` file is looked at for, and their names (the summary, ``mode=plan``)
+CSV_DELIMITERS = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe"}
+
+
+def csv_delimiter(head: bytes, suffix: str) -> str:
+    """The field delimiter of a csv-like file whose first bytes are ``head``: a tab for ``.tsv``; for
+    ``.csv`` the one of ``CSV_DELIMITERS`` that ``csv.Sniffer`` finds in its first complete lines (Excel
+    writes ``;`` where the decimal mark is a comma), else a comma."""
+    import csv
+
+    if suffix == ".tsv":
+        return "\t"
+    text = head[len(UTF8_BOM) :] if head.startswith(UTF8_BOM) else head
+    sample = text.decode("utf-8", errors="ignore")
+    if not sample.endswith("\n") and "\n" in sample:
+        sample = sample[: sample.rfind("\n")]  # complete lines only
+    try:
+        return csv.Sniffer().sniff(sample, delimiters="".join(CSV_DELIMITERS)).delimiter
+    except csv.Error:  # no delimiter the lines agree on (one column, say)
+        return ","
 
 
 def not_utf8(source: str, line: int, byte: int, key: str) -> ConfigError:

@@ -40,6 +40,29 @@ def text_of(row: Row, column: str, *, required: bool = True) -> str:
     return value
 
 
+def alpaca_history(value: Any, column: str = "history") -> Messages:
+    """An alpaca row's ``history``: ``[[question, answer], ...]`` (LLaMA-Factory's alpaca shape; JSON text
+    in a csv cell too) as user / assistant turns, before the row's own instruction; blank or empty: none.
+    Any other shape is a ``RowError`` naming the item."""
+    if isinstance(value, str) and value.strip().startswith("["):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise RowError(f"column '{column}' holds malformed JSON ({err.msg})") from None
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+        return []
+    if not isinstance(value, list):
+        raise RowError(
+            f"column '{column}' should be a list of [question, answer] pairs, got {type(value).__name__}"
+        )
+    turns: Messages = []
+    for i, pair in enumerate(value):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(t, str) for t in pair)):
+            raise RowError(f"column '{column}' item {i} should be [question, answer] (two texts)")
+        turns += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
+    return turns
+
+
 def role_names(roles: dict[str, str] | None = None) -> dict[str, str]:
     """Every role name a turn may carry -> the canonical role: ours, ShareGPT's, then ``data.roles``."""
     return {r: r for r in ROLES} | ROLE_ALIASES | dict(roles or {})

@@ -98,15 +98,24 @@ def rows_have_images(split: Any) -> bool:
     return bool(pc.sum(pc.list_value_length(found)).as_py() or 0)
 
 
+def expanded_image_tokens(processor: Any) -> set[int]:
+    """The ids of the tokens a ``processor`` expands each image into, as transformers marks them
+    (``ProcessorMixin.image_token_ids``, the ids of ``mm_token_type_ids``; else its ``image_token_id``). Not
+    always ``image_token_id``: Gemma 3's is the ``<start_of_image>`` placeholder, once per image, while an
+    image expands to 256 ``<image_soft_token>``."""
+    found = getattr(processor, "image_token_ids", None) or [getattr(processor, "image_token_id", None)]
+    return {t for t in found if isinstance(t, int)}
+
+
 def measured_image_tokens(processor: Any, split: Any, limit: int = 64) -> list[int]:
     """The image tokens the model's ``processor`` makes of each of the first ``limit`` rows of ``split``
-    that have images (its image placeholder token counted in the rendered, expanded row): what the memory
+    that have images (its ``expanded_image_tokens`` counted in the rendered, expanded row): what the memory
     estimate's ``model.image_tokens_per_row`` stands for. ``[]`` when the processor names no image token."""
     import pyarrow.compute as pc
     from trl.data_utils import prepare_multimodal_messages
 
-    token = getattr(processor, "image_token_id", None)
-    if not isinstance(token, int) or IMAGES_COLUMN not in split.column_names:
+    tokens = expanded_image_tokens(processor)
+    if not tokens or IMAGES_COLUMN not in split.column_names:
         return []
     lengths = pc.list_value_length(split.with_format("arrow")[IMAGES_COLUMN]).to_pylist()
     picked = [i for i, n in enumerate(lengths) if n][:limit]
@@ -116,7 +125,7 @@ def measured_image_tokens(processor: Any, split: Any, limit: int = 64) -> list[i
         turns = prepare_multimodal_messages(row[column], images=row[IMAGES_COLUMN])
         ids = processor.apply_chat_template(turns, tokenize=True, return_dict=True)["input_ids"]
         ids = ids[0] if ids and isinstance(ids[0], list) else ids
-        counts.append(sum(t == token for t in ids))
+        counts.append(sum(t in tokens for t in ids))
     return counts
 
 

@@ -306,9 +306,17 @@ def check_path(path: str, key: str, split: str | None = "train", separate_eval: 
 
 
 def read_part(
-    part: Part, *, key: str, limit: int | None, skip: bool, stats: dict[str, int], workers: Workers
+    part: Part,
+    *,
+    key: str,
+    limit: int | None,
+    skip: bool,
+    stats: dict[str, int],
+    workers: Workers,
+    text_unit: str = "paragraph",
 ) -> Table:
-    """The rows of one file, save_to_disk folder or save_to_disk split, at most ``limit``."""
+    """The rows of one file, save_to_disk folder or save_to_disk split, at most ``limit`` (a ``.txt``'s
+    documents cut by ``text_unit``: components/data/textcorpus.py)."""
     suffix = data_suffix(part.path)
     if part.path.is_dir() or suffix == ".arrow":
         return read_arrow(part.path, part.split, key=key, limit=limit)
@@ -318,7 +326,9 @@ def read_part(
         from hydratune.components.data.textcorpus import read_text
 
         # a LLaMA-Factory entry's .txt: one row per line, as LLaMA-Factory reads it
-        return read_text(part.path, key=key, workers=workers, limit=limit, by_line=part.reader is not None)
+        return read_text(
+            part.path, key=key, workers=workers, limit=limit, unit=text_unit, lf=part.reader is not None
+        )
     return read_table(part.path, key=key, workers=workers, limit=limit)
 
 
@@ -333,10 +343,11 @@ def read_sources(
     skip: bool = False,
     stats: dict[str, int] | None = None,
     parts: list[Part] | None = None,
+    text_unit: str = "paragraph",
 ) -> list[Table]:
     """The rows of a local file, a directory (one table per file; ``parts``, else the ``split`` files of
-    its ``local_layout``), a save_to_disk folder or a hub dataset; at most ``limit`` rows in all. No rows
-    at all is an error naming the path."""
+    its ``local_layout``), a save_to_disk folder or a hub dataset; at most ``limit`` rows in all (a
+    ``.txt``'s documents cut by ``text_unit``). No rows at all is an error naming the path."""
     stats = {} if stats is None else stats
     if parts is None:
         check_path(path, key, split)
@@ -346,7 +357,9 @@ def read_sources(
         for part in parts if parts is not None else local_layout(Path(path).expanduser(), split, key).train:
             if left is not None and left <= 0:
                 break
-            table = read_part(part, key=key, limit=left, skip=skip, stats=stats, workers=workers)
+            table = read_part(
+                part, key=key, limit=left, skip=skip, stats=stats, workers=workers, text_unit=text_unit
+            )
             tables.append(table)
             left = None if left is None else left - table.rows
     else:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from hydratune.components.data.duplicates import NO_EVAL
+from hydratune.components.data.textcorpus import TEXT_SUFFIX, TEXT_UNITS
 from hydratune.components.generation.evaluation import EvalPrompt, eval_pairs, eval_prompts
 from hydratune.components.text.chat_template import fold_system
 
@@ -96,7 +99,7 @@ def prepare_data(
     defaulted = facts.get("default template")
     if defaulted and tokenizer is not None and not tokenizer.chat_template:  # reused: set it as preparing did
         tokenizer.chat_template = default_template(tokenizer)[0]
-    check_eval_split(data_component, len(data["eval"]), eval_every)
+    check_eval_split(data_component, len(data["eval"]), eval_every, data.info.get(NO_EVAL))
     notes: dict[str, Any] = {"train rows": len(data["train"]), "eval rows": len(data["eval"])}
     notes.update(data.stats)
     notes.update(data.info)  # the format, where the eval rows came from
@@ -462,22 +465,44 @@ def _any_leading_system(row: dict[str, Any], columns: list[str]) -> bool:
     return any(_leading_system(row[c]) for c in columns)
 
 
-def check_eval_split(data_component: Any, eval_rows: int, eval_every: int) -> None:
-    """An empty eval split with periodic evaluation on: the trainer would fail at its first eval step."""
+def _names_text(path: str) -> bool:
+    """Whether ``path`` is a ``.txt`` file or a folder of them (``.txt.gz``... too)."""
+    from hydratune.components.data.file_bytes import data_suffix
+
+    p = Path(path).expanduser()
+    files = [p] if not p.is_dir() else [f for f in p.rglob("*") if f.is_file()]
+    return any(data_suffix(f) == TEXT_SUFFIX for f in files)
+
+
+def check_eval_split(
+    data_component: Any, eval_rows: int, eval_every: int, duplicates: str | None = None
+) -> None:
+    """An empty eval split with periodic evaluation on: the trainer would fail at its first eval step.
+    ``duplicates``: why data.dedup held out nothing (components/data/duplicates.py), when it did not."""
     from hydratune.components.config.errors import ConfigError
 
     if eval_rows or eval_every <= 0:
         return
+    if duplicates:
+        raise ConfigError(
+            f"the eval split is empty, and train.eval_every={eval_every}: eval rows held out: {duplicates}",
+            key="data.dedup",
+            hint="data.dedup=count, or data.eval_path=<eval file>, or train.eval_every=0 (no eval)",
+        )
     from hydratune.components.data.rows import DEFAULT_EVAL_FRACTION
 
     fraction = getattr(data_component, "eval_fraction", 0)
     fraction = DEFAULT_EVAL_FRACTION if fraction is None else fraction  # unset: the default share
     if fraction:
+        unit = getattr(data_component, "text_unit", None)
+        text = unit and unit != "line" and _names_text(str(data_component.path))
         raise ConfigError(
             f"the eval split is empty: data.eval_fraction={fraction:g} of {data_component.path} rounds to "
-            f"no row, and train.eval_every={eval_every}",
+            f"no row, and train.eval_every={eval_every}"
+            + (f" (data.text_unit={unit}: {TEXT_UNITS[unit]})" if text else ""),
             key="data.eval_fraction",
-            hint="data.eval_size=N rows, or data.eval_path=<eval file>, or train.eval_every=0 (no eval)",
+            hint=("data.text_unit=line for a .txt of one document per line, or " if text else "")
+            + "data.eval_size=N rows, or data.eval_path=<eval file>, or train.eval_every=0 (no eval)",
         )
     raise ConfigError(
         f"train.eval_every={eval_every} evaluates during training, but there is no eval split "

@@ -28,7 +28,9 @@ from hydratune.components.config.errors import ConfigError
 from hydratune.components.data.file_bytes import (
     BLOCK,
     BUILDERS,
+    CSV_DELIMITERS,
     bom_length,
+    csv_delimiter,
     data_suffix,
     decompressed,
     first_line,
@@ -150,10 +152,12 @@ class ListTable(Table):
 @dataclass
 class ArrowTable(Table):
     """An Arrow-backed ``datasets.Dataset`` (csv, parquet, .arrow, save_to_disk, hub), memory-mapped and
-    read in slices; ``crlf``: a csv written with CRLF line ends, whose in-field line breaks become ``\\n``."""
+    read in slices; ``crlf``: a csv written with CRLF line ends, whose in-field line breaks become ``\\n``;
+    ``delimiter``: a csv's field delimiter (None: not a csv)."""
 
     dataset: Any = None
     crlf: bool = False
+    delimiter: str | None = None
 
     def _raw(self, start: int, stop: int) -> Iterator[tuple[int, int | None, Row]]:
         names = self.dataset.column_names
@@ -169,15 +173,17 @@ class ArrowTable(Table):
 # ------------------------------------------------------------------------------ csv, parquet, Arrow, hub
 
 
-def csv_check(path: Path, source: str, key: str, workers: Workers) -> tuple[bool, bool]:
-    """A csv file's text checked a block at a time: UTF-8 (a bad byte named with its line), and whether it
-    has CRLF line ends; returns ``(crlf, empty)``."""
+def csv_check(path: Path, source: str, key: str, workers: Workers) -> tuple[bool, bool, str]:
+    """A csv (or tsv) file's text checked a block at a time: UTF-8 (a bad byte named with its line), and
+    whether it has CRLF line ends; returns ``(crlf, empty, its delimiter)`` (``csv_delimiter`` on the first
+    block)."""
     plain = decompressed(path, key, workers)
-    crlf, empty, line, pending, tail = False, True, 1, b"", b""
+    crlf, empty, line, pending, tail, delimiter = False, True, 1, b"", b"", None
     with open(plain, "rb") as f:
         f.read(bom_length(plain, source, key))
         while True:
             block = f.read(BLOCK)
+            delimiter = delimiter or csv_delimiter(block[: 1 << 16], data_suffix(path))
             data = pending + block
             try:
                 _, used = codecs.utf_8_decode(data, "strict", not block)
@@ -189,23 +195,24 @@ def csv_check(path: Path, source: str, key: str, workers: Workers) -> tuple[bool
             line += data.count(b"\n", 0, used)
             pending, tail = data[used:], data[-1:]
             if not block:
-                return crlf, empty
+                return crlf, empty, delimiter
 
 
 def read_table(path: Path, *, key: str, workers: Workers, limit: int | None = None) -> Table:
-    """A ``.csv`` (or compressed ``.csv.gz``...) or ``.parquet`` file through ``datasets.load_dataset`` (a
-    csv's UTF-8 is checked first, so a bad byte is reported with its line). Quoted csv fields may span
-    lines; a BOM is skipped, and in a file with CRLF line ends the line breaks inside fields become ``\\n``
-    too."""
+    """A ``.csv`` / ``.tsv`` (or compressed ``.csv.gz``...) or ``.parquet`` file through
+    ``datasets.load_dataset`` (a csv's UTF-8 is checked first, so a bad byte is reported with its line; its
+    delimiter found by ``csv_delimiter``). Quoted csv fields may span lines; a BOM is skipped, and in a file
+    with CRLF line ends the line breaks inside fields become ``\\n`` too."""
     import datasets
 
     source, crlf, suffix = str(path), False, data_suffix(path)
-    if suffix == ".csv":
-        crlf, empty = csv_check(path, source, key, workers)
+    options: dict[str, Any] = {}
+    if BUILDERS[suffix] == "csv":
+        crlf, empty, options["delimiter"] = csv_check(path, source, key, workers)
         if empty:
             return ListTable(source, [], 0)
     try:
-        table = datasets.load_dataset(BUILDERS[suffix], data_files=[str(path)], split="train")
+        table = datasets.load_dataset(BUILDERS[suffix], data_files=[str(path)], split="train", **options)
     except Exception as err:
         errors = chain(err)
         if "corresponds to no data" in str(err) or any(type(e).__name__ == "EmptyDataError" for e in errors):
@@ -215,13 +222,30 @@ def read_table(path: Path, *, key: str, workers: Workers, limit: int | None = No
             key=key,
             hint=f"check that it is a valid {suffix[1:]} file",
         ) from None
-    return arrow_table(source, table, limit, crlf=crlf)
+    return arrow_table(source, table, limit, crlf=crlf, delimiter=options.get("delimiter"))
 
 
-def arrow_table(source: str, dataset: Dataset, limit: int | None, crlf: bool = False) -> ArrowTable:
+def arrow_table(
+    source: str, dataset: Dataset, limit: int | None, crlf: bool = False, delimiter: str | None = None
+) -> ArrowTable:
     dataset = undecoded_images(dataset)
     rows = len(dataset) if limit is None else min(limit, len(dataset))
-    return ArrowTable(source, list(dataset.column_names), rows, dataset=dataset, crlf=crlf)
+    return ArrowTable(
+        source, list(dataset.column_names), rows, dataset=dataset, crlf=crlf, delimiter=delimiter
+    )
+
+
+def delimiter_note(tables: list[Table]) -> dict[str, str]:
+    """The summary's line for csv files read with another delimiter than a comma (found, or ``.tsv``)."""
+    found = {
+        Path(t.source).name: CSV_DELIMITERS[t.delimiter]
+        for t in tables
+        if isinstance(t, ArrowTable) and t.delimiter not in (None, ",")
+    }
+    if not found:
+        return {}
+    names = ", ".join(f"{name} ({what})" for name, what in found.items())
+    return {"csv delimiter": f"{names}: not a comma (a .csv's found by csv.Sniffer, a .tsv's is a tab)"}
 
 
 def undecoded_images(dataset: Dataset) -> Dataset:

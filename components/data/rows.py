@@ -37,7 +37,7 @@ SHARDED = re.compile(r"^data/(\w+(?:\.\w+)*)-\d{5}-of-\d{5}[^/]*\.[^/]*$")  # da
 EVAL_SPLITS = ("validation", "test")  # the eval set of a folder split by name, in order of preference
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # name or org/name
 FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text")
-SIGNATURES = {  # the columns that identify each format (alpaca's ``input`` and ``system`` are optional)
+SIGNATURES = {  # the columns that identify each format (alpaca's ``input``, ``system``, ``history`` optional)
     "messages": ("messages",),
     "sharegpt": ("conversations",),
     "alpaca": ("instruction", "output"),
@@ -48,7 +48,7 @@ SIGNATURES = {  # the columns that identify each format (alpaca's ``input`` and 
 FORMAT_COLUMNS = {
     "messages": ("messages", "system", "tools"),
     "sharegpt": ("conversations", "system", "tools"),
-    "alpaca": ("instruction", "input", "output", "system"),
+    "alpaca": ("instruction", "input", "output", "system", "history"),
     "prompt_completion": ("prompt", "completion", "system"),
     "text": ("text",),
 }

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from hydratune.components.config.errors import ConfigError
 from hydratune.components.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, SEED, knob
+from hydratune.components.data import duplicates
+from hydratune.components.data.duplicates import DEDUP
 from hydratune.components.data.formats import as_messages
 from hydratune.components.data.images import IMAGE_COLUMNS, RowImages, TableImages, check_combination
 from hydratune.components.data.layout import (
@@ -124,6 +126,10 @@ class Source:
     images: bool | None = None
     # images with more pixels than this are downsized (aspect kept) while the rows are prepared; null: kept
     image_max_pixels: int | None = knob(None, AT_LEAST_ONE)
+    # exact duplicate rows (components/data/duplicates.py), always counted: split (a row and its copies on
+    # one side of the held-out train/eval split; an eval file's copies of train rows named) | drop (every
+    # copy after the first dropped, and an eval file's copies of train rows, counted) | count (named only)
+    dedup: str = "split"
 
     def validate(self) -> None:
         """Cheap checks (no ``datasets`` import): paths, enums, column-mapping keys (the knobs' ranges:
@@ -138,6 +144,8 @@ class Source:
             check_path(self.eval_path, "data.eval_path", None)
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"unknown '{self.on_error}'", key="data.on_error", hint=f"one of {ON_ERROR}")
+        if self.dedup not in DEDUP:
+            raise ConfigError(f"unknown '{self.dedup}'", key="data.dedup", hint=f"one of {', '.join(DEDUP)}")
         known = (*self.CANONICAL, *(IMAGE_COLUMNS if self.reads_images else ()))
         unknown = [c for c in self.columns if c not in known]
         if unknown:
@@ -228,10 +236,12 @@ class Source:
             skip=self.on_error == "skip",
             stats=report.stats,
             parts=parts,
+            text_unit=getattr(self, "text_unit", "paragraph"),  # SFT's text rows (ChatDataset)
         )
+        from hydratune.components.data.readers import delimiter_note
         from hydratune.components.data.textcorpus import documents_note
 
-        report.info.update(documents_note(tables))
+        report.info.update(documents_note(tables) | delimiter_note(tables))
         entry = next((p.reader for p in parts or [] if p.reader is not None), None)
         if entry is not None:  # a LLaMA-Factory dataset dir's entry
             from hydratune.components.data.llamafactory import wrap
@@ -438,6 +448,7 @@ class Source:
             self.path,
             "data.path",
         )
+        train, keys = duplicates.dedup_train(train, self.dedup, report)
         if self.eval_path:
             apart = self.layout(self.eval_path, None)
             evals = build(
@@ -452,11 +463,13 @@ class Source:
                 "the demo eval file" if demo else f"data.eval_path={self.eval_path}"
             )
             report.info.update(apart.info("eval") if apart else {})
+            evals = duplicates.separate_eval(keys, evals, self.dedup, report)
         elif layout and layout.eval:
             evals = build(
                 self.read(self.path, "data.path", report, workers, parts=layout.eval), self.path, "data.path"
             )
             report.info["eval rows from"] = f"the {layout.eval_split} split of data.path"
+            evals = duplicates.separate_eval(keys, evals, self.dedup, report)
         else:
             if self.eval_size:
                 n = self.eval_size
@@ -472,7 +485,16 @@ class Source:
                 import numpy as np
 
                 order = np.random.default_rng(self.seed).permutation(len(train))
-                train, evals = pick(train, order[n:]), pick(train, order[:n])
+                kept, held = duplicates.held_out(keys, order.tolist(), n, self.dedup)
+                if not held:
+                    report.info[duplicates.NO_EVAL] = duplicates.no_eval(len(keys), self.dedup)
+                copies = duplicates.split_note([keys[i] for i in kept], [keys[i] for i in held])
+                if copies:  # data.dedup=count
+                    report.info["eval rows that copy a train row"] = (
+                        f"{copies:,} of {len(held):,} (data.dedup=count: kept; eval measures memorisation "
+                        "there)"
+                    )
+                train, evals = pick(train, kept), pick(train, held)
             else:
                 evals = pick(train, [])
             report.info["eval rows from"] = self.eval_share() if n else "none (data.eval_fraction=0)"

@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydratune.components.config.errors import ConfigError
-from hydratune.components.data.file_bytes import BUILDERS, bom_of, data_suffix, file_type, first_line
+from hydratune.components.data.file_bytes import (
+    BUILDERS,
+    bom_of,
+    csv_delimiter,
+    data_suffix,
+    file_type,
+    first_line,
+)
 from hydratune.components.data.formats import TURN_NOTES
 from hydratune.components.data.json_files import bad_line, check_head, parse_line, read_json
 from hydratune.components.data.layout import Part, looks_local
@@ -157,18 +164,22 @@ def json_rows(path: Path, at: Position, *, skip: bool, stats: dict[str, int]) ->
 
 
 def table_rows(path: Path, at: Position) -> Iterator[Raw]:
-    """A csv or parquet file's rows from ``at``, read by ``datasets`` in streaming mode (the builder that
-    ``load()`` reads them with; a csv's CRLF line breaks inside fields become ``\\n`` as there)."""
+    """A csv / tsv or parquet file's rows from ``at``, read by ``datasets`` in streaming mode (the builder
+    that ``load()`` reads them with, the same delimiter; a csv's CRLF line breaks inside fields become
+    ``\\n`` as there)."""
     import datasets
 
     suffix = data_suffix(path)
-    crlf = False
-    if suffix == ".csv":
+    crlf, options = False, {}
+    if BUILDERS[suffix] == "csv":
         with _open(path, (file_type(path) or (suffix, None))[1]) as f:
-            crlf = b"\r\n" in f.read(HEAD)
+            head = f.read(HEAD)
+        crlf, options["delimiter"] = b"\r\n" in head, csv_delimiter(head, suffix)
     rows = iter([])
     try:
-        table = datasets.load_dataset(BUILDERS[suffix], data_files=[str(path)], split="train", streaming=True)
+        table = datasets.load_dataset(
+            BUILDERS[suffix], data_files=[str(path)], split="train", streaming=True, **options
+        )
         rows = iter(table.skip(at.row) if at.row else table)
         for number in range(at.row + 1, 1 << 62):
             row = next(rows)
@@ -313,7 +324,7 @@ class RowStream:
         if BUILDERS[data_suffix(part.path)] == "text":
             from hydratune.components.data.textcorpus import text_rows
 
-            return text_rows(part.path, at.row, KEY)
+            return text_rows(part.path, at.row, KEY, getattr(self.data, "text_unit", "paragraph"))
         return table_rows(part.path, at)
 
     def rows(self, start: Position) -> Iterator[tuple[Row, Position]]:

@@ -352,10 +352,12 @@ class Session:
         """The image tokens per row the processor made of the first train rows (``rows``: their input ids),
         beside what the memory estimate counted (``model.image_tokens_per_row`` or one default image); a
         warning, naming the knob, when the rows hold more than the estimate assumed."""
-        image = getattr(self.processor, "image_token_id", None)
-        if not isinstance(image, int) or not rows:
+        from hydratune.components.data.images import expanded_image_tokens
+
+        image = expanded_image_tokens(self.processor) if self.processor is not None else set()
+        if not image or not rows:
             return
-        counts = [sum(t == image for t in ids) for ids in rows]
+        counts = [sum(t in image for t in ids) for ids in rows]
         assumed = self.ctx.components.model.estimated_image_tokens()
         mean = sum(counts) / len(counts)
         line = f"max {max(counts):,}, mean {mean:,.1f} on the first {len(rows)} train rows"

@@ -11,6 +11,7 @@ for ``mode=plan`` and training alike.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,10 +44,37 @@ class Refusal:
     key: str
     applies: Callable[[SplitRun], bool]
     why: Callable[[SplitRun], str]
-    fix: str
+    fix: str | Callable[[SplitRun], str]  # a fix that depends on the run: a function of it
 
     def check(self, run: SplitRun) -> ConfigError | None:
-        return ConfigError(self.why(run), key=self.key, hint=self.fix) if self.applies(run) else None
+        if not self.applies(run):
+            return None
+        return ConfigError(
+            self.why(run), key=self.key, hint=self.fix if isinstance(self.fix, str) else self.fix(run)
+        )
+
+
+def _adapter_without_tp(run: SplitRun) -> str:
+    """An adapter under tensor parallel: the combinations that train it (each passes ``mode=plan``,
+    tests/unit/test_fix_hints.py): without pipeline stages, sequence parallel over the same ranks; with them,
+    the stages alone."""
+    from hydratune.components.strategy.core import axis_refusal, options_training
+
+    mesh = run.mesh
+    if mesh.pp > 1:
+        return (
+            f"peft=none (full fine-tuning), or strategy.tp_size=1 (an adapter trains in the {mesh.pp} "
+            "pipeline stages alone; pipeline stages split no sequences)"
+        )
+    options = options_training("sp", mesh.tp)
+    strategy = run.comps.strategy
+    moved = dataclasses.replace(strategy, tp_size=1, sp_size=mesh.tp) if "sp" in strategy.axes else None
+    option = "" if moved is not None and axis_refusal(moved) is None else f"strategy={options[0]} "
+    return (
+        f"peft=none (full fine-tuning), or {option}strategy.tp_size=1 strategy.sp_size={mesh.tp} (sequence "
+        f"parallel trains an adapter: each row's tokens split over the same ranks; options that train it: "
+        f"{', '.join(options)})"
+    )
 
 
 def _vision(axis: str) -> Refusal:
@@ -84,8 +112,7 @@ REFUSALS: dict[str, tuple[Refusal, ...]] = {
                 "pipeline stages) split the base layers and leave an adapter's layers whole beside them (not "
                 "supported)"
             ),
-            "peft=none (full fine-tuning); strategy.sp_size splits long sequences with an adapter (not with "
-            "pipeline stages)",
+            _adapter_without_tp,
         ),
     ),
     "sp": (

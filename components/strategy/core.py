@@ -373,7 +373,8 @@ def axis_refusal(
                 f"strategy {strategy.label} does not train {axis.title} ({axis.knob}={size}: "
                 f"{axis.splits} split over ranks)",
                 key=axis.knob,
-                hint=f"strategy={options[0]} {axis.knob}={size} (options that do: {', '.join(options)}), "
+                hint=f"strategy={options[0]} {axis.knob}={size} launcher.nproc_per_node={size} (or a "
+                f"multiple of {size} processes in all; options that do: {', '.join(options)}), "
                 f"or {axis.knob}=1",
             )
     if parallel.tp > 1 and parallel.sp > 1:

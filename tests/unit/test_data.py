@@ -87,7 +87,7 @@ def test_text_format_is_language_modelling(tmp_path: Path) -> None:
 
 def test_answer_is_last_assistant_turn_and_prompts_cut_before_it(tmp_path: Path) -> None:
     turns = [*QA, {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "6"}]
-    ds = ChatDataset(path=write(tmp_path / "m.jsonl", [{"messages": turns}] * 2), eval_size=1)
+    ds = ChatDataset(path=write(tmp_path / "m.jsonl", [{"messages": turns}] * 2), eval_size=1, dedup="count")
     data = ds.load()
     assert data["eval"][0]["answer"] == "6"
     [(prompt, answer)] = ds.pairs(data, "eval")
@@ -496,10 +496,10 @@ def test_template_options_need_a_path(compose_cfg, tmp_path: Path, option: str) 
         pytest.skip(f"no conf/data/{option}.yaml")
     with pytest.raises(MissingMandatoryValue):
         instantiate(compose_cfg(f"data={option}").data)
-    rows = (
-        [{"instruction": "i", "input": "x", "output": "o"}] * 4
+    rows = (  # distinct rows: copies of one row cannot be held out (data.dedup)
+        [{"instruction": f"i{n}", "input": "x", "output": "o"} for n in range(4)]
         if option == "alpaca_file"
-        else [{"messages": QA}] * 4
+        else [{"messages": [{**QA[0], "content": f"q{n}"}, *QA[1:]]} for n in range(4)]
     )
     path = write(tmp_path / "mine.jsonl", rows)
     data = instantiate(compose_cfg(f"data={option}", f"data.path={path}").data)

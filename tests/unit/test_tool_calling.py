@@ -178,8 +178,10 @@ def test_templates_that_render_tools_train_the_call_and_never_the_result(name: s
 
 
 def test_a_template_that_cannot_render_tools_is_refused_before_load(compose_cfg: Any, tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "tools.jsonl", [tool_chat()] * 6)
-    schemas = write_jsonl(tmp_path / "schemas.jsonl", [{**chat("hi", "hello"), "tools": TOOLS}] * 6)
+    path = write_jsonl(tmp_path / "tools.jsonl", [tool_chat(result=f"{t} degrees") for t in range(6)])
+    schemas = write_jsonl(
+        tmp_path / "schemas.jsonl", [{**chat(f"hi {n}", "hello"), "tools": TOOLS} for n in range(6)]
+    )
     for data_path, what in ((path, "tool_calls"), (schemas, "tools column's schemas")):
         with pytest.raises(
             ConfigError, match=rf"train row \d+: the chat template \(chatml\) does not render the .*{what}"
