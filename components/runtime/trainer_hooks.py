@@ -23,6 +23,8 @@ Ulysses' data loader on across epochs (:class:`ContinuousEpochs`).
 sequence-parallel size (:class:`SequenceParallelLoss`).
 ``get_train_dataloader()`` and ``train(...)`` are overridden for ``data.streaming`` (:class:`StreamedData`).
 ``save_model(...)`` is public: under expert parallel it writes every expert whole (:class:`WholeExperts`).
+``training_step(...)`` is public: where DeepSpeed's engine steps the scheduler, the learning rate of each
+step is read before it trains, and ``log`` logs that one (:class:`LearningRateOfTheStep`).
 """
 
 from __future__ import annotations
@@ -134,6 +136,35 @@ class AtomicCheckpoints:
             from hydratune.components.modeling.vision import save_processor
 
             save_processor(processor, folder)
+
+
+class LearningRateOfTheStep:
+    """The learning rate logged for step N is the one step N trained with, as one process logs it. The
+    Trainer reads it after ``optimizer.step()`` and steps the scheduler after that; but when DeepSpeed built
+    the optimizer (expert parallel, DeepSpeed's CPU Adam, ``strategy.optimizer_impl=deepspeed``) the engine
+    owns the scheduler and steps it inside the step's last backward (accelerate's
+    ``DeepSpeedSchedulerWrapper.step`` does nothing), so the Trainer logged the next step's rate. Then the
+    rate is read before each micro-batch trains (the last read before the engine steps is the step's)."""
+
+    _rate_of_the_step: float | None = None
+
+    def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if engine_steps_the_scheduler(self.lr_scheduler):  # type: ignore[attr-defined]
+            self._rate_of_the_step = self._get_learning_rate()  # type: ignore[attr-defined]
+        return super().training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if self._rate_of_the_step is not None and "learning_rate" in logs:
+            logs = {**logs, "learning_rate": self._rate_of_the_step}
+        super().log(logs, *args, **kwargs)  # type: ignore[misc]
+
+
+def engine_steps_the_scheduler(scheduler: Any) -> bool:
+    """True when DeepSpeed's engine steps ``scheduler`` (accelerate wraps it so; the Trainer's own step of
+    it does nothing), not the Trainer after its optimizer step."""
+    from accelerate.utils import DeepSpeedSchedulerWrapper
+
+    return isinstance(scheduler, DeepSpeedSchedulerWrapper)
 
 
 class WholeExperts:
@@ -272,6 +303,7 @@ def hydratune_trainer(
     stream (``StreamedData``); ``processor``: a vision-language model's, saved into every checkpoint."""
     mixins = (
         DeferredTokenCount,
+        LearningRateOfTheStep,
         AtomicCheckpoints,
         NoStepPastTheEnd,
         ContinuousEpochs,
