@@ -243,9 +243,11 @@ class Session:
         if is_stream(train):  # tokenized as it is read; the feed batches it and keeps its position
             feed, train = Feed(train, c.data), train.dataset()
         plan = self.ctx.plan
-        # data-parallel ranks only (no tp / sp / pp split), rows batched one by one (no stream, no packing)
+        # data-parallel ranks only (no tp / sp / pp split), rows batched one by one (no stream, no packing),
+        # batches with labels (SFT's; a preference pair's have none: its repeated rows are trained again)
         repeated_rows = plan.world_size > 1 and plan.data_parallel_size == plan.world_size and feed is None
-        repeated_rows = repeated_rows and not getattr(c.data, "packing", False)
+        packed = c.data.kind == "chat" and c.data.packing
+        repeated_rows = repeated_rows and not packed and sft_batches(trainer_cls)
         trainer = hydratune_trainer(
             trainer_cls,
             handlers,
@@ -532,6 +534,13 @@ def cpu_threads() -> str:
     from hydratune.components.runtime.threads import describe_threads
 
     return describe_threads(torch.get_num_threads())
+
+
+def sft_batches(trainer_cls: type) -> bool:
+    """Whether ``trainer_cls`` trains on TRL's SFT batches: token rows with ``labels``."""
+    from trl import SFTTrainer
+
+    return issubclass(trainer_cls, SFTTrainer)
 
 
 def split(mesh: Any) -> bool:
