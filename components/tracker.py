@@ -173,6 +173,9 @@ class WandB(Tracker):
         import wandb
 
         os.environ["WANDB_LOG_MODEL"] = "end" if self.log_model else "false"
+        # wandb's own "non-essential output" off (its version, the history and summary panels, the log dir:
+        # ~30 lines a run; the run's URL or offline dir still shows); WANDB_QUIET=false brings them back
+        os.environ.setdefault("WANDB_QUIET", "true")
         opened = wandb.init(
             project=self.project,
             entity=self.entity,

@@ -144,6 +144,19 @@ def render(cfg: Any, console: Any = None) -> bool:
     return fits
 
 
+def one_line(cfg: Any) -> str:
+    """``mode=plan``'s line of the estimate: the total per GPU and the verdict (``render`` itemizes it)."""
+    est = estimate(spec_from_config(cfg))
+    gpu_memory = gpu_memory_of(cfg)
+    margin = float(get(get(cfg, "estimate", {}), "safety_margin", 0.1))
+    if gpu_memory is None:
+        verdict = "GPU memory unknown (no GPU here: estimate.gpu_memory=80GB gives a verdict)"
+    else:
+        fits = "fits in" if est.fits(gpu_memory, margin) else "DOES NOT FIT in"
+        verdict = f"{fits} {gib(gpu_memory)} GiB with {margin:.0%} kept free"
+    return f"{gib(est.total)} GiB per GPU, estimated; {verdict}; `hydratune estimate` itemizes it"
+
+
 def hints(spec: RunSpec, gpu_memory: float, margin: float) -> list[str]:
     """Changes that make the run fit: single ones first, then the cheapest combination, then the ladder."""
     steps: list[tuple[str, dict[str, Any]]] = []

@@ -126,8 +126,9 @@ def field_names(cls: type) -> list[str]:
 
 
 def _structured_nodes(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
-    """(path, node) of the groups, ``train``, ``estimate`` and each selected tracker."""
+    """(path, node) of the groups, ``train``, ``estimate``, ``plan`` and each selected tracker."""
     nodes = [(group, cfg[group]) for group in (*GROUPS, "train", "estimate") if group != "tracker"]
+    nodes += [("plan", cfg.plan)] if "plan" in cfg else []  # a run dir saved before it had none
     return nodes + [(f"tracker.{name}", node) for name, node in (cfg.tracker or {}).items()]
 
 

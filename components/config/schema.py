@@ -68,6 +68,13 @@ class EstimateConfig:
 
 
 @dataclass
+class PlanConfig:
+    """``mode=plan``: what it prints beside its checks."""
+
+    config: bool = False  # true: the composed config too (resolved), after the data, model and mesh
+
+
+@dataclass
 class Config:
     """The composed run. Groups are typed by their option's own schema (see
     hydratune.components.config.registry)."""
@@ -86,6 +93,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
     mode: str = "train"  # train | plan (compose, check, print; no training)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     resume: Any = False  # false | true (latest earlier run of this config) | <run dir or checkpoint dir>
     merge: bool = False  # PEFT: also write a merged full model to final/merged
     run_name: str = ""  # shown in summaries and trackers; defaults to the run dir's name

@@ -183,8 +183,24 @@ def defer(signals: frozenset[int]) -> None:
 
 
 def launcher_died() -> bool:
-    """In a worker of hydratune's launcher: that process is gone (this one was re-parented)."""
-    return bool(_launcher) and os.getppid() != _launcher[0]
+    """In a worker of hydratune's launcher: that process is gone or going. The kernel sends the worker its
+    parent-death SIGINT each time a thread of the dying launcher exits, handing the worker to the next one,
+    so ``getppid()`` names the launcher until its last thread is gone; its main thread (the one that started
+    the workers) is a zombie from the first of those signals on. Under load a later one was taken for a
+    second Ctrl-C, and the worker killed itself in the middle of the checkpoint it had announced."""
+    return bool(_launcher) and (os.getppid() != _launcher[0] or exiting(_launcher[0]))
+
+
+def exiting(pid: int) -> bool:
+    """Whether process ``pid`` has exited or its main thread has (a zombie while its other threads end):
+    Linux's ``/proc/<pid>/stat``; False where there is no ``/proc``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return Path("/proc/self/stat").is_file()  # no entry: gone (unless this system has no /proc)
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X", "x")
 
 
 def _relay_signal(run_dir: Path) -> int:

@@ -292,6 +292,15 @@ def whole_last_batches(rows: int, micro_batch: int, world: int) -> bool:
     return rows % micro_batch == 0 and (rows // micro_batch) % world == 0
 
 
+def epoch_rows(rows: int, micro_batch: int, world: int, rank: int, batch: int) -> int:
+    """How many of the ``batch``-th micro-batch (of an epoch) that ``rank`` of ``world`` draws are the epoch's
+    own rows; the rest of its ``micro_batch`` rows are the epoch's first rows again. accelerate's
+    ``BatchSamplerShard`` (``even_batches``, no ``split_batches``) deals the sampler's batches out in turn,
+    so that micro-batch is the sampler's batch ``batch * world + rank``, and completes the epoch's last
+    round with its first rows, after the rows of a partial batch."""
+    return max(0, min(micro_batch, rows - (batch * world + rank) * micro_batch))
+
+
 def attention_function(name: str | None) -> Any:
     """transformers' attention function registered as ``name`` now (None: not registered)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS

@@ -31,6 +31,7 @@ MANAGEMENT: tuple[str, ...] = (
     "resume",
     "run_name",
     "mode",
+    "plan",
     "objective",
     "merge",  # only adds final/merged
     "estimate",

@@ -242,8 +242,19 @@ class Session:
         train, feed = data["train"], None
         if is_stream(train):  # tokenized as it is read; the feed batches it and keeps its position
             feed, train = Feed(train, c.data), train.dataset()
+        plan = self.ctx.plan
+        # data-parallel ranks only (no tp / sp / pp split), rows batched one by one (no stream, no packing),
+        # batches with labels (SFT's; a preference pair's have none: its repeated rows are trained again)
+        repeated_rows = plan.world_size > 1 and plan.data_parallel_size == plan.world_size and feed is None
+        packed = c.data.kind == "chat" and c.data.packing
+        repeated_rows = repeated_rows and not packed and sft_batches(trainer_cls)
         trainer = hydratune_trainer(
-            trainer_cls, handlers, feed, token_replicas=replicas, processor=self.processor
+            trainer_cls,
+            handlers,
+            feed,
+            token_replicas=replicas,
+            processor=self.processor,
+            repeated_rows=repeated_rows,
         )(
             model=self.model,
             args=args,
@@ -257,24 +268,31 @@ class Session:
             from hydratune.components.distributed.model_parallel import attention_function
 
             self.attention = attention_function(self.ctx.plan.attention)  # before train() wraps it
-            self.note_last_batches(trainer)
+        if plan.world_size > 1 and feed is None:
+            self.note_last_batches(trainer, repeated_rows)
         return trainer
 
-    def note_last_batches(self, trainer: Any) -> None:
-        """Under a sequence split every micro-batch is whole (Ulysses' attention is built for
-        ``micro_batch_size`` rows, and its loader gathers as many rows from every rank of the group): when
-        the train rows do not fill whole batches on every rank, accelerate completes the epoch's last ones
-        with its first rows, which one process would not; the summary says so."""
+    def note_last_batches(self, trainer: Any, masked: bool) -> None:
+        """When the train rows do not fill whole batches on every rank, accelerate completes each epoch's
+        last ones with its first rows (every rank trains as many micro-batches; under a sequence split
+        Ulysses' attention needs them whole), where one process trains a smaller last step; ``masked``: those
+        rows are out of the loss (``RepeatedRowsOutOfTheLoss``). The summary says which."""
         from hydratune.components.distributed.model_parallel import whole_last_batches
 
         plan, rows = self.ctx.plan, len(trainer.train_dataset)
-        if not whole_last_batches(rows, plan.micro_batch_size, plan.world_size):
-            self.report["data"]["last batches"] = (
-                f"{rows} train rows do not fill whole batches of {plan.micro_batch_size} on "
-                f"{plan.world_size} ranks: each epoch's last batches are completed with its first rows "
-                "(accelerate's even_batches; Ulysses needs whole micro-batches), where one process trains a "
-                "smaller one"
-            )
+        if whole_last_batches(rows, plan.micro_batch_size, plan.world_size):
+            return
+        what = (
+            "masked out of the loss (labels -100): the step's loss and gradient are one process's smaller "
+            "last step"
+            if masked
+            else "trained again, where one process trains a smaller last step"
+        )
+        self.report["data"]["last batches"] = (
+            f"{rows} train rows do not fill whole batches of {plan.micro_batch_size} on {plan.world_size} "
+            "ranks: accelerate completes each epoch's last batches with its first rows (even_batches), "
+            f"{what}"
+        )
 
     def evaluate_generations(self, when: str) -> None:
         """Exact-match accuracy of greedy answers to the eval prompts (see ``load_data``), for the summary."""
@@ -518,6 +536,13 @@ def cpu_threads() -> str:
     from hydratune.components.runtime.threads import describe_threads
 
     return describe_threads(torch.get_num_threads())
+
+
+def sft_batches(trainer_cls: type) -> bool:
+    """Whether ``trainer_cls`` trains on TRL's SFT batches: token rows with ``labels``."""
+    from trl import SFTTrainer
+
+    return issubclass(trainer_cls, SFTTrainer)
 
 
 def split(mesh: Any) -> bool:

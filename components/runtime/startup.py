@@ -16,6 +16,7 @@ environment turns all of this off.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 
 _state = "normal"  # normal | paused (collector off) | frozen (start-up objects in the permanent generation)
@@ -29,6 +30,39 @@ def process_defaults() -> None:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore", category=FutureWarning)
+    quiet_third_party()
+
+
+#: lines other libraries log that tell a hydratune user nothing: ``{logger name: the message's start}``.
+#: bitsandbytes (imported by transformers, PEFT, TRL wherever it is installed), on a CPU with AVX-512 bf16,
+#: without the optional ``kernels`` package, which hydratune neither needs nor installs; DeepSpeed (imported
+#: by accelerate and TRL) on a host without a GPU, which plan's and the summary's device line already say
+#: (and every GPU strategy refuses before load).
+QUIET_LINES: dict[str, str] = {
+    "bitsandbytes.backends.cpu.ops": "Failed to load CPU gemm_4bit_forward from kernels-community: No module "
+    "named 'kernels'",
+    "DeepSpeed": "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect",
+}
+
+
+class DropLine(logging.Filter):
+    """Drops one logger's records that start with ``start`` (the formatted message); every other passes."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
+
+
+def quiet_third_party() -> None:
+    """Each line of :data:`QUIET_LINES` dropped at its logger (set before the library imports: the logger is
+    the same object then); everything else those loggers say still shows. Idempotent."""
+    for name, start in QUIET_LINES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, DropLine) and f.start == start for f in logger.filters):
+            logger.addFilter(DropLine(start))
 
 
 def pause_gc() -> None:

@@ -17,12 +17,15 @@ token counts or the fp16 scaler knobs):
   ``kwargs_handlers`` to its DDP handler alone).
 
 ``log(logs, ...)`` is public (transformers documents it for overriding); it flushes the token count.
-``get_batch_samples(...)`` is public too: it draws no batch once ``max_steps`` steps are done, and runs
-Ulysses' data loader on across epochs (:class:`ContinuousEpochs`).
+``get_batch_samples(...)`` is public too: it draws no batch once ``max_steps`` steps are done, runs
+Ulysses' data loader on across epochs (:class:`ContinuousEpochs`), and masks the rows accelerate repeats to
+complete an epoch's last batches on data-parallel ranks out of the loss (:class:`RepeatedRowsOutOfTheLoss`).
 ``compute_loss(...)`` is public: under DeepSpeed Ulysses it keeps the loss and divides its gradient by the
 sequence-parallel size (:class:`SequenceParallelLoss`).
 ``get_train_dataloader()`` and ``train(...)`` are overridden for ``data.streaming`` (:class:`StreamedData`).
 ``save_model(...)`` is public: under expert parallel it writes every expert whole (:class:`WholeExperts`).
+``training_step(...)`` is public: where DeepSpeed's engine steps the scheduler, the learning rate of each
+step is read before it trains, and ``log`` logs that one (:class:`LearningRateOfTheStep`).
 """
 
 from __future__ import annotations
@@ -134,6 +137,104 @@ class AtomicCheckpoints:
             from hydratune.components.modeling.vision import save_processor
 
             save_processor(processor, folder)
+
+
+class LearningRateOfTheStep:
+    """The learning rate logged for step N is the one step N trained with, as one process logs it. The
+    Trainer reads it after ``optimizer.step()`` and steps the scheduler after that; but when DeepSpeed built
+    the optimizer (expert parallel, DeepSpeed's CPU Adam, ``strategy.optimizer_impl=deepspeed``) the engine
+    owns the scheduler and steps it inside the step's last backward (accelerate's
+    ``DeepSpeedSchedulerWrapper.step`` does nothing), so the Trainer logged the next step's rate. Then the
+    rate is read before each micro-batch trains (the last read before the engine steps is the step's)."""
+
+    _rate_of_the_step: float | None = None
+
+    def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if engine_steps_the_scheduler(self.lr_scheduler):  # type: ignore[attr-defined]
+            self._rate_of_the_step = self._get_learning_rate()  # type: ignore[attr-defined]
+        return super().training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if self._rate_of_the_step is not None and "learning_rate" in logs:
+            logs = {**logs, "learning_rate": self._rate_of_the_step}
+        super().log(logs, *args, **kwargs)  # type: ignore[misc]
+
+
+def engine_steps_the_scheduler(scheduler: Any) -> bool:
+    """True when DeepSpeed's engine steps ``scheduler`` (accelerate wraps it so; the Trainer's own step of
+    it does nothing), not the Trainer after its optimizer step."""
+    from accelerate.utils import DeepSpeedSchedulerWrapper
+
+    return isinstance(scheduler, DeepSpeedSchedulerWrapper)
+
+
+class RepeatedRowsOutOfTheLoss:
+    """On data-parallel ranks accelerate completes an epoch's last micro-batches with the epoch's first rows
+    (``even_batches``: every rank trains as many), where one process trains a smaller last step: those rows
+    counted twice shifted that step's loss (measured: 4.044 vs one process's 4.293 on 20 rows, micro-batch 4
+    on 2 ranks). Their labels are set to -100 here as each micro-batch is drawn, before the Trainer counts
+    the step's tokens: they still pass through the model, but neither add to the loss nor count, so the
+    step's loss (the tokens of every rank: ``average_tokens_across_devices``) and gradient are one
+    process's. Only where each sampled row is a row of the batch, or one document of its padding-free row
+    (``repeated_rows``, set by
+    :func:`hydratune_trainer`: not packed); ``rows_masked`` counts them on this rank."""
+
+    repeated_rows: bool = False
+    rows_masked: int = 0
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list, Any]:
+        if self.repeated_rows:
+            epoch_iterator = _RepeatsMasked(self, epoch_iterator)
+        return super().get_batch_samples(epoch_iterator, num_batches, device)  # type: ignore[misc]
+
+
+class _RepeatsMasked:
+    """The micro-batches of one optimizer step, the repeated rows' labels -100 (see
+    :class:`RepeatedRowsOutOfTheLoss`); the step's place in its epoch from the Trainer's step count (a
+    resumed run skips to the same place)."""
+
+    def __init__(self, trainer: Any, source: Any) -> None:
+        import math
+
+        args = trainer.args
+        self.trainer, self.source = trainer, source
+        self.rows, self.micro = len(trainer.train_dataset), args.per_device_train_batch_size
+        self.world, self.rank = args.world_size, args.process_index
+        per_rank = math.ceil(math.ceil(self.rows / self.micro) / self.world)  # accelerate's len() (even)
+        steps = math.ceil(per_rank / args.gradient_accumulation_steps)
+        self.batch = (trainer.state.global_step % steps) * args.gradient_accumulation_steps
+
+    def __iter__(self) -> _RepeatsMasked:
+        return self
+
+    def __next__(self) -> Any:
+        from hydratune.components.distributed.model_parallel import epoch_rows
+
+        batch = next(self.source)
+        own = epoch_rows(self.rows, self.micro, self.world, self.rank, self.batch)
+        self.batch += 1
+        if own < self.micro:
+            self.trainer.rows_masked += mask_rows_from(batch, own, self.micro)
+        return batch
+
+
+def mask_rows_from(batch: dict[str, Any], first: int, rows: int) -> int:
+    """Labels -100 from row ``first`` of a micro-batch of ``rows`` rows on: a ``[rows, length]`` batch, or one
+    row flattened padding-free (each row's ``position_ids`` start at 0; padding after them). The rows
+    masked; 0 where the batch is neither (nothing changed)."""
+    labels = batch.get("labels")
+    if labels is None:
+        return 0
+    if labels.shape[0] == rows:
+        labels[first:] = -100
+        return rows - first
+    positions = batch.get("position_ids")
+    if labels.shape[0] == 1 and positions is not None:
+        starts = (positions[0] == 0).nonzero().flatten()
+        if len(starts) >= rows:
+            labels[0, int(starts[first]) :] = -100
+            return rows - first
+    return 0
 
 
 class WholeExperts:
@@ -265,13 +366,18 @@ def hydratune_trainer(
     *,
     token_replicas: int = 1,
     processor: Any = None,
+    repeated_rows: bool = False,
 ) -> type:
     """``trainer_cls`` (TRL's SFTTrainer, DPOTrainer, ...) with the hooks above: atomic checkpoints, the
     token count read at log steps only (divided by ``token_replicas``, the ranks that see the same tokens),
     no step past ``max_steps``, the fp16 scaler knobs, Ulysses' gradient; ``feed``: the training data is a
-    stream (``StreamedData``); ``processor``: a vision-language model's, saved into every checkpoint."""
+    stream (``StreamedData``); ``processor``: a vision-language model's, saved into every checkpoint;
+    ``repeated_rows``: the rows accelerate repeats to complete an epoch's last batches on data-parallel
+    ranks are out of the loss (``RepeatedRowsOutOfTheLoss``)."""
     mixins = (
         DeferredTokenCount,
+        LearningRateOfTheStep,
+        RepeatedRowsOutOfTheLoss,
         AtomicCheckpoints,
         NoStepPastTheEnd,
         ContinuousEpochs,
@@ -285,5 +391,6 @@ def hydratune_trainer(
         "token_replicas": token_replicas,
         "feed": feed,
         "hydratune_processor": processor,
+        "repeated_rows": repeated_rows,
     }
     return type(f"Hydratune{trainer_cls.__name__}", (*mixins, trainer_cls), attrs)

@@ -243,8 +243,8 @@ class Strategy(ParallelKnobs):
         return {}
 
     def describe(self, plan: BatchPlan, device: str = "cuda") -> dict[str, Any]:
-        """What ``mode=plan`` prints besides the config: the mesh, the batch arithmetic and generated
-        settings."""
+        """What ``mode=plan`` prints after the data and the model: the mesh, the batch arithmetic and
+        generated settings."""
         split = plan.mesh is not None and not plan.mesh.is_data_parallel_only
         batch: dict[str, Any] = {
             "micro_batch_size": plan.micro_batch_size,

@@ -140,7 +140,7 @@ def test_the_editable_install_plans_beside_another_projects_packages(tmp_path: P
     other = foreign_packages(tmp_path / "other", mark)
     env = {**os.environ, "PYTHONPATH": str(other), "HF_HUB_OFFLINE": "1"}
     plan = subprocess.run(
-        [sys.executable, "-m", "hydratune", "mode=plan", "recipe=dpo", "peft=lora"],
+        [sys.executable, "-m", "hydratune", "mode=plan", "plan.config=true", "recipe=dpo", "peft=lora"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

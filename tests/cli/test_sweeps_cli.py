@@ -38,7 +38,12 @@ def test_own_recipe_file_from_any_path(hydratune, tmp_path: Path) -> None:
         "# @package _global_\ndefaults:\n  - override /peft: lora\npeft:\n  r: 4\nrun_name: mine\n"
     )
     proc = hydratune(
-        "--config-dir", str(tmp_path / "my_recipes"), "+experiment=my_lora", "mode=plan", cwd=tmp_path
+        "--config-dir",
+        str(tmp_path / "my_recipes"),
+        "+experiment=my_lora",
+        "mode=plan",
+        "plan.config=true",
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "checks passed" in proc.stdout and "run_name: mine" in proc.stdout and "r: 4" in proc.stdout

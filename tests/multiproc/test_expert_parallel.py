@@ -42,6 +42,10 @@ def by_step(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records(run) if "loss" in r}
 
 
+def rates(run: Path) -> dict[int, float]:
+    return {r["step"]: r["learning_rate"] for r in records(run) if "learning_rate" in r}
+
+
 def weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "final" / "model.safetensors")
 
@@ -99,6 +103,9 @@ def test_the_resumed_run_repeats_the_uninterrupted_one_bit_for_bit(runs: dict) -
 def test_it_trains_like_one_process(runs: dict) -> None:
     mine, one = by_step(runs["zero1"]), by_step(runs["one"])
     assert max(abs(mine[s] - one[s]) for s in one) < LOSS_TOL
+    # the rate logged for each step is the one it trained with (DeepSpeed's engine steps the scheduler
+    # under expert parallel: it was logged one step ahead, runtime/trainer_hooks.py LearningRateOfTheStep)
+    assert rates(runs["ep"]) == rates(runs["one"]) and len(rates(runs["one"])) == STEPS
     final, want = weights(runs["resumed"]), weights(runs["one"])
     assert max((final[k] - want[k]).abs().max().item() for k in want) < WEIGHT_TOL
 

@@ -202,7 +202,8 @@ def test_plan_trains_pp_size_on_zero1_as_the_pipeline_and_refuses_an_offload(cap
     ``strategy.offload_param``."""
     from hydratune.recipes.cli import main
 
-    main(["mode=plan", "strategy=zero1", "strategy.pp_size=2", "launcher.nproc_per_node=4"])
+    args = ["strategy=zero1", "strategy.pp_size=2", "launcher.nproc_per_node=4"]
+    main(["mode=plan", "plan.config=true", *args])  # the config too: the strategy as typed
     out = capsys.readouterr().out
     assert "DeepSpeed with strategy.pp_size=2 trains as Pipeline (pp 2, 1f1b, ZeRO-1 over the replicas" in out
     assert "_target_: hydratune.components.strategy.DeepSpeed" in out and "pp_size: 2" in out  # as typed

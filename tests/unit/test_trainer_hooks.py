@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -93,3 +94,67 @@ def test_the_installed_trainer_calls_every_hook(tmp_path: Path) -> None:
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint-1", "checkpoint-2"]  # no .staging left
     marker = json.loads((root / "checkpoint-2" / COMPLETE).read_text())
     assert marker["step"] == 2 and "model.safetensors" in marker["files"]
+
+
+def logged_rates(trainer_cls: type, tmp_path: Path) -> tuple[dict[int, float], Any]:
+    """``{step: learning_rate}`` the Trainer logged over 4 steps of 2 micro-batches (warmup, then linear
+    decay), and the trainer."""
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    rows = {"input_ids": [[1, 2, 3], [4, 5, 6]], "attention_mask": [[1, 1, 1]] * 2, "labels": [[2, 3, 4]] * 2}
+    args = TrainingArguments(
+        str(tmp_path / trainer_cls.__name__),
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=2,
+        max_steps=4,
+        learning_rate=0.1,
+        lr_scheduler_type="linear",
+        warmup_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = trainer_cls(model=TinyLM(), args=args, train_dataset=Dataset.from_dict(rows))
+    trainer.train()
+    return {r["step"]: r["learning_rate"] for r in trainer.state.log_history if "learning_rate" in r}, trainer
+
+
+def test_the_rate_logged_for_a_step_is_the_one_it_trained_with_when_the_engine_steps_it(tmp_path) -> None:
+    """Where DeepSpeed's engine owns the optimizer and the scheduler (expert parallel), it steps both inside
+    the step's last backward and accelerate's wrappers make the Trainer's own steps of them no-ops: the
+    rate logged for each step is the one its optimizer step used, and one process's (before the fix: the
+    next step's, 0.05 at step 1)."""
+    from accelerate.utils import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
+    from transformers import Trainer
+
+    class EngineSteps(Trainer):
+        """DeepSpeed's order, as accelerate sets it up when the engine took the optimizer and scheduler."""
+
+        used: dict[int, float]
+
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+            scheduler = super().create_scheduler(num_training_steps, optimizer)
+            self.engine = (self.optimizer, scheduler)  # the Trainer's steps of them: the engine's now
+            self.optimizer = DeepSpeedOptimizerWrapper(self.optimizer.optimizer)
+            self.lr_scheduler = DeepSpeedSchedulerWrapper(scheduler, self.optimizer)
+            self.used = {}
+            return self.lr_scheduler
+
+        def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            if self.accelerator.sync_gradients:  # the engine's step: its optimizer, then its scheduler
+                optimizer, scheduler = self.engine
+                self.used[self.state.global_step + 1] = optimizer.param_groups[0]["lr"]
+                optimizer.step()
+                optimizer.zero_grad()
+                scheduler.step()
+            return loss
+
+    one, _ = logged_rates(hydratune_trainer(Trainer), tmp_path)
+    assert one == {1: 0.0, 2: 0.05, 3: 0.1, 4: 0.05}  # warmup from 0, then linear decay
+    logged, engine = logged_rates(hydratune_trainer(EngineSteps), tmp_path)
+    assert engine.used == one  # the engine stepped with the rates of one process
+    assert logged == engine.used

@@ -281,7 +281,7 @@ def test_simpo_takes_the_papers_gamma_and_ppo_refuses_a_discount_above_one(tmp_p
     from hydratune.recipes.cli import main
 
     monkeypatch.chdir(tmp_path)
-    main(["recipe=simpo", "recipe.gamma=1.4", "mode=plan"])
+    main(["recipe=simpo", "recipe.gamma=1.4", "mode=plan", "plan.config=true"])
     out = capsys.readouterr().out
     assert "gamma: 1.4" in out and "checks passed" in out, out[-2000:]
     with pytest.raises(SystemExit) as code:
