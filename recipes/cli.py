@@ -83,6 +83,8 @@ def execute(cfg: DictConfig) -> Any:
         vision = comps.model.describe_vision()
         if vision:
             print(f"# vision: {vision}")
+        for line in comps.recipe.plan_lines(cfg, comps):
+            print(line)
         plan = batch_plan(cfg, comps, device)
         print(f"# precision: {plan.dtype} ({plan.dtype_reason})")
         generated = comps.strategy.describe(plan, device)
