@@ -145,8 +145,9 @@ class Distill(Recipe):
         return model.eval().requires_grad_(False)
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from trl import DistillationConfig, DistillationTrainer
+        from trl import DistillationConfig
 
+        from hydratune.components.runtime.distill_trainer import MeasuredDistillationTrainer
         from hydratune.components.runtime.session import Session
         from hydratune.components.runtime.trainer_loop import TrainerLoop
 
@@ -171,7 +172,7 @@ class Distill(Recipe):
                 remove_unused_columns=False,
             )
         )
-        trainer = session.trainer(DistillationTrainer, args, data, teacher_model=teacher)
+        trainer = session.trainer(MeasuredDistillationTrainer, args, data, teacher_model=teacher)
         return session.run(TrainerLoop(session, trainer))
 
 

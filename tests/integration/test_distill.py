@@ -32,8 +32,10 @@ def test_the_student_learns_and_the_teacher_stays_frozen(run_recipe) -> None:
     student = ctx.trainer.model.state_dict()
     assert any(not torch.equal(student[k], start[k]) for k in start)  # the student moved
 
-    losses = [r["loss"] for r in ctx.run_dir.read_metrics() if "loss" in r]
-    assert len(losses) == 3 and all(0 < x < 20 for x in losses)  # the divergence per step, finite
+    records = [r for r in ctx.run_dir.read_metrics() if "loss" in r]
+    assert len(records) == 3 and all(0 < r["loss"] < 20 for r in records)  # the divergence per step, finite
+    for r in records:  # the samples' log-probs under each model and the teacher's agreement, every step
+        assert r["student_logp"] < 0 and r["teacher_logp"] < 0 and 0 <= r["teacher_agreement"] <= 1
     summary = (ctx.run_dir.path / "summary.md").read_text()
     assert "| teacher | 1 |" in summary  # the teacher's exact match beside the student's before / after
     assert "Distillation" in summary and "generalized JSD, beta=0.5" in summary

@@ -212,3 +212,41 @@ def test_the_loss_is_the_generalized_jsd(beta: float, temperature: float) -> Non
     assert int(n) == 8
     assert abs(float(loss) - float(expected)) < 1e-6
     assert float(expected) > 1e-2  # the two distributions differ: a swapped direction would show
+
+
+# ---- the metrics of the student's samples ------------------------------------------------------------------
+def test_the_sample_metrics_are_the_log_probs_and_the_agreement_by_hand() -> None:
+    from hydratune.components.runtime.distill_trainer import means, sample_sums
+
+    g = torch.Generator().manual_seed(1)
+    h_s, h_t = torch.randn(2, 3, 4, generator=g), torch.randn(2, 3, 6, generator=g)  # a wider teacher
+    head_s, head_t = torch.nn.Linear(4, 7, bias=False), torch.nn.Linear(6, 7)
+    tokens = torch.tensor([[1, 5, 0], [2, 2, 6]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    got = means(sample_sums(h_s, h_t, head_s, head_t, tokens, mask, temperature=0.5, chunk=2))
+    want: dict[str, list[float]] = {"student_logp": [], "teacher_logp": [], "teacher_agreement": []}
+    with torch.no_grad():
+        for b, k in [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]:
+            tok = int(tokens[b, k])
+            p_s = torch.softmax(head_s(h_s[b, k]).double() / 0.5, -1)
+            p_t = torch.softmax(head_t(h_t[b, k]).double() / 0.5, -1)
+            want["student_logp"].append(float(p_s[tok].log()))
+            want["teacher_logp"].append(float(p_t[tok].log()))
+            want["teacher_agreement"].append(float(int(p_t.argmax()) == tok))
+    assert got.keys() == want.keys()
+    for name, values in want.items():
+        assert got[name] == pytest.approx(sum(values) / len(values), abs=1e-6), name  # fp32 heads
+    assert means(sample_sums(h_s, h_t, head_s, head_t, tokens, torch.zeros_like(mask))) == {}
+
+
+def test_the_wrapped_private_trl_methods_are_there() -> None:
+    """The installed TRL still has the methods MeasuredDistillationTrainer wraps, with these parameters."""
+    import inspect
+
+    from trl import DistillationTrainer
+
+    from hydratune.components.runtime.distill_trainer import PRIVATE_METHODS
+
+    for name, params in PRIVATE_METHODS.items():
+        signature = list(inspect.signature(getattr(DistillationTrainer, name)).parameters)[1:]
+        assert signature[: len(params)] == list(params), name
