@@ -3,7 +3,12 @@ model after the SFT demo) for a few steps; the teacher stays frozen and bit-iden
 
 from __future__ import annotations
 
+import json
+
 import torch
+
+#: what a record holds of the wall clock (differs between any two runs)
+WALL = ("time", "step_time")
 
 
 def test_the_student_learns_and_the_teacher_stays_frozen(run_recipe) -> None:
@@ -39,3 +44,47 @@ def test_the_student_learns_and_the_teacher_stays_frozen(run_recipe) -> None:
     summary = (ctx.run_dir.path / "summary.md").read_text()
     assert "| teacher | 1 |" in summary  # the teacher's exact match beside the student's before / after
     assert "Distillation" in summary and "generalized JSD, beta=0.5" in summary
+
+
+def test_sigterm_then_resume_matches_a_straight_run(run_recipe, monkeypatch) -> None:
+    """4 steps straight, versus SIGTERM during step 2 (checkpoint, stop) then resume=<run dir>: steps 3-4
+    log the same numbers (the divergence, the samples' metrics) and end with the same weights, bit for bit on
+    CPU (weights, optimizer, schedule, the RNG the student samples with)."""
+    import os
+    import signal
+
+    import pytest
+    from safetensors.torch import load_file
+
+    from hydratune.components.config.errors import Interrupted
+    from hydratune.components.runtime.distill_trainer import MeasuredDistillationTrainer
+
+    common = ["recipe=distill", "train.max_steps=4", "train.micro_batch_size=4", "train.eval_every=0"]
+    full, _ = run_recipe(*common, name="straight")
+    calls = {"n": 0}
+    original = MeasuredDistillationTrainer._compute_loss
+
+    def sigterm_at_step_2(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # the driver checkpoints after this step, then stops
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MeasuredDistillationTrainer, "_compute_loss", sigterm_at_step_2)
+    with pytest.raises(Interrupted):
+        run_recipe(*common, name="cut")
+    monkeypatch.setattr(MeasuredDistillationTrainer, "_compute_loss", original)
+    cut = full.run_dir.path.parent / "cut"
+    assert [r["step"] for r in map(json.loads, (cut / "metrics.jsonl").open()) if "loss" in r] == [1, 2]
+    assert (cut / "checkpoints" / "checkpoint-2" / "hydratune_complete.json").is_file()
+    resumed, _ = run_recipe(*common, f"resume={cut}", name="resumed")
+
+    def numbers(ctx) -> list[dict]:
+        return [
+            {k: v for k, v in r.items() if k not in WALL} for r in ctx.run_dir.read_metrics() if "loss" in r
+        ]
+
+    assert [r["step"] for r in numbers(resumed)] == [3, 4]
+    assert numbers(resumed) == numbers(full)[2:]
+    a, b = (load_file(ctx.run_dir.final / "model.safetensors") for ctx in (full, resumed))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
