@@ -82,7 +82,12 @@ class Distill(Recipe):
         gpu = gpu_memory_of(cfg)
         if gpu is None:
             return
-        est = estimate(spec_from_config(cfg))
+        try:
+            est = estimate(spec_from_config(cfg))
+        except ConfigError as err:
+            if err.key == "recipe.teacher":
+                raise
+            return  # the student's numbers are unknown (a hub id's architecture): the estimate cannot say
         teacher = est.row("teacher (frozen)")
         margin = 0.1  # Estimate.fits' margin
         left = gpu * (1 - margin) - (est.total - teacher)
