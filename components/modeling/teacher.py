@@ -1,7 +1,8 @@
 """``recipe=distill``'s teacher: what ``recipe.teacher`` names, checked before any weight is read.
 
 A teacher is a finished run dir (its ``final/``: a whole model, a merged one, or an adapter on the run's own
-base, read as ``model.from_run`` reads it) or a model dir holding config.json and weights, under the same
+base, read as ``model.from_run`` reads it), a model dir holding config.json and weights, or a model option's
+name (``conf/model/<name>.yaml``, as ``model=<name>`` builds it), under the same
 trust rules as the run's own model (``CausalLM.validate``: no code loaded unasked, weights that unpickle
 safely). Its tokenizer must agree with the student's: the same vocabulary, and the chat template rendering a
 probe conversation to the same token ids (the divergence compares the two next-token distributions id by
@@ -16,7 +17,10 @@ from typing import Any
 from hydratune.components.config.errors import ConfigError
 
 KEY = "recipe.teacher"
-HINT = "recipe.teacher=<a finished run dir (outputs/...)> or <a model dir with config.json and weights>"
+HINT = (
+    "recipe.teacher=<a finished run dir (outputs/...)>, <a model dir with config.json and weights> or "
+    "<a model option's name (conf/model/)>"
+)
 #: rendered by both chat templates: the ids must agree
 PROBE = [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "5"}]
 
@@ -36,7 +40,10 @@ def teacher_component(spec: str | None, *, trust_remote_code: bool = False) -> A
         raise ConfigError("recipe=distill needs a teacher", key=KEY, hint=HINT)
     path, trusted = Path(str(spec)).expanduser(), trust_remote_code
     try:
-        if (path / ".hydra" / "config.yaml").is_file():
+        option = model_option(str(spec))
+        if option is not None:
+            teacher = option
+        elif (path / ".hydra" / "config.yaml").is_file():
             teacher = CausalLM(name_or_path=str(path), from_run=str(path), trust_remote_code=trusted)
         elif (path / "config.json").is_file():
             teacher = CausalLM(name_or_path=str(path), init="pretrained", trust_remote_code=trusted)
@@ -44,9 +51,26 @@ def teacher_component(spec: str | None, *, trust_remote_code: bool = False) -> A
             what = "neither a run dir (.hydra/config.yaml) nor a model dir" if path.exists() else "not found"
             raise ConfigError(f"{spec}: {what}", key=KEY, hint=HINT)
         teacher.validate()  # config.json, weights, remote code, safe unpickling: the model's own rules
+        if teacher.init == "random":  # a model option without weights (model=tiny's bundled config)
+            raise ConfigError(
+                f"{spec}: {teacher.describe_weights()}: a teacher needs trained weights",
+                key=KEY,
+                hint=HINT,
+            )
     except ConfigError as err:
         raise err if err.key == KEY else rekeyed(err) from None
     return teacher
+
+
+def model_option(spec: str) -> Any:
+    """The model option named ``spec`` (``recipe.teacher=smollm2_135m``: conf/model/<spec>.yaml) as its
+    component, or None when ``spec`` is no option's name (a path)."""
+    if "/" in spec or spec.startswith("."):
+        return None
+    from hydratune.components.config.options import options
+
+    found = options("model").get(spec)
+    return found.build() if found is not None else None
 
 
 def source_of(model: Any) -> tuple[str, str | None] | None:

@@ -80,6 +80,15 @@ def test_a_teacher_without_weights_is_refused(compose_cfg) -> None:
     assert err.key == "recipe.teacher" and "no weight file" in str(err)
 
 
+def test_a_model_option_is_a_teacher_when_it_has_weights(compose_cfg, tmp_path) -> None:
+    """recipe.teacher=<model option>: built as model=<option> builds it; the bundled tiny option has no
+    weights (random init), so it teaches nothing and is refused; an unknown name is not found."""
+    err = refusal(compose_cfg, "recipe.teacher=tiny")
+    assert err.key == "recipe.teacher" and "needs trained weights" in str(err)
+    err = refusal(compose_cfg, "recipe.teacher=no_such_option")
+    assert err.key == "recipe.teacher" and "not found" in str(err) and "model option" in err.hint
+
+
 def test_the_student_itself_is_refused(compose_cfg, teachers) -> None:
     good = teachers["good"]
     err = refusal(compose_cfg, f"recipe.teacher={good}", f"model.name_or_path={good}")
