@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig
 
 from hydratune.components.config.errors import ConfigError
-from hydratune.components.config.ranges import AT_LEAST_ONE, POSITIVE, UNIT, knob
+from hydratune.components.config.ranges import AT_LEAST_ONE, POSITIVE, UNIT, knob, one_of
 from hydratune.components.recipe import Recipe, recipe
 from hydratune.components.runtime.run import Components, RunContext
 
@@ -44,23 +44,22 @@ class Distill(Recipe):
     # optimizer steps unless train.max_steps > 0; null = train.epochs
     steps: int | None = knob(100, AT_LEAST_ONE)
     beta: float = knob(0.5, UNIT)  # 0 = forward KL, 0.5 = JSD, 1 = reverse KL
-    # share of the student's own samples (1: on-policy); below 1 the dataset's completions: not yet
-    lmbda: float = knob(1.0, UNIT)
+    # share of the student's own samples: 1 (on-policy) only, for now (below 1: the dataset's completions)
+    lmbda: float = knob(
+        1.0,
+        one_of(1),
+        hint="the dataset's completions (lmbda < 1) are not built yet: TRL 1.16's DistillationTrainer "
+        "samples every completion from the student; recipe.lmbda=1, or recipe=sft on the teacher's "
+        "generations",
+    )
     temperature: float = knob(1.0, POSITIVE)  # sampling and both distributions of the loss
     max_completion_length: int = knob(8, AT_LEAST_ONE)  # tokens the student samples per prompt
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         """The teacher exists and may be loaded, is not the student, speaks the student's tokenizer and fits
-        beside it (by the estimate, when the GPU's memory is known); lmbda < 1 is not built yet."""
+        beside it (by the estimate, when the GPU's memory is known)."""
         from hydratune.components.modeling.teacher import check_not_student, teacher_component
 
-        if self.lmbda < 1:
-            raise ConfigError(
-                f"recipe.lmbda={self.lmbda:g}: training on the dataset's completions (lmbda < 1) is not "
-                "built yet; TRL 1.16's DistillationTrainer samples every completion from the student",
-                key="recipe.lmbda",
-                hint="recipe.lmbda=1 (on-policy), or recipe=sft on the teacher's generations",
-            )
         teacher = teacher_component(self.teacher, trust_remote_code=comps.model.trust_remote_code)
         check_not_student(teacher, comps.model)
         if teacher.adapter and comps.strategy.partitions_at_load:
