@@ -60,6 +60,13 @@ class Distill(Recipe):
         beside it (by the estimate, when the GPU's memory is known)."""
         from hydratune.components.modeling.teacher import check_not_student, teacher_component
 
+        if comps.peft.adds_virtual_tokens:  # TRL refuses it after the model loads: said here, before
+            raise ConfigError(
+                "prompt learning's virtual tokens would never be prepended: TRL's distillation loss runs the "
+                "student's backbone directly, past the adapter's forward",
+                key="peft",
+                hint="peft=lora (or another adapter on the weights), or peft=none",
+            )
         teacher = teacher_component(self.teacher, trust_remote_code=comps.model.trust_remote_code)
         check_not_student(teacher, comps.model)
         if teacher.adapter and comps.strategy.partitions_at_load:

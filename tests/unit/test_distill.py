@@ -122,6 +122,14 @@ def test_lmbda_below_one_is_refused_until_built(compose_cfg) -> None:
     assert err.value.key == "recipe.lmbda" and "recipe.lmbda=1" in str(err.value)
 
 
+@pytest.mark.parametrize("peft", ["prefix", "ptuning"])
+def test_prompt_learning_is_refused_before_load(compose_cfg, peft: str) -> None:
+    """TRL's trainer refuses it only once the model is loaded; here it is a ConfigError before (the hint's
+    peft=lora passes: tests/unit/test_matrix.py's distill cells)."""
+    err = refusal(compose_cfg, f"peft={peft}")
+    assert err.key == "peft" and err.hint.startswith("peft=lora")
+
+
 def test_beta_outside_zero_one_is_refused(compose_cfg, teachers) -> None:
     from hydratune.components.runtime.run import Components
 
