@@ -83,6 +83,10 @@ class Recipe:
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """``mode=plan``: what the recipe checks of the loaded rows before training."""
 
+    def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
+        """``mode=plan``: what the recipe adds to the plan (lines starting with ``#``); none by default."""
+        return []
+
     def warnings(self, cfg: DictConfig, comps: Components) -> list[str]:
         """Legal but suspicious settings of this recipe (said at start and in ``mode=plan``, never fatal)."""
         return []

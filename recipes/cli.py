@@ -128,6 +128,8 @@ def print_plan(cfg: DictConfig, comps: Any, device: str, run_id: str) -> None:
     vision = comps.model.describe_vision()
     if vision:
         print(f"# vision: {vision}")
+    for line in comps.recipe.plan_lines(cfg, comps):  # the recipe's own (distill: student, teacher, loss)
+        print(line)
     plan = batch_plan(cfg, comps, device)
     print(f"# precision: {plan.dtype} ({plan.dtype_reason})")
     generated = comps.strategy.describe(plan, device)

@@ -248,6 +248,7 @@ RUN_IN_TESTS: dict[Cell, Trained] = {
         ("live strategy", "reference gathered", "KL 0 at step 1"),
     ),
     _cell("ppo", "single"): Trained("tests/integration/test_ppo.py"),
+    _cell("distill", "single"): Trained("tests/integration/test_distill.py"),
     _cell("ppo", "ddp"): PPO_REPLICATED,
     _cell("ppo", "zero2"): PPO_REPLICATED,
     _cell("ppo", "zero3"): Trained(

@@ -385,7 +385,19 @@ def _state_terms(
             "4 B/param of one sub-group (sub_group_size)" if s.stage == 3 else "4 B/param of the partition",
         ),
         ("step temporaries", states.step_temp, "16-bit flatten of the sub-group, cast to fp32"),
+        _teacher_term(spec),
     ]
+
+
+def _teacher_term(spec: RunSpec) -> tuple[str, float, str]:
+    """recipe=distill's frozen teacher: its weights only (no gradient, no optimizer state), sharded over the
+    ZeRO ranks under stage 3 (an inference engine, as TRL prepares it), whole on every rank otherwise."""
+    s = spec.strategy
+    shards = spec.zero_ranks if s.stage >= 3 and s.kind != "single" else 1
+    held = spec.teacher_params * spec.teacher_bytes / shards
+    note = f"{spec.teacher_params:,} frozen params x {spec.teacher_bytes} B"
+    note += f", /{shards}" if shards > 1 else ""
+    return ("teacher (frozen)", held, note)
 
 
 def _transient_terms(spec: RunSpec, part: Slice, trainable: int, per: ElementBytes, gathered: float) -> Terms:
@@ -439,6 +451,7 @@ def _phases(ds: bool) -> tuple[set[str], set[str]]:
         "optimizer states",
         "gathered params",
         "buffers",
+        "teacher (frozen)",
     }
     fwd_bwd = always | {"autocast weight copies", "activations", "vision activations", "logits + loss"}
     if ds:  # DeepSpeed keeps its gradient partitions for the whole backward

@@ -138,6 +138,9 @@ class RunSpec:
     image_tokens: int = 0
     frozen_params: int = 0
     vision_trains: bool = False
+    # recipe=distill: the frozen teacher held beside the student (inference only: weights, no states)
+    teacher_params: int = 0
+    teacher_bytes: int = 2
 
     @property
     def world_size(self) -> int:

@@ -229,8 +229,25 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
         ep=mesh.ep,
         micro_batches=int(get(train, "gradient_accumulation_steps", 1) or 1),
         **vision,
+        **teacher_knobs(get(cfg, "recipe"), compute),
     )
     return replace(spec, **over) if over else spec
+
+
+def teacher_knobs(recipe: Any, compute_bytes: int) -> dict[str, int]:
+    """recipe=distill's teacher for the RunSpec: its parameters (config.json) in the compute dtype."""
+    spec = get(recipe, "teacher", None)
+    if not spec:
+        return {}
+    from hydratune.components.modeling.teacher import rekeyed, teacher_component
+
+    teacher = teacher_component(str(spec))
+    node = {"name_or_path": teacher.source_dir(), "architecture": dict(teacher.architecture or {})}
+    try:
+        params = param_counts(arch_of_model(node)).total
+    except ConfigError as err:  # no architecture numbers: said of recipe.teacher
+        raise rekeyed(err) from None
+    return {"teacher_params": int(params), "teacher_bytes": compute_bytes}
 
 
 def checked_mesh(strategy: Any, arch: Arch, world_size: int) -> Mesh:

@@ -1,0 +1,90 @@
+"""recipe=distill in-process on the tiny model: a random student learns from the bundled teacher (the tiny
+model after the SFT demo) for a few steps; the teacher stays frozen and bit-identical."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+#: what a record holds of the wall clock (differs between any two runs)
+WALL = ("time", "step_time")
+
+
+def test_the_student_learns_and_the_teacher_stays_frozen(run_recipe) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from hydratune.components.config.resolvers import asset
+
+    ctx, _ = run_recipe(
+        "recipe=distill",
+        "train.max_steps=3",
+        "train.micro_batch_size=8",
+        "train.eval_generations=8",
+        "train.max_new_tokens=6",
+        name="distill",
+    )
+    teacher = ctx.trainer.teacher_model
+    assert teacher is not ctx.trainer.model and not teacher.training
+    assert all(not p.requires_grad and p.grad is None for p in teacher.parameters())
+    bundled = AutoModelForCausalLM.from_pretrained(asset("tiny_teacher"), dtype=torch.float32).state_dict()
+    after = teacher.state_dict()
+    assert after.keys() == bundled.keys()
+    assert all(torch.equal(after[k], bundled[k]) for k in bundled)  # bit-identical after training
+
+    ctx.seed_everything()  # the student's start: the random init the run began from
+    start = ctx.components.model.build().state_dict()
+    student = ctx.trainer.model.state_dict()
+    assert any(not torch.equal(student[k], start[k]) for k in start)  # the student moved
+
+    records = [r for r in ctx.run_dir.read_metrics() if "loss" in r]
+    assert len(records) == 3 and all(0 < r["loss"] < 20 for r in records)  # the divergence per step, finite
+    for r in records:  # the samples' log-probs under each model and the teacher's agreement, every step
+        assert r["student_logp"] < 0 and r["teacher_logp"] < 0 and 0 <= r["teacher_agreement"] <= 1
+    summary = (ctx.run_dir.path / "summary.md").read_text()
+    assert "| teacher | 1 |" in summary  # the teacher's exact match beside the student's before / after
+    assert "Distillation" in summary and "generalized JSD, beta=0.5" in summary
+
+
+def test_sigterm_then_resume_matches_a_straight_run(run_recipe, monkeypatch) -> None:
+    """4 steps straight, versus SIGTERM during step 2 (checkpoint, stop) then resume=<run dir>: steps 3-4
+    log the same numbers (the divergence, the samples' metrics) and end with the same weights, bit for bit on
+    CPU (weights, optimizer, schedule, the RNG the student samples with)."""
+    import os
+    import signal
+
+    import pytest
+    from safetensors.torch import load_file
+
+    from hydratune.components.config.errors import Interrupted
+    from hydratune.components.runtime.distill_trainer import MeasuredDistillationTrainer
+
+    common = ["recipe=distill", "train.max_steps=4", "train.micro_batch_size=4", "train.eval_every=0"]
+    full, _ = run_recipe(*common, name="straight")
+    calls = {"n": 0}
+    original = MeasuredDistillationTrainer._compute_loss
+
+    def sigterm_at_step_2(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # the driver checkpoints after this step, then stops
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MeasuredDistillationTrainer, "_compute_loss", sigterm_at_step_2)
+    with pytest.raises(Interrupted):
+        run_recipe(*common, name="cut")
+    monkeypatch.setattr(MeasuredDistillationTrainer, "_compute_loss", original)
+    cut = full.run_dir.path.parent / "cut"
+    assert [r["step"] for r in map(json.loads, (cut / "metrics.jsonl").open()) if "loss" in r] == [1, 2]
+    assert (cut / "checkpoints" / "checkpoint-2" / "hydratune_complete.json").is_file()
+    resumed, _ = run_recipe(*common, f"resume={cut}", name="resumed")
+
+    def numbers(ctx) -> list[dict]:
+        return [
+            {k: v for k, v in r.items() if k not in WALL} for r in ctx.run_dir.read_metrics() if "loss" in r
+        ]
+
+    assert [r["step"] for r in numbers(resumed)] == [3, 4]
+    assert numbers(resumed) == numbers(full)[2:]
+    a, b = (load_file(ctx.run_dir.final / "model.safetensors") for ctx in (full, resumed))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
