@@ -7,9 +7,9 @@ tried. A requirement without a lower bound is left out (pip resolves it).
 from __future__ import annotations
 
 import sys
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 
 
