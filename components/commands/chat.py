@@ -83,6 +83,39 @@ def load_processor(path: Path, tokenizer: Any, remote_code: bool = False) -> Any
     return load(str(path), tokenizer, trust_remote_code=remote_code)
 
 
+def model_config(path: Path) -> dict[str, Any]:
+    """The ``config.json`` of what ``path`` chats with: a run dir's ``final/`` (or, for an adapter there, its
+    base's when that is a local dir), or the model dir's; ``{}`` where none is on disk (a hub base)."""
+    folders = [path]
+    if (path / ".hydra" / "config.yaml").is_file():
+        from omegaconf import OmegaConf
+
+        base = OmegaConf.select(OmegaConf.load(path / ".hydra" / "config.yaml"), "model.name_or_path")
+        folders = [path / "final"] + ([Path(str(base))] if base else [])
+    for folder in folders:
+        if (folder / "config.json").is_file():
+            return json.loads((folder / "config.json").read_text())
+    return {}
+
+
+def check_processor_packages(path: Path) -> None:
+    """A vision-language model whose processor needs a package that is not installed (Qwen-VL's video
+    processor: torchvision) is refused before anything loads, naming the extra, as training refuses it."""
+    from hydratune.components.modeling.vision import is_vision_config, missing_processor_packages
+
+    config = model_config(path)
+    if not is_vision_config(config):
+        return
+    family = str(config.get("model_type", ""))
+    missing = missing_processor_packages(family)
+    if missing:
+        raise ConfigError(
+            f"{path} is a {family} model, whose processor needs {', '.join(missing)}, which is not installed",
+            key="chat",
+            hint="pip install 'hydratune[vision]' (torchvision, the release made for your torch)",
+        )
+
+
 def parse_args(args: list[str]) -> tuple[Path, dict[str, Any]]:
     """``<path> [key=value ...]`` → (path, options), checked before anything loads."""
     if not args or "=" in args[0]:
@@ -248,6 +281,7 @@ def cli(args: list[str]) -> int:
             key="chat.image",
             hint="drop --image",
         )
+    check_processor_packages(path)
     model, tokenizer = load(path, REMOTE_CODE in args)
     processor = load_processor(path, tokenizer, REMOTE_CODE in args)
     print(f"chatting with {path}", flush=True)

@@ -254,6 +254,37 @@ def test_a_processor_needing_torchvision_is_refused_naming_the_extra(
     model.validate()
 
 
+def test_chat_on_a_processor_needing_torchvision_is_refused_before_load(tmp_path, monkeypatch) -> None:
+    """Issue 49: ``hydratune chat <Qwen-VL dir>`` without torchvision was transformers' ImportError after the
+    model loaded; refused first, naming the extra (a model dir and a run dir whose base is one)."""
+    import json
+
+    import transformers.utils
+    from transformers import Qwen2_5_VLConfig
+
+    from hydratune.components.commands import chat
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(chat, "load", no_model)
+    monkeypatch.setattr(transformers.utils, "is_torchvision_available", lambda: False)
+    model_dir = tmp_path / "qwen_vl"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(Qwen2_5_VLConfig().to_dict()))
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "final").mkdir()
+    (run / ".hydra" / "config.yaml").write_text(f"model:\n  name_or_path: {model_dir}\n")
+    for path in (model_dir, run):
+        with pytest.raises(ConfigError, match="needs torchvision") as err:
+            chat.cli([str(path)])
+        assert err.value.key == "chat" and "hydratune[vision]" in err.value.hint
+    monkeypatch.setattr(transformers.utils, "is_torchvision_available", lambda: True)
+    with pytest.raises(AssertionError, match="a model was loaded"):  # with torchvision: on to the load
+        chat.cli([str(model_dir)])
+
+
 def test_freeze_on_a_model_whose_config_is_out_of_reach_says_so(monkeypatch) -> None:
     """A hub id without shipped numbers, offline: model.freeze cannot know the parts, and says why (not
     'a text model')."""
