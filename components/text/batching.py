@@ -166,6 +166,8 @@ def image_token_ids(processor: Any) -> set[int]:
     ids = {tokenizer.convert_tokens_to_ids(t) for t in tokens}
     if isinstance(getattr(processor, "image_token_id", None), int):
         ids.add(processor.image_token_id)
+    # what an image expands into, as transformers marks it (Gemma 3's <image_soft_token>: not its image_token)
+    ids |= {i for i in getattr(processor, "image_token_ids", None) or [] if isinstance(i, int)}
     return {i for i in ids if i is not None and i != tokenizer.unk_token_id}
 
 

@@ -90,3 +90,13 @@ def test_image_tokens_are_what_the_processor_expands_each_image_into(image_rows:
     assert measured_image_tokens(processor, image_rows) == [sum(per_image)] * 2
     if family == "gemma3":  # its image_token_id is the placeholder: one an image
         assert per_image == [256, 256] and expanded_image_tokens(processor) != {processor.image_token_id}
+
+
+@pytest.mark.parametrize("family", PROCESSORS)
+def test_the_loss_mask_knows_every_token_an_image_expands_into(image_rows: Any, family: str) -> None:
+    """NoImageTokenLoss keeps out of the loss every id an image expands into (Gemma 3's 256
+    <image_soft_token>, which its image_token does not name), as well as the tokens around it."""
+    from hydratune.components.text.batching import image_token_ids
+
+    processor = PROCESSORS[family]()
+    assert expanded_image_tokens(processor) <= image_token_ids(processor)
