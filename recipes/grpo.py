@@ -56,6 +56,10 @@ class GRPO(Recipe, RewardURL):
     # one per reward (reward_funcs, reward_url, reward_model)
     reward_weights: list[float] | None = knob(None, FINITE)
     reward_model: str | None = None  # a reward run dir / model dir, scored after reward_funcs
+    # functions the policy may call while it generates (dotted paths or _target_ nodes, _partial_: true)
+    tools: list[Any] = field(default_factory=list)
+    max_tool_calls: int | None = knob(None, AT_LEAST_ONE)  # tool-calling rounds per episode; null: no limit
+    tool_timeout: float = knob(10.0, POSITIVE)  # seconds a tool call may take before the model reads an error
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         if self.loss_type not in LOSS_TYPES:
@@ -90,6 +94,7 @@ class GRPO(Recipe, RewardURL):
                 )
         self.reward_functions(trusted=bool(cfg.get("trust_targets", False)))  # imported and checked
         self.check_reward_url()
+        self.tool_functions(trusted=bool(cfg.get("trust_targets", False)))  # imported, trusted, described
         n_rewards = len(self.reward_funcs) + bool(self.reward_url) + bool(self.reward_model)
         if self.reward_weights is not None and len(self.reward_weights) != n_rewards:
             raise ConfigError(f"one weight per reward ({n_rewards})", key="recipe.reward_weights")
@@ -106,11 +111,33 @@ class GRPO(Recipe, RewardURL):
         functions = [(key, check_reward(spec, key, trusted=trusted)) for key, spec in keyed]
         return [(key, f) for key, f in functions if f is not None]
 
+    def tool_functions(self, *, trusted: bool = True) -> list[Any]:
+        """Every ``recipe.tools[i]``, resolved and checked (before load: components/tools.py)."""
+        from hydratune.components.tools import resolve_tools
+
+        return resolve_tools(self.tools or [], trusted=trusted)
+
+    def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
+        """The tools and the schemas the model is shown."""
+        from hydratune.components.tools import describe
+
+        if not self.tools:
+            return []
+        limit = "no limit" if self.max_tool_calls is None else self.max_tool_calls
+        head = f"# tools ({len(self.tools)}; rounds per episode: {limit}; timeout {self.tool_timeout:g} s):"
+        return [head, *describe(self.tool_functions())]
+
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """The columns the reward functions read are in the rows (``answer`` for exact_match); no prompt
-        over data.max_prompt_length left to cut (TRL renders each prompt whole: it cannot)."""
+        over data.max_prompt_length left to cut (TRL renders each prompt whole: it cannot); with tools, a
+        chat template that renders tool calls and results (components/tools.py)."""
         from hydratune.components.data.promptlength import OVERLONG
         from hydratune.components.rewards import check_columns
+
+        if self.tools:
+            from hydratune.components.tools import check_template
+
+            check_template(tokenizer)
 
         columns = splits["train"].column_names
         check_columns(self.reward_functions(), columns, str(comps.data.path))
@@ -185,13 +212,27 @@ class GRPO(Recipe, RewardURL):
                 mask_truncated_completions=self.mask_truncated_completions,
                 reward_weights=self.reward_weights,
                 generation_kwargs={"use_cache": True},
+                max_tool_calling_iterations=self.max_tool_calls,
                 disable_dropout=True,
                 include_num_input_tokens_seen="no",
                 remove_unused_columns=False,
             )
         )
-        extra = {"processing_class": session.processor} if images else {}
+        extra: dict[str, Any] = {"processing_class": session.processor} if images else {}
+        stats = None
+        if self.tools:
+            from hydratune.components.tools import ToolStats, wrap
+
+            stats = ToolStats()
+            extra["tools"] = wrap(self.tool_functions(), self.tool_timeout, stats)
         trainer = session.trainer(GRPOTrainer, args, data, reward_funcs=rewards, **extra)
+        if stats is not None:
+            from hydratune.components.runtime.callbacks import MetricsCallback
+            from hydratune.components.tools import ToolMetrics
+
+            callbacks = trainer.callback_handler.callbacks
+            at = next(i for i, cb in enumerate(callbacks) if isinstance(cb, MetricsCallback))
+            callbacks.insert(at, ToolMetrics(stats))  # before MetricsCallback: it writes what this adds
         return session.run(TrainerLoop(session, trainer))
 
 

@@ -1,0 +1,88 @@
+"""GRPO with ``recipe.tools`` on the tiny model: TRL's tool loop runs the wrapped tools, and what is
+trained is only the model's own tokens (its tool call and its answer), never the tool's result: the loss
+mask of real episodes decoded. The policy's generation is scripted (a random-init model emits no tool
+call): the tool loop, the tools, the template and the loss mask are the real ones."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from hydratune.components.tools import marked_episode
+from tests.support.rl import FAST_GRPO
+
+TOOLS = [
+    *FAST_GRPO,
+    "recipe.tools=[tests.support.tools.add,tests.support.tools.boom]",
+    "model.chat_template=qwen2_5",
+    "data.max_prompt_length=512",
+    "recipe.num_generations=4",
+    "train.micro_batch_size=8",
+    "recipe.max_completion_length=256",
+    "train.max_steps=1",
+    # the qwen2_5 system prompt and the tools' schemas are ~650 of the tiny tokenizer's tokens; TRL drops a
+    # tool result that would take the episode past the model's max_position_embeddings (256 in its config)
+    "+model.architecture.max_position_embeddings=2048",
+]
+
+
+def script(prompt: str, tool_result: str | None, boom: bool) -> str:
+    """The scripted policy: for 'What is X + Y?' a call of add(X, Y) (or of boom(X)), then the tool's result
+    as the answer."""
+    if tool_result is not None:
+        return f"{tool_result}<|im_end|>"
+    x, y = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", prompt)[-1])
+    name = "boom" if boom else "add"
+    arguments = f'{{"a": {x}}}' if boom else f'{{"a": {x}, "b": {y}}}'
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call><|im_end|>'
+
+
+def test_only_the_models_own_tokens_are_trained_and_tool_faults_are_counted(run_recipe, monkeypatch) -> None:
+    from trl import GRPOTrainer
+
+    recorded: list[dict] = []
+    score = GRPOTrainer._generate_and_score_completions
+
+    def scripted(self, prompt_ids, images, fields, num_generations, has_tool_images=False):
+        texts = [self._tokenizer.decode(ids) for ids in prompt_ids]
+        results = [re.findall(r"<tool_response>\n(.*?)\n</tool_response>", t, re.S) for t in texts]
+        replies = [
+            script(t, r[-1] if r else None, i % 2 == 1)
+            for i, (t, r) in enumerate(zip(texts, results, strict=True))
+        ]
+        return [self._tokenizer.encode(r, add_special_tokens=False) for r in replies], None
+
+    def record(self, inputs):
+        output = score(self, inputs)
+        recorded.append({k: v.detach().clone() for k, v in output.items() if isinstance(v, torch.Tensor)})
+        return output
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", scripted)
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", record)
+    ctx, _ = run_recipe(*TOOLS, name="grpo_tools")
+    tokenizer = ctx.trainer.processing_class
+    [batch] = recorded
+    trained = batch["completion_mask"] * batch["tool_mask"]  # what TRL's loss sums over
+    prompts = tokenizer.batch_decode(batch["prompt_ids"], skip_special_tokens=False)
+    seen: list[str] = []
+    rows = zip(prompts, batch["completion_ids"], trained, batch["completion_mask"], strict=True)
+    for prompt, ids, mask, real in rows:
+        x, y = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", prompt)[-1])
+        n = int(real.sum())  # padded on the right
+        episode = marked_episode(tokenizer, ids[:n].tolist(), mask[:n].tolist())
+        if '"name": "boom"' in episode:
+            result = f"error: boom raised ZeroDivisionError: cannot divide {x} by zero"
+            call = f'{{"name": "boom", "arguments": {{"a": {x}}}}}'
+        else:
+            result, call = str(x + y), f'{{"name": "add", "arguments": {{"a": {x}, "b": {y}}}}}'
+        assert episode == (
+            f"<tool_call>\n{call}\n</tool_call><|im_end|>"
+            f"[[\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
+            f"<|im_start|>assistant\n]]{result}<|im_end|>"
+        ), episode
+        seen.append("boom" if "boom" in call else "add")
+    assert sorted(set(seen)) == ["add", "boom"]  # both kinds of episode were decoded
+    [logged] = [r for r in ctx.run_dir.read_metrics() if "tools/calls" in r]
+    assert logged["tools/calls"] == len(seen) == 8
+    assert logged["tools/errors_raised"] == seen.count("boom") and logged["tools/errors_timeout"] == 0

@@ -1,0 +1,59 @@
+"""Tools the tests name (``recipe.tools=[tests.support.tools.add]``): a good one and one of each fault."""
+
+from __future__ import annotations
+
+import threading
+
+RELEASE = threading.Event()  # ``hang`` waits for it (the test sets it once the timeout has been reported)
+
+
+def add(a: int, b: int) -> str:
+    """Add two whole numbers.
+
+    Args:
+        a: the first number
+        b: the second number
+    """
+    return str(a + b)
+
+
+def scaled(a: int, factor: int = 1) -> str:
+    """A number times a factor (bound by the config, hidden from the model).
+
+    Args:
+        a: the number
+        factor: the factor
+    """
+    return str(a * factor)
+
+
+def boom(a: int) -> str:
+    """Always raises.
+
+    Args:
+        a: a number
+    """
+    raise ZeroDivisionError(f"cannot divide {a} by zero")
+
+
+def number(a: int) -> int:  # type: ignore[return-value]
+    """Returns an int, not a string.
+
+    Args:
+        a: a number
+    """
+    return a
+
+
+def hang(a: int) -> str:
+    """Waits until the test releases it.
+
+    Args:
+        a: a number
+    """
+    RELEASE.wait(60)
+    return "late"
+
+
+def undocumented(a: int) -> str:
+    return str(a)
