@@ -138,6 +138,13 @@ class GRPO(Recipe, RewardURL):
             from hydratune.components.tools import check_template
 
             check_template(tokenizer)
+            prompt = splits["train"][0]["prompt"] if len(splits["train"]) else []
+            if isinstance(prompt, str):  # TRL parses tool calls out of chat completions only
+                raise ConfigError(
+                    f"recipe.tools needs chat prompts (a list of messages), and {comps.data.path}'s are text",
+                    key="recipe.tools",
+                    hint='prompts as messages: {"prompt": [{"role": "user", "content": "..."}], ...}',
+                )
 
         columns = splits["train"].column_names
         check_columns(self.reward_functions(), columns, str(comps.data.path))

@@ -153,3 +153,27 @@ def test_grpo_checks_its_tools_before_load_and_plan_shows_their_schemas(compose_
     assert (
         info.value.key == "recipe.tools[1]" and info.value.hint == "recipe.tools[1]=tests.support.tools.boom"
     )
+
+
+def test_the_bundled_calculator_is_a_tool_and_refuses_what_is_not_arithmetic() -> None:
+    [calculator] = resolve_tools(["hydratune.components.agent_tools.calculator"], trusted=False)
+    call = Tool(calculator, 5, stats := ToolStats()).as_function()
+    assert call(expression="12 * (3 + 4)") == "84" and call(expression="7 / 2") == "3.5"
+    assert call(expression="__import__('os')").startswith(
+        "error: calculator raised ValueError: not arithmetic"
+    )
+    assert call(expression="2 ** 99999999").startswith("error: calculator raised ValueError")
+    assert stats.drain()["tools/errors_raised"] == 2
+
+
+def test_tools_with_text_prompts_are_refused_before_load(compose_cfg, tokenizer) -> None:
+    """TRL parses tool calls out of chat completions only: text prompts would never call a tool."""
+    from hydratune.components.runtime.run import Components
+
+    cfg = compose_cfg("recipe=grpo", "recipe.tools=[tests.support.tools.add]")
+    comps = Components.from_config(cfg)
+    tokenizer.chat_template = resolve_chat_template("qwen2_5")[0]
+    rows = {"train": [{"prompt": "What is 2 + 2?", "answer": "4"}]}
+    with pytest.raises(ConfigError, match="needs chat prompts") as info:
+        comps.recipe.check_data(comps, rows, tokenizer)
+    assert info.value.key == "recipe.tools"
