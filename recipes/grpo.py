@@ -60,6 +60,9 @@ class GRPO(Recipe, RewardURL):
     tools: list[Any] = field(default_factory=list)
     max_tool_calls: int | None = knob(None, AT_LEAST_ONE)  # tool-calling rounds per episode; null: no limit
     tool_timeout: float = knob(10.0, POSITIVE)  # seconds a tool call may take before the model reads an error
+    # a class with reset(**row) and tool methods (dotted path or _target_ node, _partial_: true): a fresh one
+    # per rollout; its get_reward(), if any, is a reward
+    environment: Any = None
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         if self.loss_type not in LOSS_TYPES:
@@ -77,13 +80,18 @@ class GRPO(Recipe, RewardURL):
                 f"num_generations ({self.num_generations})",
                 key="recipe.num_generations",
             )
-        if not self.reward_funcs and not self.reward_model and not self.reward_url:
+        trusted = bool(cfg.get("trust_targets", False))
+        environment = self.environment_factory(trusted=trusted)
+        env_reward = environment is not None and callable(
+            getattr(environment_class(environment), "get_reward", None)
+        )
+        if not self.reward_funcs and not self.reward_model and not self.reward_url and not env_reward:
             raise ConfigError(
                 "no reward: give reward_funcs, reward_url or reward_model",
                 key="recipe.reward_funcs",
                 hint="recipe.reward_funcs=[hydratune.components.rewards.exact_match], "
-                "recipe.reward_url=http://…, or "
-                "recipe.reward_model=<run dir>",
+                "recipe.reward_url=http://…, "
+                "recipe.reward_model=<run dir>, or an environment with get_reward()",
             )
         for i, spec in enumerate(self.reward_funcs or []):
             if not spec:
@@ -94,8 +102,8 @@ class GRPO(Recipe, RewardURL):
                 )
         self.reward_functions(trusted=bool(cfg.get("trust_targets", False)))  # imported and checked
         self.check_reward_url()
-        self.tool_functions(trusted=bool(cfg.get("trust_targets", False)))  # imported, trusted, described
-        n_rewards = len(self.reward_funcs) + bool(self.reward_url) + bool(self.reward_model)
+        self.tool_functions(trusted=trusted)  # imported, trusted, described
+        n_rewards = len(self.reward_funcs) + bool(self.reward_url) + bool(self.reward_model) + env_reward
         if self.reward_weights is not None and len(self.reward_weights) != n_rewards:
             raise ConfigError(f"one weight per reward ({n_rewards})", key="recipe.reward_weights")
         if self.reward_model:
@@ -117,15 +125,34 @@ class GRPO(Recipe, RewardURL):
 
         return resolve_tools(self.tools or [], trusted=trusted)
 
+    def environment_factory(self, *, trusted: bool = True) -> Any:
+        """``recipe.environment``'s factory, resolved and checked (before load: components/environment.py)."""
+        from hydratune.components.environment import resolve_environment
+
+        return (
+            None if self.environment in (None, "") else resolve_environment(self.environment, trusted=trusted)
+        )
+
     def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
-        """The tools and the schemas the model is shown."""
+        """The tools (the environment's methods too) and the schemas the model is shown."""
+        import functools
+
+        from hydratune.components.environment import tool_methods
         from hydratune.components.tools import describe
 
-        if not self.tools:
+        factory = self.environment_factory()
+        methods = [] if factory is None else tool_methods(environment_class(factory))
+        if not self.tools and not methods:
             return []
         limit = "no limit" if self.max_tool_calls is None else self.max_tool_calls
-        head = f"# tools ({len(self.tools)}; rounds per episode: {limit}; timeout {self.tool_timeout:g} s):"
-        return [head, *describe(self.tool_functions())]
+        count = len(self.tools) + len(methods)
+        head = f"# tools ({count}; rounds per episode: {limit}; timeout {self.tool_timeout:g} s):"
+        lines = [head, *describe(self.tool_functions())]
+        if factory is not None:
+            name = environment_class(factory).__name__
+            lines += [f"# environment {name} (a fresh one per rollout), its methods:"]
+            lines += describe([functools.partial(m, None) for _, m in methods])
+        return lines
 
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """The columns the reward functions read are in the rows (``answer`` for exact_match); no prompt
@@ -134,11 +161,17 @@ class GRPO(Recipe, RewardURL):
         from hydratune.components.data.promptlength import OVERLONG
         from hydratune.components.rewards import check_columns
 
-        if self.tools:
+        if self.tools or self.environment:
             from hydratune.components.tools import check_template
 
             check_template(tokenizer)
-            prompt = splits["train"][0]["prompt"] if len(splits["train"]) else []
+            first = splits["train"][0] if len(splits["train"]) else {}
+            factory = self.environment_factory()
+            if factory is not None and first:
+                from hydratune.components.environment import check_reset
+
+                check_reset(factory, dict(first), str(comps.data.path))
+            prompt = first.get("prompt", [])
             if isinstance(prompt, str):  # TRL parses tool calls out of chat completions only
                 raise ConfigError(
                     f"recipe.tools needs chat prompts (a list of messages), and {comps.data.path}'s are text",
@@ -227,11 +260,15 @@ class GRPO(Recipe, RewardURL):
         )
         extra: dict[str, Any] = {"processing_class": session.processor} if images else {}
         stats = None
-        if self.tools:
+        if self.tools or self.environment:
+            from hydratune.components.environment import fresh_factory
             from hydratune.components.tools import ToolStats, wrap
 
             stats = ToolStats()
             extra["tools"] = wrap(self.tool_functions(), self.tool_timeout, stats)
+            factory = self.environment_factory()
+            if factory is not None:
+                extra["environment_factory"] = fresh_factory(factory, self.tool_timeout, stats)
         trainer = session.trainer(GRPOTrainer, args, data, reward_funcs=rewards, **extra)
         if stats is not None:
             from hydratune.components.runtime.callbacks import MetricsCallback
@@ -241,6 +278,12 @@ class GRPO(Recipe, RewardURL):
             at = next(i for i, cb in enumerate(callbacks) if isinstance(cb, MetricsCallback))
             callbacks.insert(at, ToolMetrics(stats))  # before MetricsCallback: it writes what this adds
         return session.run(TrainerLoop(session, trainer))
+
+
+def environment_class(factory: Any) -> Any:
+    from hydratune.components.environment import environment_class as of
+
+    return of(factory)
 
 
 def save_whole(model: Any, path: Any, ctx: RunContext) -> None:

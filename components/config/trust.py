@@ -39,7 +39,8 @@ PICKLED = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")  # torch.save / pi
 NEVER_LOADED = ("training_args.bin",)
 OWN = ("hydratune.components.", "hydratune.recipes.")  # hydratune's own _target_ namespaces
 REWARD_KNOBS = ("recipe.reward", "recipe.reward_funcs")  # user-named reward functions (partials)
-TOOL_KNOBS = ("recipe.tools",)  # user-named tools (partials), checked as rewards are: components/tools.py
+#: user-named tools and environments (partials), checked as rewards are: components/tools.py, environment.py
+TOOL_KNOBS = ("recipe.tools", "recipe.environment")
 REWARD_SIGNATURE = "a reward function is called by keyword with prompts= and completions="
 INSTALLED = "an installed package or the standard library, not your code"
 SIGNATURE_FIX = "name the completions parameter: def f(prompts, completions, **columns) -> list[float]"

@@ -38,7 +38,9 @@ def script(prompt: str, tool_result: str | None, boom: bool) -> str:
     return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call><|im_end|>'
 
 
-def test_only_the_models_own_tokens_are_trained_and_tool_faults_are_counted(run_recipe, monkeypatch) -> None:
+def run_scripted(run_recipe, monkeypatch, overrides, policy, name):
+    """A GRPO run whose generation is ``policy(prompt text, last tool result or None, index)``: the run's
+    context and each step's batch as TRL hands it to the loss."""
     from trl import GRPOTrainer
 
     recorded: list[dict] = []
@@ -48,8 +50,7 @@ def test_only_the_models_own_tokens_are_trained_and_tool_faults_are_counted(run_
         texts = [self._tokenizer.decode(ids) for ids in prompt_ids]
         results = [re.findall(r"<tool_response>\n(.*?)\n</tool_response>", t, re.S) for t in texts]
         replies = [
-            script(t, r[-1] if r else None, i % 2 == 1)
-            for i, (t, r) in enumerate(zip(texts, results, strict=True))
+            policy(t, r[-1] if r else None, i) for i, (t, r) in enumerate(zip(texts, results, strict=True))
         ]
         return [self._tokenizer.encode(r, add_special_tokens=False) for r in replies], None
 
@@ -60,17 +61,29 @@ def test_only_the_models_own_tokens_are_trained_and_tool_faults_are_counted(run_
 
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", scripted)
     monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", record)
-    ctx, _ = run_recipe(*TOOLS, name="grpo_tools")
-    tokenizer = ctx.trainer.processing_class
-    [batch] = recorded
+    ctx, _ = run_recipe(*overrides, name=name)
+    return ctx, recorded
+
+
+def episodes(tokenizer, batch):
+    """``(prompt text, marked episode)`` of each rollout of a batch: untrained spans in [[...]]."""
     trained = batch["completion_mask"] * batch["tool_mask"]  # what TRL's loss sums over
     prompts = tokenizer.batch_decode(batch["prompt_ids"], skip_special_tokens=False)
-    seen: list[str] = []
     rows = zip(prompts, batch["completion_ids"], trained, batch["completion_mask"], strict=True)
     for prompt, ids, mask, real in rows:
-        x, y = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", prompt)[-1])
         n = int(real.sum())  # padded on the right
-        episode = marked_episode(tokenizer, ids[:n].tolist(), mask[:n].tolist())
+        yield prompt, marked_episode(tokenizer, ids[:n].tolist(), mask[:n].tolist())
+
+
+def test_only_the_models_own_tokens_are_trained_and_tool_faults_are_counted(run_recipe, monkeypatch) -> None:
+    ctx, recorded = run_scripted(
+        run_recipe, monkeypatch, TOOLS, lambda text, result, i: script(text, result, i % 2 == 1), "grpo_tools"
+    )
+    tokenizer = ctx.trainer.processing_class
+    [batch] = recorded
+    seen: list[str] = []
+    for prompt, episode in episodes(tokenizer, batch):
+        x, y = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", prompt)[-1])
         if '"name": "boom"' in episode:
             result = f"error: boom raised ZeroDivisionError: cannot divide {x} by zero"
             call = f'{{"name": "boom", "arguments": {{"a": {x}}}}}'
@@ -86,3 +99,30 @@ def test_only_the_models_own_tokens_are_trained_and_tool_faults_are_counted(run_
     [logged] = [r for r in ctx.run_dir.read_metrics() if "tools/calls" in r]
     assert logged["tools/calls"] == len(seen) == 8
     assert logged["tools/errors_raised"] == seen.count("boom") and logged["tools/errors_timeout"] == 0
+
+
+def test_a_stateful_environment_trains_a_fresh_instance_per_rollout_and_gives_the_reward(
+    run_recipe, monkeypatch
+) -> None:
+    """recipe.environment: the Counter's step() is the episode's tool, get_reward() the only reward; TRL
+    pools instances, yet each of 2 steps' rollouts sees a fresh one (its first episode)."""
+    call = '<tool_call>\n{"name": "step", "arguments": {"by": 2}}\n</tool_call><|im_end|>'
+    overrides = [*TOOLS, "recipe.tools=[]", "recipe.environment=tests.support.tools.Counter"]
+    overrides += ["recipe.reward_funcs=[]", "train.max_steps=2"]
+    ctx, recorded = run_scripted(
+        run_recipe,
+        monkeypatch,
+        overrides,
+        lambda text, result, i: call if result is None else f"{result}<|im_end|>",
+        "grpo_env",
+    )
+    tokenizer = ctx.trainer.processing_class
+    assert len(recorded) == 2
+    for batch in recorded:
+        for _, episode in episodes(tokenizer, batch):
+            assert episode == (
+                f"{call}[[\n<|im_start|>user\n<tool_response>\n2 (episode 1)\n</tool_response><|im_end|>\n"
+                "<|im_start|>assistant\n]]2 (episode 1)<|im_end|>"
+            ), episode
+    rewards = [r["reward"] for r in ctx.run_dir.read_metrics() if "reward" in r]
+    assert rewards == [2.0, 2.0]  # the environment's count, the only reward

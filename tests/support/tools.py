@@ -57,3 +57,45 @@ def hang(a: int) -> str:
 
 def undocumented(a: int) -> str:
     return str(a)
+
+
+class Counter:
+    """A counter the model steps; its reward is the count. ``episodes`` counts the resets this instance had:
+    1 in every episode when each rollout gets a fresh instance."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.start, self.count, self.episodes = start, start, 0
+
+    def reset(self, **row) -> None:
+        self.count = self.start
+        self.episodes += 1
+
+    def step(self, by: int) -> str:
+        """Add to the counter.
+
+        Args:
+            by: how much to add
+        """
+        self.count += by
+        return f"{self.count} (episode {self.episodes})"
+
+    def get_reward(self) -> float:
+        return float(self.count)
+
+
+class NoReset:
+    def step(self, by: int) -> str:
+        """Step.
+
+        Args:
+            by: how much
+        """
+        return str(by)
+
+
+class Fixed:
+    def reset(self, prompt: list) -> None:  # takes the prompt only: a row's answer column has nowhere to go
+        pass
+
+    def step(self, by) -> str:  # no type hint, no docstring: the model could not be told how to call it
+        return str(by)

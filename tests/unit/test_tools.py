@@ -177,3 +177,44 @@ def test_tools_with_text_prompts_are_refused_before_load(compose_cfg, tokenizer)
     with pytest.raises(ConfigError, match="needs chat prompts") as info:
         comps.recipe.check_data(comps, rows, tokenizer)
     assert info.value.key == "recipe.tools"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("tests.support.tools.NoReset", r"has no reset\(\*\*row\)"),
+        ("tests.support.tools.Fixed", "cannot describe tool step"),
+        ("tests.support.tools.Countr", "did you mean Counter?"),
+        ("collections.Counter", "installed package or the standard library"),
+        ("tests.support.tools.add", "not a class"),
+    ],
+)
+def test_a_bad_environment_is_refused_before_load(spec, message) -> None:
+    from hydratune.components.environment import resolve_environment
+
+    with pytest.raises(ConfigError, match=message) as info:
+        resolve_environment(spec, trusted=False)
+    assert info.value.key.startswith("recipe.environment"), info.value
+
+
+def test_an_environment_is_planned_and_its_reset_checked_against_the_rows(compose_cfg) -> None:
+    from hydratune.components.environment import check_reset, resolve_environment
+    from hydratune.components.runtime.run import Components
+
+    cfg = compose_cfg(
+        "recipe=grpo", "recipe.environment=tests.support.tools.Counter", "recipe.reward_funcs=[]"
+    )
+    comps = Components.from_config(cfg)
+    comps.recipe.check(cfg, comps)  # no reward function: the environment's get_reward is one
+    lines = comps.recipe.plan_lines(cfg, comps)
+    assert lines[:2] == [
+        "# tools (1; rounds per episode: no limit; timeout 10 s):",
+        "# environment Counter (a fresh one per rollout), its methods:",
+    ]
+    assert lines[2].startswith('#   step: {"properties": {"by": {"description": "how much to add"')
+    row = {"prompt": [{"role": "user", "content": "hi"}], "answer": "4"}
+    check_reset(resolve_environment("tests.support.tools.Counter", trusted=False), row, "d.jsonl")
+    with pytest.raises(
+        ConfigError, match=r"Fixed.reset cannot take the columns of d.jsonl's rows \(prompt, answer\)"
+    ):
+        check_reset(tools.Fixed, row, "d.jsonl")
