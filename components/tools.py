@@ -302,3 +302,41 @@ def marked_episode(tokenizer: Any, ids: Sequence[int], trained: Sequence[int]) -
         piece = tokenizer.decode(run)
         text.append(piece if state else f"[[{piece}]]")
     return "".join(text)
+
+
+class Episodes:
+    """The summary's ``tools`` section, kept up to date as TRL's tool loop returns (:meth:`observe`):
+    episodes, tool calls per episode (mean, max), episodes cut by ``recipe.max_tool_calls`` or by length (a
+    call left unanswered), the tool faults, and the first episode that called a tool, decoded with its
+    untrained spans in ``[[...]]``."""
+
+    def __init__(self, tokenizer: Any, limit: int | None, stats: ToolStats) -> None:
+        self.tokenizer, self.limit, self.stats = tokenizer, limit, stats
+        self.calls: list[int] = []
+        self.section: dict[str, Any] = {}
+        self.cut = Counter[str]()
+
+    def observe(self, tool_mask: Sequence[Sequence[int]], completions: Any, completion_ids: Any) -> None:
+        """One generation batch: ``_tool_call_loop``'s tool mask, messages and token ids per episode."""
+        for i, messages in enumerate(completions):
+            assistant = [m for m in messages if m.get("role") == "assistant"]
+            self.calls.append(sum(len(m.get("tool_calls") or []) for m in assistant))
+            answered = sum(1 for m in messages if m.get("role") == "tool")
+            if assistant and assistant[-1].get("tool_calls"):  # the last call got no answer
+                rounds = sum(1 for m in assistant if m.get("tool_calls")) - 1
+                self.cut["limit" if self.limit is not None and rounds >= self.limit else "length"] += 1
+            if answered and "sample episode (untrained in [[...]])" not in self.section:
+                sample = marked_episode(self.tokenizer, list(completion_ids[i]), list(tool_mask[i]))
+                self.section["sample episode (untrained in [[...]])"] = sample.replace(
+                    "\n", "\\n"
+                )  # a table cell
+        totals, calls = self.stats.totals, self.calls
+        self.section.update(
+            {
+                "episodes": len(self.calls),
+                "tool calls per episode (mean, max)": f"{sum(calls) / len(calls):.2f}, {max(calls)}",
+                "cut by recipe.max_tool_calls": self.cut["limit"],
+                "cut by length (a call left unanswered)": self.cut["length"],
+                "tool errors": ", ".join(f"{k} {totals[k]}" for k in FAULTS),
+            }
+        )

@@ -277,7 +277,25 @@ class GRPO(Recipe, RewardURL):
             callbacks = trainer.callback_handler.callbacks
             at = next(i for i, cb in enumerate(callbacks) if isinstance(cb, MetricsCallback))
             callbacks.insert(at, ToolMetrics(stats))  # before MetricsCallback: it writes what this adds
+            observe_episodes(trainer, session, self.max_tool_calls, stats)
         return session.run(TrainerLoop(session, trainer))
+
+
+def observe_episodes(trainer: Any, session: Any, limit: int | None, stats: Any) -> None:
+    """The summary's ``tools`` section, from what TRL's tool loop returns each generation batch."""
+    from hydratune.components.tools import Episodes
+
+    episodes = Episodes(session.tokenizer, limit, stats)
+    session.report["tools"] = episodes.section
+    loop = trainer._tool_call_loop
+
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        result = loop(*args, **kwargs)
+        tool_mask, completions, completion_ids = result[:3]
+        episodes.observe(tool_mask, completions, completion_ids)
+        return result
+
+    trainer._tool_call_loop = observed
 
 
 def environment_class(factory: Any) -> Any:

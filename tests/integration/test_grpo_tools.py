@@ -21,6 +21,7 @@ TOOLS = [
     "train.micro_batch_size=8",
     "recipe.max_completion_length=256",
     "train.max_steps=1",
+    "recipe.max_tool_calls=1",
     # the qwen2_5 system prompt and the tools' schemas are ~650 of the tiny tokenizer's tokens; TRL drops a
     # tool result that would take the episode past the model's max_position_embeddings (256 in its config)
     "+model.architecture.max_position_embeddings=2048",
@@ -29,8 +30,8 @@ TOOLS = [
 
 def script(prompt: str, tool_result: str | None, boom: bool) -> str:
     """The scripted policy: for 'What is X + Y?' a call of add(X, Y) (or of boom(X)), then the tool's result
-    as the answer."""
-    if tool_result is not None:
+    as the answer (after an error: the same call again, which recipe.max_tool_calls=1 leaves unanswered)."""
+    if tool_result is not None and not tool_result.startswith("error"):
         return f"{tool_result}<|im_end|>"
     x, y = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", prompt)[-1])
     name = "boom" if boom else "add"
@@ -86,19 +87,34 @@ def test_only_the_models_own_tokens_are_trained_and_tool_faults_are_counted(run_
         x, y = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", prompt)[-1])
         if '"name": "boom"' in episode:
             result = f"error: boom raised ZeroDivisionError: cannot divide {x} by zero"
-            call = f'{{"name": "boom", "arguments": {{"a": {x}}}}}'
+            call = f'<tool_call>\n{{"name": "boom", "arguments": {{"a": {x}}}}}\n</tool_call><|im_end|>'
+            answer = call  # called again: the limit (1 round) leaves it unanswered
         else:
-            result, call = str(x + y), f'{{"name": "add", "arguments": {{"a": {x}, "b": {y}}}}}'
+            call = (
+                f'<tool_call>\n{{"name": "add", "arguments": {{"a": {x}, "b": {y}}}}}\n</tool_call><|im_end|>'
+            )
+            result = answer = str(x + y)
+            answer += "<|im_end|>"
         assert episode == (
-            f"<tool_call>\n{call}\n</tool_call><|im_end|>"
-            f"[[\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
-            f"<|im_start|>assistant\n]]{result}<|im_end|>"
+            f"{call}[[\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
+            f"<|im_start|>assistant\n]]{answer}"
         ), episode
         seen.append("boom" if "boom" in call else "add")
     assert sorted(set(seen)) == ["add", "boom"]  # both kinds of episode were decoded
     [logged] = [r for r in ctx.run_dir.read_metrics() if "tools/calls" in r]
     assert logged["tools/calls"] == len(seen) == 8
     assert logged["tools/errors_raised"] == seen.count("boom") and logged["tools/errors_timeout"] == 0
+    import json
+
+    summary = json.loads((ctx.run_dir.path / "result.json").read_text())["tools"]
+    booms = seen.count("boom")
+    assert summary["episodes"] == 8 and summary["cut by recipe.max_tool_calls"] == booms
+    assert summary["tool calls per episode (mean, max)"] == f"{(8 + booms) / 8:.2f}, 2"
+    assert summary["cut by length (a call left unanswered)"] == 0
+    assert summary["tool errors"] == f"raised {booms}, not_a_string 0, timeout 0, bad_arguments 0"
+    sample = summary["sample episode (untrained in [[...]])"]
+    assert "\n" not in sample and sample.startswith("<tool_call>\\n")  # one line: a cell of summary.md
+    assert "<tool_response>" in sample.split("[[")[1]  # the tool's response: in the untrained span
 
 
 def test_a_stateful_environment_trains_a_fresh_instance_per_rollout_and_gives_the_reward(
