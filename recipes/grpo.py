@@ -178,6 +178,7 @@ class GRPO(Recipe, RewardURL):
                     key="recipe.tools",
                     hint='prompts as messages: {"prompt": [{"role": "user", "content": "..."}], ...}',
                 )
+            self.check_prompt_with_tools(comps, prompt, tokenizer)
 
         columns = splits["train"].column_names
         check_columns(self.reward_functions(), columns, str(comps.data.path))
@@ -189,6 +190,29 @@ class GRPO(Recipe, RewardURL):
                 "one whole)",
                 key="data.on_overlong",
                 hint="data.on_overlong=drop (counted) or error, or raise data.max_prompt_length",
+            )
+
+    def check_prompt_with_tools(self, comps: Components, prompt: Any, tokenizer: Any) -> None:
+        """The template renders the tools' schemas into every prompt, which the data's prompt lengths do not
+        count: the first row's prompt with them must fit data.max_prompt_length."""
+        import functools
+
+        from hydratune.components.environment import tool_methods
+        from hydratune.components.tools import schema
+
+        factory = self.environment_factory()
+        methods = [] if factory is None else tool_methods(environment_class(factory))
+        bound = [functools.partial(m, None) for _, m in methods]
+        schemas = [schema(f) for f in [*self.tool_functions(), *bound]]
+        ids = tokenizer.apply_chat_template(prompt, tools=schemas, add_generation_prompt=True, tokenize=True)
+        length = len(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        limit, key, _ = comps.data.prompt_limit()
+        if length > limit:
+            raise ConfigError(
+                f"the first prompt of {comps.data.path} with the tools' schemas the chat template adds is "
+                f"{length} tokens, over {key}={limit}",
+                key=key,
+                hint=f"{key}={length + 64} or more (the schemas are in every prompt), or fewer tools",
             )
 
     def warnings(self, cfg: DictConfig, comps: Components) -> list[str]:

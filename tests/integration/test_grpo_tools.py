@@ -16,7 +16,7 @@ TOOLS = [
     *FAST_GRPO,
     "recipe.tools=[tests.support.tools.add,tests.support.tools.boom]",
     "model.chat_template=qwen2_5",
-    "data.max_prompt_length=512",
+    "data.max_prompt_length=1024",  # the tools' schemas are in every prompt
     "recipe.num_generations=4",
     "train.micro_batch_size=8",
     "recipe.max_completion_length=256",

@@ -3,6 +3,8 @@ template checked for tool calls; every fault of a call an error message for the 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -218,3 +220,24 @@ def test_an_environment_is_planned_and_its_reset_checked_against_the_rows(compos
         ConfigError, match=r"Fixed.reset cannot take the columns of d.jsonl's rows \(prompt, answer\)"
     ):
         check_reset(tools.Fixed, row, "d.jsonl")
+
+
+def test_a_prompt_that_the_tools_schemas_push_over_the_limit_is_refused(compose_cfg, tokenizer) -> None:
+    """The data's prompt lengths do not count the schemas the template adds to every prompt."""
+    from hydratune.components.runtime.run import Components
+
+    tokenizer.chat_template = resolve_chat_template("qwen2_5")[0]
+    prompt = [{"role": "user", "content": "What is 2 + 2?"}]
+    alone = len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)["input_ids"])
+    tools_on = "recipe.tools=[tests.support.tools.add,tests.support.tools.boom]"
+    cfg = compose_cfg("recipe=grpo", tools_on, f"data.max_prompt_length={alone + 100}")
+    comps = Components.from_config(cfg)
+    with pytest.raises(
+        ConfigError, match=r"with the tools' schemas the chat template adds is \d+ tokens"
+    ) as info:
+        comps.recipe.check_prompt_with_tools(comps, prompt, tokenizer)
+    assert info.value.key == "data.max_prompt_length"
+    enough = int(re.search(r"data.max_prompt_length=(\d+)", info.value.hint).group(1))
+    cfg = compose_cfg("recipe=grpo", tools_on, f"data.max_prompt_length={enough}")
+    comps = Components.from_config(cfg)
+    comps.recipe.check_prompt_with_tools(comps, prompt, tokenizer)  # the hint's value works
