@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from hydratune.components.tools import marked_episode
@@ -142,3 +143,31 @@ def test_a_stateful_environment_trains_a_fresh_instance_per_rollout_and_gives_th
             ), episode
     rewards = [r["reward"] for r in ctx.run_dir.read_metrics() if "reward" in r]
     assert rewards == [2.0, 2.0]  # the environment's count, the only reward
+
+
+def test_a_tool_run_stopped_by_sigterm_resumes_with_its_tools(run_recipe, monkeypatch, tmp_path) -> None:
+    """SIGTERM during step 2 (checkpoint, stop), then resume=<run dir>: step 3 runs the tool loop again
+    (8 calls logged) and the summary counts the resumed part's episodes."""
+    import json
+
+    from hydratune.components.config.errors import Interrupted
+    from tests.support import rewards
+
+    overrides = [
+        *TOOLS,
+        "train.max_steps=3",
+        "recipe.reward_funcs=[tests.support.rewards.brevity_then_sigterm]",
+    ]
+
+    def policy(text: str, result: str | None, i: int) -> str:
+        return script(text, result, False)
+
+    rewards.CALLS["n"] = 0
+    with pytest.raises(Interrupted):
+        run_scripted(run_recipe, monkeypatch, overrides, policy, "cut")
+    cut = tmp_path / "outputs" / "day" / "cut"
+    assert (cut / "checkpoints" / "checkpoint-2" / "hydratune_complete.json").is_file()
+    resumed, _ = run_scripted(run_recipe, monkeypatch, [*overrides, f"resume={cut}"], policy, "resumed")
+    assert [r["step"] for r in resumed.run_dir.read_metrics() if "tools/calls" in r] == [3]
+    result = json.loads((resumed.run_dir.path / "result.json").read_text())
+    assert result["run"]["resumed from"].endswith("checkpoint-2") and result["tools"]["episodes"] == 8
