@@ -56,6 +56,13 @@ class GRPO(Recipe, RewardURL):
     # one per reward (reward_funcs, reward_url, reward_model)
     reward_weights: list[float] | None = knob(None, FINITE)
     reward_model: str | None = None  # a reward run dir / model dir, scored after reward_funcs
+    # functions the policy may call while it generates (dotted paths or _target_ nodes, _partial_: true)
+    tools: list[Any] = field(default_factory=list)
+    max_tool_calls: int | None = knob(None, AT_LEAST_ONE)  # tool-calling rounds per episode; null: no limit
+    tool_timeout: float = knob(10.0, POSITIVE)  # seconds a tool call may take before the model reads an error
+    # a class with reset(**row) and tool methods (dotted path or _target_ node, _partial_: true): a fresh one
+    # per rollout; its get_reward(), if any, is a reward
+    environment: Any = None
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         if self.loss_type not in LOSS_TYPES:
@@ -73,13 +80,18 @@ class GRPO(Recipe, RewardURL):
                 f"num_generations ({self.num_generations})",
                 key="recipe.num_generations",
             )
-        if not self.reward_funcs and not self.reward_model and not self.reward_url:
+        trusted = bool(cfg.get("trust_targets", False))
+        environment = self.environment_factory(trusted=trusted)
+        env_reward = environment is not None and callable(
+            getattr(environment_class(environment), "get_reward", None)
+        )
+        if not self.reward_funcs and not self.reward_model and not self.reward_url and not env_reward:
             raise ConfigError(
                 "no reward: give reward_funcs, reward_url or reward_model",
                 key="recipe.reward_funcs",
                 hint="recipe.reward_funcs=[hydratune.components.rewards.exact_match], "
-                "recipe.reward_url=http://…, or "
-                "recipe.reward_model=<run dir>",
+                "recipe.reward_url=http://…, "
+                "recipe.reward_model=<run dir>, or an environment with get_reward()",
             )
         for i, spec in enumerate(self.reward_funcs or []):
             if not spec:
@@ -90,7 +102,8 @@ class GRPO(Recipe, RewardURL):
                 )
         self.reward_functions(trusted=bool(cfg.get("trust_targets", False)))  # imported and checked
         self.check_reward_url()
-        n_rewards = len(self.reward_funcs) + bool(self.reward_url) + bool(self.reward_model)
+        self.tool_functions(trusted=trusted)  # imported, trusted, described
+        n_rewards = len(self.reward_funcs) + bool(self.reward_url) + bool(self.reward_model) + env_reward
         if self.reward_weights is not None and len(self.reward_weights) != n_rewards:
             raise ConfigError(f"one weight per reward ({n_rewards})", key="recipe.reward_weights")
         if self.reward_model:
@@ -106,11 +119,66 @@ class GRPO(Recipe, RewardURL):
         functions = [(key, check_reward(spec, key, trusted=trusted)) for key, spec in keyed]
         return [(key, f) for key, f in functions if f is not None]
 
+    def tool_functions(self, *, trusted: bool = True) -> list[Any]:
+        """Every ``recipe.tools[i]``, resolved and checked (before load: components/tools.py)."""
+        from hydratune.components.tools import resolve_tools
+
+        return resolve_tools(self.tools or [], trusted=trusted)
+
+    def environment_factory(self, *, trusted: bool = True) -> Any:
+        """``recipe.environment``'s factory, resolved and checked (before load: components/environment.py)."""
+        from hydratune.components.environment import resolve_environment
+
+        return (
+            None if self.environment in (None, "") else resolve_environment(self.environment, trusted=trusted)
+        )
+
+    def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
+        """The tools (the environment's methods too) and the schemas the model is shown."""
+        import functools
+
+        from hydratune.components.environment import tool_methods
+        from hydratune.components.tools import describe
+
+        factory = self.environment_factory()
+        methods = [] if factory is None else tool_methods(environment_class(factory))
+        if not self.tools and not methods:
+            return []
+        limit = "no limit" if self.max_tool_calls is None else self.max_tool_calls
+        count = len(self.tools) + len(methods)
+        head = f"# tools ({count}; rounds per episode: {limit}; timeout {self.tool_timeout:g} s):"
+        lines = [head, *describe(self.tool_functions())]
+        if factory is not None:
+            name = environment_class(factory).__name__
+            lines += [f"# environment {name} (a fresh one per rollout), its methods:"]
+            lines += describe([functools.partial(m, None) for _, m in methods])
+        return lines
+
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """The columns the reward functions read are in the rows (``answer`` for exact_match); no prompt
-        over data.max_prompt_length left to cut (TRL renders each prompt whole: it cannot)."""
+        over data.max_prompt_length left to cut (TRL renders each prompt whole: it cannot); with tools, a
+        chat template that renders tool calls and results (components/tools.py)."""
         from hydratune.components.data.promptlength import OVERLONG
         from hydratune.components.rewards import check_columns
+
+        if self.tools or self.environment:
+            from hydratune.components.tools import check_template
+
+            check_template(tokenizer)
+            first = splits["train"][0] if len(splits["train"]) else {}
+            factory = self.environment_factory()
+            if factory is not None and first:
+                from hydratune.components.environment import check_reset
+
+                check_reset(factory, dict(first), str(comps.data.path))
+            prompt = first.get("prompt", [])
+            if isinstance(prompt, str):  # TRL parses tool calls out of chat completions only
+                raise ConfigError(
+                    f"recipe.tools needs chat prompts (a list of messages), and {comps.data.path}'s are text",
+                    key="recipe.tools",
+                    hint='prompts as messages: {"prompt": [{"role": "user", "content": "..."}], ...}',
+                )
+            self.check_prompt_with_tools(comps, prompt, tokenizer)
 
         columns = splits["train"].column_names
         check_columns(self.reward_functions(), columns, str(comps.data.path))
@@ -122,6 +190,29 @@ class GRPO(Recipe, RewardURL):
                 "one whole)",
                 key="data.on_overlong",
                 hint="data.on_overlong=drop (counted) or error, or raise data.max_prompt_length",
+            )
+
+    def check_prompt_with_tools(self, comps: Components, prompt: Any, tokenizer: Any) -> None:
+        """The template renders the tools' schemas into every prompt, which the data's prompt lengths do not
+        count: the first row's prompt with them must fit data.max_prompt_length."""
+        import functools
+
+        from hydratune.components.environment import tool_methods
+        from hydratune.components.tools import schema
+
+        factory = self.environment_factory()
+        methods = [] if factory is None else tool_methods(environment_class(factory))
+        bound = [functools.partial(m, None) for _, m in methods]
+        schemas = [schema(f) for f in [*self.tool_functions(), *bound]]
+        ids = tokenizer.apply_chat_template(prompt, tools=schemas, add_generation_prompt=True, tokenize=True)
+        length = len(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        limit, key, _ = comps.data.prompt_limit()
+        if length > limit:
+            raise ConfigError(
+                f"the first prompt of {comps.data.path} with the tools' schemas the chat template adds is "
+                f"{length} tokens, over {key}={limit}",
+                key=key,
+                hint=f"{key}={length + 64} or more (the schemas are in every prompt), or fewer tools",
             )
 
     def warnings(self, cfg: DictConfig, comps: Components) -> list[str]:
@@ -185,14 +276,56 @@ class GRPO(Recipe, RewardURL):
                 mask_truncated_completions=self.mask_truncated_completions,
                 reward_weights=self.reward_weights,
                 generation_kwargs={"use_cache": True},
+                max_tool_calling_iterations=self.max_tool_calls,
                 disable_dropout=True,
                 include_num_input_tokens_seen="no",
                 remove_unused_columns=False,
             )
         )
-        extra = {"processing_class": session.processor} if images else {}
+        extra: dict[str, Any] = {"processing_class": session.processor} if images else {}
+        stats = None
+        if self.tools or self.environment:
+            from hydratune.components.environment import fresh_factory
+            from hydratune.components.tools import ToolStats, wrap
+
+            stats = ToolStats()
+            extra["tools"] = wrap(self.tool_functions(), self.tool_timeout, stats)
+            factory = self.environment_factory()
+            if factory is not None:
+                extra["environment_factory"] = fresh_factory(factory, self.tool_timeout, stats)
         trainer = session.trainer(GRPOTrainer, args, data, reward_funcs=rewards, **extra)
+        if stats is not None:
+            from hydratune.components.runtime.callbacks import MetricsCallback
+            from hydratune.components.tools import ToolMetrics
+
+            callbacks = trainer.callback_handler.callbacks
+            at = next(i for i, cb in enumerate(callbacks) if isinstance(cb, MetricsCallback))
+            callbacks.insert(at, ToolMetrics(stats))  # before MetricsCallback: it writes what this adds
+            observe_episodes(trainer, session, self.max_tool_calls, stats)
         return session.run(TrainerLoop(session, trainer))
+
+
+def observe_episodes(trainer: Any, session: Any, limit: int | None, stats: Any) -> None:
+    """The summary's ``tools`` section, from what TRL's tool loop returns each generation batch."""
+    from hydratune.components.tools import Episodes
+
+    episodes = Episodes(session.tokenizer, limit, stats)
+    session.report["tools"] = episodes.section
+    loop = trainer._tool_call_loop
+
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        result = loop(*args, **kwargs)
+        tool_mask, completions, completion_ids = result[:3]
+        episodes.observe(tool_mask, completions, completion_ids)
+        return result
+
+    trainer._tool_call_loop = observed
+
+
+def environment_class(factory: Any) -> Any:
+    from hydratune.components.environment import environment_class as of
+
+    return of(factory)
 
 
 def save_whole(model: Any, path: Any, ctx: RunContext) -> None:

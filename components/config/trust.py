@@ -39,6 +39,8 @@ PICKLED = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")  # torch.save / pi
 NEVER_LOADED = ("training_args.bin",)
 OWN = ("hydratune.components.", "hydratune.recipes.")  # hydratune's own _target_ namespaces
 REWARD_KNOBS = ("recipe.reward", "recipe.reward_funcs")  # user-named reward functions (partials)
+#: user-named tools and environments (partials), checked as rewards are: components/tools.py, environment.py
+TOOL_KNOBS = ("recipe.tools", "recipe.environment")
 REWARD_SIGNATURE = "a reward function is called by keyword with prompts= and completions="
 INSTALLED = "an installed package or the standard library, not your code"
 SIGNATURE_FIX = "name the completions parameter: def f(prompts, completions, **columns) -> list[float]"
@@ -188,7 +190,8 @@ def targets(node: Any, prefix: str = "") -> Iterator[tuple[str, str, bool]]:
 
 
 def is_reward_knob(path: str) -> bool:
-    return any(path == k or path.startswith((k + ".", k + "[")) for k in REWARD_KNOBS)
+    """A knob naming user functions Hydra builds as partials: a reward function's or a tool's."""
+    return any(path == k or path.startswith((k + ".", k + "[")) for k in (*REWARD_KNOBS, *TOOL_KNOBS))
 
 
 def reward_refusal(target: str) -> str | None:
@@ -288,7 +291,7 @@ def target_refusals(config: Any) -> Iterator[tuple[str, str]]:
         if target.startswith(OWN) or (partial and is_reward_knob(path)):
             continue
         where = (
-            "reward functions must be partials (_partial_: true)"
+            "reward functions and tools must be partials (_partial_: true)"
             if is_reward_knob(path)
             else (
                 "only hydratune's own classes (hydratune.components.*, hydratune.recipes.*) and reward "

@@ -1,0 +1,243 @@
+"""GRPO's ``recipe.tools`` (components/tools.py): resolved, trusted and described before load; the chat
+template checked for tool calls; every fault of a call an error message for the model, counted."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from transformers import AutoTokenizer
+
+from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.trust import target_refusals
+from hydratune.components.text.chat_template import resolve_chat_template
+from hydratune.components.tools import Tool, ToolStats, check_template, resolve_tools, schema
+from tests.support import tools
+
+
+def test_a_dotted_tool_resolves_and_its_schema_comes_from_hints_and_docstring() -> None:
+    [add] = resolve_tools(["tests.support.tools.add"], trusted=False)
+    spec = schema(add)["function"]
+    assert spec["name"] == "add" and spec["description"] == "Add two whole numbers."
+    assert spec["parameters"]["properties"]["a"] == {"type": "integer", "description": "the first number"}
+    assert spec["parameters"]["required"] == ["a", "b"]
+
+
+def test_a_partial_tools_bound_keyword_is_hidden_from_the_model_and_applied() -> None:
+    node = {"_target_": "tests.support.tools.scaled", "_partial_": True, "factor": 3}
+    [scaled] = resolve_tools([node], trusted=False)
+    assert list(schema(scaled)["function"]["parameters"]["properties"]) == ["a"]
+    assert Tool(scaled, 5, ToolStats()).as_function()(a=2) == "6"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message", "hint"),
+    [
+        (
+            "tests.support.tools.ad",
+            "has no function 'ad'; did you mean add?",
+            "recipe.tools[1]=tests.support.tools.add",
+        ),
+        ("tests.support.tool.add", "no module 'tests.support.tool'", "def add(a: int, b: int) -> str"),
+        ("tests.support.tools.undocumented", "no docstring", "docstring with an Args: section"),
+        ("os.getcwd", "not a plain function", "trust_targets=true"),
+        ("json.dumps", "installed package or the standard library", "trust_targets=true"),
+        (
+            {"_target_": "tests.support.tools.scaled", "factor": print},
+            "binds arguments that are calls",
+            "trust",
+        ),
+    ],
+)
+def test_a_bad_tool_is_refused_naming_its_index_and_the_fix(spec, message, hint) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_tools(["tests.support.tools.add", spec], trusted=False)
+    assert info.value.key.startswith("recipe.tools[1]"), info.value
+    assert message in str(info.value) and hint in info.value.hint, info.value
+
+
+def test_two_tools_of_one_name_are_refused() -> None:
+    with pytest.raises(ConfigError, match="two tools are named add") as info:
+        resolve_tools(["tests.support.tools.add", "tests.support.tools.add"], trusted=True)
+    assert info.value.key == "recipe.tools[1]"
+
+
+def test_a_tool_node_must_be_a_partial_unless_trusted() -> None:
+    partial = {"recipe": {"tools": [{"_target_": "tests.support.tools.add", "_partial_": True}]}}
+    called = {"recipe": {"tools": [{"_target_": "os.system", "command": "true"}]}}
+    assert list(target_refusals(partial)) == []
+    [(key, why)] = list(target_refusals(called))
+    assert key == "recipe.tools[0]._target_" and "must be partials" in why
+
+
+def test_every_fault_of_a_call_is_an_error_message_for_the_model_and_counted() -> None:
+    stats = ToolStats()
+    call = {
+        f.__name__: Tool(f, 0.2, stats).as_function()
+        for f in (tools.add, tools.boom, tools.number, tools.hang)
+    }
+    try:
+        assert call["add"](a=2, b=3) == "5"
+        assert call["boom"](a=1) == "error: boom raised ZeroDivisionError: cannot divide 1 by zero"
+        assert call["number"](a=1) == "error: number returned a int, not a string"
+        assert call["hang"](a=1) == "error: hang took longer than 0.2 s"
+        assert call["add"](a=2, c=3).startswith("error: add takes (a, b), not ")
+        assert call["add"](a=2).startswith("error: add takes (a, b)")
+    finally:
+        tools.RELEASE.set()  # the hung call's thread returns
+    counts = stats.drain()
+    assert counts == {
+        "tools/calls": 6.0,
+        "tools/errors_raised": 1.0,
+        "tools/errors_not_a_string": 1.0,
+        "tools/errors_timeout": 1.0,
+        "tools/errors_bad_arguments": 2.0,
+    }
+    assert set(stats.drain().values()) == {0.0}  # since the last drain
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer():
+    return AutoTokenizer.from_pretrained("components/assets/tiny")
+
+
+@pytest.fixture
+def tokenizer(tiny_tokenizer):
+    """The tiny model's tokenizer, its own chat template put back after the test."""
+    original = tiny_tokenizer.chat_template
+    yield tiny_tokenizer
+    tiny_tokenizer.chat_template = original
+
+
+@pytest.mark.parametrize("name", ["qwen2_5", "qwen3", "llama3_1"])
+def test_templates_that_render_tool_calls_pass(tokenizer, name) -> None:
+    tokenizer.chat_template = resolve_chat_template(name)[0]
+    check_template(tokenizer)  # qwen3 is not prefix-preserving: TRL has a training template for it
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        (None, "does not render a tool call"),  # the tiny model's own: content only
+        ("chatml", "does not render a tool call"),
+        ("phi3", "does not render a tool call"),
+    ],
+)
+def test_templates_without_tool_calls_are_refused_naming_one_that_works(tokenizer, name, why) -> None:
+    if name:
+        tokenizer.chat_template = resolve_chat_template(name)[0]
+    with pytest.raises(ConfigError, match=why) as info:
+        check_template(tokenizer)
+    assert info.value.key == "model.chat_template" and "model.chat_template=qwen2_5" in info.value.hint
+
+
+def test_a_template_trl_cannot_parse_tool_calls_of_is_refused(tokenizer) -> None:
+    # renders tool calls and results, but TRL knows no response template for it
+    tokenizer.chat_template = resolve_chat_template("qwen2_5")[0] + " "
+    with pytest.raises(ConfigError, match="cannot parse tool calls") as info:
+        check_template(tokenizer)
+    assert info.value.key == "model.chat_template"
+
+
+def test_grpo_checks_its_tools_before_load_and_plan_shows_their_schemas(compose_cfg) -> None:
+    from hydratune.components.runtime.run import Components
+
+    cfg = compose_cfg("recipe=grpo", "recipe.tools=[tests.support.tools.add]", "recipe.max_tool_calls=2")
+    comps = Components.from_config(cfg)
+    comps.recipe.check(cfg, comps)
+    lines = comps.recipe.plan_lines(cfg, comps)
+    assert lines[0] == "# tools (1; rounds per episode: 2; timeout 10 s):"
+    assert lines[1].startswith('#   add: {"properties": {"a": {"description": "the first number"')
+    bad = compose_cfg("recipe=grpo", "recipe.tools=[tests.support.tools.add,tests.support.tools.bom]")
+    comps = Components.from_config(bad)
+    with pytest.raises(ConfigError, match="did you mean boom") as info:
+        comps.recipe.check(bad, comps)
+    assert (
+        info.value.key == "recipe.tools[1]" and info.value.hint == "recipe.tools[1]=tests.support.tools.boom"
+    )
+
+
+def test_the_bundled_calculator_is_a_tool_and_refuses_what_is_not_arithmetic() -> None:
+    [calculator] = resolve_tools(["hydratune.components.agent_tools.calculator"], trusted=False)
+    call = Tool(calculator, 5, stats := ToolStats()).as_function()
+    assert call(expression="12 * (3 + 4)") == "84" and call(expression="7 / 2") == "3.5"
+    assert call(expression="__import__('os')").startswith(
+        "error: calculator raised ValueError: not arithmetic"
+    )
+    assert call(expression="2 ** 99999999").startswith("error: calculator raised ValueError")
+    assert stats.drain()["tools/errors_raised"] == 2
+
+
+def test_tools_with_text_prompts_are_refused_before_load(compose_cfg, tokenizer) -> None:
+    """TRL parses tool calls out of chat completions only: text prompts would never call a tool."""
+    from hydratune.components.runtime.run import Components
+
+    cfg = compose_cfg("recipe=grpo", "recipe.tools=[tests.support.tools.add]")
+    comps = Components.from_config(cfg)
+    tokenizer.chat_template = resolve_chat_template("qwen2_5")[0]
+    rows = {"train": [{"prompt": "What is 2 + 2?", "answer": "4"}]}
+    with pytest.raises(ConfigError, match="needs chat prompts") as info:
+        comps.recipe.check_data(comps, rows, tokenizer)
+    assert info.value.key == "recipe.tools"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("tests.support.tools.NoReset", r"has no reset\(\*\*row\)"),
+        ("tests.support.tools.Fixed", "cannot describe tool step"),
+        ("tests.support.tools.Countr", "did you mean Counter?"),
+        ("collections.Counter", "installed package or the standard library"),
+        ("tests.support.tools.add", "not a class"),
+    ],
+)
+def test_a_bad_environment_is_refused_before_load(spec, message) -> None:
+    from hydratune.components.environment import resolve_environment
+
+    with pytest.raises(ConfigError, match=message) as info:
+        resolve_environment(spec, trusted=False)
+    assert info.value.key.startswith("recipe.environment"), info.value
+
+
+def test_an_environment_is_planned_and_its_reset_checked_against_the_rows(compose_cfg) -> None:
+    from hydratune.components.environment import check_reset, resolve_environment
+    from hydratune.components.runtime.run import Components
+
+    cfg = compose_cfg(
+        "recipe=grpo", "recipe.environment=tests.support.tools.Counter", "recipe.reward_funcs=[]"
+    )
+    comps = Components.from_config(cfg)
+    comps.recipe.check(cfg, comps)  # no reward function: the environment's get_reward is one
+    lines = comps.recipe.plan_lines(cfg, comps)
+    assert lines[:2] == [
+        "# tools (1; rounds per episode: no limit; timeout 10 s):",
+        "# environment Counter (a fresh one per rollout), its methods:",
+    ]
+    assert lines[2].startswith('#   step: {"properties": {"by": {"description": "how much to add"')
+    row = {"prompt": [{"role": "user", "content": "hi"}], "answer": "4"}
+    check_reset(resolve_environment("tests.support.tools.Counter", trusted=False), row, "d.jsonl")
+    with pytest.raises(
+        ConfigError, match=r"Fixed.reset cannot take the columns of d.jsonl's rows \(prompt, answer\)"
+    ):
+        check_reset(tools.Fixed, row, "d.jsonl")
+
+
+def test_a_prompt_that_the_tools_schemas_push_over_the_limit_is_refused(compose_cfg, tokenizer) -> None:
+    """The data's prompt lengths do not count the schemas the template adds to every prompt."""
+    from hydratune.components.runtime.run import Components
+
+    tokenizer.chat_template = resolve_chat_template("qwen2_5")[0]
+    prompt = [{"role": "user", "content": "What is 2 + 2?"}]
+    alone = len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)["input_ids"])
+    tools_on = "recipe.tools=[tests.support.tools.add,tests.support.tools.boom]"
+    cfg = compose_cfg("recipe=grpo", tools_on, f"data.max_prompt_length={alone + 100}")
+    comps = Components.from_config(cfg)
+    with pytest.raises(
+        ConfigError, match=r"with the tools' schemas the chat template adds is \d+ tokens"
+    ) as info:
+        comps.recipe.check_prompt_with_tools(comps, prompt, tokenizer)
+    assert info.value.key == "data.max_prompt_length"
+    enough = int(re.search(r"data.max_prompt_length=(\d+)", info.value.hint).group(1))
+    cfg = compose_cfg("recipe=grpo", tools_on, f"data.max_prompt_length={enough}")
+    comps = Components.from_config(cfg)
+    comps.recipe.check_prompt_with_tools(comps, prompt, tokenizer)  # the hint's value works
