@@ -94,14 +94,18 @@ def adapter_run(path: str, key: str = "recipe.reward.model") -> Any:
 
 def load_reward_model(path: str, *, merge: bool = False, key: str = "recipe.reward.model") -> tuple[Any, Any]:
     """(one-logit sequence classifier, tokenizer) of a reward model dir or run dir: a LoRA reward run's
-    adapter and score head on its rebuilt base (folded into it with ``merge``)."""
+    adapter and score head on its rebuilt base (folded into it with ``merge``). Loading draws no random
+    number of the run's (a head initialised, then overwritten): the rollouts are the same whether the
+    reward model loads separately or as an adapter on the policy's base (components/rl/reward_adapter.py)."""
+    import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     run = adapter_run(path, key)
-    if run is not None:
-        return run.load(task="seq_cls", merge=merge)
-    folder = reward_model_dir(path, key)
-    model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1)
+    with torch.random.fork_rng(devices=[]):
+        if run is not None:
+            return run.load(task="seq_cls", merge=merge)
+        folder = reward_model_dir(path, key)
+        model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1)
     return model, AutoTokenizer.from_pretrained(folder)
 
 
@@ -122,11 +126,7 @@ class RewardModel:
     def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
         import torch
 
-        texts = []
-        for prompt, completion in zip(prompts, completions, strict=True):
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            messages.append({"role": "assistant", "content": text_of(completion)})
-            texts.append(self.tokenizer.apply_chat_template(messages, tokenize=False))
+        texts = chat_texts(self.tokenizer, prompts, completions)
         scores: list[float] = []
         device = next(self.model.parameters()).device
         for start in range(0, len(texts), self.batch_size):
@@ -139,6 +139,16 @@ class RewardModel:
             with torch.no_grad():
                 scores += self.model(**batch).logits[:, 0].float().tolist()
         return scores
+
+
+def chat_texts(tokenizer: Any, prompts: list[Any], completions: list[Any]) -> list[str]:
+    """Each prompt + completion chat-templated, as RewardTrainer trained the reward model on them."""
+    texts = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        messages.append({"role": "assistant", "content": text_of(completion)})
+        texts.append(tokenizer.apply_chat_template(messages, tokenize=False))
+    return texts
 
 
 def resolve_reward(spec: Any, device: str = "cpu") -> Any:

@@ -5,6 +5,7 @@ the SFT run's final model) before load, and scores as trained."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -76,3 +77,103 @@ def test_the_chain_resolves_to_the_sft_base_and_a_critic_starts_from_the_folded_
     reward.model = critic.eval()
     torch.testing.assert_close(torch.tensor(reward(prompts, completions)), scores)
     assert scores.std() > 0
+
+
+def lora_policy(sft_runs: dict[str, Path]) -> Any:
+    """The policy as PPO builds it under peft=lora: a fresh (non-zero) LoRA on the SFT run's final model."""
+    from peft import LoraConfig, get_peft_model
+
+    from hydratune.components.model import CausalLM
+
+    base = CausalLM(from_run=str(sft_runs["full"])).build()
+    config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights="gaussian")
+    return get_peft_model(base, config)
+
+
+def test_the_reward_adapter_scores_as_the_separate_model_and_leaks_no_gradient(sft_runs, reward_lora) -> None:
+    from hydratune.components.rewards import RewardModel, load_reward_model
+    from hydratune.components.rl.reward_adapter import AdapterReward
+
+    policy = lora_policy(sft_runs)
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7]])
+
+    def step() -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """The policy's gradients of one loss, its logits and the reference's (adapters off)."""
+        policy.zero_grad(set_to_none=True)
+        logits = policy(input_ids=ids).logits
+        logits.logsumexp(-1).mean().backward()
+        with torch.no_grad(), policy.disable_adapter():
+            reference = policy(input_ids=ids).logits
+        grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+        return grads, logits.detach(), reference
+
+    before, logits, reference = step()
+    reward = AdapterReward(policy, str(reward_lora))
+    prompts = ["What is 1 + 2?", "What is 5 + 5?", "What is 12 + 34?"]
+    completions = ["3", "I do not know", "a much longer answer than the others"]
+    scores = torch.tensor(reward(prompts, completions))
+    after, logits_after, reference_after = step()
+    # the policy computes as before the reward adapter came on; the reference is the base, adapters off
+    torch.testing.assert_close(logits_after, logits, rtol=0, atol=0)
+    torch.testing.assert_close(reference_after, reference, rtol=0, atol=0)
+    from hydratune.components.model import CausalLM
+
+    with torch.no_grad():
+        base = CausalLM(from_run=str(sft_runs["full"])).build()(input_ids=ids).logits
+    torch.testing.assert_close(reference, base, rtol=0, atol=0)
+    # gradients reach the policy's adapter alone, the same ones; the reward adapter never requires one
+    assert after.keys() == before.keys() and all(".default." in name for name in after)
+    for name in after:
+        torch.testing.assert_close(after[name], before[name], rtol=0, atol=0)
+    assert not any(p.requires_grad for n, p in policy.named_parameters() if ".reward." in n)
+    assert not any(p.requires_grad for p in reward.score.parameters())
+    assert policy.training and policy.active_adapter == "default"
+    # scores: the separately loaded reward model's (the adapter unmerged: equal; folded: within 1e-6)
+    separate = RewardModel(str(reward_lora))
+    torch.testing.assert_close(torch.tensor(separate(prompts, completions)), scores, rtol=0, atol=1e-6)
+    separate.model, _ = load_reward_model(str(reward_lora))
+    separate.model.config.pad_token_id = separate.tokenizer.pad_token_id
+    torch.testing.assert_close(torch.tensor(separate(prompts, completions)), scores, rtol=0, atol=1e-6)
+    assert scores.std() > 0
+    reward.detach()
+    assert list(policy.peft_config) == ["default"]
+
+
+def test_ppo_scores_with_the_reward_adapter_on_its_base_as_with_the_separate_model(
+    run_recipe, compose_cfg, sft_runs, reward_lora, monkeypatch
+) -> None:
+    from hydratune.components.rl import loop
+    from hydratune.components.runtime.run import Components
+    from tests.support.rl import FAST_PPO
+
+    overrides = [
+        *FAST_PPO, "peft=lora", f"model.from_run={sft_runs['full']}", f"recipe.reward.model={reward_lora}",
+        "recipe.num_iterations=1", "recipe.rollout_batch_size=8", "recipe.mini_batch_size=8",
+        "train.micro_batch_size=8",
+    ]  # fmt: skip
+    cfg = compose_cfg(*overrides)
+    comps = Components.from_config(cfg)
+    (line,) = comps.recipe.plan_lines(cfg, comps)
+    assert "a LoRA adapter on the policy's base (its base weights are the policy's: sha256" in line
+    cfg = compose_cfg(*[o for o in overrides if o != "peft=lora"])
+    comps = Components.from_config(cfg)
+    assert "a separate model (the policy trains no LoRA adapter" in comps.recipe.plan_lines(cfg, comps)[0]
+
+    from hydratune.components.rl import ppo_parts
+
+    rolled = []
+    roll = ppo_parts.rollout
+    monkeypatch.setattr(ppo_parts, "rollout", lambda *a, **k: rolled.append(roll(*a, **k)) or rolled[-1])
+    placed = []
+    decide = loop.reward_on_policy_base
+    monkeypatch.setattr(loop, "reward_on_policy_base", lambda *a: placed.append(decide(*a)) or placed[-1])
+    shared, _ = run_recipe(*overrides, name="shared")
+    assert placed == [str(reward_lora)]
+    assert not (shared.run_dir.final / "reward").exists()  # the reward adapter is not saved as the model
+    monkeypatch.setattr(loop, "reward_on_policy_base", lambda *a: None)
+    separate, _ = run_recipe(*overrides, name="separate")
+    (one,), (other,) = shared.run_dir.read_metrics(), separate.run_dir.read_metrics()
+    torch.testing.assert_close(rolled[0].response, rolled[1].response, rtol=0, atol=0)  # the same rollouts
+    for key in ("reward/mean", "reward/std"):
+        assert abs(one[key] - other[key]) <= 1e-6, (key, one[key], other[key])
+    assert one["reward/std"] > 0
