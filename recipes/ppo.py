@@ -99,7 +99,7 @@ class PPO(Recipe, OneReward):
 
     def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
         """Where a reward model loads: an adapter on the policy's base or a separate model, and why."""
-        from hydratune.components.rl.reward_adapter import placement
+        from hydratune.components.reward_placement import placement
 
         path = None if self.reward_url else reward_model_path(self.reward)
         return [f"# ppo: {placement(path, comps).describe(path)}"] if path else []

@@ -310,9 +310,9 @@ class PPOLoop:
 
 def reward_on_policy_base(knobs: Any, comps: Any) -> str | None:
     """The reward run to put on the policy's base as an adapter (``recipe.reward.model`` when
-    :func:`~hydratune.components.rl.reward_adapter.placement` says so), else None."""
+    :func:`~hydratune.components.reward_placement.placement` says so), else None."""
+    from hydratune.components.reward_placement import placement
     from hydratune.components.rewards import reward_model_path
-    from hydratune.components.rl.reward_adapter import placement
 
     path = None if knobs.reward_url else reward_model_path(knobs.reward)
     return path if path and placement(path, comps).shared else None

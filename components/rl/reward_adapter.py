@@ -1,94 +1,19 @@
 """A LoRA reward model on the policy's own base (issue 48): one copy of the base weights carries the policy's
 adapter, the reward run's adapter (named ``reward``) and, with adapters off, the reference.
 
-:func:`placement` decides before load whether a reward run can go there: it trained a LoRA adapter alone
-(``recipe=reward peft=lora``), the policy trains a LoRA adapter too, nothing is sharded or quantized, and the
-two bases are the same weights (a digest of their safetensors files, not their names). :class:`AdapterReward`
-then scores as :class:`~hydratune.components.rewards.RewardModel` does, with the reward adapter switched on
-under ``no_grad`` and the policy's switched back after; it never changes what requires a gradient.
+Where :func:`~hydratune.components.reward_placement.placement` said so before load, :class:`AdapterReward`
+scores as :class:`~hydratune.components.rewards.RewardModel` does, with the reward adapter switched on under
+``no_grad`` and the policy's switched back after; it never changes what requires a gradient.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 #: the reward adapter's name on the policy's PeftModel (the policy's own is peft's ``default``)
 REWARD_ADAPTER = "reward"
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a reward model loads: ``shared`` (an adapter on the policy's base) or a separate model; why."""
-
-    shared: bool
-    why: str
-
-    def describe(self, path: str) -> str:
-        where = "a LoRA adapter on the policy's base" if self.shared else "a separate model"
-        return f"reward model {path}: {where} ({self.why})"
-
-
-def weights_digest(folder: str | Path) -> str | None:
-    """SHA-256 over a model dir's ``*.safetensors`` files (sorted by name), None when it has none."""
-    files = sorted(Path(folder).expanduser().resolve().glob("*.safetensors"))
-    if not files:
-        return None
-    return _digest(tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files))
-
-
-@lru_cache(maxsize=8)
-def _digest(files: tuple[tuple[str, int, int], ...]) -> str:
-    """The digest of the files' bytes, once per (path, size, mtime) set."""
-    sha = hashlib.sha256()
-    for name, _, _ in files:
-        with open(name, "rb") as handle:
-            sha.update(hashlib.file_digest(handle, "sha256").digest())
-    return sha.hexdigest()
-
-
-def base_folder(model: Any) -> str | None:
-    """The local dir a model component loads its base weights from (None: a hub id, GGUF, random init)."""
-    if model.gguf_file or model.init == "random" or not model.is_local:
-        return None
-    return str(Path(model.name_or_path).expanduser())
-
-
-def placement(path: str, comps: Any) -> Placement:
-    """Whether the reward run at ``path`` loads as an adapter on the policy's base, and why (no weights read
-    but the two bases' safetensors, hashed)."""
-    import json
-
-    from hydratune.components.peft.adapters import LoRA
-    from hydratune.components.rewards import adapter_run
-
-    run = adapter_run(path)
-    if run is None:
-        return Placement(False, "it is a whole model, not an adapter alone")
-    if not isinstance(comps.peft, LoRA):
-        return Placement(False, "the policy trains no LoRA adapter (peft=lora shares its base)")
-    if json.loads((run.final / "adapter_config.json").read_text()).get("peft_type") != "LORA":
-        return Placement(False, "the reward run's adapter is not LoRA")
-    if comps.strategy.shards_parameters:
-        return Placement(
-            False, f"under {comps.strategy.label} the base is sharded and its adapters are not switched there"
-        )
-    if comps.quantization.enabled or run.quantized:
-        return Placement(False, "a quantized base (QLoRA) is not shared")
-    policy_base, reward_base = base_folder(comps.model), base_folder(run.base_component())
-    for whose, folder in (("the policy's", policy_base), ("the reward run's", reward_base)):
-        if folder is None:
-            why = f"{whose} base is no local dir of weights (a hub id, GGUF or random init): not compared"
-            return Placement(False, why)
-    mine, theirs = weights_digest(policy_base), weights_digest(reward_base)
-    if mine is None or mine != theirs:
-        return Placement(False, f"its base weights differ from the policy's ({reward_base} vs {policy_base})")
-    return Placement(True, f"its base weights are the policy's: sha256 {mine[:12]}")
 
 
 @contextlib.contextmanager

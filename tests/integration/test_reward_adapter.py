@@ -43,8 +43,8 @@ def test_a_lora_reward_run_on_an_sft_run_passes_the_checks_and_scores(compose_cf
     from hydratune.components.runtime.checks import check_before_load
     from hydratune.components.runtime.run import Components
 
-    for recipe in (["recipe=ppo"], ["recipe=best_of_n"]):
-        cfg = compose_cfg(*recipe, f"recipe.reward.model={reward_lora}")
+    for recipe, key in (("ppo", "reward.model"), ("best_of_n", "reward.model"), ("grpo", "reward_model")):
+        cfg = compose_cfg(f"recipe={recipe}", f"recipe.{key}={reward_lora}")
         check_before_load(cfg, Components.from_config(cfg))  # no refusal: the chain names its base
     reward = RewardModel(str(reward_lora))
     scores = reward(["What is 1 + 2?", "What is 5 + 5?"], ["3", "I do not know"])
@@ -177,3 +177,27 @@ def test_ppo_scores_with_the_reward_adapter_on_its_base_as_with_the_separate_mod
     for key in ("reward/mean", "reward/std"):
         assert abs(one[key] - other[key]) <= 1e-6, (key, one[key], other[key])
     assert one["reward/std"] > 0
+
+
+def test_the_estimate_counts_one_base_plus_the_reward_adapter(compose_cfg, sft_runs, reward_lora) -> None:
+    """Shared: the reward adapter and score head in fp32 (its file's parameters); separate: the whole
+    reward model in the compute dtype; nothing for a reward function."""
+    from hydratune.components.memory.arch import param_counts
+    from hydratune.components.memory.estimate import estimate
+    from hydratune.components.memory.spec import arch_of_model, spec_from_config
+    from hydratune.components.reward_placement import adapter_params
+
+    policy = ["recipe=ppo", f"model.from_run={sft_runs['full']}", "precision=bf16"]
+    reward = f"recipe.reward.model={reward_lora}"
+    shared = estimate(spec_from_config(compose_cfg(*policy, "peft=lora", reward)))
+    separate = estimate(spec_from_config(compose_cfg(*policy, "peft=lora", reward, "strategy=zero3")))
+    full = estimate(spec_from_config(compose_cfg(*policy, reward)))
+    none = estimate(spec_from_config(compose_cfg(*policy, "peft=lora")))
+    adapter = adapter_params(reward_lora / "final")
+    base = param_counts(arch_of_model({"name_or_path": str(sft_runs["full"] / "final")})).total
+    assert 0 < adapter < base / 2
+    assert shared.row("reward model (frozen)") == adapter * 4
+    assert separate.row("reward model (frozen)") == base * 2  # zero3 on 1 GPU: whole; a separate model
+    assert full.row("reward model (frozen)") == base * 2
+    assert none.row("reward model (frozen)") == 0
+    assert shared.total - none.total == pytest.approx(adapter * 4 * 1.05)  # + the allocator's fragmentation
