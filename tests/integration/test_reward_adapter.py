@@ -201,3 +201,56 @@ def test_the_estimate_counts_one_base_plus_the_reward_adapter(compose_cfg, sft_r
     assert full.row("reward model (frozen)") == base * 2
     assert none.row("reward model (frozen)") == 0
     assert shared.total - none.total == pytest.approx(adapter * 4 * 1.05)  # + the allocator's fragmentation
+
+
+def test_ppo_with_the_reward_adapter_resumed_after_sigterm_matches_the_straight_run(
+    run_recipe, sft_runs, reward_lora, monkeypatch
+) -> None:
+    """3 iterations straight, versus SIGTERM during iteration 2 then resume: the same numbers and final
+    weights bit for bit, and final/ holds the policy's adapter alone."""
+    import json
+    import os
+    import signal
+
+    from safetensors.torch import load_file
+
+    from hydratune.components.config.errors import Interrupted
+    from hydratune.components.rl.reward_adapter import AdapterReward
+    from tests.support.rl import FAST_PPO
+
+    common = [
+        *FAST_PPO, "peft=lora", f"model.from_run={sft_runs['full']}", f"recipe.reward.model={reward_lora}",
+        "recipe.num_iterations=3", "recipe.rollout_batch_size=8", "recipe.mini_batch_size=8",
+        "train.micro_batch_size=8", "train.save_every=0",
+    ]  # fmt: skip
+    straight, _ = run_recipe(*common, name="straight")
+    calls = []
+    score = AdapterReward.__call__
+
+    def then_sigterm(self, *args: Any, **kwargs: Any) -> list[float]:
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return score(self, *args, **kwargs)
+
+    monkeypatch.setattr(AdapterReward, "__call__", then_sigterm)
+    with pytest.raises(Interrupted):
+        run_recipe(*common, name="cut")
+    cut = straight.run_dir.path.parent / "cut"
+    resumed, _ = run_recipe(*common, f"resume={cut}", name="resumed")
+
+    def numbers(ctx) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "time"} for r in ctx.run_dir.read_metrics()]
+
+    assert [r["step"] for r in numbers(resumed)] == [3]
+    assert numbers(resumed) == numbers(straight)[2:]
+    assert json.loads((resumed.run_dir.path / "result.json").read_text())["run"]["resumed from"].endswith(
+        "-2"
+    )
+    finals = sorted(
+        p.relative_to(straight.run_dir.final) for p in straight.run_dir.final.rglob("*.safetensors")
+    )
+    assert finals and not any("reward" in str(p) for p in finals)
+    for final in finals:
+        a, b = load_file(straight.run_dir.final / final), load_file(resumed.run_dir.final / final)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), final
