@@ -63,7 +63,7 @@ class PPOLoop:
             tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in data["prompt"]
         ]
         # recipe.reward_url, else recipe.reward: a LoRA reward run on the policy's own base where it fits
-        shared = reward_on_policy_base(knobs, c)
+        shared = reward_on_policy_base(knobs, c, session.report["run"])
         reward = AdapterReward(policy, shared) if shared else knobs.reward_function(ctx.device)
         ppo_parts.disable_dropout(policy)
         # the reference: None under PEFT (the adapter-free policy), else a frozen copy, or where the
@@ -308,14 +308,19 @@ class PPOLoop:
         return Final(unwrapped["policy"], gathered, extra={"value": unwrapped["value"]})
 
 
-def reward_on_policy_base(knobs: Any, comps: Any) -> str | None:
+def reward_on_policy_base(knobs: Any, comps: Any, report: dict[str, Any]) -> str | None:
     """The reward run to put on the policy's base as an adapter (``recipe.reward.model`` when
-    :func:`~hydratune.components.reward_placement.placement` says so), else None."""
+    :func:`~hydratune.components.reward_placement.placement` says so), else None; the run's report says
+    where the reward model went and why."""
     from hydratune.components.reward_placement import placement
     from hydratune.components.rewards import reward_model_path
 
     path = None if knobs.reward_url else reward_model_path(knobs.reward)
-    return path if path and placement(path, comps).shared else None
+    if not path:
+        return None
+    placed = placement(path, comps)
+    report["reward model"] = placed.describe(path)
+    return path if placed.shared else None
 
 
 def iterations_of(knobs: Any, train: Any, rows: int) -> int:

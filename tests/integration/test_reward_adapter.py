@@ -4,6 +4,7 @@ the SFT run's final model) before load, and scores as trained."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,8 @@ def test_ppo_scores_with_the_reward_adapter_on_its_base_as_with_the_separate_mod
     monkeypatch.setattr(loop, "reward_on_policy_base", lambda *a: placed.append(decide(*a)) or placed[-1])
     shared, _ = run_recipe(*overrides, name="shared")
     assert placed == [str(reward_lora)]
+    result = json.loads((shared.run_dir.path / "result.json").read_text())
+    assert "a LoRA adapter on the policy's base" in result["run"]["reward model"]
     assert not (shared.run_dir.final / "reward").exists()  # the reward adapter is not saved as the model
     monkeypatch.setattr(loop, "reward_on_policy_base", lambda *a: None)
     separate, _ = run_recipe(*overrides, name="separate")
@@ -210,7 +213,6 @@ def test_ppo_with_the_reward_adapter_resumed_after_sigterm_matches_the_straight_
 ) -> None:
     """3 iterations straight, versus SIGTERM during iteration 2 then resume: the same numbers and final
     weights bit for bit, and final/ holds the policy's adapter alone."""
-    import json
     import os
     import signal
 
