@@ -62,9 +62,9 @@ def reward_model_path(spec: Any) -> str | None:
 
 
 def reward_model_dir(path: str, key: str = "recipe.reward.model") -> str:
-    """A model dir (holding config.json) or a run dir whose ``final/`` holds a trained reward model."""
-    from pathlib import Path
-
+    """A model dir (holding config.json) or a run dir whose ``final/`` holds a trained reward model: a whole
+    one, or a LoRA adapter (``recipe=reward peft=lora``) whose base the run's saved model node names (a hub
+    id, a dir, or through its own ``model.from_run`` an earlier run's final model), checked before load."""
     from hydratune.components.config.errors import ConfigError
     from hydratune.components.modeling.trained import final_model_dir
 
@@ -72,9 +72,41 @@ def reward_model_dir(path: str, key: str = "recipe.reward.model") -> str:
     if (p / "config.json").is_file():
         return str(p)
     try:
-        return str(final_model_dir(str(p)))
+        final = final_model_dir(str(p), adapter_ok=True)
+        if not (final / "config.json").is_file():  # an adapter alone: its base must be rebuildable
+            adapter_run(str(p), key).base_component()
+        return str(final)
     except ConfigError as err:
         raise ConfigError(str(err).split("\n")[0].split("] ", 1)[-1], key=key, hint=err.hint) from None
+
+
+def adapter_run(path: str, key: str = "recipe.reward.model") -> Any:
+    """The run dir ``path`` as a :class:`TrainedRun` when its ``final/`` holds an adapter alone, else None."""
+    from hydratune.components.modeling.trained import TrainedRun
+
+    run = Path(path).expanduser()
+    if (run / "config.json").is_file() or not (run / "final" / "adapter_config.json").is_file():
+        return None
+    if (run / "final" / "merged" / "config.json").is_file():
+        return None
+    return TrainedRun.open(run, key=key)
+
+
+def load_reward_model(path: str, *, merge: bool = False, key: str = "recipe.reward.model") -> tuple[Any, Any]:
+    """(one-logit sequence classifier, tokenizer) of a reward model dir or run dir: a LoRA reward run's
+    adapter and score head on its rebuilt base (folded into it with ``merge``). Loading draws no random
+    number of the run's (a head initialised, then overwritten): the rollouts are the same whether the
+    reward model loads separately or as an adapter on the policy's base (components/rl/reward_adapter.py)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    run = adapter_run(path, key)
+    with torch.random.fork_rng(devices=[]):
+        if run is not None:
+            return run.load(task="seq_cls", merge=merge)
+        folder = reward_model_dir(path, key)
+        model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1)
+    return model, AutoTokenizer.from_pretrained(folder)
 
 
 class RewardModel:
@@ -82,12 +114,9 @@ class RewardModel:
     function: it scores the chat-templated prompt + completion, as RewardTrainer trained it."""
 
     def __init__(self, path: str, device: str = "cpu", batch_size: int = 32) -> None:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
         self.path = reward_model_dir(path)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        self.model, self.tokenizer = load_reward_model(path, merge=True)  # a plain model for every strategy
         self.tokenizer.padding_side = "right"
-        self.model = AutoModelForSequenceClassification.from_pretrained(self.path, num_labels=1)
         self.model.to(device).eval().requires_grad_(False)
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
@@ -97,11 +126,7 @@ class RewardModel:
     def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
         import torch
 
-        texts = []
-        for prompt, completion in zip(prompts, completions, strict=True):
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            messages.append({"role": "assistant", "content": text_of(completion)})
-            texts.append(self.tokenizer.apply_chat_template(messages, tokenize=False))
+        texts = chat_texts(self.tokenizer, prompts, completions)
         scores: list[float] = []
         device = next(self.model.parameters()).device
         for start in range(0, len(texts), self.batch_size):
@@ -114,6 +139,16 @@ class RewardModel:
             with torch.no_grad():
                 scores += self.model(**batch).logits[:, 0].float().tolist()
         return scores
+
+
+def chat_texts(tokenizer: Any, prompts: list[Any], completions: list[Any]) -> list[str]:
+    """Each prompt + completion chat-templated, as RewardTrainer trained the reward model on them."""
+    texts = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        messages.append({"role": "assistant", "content": text_of(completion)})
+        texts.append(tokenizer.apply_chat_template(messages, tokenize=False))
+    return texts
 
 
 def resolve_reward(spec: Any, device: str = "cpu") -> Any:

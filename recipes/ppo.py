@@ -97,6 +97,13 @@ class PPO(Recipe, OneReward):
 
             reward_model_dir(reward_model_path(self.reward))  # raises naming recipe.reward.model
 
+    def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
+        """Where a reward model loads: an adapter on the policy's base or a separate model, and why."""
+        from hydratune.components.reward_placement import placement
+
+        path = None if self.reward_url else reward_model_path(self.reward)
+        return [f"# ppo: {placement(path, comps).describe(path)}"] if path else []
+
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         self.check_columns(comps, splits)
 

@@ -386,6 +386,7 @@ def _state_terms(
         ),
         ("step temporaries", states.step_temp, "16-bit flatten of the sub-group, cast to fp32"),
         _teacher_term(spec),
+        _reward_term(spec),
     ]
 
 
@@ -398,6 +399,18 @@ def _teacher_term(spec: RunSpec) -> tuple[str, float, str]:
     note = f"{spec.teacher_params:,} frozen params x {spec.teacher_bytes} B"
     note += f", /{shards}" if shards > 1 else ""
     return ("teacher (frozen)", held, note)
+
+
+def _reward_term(spec: RunSpec) -> tuple[str, float, str]:
+    """recipe=ppo's frozen reward model: a separate model's weights (sharded under ZeRO-3, as the teacher),
+    or only its LoRA adapter and score head where it shares the policy's base (one base, many adapters)."""
+    s = spec.strategy
+    shards = spec.zero_ranks if s.stage >= 3 and s.kind != "single" and not spec.reward_shared else 1
+    held = spec.reward_params * spec.reward_bytes / shards
+    where = "an adapter + score head on the policy's base" if spec.reward_shared else "a separate model"
+    note = f"{where}: {spec.reward_params:,} frozen params x {spec.reward_bytes} B"
+    note += f", /{shards}" if shards > 1 else ""
+    return ("reward model (frozen)", held, note)
 
 
 def _transient_terms(spec: RunSpec, part: Slice, trainable: int, per: ElementBytes, gathered: float) -> Terms:
@@ -452,6 +465,7 @@ def _phases(ds: bool) -> tuple[set[str], set[str]]:
         "gathered params",
         "buffers",
         "teacher (frozen)",
+        "reward model (frozen)",
     }
     fwd_bwd = always | {"autocast weight copies", "activations", "vision activations", "logits + loss"}
     if ds:  # DeepSpeed keeps its gradient partitions for the whole backward

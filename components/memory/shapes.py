@@ -141,6 +141,11 @@ class RunSpec:
     # recipe=distill: the frozen teacher held beside the student (inference only: weights, no states)
     teacher_params: int = 0
     teacher_bytes: int = 2
+    # recipe=ppo's reward model (recipe.reward.model): a separate frozen model, or only its LoRA adapter and
+    # score head on the policy's base (components/rl/reward_adapter.py), held in fp32 as peft holds adapters
+    reward_params: int = 0
+    reward_bytes: int = 2
+    reward_shared: bool = False
 
     @property
     def world_size(self) -> int:

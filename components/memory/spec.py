@@ -230,6 +230,7 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
         micro_batches=int(get(train, "gradient_accumulation_steps", 1) or 1),
         **vision,
         **teacher_knobs(get(cfg, "recipe"), compute),
+        **reward_knobs(cfg, compute, peft, quant, strategy_component),
     )
     return replace(spec, **over) if over else spec
 
@@ -248,6 +249,32 @@ def teacher_knobs(recipe: Any, compute_bytes: int) -> dict[str, int]:
     except ConfigError as err:  # no architecture numbers: said of recipe.teacher
         raise rekeyed(err) from None
     return {"teacher_params": int(params), "teacher_bytes": compute_bytes}
+
+
+def reward_knobs(cfg: Any, compute_bytes: int, peft: Any, quant: Any, strategy: Any) -> dict[str, Any]:
+    """recipe=ppo's reward model for the RunSpec: a separate model's parameters in the compute dtype, or,
+    where it loads as an adapter on the policy's base (``placement``), only its adapter and score head."""
+    from types import SimpleNamespace
+
+    from hydratune.components.rewards import adapter_run, reward_model_dir
+
+    recipe = get(cfg, "recipe")
+    path = get(get(recipe, "reward", None), "model", None)
+    if not str(get(recipe, "_target_", "")).endswith(".PPO") or get(recipe, "reward_url", None) or not path:
+        return {}
+    run = adapter_run(str(path))
+    if run is None:
+        params = param_counts(arch_of_model({"name_or_path": reward_model_dir(str(path))})).total
+        return {"reward_params": int(params), "reward_bytes": compute_bytes}
+    from hydratune.components.reward_placement import adapter_params, placement
+
+    adapter = adapter_params(run.final)
+    comps = SimpleNamespace(peft=peft, quantization=quant, strategy=strategy, model=built(get(cfg, "model")))
+    if placement(str(path), comps).shared:
+        return {"reward_params": adapter, "reward_bytes": 4, "reward_shared": True}
+    # loaded separately, the adapter is folded into its base: the base's parameters
+    base = param_counts(arch_of_model({"name_or_path": run.base_component().source_dir()})).total
+    return {"reward_params": int(base), "reward_bytes": compute_bytes}
 
 
 def checked_mesh(strategy: Any, arch: Arch, world_size: int) -> Mesh:

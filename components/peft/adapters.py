@@ -191,6 +191,7 @@ class TargetedAdapter(Adapter):
 class LoRA(TargetedAdapter):
     """Low-rank adapters (peft LoRA); ``use_dora=true`` makes them DoRA."""
 
+    lora_adapter: ClassVar[bool] = True
     r: int = knob(16, AT_LEAST_ONE)  # the rank
     alpha: float = knob(32.0, POSITIVE)
     dropout: float = knob(0.05, FRACTION)

@@ -32,6 +32,8 @@ class Peft:
     enabled: ClassVar[bool] = True
     #: virtual tokens are prepended to every row (prompt learning): flattened rows would share them
     adds_virtual_tokens: ClassVar[bool] = False
+    #: a LoRA adapter: another one (a LoRA reward run's) can sit beside it on the same PeftModel and base
+    lora_adapter: ClassVar[bool] = False
 
     def trainable_params(self, arch: Arch) -> int:
         """Parameters the optimizer updates on ``arch`` (the memory estimate's count; no model built)."""

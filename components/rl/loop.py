@@ -56,12 +56,15 @@ class PPOLoop:
         """The value function (a head on the policy's trunk or a separate critic), the accelerator, the
         optimizer and schedule, the reference and the reward, all as the strategy shapes them."""
         from hydratune.components.rewards import RewardModel, reward_model_path
+        from hydratune.components.rl.reward_adapter import AdapterReward
 
         c, t, tok = ctx.components, ctx.train, session.tokenizer
         texts = [
             tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in data["prompt"]
         ]
-        reward = knobs.reward_function(ctx.device)  # recipe.reward_url, else recipe.reward
+        # recipe.reward_url, else recipe.reward: a LoRA reward run on the policy's own base where it fits
+        shared = reward_on_policy_base(knobs, c, session.report["run"])
+        reward = AdapterReward(policy, shared) if shared else knobs.reward_function(ctx.device)
         ppo_parts.disable_dropout(policy)
         # the reference: None under PEFT (the adapter-free policy), else a frozen copy, or where the
         # policy is sharded its own sharded model (built below)
@@ -296,11 +299,28 @@ class PPOLoop:
         """The policy for ``final/``, the value head beside it and, where the weights are sharded, the state
         dicts gathered on rank 0 (a collective call)."""
         acc, hooks = self.accelerator, self.ctx.components.strategy.loop_hooks
+        if hasattr(self.reward, "detach"):  # the reward adapter is not the run's model
+            self.reward.detach()
         engine = self.loop.engine
         trained = engine if engine is not None else ppo_parts.PolicyAndValue.of(self.loop.modules)
         gathered = ppo_parts.split_gathered(hooks.gather_loop_weights(acc, trained)) or {}
         unwrapped = self.unwrapped
         return Final(unwrapped["policy"], gathered, extra={"value": unwrapped["value"]})
+
+
+def reward_on_policy_base(knobs: Any, comps: Any, report: dict[str, Any]) -> str | None:
+    """The reward run to put on the policy's base as an adapter (``recipe.reward.model`` when
+    :func:`~hydratune.components.reward_placement.placement` says so), else None; the run's report says
+    where the reward model went and why."""
+    from hydratune.components.reward_placement import placement
+    from hydratune.components.rewards import reward_model_path
+
+    path = None if knobs.reward_url else reward_model_path(knobs.reward)
+    if not path:
+        return None
+    placed = placement(path, comps)
+    report["reward model"] = placed.describe(path)
+    return path if placed.shared else None
 
 
 def iterations_of(knobs: Any, train: Any, rows: int) -> int:

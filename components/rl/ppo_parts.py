@@ -396,13 +396,10 @@ def separate_critic(policy: Any, model_component: Any, reward_model: str | None,
     """A critic with its own trunk: the reward model's weights when there is one, else the policy's
     (its score head starts at zero either way when built from the policy)."""
     if reward_model:
-        from transformers import AutoModelForSequenceClassification
+        from hydratune.components.rewards import load_reward_model
 
-        from hydratune.components.rewards import reward_model_dir
-
-        critic = AutoModelForSequenceClassification.from_pretrained(
-            reward_model_dir(reward_model), num_labels=1
-        )
+        critic, _ = load_reward_model(reward_model, merge=True)  # a LoRA reward run: folded into its base
+        critic.requires_grad_(True)  # (an adapter's base comes frozen)
     else:
         critic = model_component.build(task="seq_cls", **build_kwargs)
         base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
