@@ -22,8 +22,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from transformers import TrainerCallback
-
 from hydratune.components.config.errors import ConfigError
 
 KEY = "recipe.tools"
@@ -59,19 +57,6 @@ class ToolStats:
             f"tools/{'calls' if k == 'calls' else 'errors_' + k}": float(counts[k])
             for k in ("calls", *FAULTS)
         }
-
-
-class ToolMetrics(TrainerCallback):
-    """Adds the tool calls and faults since the last log to each logged step (before MetricsCallback)."""
-
-    def __init__(self, stats: ToolStats) -> None:
-        self.stats = stats
-
-    def on_log(
-        self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any
-    ) -> None:
-        if logs is not None and "loss" in logs:
-            logs.update(self.stats.drain())
 
 
 class Tool:

@@ -295,8 +295,7 @@ class GRPO(Recipe, RewardURL):
                 extra["environment_factory"] = fresh_factory(factory, self.tool_timeout, stats)
         trainer = session.trainer(GRPOTrainer, args, data, reward_funcs=rewards, **extra)
         if stats is not None:
-            from hydratune.components.runtime.callbacks import MetricsCallback
-            from hydratune.components.tools import ToolMetrics
+            from hydratune.components.runtime.callbacks import MetricsCallback, ToolMetrics
 
             callbacks = trainer.callback_handler.callbacks
             at = next(i for i, cb in enumerate(callbacks) if isinstance(cb, MetricsCallback))

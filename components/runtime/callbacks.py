@@ -216,3 +216,17 @@ class FirstStepTimer(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.seconds is None:
             self.seconds = round(process_age(), 2)
+
+
+class ToolMetrics(TrainerCallback):
+    """Adds GRPO's tool calls and faults since the last log (``tools.ToolStats``) to each logged step (before
+    MetricsCallback)."""
+
+    def __init__(self, stats: Any) -> None:
+        self.stats = stats
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any
+    ) -> None:
+        if logs is not None and "loss" in logs:
+            logs.update(self.stats.drain())

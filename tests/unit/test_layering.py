@@ -744,3 +744,22 @@ def test_the_cache_key_covers_every_module_of_the_data_wing() -> None:
     wing = set((REPO / "components" / "data").glob("*.py"))
     assert len(wing) > 10 and wing <= covered, sorted(p.name for p in wing - covered)
     assert {REPO / "components/text/chat_template.py", REPO / "components/text/sft_tokens.py"} <= covered
+
+
+def test_registering_every_component_and_recipe_imports_no_heavy_library() -> None:
+    """Composing and checking a config must not pay for torch / transformers (components/__init__.py: every
+    top-level component module is imported to register its schema, so each imports them lazily). A top-level
+    ``from transformers import ...`` in one new module made every bad-input exit take 9-11 s, not 1-2 s."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import hydratune.components as c, hydratune.recipes as r\n"
+        "c.register_all(); r.register_all()\n"
+        "heavy = ('torch', 'transformers', 'peft', 'trl', 'datasets', 'deepspeed', 'accelerate')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
