@@ -101,19 +101,9 @@ def model_config(path: Path) -> dict[str, Any]:
 def check_processor_packages(path: Path) -> None:
     """A vision-language model whose processor needs a package that is not installed (Qwen-VL's video
     processor: torchvision) is refused before anything loads, naming the extra, as training refuses it."""
-    from hydratune.components.modeling.vision import is_vision_config, missing_processor_packages
+    from hydratune.components.modeling.vision import require_processor_packages
 
-    config = model_config(path)
-    if not is_vision_config(config):
-        return
-    family = str(config.get("model_type", ""))
-    missing = missing_processor_packages(family)
-    if missing:
-        raise ConfigError(
-            f"{path} is a {family} model, whose processor needs {', '.join(missing)}, which is not installed",
-            key="chat",
-            hint="pip install 'hydratune[vision]' (torchvision, the release made for your torch)",
-        )
+    require_processor_packages(model_config(path), str(path), key="chat")
 
 
 def parse_args(args: list[str]) -> tuple[Path, dict[str, Any]]:

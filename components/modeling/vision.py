@@ -109,6 +109,22 @@ def missing_processor_packages(model_type: str) -> list[str]:
     return ["torchvision"] if "video_processor" in attributes and not is_torchvision_available() else []
 
 
+def require_processor_packages(config: dict[str, Any], what: str, *, key: str, hint: str = "") -> None:
+    """Refuse (before anything loads) a vision-language ``config`` whose processor needs a package that is not
+    installed (``missing_processor_packages``), naming ``what``, ``key`` and the extra to install."""
+    if not is_vision_config(config):
+        return
+    family = str(config.get("model_type", ""))
+    missing = missing_processor_packages(family)
+    if missing:
+        raise ConfigError(
+            f"{what} ({family}) needs {', '.join(missing)}, which is not installed: transformers builds its "
+            "processor's video processor with it",
+            key=key,
+            hint="pip install 'hydratune[vision]' (torchvision, the release made for your torch)" + hint,
+        )
+
+
 def adapter_exclusion(family: Family) -> str:
     """peft's ``exclude_modules`` regex (full-matched against module names) for the vision tower and
     projector: LoRA's default adapts the language model only."""

@@ -50,21 +50,14 @@ class VisionLanguage:
     def check_vision_packages(self) -> None:
         """The packages the family's processor needs (``vision.missing_processor_packages``) are installed:
         else transformers' ImportError would come once the run builds the processor."""
-        from hydratune.components.modeling.vision import is_vision_config, missing_processor_packages
+        from hydratune.components.modeling.vision import require_processor_packages
 
-        config = self.config_dict()
-        if not is_vision_config(config):
-            return
-        family = str(config.get("model_type", ""))
-        missing = missing_processor_packages(family)
-        if missing:
-            raise ConfigError(
-                f"{self.name_or_path} ({family}) needs {', '.join(missing)}, which is not installed: "
-                f"transformers builds its processor's video processor with it",
-                key="model.name_or_path",
-                hint="pip install 'hydratune[vision]' (torchvision, the release made for your torch), or a "
-                "VLM whose processor needs none (model=tiny_vlm, gemma3_4b, llava1_5_7b)",
-            )
+        require_processor_packages(
+            self.config_dict(),
+            str(self.name_or_path),
+            key="model.name_or_path",
+            hint=", or a VLM whose processor needs none (model=tiny_vlm, gemma3_4b, llava1_5_7b)",
+        )
 
     def check_vision_knobs(self) -> None:
         """``freeze``, ``processor`` and ``image_tokens_per_row`` belong to vision-language models: refused
