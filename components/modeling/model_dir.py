@@ -62,7 +62,7 @@ def check_no_remote_tokenizer(path: Path, *, key: str) -> None:
     )
     if known:
         return
-    modules = sorted({str(v).split("--")[-1].rsplit(".", 1)[0] + ".py" for v in _flat(mapped)})
+    modules = code_files(mapped)
     raise ConfigError(
         f"the tokenizer in {path} needs its own code to load ({', '.join(modules)}): transformers has no "
         f"tokenizer class '{name}'",
@@ -110,7 +110,7 @@ def check_no_remote_code(path: Path, config: dict, *, key: str) -> None:
 
     if config.get("model_type") in CONFIG_MAPPING:
         return
-    modules = sorted({str(v).split("--")[-1].rsplit(".", 1)[0] + ".py" for v in _flat(auto_map)})
+    modules = code_files(auto_map)
     raise ConfigError(
         f"{path} needs its own code to load ({', '.join(modules)}): transformers has no "
         f"'{config.get('model_type')}' model",
@@ -155,6 +155,11 @@ def _load_meta(file: Path) -> None:
         if "mmap" not in str(err):
             raise
         torch.load(file, map_location="meta", weights_only=True)
+
+
+def code_files(auto_map: object) -> list[str]:
+    """The ``.py`` files an ``auto_map`` points at (``module.Class`` or ``repo--module.Class``), sorted."""
+    return sorted({str(v).split("--")[-1].rsplit(".", 1)[0] + ".py" for v in _flat(auto_map)})
 
 
 def _flat(node: object) -> list[object]:
