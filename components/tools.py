@@ -11,6 +11,10 @@ and docstring (``transformers.utils.get_json_schema``, as TRL renders it); ``mod
 At run time each tool is wrapped (:class:`Tool`): a call that raises, returns a non-string, runs past
 ``recipe.tool_timeout`` seconds or names arguments the tool does not take is answered with an error message
 for the model (``error: ...``) and counted (:class:`ToolStats`), never a traceback that stops the run.
+
+At inference (``recipe=generate``, ``hydratune chat --tools``) :class:`ToolLoop` runs the loop TRL's GRPO runs
+in training, with the same tools, parser and token layout: generate, parse the tool calls (TRL's
+``parse_response``), append the results as ``tool`` messages, generate again, until no call or the limit.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ import inspect
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from hydratune.components.config.errors import ConfigError
+from hydratune.components.config.ranges import AT_LEAST_ONE, POSITIVE, knob
 
 KEY = "recipe.tools"
 #: the kinds of faults a tool call can have, as counted and logged (``tools/errors_<kind>``)
@@ -192,17 +198,17 @@ def schema(function: Any, key: str = KEY) -> dict[str, Any]:
         ) from None
 
 
-def resolve_tools(specs: Sequence[Any], *, trusted: bool) -> list[Callable[..., Any]]:
-    """Every ``recipe.tools[i]``, resolved and checked; two tools of one name are refused (the model calls
-    them by name)."""
-    functions = [resolve_tool(spec, f"{KEY}[{i}]", trusted=trusted) for i, spec in enumerate(specs)]
+def resolve_tools(specs: Sequence[Any], *, trusted: bool, key: str = KEY) -> list[Callable[..., Any]]:
+    """Every ``recipe.tools[i]`` (``key[i]``), resolved and checked; two tools of one name are refused (the
+    model calls them by name)."""
+    functions = [resolve_tool(spec, f"{key}[{i}]", trusted=trusted) for i, spec in enumerate(specs)]
     names = [tool_name(f) for f in functions]
     for i, name in enumerate(names):
         if name in names[:i]:
             raise ConfigError(
-                f"two tools are named {name} ({KEY}[{names.index(name)}] and [{i}]): the model calls them "
+                f"two tools are named {name} ({key}[{names.index(name)}] and [{i}]): the model calls them "
                 "by name",
-                key=f"{KEY}[{i}]",
+                key=f"{key}[{i}]",
                 hint="rename one of the functions",
             )
     return functions
@@ -325,3 +331,201 @@ class Episodes:
                 "tool errors": ", ".join(f"{k} {totals[k]}" for k in FAULTS),
             }
         )
+
+
+def check_prompt_fits(data: Any, prompt: Any, tokenizer: Any, schemas: Sequence[Any]) -> None:
+    """The template renders the tools' schemas into every prompt, which the data's prompt lengths do not
+    count: ``prompt`` (the first row's) with them must fit ``data.max_prompt_length`` (before load)."""
+    ids = tokenizer.apply_chat_template(
+        prompt, tools=list(schemas), add_generation_prompt=True, tokenize=True
+    )
+    length = len(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    limit, key, _ = data.prompt_limit()
+    if length > limit:
+        raise ConfigError(
+            f"the first prompt of {data.path} with the tools' schemas the chat template adds is "
+            f"{length} tokens, over {key}={limit}",
+            key=key,
+            hint=f"{key}={length + 64} or more (the schemas are in every prompt), or fewer tools",
+        )
+
+
+def plan_lines(
+    functions: Sequence[Callable[..., Any]], limit: int | None, timeout: float, count: int
+) -> list[str]:
+    """``mode=plan``'s tools section: the head (count, rounds, timeout) and each tool's schema."""
+    rounds = "no limit" if limit is None else limit
+    return [f"# tools ({count}; rounds per episode: {rounds}; timeout {timeout:g} s):", *describe(functions)]
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """The tool knobs of a recipe whose model may call tools (``recipe=generate``; GRPO has its own, with
+    environments): ``recipe.tools``, ``recipe.max_tool_calls``, ``recipe.tool_timeout``."""
+
+    # functions the model may call while it generates (dotted paths or _target_ nodes, _partial_: true)
+    tools: list[Any] = field(default_factory=list)
+    max_tool_calls: int | None = knob(None, AT_LEAST_ONE)  # tool-calling rounds per episode; null: no limit
+    tool_timeout: float = knob(10.0, POSITIVE)  # seconds a tool call may take before the model reads an error
+
+    def tool_functions(self, *, trusted: bool = True) -> list[Any]:
+        """Every ``recipe.tools[i]``, resolved and checked (before load)."""
+        return resolve_tools(self.tools or [], trusted=trusted)
+
+
+@dataclass
+class Episode:
+    """One conversation of the tool loop at inference: the messages (the prompt's, then the model's turns,
+    tool calls included, and the tools' results as ``tool`` messages), the tokens the model generated, the
+    tool calls made and their faults by kind, and why it ended: ``stop`` (an answer without a call),
+    ``length`` (a turn cut at the token limit, or the context full), ``tool_limit`` (a call left
+    unanswered at ``max_tool_calls`` rounds)."""
+
+    messages: list[dict[str, Any]]
+    tokens: int = 0
+    calls: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    finish_reason: str = ""
+
+    @property
+    def text(self) -> str:
+        """The model's last turn's text (its answer)."""
+        return str(self.messages[-1].get("content") or "") if self.messages else ""
+
+
+#: a call TRL's own loop answers (a tool that does not exist, arguments that are not an object): counted
+UNKNOWN = "unknown"
+
+
+class ToolLoop:
+    """The tool loop at inference, as TRL's GRPO tool loop runs it in training (``_tool_call_loop``): the
+    prompt rendered with the tools' schemas (and TRL's training template where the chat template is not
+    prefix-preserving); each turn parsed by TRL's ``parse_response``; the calls run as :class:`Tool` s
+    (faults answered with ``error: ...`` and counted); the results appended as ``tool`` messages, their
+    tokens made by TRL's own ``_get_tool_suffix_ids`` and concatenated to the context (no re-rendering: the
+    model sees what it saw in training); then the next turn, until no call, ``limit`` rounds, the token
+    limit or the context."""
+
+    def __init__(
+        self, tokenizer: Any, functions: Sequence[Callable[..., Any]], *, limit: int | None, timeout: float
+    ) -> None:
+        import copy
+
+        from trl.chat_template_utils import (
+            add_response_schema,
+            get_training_chat_template,
+            is_chat_template_prefix_preserving,
+        )
+
+        check_template(tokenizer)
+        self.stats = ToolStats()
+        self.tools = {tool_name(f): Tool(f, timeout, self.stats) for f in functions}
+        self.schemas = [schema(f) for f in functions]
+        self.limit = limit
+        if (
+            getattr(tokenizer, "response_template", None) is None
+            and getattr(tokenizer, "response_schema", None) is None
+        ):
+            tokenizer = add_response_schema(copy.copy(tokenizer))
+        self.tokenizer = tokenizer
+        prefix_preserving = is_chat_template_prefix_preserving(tokenizer)
+        self.chat_template = None if prefix_preserving else get_training_chat_template(tokenizer)
+
+    @property
+    def template(self) -> dict[str, Any]:
+        """``apply_chat_template``'s keywords for a prompt: the tools' schemas, TRL's template if any."""
+        return {"tools": self.schemas or None, "chat_template": self.chat_template}
+
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True, **self.template
+        )
+        return list(ids["input_ids"])
+
+    def call(self, tool_call: dict[str, Any], errors: Counter[str]) -> dict[str, Any]:
+        """A ``tool`` message answering one parsed call; what TRL's loop answers itself (no such tool,
+        arguments that are not an object) is answered as TRL does, counted ``unknown``."""
+        before = Counter({k: self.stats.totals[k] for k in FAULTS})
+        name = (tool_call.get("function") or {}).get("name") or tool_call.get("name", "unknown")
+        try:
+            if tool_call.get("type") != "function":
+                raise ValueError(f"Unsupported tool call type: {tool_call.get('type')}")
+            if name not in self.tools:
+                raise ValueError(f"Tool {name} not found.")
+            result: Any = self.tools[name](**tool_call["function"]["arguments"])
+        except Exception as err:  # TRL's answer: {'error': ...}
+            self.stats.add(UNKNOWN)
+            errors[UNKNOWN] += 1
+            result = {"error": str(err)}
+        errors.update(
+            {k: self.stats.totals[k] - before[k] for k in FAULTS if self.stats.totals[k] > before[k]}
+        )
+        return {"role": "tool", "name": name, "content": str(result)}
+
+    def suffix_ids(self, tool_messages: list[dict[str, Any]]) -> list[int]:
+        """The tokens between the model's turn and its next one (the tool results and the turn headers),
+        by TRL's own ``GRPOTrainer._get_tool_suffix_ids`` (it reads only these attributes)."""
+        from types import SimpleNamespace
+
+        from trl import GRPOTrainer
+
+        trainer = SimpleNamespace(
+            processing_class=self.tokenizer,
+            _tokenizer=self.tokenizer,
+            chat_template=self.chat_template,
+            chat_template_kwargs={},
+            _is_vlm=False,
+        )
+        return list(GRPOTrainer._get_tool_suffix_ids(trainer, tool_messages))
+
+    def run(
+        self,
+        conversations: Sequence[list[dict[str, Any]]],
+        prompt_ids: Sequence[list[int]],
+        generate: Callable[[list[list[int]]], list[Any]],
+        *,
+        context: int | None = None,
+        on_message: Callable[[dict[str, Any]], None] | None = None,
+    ) -> list[Episode]:
+        """The episodes of a batch of prompts (``conversations`` rendered as ``prompt_ids``): ``generate``
+        completes a list of token lists (one completion each, with its ``ids``, ``tokens`` and
+        ``finish_reason``); only the episodes that called a tool go on to the next turn. ``context``: the
+        model's length (an episode ends when its tokens reach it); ``on_message`` sees each new message."""
+        from trl.chat_template_utils import parse_response
+
+        episodes = [Episode([dict(m) for m in c]) for c in conversations]
+        ids = [list(p) for p in prompt_ids]
+        rounds = [0] * len(ids)
+        active = list(range(len(ids)))
+        while active:
+            done = generate([ids[i] for i in active])
+            going = []
+            for i, completion in zip(active, done, strict=True):
+                episode, new = episodes[i], list(completion.ids)
+                message = parse_response(self.tokenizer, new, prefix=ids[i], tools=self.schemas)
+                episode.messages.append(message)
+                episode.tokens += completion.tokens
+                ids[i] += new
+                if on_message:
+                    on_message(message)
+                calls = message.get("tool_calls")
+                if completion.finish_reason == "length" or not calls:
+                    episode.finish_reason = completion.finish_reason
+                    continue
+                if self.limit is not None and rounds[i] >= self.limit:
+                    episode.finish_reason = "tool_limit"
+                    continue
+                results = [self.call(call, episode.errors) for call in calls]
+                rounds[i] += 1
+                episode.calls += len(calls)
+                episode.messages += results
+                for result in results:
+                    if on_message:
+                        on_message(result)
+                ids[i] += self.suffix_ids(results)
+                if context is not None and len(ids[i]) >= context:
+                    episode.finish_reason = "length"
+                    continue
+                going.append(i)
+            active = going
+        return episodes

@@ -138,16 +138,14 @@ class GRPO(Recipe, RewardURL):
         import functools
 
         from hydratune.components.environment import tool_methods
-        from hydratune.components.tools import describe
+        from hydratune.components.tools import describe, plan_lines
 
         factory = self.environment_factory()
         methods = [] if factory is None else tool_methods(environment_class(factory))
         if not self.tools and not methods:
             return []
-        limit = "no limit" if self.max_tool_calls is None else self.max_tool_calls
         count = len(self.tools) + len(methods)
-        head = f"# tools ({count}; rounds per episode: {limit}; timeout {self.tool_timeout:g} s):"
-        lines = [head, *describe(self.tool_functions())]
+        lines = plan_lines(self.tool_functions(), self.max_tool_calls, self.tool_timeout, count)
         if factory is not None:
             name = environment_class(factory).__name__
             lines += [f"# environment {name} (a fresh one per rollout), its methods:"]
@@ -193,27 +191,18 @@ class GRPO(Recipe, RewardURL):
             )
 
     def check_prompt_with_tools(self, comps: Components, prompt: Any, tokenizer: Any) -> None:
-        """The template renders the tools' schemas into every prompt, which the data's prompt lengths do not
-        count: the first row's prompt with them must fit data.max_prompt_length."""
+        """The first row's prompt with the schemas of every tool (the environment's methods too) the chat
+        template adds must fit data.max_prompt_length (components/tools.py check_prompt_fits)."""
         import functools
 
         from hydratune.components.environment import tool_methods
-        from hydratune.components.tools import schema
+        from hydratune.components.tools import check_prompt_fits, schema
 
         factory = self.environment_factory()
         methods = [] if factory is None else tool_methods(environment_class(factory))
         bound = [functools.partial(m, None) for _, m in methods]
         schemas = [schema(f) for f in [*self.tool_functions(), *bound]]
-        ids = tokenizer.apply_chat_template(prompt, tools=schemas, add_generation_prompt=True, tokenize=True)
-        length = len(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        limit, key, _ = comps.data.prompt_limit()
-        if length > limit:
-            raise ConfigError(
-                f"the first prompt of {comps.data.path} with the tools' schemas the chat template adds is "
-                f"{length} tokens, over {key}={limit}",
-                key=key,
-                hint=f"{key}={length + 64} or more (the schemas are in every prompt), or fewer tools",
-            )
+        check_prompt_fits(comps.data, prompt, tokenizer, schemas)
 
     def warnings(self, cfg: DictConfig, comps: Components) -> list[str]:
         """Your data.path with the knobs left at the tiny demo's values (tuned for its 8-token sums)."""

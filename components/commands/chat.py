@@ -7,6 +7,11 @@ The conversation is kept and rendered with the chat template the model was saved
 A vision-language model sees images: ``--image <file>`` (repeatable) puts them before the first message,
 ``/image <file>`` before the next one; the model's processor (saved with the run's ``final/`` and every
 export) expands them to their image tokens, as training did.
+
+An agent calls tools: ``--tools my_tools.add,my_tools.lookup`` (checked before load as ``recipe.tools`` is,
+the same trust rules; ``trust_targets=true`` lifts them) runs each answer as GRPO's tool loop does
+(components/tools.py ``ToolLoop``): the model's tool calls are run, their results shown and appended as
+``tool`` messages, and the model goes on, up to ``max_tool_calls`` rounds (``tool_timeout`` seconds a call).
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ from typing import Any
 from hydratune.components.config.errors import ConfigError
 
 USAGE = (
-    "hydratune chat <run dir | model dir> [--image <file>] [system=<text>] [max_new_tokens=256] "
-    "[temperature=0.7] [top_p=0.9] [model.trust_remote_code=true]"
+    "hydratune chat <run dir | model dir> [--image <file>] [--tools <module.function>,...] [system=<text>] "
+    "[max_new_tokens=256] [temperature=0.7] [top_p=0.9] [max_tool_calls=<n>] [tool_timeout=10] "
+    "[trust_targets=true] [model.trust_remote_code=true]"
 )
+TOOL_OPTIONS = ("max_tool_calls", "tool_timeout", "trust_targets")
 REMOTE_CODE = "model.trust_remote_code=true"  # an adapter run's base may load its model dir's code
 HELP = "commands: /system <text>, /image <file> (a VLM), /history, /reset, /exit (or Ctrl-D)"
 
@@ -41,6 +48,61 @@ def split_images(args: list[str]) -> tuple[list[str], list[Path]]:
         else:
             rest.append(arg)
     return rest, images
+
+
+def split_tools(args: list[str]) -> tuple[list[str], list[str], dict[str, Any]]:
+    """(the other arguments, the ``--tools a,b`` / ``--tools=a,b`` dotted paths, the tool options:
+    ``max_tool_calls`` (None: no limit), ``tool_timeout``, ``trust_targets``)."""
+    rest: list[str] = []
+    tools: list[str] = []
+    options: dict[str, Any] = {"max_tool_calls": None, "tool_timeout": 10.0, "trust_targets": False}
+    it = iter(args)
+    for arg in it:
+        key, sep, value = arg.partition("=")
+        if arg == "--tools":
+            value = next(it, "")
+            if not value:
+                raise ConfigError("--tools needs module.function names", key="chat.tools", hint=USAGE)
+            tools += [t for t in value.split(",") if t]
+        elif key == "--tools" and sep:
+            tools += [t for t in value.split(",") if t]
+        elif key in TOOL_OPTIONS and sep:
+            try:
+                options[key] = {"max_tool_calls": int, "tool_timeout": float}.get(key, parse_bool)(value)
+            except ValueError:
+                raise ConfigError(f"'{value}' is not a valid {key}", key=f"chat.{key}", hint=USAGE) from None
+        else:
+            rest.append(arg)
+    limit = options["max_tool_calls"]
+    if (limit is not None and limit < 1) or options["tool_timeout"] <= 0:
+        raise ConfigError("out of range", key="chat", hint="max_tool_calls >= 1, tool_timeout > 0")
+    if not tools and args != rest:
+        raise ConfigError("tool options without --tools", key="chat.tools", hint=USAGE)
+    return rest, tools, options
+
+
+def parse_bool(value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise ValueError(value)
+    return value.lower() == "true"
+
+
+def tool_loop(path: Path, tokenizer: Any, functions: list[Any], options: dict[str, Any]) -> Any:
+    """The tool loop of the chat (``ToolLoop``); a chat template that cannot render or parse tool calls is
+    refused naming ``model.chat_template`` (the one the model was trained and saved with)."""
+    from hydratune.components.tools import ToolLoop
+
+    try:
+        return ToolLoop(
+            tokenizer, functions, limit=options["max_tool_calls"], timeout=options["tool_timeout"]
+        )
+    except ConfigError as err:
+        message = str(err).split("\n")[0].split("] ", 1)[-1]
+        raise ConfigError(
+            f"{path}: {message}",
+            key=err.key,
+            hint=f"chat uses the template saved with the model: train it with {err.hint}",
+        ) from None
 
 
 def open_image(path: Path) -> Any:
@@ -193,6 +255,42 @@ def reply(
     return done.text.strip()
 
 
+def agent_reply(
+    model: Any, tokenizer: Any, messages: list[dict[str, Any]], options: dict[str, Any], agent: Any
+) -> list[dict[str, Any]]:
+    """The assistant's turns to ``messages`` through the tool loop: each turn streamed, each tool's result
+    printed as it comes; returns the new messages (tool calls, tool results, the answer)."""
+    from transformers import TextStreamer
+
+    from hydratune.components.generation.sampling import Sampling, complete
+
+    sampling = Sampling(options["max_new_tokens"], options["temperature"], options["top_p"])
+
+    turns = []
+
+    def generate(prompts: list[list[int]]) -> list[Any]:
+        if turns:  # the model's next turn, after the tools' results
+            print("assistant> ", end="", flush=True)
+        turns.append(len(turns))
+        streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+        [[done]] = complete(model, tokenizer, prompts, sampling, streamer=streamer)
+        return [done]
+
+    def show(message: dict[str, Any]) -> None:
+        if message["role"] == "tool":
+            print(f"[tool {message['name']}] {message['content']}", flush=True)
+
+    context = getattr(model.config, "max_position_embeddings", None)
+    [episode] = agent.run(
+        [messages], [agent.prompt_ids(messages)], generate, context=context, on_message=show
+    )
+    if episode.finish_reason == "tool_limit":
+        print(f"(tool call left unanswered: max_tool_calls={agent.limit})", flush=True)
+    elif episode.finish_reason == "length" and episode.messages[-1]["role"] == "tool":
+        print(f"(the conversation fills the model's context of {context} tokens: /reset)", flush=True)
+    return episode.messages[len(messages) :]
+
+
 def user_turn(line: str, pending: int) -> dict[str, Any]:
     """A user turn: text, or (``pending`` images before it) a list of image parts and the text."""
     if not pending:
@@ -210,9 +308,10 @@ def loop(
     options: dict[str, Any],
     processor: Any = None,
     images: list[Any] | None = None,
+    agent: Any = None,
 ) -> None:
     """Read a line, answer it, keep the turns; until /exit or end of input. ``images`` (a VLM) go before
-    the first message; ``/image <file>`` adds one before the next."""
+    the first message; ``/image <file>`` adds one before the next. ``agent``: the tool loop answers."""
     system = options["system"]
     turns: list[dict[str, Any]] = []
     seen: list[Any] = []  # the conversation's images, in order
@@ -244,7 +343,9 @@ def loop(
         elif line == "/history":
             shown = ([{"role": "system", "content": system}] if system else []) + turns
             for turn in shown:
-                print(f"  {turn['role']}: {as_text(turn['content'])}")
+                calls = [c["function"] for c in turn.get("tool_calls") or []]
+                text = as_text(turn["content"]) + "".join(f" [calls {json.dumps(c)}]" for c in calls)
+                print(f"  {turn['role']}: {text}")
             print(f"({len(turns)} turns)", flush=True)
         elif line.startswith("/system"):
             system = line[len("/system") :].strip() or None
@@ -256,6 +357,9 @@ def loop(
             seen, pending = seen + pending, []
             print("assistant> ", end="", flush=True)
             messages = ([{"role": "system", "content": system}] if system else []) + turns
+            if agent is not None:
+                turns += agent_reply(model, tokenizer, messages, options, agent)
+                continue
             answer = reply(model, tokenizer, messages, options, processor, seen)
             turns.append({"role": "assistant", "content": answer})
 
@@ -263,8 +367,17 @@ def loop(
 def cli(args: list[str]) -> int:
     """Entry of ``hydratune chat``; errors are ConfigErrors the caller prints (exit 2)."""
     args, files = split_images(args)
+    args, tools, tool_options = split_tools(args)
     path, options = parse_args([a for a in args if a != REMOTE_CODE])
     images = [open_image(f) for f in files]  # checked before the model loads
+    functions: list[Any] = []
+    if tools:
+        from hydratune.components.tools import resolve_tools
+
+        if images:
+            raise ConfigError("--tools runs text conversations", key="chat.tools", hint="drop --image")
+        functions = resolve_tools(tools, trusted=tool_options["trust_targets"], key="chat.tools")
+        tool_loop(path, saved_tokenizer(path), functions, tool_options)  # the template, before load
     if images and not saved_processor(path):
         raise ConfigError(
             f"{path} holds no processor (a text model): it takes no images",
@@ -274,6 +387,15 @@ def cli(args: list[str]) -> int:
     check_processor_packages(path)
     model, tokenizer = load(path, REMOTE_CODE in args)
     processor = load_processor(path, tokenizer, REMOTE_CODE in args)
-    print(f"chatting with {path}", flush=True)
-    loop(model, tokenizer, options, processor, images)
+    agent = tool_loop(path, tokenizer, functions, tool_options) if tools else None
+    print(f"chatting with {path}" + (f" (tools: {', '.join(tools)})" if tools else ""), flush=True)
+    loop(model, tokenizer, options, processor, images, agent)
     return 0
+
+
+def saved_tokenizer(path: Path) -> Any:
+    """The tokenizer (and chat template) a run dir's ``final/`` or a model dir saved: no weights read."""
+    from transformers import AutoTokenizer
+
+    folder = path / "final" if (path / ".hydra" / "config.yaml").is_file() else path
+    return AutoTokenizer.from_pretrained(folder)

@@ -54,17 +54,21 @@ def eval_prompts(
     on_overlong: str = "truncate",
     key: str = "data.max_length",
     images: list[list[Any]] | None = None,
+    template: dict[str, Any] | None = None,
 ) -> tuple[list[EvalPrompt], dict[str, int]]:
     """Tokenize ``pairs`` with the chat template's generation prompt and apply ``on_overlong`` to prompts
     longer than ``max_length`` tokens: ``truncate`` keeps their last ``max_length`` tokens (the question
     and the generation prompt, as PPO's rollouts do), ``drop`` leaves them out, ``error`` names the first.
     Returns the prompts and the counts of what was cut or dropped (for the summary). ``images`` (one list
     per pair): an image row's prompt keeps its images and is never cut (a cut could split an image's
-    tokens; the processor expands them at generation time)."""
+    tokens; the processor expands them at generation time). ``template``: more keywords for
+    ``apply_chat_template`` (a tool loop's: the tools' schemas)."""
     out: list[EvalPrompt] = []
     counts: dict[str, int] = {}
     for i, (conversation, answer) in enumerate(pairs):
-        text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=True, **(template or {})
+        )
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         question = conversation[-1]["content"] if conversation else ""
         if images is not None and images[i]:

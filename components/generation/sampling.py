@@ -36,6 +36,9 @@ class Completion:
     text: str
     tokens: int
     finish_reason: str  # stop (an end-of-turn / EOS token) | length (max_new_tokens reached)
+    ids: tuple[
+        int, ...
+    ] = ()  # the tokens (the stop token included): what a tool loop parses and goes on from
 
 
 def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
@@ -102,5 +105,5 @@ def complete(
         kept = ids if ended is None else ids[: ended + 1]
         text = tokenizer.decode(kept, skip_special_tokens=True)
         reason = "length" if ended is None else "stop"
-        results[row // n].append(Completion(text, len(kept), reason))
+        results[row // n].append(Completion(text, len(kept), reason, tuple(kept)))
     return results

@@ -77,6 +77,10 @@ class BatchedGeneration(Recipe):
             self.max_new_tokens, self.temperature, self.top_p, self.top_k, self.num_return_sequences
         )
 
+    def agent(self, tokenizer: Any) -> Any:
+        """The tool loop the prompts run in (``ToolLoop``, components/tools.py); None: one completion each."""
+        return None
+
     def generate_all(self, ctx: RunContext) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], float]:
         """(session, prompt rows, every record in input order on rank 0 (``[]`` elsewhere), seconds): the
         length-sorted batches dealt to the processes, generated, merged and written to ``output``."""
@@ -87,7 +91,9 @@ class BatchedGeneration(Recipe):
         session = Session.start(ctx)
         loaded = c.data.whole().load()  # every row, in file order (no eval split)
         self.check_data(c, loaded, session.tokenizer)  # the recipe's own check, as in mode=plan
-        rows, info, images = prompt_rows(c.data, session.tokenizer, loaded)
+        agent = self.agent(session.tokenizer)  # recipe.tools: the tool loop (its schemas in every prompt)
+        template = agent.template if agent is not None else None
+        rows, info, images = prompt_rows(c.data, session.tokenizer, loaded, template)
         if images and not self.image_rows:  # before the model loads, as in plan
             raise ConfigError(
                 f"recipe={self.name} does not generate for image rows (recipe=generate does)",
@@ -103,7 +109,7 @@ class BatchedGeneration(Recipe):
         start, generated, records = time.perf_counter(), 0, []
         for b, batch in enumerate(batches, 1):
             ctx.seed_everything()  # each batch draws the same samples whichever process runs it
-            outs = complete_rows(model, session, [rows[i] for i in batch], sampling)
+            outs = complete_rows(model, session, [rows[i] for i in batch], sampling, agent)
             for i, completions in zip(batch, outs, strict=True):
                 for k, done in enumerate(completions):
                     records.append(record(rows[i], i, k, done))
@@ -121,9 +127,12 @@ class BatchedGeneration(Recipe):
         return session, rows, merge_ranks(ctx, records, rank, world, self.output), seconds
 
 
-def prompt_rows(data: Any, tokenizer: Any, splits: Any) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
+def prompt_rows(
+    data: Any, tokenizer: Any, splits: Any, template: dict[str, Any] | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
     """Every row of ``splits`` (``data.whole().load()``: ``data.path`` in file order, no eval split): the
-    prompt turns, tokenized with the chat template's generation prompt under the data's length policy, and
+    prompt turns, tokenized with the chat template's generation prompt (``template``: more keywords for it,
+    a tool loop's schemas) under the data's length policy, and
     the reference if any; how the data was read (the format, what the length policy cut), for the summary;
     and whether the rows carry images (``LoadedData.has_images``)."""
     from hydratune.components.data.prepare import eval_images
@@ -140,7 +149,7 @@ def prompt_rows(data: Any, tokenizer: Any, splits: Any) -> tuple[list[dict[str, 
     pairs = [(turns, answer or "") for turns, answer in pairs]
     images = eval_images(splits, pairs, "train")  # image rows: the processor expands them as they generate
     prompts, counts = eval_prompts(
-        pairs, tokenizer, max_length=limit, on_overlong=policy, key=key, images=images
+        pairs, tokenizer, max_length=limit, on_overlong=policy, key=key, images=images, template=template
     )
     info = {k: v for k, v in splits.info.items() if k != "eval rows from"}
     rows = [
@@ -158,11 +167,16 @@ def prompt_rows(data: Any, tokenizer: Any, splits: Any) -> tuple[list[dict[str, 
     return rows, {**info, **counts}, splits.has_images
 
 
-def complete_rows(model: Any, session: Any, rows: list[dict[str, Any]], sampling: Any) -> list[Any]:
+def complete_rows(
+    model: Any, session: Any, rows: list[dict[str, Any]], sampling: Any, agent: Any = None
+) -> list[Any]:
     """The completions of a batch of prompt rows: text rows batched, an image row on its own through the
-    model's processor (its images expanded to their image tokens, with the pixels)."""
+    model's processor (its images expanded to their image tokens, with the pixels); with ``agent`` (a
+    ``ToolLoop``) each one an episode of the tool loop."""
     from hydratune.components.generation.sampling import complete_images
 
+    if agent is not None:
+        return episodes(model, session.tokenizer, rows, sampling, agent)
     texts = [i for i, r in enumerate(rows) if not r.get("images")]
     out: list[Any] = [None] * len(rows)
     if texts:
@@ -180,6 +194,24 @@ def complete_rows(model: Any, session: Any, rows: list[dict[str, Any]], sampling
                 )
             out[i] = complete_images(model, session.processor, row["text"], row["images"], sampling)
     return out
+
+
+def episodes(model: Any, tokenizer: Any, rows: list[dict[str, Any]], sampling: Any, agent: Any) -> list[Any]:
+    """``num_return_sequences`` episodes of the tool loop per row (each its own conversation, as TRL's
+    loop continues each sample alone), every turn up to ``max_new_tokens``, within the model's context."""
+    import dataclasses
+
+    n, one = sampling.num_return_sequences, dataclasses.replace(sampling, num_return_sequences=1)
+    expanded = [row for row in rows for _ in range(n)]
+
+    def generate(prompts: list[list[int]]) -> list[Any]:
+        return [done for [done] in complete(model, tokenizer, prompts, one)]
+
+    context = getattr(model.config, "max_position_embeddings", None)
+    found = agent.run(
+        [r["conversation"] for r in expanded], [r["ids"] for r in expanded], generate, context=context
+    )
+    return [found[i * n : (i + 1) * n] for i in range(len(rows))]
 
 
 def load_model(comps: Components, device: str) -> Any:
@@ -208,6 +240,8 @@ def record(row: dict[str, Any], index: int, sample: int, done: Any) -> dict[str,
         "tokens": done.tokens,
         "finish_reason": done.finish_reason,
     }
+    if hasattr(done, "messages"):  # an episode of the tool loop: its transcript
+        out.update(messages=done.messages, tool_calls=done.calls, tool_errors=dict(done.errors))
     if row["reference"]:
         out["reference"] = row["reference"]
     if row["truncated"]:

@@ -66,6 +66,8 @@ ALLOWLIST: dict[str, str] = {
     "hydratune chat outputs/<date>/<run>": (
         "interactive: tests/cli/test_after_training_cli.py types into it through a pseudo-terminal"
     ),
+    "hydratune chat <run dir> --tools hydratune.components.agent_tools.calculator max_tool_calls=3 "
+    "tool_timeout=10": "interactive: tests/integration/test_generate_tools.py drives its tool loop",
     "hydratune -m launcher=slurm hydra/launcher=submitit_slurm hydra.launcher.nodes=2 "
     "hydra.launcher.tasks_per_node=8 hydra.launcher.gpus_per_node=8 strategy=zero3 precision=bf16": SUBMITS,
     "hydratune -m launcher=slurm hydra/launcher=submitit_slurm optimizer.lr=1e-4,3e-4 peft=lora": SUBMITS,

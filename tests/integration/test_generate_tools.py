@@ -1,0 +1,155 @@
+"""recipe=generate with ``recipe.tools`` and ``hydratune chat --tools``: the tool loop GRPO trains with, run
+at inference (components/tools.py ToolLoop). The tiny model's generation is scripted (a random-init model
+emits no tool call); the recipe, TRL's parser, the tools, the token layout are real."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from tests.support.data import ASSETS
+from tests.support.runs import read_jsonl
+
+TOOLS = [
+    "recipe=generate",
+    "recipe.tools=[tests.support.tools.add,tests.support.tools.boom]",
+    "recipe.max_tool_calls=1",
+    "recipe.max_new_tokens=64",
+    "recipe.batch_size=3",
+    "data.max_samples=6",
+    "model.chat_template=qwen2_5",
+    "data.max_prompt_length=1024",  # the tools' schemas are in every prompt
+    "+model.architecture.max_position_embeddings=2048",  # the tiny model's 256 would not hold them
+]
+RESULT = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
+#: what the template puts between a tool call and the model's next turn, with the tool's result in it
+SUFFIX = "\n<|im_start|>user\n<tool_response>\n{}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def call(name: str, arguments: dict) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call><|im_end|>'
+
+
+def script(text: str) -> str:
+    """'What is X + Y?': X = 5 calls add(X, Y), then answers the result; X = 30 calls boom(X), then again
+    (left unanswered at max_tool_calls=1); X = 55 calls a tool that does not exist; else answers 0."""
+    results = RESULT.findall(text)
+    x, y = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", text)[-1])
+    if results:
+        return call("boom", {"a": x}) if x == 30 else f"{results[-1]}<|im_end|>"
+    if x in (5, 30, 55):
+        name, arguments = {5: ("add", {"a": x, "b": y}), 30: ("boom", {"a": x}), 55: ("nope", {})}[x]
+        return call(name, arguments)
+    return "0<|im_end|>"
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """The model's ``generate`` replaced by :func:`script` over each row's decoded context; every context it
+    was given is recorded."""
+    from hydratune.components.runtime import inference
+
+    contexts: list[str] = []
+    load = inference.load_model
+
+    def load_scripted(comps, device):
+        model = load(comps, device)
+        tokenizer = AutoTokenizer.from_pretrained(ASSETS / "tiny")
+
+        def generate(input_ids, attention_mask, pad_token_id, **kwargs):
+            rows = zip(input_ids, attention_mask, strict=True)
+            texts = [tokenizer.decode(ids[mask.bool()]) for ids, mask in rows]
+            contexts.extend(texts)
+            new = [tokenizer.encode(script(t), add_special_tokens=False) for t in texts]
+            width = max(map(len, new))
+            pad = [ids + [pad_token_id] * (width - len(ids)) for ids in new]
+            return torch.cat([input_ids, torch.tensor(pad, dtype=input_ids.dtype)], dim=1)
+
+        model.generate = generate
+        return model
+
+    monkeypatch.setattr(inference, "load_model", load_scripted)
+    return contexts
+
+
+def test_generate_runs_the_tool_loop_and_writes_each_prompts_transcript(run_recipe, scripted) -> None:
+    ctx, metrics = run_recipe(*TOOLS, name="gen_tools")
+    records = read_jsonl(ctx.run_dir.path / "generations.jsonl")
+    by_x = {int(re.findall(r"What is (\d+)", r["prompt"])[0]): r for r in records}
+    assert set(by_x) >= {5, 30, 55} and len(records) == 6
+    add = by_x[5]
+    assert add["messages"] == [
+        {"role": "user", "content": "What is 5 + 6?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 5, "b": 6}}}],
+        },
+        {"role": "tool", "name": "add", "content": "11"},
+        {"role": "assistant", "content": "11"},
+    ]
+    assert add["completion"] == "11" == add["reference"] and add["finish_reason"] == "stop"
+    assert add["tool_calls"] == 1 and add["tool_errors"] == {}
+    # the model's second turn went on from its own tokens and TRL's tool-result tokens, as in training
+    [second] = [c for c in scripted if "What is 5 + 6?" in c and "<tool_response>" in c]
+    assert second.endswith(call("add", {"a": 5, "b": 6}) + SUFFIX.format(11)), second
+    assert '"name": "add"' in second.split("<|im_start|>user")[0]  # the schemas: in the system prompt
+    boom = by_x[30]
+    assert [m["role"] for m in boom["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert boom["messages"][2]["content"] == "error: boom raised ZeroDivisionError: cannot divide 30 by zero"
+    assert boom["finish_reason"] == "tool_limit" and boom["tool_errors"] == {"raised": 1}
+    nope = by_x[55]
+    assert nope["messages"][2] == {
+        "role": "tool",
+        "name": "nope",
+        "content": "{'error': 'Tool nope not found.'}",
+    }
+    assert nope["tool_errors"] == {"unknown": 1}
+    plain = [r for x, r in by_x.items() if x not in (5, 30, 55)]
+    assert all(r["tool_calls"] == 0 and len(r["messages"]) == 2 for r in plain)
+    assert metrics["tool calls"] == 3 and metrics["cut by recipe.max_tool_calls"] == 1
+    assert metrics["tool errors"] == "raised 1, not_a_string 0, timeout 0, bad_arguments 0, unknown 1"
+    assert metrics["stopped at end of turn"] == 5
+
+
+def test_chat_with_tools_runs_the_loop_and_keeps_the_calls_in_the_conversation(
+    sft_runs, monkeypatch, capsys
+) -> None:
+    """``hydratune chat <run> --tools ...``: a full run (trained with its own template) is refused naming
+    model.chat_template before load; with a qwen2_5 template the loop runs as recipe=generate's."""
+    from hydratune.components.commands import chat
+    from hydratune.components.config.errors import ConfigError
+    from hydratune.components.text.chat_template import resolve_chat_template
+    from hydratune.components.tools import resolve_tools
+
+    with pytest.raises(ConfigError, match="does not render a tool call") as info:
+        chat.cli([str(sft_runs["full"]), "--tools", "tests.support.tools.add"])
+    assert info.value.key == "model.chat_template" and "model.chat_template=qwen2_5" in info.value.hint
+    with pytest.raises(ConfigError, match="did you mean add") as info:
+        chat.cli([str(sft_runs["full"]), "--tools=tests.support.tools.add,tests.support.tools.ad"])
+    assert info.value.key == "chat.tools[1]"
+
+    model, tokenizer = chat.load(sft_runs["full"])
+    tokenizer.chat_template = resolve_chat_template("qwen2_5")[0]
+
+    def generate(input_ids, attention_mask, pad_token_id, **kwargs):
+        text = tokenizer.decode(input_ids[0])
+        new = tokenizer.encode(script(text), add_special_tokens=False)
+        return torch.cat([input_ids, torch.tensor([new], dtype=input_ids.dtype)], dim=1)
+
+    model.generate = generate
+    model.config.max_position_embeddings = 2048  # the prompt with the schemas: 512 tokens
+    functions = resolve_tools(["tests.support.tools.add"], trusted=False, key="chat.tools")
+    agent = chat.tool_loop(sft_runs["full"], tokenizer, functions, {"max_tool_calls": 2, "tool_timeout": 5.0})
+    lines = iter(["What is 5 + 6?", "/history", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(lines))
+    options = {"system": None, "max_new_tokens": 64, "temperature": 0.0, "top_p": 1.0}
+    chat.loop(model, tokenizer, options, agent=agent)
+    out = capsys.readouterr().out
+    assert "[tool add] 11" in out
+    assert 'assistant:  [calls {"name": "add", "arguments": {"a": 5, "b": 6}}]' in out
+    assert "  tool: 11\n  assistant: 11\n(4 turns)" in out
