@@ -67,7 +67,7 @@ def render(cfg: Any, console: Any = None) -> bool:
         f"({est.params_trainable:,} trainable{moe}), {spec.world_size} GPU(s), "
         f"micro-batch {spec.micro_batch} x {spec.seq_len} tokens, {a.num_layers} layers"
     )
-    for note in a.unmodelled:
+    for note in (*a.unmodelled, *spec.notes):
         console.print(f"note: {note}")
     if not auto:
         console.print(f"mesh: {Mesh(spec.world_size, spec.tp, spec.sp, spec.pp).describe()}")
@@ -84,7 +84,7 @@ def render(cfg: Any, console: Any = None) -> bool:
         table.add_row(
             "peak allocated",
             gib(est.peak_allocated),
-            f"the sum of the rows held in the {est.peak_phase}, the larger phase (dimmed: the other)",
+            f"the sum of the rows held in the {est.peak_phase}, the largest phase (dimmed: held in another)",
         )
         table.add_row(
             "[bold]total[/]",

@@ -200,20 +200,31 @@ def vision_activations(spec: RunSpec, part: Slice | None = None) -> float:
 
 
 def _phase_rows(
-    terms: list[tuple[str, float, str]], fwd_bwd: set[str], step: set[str]
+    terms: list[tuple[str, float, str]], fwd_bwd: set[str], step: set[str], generation: set[str] | None = None
 ) -> tuple[list[Row], float, str]:
-    """Rows for every term, marked in_peak when the term is held in the phase that is the peak; the
-    in-peak rows sum to the peak by construction."""
+    """Rows for every term, marked in_peak when the term is held in the phase that is the peak (of the
+    forward/backward, the optimizer step and, for a recipe that generates, the generation); the in-peak rows
+    sum to the peak by construction."""
     value = dict((name, b) for name, b, _ in terms)
-    fb, st = sum(value[k] for k in fwd_bwd), sum(value[k] for k in step)
-    phase, held = ("forward/backward", fwd_bwd) if fb >= st else ("optimizer step", step)
-    other = "optimizer step" if phase == "forward/backward" else "forward/backward"
+    phases = {"forward/backward": fwd_bwd, "optimizer step": step, "generation": generation or set()}
+    sums = {name: sum(value[k] for k in held) for name, held in phases.items()}
+    phase = max(phases, key=lambda name: sums[name])  # the first of equal sums: forward/backward
+    held = phases[phase]
+
+    def where(name: str) -> str:
+        return " and the ".join(p for p, rows in phases.items() if name in rows and p != phase) or "?"
+
     rows = [
-        Row(name, b, note if name in held else f"{note} (held in the {other}, not at the peak)", name in held)
+        Row(
+            name,
+            b,
+            note if name in held else f"{note} (held in the {where(name)}, not at the peak)",
+            name in held,
+        )
         for name, b, note in terms
         if b or name in ("parameters", "gradients", "optimizer states")
     ]
-    return rows, max(fb, st), phase
+    return rows, sums[phase], phase
 
 
 def estimate(spec: RunSpec) -> Estimate:
@@ -250,7 +261,8 @@ def _estimate_slice(spec: RunSpec, part: Slice) -> Estimate:
     gathered = _gathered(spec, part)
     terms = _state_terms(spec, part, trainable, per, weights, states)
     terms += _transient_terms(spec, part, trainable, per, gathered)
-    rows, peak, phase = _phase_rows(terms, *_phases(spec.strategy.is_deepspeed))
+    terms.append(_kv_cache_term(spec, part))
+    rows, peak, phase = _phase_rows(terms, *_phases(spec.strategy.is_deepspeed), _generation_phase(spec))
     model_states = (
         weights.gpu
         + weights.quantized
@@ -411,6 +423,33 @@ def _reward_term(spec: RunSpec) -> tuple[str, float, str]:
     note = f"{where}: {spec.reward_params:,} frozen params x {spec.reward_bytes} B"
     note += f", /{shards}" if shards > 1 else ""
     return ("reward model (frozen)", held, note)
+
+
+def kv_cache_bytes(spec: RunSpec, part: Slice) -> float:
+    """The keys and values a generation holds: ``generation_tokens`` x this rank's layers x 2 (k and v) x
+    the KV width (/ tp, at least one KV head a rank) x the compute dtype's bytes."""
+    a = spec.arch
+    kv = a.kv_dim / min(max(1, spec.tp), a.num_kv_heads)
+    return spec.generation_tokens * part.layers * 2 * kv * spec.compute_bytes
+
+
+def _kv_cache_term(spec: RunSpec, part: Slice) -> tuple[str, float, str]:
+    note = (
+        f"{spec.generation_tokens:,} tokens (the generation batch x prompt + episode) x {part.layers} layers "
+        f"x k,v x {spec.arch.kv_dim} x {spec.compute_bytes} B"
+    )
+    return ("KV cache (generation)", kv_cache_bytes(spec, part), note)
+
+
+def _generation_phase(spec: RunSpec) -> set[str] | None:
+    """What a recipe that generates holds while it does: the weights and states (the gradients freed since
+    the last step, but DeepSpeed's partitions) and the KV cache; None when it does not generate."""
+    if not spec.generation_tokens:
+        return None
+    fwd_bwd, _ = _phases(spec.strategy.is_deepspeed)
+    kept = {"gradients"} if spec.strategy.is_deepspeed else set()
+    transient = {"autocast weight copies", "activations", "vision activations", "logits + loss", "gradients"}
+    return (fwd_bwd - transient) | kept | {"KV cache (generation)"}
 
 
 def _transient_terms(spec: RunSpec, part: Slice, trainable: int, per: ElementBytes, gathered: float) -> Terms:

@@ -146,6 +146,11 @@ class RunSpec:
     reward_params: int = 0
     reward_bytes: int = 2
     reward_shared: bool = False
+    # recipe=grpo: tokens whose keys and values a generation batch holds at once (the generation batch x a
+    # prompt and its whole episode, every turn and tool result in it), in the compute dtype; 0: no generation
+    generation_tokens: int = 0
+    # what the spec's numbers assume or leave out, printed by the estimate as notes
+    notes: tuple[str, ...] = ()
 
     @property
     def world_size(self) -> int:

@@ -232,7 +232,41 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
         **teacher_knobs(get(cfg, "recipe"), compute),
         **reward_knobs(cfg, compute, peft, quant, strategy_component),
     )
+    spec = replace(spec, **episode_knobs(cfg, spec))
     return replace(spec, **over) if over else spec
+
+
+def episode_knobs(cfg: Any, spec: RunSpec) -> dict[str, Any]:
+    """recipe=grpo's sequences for the RunSpec: a prompt and its episode, ``data.max_prompt_length`` +
+    ``recipe.max_completion_length`` tokens (not ``data.max_length``). TRL caps the whole episode at
+    ``max_completion_length``, every turn and every tool result in it (a result that would pass it is
+    dropped, a turn cut at it), so ``recipe.max_tool_calls`` adds turns, not tokens; the tools' schemas are
+    inside the prompt's limit (checked before load). Generation holds the keys and values of the generation
+    batch (``micro_batch_size`` x ``gradient_accumulation_steps`` sequences, TRL's default
+    ``steps_per_generation``)."""
+    recipe, data, train = get(cfg, "recipe"), get(cfg, "data"), get(cfg, "train")
+    if not str(get(recipe, "_target_", "")).endswith(".GRPO"):
+        return {}
+    prompt = int(get(data, "max_prompt_length", None) or spec.seq_len)
+    completion = int(get(recipe, "max_completion_length", 0) or 0)
+    seq = prompt + completion
+    batch = spec.micro_batch * int(get(train, "gradient_accumulation_steps", 1) or 1)
+    notes = [
+        f"recipe=grpo: a sequence is a prompt and its episode, data.max_prompt_length {prompt} + "
+        f"recipe.max_completion_length {completion} = {seq} tokens; the generation batch ({batch} sequences) "
+        "holds their keys and values while it generates"
+    ]
+    tools = list(get(recipe, "tools", None) or [])
+    if tools or get(recipe, "environment", None):
+        limit = get(recipe, "max_tool_calls", None)
+        rounds = "any number of" if limit is None else f"up to {limit}"
+        notes.append(
+            f"tools: {rounds} tool-calling rounds per episode add turns, not tokens: TRL caps the whole "
+            f"episode (every turn, every tool result) at recipe.max_completion_length {completion}, so the "
+            "sequence above is the longest; each turn is generated again from the whole context (no KV cache "
+            "kept between turns), and the tools' schemas are inside data.max_prompt_length"
+        )
+    return {"seq_len": seq, "generation_tokens": batch * seq, "notes": tuple(notes)}
 
 
 def teacher_knobs(recipe: Any, compute_bytes: int) -> dict[str, int]:

@@ -567,3 +567,35 @@ def test_acceptance_llama3_70b_zero3_offload_fits_8x24gb(compose_cfg) -> None:
     decision = choose(spec, shapes_for(spec), gpu_memory_of(auto), 0.1, per_gpu_batch=1)
     assert decision.strategy is not None and "offload" in decision.strategy, decision.explain()
     assert decision.estimate is not None and decision.estimate.fits(24 * GiB, 0.1)
+
+
+def test_grpo_sequences_are_a_prompt_and_its_whole_episode_and_generation_holds_their_kv_cache(
+    compose_cfg,
+) -> None:
+    """recipe=grpo: prompt limit + max_completion_length tokens a sequence (TRL caps every turn and tool
+    result of an episode at max_completion_length, so max_tool_calls adds no tokens); generation holds the
+    keys and values of micro_batch x accumulation sequences: with a long accumulation that is the peak."""
+    tools = ["recipe=grpo", "recipe.tools=[tests.support.tools.add]", "model.chat_template=qwen2_5"]
+    tools += ["data.max_prompt_length=1024", "recipe.max_completion_length=512", "recipe.num_generations=2"]
+    spec = spec_from_config(compose_cfg(*tools, "recipe.max_tool_calls=3", "train.micro_batch_size=2"))
+    more_calls = spec_from_config(compose_cfg(*tools, "recipe.max_tool_calls=9", "train.micro_batch_size=2"))
+    assert spec.seq_len == more_calls.seq_len == 1024 + 512
+    assert spec.generation_tokens == more_calls.generation_tokens == 2 * 1536
+    assert any("add turns, not tokens" in n for n in spec.notes)
+    a = spec.arch
+    est = estimate(spec)
+    kv = est.row("KV cache (generation)")
+    assert kv == 2 * 1536 * a.num_layers * 2 * a.num_kv_heads * a.head_dim * spec.compute_bytes
+    assert est.peak_phase == "forward/backward" and est.row("activations") > kv  # 2 sequences each
+    accumulated = spec_from_config(
+        compose_cfg(*tools, "train.micro_batch_size=2", "train.gradient_accumulation_steps=64")
+    )
+    generating = estimate(accumulated)
+    assert accumulated.generation_tokens == 128 * 1536
+    assert generating.peak_phase == "generation" and generating.row("KV cache (generation)") == 64 * kv
+    held = [r for r in generating.rows if r.in_peak]
+    assert {r.name for r in held} >= {"parameters", "optimizer states", "KV cache (generation)"}
+    assert "activations" not in {r.name for r in held}
+    assert sum(r.bytes for r in held) == pytest.approx(generating.peak_allocated)
+    plain = spec_from_config(compose_cfg("recipe=sft"))
+    assert plain.generation_tokens == 0 and not plain.notes
