@@ -299,29 +299,46 @@ class Episodes:
     """The summary's ``tools`` section, kept up to date as TRL's tool loop returns (:meth:`observe`):
     episodes, tool calls per episode (mean, max), episodes cut by ``recipe.max_tool_calls`` or by length (a
     call left unanswered), the tool faults, and the first episode that called a tool, decoded with its
-    untrained spans in ``[[...]]``."""
+    untrained spans in ``[[...]]``. ``gather`` (several ranks: every rank calls :meth:`observe` at once)
+    collects every rank's list, so the counts are of the whole run, not of the rank that writes them."""
 
-    def __init__(self, tokenizer: Any, limit: int | None, stats: ToolStats) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        limit: int | None,
+        stats: ToolStats,
+        gather: Callable[[list[Any]], list[Any]] | None = None,
+    ) -> None:
         self.tokenizer, self.limit, self.stats = tokenizer, limit, stats
+        self.gather = gather or (lambda items: items)
         self.calls: list[int] = []
         self.section: dict[str, Any] = {}
         self.cut = Counter[str]()
 
     def observe(self, tool_mask: Sequence[Sequence[int]], completions: Any, completion_ids: Any) -> None:
         """One generation batch: ``_tool_call_loop``'s tool mask, messages and token ids per episode."""
+        local: list[tuple[int, str]] = []
         for i, messages in enumerate(completions):
             assistant = [m for m in messages if m.get("role") == "assistant"]
-            self.calls.append(sum(len(m.get("tool_calls") or []) for m in assistant))
+            calls = sum(len(m.get("tool_calls") or []) for m in assistant)
             answered = sum(1 for m in messages if m.get("role") == "tool")
+            cut = ""
             if assistant and assistant[-1].get("tool_calls"):  # the last call got no answer
                 rounds = sum(1 for m in assistant if m.get("tool_calls")) - 1
-                self.cut["limit" if self.limit is not None and rounds >= self.limit else "length"] += 1
+                cut = "limit" if self.limit is not None and rounds >= self.limit else "length"
+            local.append((calls, cut))
             if answered and "sample episode (untrained in [[...]])" not in self.section:
                 sample = marked_episode(self.tokenizer, list(completion_ids[i]), list(tool_mask[i]))
                 self.section["sample episode (untrained in [[...]])"] = sample.replace(
                     "\n", "\\n"
                 )  # a table cell
-        totals, calls = self.stats.totals, self.calls
+        for calls, cut in self.gather(local):
+            self.calls.append(calls)
+            self.cut.update([cut] if cut else [])
+        totals: Counter[str] = Counter()
+        for counts in self.gather([dict(self.stats.totals)]):
+            totals.update(counts)
+        calls = self.calls
         self.section.update(
             {
                 "episodes": len(self.calls),

@@ -288,16 +288,21 @@ class GRPO(Recipe, RewardURL):
 
             callbacks = trainer.callback_handler.callbacks
             at = next(i for i, cb in enumerate(callbacks) if isinstance(cb, MetricsCallback))
-            callbacks.insert(at, ToolMetrics(stats))  # before MetricsCallback: it writes what this adds
+            # before MetricsCallback: it writes what this adds
+            callbacks.insert(at, ToolMetrics(stats, trainer.accelerator))
             observe_episodes(trainer, session, self.max_tool_calls, stats)
         return session.run(TrainerLoop(session, trainer))
 
 
 def observe_episodes(trainer: Any, session: Any, limit: int | None, stats: Any) -> None:
-    """The summary's ``tools`` section, from what TRL's tool loop returns each generation batch."""
+    """The summary's ``tools`` section, from what TRL's tool loop returns each generation batch (on several
+    ranks, gathered from all of them: every rank runs the loop on its share of each batch)."""
     from hydratune.components.tools import Episodes
 
-    episodes = Episodes(session.tokenizer, limit, stats)
+    gather = None
+    if trainer.accelerator.num_processes > 1:
+        from accelerate.utils import gather_object as gather
+    episodes = Episodes(session.tokenizer, limit, stats, gather)
     session.report["tools"] = episodes.section
     loop = trainer._tool_call_loop
 

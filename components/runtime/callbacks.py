@@ -220,13 +220,22 @@ class FirstStepTimer(TrainerCallback):
 
 class ToolMetrics(TrainerCallback):
     """Adds GRPO's tool calls and faults since the last log (``tools.ToolStats``) to each logged step (before
-    MetricsCallback)."""
+    MetricsCallback), summed over the ranks (``accelerator``: every rank logs the same steps)."""
 
-    def __init__(self, stats: Any) -> None:
-        self.stats = stats
+    def __init__(self, stats: Any, accelerator: Any = None) -> None:
+        self.stats, self.accelerator = stats, accelerator
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any
     ) -> None:
         if logs is not None and "loss" in logs:
-            logs.update(self.stats.drain())
+            logs.update(self.summed(self.stats.drain()))
+
+    def summed(self, counts: dict[str, float]) -> dict[str, float]:
+        if self.accelerator is None or self.accelerator.num_processes == 1:
+            return counts
+        import torch
+
+        keys = sorted(counts)
+        local = torch.tensor([counts[k] for k in keys], dtype=torch.float64, device=self.accelerator.device)
+        return dict(zip(keys, self.accelerator.reduce(local, reduction="sum").tolist(), strict=True))
