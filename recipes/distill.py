@@ -6,7 +6,9 @@ load: components/modeling/teacher.py), frozen, inference only: loaded in the com
 under ZeRO-3 partitioned as it loads and made an inference engine by TRL (as PPO's reference). For every
 prompt the student samples a completion; the loss is the generalized Jensen-Shannon divergence between the
 student's and the teacher's next-token distributions on it (``beta`` 0 = forward KL(teacher || student),
-1 = reverse KL(student || teacher), 0.5 = JSD), at ``temperature``. The summary compares the student's exact
+1 = reverse KL(student || teacher), 0.5 = JSD), at ``temperature``; or, ``loss``, the RL anchors' top-k
+forward KL or k1 / k3 sampled-token estimators (components/runtime/distill_losses.py). ``lmbda`` < 1 mixes
+in the dataset's completions (chat data), scored by the teacher. The summary compares the student's exact
 match on the held-out prompts before and after with the teacher's.
 """
 
@@ -19,17 +21,12 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig
 
 from hydratune.components.config.errors import ConfigError
-from hydratune.components.config.ranges import AT_LEAST_ONE, POSITIVE, UNIT, knob, one_of
+from hydratune.components.config.ranges import AT_LEAST_ONE, POSITIVE, UNIT, knob
 from hydratune.components.recipe import Recipe, recipe
 from hydratune.components.runtime.run import Components, RunContext
 
-#: what each beta is called (the plan and the summary say it)
-DIVERGENCES = {0.0: "forward KL(teacher || student)", 1.0: "reverse KL(student || teacher)"}
-
-
-def divergence_name(beta: float) -> str:
-    """The divergence ``beta`` selects, in words."""
-    return DIVERGENCES.get(float(beta), f"generalized JSD, beta={beta:g} (0.5: the symmetric JSD)")
+#: recipe.loss's choices (components/runtime/distill_losses.py's LOSSES: that module imports torch)
+LOSSES = ("jsd", "topk_forward_kl", "k1", "k3")
 
 
 @recipe
@@ -38,27 +35,48 @@ class Distill(Recipe):
     """Distillation on TRL's DistillationTrainer: the student matches a frozen teacher on its own samples."""
 
     title: ClassVar[str] = "Distillation"
-    data_kinds: ClassVar[tuple[str, ...]] = ("prompts",)
+    data_kinds: ClassVar[tuple[str, ...]] = ("prompts", "chat")
 
     teacher: str | None = None  # a finished run dir (its final/) or a model dir (config.json + weights)
     # optimizer steps unless train.max_steps > 0; null = train.epochs
     steps: int | None = knob(100, AT_LEAST_ONE)
-    beta: float = knob(0.5, UNIT)  # 0 = forward KL, 0.5 = JSD, 1 = reverse KL
-    # share of the student's own samples: 1 (on-policy) only, for now (below 1: the dataset's completions)
-    lmbda: float = knob(
-        1.0,
-        one_of(1),
-        hint="the dataset's completions (lmbda < 1) are not built yet: TRL 1.16's DistillationTrainer "
-        "samples every completion from the student; recipe.lmbda=1, or recipe=sft on the teacher's "
-        "generations",
-    )
+    loss: str = "jsd"  # jsd (TRL's, recipe.beta) | topk_forward_kl (recipe.top_k) | k1 | k3 (sampled tokens)
+    beta: float = knob(0.5, UNIT)  # loss=jsd: 0 = forward KL, 0.5 = JSD, 1 = reverse KL
+    top_k: int = knob(64, AT_LEAST_ONE)  # loss=topk_forward_kl: the teacher's most likely tokens per position
+    # the share of generation batches that are the student's own samples; the others are the dataset's
+    # completions (chat data), scored by the teacher: 1 = on-policy, 0 = offline
+    lmbda: float = knob(1.0, UNIT)
     temperature: float = knob(1.0, POSITIVE)  # sampling and both distributions of the loss
     max_completion_length: int = knob(8, AT_LEAST_ONE)  # tokens the student samples per prompt
 
+    def validate(self) -> None:
+        if self.loss not in LOSSES:
+            raise ConfigError(
+                f"unknown loss {self.loss!r}", key="recipe.loss", hint=f"one of {', '.join(LOSSES)}"
+            )
+        if self.lmbda < 1 and self.loss in ("k1", "k3"):
+            raise ConfigError(
+                f"the {self.loss} estimator reads the student's sampled tokens; with "
+                f"recipe.lmbda={self.lmbda:g} some batches are the dataset's completions, where it "
+                "estimates nothing",
+                key="recipe.loss",
+                hint="recipe.loss=jsd or recipe.loss=topk_forward_kl, or recipe.lmbda=1",
+            )
+
     def check(self, cfg: DictConfig, comps: Components) -> None:
         """The teacher exists and may be loaded, is not the student, speaks the student's tokenizer and fits
-        beside it (by the estimate, when the GPU's memory is known)."""
+        beside it (by the estimate, when the GPU's memory is known); the dataset's completions exist when
+        ``lmbda`` < 1."""
         from hydratune.components.modeling.teacher import check_not_student, teacher_component
+
+        if self.lmbda < 1 and comps.data.kind != "chat":
+            raise ConfigError(
+                f"recipe.lmbda={self.lmbda:g} trains on the dataset's completions, and "
+                f"{comps.data.kind} data has prompts only",
+                key="recipe.lmbda",
+                hint="chat data whose rows end with the assistant's answer (data=demo_sft, or "
+                "data=jsonl_messages data.path=<chats or prompt/completion rows>), or recipe.lmbda=1",
+            )
 
         if comps.peft.adds_virtual_tokens:  # TRL refuses it after the model loads: said here, before
             raise ConfigError(
@@ -78,6 +96,29 @@ class Distill(Recipe):
             )
         check_tokenizers(teacher, comps.model)
         self.check_memory(cfg)
+
+    def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
+        """Chat data: every row a conversation whose last turn is the assistant's (its completion; the turns
+        before it the prompt), else refused naming the first row that is not."""
+        if comps.data.kind != "chat":
+            return
+        for name, split in splits.items():
+            if "messages" not in split.column_names:
+                raise ConfigError(
+                    f"recipe=distill reads conversations, and {comps.data.path}'s {name} rows are text "
+                    f"(columns: {', '.join(split.column_names)})",
+                    key="data.format",
+                    hint="chats or prompt/completion rows (data.format=messages or prompt_completion)",
+                )
+            for i, messages in enumerate(split["messages"]):
+                if not messages or messages[-1]["role"] != "assistant" or len(messages) < 2:
+                    raise ConfigError(
+                        f"row {i} of {comps.data.path}'s {name} split does not end with the assistant's "
+                        "answer after a prompt: recipe=distill takes the last turn as the completion, the "
+                        "turns before it as the prompt",
+                        key="data.path",
+                        hint="rows ending with an assistant turn, or prompt-only data with recipe.lmbda=1",
+                    )
 
     def check_memory(self, cfg: DictConfig) -> None:
         """With the GPU's memory known (``estimate.gpu_memory`` or a detected GPU): the teacher must fit in
@@ -106,6 +147,26 @@ class Distill(Recipe):
                 "precision=bf16 (the teacher is held in the compute dtype)",
             )
 
+    def describe_loss(self) -> str:
+        """The loss in words, with its temperature and where its completions come from."""
+        from hydratune.components.runtime.distill_losses import describe
+
+        source = (
+            "the student's own samples"
+            if self.lmbda >= 1
+            else "the dataset's completions"
+            if self.lmbda <= 0
+            else f"the student's samples with probability {self.lmbda:g}, else the dataset's completions"
+        )
+        return (
+            f"{describe(self.loss, self.beta, self.top_k)} at temperature {self.temperature:g} on {source} "
+            f"(lmbda={self.lmbda:g})"
+        )
+
+    def trainer_args(self) -> dict[str, Any]:
+        """MeasuredDistillationTrainer's own arguments: the estimator and the on-policy share."""
+        return {"loss": self.loss, "top_k": self.top_k, "lmbda": self.lmbda}
+
     def loss_args(self) -> dict[str, Any]:
         """DistillationConfig's fields of the loss and the sampling (TRL's beta: 0 forward, 1 reverse KL)."""
         return {
@@ -124,8 +185,7 @@ class Distill(Recipe):
         lines = [
             f"# distill: student {comps.model.describe_weights()}",
             f"# distill: teacher {teacher.describe_weights()} (frozen: no gradient, inference only)",
-            f"# distill: loss {divergence_name(self.beta)} at temperature {self.temperature:g} on the "
-            f"student's own samples (lmbda={self.lmbda:g}), {self.max_completion_length} tokens each",
+            f"# distill: loss {self.describe_loss()}, {self.max_completion_length} tokens per completion",
         ]
         try:
             est = estimate(spec_from_config(cfg))
@@ -169,10 +229,9 @@ class Distill(Recipe):
         session.evaluate_generations("before")
         teacher = self.load_teacher(ctx)
         evaluate_teacher(session, teacher)
-        session.report["run"]["distillation"] = (
-            f"{divergence_name(self.beta)}, temperature {self.temperature:g}, on-policy (lmbda=1); teacher "
-            f"{self.teacher}"
-        )
+        session.report["run"]["distillation"] = f"{self.describe_loss()}; teacher {self.teacher}"
+        if ctx.components.data.kind == "chat":
+            data = {name: split.map(prompt_and_completion) for name, split in data.items()}
         steps = t.max_steps if t.max_steps > 0 or self.steps is None else self.steps
         args = DistillationConfig(
             **ctx.training_args(
@@ -183,8 +242,16 @@ class Distill(Recipe):
                 remove_unused_columns=False,
             )
         )
-        trainer = session.trainer(MeasuredDistillationTrainer, args, data, teacher_model=teacher)
+        trainer = session.trainer(
+            MeasuredDistillationTrainer, args, data, teacher_model=teacher, **self.trainer_args()
+        )
         return session.run(TrainerLoop(session, trainer))
+
+
+def prompt_and_completion(row: dict[str, Any]) -> dict[str, Any]:
+    """A chat row as TRL's prompt (the turns before the last) and completion (the last, the assistant's)."""
+    messages = row["messages"]
+    return {"prompt": messages[:-1], "completion": messages[-1:]}
 
 
 def check_tokenizers(teacher: Any, student: Any) -> None:
