@@ -228,6 +228,10 @@ class Distill(Recipe):
         session.build_model()
         session.evaluate_generations("before")
         teacher = self.load_teacher(ctx)
+        if ctx.components.strategy.partitions_at_load:  # proof that the teacher is sharded too
+            from hydratune.components.strategy import partition_at_load
+
+            session.report["run"]["teacher zero.Init"] = partition_at_load(teacher)
         evaluate_teacher(session, teacher)
         session.report["run"]["distillation"] = f"{self.describe_loss()}; teacher {self.teacher}"
         if ctx.components.data.kind == "chat":
