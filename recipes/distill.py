@@ -27,6 +27,16 @@ from hydratune.components.runtime.run import Components, RunContext
 
 #: recipe.loss's choices (components/runtime/distill_losses.py's LOSSES: that module imports torch)
 LOSSES = ("jsd", "topk_forward_kl", "k1", "k3")
+#: recipe.teacher_quantization's choices: bitsandbytes' (bits, 4-bit type) for the teacher's linear layers
+TEACHER_QUANTIZATION = {"none": None, "nf4": (4, "nf4"), "fp4": (4, "fp4"), "int8": (8, "nf4")}
+
+
+def teacher_bitsandbytes(name: str) -> Any:
+    """The quantization component of ``recipe.teacher_quantization`` (None: ``none``)."""
+    from hydratune.components.quantization import BitsAndBytes
+
+    spec = TEACHER_QUANTIZATION[name]
+    return None if spec is None else BitsAndBytes(bits=spec[0], quant_type=spec[1])
 
 
 @recipe
@@ -38,6 +48,8 @@ class Distill(Recipe):
     data_kinds: ClassVar[tuple[str, ...]] = ("prompts", "chat")
 
     teacher: str | None = None  # a finished run dir (its final/) or a model dir (config.json + weights)
+    # the teacher's linear layers in bitsandbytes' k-bit weights (inference only): none | nf4 | fp4 | int8
+    teacher_quantization: str = "none"
     # optimizer steps unless train.max_steps > 0; null = train.epochs
     steps: int | None = knob(100, AT_LEAST_ONE)
     loss: str = "jsd"  # jsd (TRL's, recipe.beta) | topk_forward_kl (recipe.top_k) | k1 | k3 (sampled tokens)
@@ -50,6 +62,12 @@ class Distill(Recipe):
     max_completion_length: int = knob(8, AT_LEAST_ONE)  # tokens the student samples per prompt
 
     def validate(self) -> None:
+        if self.teacher_quantization not in TEACHER_QUANTIZATION:
+            raise ConfigError(
+                f"unknown teacher quantization {self.teacher_quantization!r}",
+                key="recipe.teacher_quantization",
+                hint=f"one of {', '.join(TEACHER_QUANTIZATION)}",
+            )
         if self.loss not in LOSSES:
             raise ConfigError(
                 f"unknown loss {self.loss!r}", key="recipe.loss", hint=f"one of {', '.join(LOSSES)}"
@@ -95,7 +113,38 @@ class Distill(Recipe):
                 hint="a teacher run trained with merge=true (final/merged), or another strategy",
             )
         check_tokenizers(teacher, comps.model)
+        self.check_teacher_quantization(comps, teacher)
         self.check_memory(cfg)
+
+    def check_teacher_quantization(self, comps: Components, teacher: Any) -> None:
+        """A k-bit teacher: bitsandbytes installed; not under a strategy that shards parameters (ZeRO-3 /
+        FSDP flatten a unit's parameters into one tensor of one dtype, and partition them as they load); not
+        an adapter run (merging into k-bit weights rounds the merged weights again)."""
+        bnb = teacher_bitsandbytes(self.teacher_quantization)
+        if bnb is None:
+            return
+        key = "recipe.teacher_quantization"
+        try:
+            bnb.validate()
+        except ConfigError as err:
+            raise ConfigError(f"a quantized teacher: {err}", key=key, hint=err.hint) from None
+        if comps.strategy.shards_parameters:
+            raise ConfigError(
+                f"a {self.teacher_quantization} teacher cannot be sharded by {comps.strategy.label}: its "
+                "k-bit weights and their full-precision neighbours cannot be flattened into one tensor of "
+                "one dtype",
+                key=key,
+                hint="recipe.teacher_quantization=none (the teacher is sharded instead), or strategy=ddp / "
+                "zero2",
+            )
+        if teacher.adapter:
+            raise ConfigError(
+                f"the teacher {self.teacher} is an adapter, merged into its base as it loads: merged into "
+                f"{self.teacher_quantization} weights it would be rounded again",
+                key=key,
+                hint="a teacher run trained with merge=true (final/merged), or "
+                "recipe.teacher_quantization=none",
+            )
 
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """Chat data: every row a conversation whose last turn is the assistant's (its completion; the turns
@@ -182,9 +231,15 @@ class Distill(Recipe):
         from hydratune.components.modeling.teacher import teacher_component
 
         teacher = teacher_component(self.teacher, trust_remote_code=comps.model.trust_remote_code)
+        quantized = (
+            ""
+            if self.teacher_quantization == "none"
+            else f", its linear layers {self.teacher_quantization} (bitsandbytes)"
+        )
         lines = [
             f"# distill: student {comps.model.describe_weights()}",
-            f"# distill: teacher {teacher.describe_weights()} (frozen: no gradient, inference only)",
+            f"# distill: teacher {teacher.describe_weights()} (frozen: no gradient, inference "
+            f"only{quantized})",
             f"# distill: loss {self.describe_loss()}, {self.max_completion_length} tokens per completion",
         ]
         try:
@@ -199,14 +254,18 @@ class Distill(Recipe):
         ]
 
     def load_teacher(self, ctx: RunContext) -> Any:
-        """The teacher in the compute dtype, eval mode, no parameter requiring a gradient (under ZeRO-3 the
-        student's zero.Init is live: it is partitioned as it loads)."""
+        """The teacher in the compute dtype (its linear layers k-bit with ``teacher_quantization``), eval
+        mode, no parameter requiring a gradient (under ZeRO-3 the student's zero.Init is live: it is
+        partitioned as it loads)."""
         from hydratune.components.modeling.teacher import teacher_component
 
         c = ctx.components
         teacher = teacher_component(self.teacher, trust_remote_code=c.model.trust_remote_code)
         dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(ctx.plan.dtype, "float32")
-        model = teacher.build(dtype=dtype)
+        bnb = teacher_bitsandbytes(self.teacher_quantization)
+        model = teacher.build(
+            dtype=dtype, **({} if bnb is None else bnb.load_kwargs(ctx.plan.dtype, ctx.device))
+        )
         if teacher.adapter:
             from peft import PeftModel
 
@@ -233,7 +292,10 @@ class Distill(Recipe):
 
             session.report["run"]["teacher zero.Init"] = partition_at_load(teacher)
         evaluate_teacher(session, teacher)
-        session.report["run"]["distillation"] = f"{self.describe_loss()}; teacher {self.teacher}"
+        quantized = (
+            "" if self.teacher_quantization == "none" else f" ({self.teacher_quantization}, bitsandbytes)"
+        )
+        session.report["run"]["distillation"] = f"{self.describe_loss()}; teacher {self.teacher}{quantized}"
         if ctx.components.data.kind == "chat":
             data = {name: split.map(prompt_and_completion) for name, split in data.items()}
         steps = t.max_steps if t.max_steps > 0 or self.steps is None else self.steps

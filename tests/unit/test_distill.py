@@ -403,3 +403,41 @@ def test_chat_rows_must_end_with_the_assistants_answer(compose_cfg) -> None:
     with pytest.raises(ConfigError) as err:
         comps.recipe.check_data(comps, {"train": text}, None)
     assert err.value.key == "data.format"
+
+
+def test_a_quantized_teacher_is_counted_and_refused_where_it_cannot_load(compose_cfg, teachers) -> None:
+    """recipe.teacher_quantization: the estimate holds the decoder's linear weights at nf4's bytes (the rest
+    whole); ZeRO-3 / FSDP (which shard the teacher) and an unknown value are refused before load."""
+    from hydratune.components.memory.estimate import estimate
+    from hydratune.components.memory.spec import spec_from_config
+    from hydratune.components.memory.states import quantized_bytes_per_param
+
+    good = f"recipe.teacher={teachers['good']}"
+    whole = estimate(spec_from_config(compose_cfg("recipe=distill", good, "precision=bf16")))
+    nf4 = estimate(
+        spec_from_config(
+            compose_cfg("recipe=distill", good, "precision=bf16", "recipe.teacher_quantization=nf4")
+        )
+    )
+    n = teacher_params(teachers["good"])
+    linear = sum(  # the decoder layers' linear weights (the tiny model's head is tied to its embedding)
+        p.numel()
+        for name, p in meta_model(teachers["good"]).named_parameters()
+        if "layers" in name and "proj.weight" in name
+    )
+    saved = linear * (2 - quantized_bytes_per_param(4, double_quant=True))
+    assert whole.row("teacher (frozen)") - nf4.row("teacher (frozen)") == pytest.approx(saved)
+    assert 0 < linear < n
+    checked(compose_cfg, good, "recipe.teacher_quantization=int8")
+    for strategy in ("zero3", "zero3_offload"):
+        err = refusal(compose_cfg, good, "recipe.teacher_quantization=nf4", f"strategy={strategy}")
+        assert err.key == "recipe.teacher_quantization" and "recipe.teacher_quantization=none" in err.hint
+    err = refusal(compose_cfg, good, "recipe.teacher_quantization=q4")
+    assert err.key == "recipe.teacher_quantization" and "none, nf4, fp4, int8" in err.hint
+
+
+def meta_model(path: Path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
