@@ -408,7 +408,7 @@ def _teacher_term(spec: RunSpec) -> tuple[str, float, str]:
     s = spec.strategy
     shards = spec.zero_ranks if s.stage >= 3 and s.kind != "single" else 1
     held = spec.teacher_params * spec.teacher_bytes / shards
-    note = f"{spec.teacher_params:,} frozen params x {spec.teacher_bytes} B"
+    note = f"{spec.teacher_params:,} frozen params x {spec.teacher_bytes:.3g} B"
     note += f", /{shards}" if shards > 1 else ""
     return ("teacher (frozen)", held, note)
 

@@ -140,7 +140,7 @@ class RunSpec:
     vision_trains: bool = False
     # recipe=distill: the frozen teacher held beside the student (inference only: weights, no states)
     teacher_params: int = 0
-    teacher_bytes: int = 2
+    teacher_bytes: float = 2  # per parameter, averaged (a k-bit teacher's linear weights, the rest whole)
     # recipe=ppo's reward model (recipe.reward.model): a separate frozen model, or only its LoRA adapter and
     # score head on the policy's base (components/rl/reward_adapter.py), held in fp32 as peft holds adapters
     reward_params: int = 0

@@ -269,8 +269,10 @@ def episode_knobs(cfg: Any, spec: RunSpec) -> dict[str, Any]:
     return {"seq_len": seq, "generation_tokens": batch * seq, "notes": tuple(notes)}
 
 
-def teacher_knobs(recipe: Any, compute_bytes: int) -> dict[str, int]:
-    """recipe=distill's teacher for the RunSpec: its parameters (config.json) in the compute dtype."""
+def teacher_knobs(recipe: Any, compute_bytes: int) -> dict[str, Any]:
+    """recipe=distill's teacher for the RunSpec: its parameters (config.json) in the compute dtype; with
+    ``recipe.teacher_quantization`` its decoder layers' linear weights k-bit (bytes per parameter: the
+    mean)."""
     spec = get(recipe, "teacher", None)
     if not spec:
         return {}
@@ -279,10 +281,19 @@ def teacher_knobs(recipe: Any, compute_bytes: int) -> dict[str, int]:
     teacher = teacher_component(str(spec))
     node = {"name_or_path": teacher.source_dir(), "architecture": dict(teacher.architecture or {})}
     try:
-        params = param_counts(arch_of_model(node)).total
+        counts = param_counts(arch_of_model(node))
     except ConfigError as err:  # no architecture numbers: said of recipe.teacher
         raise rekeyed(err) from None
-    return {"teacher_params": int(params), "teacher_bytes": compute_bytes}
+    bits = {"nf4": 4, "fp4": 4, "int8": 8}.get(str(get(recipe, "teacher_quantization", "none")))
+    if bits is None:
+        return {"teacher_params": int(counts.total), "teacher_bytes": compute_bytes}
+    from hydratune.components.memory.states import quantized_bytes_per_param
+
+    linear = counts.layer_linear * counts.num_layers  # what bitsandbytes quantizes (not the head, embeddings)
+    held = (
+        linear * quantized_bytes_per_param(bits, double_quant=True) + (counts.total - linear) * compute_bytes
+    )
+    return {"teacher_params": int(counts.total), "teacher_bytes": held / counts.total}
 
 
 def reward_knobs(cfg: Any, compute_bytes: int, peft: Any, quant: Any, strategy: Any) -> dict[str, Any]:

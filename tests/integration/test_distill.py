@@ -11,11 +11,20 @@ import torch
 WALL = ("time", "step_time")
 
 
-def test_the_student_learns_and_the_teacher_stays_frozen(run_recipe) -> None:
+def test_the_student_learns_and_the_teacher_stays_frozen(run_recipe, monkeypatch) -> None:
     from transformers import AutoModelForCausalLM
 
     from hydratune.components.config.resolvers import asset
+    from hydratune.components.runtime.distill_trainer import MeasuredDistillationTrainer
 
+    generated = {"train": 0}  # recipe.lmbda=1 (the default): the student samples every training batch
+    generate = MeasuredDistillationTrainer._generate_single_turn
+
+    def counting(self, *args, **kwargs):
+        generated["train"] += self.model.training
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(MeasuredDistillationTrainer, "_generate_single_turn", counting)
     ctx, _ = run_recipe(
         "recipe=distill",
         "train.max_steps=3",
@@ -39,6 +48,7 @@ def test_the_student_learns_and_the_teacher_stays_frozen(run_recipe) -> None:
 
     records = [r for r in ctx.run_dir.read_metrics() if "loss" in r]
     assert len(records) == 3 and all(0 < r["loss"] < 20 for r in records)  # the divergence per step, finite
+    assert generated["train"] == 3 and not any("on_policy" in r for r in records)
     for r in records:  # the samples' log-probs under each model and the teacher's agreement, every step
         assert r["student_logp"] < 0 and r["teacher_logp"] < 0 and 0 <= r["teacher_agreement"] <= 1
     summary = (ctx.run_dir.path / "summary.md").read_text()
@@ -88,3 +98,90 @@ def test_sigterm_then_resume_matches_a_straight_run(run_recipe, monkeypatch) -> 
     assert numbers(resumed) == numbers(full)[2:]
     a, b = (load_file(ctx.run_dir.final / "model.safetensors") for ctx in (full, resumed))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_lmbda_0_trains_on_the_datasets_completions_only(run_recipe, monkeypatch) -> None:
+    """recipe.lmbda=0 on the demo's chats: no generation while training (counted), every batch the rows'
+    assistant answers after their prompts as the student's chat template writes them; decoded, the positions
+    that carry loss are exactly each answer and its end of turn (no prompt token, nothing after)."""
+    from hydratune.components.runtime.distill_trainer import MeasuredDistillationTrainer
+
+    generated, batches = {"train": 0}, []
+    generate, compute = (
+        MeasuredDistillationTrainer._generate_single_turn,
+        MeasuredDistillationTrainer._compute_loss,
+    )
+
+    def counting(self, *args, **kwargs):
+        generated["train"] += self.model.training
+        return generate(self, *args, **kwargs)
+
+    def capturing(self, student, inputs, *args, **kwargs):
+        if self.model.training:
+            batches.append({k: v.clone() for k, v in inputs.items() if k.endswith(("_ids", "_mask"))})
+        return compute(self, student, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(MeasuredDistillationTrainer, "_generate_single_turn", counting)
+    monkeypatch.setattr(MeasuredDistillationTrainer, "_compute_loss", capturing)
+    ctx, _ = run_recipe(
+        "recipe=distill",
+        "data=demo_sft",
+        "recipe.lmbda=0",
+        "train.max_steps=2",
+        "train.micro_batch_size=8",
+        "train.eval_every=0",
+        "train.eval_generations=0",
+        name="offline",
+    )
+    assert generated["train"] == 0 and len(batches) == 2
+    tok = ctx.trainer.processing_class
+    rows = {  # the prompt as the template writes it -> its answer turn
+        tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True): r["completion"][0]
+        for r in ctx.trainer.train_dataset
+    }
+    for batch in batches:
+        for p_ids, p_mask, c_ids, c_mask in zip(
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            batch["completion_ids"],
+            batch["completion_mask"],
+            strict=True,
+        ):
+            prompt = tok.decode(p_ids[p_mask.bool()])
+            loss_tokens = tok.decode(c_ids[c_mask.bool()])  # the only positions the loss reads
+            assert loss_tokens == rows[prompt]["content"] + tok.eos_token
+    records = [r for r in ctx.run_dir.read_metrics() if "loss" in r]
+    assert [r["on_policy"] for r in records] == [0.0, 0.0] and all(r["completions_cut"] == 0 for r in records)
+    assert all(r["teacher_agreement"] > 0.8 for r in records)  # the teacher knows the demo's answers
+
+
+def test_a_4bit_teacher_teaches_on_cpu(run_recipe) -> None:
+    """recipe.teacher_quantization=nf4: the teacher's decoder linear layers are bitsandbytes' 4-bit ones (the
+    head whole, as TRL's loss reads its weight), frozen; it still answers the held-out sums and the student
+    trains against it."""
+    import bitsandbytes as bnb
+
+    ctx, _ = run_recipe(
+        "recipe=distill",
+        "recipe.teacher_quantization=nf4",
+        "train.max_steps=2",
+        "train.micro_batch_size=4",
+        "train.eval_every=0",
+        "train.eval_generations=8",
+        "train.max_new_tokens=4",
+        name="nf4",
+    )
+    teacher = ctx.trainer.teacher_model
+    linears = [m for m in teacher.modules() if isinstance(m, torch.nn.Linear)]
+    quantized = [m for m in linears if isinstance(m, bnb.nn.Linear4bit)]
+    assert len(quantized) == len(linears) - 1 and not isinstance(
+        teacher.get_output_embeddings(), bnb.nn.Linear4bit
+    )
+    assert all(not p.requires_grad for p in teacher.parameters())
+    records = [r for r in ctx.run_dir.read_metrics() if "loss" in r]
+    assert len(records) == 2 and all(0 < r["loss"] < 20 and r["teacher_logp"] < 0 for r in records)
+    summary = (ctx.run_dir.path / "summary.md").read_text()
+    teacher_em = float(summary.split("| teacher | ")[1].split(" |")[0])
+    assert (
+        teacher_em >= 0.75
+    )  # the bf16 teacher: 0.984 on the 64 held-out sums; 4-bit rounding costs a little

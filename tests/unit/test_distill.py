@@ -114,12 +114,20 @@ def test_tokenizer_fix_in_the_hint_works(compose_cfg, teachers) -> None:
     checked(compose_cfg, f"recipe.teacher={extra}", f"model.name_or_path={extra}", "model.init=random")
 
 
-def test_lmbda_below_one_is_refused_until_built(compose_cfg) -> None:
-    from hydratune.components.runtime.run import Components
+def test_lmbda_below_one_needs_the_datasets_completions(compose_cfg) -> None:
+    """Prompt-only data has no completion to train on: refused naming recipe.lmbda and chat data; the demo's
+    chats pass; k1 / k3 read the student's samples, so they refuse lmbda < 1 (naming recipe.loss)."""
+    err = refusal(compose_cfg, "recipe.lmbda=0.5")  # data=demo_distill: prompts
+    assert err.key == "recipe.lmbda" and "prompts only" in str(err) and "data=demo_sft" in err.hint
+    checked(compose_cfg, "recipe.lmbda=0.5", "data=demo_sft")
+    checked(compose_cfg, "recipe.lmbda=0", "data=demo_sft", "recipe.loss=topk_forward_kl")
+    err = refusal(compose_cfg, "recipe.lmbda=0.5", "data=demo_sft", "recipe.loss=k3")
+    assert err.key == "recipe.loss" and "recipe.lmbda=1" in err.hint
 
-    with pytest.raises(ConfigError) as err:  # its declared range: 1 only, for now
-        Components.from_config(compose_cfg("recipe=distill", "recipe.lmbda=0.5"))
-    assert err.value.key == "recipe.lmbda" and "recipe.lmbda=1" in str(err.value)
+
+def test_a_bad_loss_is_refused_naming_the_choices(compose_cfg) -> None:
+    err = refusal(compose_cfg, "recipe.loss=kl")
+    assert err.key == "recipe.loss" and "jsd, topk_forward_kl, k1, k3" in err.hint
 
 
 @pytest.mark.parametrize("peft", ["prefix", "ptuning"])
@@ -186,6 +194,15 @@ def test_plan_names_student_teacher_loss_and_memory(compose_cfg, teachers) -> No
     text = "\n".join(comps.recipe.plan_lines(cfg, comps))
     assert "student random init" in text and f"teacher loaded from {teachers['good']}" in text
     assert "forward KL(teacher || student)" in text and "memory per rank (estimate)" in text
+    assert "on the student's own samples (lmbda=1)" in text
+    cfg = compose_cfg(
+        "recipe=distill",
+        f"recipe.teacher={teachers['good']}",
+        "recipe.loss=topk_forward_kl",
+        "recipe.top_k=5",
+    )
+    text = "\n".join(Components.from_config(cfg).recipe.plan_lines(cfg, Components.from_config(cfg)))
+    assert "over the teacher's top-5 tokens, renormalised" in text
     assert json.loads((teachers["good"] / "config.json").read_text())["vocab_size"] == 602
 
 
@@ -234,6 +251,92 @@ def test_the_loss_is_the_generalized_jsd(beta: float, temperature: float) -> Non
     assert float(expected) > 1e-2  # the two distributions differ: a swapped direction would show
 
 
+# ---- recipe.loss's estimators against their definitions ---------------------------------------------------
+def reference_estimator(
+    loss: str, student: torch.Tensor, teacher: torch.Tensor, tokens, k: int
+) -> torch.Tensor:
+    """Per position, from the logits, by hand: the top-k forward KL with both distributions renormalised over
+    the teacher's k most likely tokens (NeMo-RL's convention); Schulman's k1, k3 at the sampled token."""
+    out = []
+    for s_row, t_row, y in zip(student, teacher, tokens.tolist(), strict=True):
+        p_s, p_t = torch.softmax(s_row, -1), torch.softmax(t_row, -1)
+        if loss == "topk_forward_kl":
+            top = sorted(range(len(t_row)), key=lambda i: -float(t_row[i]))[:k]
+            z_s, z_t = sum(p_s[i] for i in top), sum(p_t[i] for i in top)
+            out.append(sum(p_t[i] / z_t * torch.log((p_t[i] / z_t) / (p_s[i] / z_s)) for i in top))
+        elif loss == "k1":
+            out.append(torch.log(p_s[y]) - torch.log(p_t[y]))
+        else:
+            ratio = p_t[y] / p_s[y]
+            out.append(ratio - 1 - torch.log(ratio))
+    return torch.stack(out)
+
+
+def estimator_case(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    batch, length, hidden, vocab = 2, 5, 8, 11
+    h_s = torch.randn(batch, length, hidden, generator=g, dtype=torch.float64)
+    h_t = torch.randn(batch, length, 6, generator=g, dtype=torch.float64)  # a narrower teacher
+    head_s = torch.nn.Linear(hidden, vocab, bias=False).double()
+    head_t = torch.nn.Linear(6, vocab).double()
+    with torch.no_grad():
+        head_t.weight.mul_(4)  # a sharper teacher
+    tokens = torch.randint(0, vocab, (batch, length), generator=g)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    return h_s, h_t, head_s, head_t, tokens, mask
+
+
+@pytest.mark.parametrize("loss", ["topk_forward_kl", "k1", "k3"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_estimators_equal_their_definitions(loss: str, temperature: float) -> None:
+    """What the trainer's loss computes (hidden states through both heads, in chunks, masked mean) equals the
+    hand-written estimator within 1e-6 (float64); positions under the mask change nothing."""
+    from hydratune.components.runtime.distill_trainer import estimator_loss
+
+    h_s, h_t, head_s, head_t, tokens, mask = estimator_case()
+    got, _, n = estimator_loss(
+        loss, h_s, h_t, head_s, head_t, tokens, mask, temperature=temperature, top_k=4, chunk=3
+    )
+    valid = mask.reshape(-1) != 0
+    with torch.no_grad():
+        student = (head_s(h_s) / temperature).reshape(-1, 11)[valid]
+        teacher = (head_t(h_t) / temperature).reshape(-1, 11)[valid]
+    expected = reference_estimator(loss, student, teacher, tokens.reshape(-1)[valid], 4).mean()
+    assert int(n) == 8 and abs(float(got.detach()) - float(expected)) < 1e-6
+    assert float(expected) > 1e-2 if loss != "k1" else abs(float(expected)) > 1e-2
+    other = tokens.clone()
+    other[0, 3:] = (other[0, 3:] + 1) % 11  # under the mask: the same loss
+    h_masked = h_s.clone()
+    h_masked[0, 3:] += 5
+    again, _, _ = estimator_loss(
+        loss, h_masked, h_t, head_s, head_t, other, mask, temperature=temperature, top_k=4, chunk=3
+    )
+    assert abs(float(again.detach()) - float(got.detach())) < 1e-12
+
+
+@pytest.mark.parametrize("loss", ["k1", "k3"])
+def test_the_sampled_estimators_gradients(loss: str) -> None:
+    """k1's gradient is the score function k1 * grad log p_s(y) (its own derivative averages to 0 over the
+    student's samples); k3's is its derivative, (1 - p_t/p_s) grad log p_s(y). By hand, on the student's
+    logits: grad log p_s(y) = onehot(y) - p_s."""
+    from hydratune.components.runtime.distill_trainer import estimator_loss
+
+    h_s, h_t, head_s, head_t, tokens, mask = estimator_case(1)
+    loss_value, _, n = estimator_loss(loss, h_s, h_t, head_s, head_t, tokens, mask)
+    loss_value.backward()
+    valid = mask.reshape(-1) != 0
+    with torch.no_grad():
+        hs = h_s.reshape(-1, 8)[valid]
+        p_s = torch.softmax(head_s(hs), -1)
+        p_t = torch.softmax(head_t(h_t.reshape(-1, 6)[valid]), -1)
+        y = tokens.reshape(-1)[valid]
+        ps_y, pt_y = p_s.gather(-1, y[:, None]), p_t.gather(-1, y[:, None])
+        weight = (ps_y.log() - pt_y.log()) if loss == "k1" else (1 - pt_y / ps_y)
+        d_logits = weight * (torch.nn.functional.one_hot(y, 11) - p_s) / int(n)
+        expected = d_logits.T @ hs  # the head's weight gradient
+    assert torch.allclose(head_s.weight.grad, expected, atol=1e-10)
+
+
 # ---- the metrics of the student's samples ------------------------------------------------------------------
 def test_the_sample_metrics_are_the_log_probs_and_the_agreement_by_hand() -> None:
     from hydratune.components.runtime.distill_trainer import means, sample_sums
@@ -270,3 +373,71 @@ def test_the_wrapped_private_trl_methods_are_there() -> None:
     for name, params in PRIVATE_METHODS.items():
         signature = list(inspect.signature(getattr(DistillationTrainer, name)).parameters)[1:]
         assert signature[: len(params)] == list(params), name
+
+
+def test_the_on_policy_draw_is_lmbda_and_a_function_of_seed_and_step() -> None:
+    """Every rank, and a resumed run, draws alike: the same (seed, step) gives the same answer; the share of
+    on-policy steps is lmbda; 1 always, 0 never."""
+    from hydratune.components.runtime.distill_trainer import on_policy
+
+    draws = [on_policy(0.3, 42, step) for step in range(4000)]
+    assert draws == [on_policy(0.3, 42, step) for step in range(4000)]
+    assert abs(sum(draws) / len(draws) - 0.3) < 0.03 and draws != [on_policy(0.3, 7, s) for s in range(4000)]
+    assert all(on_policy(1.0, 42, s) for s in range(50)) and not any(on_policy(0.0, 42, s) for s in range(50))
+
+
+def test_chat_rows_must_end_with_the_assistants_answer(compose_cfg) -> None:
+    from datasets import Dataset
+
+    from hydratune.components.runtime.run import Components
+
+    comps = Components.from_config(compose_cfg("recipe=distill", "data=demo_sft", "recipe.lmbda=0"))
+    turn = {"role": "user", "content": "2 + 2?"}
+    good = Dataset.from_list([{"messages": [turn, {"role": "assistant", "content": "4"}]}])
+    comps.recipe.check_data(comps, {"train": good, "eval": good}, None)
+    bad = Dataset.from_list([good[0], {"messages": [turn]}])
+    with pytest.raises(ConfigError) as err:
+        comps.recipe.check_data(comps, {"train": bad, "eval": good}, None)
+    assert err.value.key == "data.path" and "row 1 of" in str(err.value)
+    text = Dataset.from_list([{"text": "2 + 2 = 4"}])
+    with pytest.raises(ConfigError) as err:
+        comps.recipe.check_data(comps, {"train": text}, None)
+    assert err.value.key == "data.format"
+
+
+def test_a_quantized_teacher_is_counted_and_refused_where_it_cannot_load(compose_cfg, teachers) -> None:
+    """recipe.teacher_quantization: the estimate holds the decoder's linear weights at nf4's bytes (the rest
+    whole); ZeRO-3 / FSDP (which shard the teacher) and an unknown value are refused before load."""
+    from hydratune.components.memory.estimate import estimate
+    from hydratune.components.memory.spec import spec_from_config
+    from hydratune.components.memory.states import quantized_bytes_per_param
+
+    good = f"recipe.teacher={teachers['good']}"
+    whole = estimate(spec_from_config(compose_cfg("recipe=distill", good, "precision=bf16")))
+    nf4 = estimate(
+        spec_from_config(
+            compose_cfg("recipe=distill", good, "precision=bf16", "recipe.teacher_quantization=nf4")
+        )
+    )
+    n = teacher_params(teachers["good"])
+    linear = sum(  # the decoder layers' linear weights (the tiny model's head is tied to its embedding)
+        p.numel()
+        for name, p in meta_model(teachers["good"]).named_parameters()
+        if "layers" in name and "proj.weight" in name
+    )
+    saved = linear * (2 - quantized_bytes_per_param(4, double_quant=True))
+    assert whole.row("teacher (frozen)") - nf4.row("teacher (frozen)") == pytest.approx(saved)
+    assert 0 < linear < n
+    checked(compose_cfg, good, "recipe.teacher_quantization=int8")
+    for strategy in ("zero3", "zero3_offload"):
+        err = refusal(compose_cfg, good, "recipe.teacher_quantization=nf4", f"strategy={strategy}")
+        assert err.key == "recipe.teacher_quantization" and "recipe.teacher_quantization=none" in err.hint
+    err = refusal(compose_cfg, good, "recipe.teacher_quantization=q4")
+    assert err.key == "recipe.teacher_quantization" and "none, nf4, fp4, int8" in err.hint
+
+
+def meta_model(path: Path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
