@@ -146,6 +146,10 @@ class RunSpec:
     reward_params: int = 0
     reward_bytes: int = 2
     reward_shared: bool = False
+    # recipe=ppo's value function (recipe.value_model), trained beside the policy: a head (hidden + 1), a LoRA
+    # adapter + head on the policy's base (adapter), or a whole critic model (separate); "" for other recipes
+    value_model: str = ""
+    value_params: int = 0
 
     @property
     def world_size(self) -> int:

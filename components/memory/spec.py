@@ -232,6 +232,7 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
         **teacher_knobs(get(cfg, "recipe"), compute),
         **reward_knobs(cfg, compute, peft, quant, strategy_component),
     )
+    spec = replace(spec, **value_knobs(get(cfg, "recipe"), spec, peft))
     return replace(spec, **over) if over else spec
 
 
@@ -275,6 +276,22 @@ def reward_knobs(cfg: Any, compute_bytes: int, peft: Any, quant: Any, strategy: 
     # loaded separately, the adapter is folded into its base: the base's parameters
     base = param_counts(arch_of_model({"name_or_path": run.base_component().source_dir()})).total
     return {"reward_params": int(base), "reward_bytes": compute_bytes}
+
+
+def value_knobs(recipe: Any, spec: RunSpec, peft: Any) -> dict[str, Any]:
+    """recipe=ppo's value function for the RunSpec: a head's parameters (hidden + 1), a critic adapter's (the
+    policy's LoRA shape) + a head's, or a separate critic's (the reward model's size when it starts from a
+    separate one, else the policy's)."""
+    if not str(get(recipe, "_target_", "")).endswith(".PPO"):
+        return {}
+    kind = str(get(recipe, "value_model", "head"))
+    head = spec.arch.hidden_size + 1
+    if kind == "adapter":
+        return {"value_model": kind, "value_params": peft.trainable_params(spec.arch) + head}
+    if kind == "separate":
+        params = spec.reward_params if spec.reward_params and not spec.reward_shared else None
+        return {"value_model": kind, "value_params": params or param_counts(spec.arch).total}
+    return {"value_model": kind, "value_params": head}
 
 
 def checked_mesh(strategy: Any, arch: Arch, world_size: int) -> Mesh:

@@ -156,7 +156,8 @@ def test_ppo_scores_with_the_reward_adapter_on_its_base_as_with_the_separate_mod
     ]  # fmt: skip
     cfg = compose_cfg(*overrides)
     comps = Components.from_config(cfg)
-    (line,) = comps.recipe.plan_lines(cfg, comps)
+    line, value = comps.recipe.plan_lines(cfg, comps)
+    assert value.startswith("# ppo: value model: a value head on the policy's last hidden state")
     assert "a LoRA adapter on the policy's base (its base weights are the policy's: sha256" in line
     cfg = compose_cfg(*[o for o in overrides if o != "peft=lora"])
     comps = Components.from_config(cfg)
