@@ -10,33 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
-
-from tests.conftest import SHORT, _run_in
-from tests.support.runs import as_cli_run
-
-#: the reward model's few steps: 16 pairs, no eval split
-REWARD = [
-    "recipe=reward", "peft=lora", "data.max_samples=16", "data.eval_path=null", "data.eval_fraction=0",
-    "train.micro_batch_size=4",
-]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def reward_lora(sft_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A LoRA reward run (2 steps) on the session's full SFT run, with a CLI run's files."""
-    root = tmp_path_factory.mktemp("reward_lora")
-    overrides = [*SHORT, *REWARD, f"model.from_run={sft_runs['full']}"]
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="hydratune.conf", version_base=None):
-        fn = lambda *o: compose(config_name="config", overrides=list(o))  # noqa: E731
-        ctx, _ = _run_in(root, fn, *overrides, name="rm")
-        path = as_cli_run(ctx, overrides)
-    GlobalHydra.instance().clear()
-    final = path / "final"
-    assert (final / "adapter_config.json").is_file() and not (final / "config.json").exists()
-    return path
 
 
 def test_a_lora_reward_run_on_an_sft_run_passes_the_checks_and_scores(compose_cfg, reward_lora) -> None:
