@@ -1,7 +1,9 @@
-"""PPO with a LoRA reward run on the policy's own base (issue 48) on 2 CPU ranks (DDP) equals one process.
+"""PPO with a LoRA reward run on the policy's own base and the critic as a third adapter on it
+(``recipe.value_model=adapter``, issue 48) on 2 CPU ranks (DDP) equals one process.
 
 The same seeds and the same 8 prompts (one draw: each rank takes every other one): greedy rollouts
-(``recipe.top_k=1``), one iteration, one PPO epoch, one mini-batch (rank: 4 rollouts, one process: 8), no
+(``recipe.top_k=1``), one iteration, two PPO epochs of one mini-batch each (rank: 4 rollouts, one process: 8;
+the second step is the first to reach the critic's adapter, through the head the first one moved), no
 whitening (a rank would whiten over its own half): the two ranks' averaged gradient is the one process's
 (every response is the full 4 tokens, so each rank's token mean is half of the whole). Tolerance: 1e-5 on the
 rewards and the trained weights (the batches pad differently, so float sums round differently; the trained
@@ -19,9 +21,9 @@ from tests.support.cells import forked
 
 #: one iteration, greedy, both layouts
 SHARED = [
-    "recipe=ppo", "peft=lora", "recipe.num_iterations=1", "recipe.ppo_epochs=1", "recipe.top_k=1",
+    "recipe=ppo", "peft=lora", "recipe.num_iterations=1", "recipe.ppo_epochs=2", "recipe.top_k=1",
     "recipe.whiten_advantages=false", "recipe.response_length=4", "train.eval_generations=0",
-    "train.save_every=0", "train.log_every=1", "train.write_plots=false",
+    "train.save_every=0", "train.log_every=1", "train.write_plots=false", "recipe.value_model=adapter",
 ]  # fmt: skip
 TWO_RANKS = [
     "strategy=ddp", "launcher.nproc_per_node=2", "recipe.rollout_batch_size=4", "recipe.mini_batch_size=4",
@@ -65,5 +67,9 @@ def test_ppo_with_the_reward_adapter_on_two_ranks_equals_one_process(layouts) ->
         assert a.keys() == b.keys() and a, name
         for key in a:
             torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5, msg=key)
-    start = load_file(layouts["one"] / "final" / "adapter_model.safetensors")
-    assert any(v.abs().sum() > 0 for k, v in start.items() if "lora_B" in k)  # the policy did move
+    policy, critic = (
+        load_file(layouts["one"] / "final" / n) for n in ("adapter_model.safetensors", "value.safetensors")
+    )
+    assert any(v.abs().sum() > 0 for k, v in policy.items() if "lora_B" in k)  # the policy's adapter moved
+    assert any(v.abs().sum() > 0 for k, v in critic.items() if "lora_B" in k)  # and the critic's
+    assert "a value LoRA adapter + value head" in results["two"]["run"]["value model"]
