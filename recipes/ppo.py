@@ -151,7 +151,7 @@ def check_value_adapter(comps: Components) -> None:
     if not comps.peft.lora_adapter:
         why = "needs peft=lora: the critic is a second LoRA adapter beside the policy's, on its base"
         hint = "peft=lora, or recipe.value_model=head"
-    elif getattr(comps.peft, "bias", "none") != "none":
+    elif comps.peft.trains_base_biases:
         why = "shares the base's biases, which peft.bias trains"
         hint = "peft.bias=none, or recipe.value_model=head"
     elif comps.strategy.shards_parameters:
