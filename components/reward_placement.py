@@ -98,3 +98,17 @@ def placement(path: str, comps: Any) -> Placement:
         where = f"{base.name_or_path} vs {comps.model.name_or_path}"
         return Placement(False, f"its base weights differ from the policy's ({where})")
     return Placement(True, f"its base weights are the policy's: sha256 {mine[:12]}")
+
+
+#: why GRPO's recipe.reward_model and Best-of-N's scorer load as a separate model, whatever the run (issue 48)
+SEPARATE_WHY = {
+    "grpo": "TRL's GRPOTrainer owns the policy (wraps, checkpoints and saves it; its reference switches the "
+    "adapters off): no second adapter is put on it here",
+    "best_of_n": "it scores once every sample is drawn and the policy is freed: the two are never held "
+    "together, so sharing the base would save no memory",
+}
+
+
+def separate(recipe: str, path: str) -> str:
+    """The plan's and summary's line for a reward model ``recipe`` loads separately, and why."""
+    return Placement(False, SEPARATE_WHY[recipe]).describe(path)

@@ -124,21 +124,29 @@ class RewardModel:
         self.__name__ = "reward_model"
 
     def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
-        import torch
-
         texts = chat_texts(self.tokenizer, prompts, completions)
-        scores: list[float] = []
         device = next(self.model.parameters()).device
-        for start in range(0, len(texts), self.batch_size):
-            batch = self.tokenizer(
-                texts[start : start + self.batch_size],
-                return_tensors="pt",
-                padding=True,
-                add_special_tokens=False,
-            ).to(device)
-            with torch.no_grad():
-                scores += self.model(**batch).logits[:, 0].float().tolist()
-        return scores
+        return batched_scores(
+            self.tokenizer, texts, self.batch_size, device, lambda b: self.model(**b).logits[:, 0]
+        )
+
+
+def batched_scores(
+    tokenizer: Any, texts: list[str], batch_size: int, device: Any, score: Callable[[Any], Any]
+) -> list[float]:
+    """``score`` (a tokenized batch → one score per row) over ``texts`` in batches of ``batch_size``, padded
+    as the tokenizer pads, without gradients: the scoring loop of a reward model loaded separately and of one
+    on the policy's base (components/rl/reward_adapter.py)."""
+    import torch
+
+    scores: list[float] = []
+    for start in range(0, len(texts), batch_size):
+        batch = tokenizer(
+            texts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+        ).to(device)
+        with torch.no_grad():
+            scores += score(batch).float().tolist()
+    return scores
 
 
 def chat_texts(tokenizer: Any, prompts: list[Any], completions: list[Any]) -> list[str]:

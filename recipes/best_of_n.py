@@ -47,10 +47,19 @@ class BestOfN(BatchedGeneration, OneReward):
 
             reward_model_dir(reward_model_path(self.reward))  # raises naming recipe.reward.model
 
+    def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
+        """Where a reward model loads: separately, once the policy is freed."""
+        from hydratune.components.reward_placement import separate
+
+        path = None if self.reward_url else reward_model_path(self.reward)
+        return [f"# best_of_n: {separate('best_of_n', path)}"] if path else []
+
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        session, rows, records, seconds = self.generate_all(ctx)
+        session, rows, records, seconds = self.generate_all(ctx)  # the policy is freed on its return
         if not ctx.is_main_process:
             return {}
+        for line in self.plan_lines(ctx.cfg, ctx.components):
+            session.report.setdefault("run", {})["reward model"] = line.removeprefix("# best_of_n: ")
         reward = self.reward_function(ctx.device)  # recipe.reward_url, else recipe.reward
         scores = score(reward, rows, records)
         for r, s in zip(records, scores, strict=True):

@@ -134,18 +134,21 @@ class GRPO(Recipe, RewardURL):
         )
 
     def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
-        """The tools (the environment's methods too) and the schemas the model is shown."""
+        """Where a reward model loads (separately, and why); the tools (the environment's methods too) and
+        the schemas the model is shown."""
         import functools
 
         from hydratune.components.environment import tool_methods
+        from hydratune.components.reward_placement import separate
         from hydratune.components.tools import describe, plan_lines
 
+        reward = [f"# grpo: {separate('grpo', self.reward_model)}"] if self.reward_model else []
         factory = self.environment_factory()
         methods = [] if factory is None else tool_methods(environment_class(factory))
         if not self.tools and not methods:
-            return []
+            return reward
         count = len(self.tools) + len(methods)
-        lines = plan_lines(self.tool_functions(), self.max_tool_calls, self.tool_timeout, count)
+        lines = [*reward, *plan_lines(self.tool_functions(), self.max_tool_calls, self.tool_timeout, count)]
         if factory is not None:
             name = environment_class(factory).__name__
             lines += [f"# environment {name} (a fresh one per rollout), its methods:"]
@@ -242,6 +245,9 @@ class GRPO(Recipe, RewardURL):
         if self.reward_url:
             rewards.append(self.http_reward())
         if self.reward_model:
+            from hydratune.components.reward_placement import separate
+
+            session.report["run"]["reward model"] = separate("grpo", self.reward_model)
             rewards.append(RewardModel(self.reward_model, ctx.device))
         if self.beta > 0 and not c.peft.is_adapter and c.model.init == "random":
             # TRL builds the reference from config._name_or_path (a loaded model's own dir or hub id); a

@@ -60,18 +60,23 @@ class PPO(Recipe, OneReward):
     reward_normalization: bool = False  # divide scores by running std after subtracting the running mean
     reward_clip: float = knob(10.0, POSITIVE)
     missing_eos_penalty: float | None = knob(-1.0, FINITE)  # added to the score of a response cut before EOS
-    value_model: str = "head"  # head (on the policy's trunk) | separate (critic from reward model / policy)
+    value_model: str = (
+        "head"  # head (on the policy's trunk) | separate (a critic model) | adapter (LoRA + head)
+    )
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         rules = {  # (each knob's range is declared on its field and checked before this)
             "mini_batch_size": self.rollout_batch_size % self.mini_batch_size == 0,
             "kl_estimator": self.kl_estimator in ("k1", "k3"),
-            "value_model": self.value_model in ("head", "separate"),
+            "value_model": self.value_model in VALUE_MODELS,
         }
         for key, ok in rules.items():
             if not ok:
                 hint = "a divisor of rollout_batch_size" if key == "mini_batch_size" else None
+                hint = " | ".join(VALUE_MODELS) if key == "value_model" else hint
                 raise ConfigError(f"invalid value {getattr(self, key)!r}", key=f"recipe.{key}", hint=hint)
+        if self.value_model == "adapter":
+            check_value_adapter(comps)
         # (what the strategy's own loop hooks refuse is checked for every loop-owning recipe before load)
         hooks = comps.strategy.loop_hooks  # None: refused by the pre-load checks (own_loop_refusal)
         if hooks is not None and hooks.loop_engine:  # one engine, which accumulates micro-batches itself
@@ -98,11 +103,17 @@ class PPO(Recipe, OneReward):
             reward_model_dir(reward_model_path(self.reward))  # raises naming recipe.reward.model
 
     def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
-        """Where a reward model loads: an adapter on the policy's base or a separate model, and why."""
+        """Where a reward model loads (an adapter on the policy's base or a separate model, and why) and
+        where the value function is."""
         from hydratune.components.reward_placement import placement
 
         path = None if self.reward_url else reward_model_path(self.reward)
-        return [f"# ppo: {placement(path, comps).describe(path)}"] if path else []
+        reward = [f"# ppo: {placement(path, comps).describe(path)}"] if path else []
+        return [*reward, f"# ppo: value model: {self.value_placement()}"]
+
+    def value_placement(self) -> str:
+        """Where the value function is (plan and summary say it)."""
+        return VALUE_PLACES[self.value_model]
 
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         self.check_columns(comps, splits)
@@ -121,6 +132,33 @@ class PPO(Recipe, OneReward):
         session.evaluate_generations("before")
         # the driver resumes, iterates, checkpoints and stops it; ZeRO-3 / FSDP: gathered on rank 0 for final/
         return session.run(PPOLoop.build(self, ctx, session, policy, data))
+
+
+#: recipe.value_model's options, and where each puts the value function
+VALUE_PLACES = {
+    "head": "a value head on the policy's last hidden state (the value loss trains the policy too)",
+    "separate": "a separate critic, a whole trainable model (from the reward model, else the policy)",
+    "adapter": "a value LoRA adapter + value head on the policy's own base (no second copy)",
+}
+VALUE_MODELS = tuple(VALUE_PLACES)
+
+
+def check_value_adapter(comps: Components) -> None:
+    """``recipe.value_model=adapter`` puts a second LoRA adapter on the policy's PeftModel: the policy must
+    train a LoRA adapter with no bias of the base (the two adapters share the base's weights), on whole
+    weights (no engine that shards them)."""
+    why = None
+    if not comps.peft.lora_adapter:
+        why = "needs peft=lora: the critic is a second LoRA adapter beside the policy's, on its base"
+        hint = "peft=lora, or recipe.value_model=head"
+    elif comps.peft.trains_base_biases:
+        why = "shares the base's biases, which peft.bias trains"
+        hint = "peft.bias=none, or recipe.value_model=head"
+    elif comps.strategy.shards_parameters:
+        why = f"switches adapters on whole weights; {comps.strategy.label} shards the base"
+        hint = "strategy=ddp (or single), or recipe.value_model=head"
+    if why:
+        raise ConfigError(f"recipe.value_model=adapter {why}", key="recipe.value_model", hint=hint)
 
 
 def check_reward(spec: Any) -> None:

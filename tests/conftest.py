@@ -238,6 +238,32 @@ def sft_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"full": full, "lora": lora, "lora_random": lora_random}
 
 
+#: the reward model's few steps: 16 pairs, no eval split
+REWARD = [
+    "recipe=reward", "peft=lora", "data.max_samples=16", "data.eval_path=null", "data.eval_fraction=0",
+    "train.micro_batch_size=4",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def reward_lora(sft_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LoRA reward run (2 steps) on the session's full SFT run, with a CLI run's files (issue 48: its base
+    is the full run's final model, so PPO puts it on the policy's base)."""
+    from tests.support.runs import as_cli_run
+
+    root = tmp_path_factory.mktemp("reward_lora")
+    overrides = [*SHORT, *REWARD, f"model.from_run={sft_runs['full']}"]
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="hydratune.conf", version_base=None):
+        fn = lambda *o: compose(config_name="config", overrides=list(o))  # noqa: E731
+        ctx, _ = _run_in(root, fn, *overrides, name="rm")
+        path = as_cli_run(ctx, overrides)
+    GlobalHydra.instance().clear()
+    final = path / "final"
+    assert (final / "adapter_config.json").is_file() and not (final / "config.json").exists()
+    return path
+
+
 #: recipe=generate's short settings (the tests of sft_runs' generations)
 GENERATE = ["recipe=generate", "recipe.max_new_tokens=6", "recipe.batch_size=5"]
 

@@ -50,7 +50,9 @@ from hydratune.components.memory.states import (
     held_weights,
     host_ram,
     model_state_bytes,  # noqa: F401 - the state formulas' old home: callers import them from here
+    optimizer_bytes,
     quantized_bytes_per_param,  # noqa: F401
+    shards,
     trainable_of,
     training_states,
 )
@@ -399,6 +401,7 @@ def _state_terms(
         ("step temporaries", states.step_temp, "16-bit flatten of the sub-group, cast to fp32"),
         _teacher_term(spec),
         _reward_term(spec),
+        _value_term(spec),
     ]
 
 
@@ -450,6 +453,30 @@ def _generation_phase(spec: RunSpec) -> set[str] | None:
     kept = {"gradients"} if spec.strategy.is_deepspeed else set()
     transient = {"autocast weight copies", "activations", "vision activations", "logits + loss", "gradients"}
     return (fwd_bwd - transient) | kept | {"KV cache (generation)"}
+
+
+def _value_term(spec: RunSpec) -> tuple[str, float, str]:
+    """recipe=ppo's value function, trained beside the policy by the same optimizer: a head or a critic
+    adapter + head in fp32 (weights, gradients, optimizer moments), or a separate critic trained whole (its
+    weights, gradients and states as a full fine-tuning's, sharded as the policy's are)."""
+    if not spec.value_model:
+        return ("value model (trained)", 0.0, "")
+    n = spec.value_params
+    if spec.value_model == "separate":
+        w = spec.weight_bytes
+        shard_p, shard_g, shard_o = shards(spec)
+        held = n * (w / shard_p + w / shard_g + optimizer_bytes(spec.optimizer, w) / shard_o)
+        note = f"a separate critic: {n:,} params x ({w} B weights + {w} B grads + optimizer moments)"
+        return ("value model (trained)", held, note + (f", /{shard_o}" if shard_o > 1 else ""))
+    where = (
+        "an adapter + value head on the policy's base" if spec.value_model == "adapter" else "a value head"
+    )
+    per = 4 + 4 + optimizer_bytes(spec.optimizer, 4)
+    return (
+        "value model (trained)",
+        n * per,
+        f"{where}: {n:,} params x {per:g} B (fp32 weights, grads, moments)",
+    )
 
 
 def _transient_terms(spec: RunSpec, part: Slice, trainable: int, per: ElementBytes, gathered: float) -> Terms:
@@ -505,6 +532,7 @@ def _phases(ds: bool) -> tuple[set[str], set[str]]:
         "buffers",
         "teacher (frozen)",
         "reward model (frozen)",
+        "value model (trained)",
     }
     fwd_bwd = always | {"autocast weight copies", "activations", "vision activations", "logits + loss"}
     if ds:  # DeepSpeed keeps its gradient partitions for the whole backward

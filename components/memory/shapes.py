@@ -151,6 +151,10 @@ class RunSpec:
     generation_tokens: int = 0
     # what the spec's numbers assume or leave out, printed by the estimate as notes
     notes: tuple[str, ...] = ()
+    # recipe=ppo's value function (recipe.value_model), trained beside the policy: a head (hidden + 1), a LoRA
+    # adapter + head on the policy's base (adapter), or a whole critic model (separate); "" for other recipes
+    value_model: str = ""
+    value_params: int = 0
 
     @property
     def world_size(self) -> int:

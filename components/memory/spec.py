@@ -233,6 +233,7 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
         **reward_knobs(cfg, compute, peft, quant, strategy_component),
     )
     spec = replace(spec, **episode_knobs(cfg, spec))
+    spec = replace(spec, **value_knobs(get(cfg, "recipe"), spec, peft))
     return replace(spec, **over) if over else spec
 
 
@@ -298,14 +299,21 @@ def teacher_knobs(recipe: Any, compute_bytes: int) -> dict[str, Any]:
 
 def reward_knobs(cfg: Any, compute_bytes: int, peft: Any, quant: Any, strategy: Any) -> dict[str, Any]:
     """recipe=ppo's reward model for the RunSpec: a separate model's parameters in the compute dtype, or,
-    where it loads as an adapter on the policy's base (``placement``), only its adapter and score head."""
+    where it loads as an adapter on the policy's base (``placement``), only its adapter and score head;
+    recipe=grpo's ``reward_model``: always a separate model."""
     from types import SimpleNamespace
 
     from hydratune.components.rewards import adapter_run, reward_model_dir
 
     recipe = get(cfg, "recipe")
+    target = str(get(recipe, "_target_", ""))
     path = get(get(recipe, "reward", None), "model", None)
-    if not str(get(recipe, "_target_", "")).endswith(".PPO") or get(recipe, "reward_url", None) or not path:
+    shareable = target.endswith(".PPO")  # GRPO's recipe.reward_model: beside the policy, always separate
+    if target.endswith(".GRPO"):
+        path = get(recipe, "reward_model", None)
+    elif not target.endswith(".PPO") or get(recipe, "reward_url", None):
+        return {}
+    if not path:
         return {}
     run = adapter_run(str(path))
     if run is None:
@@ -315,11 +323,27 @@ def reward_knobs(cfg: Any, compute_bytes: int, peft: Any, quant: Any, strategy: 
 
     adapter = adapter_params(run.final)
     comps = SimpleNamespace(peft=peft, quantization=quant, strategy=strategy, model=built(get(cfg, "model")))
-    if placement(str(path), comps).shared:
+    if shareable and placement(str(path), comps).shared:
         return {"reward_params": adapter, "reward_bytes": 4, "reward_shared": True}
     # loaded separately, the adapter is folded into its base: the base's parameters
     base = param_counts(arch_of_model({"name_or_path": run.base_component().source_dir()})).total
     return {"reward_params": int(base), "reward_bytes": compute_bytes}
+
+
+def value_knobs(recipe: Any, spec: RunSpec, peft: Any) -> dict[str, Any]:
+    """recipe=ppo's value function for the RunSpec: a head's parameters (hidden + 1), a critic adapter's (the
+    policy's LoRA shape) + a head's, or a separate critic's (the reward model's size when it starts from a
+    separate one, else the policy's)."""
+    if not str(get(recipe, "_target_", "")).endswith(".PPO"):
+        return {}
+    kind = str(get(recipe, "value_model", "head"))
+    head = spec.arch.hidden_size + 1
+    if kind == "adapter":
+        return {"value_model": kind, "value_params": peft.trainable_params(spec.arch) + head}
+    if kind == "separate":
+        params = spec.reward_params if spec.reward_params and not spec.reward_shared else None
+        return {"value_model": kind, "value_params": params or param_counts(spec.arch).total}
+    return {"value_model": kind, "value_params": head}
 
 
 def checked_mesh(strategy: Any, arch: Arch, world_size: int) -> Mesh:

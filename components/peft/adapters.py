@@ -243,6 +243,10 @@ class LoRA(TargetedAdapter):
     def adapter_dropout(self) -> bool:
         return self.dropout > 0
 
+    @property
+    def trains_base_biases(self) -> bool:
+        return self.bias != "none"
+
     def validate(self) -> None:
         super().validate()
         targets = self.target_parameters

@@ -69,6 +69,12 @@ class Peft:
         return False
 
     @property
+    def trains_base_biases(self) -> bool:
+        """Its adapter trains the base's own biases too (LoRA's ``bias``): another adapter on the same base
+        (PPO's critic adapter) would share them."""
+        return False
+
+    @property
     def freezes_base(self) -> bool:
         """True when the base weights all stay frozen and only the adapter is saved: the base may then
         load in bf16 (see CausalLM.weight_dtype)."""

@@ -53,7 +53,8 @@ class PPOLoop:
 
     @classmethod
     def build(cls, knobs: Any, ctx: Any, session: Any, policy: Any, data: Any) -> PPOLoop:
-        """The value function (a head on the policy's trunk or a separate critic), the accelerator, the
+        """The value function (a head on the policy's trunk, a separate critic or an adapter on its base), the
+        accelerator, the
         optimizer and schedule, the reference and the reward, all as the strategy shapes them."""
         from hydratune.components.rewards import RewardModel, reward_model_path
         from hydratune.components.rl.reward_adapter import AdapterReward
@@ -64,6 +65,7 @@ class PPOLoop:
         ]
         # recipe.reward_url, else recipe.reward: a LoRA reward run on the policy's own base where it fits
         shared = reward_on_policy_base(knobs, c, session.report["run"])
+        session.report["run"]["value model"] = knobs.value_placement()
         reward = AdapterReward(policy, shared) if shared else knobs.reward_function(ctx.device)
         ppo_parts.disable_dropout(policy)
         # the reference: None under PEFT (the adapter-free policy), else a frozen copy, or where the
@@ -73,6 +75,10 @@ class PPOLoop:
         )
         if knobs.value_model == "head":
             value = ppo_parts.value_head(policy)
+        elif knobs.value_model == "adapter":  # a second LoRA + head on the policy's base (issue 48)
+            from hydratune.components.rl.value_adapter import AdapterCritic
+
+            value = AdapterCritic(policy)
         else:
             load = c.quantization.load_kwargs(ctx.plan.dtype, ctx.device)
             value = ppo_parts.separate_critic(policy, c.model, reward_model_path(knobs.reward), load)
@@ -109,7 +115,7 @@ class PPOLoop:
             session.report["sharding"] = sharding
         policy, value = loop.modules["policy"], loop.modules["value"]
         model = ppo_parts.ActorCritic(
-            policy, value, knobs.value_model == "separate", reference, acc, knobs.temperature, loop.engine
+            policy, value, knobs.value_model, reference, acc, knobs.temperature, loop.engine
         )
         kl = (
             ppo_parts.AdaptiveKLController(knobs.kl_coef, knobs.target_kl, knobs.kl_horizon)
@@ -305,6 +311,8 @@ class PPOLoop:
         trained = engine if engine is not None else ppo_parts.PolicyAndValue.of(self.loop.modules)
         gathered = ppo_parts.split_gathered(hooks.gather_loop_weights(acc, trained)) or {}
         unwrapped = self.unwrapped
+        if hasattr(unwrapped["value"], "detach"):  # the critic adapter: final/value.safetensors, not final/
+            unwrapped["value"].detach()
         return Final(unwrapped["policy"], gathered, extra={"value": unwrapped["value"]})
 
 

@@ -7,7 +7,9 @@ Shapes: ``B`` sequences, ``R`` response tokens. Every per-token tensor is ``(B, 
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -443,13 +445,14 @@ class PromptSampler:
 
 @dataclass
 class ActorCritic:
-    """The trained modules (policy + value head, or policy + separate critic) and the reference.
+    """The trained modules (policy + value head, a separate critic, or the critic adapter on the policy's
+    base) and the reference.
 
     ``reference`` is None under PEFT: the reference is then the policy with its adapter disabled."""
 
     policy: Any
-    value: Any  # a value head (nn.Linear) or a critic (sequence classifier)
-    separate_critic: bool
+    value: Any  # a value head (nn.Linear), a critic (sequence classifier) or an AdapterCritic
+    value_model: str  # recipe.value_model: head | separate | adapter
     reference: Any
     accelerator: Any
     temperature: float = 1.0
@@ -463,12 +466,14 @@ class ActorCritic:
         with self.accelerator.autocast():
             if self.engine is not None:
                 return self.engine(ids, mask, n, self.temperature)
-            head = None if self.separate_critic else self.value
+            head = self.value if self.value_model == "head" else None
             logp, entropy, values = sequence_logprobs(
                 self.policy, ids, mask, n, temperature=self.temperature, value_head=head
             )
-            if self.separate_critic:
+            if self.value_model == "separate":
                 values = critic_values(self.value, ids, mask, n)
+            elif self.value_model == "adapter":  # the base with the critic's adapter alone
+                values = self.value(ids, mask, n)
         return logp, entropy, values
 
     @torch.no_grad()
@@ -479,8 +484,23 @@ class ActorCritic:
                 return sequence_logprobs(self.reference, ids, mask, n, temperature=self.temperature)[0]
             if self.engine is not None:
                 return self.engine(ids, mask, n, self.temperature, True)[0]
-            with self.accelerator.unwrap_model(self.policy).disable_adapter():
+            policy = self.accelerator.unwrap_model(self.policy)
+            # peft's disable_adapter leaves only the active adapter trainable on exit: the critic's (a second
+            # adapter on the same model) would stop receiving gradients
+            with kept_requires_grad(policy), policy.disable_adapter():
                 return sequence_logprobs(self.policy, ids, mask, n, temperature=self.temperature)[0]
+
+
+@contextlib.contextmanager
+def kept_requires_grad(module: torch.nn.Module) -> Iterator[None]:
+    """What requires a gradient in ``module`` is as it was before the block, after it."""
+    params = list(module.parameters())
+    before = [p.requires_grad for p in params]
+    try:
+        yield
+    finally:
+        for param, requires in zip(params, before, strict=True):
+            param.requires_grad_(requires)
 
 
 @dataclass

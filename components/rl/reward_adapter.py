@@ -77,21 +77,17 @@ class AdapterReward:
         self.__name__ = "reward_model"
 
     def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
-
-        from hydratune.components.rewards import chat_texts
+        from hydratune.components.rewards import batched_scores, chat_texts
 
         texts = chat_texts(self.tokenizer, prompts, completions)
-        scores: list[float] = []
         device = self.score.weight.device
-        for start in range(0, len(texts), self.batch_size):
-            batch = self.tokenizer(
-                texts[start : start + self.batch_size],
-                return_tensors="pt",
-                padding=True,
-                add_special_tokens=False,
-            ).to(device)
-            scores += self.logits(batch["input_ids"], batch["attention_mask"]).float().tolist()
-        return scores
+        return batched_scores(
+            self.tokenizer,
+            texts,
+            self.batch_size,
+            device,
+            lambda b: self.logits(b["input_ids"], b["attention_mask"]),
+        )
 
     def logits(self, ids: Any, mask: Any) -> Any:
         """The score at each row's last non-pad token, as a sequence classifier pools it."""

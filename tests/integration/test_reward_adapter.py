@@ -10,33 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
-
-from tests.conftest import SHORT, _run_in
-from tests.support.runs import as_cli_run
-
-#: the reward model's few steps: 16 pairs, no eval split
-REWARD = [
-    "recipe=reward", "peft=lora", "data.max_samples=16", "data.eval_path=null", "data.eval_fraction=0",
-    "train.micro_batch_size=4",
-]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def reward_lora(sft_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A LoRA reward run (2 steps) on the session's full SFT run, with a CLI run's files."""
-    root = tmp_path_factory.mktemp("reward_lora")
-    overrides = [*SHORT, *REWARD, f"model.from_run={sft_runs['full']}"]
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="hydratune.conf", version_base=None):
-        fn = lambda *o: compose(config_name="config", overrides=list(o))  # noqa: E731
-        ctx, _ = _run_in(root, fn, *overrides, name="rm")
-        path = as_cli_run(ctx, overrides)
-    GlobalHydra.instance().clear()
-    final = path / "final"
-    assert (final / "adapter_config.json").is_file() and not (final / "config.json").exists()
-    return path
 
 
 def test_a_lora_reward_run_on_an_sft_run_passes_the_checks_and_scores(compose_cfg, reward_lora) -> None:
@@ -156,7 +129,8 @@ def test_ppo_scores_with_the_reward_adapter_on_its_base_as_with_the_separate_mod
     ]  # fmt: skip
     cfg = compose_cfg(*overrides)
     comps = Components.from_config(cfg)
-    (line,) = comps.recipe.plan_lines(cfg, comps)
+    line, value = comps.recipe.plan_lines(cfg, comps)
+    assert value.startswith("# ppo: value model: a value head on the policy's last hidden state")
     assert "a LoRA adapter on the policy's base (its base weights are the policy's: sha256" in line
     cfg = compose_cfg(*[o for o in overrides if o != "peft=lora"])
     comps = Components.from_config(cfg)
@@ -205,6 +179,9 @@ def test_the_estimate_counts_one_base_plus_the_reward_adapter(compose_cfg, sft_r
     assert separate.row("reward model (frozen)") == base * 2  # zero3 on 1 GPU: whole; a separate model
     assert full.row("reward model (frozen)") == base * 2
     assert none.row("reward model (frozen)") == 0
+    grpo = ["recipe=grpo", f"model.from_run={sft_runs['full']}", "precision=bf16", "peft=lora"]
+    held = estimate(spec_from_config(compose_cfg(*grpo, f"recipe.reward_model={reward_lora}")))
+    assert held.row("reward model (frozen)") == base * 2  # GRPO's: separate (it counted none before)
     assert shared.total - none.total == pytest.approx(adapter * 4 * 1.05)  # + the allocator's fragmentation
 
 
@@ -272,3 +249,56 @@ def test_a_gguf_base_is_compared_by_its_file_and_a_random_one_not_at_all(compose
     (gguf,) = base_files(model)
     assert gguf.suffix == ".gguf" and gguf.is_file()
     assert base_files(Components.from_config(compose_cfg()).model) is None  # the demo's random init
+
+
+def test_grpo_and_best_of_n_load_a_lora_reward_run_separately_and_say_why(
+    run_recipe, compose_cfg, sft_runs, reward_lora, monkeypatch
+) -> None:
+    """The plan names why; Best-of-N's scorer loads only once the policy is gone (the two never held
+    together), and its scores are the reward model's on the same samples (1e-6, fp32)."""
+    import gc
+
+    from transformers import LlamaForCausalLM
+
+    from hydratune.components import rewards
+    from hydratune.components.runtime.run import Components
+
+    for recipe, key, said in (
+        ("grpo", "reward_model", "TRL's GRPOTrainer owns the policy"),
+        ("best_of_n", "reward.model", "it scores once every sample is drawn and the policy is freed"),
+    ):
+        cfg = compose_cfg(
+            f"recipe={recipe}", f"recipe.{key}={reward_lora}", f"model.from_run={sft_runs['full']}"
+        )
+        comps = Components.from_config(cfg)
+        (line,) = [x for x in comps.recipe.plan_lines(cfg, comps) if "reward model" in x]
+        assert f"reward model {reward_lora}: a separate model ({said}" in line, line
+    alive: list[int] = []
+    load = rewards.RewardModel.__init__
+
+    def counting(self, *args: Any, **kwargs: Any) -> None:
+        gc.collect()
+        alive.append(sum(isinstance(o, LlamaForCausalLM) for o in gc.get_objects()))
+        load(self, *args, **kwargs)
+
+    monkeypatch.setattr(rewards.RewardModel, "__init__", counting)
+    ctx, _ = run_recipe(
+        "recipe=best_of_n", f"model.from_run={sft_runs['full']}", f"recipe.reward.model={reward_lora}",
+        "recipe.max_new_tokens=6", "recipe.num_return_sequences=2", "data.max_samples=4", name="bon_rm",
+    )  # fmt: skip
+    assert alive == [0]  # no policy model alive when the reward model loads
+    monkeypatch.setattr(rewards.RewardModel, "__init__", load)
+    from tests.support.data import ASSETS
+    from tests.support.runs import read_jsonl
+
+    samples = read_jsonl(ctx.run_dir.path / "samples.jsonl")
+    prompts = read_jsonl(ASSETS / "demo/prompts_eval.jsonl")[:4]
+    assert len(samples) == 8
+    again = rewards.RewardModel(str(reward_lora))  # the reward run scored again, on its own
+    expected = again([prompts[s["index"]]["prompt"] for s in samples], [s["completion"] for s in samples])
+    torch.testing.assert_close(
+        torch.tensor([s["reward"] for s in samples]), torch.tensor(expected), rtol=0, atol=1e-6
+    )
+    assert torch.tensor(expected).std() > 0
+    result = json.loads((ctx.run_dir.path / "result.json").read_text())
+    assert "a separate model (it scores once every sample is drawn" in result["run"]["reward model"]

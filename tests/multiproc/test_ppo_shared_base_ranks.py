@@ -1,0 +1,75 @@
+"""PPO with a LoRA reward run on the policy's own base and the critic as a third adapter on it
+(``recipe.value_model=adapter``, issue 48) on 2 CPU ranks (DDP) equals one process.
+
+The same seeds and the same 8 prompts (one draw: each rank takes every other one): greedy rollouts
+(``recipe.top_k=1``), one iteration, two PPO epochs of one mini-batch each (rank: 4 rollouts, one process: 8;
+the second step is the first to reach the critic's adapter, through the head the first one moved), no
+whitening (a rank would whiten over its own half): the two ranks' averaged gradient is the one process's
+(every response is the full 4 tokens, so each rank's token mean is half of the whole). Tolerance: 1e-5 on the
+rewards and the trained weights (the batches pad differently, so float sums round differently; the trained
+weights move by ~1e-3). One launch per layout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.cells import forked
+
+#: one iteration, greedy, both layouts
+SHARED = [
+    "recipe=ppo", "peft=lora", "recipe.num_iterations=1", "recipe.ppo_epochs=2", "recipe.top_k=1",
+    "recipe.whiten_advantages=false", "recipe.response_length=4", "train.eval_generations=0",
+    "train.save_every=0", "train.log_every=1", "train.write_plots=false", "recipe.value_model=adapter",
+]  # fmt: skip
+TWO_RANKS = [
+    "strategy=ddp", "launcher.nproc_per_node=2", "recipe.rollout_batch_size=4", "recipe.mini_batch_size=4",
+    "train.micro_batch_size=4",
+]  # fmt: skip
+ONE_PROCESS = ["recipe.rollout_batch_size=8", "recipe.mini_batch_size=8", "train.micro_batch_size=8"]
+
+
+@pytest.fixture(scope="module")
+def layouts(warm, sft_runs, reward_lora, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("ppo_shared_ranks")
+    common = [*SHARED, f"model.from_run={sft_runs['full']}", f"recipe.reward.model={reward_lora}"]
+    runs = {"two": root / "two", "one": root / "one"}
+    forked(warm, runs["two"], *common, *TWO_RANKS, what="PPO on 2 ranks")
+    forked(warm, runs["one"], *common, *ONE_PROCESS, what="PPO on one process")
+    return runs
+
+
+def test_ppo_with_the_reward_adapter_on_two_ranks_equals_one_process(layouts) -> None:
+    from safetensors.torch import load_file
+
+    results = {k: json.loads((run / "result.json").read_text()) for k, run in layouts.items()}
+    for info in results.values():  # both put the reward adapter on their base
+        assert "a LoRA adapter on the policy's base" in info["run"]["reward model"]
+    (two,), (one,) = ([json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] for run in (
+        layouts["two"], layouts["one"]))  # fmt: skip
+    assert one["response_length"] == two["response_length"] == 4  # every response whole: equal token counts
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "kl",
+        "loss/policy",
+        "loss/value",
+        "values/mean",
+        "returns/mean",
+    ):
+        assert abs(one[key] - two[key]) <= 1e-5, (key, one[key], two[key])
+    assert one["reward/std"] > 0  # real scores from the reward adapter, not a constant
+    for name in ("adapter_model.safetensors", "value.safetensors"):
+        a, b = (load_file(run / "final" / name) for run in (layouts["two"], layouts["one"]))
+        assert a.keys() == b.keys() and a, name
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5, msg=key)
+    policy, critic = (
+        load_file(layouts["one"] / "final" / n) for n in ("adapter_model.safetensors", "value.safetensors")
+    )
+    assert any(v.abs().sum() > 0 for k, v in policy.items() if "lora_B" in k)  # the policy's adapter moved
+    assert any(v.abs().sum() > 0 for k, v in critic.items() if "lora_B" in k)  # and the critic's
+    assert "a value LoRA adapter + value head" in results["two"]["run"]["value model"]
