@@ -19,6 +19,15 @@ from hydratune.components.runtime.run import Components, RunContext
 from hydratune.components.text.batching import SPLIT_ROWS, check_padding_free, collator_for
 
 LOSS_TYPES = ("nll", "dft")
+LOSS_IMPLS = ("chunked", "trl")
+#: config.json keys that change the logits after the head (Gemma 2's soft-capping, Cohere's / Granite's scale)
+LOGIT_TRANSFORMS = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "output_multiplier",
+    "lm_head_multiplier",
+    "logits_scaling",
+)
 
 
 @recipe
@@ -37,6 +46,9 @@ class SFT(Recipe):
     # assistant_only_loss says (both on: the completion's assistant turns); no effect on messages data
     completion_only_loss: bool = True
     loss_type: str = "nll"  # nll | dft
+    # chunked: hydratune's LM head + cross-entropy in chunks of positions (components/runtime/lm_loss.py),
+    # metrics at log steps only; trl: TRL's fused LM head (entropy and top-1 on every step)
+    loss_impl: str = "chunked"
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         if self.loss_type not in LOSS_TYPES:
@@ -49,7 +61,41 @@ class SFT(Recipe):
                 key="recipe.loss_type",
                 hint="recipe.loss_type=nll, or another strategy",
             )
+        if self.loss_impl not in LOSS_IMPLS:
+            raise ConfigError(
+                f"unknown '{self.loss_impl}'", key="recipe.loss_impl", hint=f"one of {LOSS_IMPLS}"
+            )
         check_padding_free(comps)
+
+    def loss_path(self, comps: Components) -> tuple[str, str]:
+        """Which loss the run computes (``chunked`` or ``trl``) and why, from the config alone; the built
+        model's head and image rows are checked again at run time."""
+        if self.loss_impl == "trl":
+            return "trl", "recipe.loss_impl=trl"
+        p = comps.strategy.parallel
+        if comps.strategy.shards_parameters:
+            return "trl", f"strategy={comps.strategy.label} shards the LM head (TRL's head gathers it)"
+        if max(p.tp, p.sp, p.pp, p.ep) > 1:
+            return "trl", "the model is split over ranks (strategy.tp/sp/pp/ep_size)"
+        if comps.peft.adds_virtual_tokens:
+            return "trl", "a prompt-learning adapter's virtual tokens"
+        config = comps.model.config_dict()
+        config = {**config, **config.get("text_config", {})}
+        if any(config.get(k) not in (None, 1, 1.0) for k in LOGIT_TRANSFORMS):
+            found = [k for k in LOGIT_TRANSFORMS if config.get(k) not in (None, 1, 1.0)]
+            return "trl", f"the model transforms its logits ({', '.join(found)}), which TRL's head applies"
+        if "router_aux_loss_coef" in config or "output_router_logits" in config:
+            return "trl", "a mixture of experts: TRL's loss adds the router's auxiliary loss"
+        return "chunked", "recipe.loss_impl=chunked"
+
+    def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
+        impl, why = self.loss_path(comps)
+        if impl == "chunked":
+            return [
+                "# sft: loss hydratune's chunked LM head + cross-entropy (no full logits); entropy and "
+                "mean_token_accuracy at log steps only (recipe.loss_impl=trl: TRL's fused head)"
+            ]
+        return [f"# sft: loss TRL's fused LM head ({why})"]
 
     def tokens(self, comps: Components) -> Any:
         """Every row tokenized and masked before the model loads, as TRL would (cached with the data)."""
@@ -99,10 +145,29 @@ class SFT(Recipe):
         )
         staged = c.strategy.parallel.pp > 1  # pipeline stages: the trainer gets this rank's stages only
         cut = cut_model(session) if staged else None
-        trainer = session.trainer(SFTTrainer, args, session.tokens, **extra)
+        trainer = session.trainer(chunkable(SFTTrainer), args, session.tokens, **extra)
+        self.choose_loss(session, trainer)
         session.check_loss_mask(trainer.train_dataset, masked=plan.mask != "none" or plan.completion)
         # the trainer prepares data, optimizer and schedule; the stages train through their own loop
         return session.run(StagedLoop.build(session, trainer, cut) if cut else TrainerLoop(session, trainer))
+
+    def choose_loss(self, session: Any, trainer: Any) -> None:
+        """The chunked loss on ``trainer`` where :meth:`loss_path` and the built model allow it; the
+        summary's ``loss`` says which loss ran and why."""
+        from hydratune.components.runtime.lm_loss import head_refusal
+
+        impl, why = self.loss_path(session.ctx.components)
+        model = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+        refused = head_refusal(model) if impl == "chunked" else None
+        if refused:
+            impl, why = "trl", refused
+        if impl == "chunked":
+            trainer.use_chunked_loss()
+        session.report.setdefault("loss", {})["implementation"] = (
+            "hydratune's chunked LM head + cross-entropy; entropy and mean_token_accuracy at log steps only"
+            if impl == "chunked"
+            else f"TRL's fused LM head ({why})"
+        )
 
     def run_image_rows(self, session: Any, rows: Any) -> dict[str, Any]:
         """Image rows on a vision-language model: the rows themselves to TRL's SFTTrainer with the model's
@@ -145,5 +210,13 @@ class SFT(Recipe):
             if conversational
             else "the completion only (TRL's vision collator); image tokens never trained"
         )
+        session.report.setdefault("loss", {})["implementation"] = "TRL's fused LM head (image rows)"
         session.check_image_loss_mask(trainer, masked=masked)
         return session.run(TrainerLoop(session, trainer))
+
+
+def chunkable(trainer_cls: type) -> type:
+    """TRL's ``SFTTrainer`` able to take hydratune's chunked loss (``ChunkedLMLoss.use_chunked_loss``)."""
+    from hydratune.components.runtime.lm_loss import ChunkedLMLoss
+
+    return type(trainer_cls.__name__, (ChunkedLMLoss, trainer_cls), {})
