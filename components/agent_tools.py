@@ -43,3 +43,27 @@ def evaluate(node: ast.AST) -> float:
     if isinstance(node, ast.UnaryOp) and type(node.op) in OPERATORS:
         return OPERATORS[type(node.op)](evaluate(node.operand))
     raise ValueError(f"not arithmetic: {ast.unparse(node)}")
+
+
+class GuessingGame:
+    """A stateful environment (``recipe.environment``): the row's secret number (its ``answer`` column), which
+    the model finds by calling ``guess``; the game answers higher / lower / correct and keeps count. The
+    reward is 1 once the number is found, else 0 (``data=demo_agent``, docs/agents.md)."""
+
+    def reset(self, answer: str, **row: object) -> None:
+        self.secret, self.found, self.guesses = int(answer), False, 0
+
+    def guess(self, number: int) -> str:
+        """Guess the secret number.
+
+        Args:
+            number: your guess
+        """
+        self.guesses += 1
+        if number == self.secret:
+            self.found = True
+            return "correct"
+        return "higher" if number < self.secret else "lower"
+
+    def get_reward(self) -> float:
+        return 1.0 if self.found else 0.0

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hydratune.components.config.errors import ConfigError
-from hydratune.components.tools import Tool, ToolStats, imported, schema
+from hydratune.components.tools import Tool, ToolStats, named, schema
 
 KEY = "recipe.environment"
 NOT_TOOLS = ("reset", "get_reward")
@@ -40,36 +40,15 @@ def tool_methods(cls: type) -> list[tuple[str, Callable[..., Any]]]:
 
 def resolve_environment(spec: Any, *, trusted: bool) -> Callable[[], Any]:
     """The factory (the class, its constructor's keywords bound) ``spec`` names, checked before load."""
-    if isinstance(spec, dict) and spec.get("_target_"):
-        kwargs = {k: v for k, v in spec.items() if not k.startswith("_")}
-        factory: Any = functools.partial(imported(str(spec["_target_"]), f"{KEY}._target_"), **kwargs)
-    elif isinstance(spec, str) and spec:
-        factory = imported(spec, KEY)
-    elif isinstance(spec, functools.partial) or inspect.isclass(spec):
-        factory = spec
-    else:
-        raise ConfigError(f"{KEY} is {spec!r}, not a class", key=KEY, hint=FIX)
+    factory = named(spec, KEY, inspect.isclass, FIX, "a class")
     cls = environment_class(factory)
     if not inspect.isclass(cls):
         raise ConfigError(f"{KEY} names {cls!r}, not a class", key=KEY, hint=FIX)
     if not trusted:
-        from hydratune.components.config.trust import installed_module
+        from hydratune.components.rewards import check_trusted
 
-        bound = factory.keywords if isinstance(factory, functools.partial) else {}
         hint = "a class in your own module; if you trust the config: trust_targets=true"
-        if isinstance(factory, functools.partial) and (
-            factory.args or any(callable(v) for v in bound.values())
-        ):
-            raise ConfigError(
-                f"environment {cls.__name__} binds arguments that are calls, not data", key=KEY, hint=hint
-            )
-        if installed_module(cls.__module__):
-            raise ConfigError(
-                f"environment {cls.__module__}.{cls.__qualname__} comes from an installed package or the "
-                "standard library, not from your code",
-                key=KEY,
-                hint=hint,
-            )
+        check_trusted(factory, KEY, what="environment", hint=hint, accepts=inspect.isclass, plain="a class")
     if not callable(getattr(cls, "reset", None)):
         raise ConfigError(f"environment {cls.__name__} has no reset(**row)", key=KEY, hint=FIX)
     methods = tool_methods(cls)

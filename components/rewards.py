@@ -282,9 +282,17 @@ def import_reward(dotted: str, key: str = "recipe.reward_funcs") -> Callable[...
     return function
 
 
-def check_trusted(function: Any, key: str) -> None:
+def check_trusted(
+    function: Any,
+    key: str,
+    what: str = "reward",
+    hint: str | None = None,
+    accepts: Callable[[Any], bool] | None = None,
+    plain: str = "a plain function",
+) -> None:
     """Refuse (without ``trust_targets=true``) what a shared config could turn into code it should not
-    run: a reward that is not a plain function of hydratune's or the user's own modules, or a partial
+    run: a ``what`` (a reward; a tool, an environment: components/tools.py, environment.py) that is not
+    ``plain`` (``accepts``: a plain function) of hydratune's or the user's own modules, or a partial
     binding a callable."""
     import functools
     import inspect
@@ -292,7 +300,7 @@ def check_trusted(function: Any, key: str) -> None:
     from hydratune.components.config.errors import ConfigError
     from hydratune.components.config.trust import installed_module
 
-    hint = (
+    hint = hint or (
         "a plain def in your own module (or hydratune.components.rewards); if you trust the config: "
         "trust_targets=true"
     )
@@ -300,15 +308,15 @@ def check_trusted(function: Any, key: str) -> None:
     if isinstance(function, functools.partial):
         if function.args or any(callable(v) for v in bound.values()):
             raise ConfigError(
-                f"reward {function.func!r} binds arguments that are calls, not data", key=key, hint=hint
+                f"{what} {function.func!r} binds arguments that are calls, not data", key=key, hint=hint
             )
         function = function.func
     qualified = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)}"
-    if not inspect.isfunction(function):
-        raise ConfigError(f"reward {qualified} is not a plain function", key=key, hint=hint)
+    if not (accepts or inspect.isfunction)(function):
+        raise ConfigError(f"{what} {qualified} is not {plain}", key=key, hint=hint)
     if installed_module(function.__module__):
         raise ConfigError(
-            f"reward {qualified} comes from an installed package or the standard library, not from your code",
+            f"{what} {qualified} comes from an installed package or the standard library, not from your code",
             key=key,
             hint=hint,
         )

@@ -132,19 +132,25 @@ def tool_name(function: Any) -> str:
 def resolve_tool(spec: Any, key: str, *, trusted: bool) -> Callable[..., Any]:
     """The function ``spec`` names (a dotted path, a ``_target_`` node, an instantiated partial), imported
     from the user's module dirs, checked for trust (unless ``trusted``) and for a schema (before load)."""
-    if isinstance(spec, dict) and spec.get("_target_"):
-        kwargs = {k: v for k, v in spec.items() if not k.startswith("_")}
-        function: Any = functools.partial(imported(str(spec["_target_"]), f"{key}._target_"), **kwargs)
-    elif isinstance(spec, str) and spec:
-        function = imported(spec, key)
-    elif isinstance(spec, functools.partial) or inspect.isfunction(spec):
-        function = spec
-    else:
-        raise ConfigError(f"{key} is {spec!r}, not a function", key=key, hint=f"a dotted path: {FIX}")
+    function = named(spec, key, inspect.isfunction, f"a dotted path: {FIX}", "a function")
     if not trusted:
         check_trusted_tool(function, key)
     schema(function, key)
     return function
+
+
+def named(spec: Any, key: str, accepts: Callable[[Any], bool], fix: str, noun: str) -> Any:
+    """What a config value names, for a tool or an environment: a dotted path imported, a ``_target_`` node
+    as a partial of its target (its other keys bound), an instantiated partial or ``accepts``-ed object as
+    is; anything else a ConfigError."""
+    if isinstance(spec, dict) and spec.get("_target_"):
+        kwargs = {k: v for k, v in spec.items() if not k.startswith("_")}
+        return functools.partial(imported(str(spec["_target_"]), f"{key}._target_"), **kwargs)
+    if isinstance(spec, str) and spec:
+        return imported(spec, key)
+    if isinstance(spec, functools.partial) or accepts(spec):
+        return spec
+    raise ConfigError(f"{key} is {spec!r}, not {noun}", key=key, hint=fix)
 
 
 def imported(dotted: str, key: str) -> Callable[..., Any]:
@@ -164,25 +170,11 @@ def imported(dotted: str, key: str) -> Callable[..., Any]:
 
 def check_trusted_tool(function: Any, key: str) -> None:
     """Without ``trust_targets=true``: a plain function of the user's own module (or hydratune's), binding
-    plain data only (a shared config cannot turn ``os.system`` into a tool)."""
-    from hydratune.components.config.trust import installed_module
+    plain data only (a shared config cannot turn ``os.system`` into a tool): the rewards' rule."""
+    from hydratune.components.rewards import check_trusted
 
     hint = "a plain def in your own module; if you trust the config: trust_targets=true"
-    if isinstance(function, functools.partial):
-        if function.args or any(callable(v) for v in function.keywords.values()):
-            raise ConfigError(
-                f"tool {function.func!r} binds arguments that are calls, not data", key=key, hint=hint
-            )
-        function = function.func
-    qualified = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)}"
-    if not inspect.isfunction(function):
-        raise ConfigError(f"tool {qualified} is not a plain function", key=key, hint=hint)
-    if installed_module(function.__module__):
-        raise ConfigError(
-            f"tool {qualified} comes from an installed package or the standard library, not from your code",
-            key=key,
-            hint=hint,
-        )
+    check_trusted(function, key, what="tool", hint=hint)
 
 
 def schema(function: Any, key: str = KEY) -> dict[str, Any]:

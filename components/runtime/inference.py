@@ -132,9 +132,9 @@ def prompt_rows(
 ) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
     """Every row of ``splits`` (``data.whole().load()``: ``data.path`` in file order, no eval split): the
     prompt turns, tokenized with the chat template's generation prompt (``template``: more keywords for it,
-    a tool loop's schemas) under the data's length policy, and
-    the reference if any; how the data was read (the format, what the length policy cut), for the summary;
-    and whether the rows carry images (``LoadedData.has_images``)."""
+    a tool loop's schemas) under the data's length policy, and the reference if any; how the data was read
+    (the format, what the length policy cut), for the summary; and whether the rows carry images
+    (``LoadedData.has_images``)."""
     from hydratune.components.data.prepare import eval_images
     from hydratune.components.generation.evaluation import eval_prompts
 

@@ -241,3 +241,18 @@ def test_a_prompt_that_the_tools_schemas_push_over_the_limit_is_refused(compose_
     cfg = compose_cfg("recipe=grpo", tools_on, f"data.max_prompt_length={enough}")
     comps = Components.from_config(cfg)
     comps.recipe.check_prompt_with_tools(comps, prompt, tokenizer)  # the hint's value works
+
+
+def test_the_bundled_guessing_game_keeps_its_state_across_turns_and_rewards_the_find() -> None:
+    """data=demo_agent's environment: the row's answer is the secret; higher / lower until found."""
+    from hydratune.components.agent_tools import GuessingGame
+    from hydratune.components.environment import resolve_environment
+
+    factory = resolve_environment("hydratune.components.agent_tools.GuessingGame", trusted=False)
+    game = factory()
+    game.reset(answer="5", prompt=[])
+    assert [game.guess(number=n) for n in (4, 6)] == ["higher", "lower"] and game.get_reward() == 0.0
+    assert game.guess(number=5) == "correct" and game.get_reward() == 1.0 and game.guesses == 3
+    game.reset(answer="1", prompt=[])
+    assert game.get_reward() == 0.0 and game.guesses == 0
+    assert isinstance(game, GuessingGame)
