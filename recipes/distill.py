@@ -148,7 +148,9 @@ class Distill(Recipe):
 
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """Chat data: every row a conversation whose last turn is the assistant's (its completion; the turns
-        before it the prompt), else refused naming the first row that is not."""
+        before it the prompt), else refused naming the first row that is not; with ``lmbda`` < 1 the chat
+        template must write the first rows' prompts alike alone and before their answers (the answer's tokens
+        are the rest)."""
         if comps.data.kind != "chat":
             return
         for name, split in splits.items():
@@ -168,6 +170,8 @@ class Distill(Recipe):
                         key="data.path",
                         hint="rows ending with an assistant turn, or prompt-only data with recipe.lmbda=1",
                     )
+        if self.lmbda < 1 and tokenizer is not None:
+            check_prompt_prefix(tokenizer, splits["train"]["messages"][:PREFIX_ROWS], str(comps.data.path))
 
     def check_memory(self, cfg: DictConfig) -> None:
         """With the GPU's memory known (``estimate.gpu_memory`` or a detected GPU): the teacher must fit in
@@ -312,6 +316,27 @@ class Distill(Recipe):
             MeasuredDistillationTrainer, args, data, teacher_model=teacher, **self.trainer_args()
         )
         return session.run(TrainerLoop(session, trainer))
+
+
+#: the rows whose prompt tokens check_prompt_prefix compares (the template's behaviour, not the rows')
+PREFIX_ROWS = 16
+
+
+def check_prompt_prefix(tokenizer: Any, conversations: list[list[dict[str, Any]]], path: str) -> None:
+    """The chat template writes each prompt (with its generation prompt) as the start of the whole
+    conversation, so the dataset's answer tokens are the rest; else refused naming the row."""
+    for i, messages in enumerate(conversations):
+        prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True)
+        whole = tokenizer.apply_chat_template(messages, tokenize=True)
+        prompt, whole = (list(getattr(x, "input_ids", x)) for x in (prompt, whole))
+        if whole[: len(prompt)] != prompt:
+            raise ConfigError(
+                f"the chat template writes row {i} of {path}'s prompt differently alone (with the generation "
+                "prompt) and before its answer, so the answer's tokens cannot be told apart",
+                key="model.chat_template",
+                hint="a chat template whose generation prompt is the start of the assistant's turn, or "
+                "recipe.lmbda=1 (the student's own samples only)",
+            )
 
 
 def prompt_and_completion(row: dict[str, Any]) -> dict[str, Any]:

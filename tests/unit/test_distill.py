@@ -403,6 +403,15 @@ def test_chat_rows_must_end_with_the_assistants_answer(compose_cfg) -> None:
     with pytest.raises(ConfigError) as err:
         comps.recipe.check_data(comps, {"train": text}, None)
     assert err.value.key == "data.format"
+    tok = comps.model.build_tokenizer()  # the student's: its prompt is the start of the whole conversation
+    comps.recipe.check_data(comps, {"train": good, "eval": good}, tok)
+    tok.chat_template = (  # the generation prompt says "assistant", the answer's turn "bot"
+        "{% for m in messages %}{{ ('bot' if m['role'] == 'assistant' else m['role']) }}: "
+        "{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    with pytest.raises(ConfigError) as err:
+        comps.recipe.check_data(comps, {"train": good, "eval": good}, tok)
+    assert err.value.key == "model.chat_template" and "row 0 of" in str(err.value)
 
 
 def test_a_quantized_teacher_is_counted_and_refused_where_it_cannot_load(compose_cfg, teachers) -> None:
