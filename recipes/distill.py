@@ -81,6 +81,16 @@ class Distill(Recipe):
                 hint="recipe.loss=jsd or recipe.loss=topk_forward_kl, or recipe.lmbda=1",
             )
 
+    def warnings(self, cfg: DictConfig, comps: Components) -> list[str]:
+        """A knob of another loss set away from its default: the chosen loss does not read it."""
+        unread = {"beta": self.loss != "jsd", "top_k": self.loss != "topk_forward_kl"}
+        defaults = {name: f.default for name, f in type(self).__dataclass_fields__.items()}
+        return [
+            f"recipe.{name}={getattr(self, name)} is not used by recipe.loss={self.loss}"
+            for name, unused in unread.items()
+            if unused and getattr(self, name) != defaults[name]
+        ]
+
     def check(self, cfg: DictConfig, comps: Components) -> None:
         """The teacher exists and may be loaded, is not the student, speaks the student's tokenizer and fits
         beside it (by the estimate, when the GPU's memory is known); the dataset's completions exist when
@@ -95,7 +105,6 @@ class Distill(Recipe):
                 hint="chat data whose rows end with the assistant's answer (data=demo_sft, or "
                 "data=jsonl_messages data.path=<chats or prompt/completion rows>), or recipe.lmbda=1",
             )
-
         if comps.peft.adds_virtual_tokens:  # TRL refuses it after the model loads: said here, before
             raise ConfigError(
                 "prompt learning's virtual tokens would never be prepended: TRL's distillation loss runs the "

@@ -130,6 +130,19 @@ def test_a_bad_loss_is_refused_naming_the_choices(compose_cfg) -> None:
     assert err.key == "recipe.loss" and "jsd, topk_forward_kl, k1, k3" in err.hint
 
 
+def test_a_knob_the_loss_does_not_read_is_said(compose_cfg) -> None:
+    from hydratune.components.runtime.run import Components
+
+    def said(*overrides: str) -> list[str]:
+        cfg = compose_cfg("recipe=distill", *overrides)
+        comps = Components.from_config(cfg)
+        return comps.recipe.warnings(cfg, comps)
+
+    assert said("recipe.beta=0") == [] and said("recipe.loss=k3") == []
+    assert said("recipe.loss=k3", "recipe.beta=0") == ["recipe.beta=0.0 is not used by recipe.loss=k3"]
+    assert said("recipe.top_k=5") == ["recipe.top_k=5 is not used by recipe.loss=jsd"]
+
+
 @pytest.mark.parametrize("peft", ["prefix", "ptuning"])
 def test_prompt_learning_is_refused_before_load(compose_cfg, peft: str) -> None:
     """TRL's trainer refuses it only once the model is loaded; here it is a ConfigError before (the hint's
