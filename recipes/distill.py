@@ -61,6 +61,11 @@ class Distill(Recipe):
     temperature: float = knob(1.0, POSITIVE)  # sampling and both distributions of the loss
     max_completion_length: int = knob(8, AT_LEAST_ONE)  # tokens the student samples per prompt
 
+    @property
+    def reads_completions(self) -> bool:
+        """Some batches are the dataset's completions (``lmbda`` < 1): the data must have them."""
+        return self.lmbda < 1
+
     def validate(self) -> None:
         if self.teacher_quantization not in TEACHER_QUANTIZATION:
             raise ConfigError(
@@ -72,7 +77,7 @@ class Distill(Recipe):
             raise ConfigError(
                 f"unknown loss {self.loss!r}", key="recipe.loss", hint=f"one of {', '.join(LOSSES)}"
             )
-        if self.lmbda < 1 and self.loss in ("k1", "k3"):
+        if self.reads_completions and self.loss in ("k1", "k3"):
             raise ConfigError(
                 f"the {self.loss} estimator reads the student's sampled tokens; with "
                 f"recipe.lmbda={self.lmbda:g} some batches are the dataset's completions, where it "
@@ -97,11 +102,11 @@ class Distill(Recipe):
         ``lmbda`` < 1."""
         from hydratune.components.modeling.teacher import check_not_student, teacher_component
 
-        if self.lmbda < 1 and comps.data.kind != "chat":
+        if self.reads_completions and comps.data.kind != "chat":
             raise ConfigError(
                 f"recipe.lmbda={self.lmbda:g} trains on the dataset's completions, and "
                 f"{comps.data.kind} data has prompts only",
-                key="recipe.lmbda",
+                key="data",
                 hint="chat data whose rows end with the assistant's answer (data=demo_sft, or "
                 "data=jsonl_messages data.path=<chats or prompt/completion rows>), or recipe.lmbda=1",
             )
@@ -179,7 +184,7 @@ class Distill(Recipe):
                         key="data.path",
                         hint="rows ending with an assistant turn, or prompt-only data with recipe.lmbda=1",
                     )
-        if self.lmbda < 1 and tokenizer is not None:
+        if self.reads_completions and tokenizer is not None:
             check_prompt_prefix(tokenizer, splits["train"]["messages"][:PREFIX_ROWS], str(comps.data.path))
 
     def check_memory(self, cfg: DictConfig) -> None:

@@ -117,8 +117,9 @@ def test_tokenizer_fix_in_the_hint_works(compose_cfg, teachers) -> None:
 def test_lmbda_below_one_needs_the_datasets_completions(compose_cfg) -> None:
     """Prompt-only data has no completion to train on: refused naming recipe.lmbda and chat data; the demo's
     chats pass; k1 / k3 read the student's samples, so they refuse lmbda < 1 (naming recipe.loss)."""
-    err = refusal(compose_cfg, "recipe.lmbda=0.5")  # data=demo_distill: prompts
-    assert err.key == "recipe.lmbda" and "prompts only" in str(err) and "data=demo_sft" in err.hint
+    err = refusal(compose_cfg, "recipe.lmbda=0.5")  # data=demo_distill: prompts (the combination: key data)
+    assert err.key == "data" and "recipe.lmbda=0.5 trains on the dataset's completions" in str(err)
+    assert "prompts only" in str(err) and "data=demo_sft" in err.hint and "recipe.lmbda=1" in err.hint
     checked(compose_cfg, "recipe.lmbda=0.5", "data=demo_sft")
     checked(compose_cfg, "recipe.lmbda=0", "data=demo_sft", "recipe.loss=topk_forward_kl")
     err = refusal(compose_cfg, "recipe.lmbda=0.5", "data=demo_sft", "recipe.loss=k3")
