@@ -61,6 +61,11 @@ class Distill(Recipe):
     temperature: float = knob(1.0, POSITIVE)  # sampling and both distributions of the loss
     max_completion_length: int = knob(8, AT_LEAST_ONE)  # tokens the student samples per prompt
 
+    @property
+    def reads_completions(self) -> bool:
+        """Some batches are the dataset's completions (``lmbda`` < 1): the data must have them."""
+        return self.lmbda < 1
+
     def validate(self) -> None:
         if self.teacher_quantization not in TEACHER_QUANTIZATION:
             raise ConfigError(
@@ -72,7 +77,7 @@ class Distill(Recipe):
             raise ConfigError(
                 f"unknown loss {self.loss!r}", key="recipe.loss", hint=f"one of {', '.join(LOSSES)}"
             )
-        if self.lmbda < 1 and self.loss in ("k1", "k3"):
+        if self.reads_completions and self.loss in ("k1", "k3"):
             raise ConfigError(
                 f"the {self.loss} estimator reads the student's sampled tokens; with "
                 f"recipe.lmbda={self.lmbda:g} some batches are the dataset's completions, where it "
@@ -81,21 +86,30 @@ class Distill(Recipe):
                 hint="recipe.loss=jsd or recipe.loss=topk_forward_kl, or recipe.lmbda=1",
             )
 
+    def warnings(self, cfg: DictConfig, comps: Components) -> list[str]:
+        """A knob of another loss set away from its default: the chosen loss does not read it."""
+        unread = {"beta": self.loss != "jsd", "top_k": self.loss != "topk_forward_kl"}
+        defaults = {name: f.default for name, f in type(self).__dataclass_fields__.items()}
+        return [
+            f"recipe.{name}={getattr(self, name)} is not used by recipe.loss={self.loss}"
+            for name, unused in unread.items()
+            if unused and getattr(self, name) != defaults[name]
+        ]
+
     def check(self, cfg: DictConfig, comps: Components) -> None:
         """The teacher exists and may be loaded, is not the student, speaks the student's tokenizer and fits
         beside it (by the estimate, when the GPU's memory is known); the dataset's completions exist when
         ``lmbda`` < 1."""
         from hydratune.components.modeling.teacher import check_not_student, teacher_component
 
-        if self.lmbda < 1 and comps.data.kind != "chat":
+        if self.reads_completions and comps.data.kind != "chat":
             raise ConfigError(
                 f"recipe.lmbda={self.lmbda:g} trains on the dataset's completions, and "
                 f"{comps.data.kind} data has prompts only",
-                key="recipe.lmbda",
+                key="data",
                 hint="chat data whose rows end with the assistant's answer (data=demo_sft, or "
                 "data=jsonl_messages data.path=<chats or prompt/completion rows>), or recipe.lmbda=1",
             )
-
         if comps.peft.adds_virtual_tokens:  # TRL refuses it after the model loads: said here, before
             raise ConfigError(
                 "prompt learning's virtual tokens would never be prepended: TRL's distillation loss runs the "
@@ -148,7 +162,9 @@ class Distill(Recipe):
 
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """Chat data: every row a conversation whose last turn is the assistant's (its completion; the turns
-        before it the prompt), else refused naming the first row that is not."""
+        before it the prompt), else refused naming the first row that is not; with ``lmbda`` < 1 the chat
+        template must write the first rows' prompts alike alone and before their answers (the answer's tokens
+        are the rest)."""
         if comps.data.kind != "chat":
             return
         for name, split in splits.items():
@@ -168,6 +184,8 @@ class Distill(Recipe):
                         key="data.path",
                         hint="rows ending with an assistant turn, or prompt-only data with recipe.lmbda=1",
                     )
+        if self.reads_completions and tokenizer is not None:
+            check_prompt_prefix(tokenizer, splits["train"]["messages"][:PREFIX_ROWS], str(comps.data.path))
 
     def check_memory(self, cfg: DictConfig) -> None:
         """With the GPU's memory known (``estimate.gpu_memory`` or a detected GPU): the teacher must fit in
@@ -312,6 +330,27 @@ class Distill(Recipe):
             MeasuredDistillationTrainer, args, data, teacher_model=teacher, **self.trainer_args()
         )
         return session.run(TrainerLoop(session, trainer))
+
+
+#: the rows whose prompt tokens check_prompt_prefix compares (the template's behaviour, not the rows')
+PREFIX_ROWS = 16
+
+
+def check_prompt_prefix(tokenizer: Any, conversations: list[list[dict[str, Any]]], path: str) -> None:
+    """The chat template writes each prompt (with its generation prompt) as the start of the whole
+    conversation, so the dataset's answer tokens are the rest; else refused naming the row."""
+    for i, messages in enumerate(conversations):
+        prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True)
+        whole = tokenizer.apply_chat_template(messages, tokenize=True)
+        prompt, whole = (list(getattr(x, "input_ids", x)) for x in (prompt, whole))
+        if whole[: len(prompt)] != prompt:
+            raise ConfigError(
+                f"the chat template writes row {i} of {path}'s prompt differently alone (with the generation "
+                "prompt) and before its answer, so the answer's tokens cannot be told apart",
+                key="model.chat_template",
+                hint="a chat template whose generation prompt is the start of the assistant's turn, or "
+                "recipe.lmbda=1 (the student's own samples only)",
+            )
 
 
 def prompt_and_completion(row: dict[str, Any]) -> dict[str, Any]:

@@ -117,8 +117,9 @@ def test_tokenizer_fix_in_the_hint_works(compose_cfg, teachers) -> None:
 def test_lmbda_below_one_needs_the_datasets_completions(compose_cfg) -> None:
     """Prompt-only data has no completion to train on: refused naming recipe.lmbda and chat data; the demo's
     chats pass; k1 / k3 read the student's samples, so they refuse lmbda < 1 (naming recipe.loss)."""
-    err = refusal(compose_cfg, "recipe.lmbda=0.5")  # data=demo_distill: prompts
-    assert err.key == "recipe.lmbda" and "prompts only" in str(err) and "data=demo_sft" in err.hint
+    err = refusal(compose_cfg, "recipe.lmbda=0.5")  # data=demo_distill: prompts (the combination: key data)
+    assert err.key == "data" and "recipe.lmbda=0.5 trains on the dataset's completions" in str(err)
+    assert "prompts only" in str(err) and "data=demo_sft" in err.hint and "recipe.lmbda=1" in err.hint
     checked(compose_cfg, "recipe.lmbda=0.5", "data=demo_sft")
     checked(compose_cfg, "recipe.lmbda=0", "data=demo_sft", "recipe.loss=topk_forward_kl")
     err = refusal(compose_cfg, "recipe.lmbda=0.5", "data=demo_sft", "recipe.loss=k3")
@@ -128,6 +129,19 @@ def test_lmbda_below_one_needs_the_datasets_completions(compose_cfg) -> None:
 def test_a_bad_loss_is_refused_naming_the_choices(compose_cfg) -> None:
     err = refusal(compose_cfg, "recipe.loss=kl")
     assert err.key == "recipe.loss" and "jsd, topk_forward_kl, k1, k3" in err.hint
+
+
+def test_a_knob_the_loss_does_not_read_is_said(compose_cfg) -> None:
+    from hydratune.components.runtime.run import Components
+
+    def said(*overrides: str) -> list[str]:
+        cfg = compose_cfg("recipe=distill", *overrides)
+        comps = Components.from_config(cfg)
+        return comps.recipe.warnings(cfg, comps)
+
+    assert said("recipe.beta=0") == [] and said("recipe.loss=k3") == []
+    assert said("recipe.loss=k3", "recipe.beta=0") == ["recipe.beta=0.0 is not used by recipe.loss=k3"]
+    assert said("recipe.top_k=5") == ["recipe.top_k=5 is not used by recipe.loss=jsd"]
 
 
 @pytest.mark.parametrize("peft", ["prefix", "ptuning"])
@@ -403,6 +417,15 @@ def test_chat_rows_must_end_with_the_assistants_answer(compose_cfg) -> None:
     with pytest.raises(ConfigError) as err:
         comps.recipe.check_data(comps, {"train": text}, None)
     assert err.value.key == "data.format"
+    tok = comps.model.build_tokenizer()  # the student's: its prompt is the start of the whole conversation
+    comps.recipe.check_data(comps, {"train": good, "eval": good}, tok)
+    tok.chat_template = (  # the generation prompt says "assistant", the answer's turn "bot"
+        "{% for m in messages %}{{ ('bot' if m['role'] == 'assistant' else m['role']) }}: "
+        "{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    with pytest.raises(ConfigError) as err:
+        comps.recipe.check_data(comps, {"train": good, "eval": good}, tok)
+    assert err.value.key == "model.chat_template" and "row 0 of" in str(err.value)
 
 
 def test_a_quantized_teacher_is_counted_and_refused_where_it_cannot_load(compose_cfg, teachers) -> None:
