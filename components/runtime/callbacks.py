@@ -230,3 +230,14 @@ class ToolMetrics(TrainerCallback):
     ) -> None:
         if logs is not None and "loss" in logs:
             logs.update(self.stats.drain())
+
+
+class AtTrainEnd(TrainerCallback):
+    """Calls ``action()`` once training ends, before the final model is saved (GRPO: the reward adapter
+    taken off the policy it shares a base with)."""
+
+    def __init__(self, action: Any) -> None:
+        self.action = action
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.action()
