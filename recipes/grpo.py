@@ -134,8 +134,8 @@ class GRPO(Recipe, RewardURL):
         )
 
     def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
-        """Where a reward model loads (separately, and why); the tools (the environment's methods too) and
-        the schemas the model is shown."""
+        """Where a reward model loads (an adapter on the policy's base or a separate model, and why); the
+        tools (the environment's methods too) and the schemas the model is shown."""
         import functools
 
         from hydratune.components.environment import tool_methods
