@@ -1,8 +1,8 @@
-"""Where a LoRA reward run loads for PPO (issue 48), decided before any model loads: as an adapter on the
-policy's own base (components/rl/reward_adapter.py) when it trained a LoRA adapter alone (``recipe=reward
-peft=lora``), the policy trains a LoRA adapter too, nothing is sharded or quantized, and the two bases are the
-same weights (a digest of their safetensors files, not their names); else as a separate model. ``mode=plan``
-and the estimate say which.
+"""Where a LoRA reward run loads for PPO and GRPO (issue 48), decided before any model loads: as an
+adapter on the policy's own base (components/rl/reward_adapter.py) when it trained a LoRA adapter alone
+(``recipe=reward peft=lora``), the policy trains a LoRA adapter too, nothing is sharded or quantized, and the
+two bases are the same weights (a digest of their safetensors files, not their names); else as a separate
+model. ``mode=plan`` and the estimate say which.
 """
 
 from __future__ import annotations
@@ -100,10 +100,8 @@ def placement(path: str, comps: Any) -> Placement:
     return Placement(True, f"its base weights are the policy's: sha256 {mine[:12]}")
 
 
-#: why GRPO's recipe.reward_model and Best-of-N's scorer load as a separate model, whatever the run (issue 48)
+#: why Best-of-N's scorer loads as a separate model, whatever the run (issue 48)
 SEPARATE_WHY = {
-    "grpo": "TRL's GRPOTrainer owns the policy (wraps, checkpoints and saves it; its reference switches the "
-    "adapters off): no second adapter is put on it here",
     "best_of_n": "it scores once every sample is drawn and the policy is freed: the two are never held "
     "together, so sharing the base would save no memory",
 }

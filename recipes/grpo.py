@@ -134,15 +134,19 @@ class GRPO(Recipe, RewardURL):
         )
 
     def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
-        """Where a reward model loads (separately, and why); the tools (the environment's methods too) and
-        the schemas the model is shown."""
+        """Where a reward model loads (an adapter on the policy's base or a separate model, and why); the
+        tools (the environment's methods too) and the schemas the model is shown."""
         import functools
 
         from hydratune.components.environment import tool_methods
-        from hydratune.components.reward_placement import separate
+        from hydratune.components.reward_placement import placement
         from hydratune.components.tools import describe, plan_lines
 
-        reward = [f"# grpo: {separate('grpo', self.reward_model)}"] if self.reward_model else []
+        reward = (
+            [f"# grpo: {placement(self.reward_model, comps).describe(self.reward_model)}"]
+            if self.reward_model
+            else []
+        )
         factory = self.environment_factory()
         methods = [] if factory is None else tool_methods(environment_class(factory))
         if not self.tools and not methods:
@@ -244,11 +248,15 @@ class GRPO(Recipe, RewardURL):
         rewards = [resolve_reward(spec) for spec in self.reward_funcs]
         if self.reward_url:
             rewards.append(self.http_reward())
-        if self.reward_model:
-            from hydratune.components.reward_placement import separate
+        shared = None
+        if self.reward_model:  # a LoRA reward run on the policy's own base where it fits (issue 48)
+            from hydratune.components.reward_placement import placement
+            from hydratune.components.rl.reward_adapter import AdapterReward
 
-            session.report["run"]["reward model"] = separate("grpo", self.reward_model)
-            rewards.append(RewardModel(self.reward_model, ctx.device))
+            placed = placement(self.reward_model, c)
+            session.report["run"]["reward model"] = placed.describe(self.reward_model)
+            shared = AdapterReward(model, self.reward_model) if placed.shared else None
+            rewards.append(shared or RewardModel(self.reward_model, ctx.device))
         if self.beta > 0 and not c.peft.is_adapter and c.model.init == "random":
             # TRL builds the reference from config._name_or_path (a loaded model's own dir or hub id); a
             # random-init policy has none, so its starting weights are saved for TRL to load from.
@@ -289,6 +297,10 @@ class GRPO(Recipe, RewardURL):
             if factory is not None:
                 extra["environment_factory"] = fresh_factory(factory, self.tool_timeout, stats)
         trainer = session.trainer(GRPOTrainer, args, data, reward_funcs=rewards, **extra)
+        if shared is not None:  # off the policy before final/ is saved (checkpoints carry it, unused)
+            from hydratune.components.runtime.callbacks import AtTrainEnd
+
+            trainer.add_callback(AtTrainEnd(shared.detach))
         if stats is not None:
             from hydratune.components.runtime.callbacks import MetricsCallback, ToolMetrics
 

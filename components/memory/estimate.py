@@ -37,7 +37,7 @@ checkpointing keeps each layer's input and recomputes one layer at a time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hydratune.components.memory.arch import param_counts
 from hydratune.components.memory.parallel import Slice, bubble_fraction, slices
@@ -479,6 +479,19 @@ def _value_term(spec: RunSpec) -> tuple[str, float, str]:
     )
 
 
+def _value_activations(spec: RunSpec, part: Slice) -> float:
+    """recipe=ppo's critic forward beside the policy's (a second pass over the base, kept for backward): the
+    critic adapter's as the policy adapter's, a separate critic's as a full fine-tuning's; none for a head
+    (it reads the policy's own hidden states)."""
+    if spec.value_model == "adapter":
+        return activations(spec, part)[0]
+    if spec.value_model == "separate":
+        return activations(
+            replace(spec, full_finetune=True, lora_inputs_per_layer=0, lora_dropout=False), part
+        )[0]
+    return 0.0
+
+
 def _transient_terms(spec: RunSpec, part: Slice, trainable: int, per: ElementBytes, gathered: float) -> Terms:
     """The table's rows of what a step holds for a while: weight copies, gathered layers, activations,
     logits, a vision tower's activations, communication buffers."""
@@ -500,6 +513,11 @@ def _transient_terms(spec: RunSpec, part: Slice, trainable: int, per: ElementByt
             f"{mb}, "
             + ("checkpointed" if spec.gradient_checkpointing else "no checkpointing")
             + f", {spec.attn_implementation}",
+        ),
+        (
+            "value model activations",
+            _value_activations(spec, part),
+            "the critic's own forward over the base (recipe.value_model=adapter or separate)",
         ),
         (
             "logits + loss",
@@ -534,7 +552,13 @@ def _phases(ds: bool) -> tuple[set[str], set[str]]:
         "reward model (frozen)",
         "value model (trained)",
     }
-    fwd_bwd = always | {"autocast weight copies", "activations", "vision activations", "logits + loss"}
+    fwd_bwd = always | {
+        "autocast weight copies",
+        "activations",
+        "value model activations",
+        "vision activations",
+        "logits + loss",
+    }
     if ds:  # DeepSpeed keeps its gradient partitions for the whole backward
         fwd_bwd.add("gradients")
     step = always | {"gradients", "fp32 gradient copy", "step temporaries"}

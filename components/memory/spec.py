@@ -300,7 +300,7 @@ def teacher_knobs(recipe: Any, compute_bytes: int) -> dict[str, Any]:
 def reward_knobs(cfg: Any, compute_bytes: int, peft: Any, quant: Any, strategy: Any) -> dict[str, Any]:
     """recipe=ppo's reward model for the RunSpec: a separate model's parameters in the compute dtype, or,
     where it loads as an adapter on the policy's base (``placement``), only its adapter and score head;
-    recipe=grpo's ``reward_model``: always a separate model."""
+    recipe=grpo's ``reward_model`` the same way."""
     from types import SimpleNamespace
 
     from hydratune.components.rewards import adapter_run, reward_model_dir
@@ -308,8 +308,7 @@ def reward_knobs(cfg: Any, compute_bytes: int, peft: Any, quant: Any, strategy: 
     recipe = get(cfg, "recipe")
     target = str(get(recipe, "_target_", ""))
     path = get(get(recipe, "reward", None), "model", None)
-    shareable = target.endswith(".PPO")  # GRPO's recipe.reward_model: beside the policy, always separate
-    if target.endswith(".GRPO"):
+    if target.endswith(".GRPO"):  # recipe.reward_model, held beside the policy as PPO's is
         path = get(recipe, "reward_model", None)
     elif not target.endswith(".PPO") or get(recipe, "reward_url", None):
         return {}
@@ -323,7 +322,7 @@ def reward_knobs(cfg: Any, compute_bytes: int, peft: Any, quant: Any, strategy: 
 
     adapter = adapter_params(run.final)
     comps = SimpleNamespace(peft=peft, quantization=quant, strategy=strategy, model=built(get(cfg, "model")))
-    if shareable and placement(str(path), comps).shared:
+    if placement(str(path), comps).shared:
         return {"reward_params": adapter, "reward_bytes": 4, "reward_shared": True}
     # loaded separately, the adapter is folded into its base: the base's parameters
     base = param_counts(arch_of_model({"name_or_path": run.base_component().source_dir()})).total

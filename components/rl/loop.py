@@ -54,8 +54,8 @@ class PPOLoop:
     @classmethod
     def build(cls, knobs: Any, ctx: Any, session: Any, policy: Any, data: Any) -> PPOLoop:
         """The value function (a head on the policy's trunk, a separate critic or an adapter on its base), the
-        accelerator, the
-        optimizer and schedule, the reference and the reward, all as the strategy shapes them."""
+        accelerator, the optimizer and schedule, the reference and the reward, all as the strategy shapes
+        them."""
         from hydratune.components.rewards import RewardModel, reward_model_path
         from hydratune.components.rl.reward_adapter import AdapterReward
 

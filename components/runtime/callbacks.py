@@ -239,3 +239,14 @@ class ToolMetrics(TrainerCallback):
         keys = sorted(counts)
         local = torch.tensor([counts[k] for k in keys], dtype=torch.float64, device=self.accelerator.device)
         return dict(zip(keys, self.accelerator.reduce(local, reduction="sum").tolist(), strict=True))
+
+
+class AtTrainEnd(TrainerCallback):
+    """Calls ``action()`` once training ends, before the final model is saved (GRPO: the reward adapter
+    taken off the policy it shares a base with)."""
+
+    def __init__(self, action: Any) -> None:
+        self.action = action
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.action()

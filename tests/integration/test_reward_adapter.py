@@ -179,9 +179,16 @@ def test_the_estimate_counts_one_base_plus_the_reward_adapter(compose_cfg, sft_r
     assert separate.row("reward model (frozen)") == base * 2  # zero3 on 1 GPU: whole; a separate model
     assert full.row("reward model (frozen)") == base * 2
     assert none.row("reward model (frozen)") == 0
-    grpo = ["recipe=grpo", f"model.from_run={sft_runs['full']}", "precision=bf16", "peft=lora"]
-    held = estimate(spec_from_config(compose_cfg(*grpo, f"recipe.reward_model={reward_lora}")))
-    assert held.row("reward model (frozen)") == base * 2  # GRPO's: separate (it counted none before)
+    grpo = [
+        "recipe=grpo",
+        f"model.from_run={sft_runs['full']}",
+        "precision=bf16",
+        f"recipe.reward_model={reward_lora}",
+    ]
+    on_base = estimate(spec_from_config(compose_cfg(*grpo, "peft=lora")))
+    alone = estimate(spec_from_config(compose_cfg(*grpo)))
+    assert on_base.row("reward model (frozen)") == adapter * 4  # GRPO's as PPO's (it counted none before)
+    assert alone.row("reward model (frozen)") == base * 2
     assert shared.total - none.total == pytest.approx(adapter * 4 * 1.05)  # + the allocator's fragmentation
 
 
@@ -251,11 +258,11 @@ def test_a_gguf_base_is_compared_by_its_file_and_a_random_one_not_at_all(compose
     assert base_files(Components.from_config(compose_cfg()).model) is None  # the demo's random init
 
 
-def test_grpo_and_best_of_n_load_a_lora_reward_run_separately_and_say_why(
+def test_best_of_n_loads_a_lora_reward_run_separately_and_says_why(
     run_recipe, compose_cfg, sft_runs, reward_lora, monkeypatch
 ) -> None:
-    """The plan names why; Best-of-N's scorer loads only once the policy is gone (the two never held
-    together), and its scores are the reward model's on the same samples (1e-6, fp32)."""
+    """The plan names why: Best-of-N's scorer loads only once the policy is gone (the two never held
+    together); its scores are the reward model's on the same samples (1e-6, fp32)."""
     import gc
 
     from transformers import LlamaForCausalLM
@@ -263,16 +270,13 @@ def test_grpo_and_best_of_n_load_a_lora_reward_run_separately_and_say_why(
     from hydratune.components import rewards
     from hydratune.components.runtime.run import Components
 
-    for recipe, key, said in (
-        ("grpo", "reward_model", "TRL's GRPOTrainer owns the policy"),
-        ("best_of_n", "reward.model", "it scores once every sample is drawn and the policy is freed"),
-    ):
-        cfg = compose_cfg(
-            f"recipe={recipe}", f"recipe.{key}={reward_lora}", f"model.from_run={sft_runs['full']}"
-        )
-        comps = Components.from_config(cfg)
-        (line,) = [x for x in comps.recipe.plan_lines(cfg, comps) if "reward model" in x]
-        assert f"reward model {reward_lora}: a separate model ({said}" in line, line
+    cfg = compose_cfg(
+        "recipe=best_of_n", f"recipe.reward.model={reward_lora}", f"model.from_run={sft_runs['full']}"
+    )
+    comps = Components.from_config(cfg)
+    (line,) = comps.recipe.plan_lines(cfg, comps)
+    said = "a separate model (it scores once every sample is drawn and the policy is freed"
+    assert f"# best_of_n: reward model {reward_lora}: {said}" in line, line
     alive: list[int] = []
     load = rewards.RewardModel.__init__
 
@@ -302,3 +306,45 @@ def test_grpo_and_best_of_n_load_a_lora_reward_run_separately_and_say_why(
     assert torch.tensor(expected).std() > 0
     result = json.loads((ctx.run_dir.path / "result.json").read_text())
     assert "a separate model (it scores once every sample is drawn" in result["run"]["reward model"]
+
+
+def test_grpo_scores_with_the_reward_adapter_on_the_policy_base_as_the_separate_model(
+    run_recipe, compose_cfg, sft_runs, reward_lora, monkeypatch
+) -> None:
+    """GRPO (TRL's trainer, 2 steps) with the reward run on the policy's base: the plan and summary say so,
+    the scores TRL received are the separately loaded reward model's on the same completions (1e-6, fp32), and
+    final/ is the policy's adapter alone."""
+    from hydratune.components.rewards import RewardModel
+    from hydratune.components.rl.reward_adapter import AdapterReward
+    from hydratune.components.runtime.run import Components
+    from tests.support.rl import FAST_GRPO
+
+    overrides = [
+        *FAST_GRPO, "peft=lora", f"model.from_run={sft_runs['full']}", f"recipe.reward_model={reward_lora}",
+        "train.max_steps=2", "train.micro_batch_size=8", "recipe.num_generations=4",
+        "recipe.max_completion_length=6",
+    ]  # fmt: skip
+    cfg = compose_cfg(*overrides)
+    comps = Components.from_config(cfg)
+    (line,) = comps.recipe.plan_lines(cfg, comps)
+    assert "# grpo: reward model" in line and "a LoRA adapter on the policy's base (its base weights" in line
+    seen: list[tuple[list, list, list[float]]] = []
+    score = AdapterReward.__call__
+
+    def recording(self, prompts: list, completions: list, **kwargs: Any) -> list[float]:
+        scores = score(self, prompts, completions, **kwargs)
+        seen.append((list(prompts), list(completions), scores))
+        return scores
+
+    monkeypatch.setattr(AdapterReward, "__call__", recording)
+    ctx, _ = run_recipe(*overrides, name="grpo_shared")
+    assert len(seen) == 2  # one scoring per step, on the policy's base
+    result = json.loads((ctx.run_dir.path / "result.json").read_text())
+    assert "a LoRA adapter on the policy's base" in result["run"]["reward model"]
+    separate = RewardModel(str(reward_lora))
+    for prompts, completions, scores in seen:
+        expected = separate(prompts, completions)
+        torch.testing.assert_close(torch.tensor(scores), torch.tensor(expected), rtol=0, atol=1e-6)
+    assert torch.tensor([s for *_, scores in seen for s in scores]).std() > 0
+    final = ctx.run_dir.final
+    assert (final / "adapter_model.safetensors").is_file() and not (final / "reward").exists()

@@ -31,7 +31,8 @@ def test_the_critic_adapter_is_refused_before_load_where_it_cannot_sit(compose_c
 
 def test_the_estimate_counts_a_critic_adapter_and_head_instead_of_a_critic_copy(compose_cfg) -> None:
     """The value row: a head's hidden + 1 or an adapter's (the policy's LoRA shape) + a head's parameters in
-    fp32 with their gradients and Adam moments (16 B each), a separate critic's whole model trained."""
+    fp32 with their gradients and Adam moments (16 B each), a separate critic's whole model trained; the
+    critic's own forward's activations beside the policy's."""
     from hydratune.components.memory.arch import param_counts
     from hydratune.components.memory.estimate import estimate
     from hydratune.components.memory.spec import spec_from_config
@@ -50,7 +51,14 @@ def test_the_estimate_counts_a_critic_adapter_and_head_instead_of_a_critic_copy(
     assert rows["adapter"].row("value model (trained)") == (lora + head) * 16
     whole, w = param_counts(spec.arch).total, spec.weight_bytes
     assert rows["separate"].row("value model (trained)") == whole * (w + w + 2 * w)  # AdamW's two moments
-    assert rows["adapter"].total - rows["head"].total == pytest.approx(lora * 16 * 1.05)  # + fragmentation
+    # the critic adapter's forward is a second pass over the base: its activations are the policy's; a head
+    # reads the policy's own hidden states
+    act = rows["adapter"].row("activations")
+    assert rows["adapter"].row("value model activations") == act > 0
+    assert rows["head"].row("value model activations") == 0 < rows["separate"].row("value model activations")
+    assert rows["adapter"].total - rows["head"].total == pytest.approx(
+        (lora * 16 + act) * 1.05
+    )  # + fragmentation
     assert rows["adapter"].row("value model (trained)") < rows["separate"].row("value model (trained)")
     sft = estimate(spec_from_config(compose_cfg("peft=lora", "precision=bf16")))
     assert sft.row("value model (trained)") == 0  # nothing for a recipe without a value function
