@@ -162,9 +162,12 @@ class LearningRateOfTheStep:
 
 def engine_steps_the_scheduler(scheduler: Any) -> bool:
     """True when DeepSpeed's engine steps ``scheduler`` (accelerate wraps it so; the Trainer's own step of
-    it does nothing), not the Trainer after its optimizer step."""
-    from accelerate.utils import DeepSpeedSchedulerWrapper
-
+    it does nothing), not the Trainer after its optimizer step. accelerate exports the wrapper only where
+    deepspeed is installed (an optional extra): without it no engine steps a scheduler."""
+    try:
+        from accelerate.utils import DeepSpeedSchedulerWrapper
+    except ImportError:
+        return False
     return isinstance(scheduler, DeepSpeedSchedulerWrapper)
 
 

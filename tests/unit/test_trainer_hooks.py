@@ -158,3 +158,18 @@ def test_the_rate_logged_for_a_step_is_the_one_it_trained_with_when_the_engine_s
     logged, engine = logged_rates(hydratune_trainer(EngineSteps), tmp_path)
     assert engine.used == one  # the engine stepped with the rates of one process
     assert logged == engine.used
+
+
+def test_no_deepspeed_installed_means_no_engine_steps_the_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerate.utils exports DeepSpeedSchedulerWrapper only where deepspeed is installed (an extra, not in
+    the README's first command): every training step asks, so its absence is "no", never an ImportError (the
+    default job died on its first step in a fresh venv without deepspeed)."""
+    import accelerate.utils
+
+    from hydratune.components.runtime.trainer_hooks import engine_steps_the_scheduler
+
+    monkeypatch.delattr(accelerate.utils, "DeepSpeedSchedulerWrapper", raising=False)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        torch.optim.SGD([torch.nn.Parameter(torch.ones(1))]), lambda s: 1
+    )
+    assert engine_steps_the_scheduler(scheduler) is False
