@@ -108,6 +108,7 @@ def test_bf16_autocast_matches_the_full_logits_under_autocast() -> None:
         (("model=gemma2_2b",), "trl", "final_logit_softcapping"),
         (("strategy=zero3",), "trl", "shards the LM head"),
         (("peft=prefix",), "trl", "virtual tokens"),
+        (("model=tiny_vlm",), "trl", "vision-language model"),
     ],
 )
 def test_the_loss_path_falls_back_to_trls_head_where_the_chunked_one_is_not_exact(
