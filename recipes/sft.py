@@ -80,6 +80,8 @@ class SFT(Recipe):
         if comps.peft.adds_virtual_tokens:
             return "trl", "a prompt-learning adapter's virtual tokens"
         config = comps.model.config_dict()
+        if "vision_config" in config:
+            return "trl", "a vision-language model (its text head not checked against the chunked loss)"
         config = {**config, **config.get("text_config", {})}
         if any(config.get(k) not in (None, 1, 1.0) for k in LOGIT_TRANSFORMS):
             found = [k for k in LOGIT_TRANSFORMS if config.get(k) not in (None, 1, 1.0)]

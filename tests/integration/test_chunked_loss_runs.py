@@ -37,9 +37,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+def logged_all(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
 def logged(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r for r in rows if "loss" in r]
+    return [r for r in logged_all(run) if "loss" in r]
 
 
 def test_the_chunked_loss_equals_trls_at_every_step_with_the_same_metrics(runs: dict[str, Path]) -> None:
@@ -49,6 +52,11 @@ def test_the_chunked_loss_equals_trls_at_every_step_with_the_same_metrics(runs: 
         for key in ("loss", "entropy", "mean_token_accuracy", "num_tokens"):
             assert a[key] == pytest.approx(b[key], abs=1e-5), (a["step"], key, a[key], b[key])
     assert chunked[-1]["loss"] < 0.8 * chunked[0]["loss"]  # it learns
+    # the end-of-run evaluation: every eval batch's loss and metrics
+    evals = [[r for r in logged_all(runs[f"every_{i}"]) if "eval_loss" in r] for i in ("chunked", "trl")]
+    assert len(evals[0]) == len(evals[1]) == 1
+    for key in ("eval_loss", "eval_entropy", "eval_mean_token_accuracy"):
+        assert evals[0][0][key] == pytest.approx(evals[1][0][key], abs=1e-5), key
 
 
 def test_packed_rows_give_the_same_loss_and_metrics_at_log_steps(runs: dict[str, Path]) -> None:

@@ -76,7 +76,9 @@ def test_metrics_are_trls_entropy_and_top1_over_the_labelled_positions() -> None
     out = token_log_probs(h, labels, head, chunk=7, metrics=True)
     assert torch.allclose(out["entropy_sum"], entropy, atol=1e-4)
     assert int(out["num_correct"]) == int(correct)
-    assert "entropy_sum" not in token_log_probs(h, labels, head, chunk=7)  # not computed off log steps
+    plain = token_log_probs(h, labels, head, chunk=7)
+    assert "entropy_sum" not in plain  # not computed off log steps
+    assert torch.allclose(out["log_probs"], plain["log_probs"], atol=1e-6)  # the same loss on a log step
 
 
 def test_no_labelled_position_gives_a_differentiable_zero() -> None:
@@ -106,6 +108,7 @@ def test_bf16_autocast_matches_the_full_logits_under_autocast() -> None:
         (("model=gemma2_2b",), "trl", "final_logit_softcapping"),
         (("strategy=zero3",), "trl", "shards the LM head"),
         (("peft=prefix",), "trl", "virtual tokens"),
+        (("model=tiny_vlm",), "trl", "vision-language model"),
     ],
 )
 def test_the_loss_path_falls_back_to_trls_head_where_the_chunked_one_is_not_exact(
