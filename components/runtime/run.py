@@ -380,11 +380,20 @@ def dataloader_args(num_workers: int | None, device: str) -> dict[str, Any]:
 
 
 def peak_memory_gb(device: str) -> float:
-    """Peak accelerator memory (GiB) on GPU; peak resident set size of this process on CPU."""
+    """Peak accelerator memory (GiB) on GPU; peak resident set size of this process on CPU: Linux's VmHWM,
+    not ``ru_maxrss``, which a process keeps across exec from the process that forked it (a run started by a
+    2 GiB parent, a test session, reported 2 GiB whatever it used)."""
     import torch
 
     if device == "cuda" and torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**30
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**20  # KiB
+    except OSError:
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

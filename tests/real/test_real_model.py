@@ -298,21 +298,98 @@ def test_full_sft_multiturn_saves_a_reloadable_model(converted: Path, run_recipe
     assert "Paris" in greedy(model, tokenizer, FRANCE)
 
 
-def test_reward_and_dpo_with_lora(converted: Path, run_recipe) -> None:
+#: the short LoRA preference runs (reward, DPO): 4 training pairs, 2 a step, no eval split, no probes of the
+#: training pairs (nothing here reads them; test_preference.py checks them)
+PREFERENCE = ["model=smollm2_135m", "peft=lora", "optimizer.lr=2e-4", "data.max_samples=4"]
+PREFERENCE += ["data.eval_path=null", "data.max_length=64", "train.micro_batch_size=2", "train.max_steps=2"]
+PREFERENCE += ["train.eval_every=0", "train.save_every=0", "train.probe_pairs=0"]
+
+
+@pytest.fixture(scope="module")
+def reward_lora_run(converted: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run dir of one LoRA reward run of SmolLM2 (2 steps), with a CLI run's ``.hydra/`` files: the
+    reward-and-DPO test checks it, the shared-base PPO test puts it on the policy's base."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from tests.conftest import _run_in
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="hydratune.conf", version_base=None):
+        fn = lambda *o: compose(config_name="config", overrides=list(o))  # noqa: E731
+        ctx, _ = _run_in(tmp_path_factory.mktemp("rm"), fn, "recipe=reward", *PREFERENCE, name="rm")
+    GlobalHydra.instance().clear()
+    return ctx.run_dir.path
+
+
+def test_reward_and_dpo_with_lora(converted: Path, reward_lora_run: Path, run_recipe) -> None:
     from safetensors.torch import load_file
 
-    # 4 training pairs, 2 a step, no eval split: 2 steps are all the assertions need (step 1's DPO loss is
-    # log 2 whatever the batch: the policy is its reference until the first update)
-    short = ["model=smollm2_135m", "peft=lora", "optimizer.lr=2e-4", "data.max_samples=4"]
-    short += ["data.eval_path=null", "data.max_length=64", "train.micro_batch_size=2"]
-    # no probes of the training pairs (nothing here reads them; test_preference.py checks them)
-    short += ["train.eval_every=0", "train.save_every=0", "train.probe_pairs=0"]
-    rm, _ = run_recipe("recipe=reward", *short, "train.max_steps=2", name="rm")
-    assert any("score" in k for k in load_file(rm.run_dir.final / "adapter_model.safetensors"))
-    dpo, _ = run_recipe("recipe=dpo", *short, "train.max_steps=2", name="dpo")
+    # 2 steps are all the assertions need (step 1's DPO loss is log 2 whatever the batch: the policy is its
+    # reference until the first update)
+    assert any("score" in k for k in load_file(reward_lora_run / "final" / "adapter_model.safetensors"))
+    dpo, _ = run_recipe("recipe=dpo", *PREFERENCE, name="dpo")
     assert dpo.trainer.ref_model is None  # the reference is the base under the adapter
     losses = [r["loss"] for r in dpo.run_dir.read_metrics() if "loss" in r]
     assert len(losses) == 2 and losses[0] == pytest.approx(0.6931, abs=0.01)  # policy == reference: log 2
+
+
+def tensor_bytes(file: Path) -> dict[str, int]:
+    """Each tensor's size in bytes in a safetensors file, read from its header."""
+    import math
+
+    from safetensors import safe_open
+
+    width = {"F32": 4, "BF16": 2, "F16": 2}
+    with safe_open(str(file), framework="pt") as handle:
+        slices = {k: handle.get_slice(k) for k in handle.keys()}  # noqa: SIM118 (safe_open is no mapping)
+        return {k: math.prod(s.get_shape()) * width[s.get_dtype()] for k, s in slices.items()}
+
+
+def test_ppo_with_the_reward_adapter_on_the_policy_base_holds_one_copy_less(
+    converted: Path, reward_lora_run: Path, tmp_path: Path
+) -> None:
+    """Issue 48 on the real model, fp32: PPO (peft=lora) with the LoRA reward run on the policy's base vs the
+    same reward run as a separate model (the policy loaded from the converted dir: another digest, the same
+    weights), each in a fresh process; the summary's peak memory (max RSS on CPU) of each."""
+    from tests.support.cli import fresh
+    from tests.support.runs import read_jsonl
+
+    ppo = [
+        "recipe=ppo",
+        "model=smollm2_135m",
+        "peft=lora",
+        "precision=fp32",
+        f"recipe.reward.model={reward_lora_run}",
+    ]
+    ppo += ["recipe.num_iterations=1", "recipe.rollout_batch_size=2", "recipe.mini_batch_size=2"]
+    ppo += ["recipe.response_length=4", "recipe.ppo_epochs=1", "train.micro_batch_size=2"]
+    ppo += ["train.eval_generations=0", "train.save_every=0", "train.write_plots=false"]
+    separate = [f"model.name_or_path={converted}", "model.gguf_file=null"]
+    runs = {}
+    for name, extra in (("shared", []), ("separate", separate)):
+        proc = fresh(*ppo, *extra, f"hydra.run.dir={name}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = json.loads((tmp_path / name / "result.json").read_text())
+        runs[name]["score"] = read_jsonl(tmp_path / name / "metrics.jsonl")[0]["score/mean"]
+    assert "a LoRA adapter on the policy's base" in runs["shared"]["run"]["reward model"]
+    assert "a separate model (its base weights differ" in runs["separate"]["run"]["reward model"]
+    # the same rewards: the separate model folds the adapter into its weights (rounding: 1.6e-6 measured)
+    assert runs["shared"]["score"] == pytest.approx(runs["separate"]["score"], abs=1e-5)
+    # One copy is the model's parameters x 4 bytes (513 MiB). On CPU the weights are mapped from the
+    # safetensors file and the RSS counts the pages a process has mapped: a separate classifier looks up a few
+    # rows of its embedding table (108 MiB) and maps little of the rest, and the shared run holds the reward
+    # adapter (19 MiB). So the saving is one copy less those two, 387 MiB here: measured 393-405 MiB in 5
+    # runs, 306 in one (the machine under load). The bound is half a copy: a second copy of the base in the
+    # shared run (or the reward model loaded separately in both) fails it.
+    weights = tensor_bytes(converted / "model.safetensors")
+    copy, embedding = sum(weights.values()), weights["model.embed_tokens.weight"]
+    adapter = sum(tensor_bytes(reward_lora_run / "final" / "adapter_model.safetensors").values())
+    peak = {name: run["cost"]["peak memory (GiB)"] * 2**30 for name, run in runs.items()}
+    saved = peak["separate"] - peak["shared"]
+    sizes = dict(saved=saved, copy=copy, embedding=embedding, adapter=adapter, **peak)
+    mib = {k: round(v / 2**20) for k, v in sizes.items()}
+    assert saved >= copy / 2, mib
 
 
 def test_grpo_with_lora_runs_a_few_iterations(converted: Path, run_recipe) -> None:
