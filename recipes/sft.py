@@ -47,10 +47,8 @@ class SFT(Recipe):
     completion_only_loss: bool = True
     loss_type: str = "nll"  # nll | dft
     # chunked: hydratune's LM head + cross-entropy in chunks of positions (components/runtime/lm_loss.py),
-    # metrics at log steps only; trl: TRL's fused LM head (entropy and top-1 on every step). trl stays the
-    # default while a run stopped and resumed with 2 threads does not end bit-identical to one never stopped
-    # under chunked (tests/cli/test_signals.py's streamed case; 1 thread: identical; docs/speed.md)
-    loss_impl: str = "trl"
+    # metrics at log steps only; trl: TRL's fused LM head (entropy and top-1 on every step)
+    loss_impl: str = "chunked"
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         if self.loss_type not in LOSS_TYPES:

@@ -181,14 +181,21 @@ def test_a_stream_stopped_by_sigterm_resumes_on_the_same_rows_to_the_same_weight
 ) -> None:
     """SIGTERM while the 7th micro-batch is handed out (step 4 of 8, inside the first pass, mid-window):
     the run checkpoints step 4 with its stream position and exits 75; resumed, it trains on exactly the
-    rows the uninterrupted run trains on in steps 5-8 (its trace), and ends with the same weights."""
+    rows the uninterrupted run trains on in steps 5-8 (its trace), and ends with the same weights.
+
+    All three runs use this process's torch threads (the forked command is told to): bit-equality holds
+    at one thread count, since MKL's matmul sums in a thread-dependent order for some shapes (the chunked
+    loss's ``[n, vocab] @ [vocab, hidden]`` with 5-11 trained positions at 2 threads; docs/speed.md)."""
     path = write_jsonl(tmp_path / "rows.jsonl", [chat(i) for i in range(40)])
     common = [*STREAMED, f"data.path={path}", f"data.eval_path={path}"]
     stopped, straight = tmp_path / "stopped", tmp_path / "straight"
     for name in ("t_stopped", "t_resumed", "t_straight"):
         (tmp_path / name).mkdir()
     env = {TRACE: str(tmp_path / "t_stopped")}
-    proc = hydratune(*common, f"hydra.run.dir={stopped}", cwd=tmp_path, env=env, prelude=SIGTERM_AT_BATCH_7)
+    threads = f"import torch; torch.set_num_threads({torch.get_num_threads()})\n"
+    proc = hydratune(
+        *common, f"hydra.run.dir={stopped}", cwd=tmp_path, env=env, prelude=threads + SIGTERM_AT_BATCH_7
+    )
     assert proc.returncode == EXIT_INTERRUPTED, proc.stderr[-3000:]
     assert "SIGTERM" in proc.stderr and f"resume={stopped}" in proc.stderr
     checkpoint = stopped / "checkpoints" / "checkpoint-4"
@@ -204,6 +211,9 @@ def test_a_stream_stopped_by_sigterm_resumes_on_the_same_rows_to_the_same_weight
     assert len(reference) == 64 and {r["epoch"] for r in reference} == {0, 1}  # a pass and a half
     assert traced(tmp_path / "t_stopped") == reference[:32]
     assert traced(tmp_path / "t_resumed") == reference[32:]
+    runs = (stopped, tmp_path / "resumed", straight)
+    ran_with = {json.loads((d / "result.json").read_text())["run"]["cpu threads"] for d in runs}
+    assert len(ran_with) == 1, ran_with  # else the weights may differ in the last bits
     same_weights(straight, tmp_path / "resumed")
     result = json.loads((tmp_path / "resumed" / "result.json").read_text())
     assert result["data"]["streamed (per rank)"].startswith("rank 0: 64 rows trained")

@@ -1,4 +1,4 @@
-"""recipe.loss_impl=chunked (hydratune's chunked LM head + cross-entropy, opt-in) against
+"""recipe.loss_impl=chunked (hydratune's chunked LM head + cross-entropy, the SFT default) against
 recipe.loss_impl=trl (TRL's fused LM head) on the tiny model: the same loss at every step, the same logged
 metrics at log steps, under gradient accumulation (num_items_in_batch), the assistant-only mask and
 packed padding-free rows (position_ids); the summary says which loss ran."""

@@ -102,13 +102,13 @@ def test_bf16_autocast_matches_the_full_logits_under_autocast() -> None:
 @pytest.mark.parametrize(
     ("overrides", "impl", "why"),
     [
-        (("recipe.loss_impl=chunked",), "chunked", "recipe.loss_impl=chunked"),
-        ((), "trl", "recipe.loss_impl=trl"),  # the default until a resume is bit-exact (recipes/sft.py)
-        (("recipe.loss_impl=chunked", "model=tiny_moe"), "trl", "router's auxiliary loss"),
-        (("recipe.loss_impl=chunked", "model=gemma2_2b"), "trl", "final_logit_softcapping"),
-        (("recipe.loss_impl=chunked", "strategy=zero3"), "trl", "shards the LM head"),
-        (("recipe.loss_impl=chunked", "peft=prefix"), "trl", "virtual tokens"),
-        (("recipe.loss_impl=chunked", "model=tiny_vlm"), "trl", "vision-language model"),
+        ((), "chunked", "recipe.loss_impl=chunked"),
+        (("recipe.loss_impl=trl",), "trl", "recipe.loss_impl=trl"),
+        (("model=tiny_moe",), "trl", "router's auxiliary loss"),
+        (("model=gemma2_2b",), "trl", "final_logit_softcapping"),
+        (("strategy=zero3",), "trl", "shards the LM head"),
+        (("peft=prefix",), "trl", "virtual tokens"),
+        (("model=tiny_vlm",), "trl", "vision-language model"),
     ],
 )
 def test_the_loss_path_falls_back_to_trls_head_where_the_chunked_one_is_not_exact(
