@@ -4,7 +4,8 @@ and the driver (``runtime/driver.py`` ``drive``) decides after each step through
 flags: the Trainer's own save and eval strategies are off (``RunContext.training_args``), so
 ``train.save_every``, ``train.eval_every`` and the stop agreement are the driver's alone. Around the steps:
 the live check of the strategy, the probes (extra datasets scored before and after training) and the
-end-of-run evaluation, measured for the summary.
+end-of-run evaluation, measured for the summary. A fresh run that trains few of its weights (an adapter)
+scores its "before" probe at the end, with those weights' initial values put back: not on the start-up path.
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ from typing import Any
 from transformers import TrainerCallback
 
 from hydratune.components.runtime.driver import AfterStep, Final
+
+#: the "before" probe runs at the end, on the initial trainable weights kept aside, when these are at most
+#: this share of the model's weights (an adapter; full fine-tuning would keep a second copy of the model)
+DEFER_SHARE = 0.5
+#: the probe's numbers that count training so far (transformers', TRL's), 0 before training
+AT_START = ("epoch", "num_input_tokens_seen", "num_tokens")
 
 
 class DriverStep(TrainerCallback):
@@ -39,6 +46,7 @@ class TrainerLoop:
     def __init__(self, session: Any, trainer: Any, probes: dict[str, Any] | None = None) -> None:
         self.session, self.trainer, self.probes = session, trainer, probes or {}
         self.checkpoint: str | None = None
+        self.initial: dict[str, Any] | None = None  # the trainable weights before training (a deferred probe)
         self.evaluates = trainer.eval_dataset is not None
         session.ctx.trainer = trainer
 
@@ -58,7 +66,9 @@ class TrainerLoop:
         c.strategy.verify(trainer.accelerator, ctx.plan.world_size)
         self.session.report["run"]["live strategy"] = c.strategy.live_description(trainer.accelerator)
         if checkpoint is None:
-            self.probe_before()
+            self.initial = self.keep_initial()
+            if self.initial is None:
+                self.probe_before()
         self.checkpoint = checkpoint
         return checkpoint_step(checkpoint)
 
@@ -95,6 +105,8 @@ class TrainerLoop:
         self.record_layout()
         if not agreed:
             self.probe("after")  # evaluate() is collective (ZeRO-3 gathers): every rank
+        if self.initial is not None:
+            self.probe_initial(skipped=agreed)
         gathered = {"model": state_dict} if state_dict is not None else {}
         return Final(trainer.model, gathered, generate_together=strategy.model_split.generates_together)
 
@@ -124,6 +136,53 @@ class TrainerLoop:
                 }
             return
         self.probe("before")
+
+    def keep_initial(self) -> dict[str, Any] | None:
+        """A copy of the trainable weights, for :meth:`probe_initial` at the end; None (probe now): no probes,
+        DeepSpeed, several processes, a strategy that shards the parameters, or trainable weights over
+        ``DEFER_SHARE`` of the model."""
+        ctx = self.session.ctx
+        if not self.probes or getattr(self.trainer, "is_deepspeed_enabled", False) or ctx.plan.world_size > 1:
+            return None
+        if ctx.components.strategy.shards_parameters:
+            return None
+        params = list(self.trainer.model.named_parameters())
+        trained = [(n, p) for n, p in params if p.requires_grad]
+        if sum(p.numel() for _, p in trained) > DEFER_SHARE * sum(p.numel() for _, p in params):
+            return None
+        for name in self.probes:  # the summary's order: before, after
+            self.session.report[f"{name} (before)"] = {}
+            self.session.probe_cost[f"{name} probe before (s)"] = None
+        return {n: p.detach().clone() for n, p in trained}
+
+    def probe_initial(self, skipped: bool) -> None:
+        """The "before" probe, deferred: the trainable weights' initial values put back, the probe, the
+        trained values restored (bit for bit); a stopped run skips it (its summary says so)."""
+        import torch
+
+        initial, self.initial = self.initial or {}, None
+        if skipped:
+            for name in self.probes:
+                self.session.probe_cost.pop(f"{name} probe before (s)", None)
+                self.session.report[f"{name} (before)"] = {
+                    "skipped": "the run stopped: the initial weights are scored at the end of a run"
+                }
+            return
+        params = dict(self.trainer.model.named_parameters())
+        trained = {n: params[n].detach().clone() for n in initial}
+        with torch.no_grad():
+            try:
+                for n, value in initial.items():
+                    params[n].copy_(value)
+                self.probe("before")
+            finally:
+                for n, value in trained.items():
+                    params[n].copy_(value)
+        for name in self.probes:
+            report = self.session.report[f"{name} (before)"]
+            for key in [k for k in report if k.endswith(AT_START)]:
+                report[key] = 0  # the trainer's counters (epoch, tokens seen) as they were before training
+            report["scored"] = f"after training, its {len(initial)} initial trainable tensors put back"
 
     def record_layout(self) -> None:
         """What this rank held of a split model (its shards, groups, token split) into

@@ -34,13 +34,35 @@ TRAINER_FACTS = {
 }
 
 
-def test_dpo_with_lora_trains_only_the_adapter_and_keeps_no_reference_copy(run_recipe) -> None:
+def test_dpo_with_lora_trains_only_the_adapter_and_keeps_no_reference_copy(run_recipe, monkeypatch) -> None:
+    """Also: the probe of the initial adapter runs at the end, off the start-up path, with the numbers a
+    probe before the first step gives (the oracle: the same run with the deferral off), and the trained
+    adapter is put back before it is saved."""
+    from hydratune.components.runtime import trainer_loop
+
     ctx, _ = run_recipe("recipe=dpo", "peft=lora", *RUN, "train.max_steps=2", name="dpo_lora")
     assert ctx.trainer.ref_model is None  # the reference is the policy with its initial adapter
     adapter = load_file(ctx.run_dir.final / "adapter_model.safetensors")
     assert adapter and all("lora_" in k for k in adapter)
     assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)
     assert_base_untouched(ctx)
+
+    before, after = (untimed(ctx_report(ctx, when)) for when in ("before", "after"))
+    assert before.pop("scored").startswith("after training, its ")
+    assert before["eval_rewards/margins"] == 0.0 and after["eval_rewards/margins"] != 0.0
+    sections = list(json.loads((ctx.run_dir.path / "result.json").read_text()))
+    assert sections.index("training pairs (before)") < sections.index("training pairs (after)")
+    cost = list(json.loads((ctx.run_dir.path / "result.json").read_text())["cost"])
+    assert cost.index("training pairs probe before (s)") < cost.index("training pairs probe after (s)")
+    monkeypatch.setattr(trainer_loop, "DEFER_SHARE", 0.0)  # the probe before the first step, as before
+    at_start, _ = run_recipe("recipe=dpo", "peft=lora", *RUN, "train.max_steps=2", name="dpo_lora_at_start")
+    assert untimed(ctx_report(at_start, "before")) == before  # no "scored": probed before the first step
+    assert untimed(ctx_report(at_start, "after")) == after
+
+
+def untimed(report: dict) -> dict:
+    """A probe's numbers without transformers' seconds (model_preparation_time: some evaluate() calls)."""
+    return {k: v for k, v in report.items() if not k.endswith("_time")}
 
 
 def test_reward_model_with_lora_saves_its_score_head(run_recipe) -> None:
@@ -159,3 +181,19 @@ def test_the_probe_takes_the_first_probe_pairs() -> None:
     assert training_pairs(trainer, 3)["training pairs"]["i"] == [0, 1, 2]
     assert training_pairs(trainer, 50)["training pairs"]["i"] == list(range(10))
     assert training_pairs(trainer, 0) == {}
+
+
+def test_a_stopped_run_says_its_deferred_before_probe_was_skipped() -> None:
+    """An adapter run scores its "before" probe at its end; one stopped early (its after probe skipped too)
+    says so in that section and keeps no empty cost row."""
+    from types import SimpleNamespace
+
+    from hydratune.components.runtime.trainer_loop import TrainerLoop
+
+    loop = TrainerLoop.__new__(TrainerLoop)  # no trainer: nothing may be evaluated
+    section, cost = "training pairs (before)", "training pairs probe before (s)"
+    loop.session = SimpleNamespace(report={section: {}}, probe_cost={cost: None})
+    loop.probes, loop.initial, loop.trainer = {"training pairs": None}, {"w": torch.zeros(1)}, None
+    loop.probe_initial(skipped=True)
+    assert loop.session.report[section]["skipped"].startswith("the run stopped")
+    assert cost not in loop.session.probe_cost and loop.initial is None
