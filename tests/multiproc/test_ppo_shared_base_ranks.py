@@ -9,7 +9,8 @@ whitening (a rank would whiten over its own half): the two ranks' averaged gradi
 rewards and the trained weights (the batches pad differently, so float sums round differently; the trained
 weights move by ~1e-3). One launch per layout. ZeRO-2 on 2 ranks (DeepSpeed trains one engine, so the critic
 is the policy's value head there: ``recipe.value_model=adapter`` is refused) against one process with the same
-value head: the reward adapter switched inside the engine, whose weights ZeRO-2 keeps whole."""
+value head: the reward adapter switched inside the engine, whose weights ZeRO-2 keeps whole. GRPO's reward
+adapter on 2 DDP ranks scores as on one process (near-greedy: see its test)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,35 @@ def test_ppo_with_the_reward_adapter_on_two_ranks_equals_one_process(layouts, ra
         assert "a value LoRA adapter + value head" in results[ranks]["run"]["value model"]
     else:
         assert "ZeRO-2" in results[ranks]["run"]["strategy"], results[ranks]["run"]
+
+
+def test_grpo_with_the_reward_adapter_on_two_ranks_scores_as_one_process(
+    warm, sft_runs, reward_lora, tmp_path
+) -> None:
+    """GRPO (TRL) with the reward adapter on the policy's base on 2 DDP ranks against one process, 2 steps.
+    TRL samples with a seed of each rank's own, so the completions match one process's only near-greedy
+    (temperature 1e-3): every group's rewards are then equal (no advantage, no update), and what is compared
+    is the reward adapter's scoring of each rank's prompts, gathered."""
+    from tests.support.rl import FAST_GRPO
+    from tests.support.runs import read_jsonl
+
+    common = [
+        *FAST_GRPO, "peft=lora", f"model.from_run={sft_runs['full']}", f"recipe.reward_model={reward_lora}",
+        "train.max_steps=2", "recipe.num_generations=4", "recipe.max_completion_length=6",
+        "recipe.temperature=0.001", "train.write_plots=false",
+    ]  # fmt: skip
+    runs = {"two": tmp_path / "two", "one": tmp_path / "one"}
+    forked(
+        warm, runs["two"], *common, "strategy=ddp", "launcher.nproc_per_node=2", "train.micro_batch_size=8"
+    )
+    forked(warm, runs["one"], *common, "train.micro_batch_size=16")
+    steps = {k: [r for r in read_jsonl(run / "metrics.jsonl") if "reward" in r] for k, run in runs.items()}
+    assert [r["step"] for r in steps["two"]] == [r["step"] for r in steps["one"]] == [1, 2]
+    for a, b in zip(steps["two"], steps["one"], strict=True):
+        assert a["reward"] == pytest.approx(b["reward"], abs=1e-5)
+        assert (
+            a["reward_std"] == pytest.approx(b["reward_std"], abs=1e-5) and b["reward_std"] > 0
+        )  # real scores
+    for run in runs.values():
+        info = json.loads((run / "result.json").read_text())
+        assert "a LoRA adapter on the policy's base" in info["run"]["reward model"]
