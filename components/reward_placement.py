@@ -82,9 +82,8 @@ def placement(path: str, comps: Any) -> Placement:
     if json.loads((run.final / "adapter_config.json").read_text()).get("peft_type") != "LORA":
         return Placement(False, "the reward run's adapter is not LoRA")
     if comps.strategy.shards_parameters:
-        return Placement(
-            False, f"under {comps.strategy.label} the base is sharded and its adapters are not switched there"
-        )
+        why = f"under {comps.strategy.label} the base is sharded and its adapters are not switched there"
+        return Placement(False, f"{why}; strategy=zero2 or ddp shares it")
     if comps.quantization.enabled or run.quantized:
         return Placement(False, "a quantized base (QLoRA) is not shared")
     base = run.base_component()

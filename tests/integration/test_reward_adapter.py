@@ -348,3 +348,63 @@ def test_grpo_scores_with_the_reward_adapter_on_the_policy_base_as_the_separate_
     assert torch.tensor([s for *_, scores in seen for s in scores]).std() > 0
     final = ctx.run_dir.final
     assert (final / "adapter_model.safetensors").is_file() and not (final / "reward").exists()
+
+
+def test_grpo_with_the_reward_adapter_resumed_after_sigterm_matches_the_straight_run(
+    run_recipe, sft_runs, reward_lora, monkeypatch
+) -> None:
+    """GRPO (TRL's trainer) with the reward adapter on the policy's base, 3 steps straight, versus SIGTERM
+    during step 2's scoring then resume: step 3's numbers and the final adapter bit for bit; final/ holds the
+    policy's adapter alone, the checkpoint the reward adapter too, unchanged."""
+    import os
+    import signal
+
+    from safetensors.torch import load_file
+
+    from hydratune.components.config.errors import Interrupted
+    from hydratune.components.rl.reward_adapter import AdapterReward
+    from tests.support.rl import FAST_GRPO
+
+    common = [
+        *FAST_GRPO, "peft=lora", f"model.from_run={sft_runs['full']}", f"recipe.reward_model={reward_lora}",
+        "train.max_steps=3", "train.micro_batch_size=8", "recipe.num_generations=4",
+        "recipe.max_completion_length=6", "optimizer.lr=1e-3",
+    ]  # fmt: skip
+    straight, _ = run_recipe(*common, name="straight")
+    calls = []
+    score = AdapterReward.__call__
+
+    def then_sigterm(self, *args: Any, **kwargs: Any) -> list[float]:
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return score(self, *args, **kwargs)
+
+    monkeypatch.setattr(AdapterReward, "__call__", then_sigterm)
+    with pytest.raises(Interrupted):
+        run_recipe(*common, name="cut")
+    monkeypatch.setattr(AdapterReward, "__call__", score)
+    cut = straight.run_dir.path.parent / "cut"
+    saved = sorted(p.name for p in (cut / "checkpoints").iterdir())
+    resumed, _ = run_recipe(*common, f"resume={cut}", name="resumed")
+
+    def steps(ctx) -> dict[int, dict]:
+        timeless = ({k: v for k, v in r.items() if "time" not in k} for r in ctx.run_dir.read_metrics())
+        return {r["step"]: r for r in timeless if "reward" in r}
+
+    assert saved == ["checkpoint-2"] and list(steps(resumed)) == [3]
+    assert steps(resumed)[3] == steps(straight)[3]
+    assert steps(straight)[3]["reward_std"] > 0
+    result = json.loads((resumed.run_dir.path / "result.json").read_text())
+    assert "a LoRA adapter on the policy's base" in result["run"]["reward model"]
+    # TRL saves every adapter of the PeftModel in a checkpoint: the reward adapter too, frozen (its weights
+    # are the reward run's, bit for bit, after 2 steps); final/ has it taken off
+    carried = load_file(cut / "checkpoints" / "checkpoint-2" / "reward" / "adapter_model.safetensors")
+    trained = load_file(reward_lora / "final" / "adapter_model.safetensors")
+    assert carried and all(torch.equal(v, trained[k]) for k, v in carried.items())
+    a = load_file(straight.run_dir.final / "adapter_model.safetensors")
+    b = load_file(resumed.run_dir.final / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and not any("reward" in k for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    at_2 = load_file(cut / "checkpoints" / "checkpoint-2" / "adapter_model.safetensors")
+    assert any(not torch.equal(a[k], at_2[k]) for k in a)  # step 3 moved the adapter
