@@ -38,12 +38,13 @@ SHAPES = {
 }  # fmt: skip
 
 
-def child(shape: str) -> None:
+def child(shape: str, timed: int | None = None) -> None:
     import torch
     from common import model_config
     from transformers import AutoModelForCausalLM
 
     arch, batch, seq, steps = SHAPES[shape]
+    steps = timed or steps
     torch.manual_seed(0)
     config = model_config({"max_position_embeddings": 256, **arch})
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train()
@@ -85,12 +86,14 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(SHAPES))
     parser.add_argument("--settings", default="PASSIVE,ACTIVE", help="wait settings, alternated (wait_env)")
     parser.add_argument("--neighbours", type=int, default=0, help="busy processes running beside each step")
+    parser.add_argument("--steps", type=int, help="timed steps a process (default: the shape's, SHAPES)")
     args = parser.parse_args()
     if args.child:
-        return child(args.child)
+        return child(args.child, args.steps)
     threads = str(len(os.sched_getaffinity(0)))
     settings = args.settings.split(",")
     rows = []
+    steps = ["--steps", str(args.steps)] if args.steps else []
     busy = neighbours(args.neighbours)
     try:
         for shape in args.only.split(","):
@@ -103,8 +106,8 @@ def main() -> None:
                     env.update(OMP_NUM_THREADS=threads, **wait_env(setting))
                     load = os.getloadavg()[0]
                     out = subprocess.run(
-                        [sys.executable, __file__, "--child", shape], env=env, capture_output=True, text=True,
-                        check=True,
+                        [sys.executable, __file__, "--child", shape, *steps], env=env, capture_output=True,
+                        text=True, check=True,
                     )  # fmt: skip
                     row = {"shape": shape, "setting": setting, "round": r, "loadavg": load}
                     row.update(json.loads(out.stdout.strip().splitlines()[-1]))

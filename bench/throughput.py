@@ -16,16 +16,21 @@ CPU). ``--out`` replaces this mode's section (GPU or CPU) of the markdown file a
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import itertools
 import json
 import math
 import os
+import runpy
 import shlex
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,8 +344,99 @@ def profiled(mode: Mode, name: str) -> list[str]:
     ]
 
 
+#: set by :func:`preload`: :func:`run` forks each ``python ...`` command from this process, not a fresh one
+FORKING = False
+
+
+def preload(env: dict[str, str]) -> None:
+    """Import what every benchmark command imports (``env`` first: torch reads ``OMP_NUM_THREADS`` once),
+    then :func:`run` forks its commands from this process: the same code without ~7 s of imports each.
+    Only where the numbers are not compared (bench/gpu/run.py's ``--dry-run``): a measured run starts fresh
+    processes, whose memory it reports."""
+    global FORKING
+    os.environ.update(env)
+    import accelerate  # noqa: F401
+    import datasets  # noqa: F401
+    import peft  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    import trl  # noqa: F401
+
+    import hydratune.components.runtime.run
+    import hydratune.recipes.cli  # noqa: F401
+
+    with contextlib.suppress(ImportError):  # accelerate imports it in every run when it is installed
+        import deepspeed  # noqa: F401
+    FORKING = True
+
+
+def forked(cmd: list[str], timeout: int, env: dict[str, str]) -> tuple[int | None, str]:
+    """``python -m module ...`` or ``python script ...`` in a child forked from this process, as a fresh
+    interpreter runs it (its own process group, environment, argv, stdin from /dev/null; the exit hooks it
+    registers run at its end, none of this process's): its exit code (None past ``timeout``, the group then
+    killed) and its stdout followed by its stderr."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                atexit._clear()  # this process's hooks (a TemporaryDirectory's cleanup) are not the child's
+                os.setpgid(0, 0)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+                os.chdir(REPO)
+                os.environ.clear()
+                os.environ.update(env)
+                if cmd[1] == "-m":
+                    sys.argv = [cmd[2], *cmd[3:]]
+                    runpy.run_module(cmd[2], run_name="__main__", alter_sys=True)
+                else:
+                    sys.argv = cmd[1:]
+                    sys.path.insert(0, str(Path(cmd[1]).resolve().parent))
+                    runpy.run_path(cmd[1], run_name="__main__")
+                code = 0
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+                if isinstance(stop.code, str):
+                    print(stop.code, file=sys.stderr)
+            except BaseException:  # an uncaught exception, reported as the interpreter would
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(BaseException):
+                    atexit._run_exitfuncs()
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code)
+        deadline, status = time.monotonic() + timeout, None
+        while status is None and time.monotonic() < deadline:
+            done, raw = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(raw)
+            else:
+                time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # what it left running in its group; itself past the timeout
+        if status is None:
+            os.waitpid(pid, 0)
+        out.seek(0)
+        err.seek(0)
+        return status, out.read() + err.read()
+
+
 def run(cmd: list[str], timeout: int, env: dict | None = None) -> dict[str, Any]:
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    if FORKING and cmd[0] == sys.executable:
+        rc, output = forked(cmd, timeout, full_env)
+        if rc is None:
+            return {"rc": 124, "tail": f"timed out after {timeout} s"}
+        if rc:
+            print(output[-3000:], file=sys.stderr)
+        return {"rc": rc, "tail": output[-3000:]}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
     except subprocess.TimeoutExpired:

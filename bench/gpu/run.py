@@ -1,7 +1,9 @@
 """One prepared GPU call (issue 38): hydratune beside TRL on one GPU, the estimate against the measured peak,
 the GPU test tier; everything into ``$OUT``. Started by ``bench/gpu/run.sh`` (which installs the carried
-wheels); ``--dry-run`` runs the same code on CPU with the tiny shape and 2 steps a row (tests/cli's
-test_gpu_bench.py runs it in CI, so this script cannot rot before a GPU comes).
+wheels); ``--dry-run`` runs the same code on CPU with the tiny shape and 2 steps a row, each process forked
+from this one once it has imported what they import (``throughput.preload``: ~7 s less a process; the GPU
+call starts fresh ones, whose memory it measures), so tests/cli's test_gpu_bench.py runs it in CI and this
+script cannot rot before a GPU comes.
 
 Rows, each a fresh process per implementation (bench/throughput.py's harness: random-init Llama-3.2-1B
 shape, bf16, 2048-token packed rows, micro-batch 4, tokens/s over the steps after the warm-up):
@@ -227,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (2 if args.dry_run else 30)
     mode = throughput.mode_for(args.dry_run, steps, 1 if args.dry_run else 8)
     mode.timeout = 240 if args.dry_run else 200  # one process at most
+    if args.dry_run:  # its numbers are not compared: each row's processes are forked, imports paid once
+        throughput.preload(mode.env)
     drv, smi = driver()
     if smi:
         (out / "nvidia-smi.txt").write_text(smi)

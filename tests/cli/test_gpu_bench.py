@@ -1,6 +1,7 @@
 """bench/gpu/run.sh, the one prepared GPU call (issue 38), cannot rot before a GPU comes: its dry run goes
-through the same code on CPU (every row, both implementations, the estimate, the GPU tier's pytest) and
-writes what the GPU call would; the goals are judged as the issue states them."""
+through the same code on CPU (every row, both implementations, the estimate, the GPU tier's pytest; each
+process forked from the call once its imports are done, bench/throughput.py's ``preload``) and writes what the
+GPU call would; the goals are judged as the issue states them."""
 
 from __future__ import annotations
 

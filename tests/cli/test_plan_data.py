@@ -70,8 +70,8 @@ def test_plan_checks_the_chat_template_as_training_would(hydratune, tmp_path: Pa
     assert ok.returncode == 0, ok.stderr
 
 
-def test_plan_of_a_hub_model_checks_rows_and_says_what_it_skipped(tmp_path: Path) -> None:
-    proc = fresh("mode=plan", "model=qwen2_5_0_5b", cwd=tmp_path)  # HF_HUB_OFFLINE=1 (child_env)
+def test_plan_of_a_hub_model_checks_rows_and_says_what_it_skipped(hydratune, tmp_path: Path) -> None:
+    proc = hydratune("mode=plan", "model=qwen2_5_0_5b", cwd=tmp_path)  # HF_HUB_OFFLINE=1 (child_env)
     assert proc.returncode == 0, proc.stderr
     assert "# data: train rows: 936" in proc.stdout
     assert "# data: token lengths not checked: 'Qwen/Qwen2.5-0.5B'" in proc.stdout

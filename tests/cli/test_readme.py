@@ -438,6 +438,9 @@ SESSION_RUNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "sweep": (("-m", "peft=none,lora", "hydra.sweep.dir=multirun/day/sweep"), ()),
 }
 PLAN = ("mode=plan",)
+#: a session run's CPU time in planned commands', for the workers' balance (2026-12-07: the session runs took
+#: 2.0-4.4 s of CPU, a planned command 0.5-0.65 s; the first worker's eval commands also load lm-eval's tasks)
+SESSION_RUN_WEIGHT = 8
 FEW_STEPS = (*TRAIN[:2], "train.save_every=0", *TRAIN[3:], "hydra.sweeper.n_trials=2")
 RUN_PATHS = {"sft": "outputs/day/sft", "reward": "outputs/day/reward", "sweep": "multirun/day/sweep"}
 
@@ -596,8 +599,9 @@ def results(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> dict[str, dict[str, Any]]:
     """The result of every selected, runnable command of the pages, by command id. Two workers run
-    concurrently: one trains the session runs and then runs the commands that read them, the other runs the
-    rest. Identical commands (same argv and environment) run once, whichever pages they are on."""
+    concurrently: one trains the session runs and then runs the commands that read them and some of the
+    others (the workers balanced: SESSION_RUN_WEIGHT), the other runs the rest. Identical commands (same
+    argv and environment) run once, whichever pages they are on."""
     start, root = time.monotonic(), tmp_path_factory.mktemp("readme")
     runs_dir = root / "session_runs"
     runs_dir.mkdir()
@@ -644,10 +648,11 @@ def results(
         if name in needed
     ]
     rest = sorted((j for j in jobs.values() if not j["needs"]), key=lambda j: j["trains"])  # training last
-    batches = [
-        training + [j for j in jobs.values() if j["needs"]],
-        rest,
-    ]
+    first = training + [j for j in jobs.values() if j["needs"]]
+    # the first worker also takes planned commands of the rest until both weigh alike, a session run as
+    # SESSION_RUN_WEIGHT of them
+    moved = max(0, (len(rest) - SESSION_RUN_WEIGHT * len(training) - len(first) + len(training)) // 2)
+    batches = [first + rest[:moved], rest[moved:]]
     by_job = run_batches(batches, root)
     session_failures = "".join(
         f"\n(session run {t['id']} failed: {by_job[t['id']]['stderr'][-1500:]})"

@@ -7,7 +7,6 @@ environment reaches the run dir."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -39,10 +38,12 @@ def traced(folder: Path, rank: int = 0) -> list[Any]:
     return [json.loads(line) for line in (folder / f"rank{rank}.jsonl").read_text().splitlines()]
 
 
-def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path: Path) -> None:
+def test_sigterm_checkpoints_and_resume_matches_uninterrupted(hydratune, tmp_path: Path) -> None:
+    """The signalled run is a new interpreter; the uninterrupted reference beside it and the resumed run are
+    forked from the warm server (no signal reaches them)."""
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     straight.mkdir(), interrupted.mkdir()
-    reference = start(straight, *RUN)
+    reference = hydratune.start(*RUN, cwd=straight)
     victim = start(interrupted, *RUN)
     wait_for_step(interrupted, 5, victim)
     victim.send_signal(signal.SIGTERM)
@@ -57,11 +58,11 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path: Path) ->
 
     advice = re.search(r"Resume with: hydratune (resume=\S+)", err)
     assert advice and advice.group(1) == f"resume={run}", err[-2000:]
-    resumed = start(interrupted, advice.group(1))  # the printed advice alone: the run's own config
-    err = finish(resumed, timeout=300)
-    assert resumed.returncode == 0, err[-2000:]
-    assert f"continuing {run} with its own config" in err
-    assert reference.wait(timeout=300) == 0
+    reference_err = reference.communicate(timeout=300)[1]  # the server's one command, before the next
+    assert reference.returncode == 0, reference_err[-2000:]
+    resumed = hydratune(advice.group(1), cwd=interrupted)  # the printed advice alone: the run's own config
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"continuing {run} with its own config" in resumed.stderr
     _, expected = final_model(straight)
     again, got = final_model(interrupted)
     assert expected.keys() == got.keys()
@@ -124,17 +125,12 @@ def test_a_relayed_signal_and_the_same_signal_itself_count_once() -> None:
     assert "survived" not in proc.stdout and proc.returncode == -signal.SIGINT
 
 
-def test_no_secret_from_the_environment_reaches_the_run_dir(tmp_path: Path) -> None:
-    env = {**os.environ, **SECRETS, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+def test_no_secret_from_the_environment_reaches_the_run_dir(hydratune, tmp_path: Path) -> None:
+    """The secrets in the command's environment (forked from the warm server: start-up is not the point)."""
     args = [*RUN, "train.max_steps=4", "train.save_every=2", "tracker=[tensorboard,wandb,mlflow]"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "hydratune", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    there = f"import os\nassert all(os.environ[k] == v for k, v in {SECRETS!r}.items())"  # the run has them
+    env = {**SECRETS, "WANDB_MODE": "offline"}
+    proc = hydratune(*args, cwd=tmp_path, env=env, prelude=there, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name == "config.yaml" for p in files) and any("tfevents" in p.name for p in files)

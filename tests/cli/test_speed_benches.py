@@ -23,12 +23,13 @@ def test_the_precision_bench_times_fp32_and_bf16() -> None:
 
 
 def test_the_thread_bench_times_each_wait_setting_beside_a_neighbour() -> None:
-    """bench/threads_cpu.py (the measurement behind the thread policy): two wait settings, one round, a busy
-    neighbour beside them; each child ran under its own setting and the table names both."""
+    """bench/threads_cpu.py (the measurement behind the thread policy): two wait settings, one round of 3
+    timed steps, a busy neighbour beside them; each child ran under its own setting and the table names
+    both."""
     script = REPO / "bench" / "threads_cpu.py"
     out = subprocess.run(
         [sys.executable, str(script), "--rounds", "1", "--only", "tiny", "--settings", "PASSIVE,SPIN1k",
-         "--neighbours", "1"],
+         "--neighbours", "1", "--steps", "3"],
         capture_output=True, text=True, check=True, timeout=300,
     )  # fmt: skip
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
