@@ -256,3 +256,14 @@ def test_the_bundled_guessing_game_keeps_its_state_across_turns_and_rewards_the_
     game.reset(answer="1", prompt=[])
     assert game.get_reward() == 0.0 and game.guesses == 0
     assert isinstance(game, GuessingGame)
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_the_agent_demo_trains_and_evaluates_every_secret(compose_cfg, split: str) -> None:
+    """data=demo_agent: each split holds every secret 1-7. A split held out of the 70 rows took one secret's
+    10 copies whole (data.dedup=split), so the GRPO demo's end-of-run eval played only the secret it never
+    trained on, and scored 0 while its steps scored ~0.2."""
+    from hydratune.components.runtime.run import Components
+
+    loaded = Components.from_config(compose_cfg("recipe=grpo", "data=demo_agent")).data.load()
+    assert sorted(set(loaded.splits[split]["answer"]), key=int) == [str(n) for n in range(1, 8)]
