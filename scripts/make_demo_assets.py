@@ -176,8 +176,64 @@ def make_model_config() -> None:
     config.save_pretrained(TINY)
 
 
+GAME = "I picked a whole number from 1 to 7. Find it: call guess, I answer higher, lower or correct."
+GUESS_SCHEMA = [
+    {
+        "type": "function",
+        "function": {
+            "name": "guess",
+            "description": "Guess the secret number.",
+            "parameters": {
+                "type": "object",
+                "properties": {"number": {"type": "integer", "description": "your guess"}},
+                "required": ["number"],
+            },
+            "return": {"type": "string"},
+        },
+    }
+]
+
+
+def search(secret: int, first: int, calls: int = 3) -> list[tuple[int, str]] | None:
+    """The guessing game played from ``first``, then halving what is left: (guess, answer) pairs, or None
+    when ``calls`` guesses do not find ``secret``."""
+    low, high, number, played = 1, 7, first, []
+    for _ in range(calls):
+        answer = "correct" if number == secret else "higher" if number < secret else "lower"
+        played.append((number, answer))
+        if answer == "correct":
+            return played
+        low, high = (number + 1, high) if answer == "higher" else (low, number - 1)
+        number = (low + high) // 2
+    return None
+
+
+def make_agent_demo() -> None:
+    """The guessing game (docs/agents.md): GRPO's prompts (each secret 10 times; the eval file once each)
+    and the SFT warm start's transcripts: every first guess 1-7 then halving, each (first guess, secret)
+    that finds the secret in 3 calls: 37 games, of which only a first guess of 4 always wins."""
+    prompt = [{"role": "user", "content": GAME}]
+    write_jsonl(DEMO / "agent_train.jsonl", [{"prompt": prompt, "answer": str(s % 7 + 1)} for s in range(70)])
+    write_jsonl(DEMO / "agent_eval.jsonl", [{"prompt": prompt, "answer": str(s)} for s in range(1, 8)])
+    rows = []
+    for first in range(1, 8):
+        for secret in range(1, 8):
+            played = search(secret, first)
+            if played is None:
+                continue
+            messages: list[dict] = [{"role": "user", "content": GAME}]
+            for number, answer in played:
+                call = {"type": "function", "function": {"name": "guess", "arguments": {"number": number}}}
+                messages += [{"role": "assistant", "content": "", "tool_calls": [call]}]
+                messages += [{"role": "tool", "name": "guess", "content": answer}]
+            messages.append({"role": "assistant", "content": str(secret)})
+            rows.append({"messages": messages, "tools": json.dumps(GUESS_SCHEMA)})
+    write_jsonl(DEMO / "agent_sft.jsonl", rows)
+
+
 def main() -> None:
     make_datasets()
+    make_agent_demo()
     corpus = [
         json.dumps(json.loads(line))
         for name in ("sft_train.jsonl", "alpaca.jsonl", "prompt_completion.jsonl")

@@ -256,3 +256,38 @@ def test_the_bundled_guessing_game_keeps_its_state_across_turns_and_rewards_the_
     game.reset(answer="1", prompt=[])
     assert game.get_reward() == 0.0 and game.guesses == 0
     assert isinstance(game, GuessingGame)
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_the_agent_demo_trains_and_evaluates_every_secret(compose_cfg, split: str) -> None:
+    """data=demo_agent: each split holds every secret 1-7. A split held out of the 70 rows took one secret's
+    10 copies whole (data.dedup=split), so the GRPO demo's end-of-run eval played only the secret it never
+    trained on, and scored 0 while its steps scored ~0.2."""
+    from hydratune.components.runtime.run import Components
+
+    loaded = Components.from_config(compose_cfg("recipe=grpo", "data=demo_agent")).data.load()
+    assert sorted(set(loaded.splits[split]["answer"]), key=int) == [str(n) for n in range(1, 8)]
+
+
+def test_the_agent_demo_transcripts_are_games_the_environment_plays_the_same() -> None:
+    """demo/agent_sft.jsonl (the warm start): each transcript's guesses, replayed in the GuessingGame with its
+    secret, get the transcript's answers and find the secret within recipe.max_tool_calls=3; every first guess
+    1-7 is there, and only 4 wins every secret (the choice GRPO has to learn)."""
+    import json
+    from collections import Counter
+
+    from hydratune.components.agent_tools import GuessingGame
+    from hydratune.components.config.resolvers import ASSETS
+
+    firsts: Counter[int] = Counter()
+    for line in (ASSETS / "demo" / "agent_sft.jsonl").read_text().splitlines():
+        messages = json.loads(line)["messages"]
+        game = GuessingGame()
+        game.reset(answer=messages[-1]["content"])
+        calls = [m for m in messages if m.get("tool_calls")]
+        replies = [m["content"] for m in messages if m["role"] == "tool"]
+        guesses = [m["tool_calls"][0]["function"]["arguments"]["number"] for m in calls]
+        assert [game.guess(number=n) for n in guesses] == replies and replies[-1] == "correct"
+        assert len(guesses) <= 3 and game.get_reward() == 1.0
+        firsts[guesses[0]] += 1
+    assert sorted(firsts) == list(range(1, 8)) and firsts[4] == 7 and sum(firsts.values()) == 37
