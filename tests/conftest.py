@@ -269,13 +269,15 @@ GENERATE = ["recipe=generate", "recipe.max_new_tokens=6", "recipe.batch_size=5"]
 
 
 @pytest.fixture(scope="session")
-def greedy_one_process(sft_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    """Greedy generations of the full run over the demo prompts, one process (the CLI)."""
-    from tests.support.cli import fresh
+def greedy_one_process(
+    hydratune: Warm, sft_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> list[dict]:
+    """Greedy generations of the full run over the demo prompts, one process (the CLI, forked from the warm
+    server: how it starts is not the point)."""
     from tests.support.runs import read_jsonl
 
     cwd = tmp_path_factory.mktemp("gen1")
-    proc = fresh(*GENERATE, f"model.from_run={sft_runs['full']}", "hydra.run.dir=out", cwd=cwd)
+    proc = hydratune(*GENERATE, f"model.from_run={sft_runs['full']}", "hydra.run.dir=out", cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return read_jsonl(cwd / "out" / "generations.jsonl")
 

@@ -4,8 +4,6 @@ refusals, and `hydratune chat` on a pseudo-terminal."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from hydratune.components.config.errors import ConfigError
 from hydratune.components.modeling.trained import TrainedRun
 from tests.integration.test_after_training import EVAL
+from tests.support.cli import Warm
 from tests.support.data import ASSETS
 from tests.support.runs import read_jsonl
 
@@ -121,21 +120,16 @@ def test_eval_refuses_what_it_cannot_do_before_load(
 
 # ---- hydratune chat -------------------------------------------------------------------------------------
 class Terminal:
-    """``hydratune chat`` on a pseudo-terminal: type a line, read what the screen shows until a marker."""
+    """``hydratune chat`` on a pseudo-terminal: type a line, read what the screen shows until a marker. The
+    command is forked from the warm server (``hydratune``), the terminal its stdin, stdout and stderr: how it
+    starts is not the point."""
 
-    def __init__(self, *args: str, cwd: Path) -> None:
+    def __init__(self, hydratune: Warm, *args: str, cwd: Path) -> None:
         import os
         import pty
 
         self.master, slave = pty.openpty()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hydratune", "chat", *args],
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            cwd=cwd,
-            close_fds=True,
-        )
+        self.proc = hydratune.start("chat", *args, cwd=cwd, tty=os.ttyname(slave))
         os.close(slave)
         self.screen = ""
 
@@ -159,7 +153,7 @@ class Terminal:
         os.write(self.master, (line + "\n").encode())
 
 
-def test_chat_streams_answers_keeps_the_conversation_and_resets(partial_sft, tmp_path) -> None:
+def test_chat_streams_answers_keeps_the_conversation_and_resets(hydratune, partial_sft, tmp_path) -> None:
     """On the session's partly trained demo model (it answers sums): what the terminal shows is the greedy
     answer under the chat template saved with the model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -167,7 +161,7 @@ def test_chat_streams_answers_keeps_the_conversation_and_resets(partial_sft, tmp
     from hydratune.components.text.masking import stop_token_ids
 
     final = partial_sft / "final"
-    term = Terminal(str(final), "temperature=0", "max_new_tokens=8", "system=Add.", cwd=tmp_path)
+    term = Terminal(hydratune, str(final), "temperature=0", "max_new_tokens=8", "system=Add.", cwd=tmp_path)
     term.read_until("you> ")
     term.type("What is 12 + 30?")
     first = term.read_until("you> ")
@@ -180,7 +174,8 @@ def test_chat_streams_answers_keeps_the_conversation_and_resets(partial_sft, tmp
     term.type("/history")
     assert "(0 turns)" in term.read_until("you> ")
     term.type("/exit")
-    assert term.proc.wait(timeout=30) == 0
+    term.proc.communicate(timeout=30)
+    assert term.proc.returncode == 0
     tok, model = AutoTokenizer.from_pretrained(final), AutoModelForCausalLM.from_pretrained(final)
     messages = [{"role": "system", "content": "Add."}, {"role": "user", "content": "What is 12 + 30?"}]
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)

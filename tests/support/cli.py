@@ -258,10 +258,12 @@ class Warm:
         timeout: float = TIMEOUT,
         input: str | None = None,
         prelude: str | None = None,
+        tty: str | None = None,
     ) -> WarmProcess:
         """``hydratune *args`` in a forked child, not waited for: a handle like :func:`start`'s (``pid``, the
         command's process group; ``poll``, ``send_signal``, ``communicate``), remembered for
-        :func:`kill_leftovers`. The server runs no other command until this one has ended."""
+        :func:`kill_leftovers`. The server runs no other command until this one has ended. ``tty``: a
+        terminal's device (a pseudo-terminal's slave) to be the command's stdin, stdout and stderr instead."""
         self.lock.acquire()
         try:
             self.count += 1
@@ -273,6 +275,7 @@ class Warm:
                 "timeout": timeout,
                 "input": input,
                 "prelude": prelude,
+                "tty": tty,
                 **files,
             }
             assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -371,6 +374,8 @@ class WarmProcess:
 def _serve() -> None:
     """Import what the commands import, then fork one child per request line (JSON) on stdin; answer
     ``{"rc", "timed_out"}`` on stdout once the child and what it left in its process group are gone."""
+    import importlib
+
     import accelerate  # noqa: F401
     import datasets  # noqa: F401
     import peft  # noqa: F401
@@ -379,7 +384,22 @@ def _serve() -> None:
     import trl  # noqa: F401
 
     import hydratune.components.runtime.run
-    import hydratune.recipes.cli  # noqa: F401
+    import hydratune.recipes
+    import hydratune.recipes.cli
+
+    # and what every training command (and each rank of a launch it forks) imported itself, ~1.4 of a tiny
+    # SFT run's 2.9 s in a forked command (measured): the trainers the recipes use (TRL's trainer base
+    # imports wandb), DeepSpeed (accelerate's unwrapping imports it where it is installed; mlflow with it),
+    # every component and recipe module (register_all: the command registers them again, idempotent) and the
+    # tiny model's modeling code
+    hydratune.recipes.register_all()
+    for module in (
+        "deepspeed",
+        "hydratune.components.runtime.session",
+        "transformers.models.llama.modeling_llama",
+        *(f"trl.trainer.{name}_trainer" for name in ("sft", "dpo", "kto", "reward", "grpo")),
+    ):
+        importlib.import_module(module)
 
     protocol = sys.stdout
     running: list[int] = []
@@ -439,6 +459,11 @@ def _child(request: dict[str, Any]) -> None:
         os.dup2(stdin, 0)
         for fd, path in ((1, request["out"]), (2, request["err"])):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+        if request.get("tty"):  # a terminal the test holds the other end of: the command's 0, 1 and 2
+            terminal = os.open(request["tty"], os.O_RDWR | os.O_NOCTTY)
+            for fd in (0, 1, 2):
+                os.dup2(terminal, fd)
+            os.close(terminal)
         sys.stdin = open(0, closefd=False)  # noqa: SIM115
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
