@@ -128,9 +128,10 @@ class Terminal:
         import os
         import pty
 
-        self.master, slave = pty.openpty()
-        self.proc = hydratune.start("chat", *args, cwd=cwd, tty=os.ttyname(slave))
-        os.close(slave)
+        # the slave stays open here until the command ends: the forked command opens it by name, and a master
+        # read while no slave is open fails with EIO (a race CI lost once)
+        self.master, self.slave = pty.openpty()
+        self.proc = hydratune.start("chat", *args, cwd=cwd, tty=os.ttyname(self.slave))
         self.screen = ""
 
     def read_until(self, marker: str, timeout: float = 120.0) -> str:
@@ -151,6 +152,17 @@ class Terminal:
         import os
 
         os.write(self.master, (line + "\n").encode())
+
+    def wait(self, timeout: float = 30.0) -> int:
+        """The command's exit code, once it has ended; the terminal closed."""
+        import os
+
+        try:
+            self.proc.communicate(timeout=timeout)
+        finally:
+            os.close(self.slave)
+            os.close(self.master)
+        return self.proc.returncode
 
 
 def test_chat_streams_answers_keeps_the_conversation_and_resets(hydratune, partial_sft, tmp_path) -> None:
@@ -174,8 +186,7 @@ def test_chat_streams_answers_keeps_the_conversation_and_resets(hydratune, parti
     term.type("/history")
     assert "(0 turns)" in term.read_until("you> ")
     term.type("/exit")
-    term.proc.communicate(timeout=30)
-    assert term.proc.returncode == 0
+    assert term.wait() == 0
     tok, model = AutoTokenizer.from_pretrained(final), AutoModelForCausalLM.from_pretrained(final)
     messages = [{"role": "system", "content": "Add."}, {"role": "user", "content": "What is 12 + 30?"}]
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
