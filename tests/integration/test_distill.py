@@ -60,27 +60,17 @@ def test_sigterm_then_resume_matches_a_straight_run(run_recipe, monkeypatch) -> 
     """4 steps straight, versus SIGTERM during step 2 (checkpoint, stop) then resume=<run dir>: steps 3-4
     log the same numbers (the divergence, the samples' metrics) and end with the same weights, bit for bit on
     CPU (weights, optimizer, schedule, the RNG the student samples with)."""
-    import os
-    import signal
-
     import pytest
     from safetensors.torch import load_file
 
     from hydratune.components.config.errors import Interrupted
     from hydratune.components.runtime.distill_trainer import MeasuredDistillationTrainer
+    from tests.support.runs import sigterm_on_call
 
     common = ["recipe=distill", "train.max_steps=4", "train.micro_batch_size=4", "train.eval_every=0"]
     full, _ = run_recipe(*common, name="straight")
-    calls = {"n": 0}
-    original = MeasuredDistillationTrainer._compute_loss
-
-    def sigterm_at_step_2(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            os.kill(os.getpid(), signal.SIGTERM)  # the driver checkpoints after this step, then stops
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(MeasuredDistillationTrainer, "_compute_loss", sigterm_at_step_2)
+    # SIGTERM during step 2's loss: the driver checkpoints after this step, then stops
+    original = sigterm_on_call(monkeypatch, MeasuredDistillationTrainer, "_compute_loss", at=2)
     with pytest.raises(Interrupted):
         run_recipe(*common, name="cut")
     monkeypatch.setattr(MeasuredDistillationTrainer, "_compute_loss", original)

@@ -197,14 +197,12 @@ def test_ppo_with_the_reward_adapter_resumed_after_sigterm_matches_the_straight_
 ) -> None:
     """3 iterations straight, versus SIGTERM during iteration 2 then resume: the same numbers and final
     weights bit for bit, and final/ holds the policy's adapter alone."""
-    import os
-    import signal
-
     from safetensors.torch import load_file
 
     from hydratune.components.config.errors import Interrupted
     from hydratune.components.rl.reward_adapter import AdapterReward
     from tests.support.rl import FAST_PPO
+    from tests.support.runs import sigterm_on_call
 
     common = [
         *FAST_PPO, "peft=lora", f"model.from_run={sft_runs['full']}", f"recipe.reward.model={reward_lora}",
@@ -212,16 +210,7 @@ def test_ppo_with_the_reward_adapter_resumed_after_sigterm_matches_the_straight_
         "train.micro_batch_size=8", "train.save_every=0",
     ]  # fmt: skip
     straight, _ = run_recipe(*common, name="straight")
-    calls = []
-    score = AdapterReward.__call__
-
-    def then_sigterm(self, *args: Any, **kwargs: Any) -> list[float]:
-        calls.append(1)
-        if len(calls) == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return score(self, *args, **kwargs)
-
-    monkeypatch.setattr(AdapterReward, "__call__", then_sigterm)
+    sigterm_on_call(monkeypatch, AdapterReward, "__call__", at=2)
     with pytest.raises(Interrupted):
         run_recipe(*common, name="cut")
     cut = straight.run_dir.path.parent / "cut"
@@ -356,14 +345,12 @@ def test_grpo_with_the_reward_adapter_resumed_after_sigterm_matches_the_straight
     """GRPO (TRL's trainer) with the reward adapter on the policy's base, 3 steps straight, versus SIGTERM
     during step 2's scoring then resume: step 3's numbers and the final adapter bit for bit; final/ holds the
     policy's adapter alone, the checkpoint the reward adapter too, unchanged."""
-    import os
-    import signal
-
     from safetensors.torch import load_file
 
     from hydratune.components.config.errors import Interrupted
     from hydratune.components.rl.reward_adapter import AdapterReward
     from tests.support.rl import FAST_GRPO
+    from tests.support.runs import sigterm_on_call
 
     common = [
         *FAST_GRPO, "peft=lora", f"model.from_run={sft_runs['full']}", f"recipe.reward_model={reward_lora}",
@@ -371,16 +358,7 @@ def test_grpo_with_the_reward_adapter_resumed_after_sigterm_matches_the_straight
         "recipe.max_completion_length=6", "optimizer.lr=1e-3",
     ]  # fmt: skip
     straight, _ = run_recipe(*common, name="straight")
-    calls = []
-    score = AdapterReward.__call__
-
-    def then_sigterm(self, *args: Any, **kwargs: Any) -> list[float]:
-        calls.append(1)
-        if len(calls) == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return score(self, *args, **kwargs)
-
-    monkeypatch.setattr(AdapterReward, "__call__", then_sigterm)
+    score = sigterm_on_call(monkeypatch, AdapterReward, "__call__", at=2)
     with pytest.raises(Interrupted):
         run_recipe(*common, name="cut")
     monkeypatch.setattr(AdapterReward, "__call__", score)

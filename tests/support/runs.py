@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import signal
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -58,3 +60,18 @@ def first_and_last(values: list[float], count: int, window: int = 20) -> tuple[f
     """The means of the first and last ``window`` of ``count`` logged values (a learning curve's ends)."""
     assert len(values) == count, values
     return sum(values[:window]) / window, sum(values[-window:]) / window
+
+
+def sigterm_on_call(monkeypatch: Any, owner: Any, name: str, at: int) -> Callable[..., Any]:
+    """Patch ``owner.name`` so that its ``at``-th call first sends this process SIGTERM (the driver then
+    checkpoints after the step and stops), and return the original, for a test to put back before resuming."""
+    original, calls = getattr(owner, name), []
+
+    def then_sigterm(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, then_sigterm)
+    return original
