@@ -90,6 +90,9 @@ REAL_MATRIX: list[Variant] = [
     Variant("sft_lora", "packed", peft=True, bf16=True, impls=REAL_IMPLS),
     Variant("sft_full", "packed", bf16=True, impls=REAL_IMPLS),
     Variant("sft_lora_fp32", "packed", peft=True, bf16=False, impls=REAL_IMPLS),
+    # fp32 twins for CPUs without native bf16 (AVX2 only: bf16 autocast is emulated there, many times slower)
+    Variant("sft_full_fp32", "packed", bf16=False, impls=REAL_IMPLS),
+    Variant("dpo_lora_fp32", "chat_pairs", recipe="dpo", peft=True, bf16=False, impls=REAL_IMPLS),
     Variant("dpo_lora", "chat_pairs", recipe="dpo", peft=True, bf16=True, impls=REAL_IMPLS),
     Variant(
         "grpo_lora",
@@ -811,6 +814,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--micro-batch", type=int, help="per-device micro-batch (CPU default 4, GPU 4)")
+    parser.add_argument("--seq-len", type=int, help="tokens a row (--real: default 128; the length curve)")
     parser.add_argument("--trl-set", action="append", default=[], help="key=value (JSON) on TRL's config")
     parser.add_argument("--repeats", type=int, default=1, help="alternated runs per implementation (median)")
     parser.add_argument(
@@ -850,9 +854,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             raise SystemExit("no CUDA GPU: pass --cpu for the CPU smoke mode")
     if args.real:
         mode = real_mode(args.steps, args.warmup, args.micro_batch)
+        mode.seq_len = args.seq_len or mode.seq_len
         bench_data.use_tokenizer(mode.pretrained)
     else:
         mode = mode_for(not cuda, args.steps, args.warmup, args.micro_batch)
+        mode.seq_len = args.seq_len or mode.seq_len
     mode.hydratune_set = tuple(args.hydratune_set)
     mode.profile = args.profile
     if args.own_threads or args.real:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -33,6 +33,7 @@ class Auto:
     device: str = "auto"
     candidates: list[str] = field(default_factory=list)  # restrict the ladder (empty = every option)
     tune_micro_batch: bool = True  # also pick the micro-batch (false: keep train.micro_batch_size)
+    decided: ClassVar[bool] = False  # the engine is not known before launch (the estimate reads this)
 
     def validate(self) -> None:
         from hydratune.components.strategy import training_options

@@ -177,7 +177,10 @@ def activations(spec: RunSpec, part: Slice | None = None) -> tuple[float, float]
     kept += (3 if part.last else 1) * boundary
     stack = part.in_flight * kept + (per_layer if spec.gradient_checkpointing else 0.0)
     stack *= 1 + ACTIVATION_SLACK
-    logits = LOGITS_BYTES * a.vocab_size * spec.tokens / sp * part.logits_in_flight  # gathered whole over tp
+    positions = spec.tokens / sp
+    if spec.logits_chunk:  # one chunk's logits at a time, and a log-normaliser per position
+        positions = min(positions, spec.logits_chunk)
+    logits = LOGITS_BYTES * a.vocab_size * positions * part.logits_in_flight  # gathered whole over tp
     return stack, logits
 
 
@@ -522,7 +525,11 @@ def _transient_terms(spec: RunSpec, part: Slice, trainable: int, per: ElementByt
         (
             "logits + loss",
             logits,
-            f"vocab {a.vocab_size} x {spec.tokens} tokens x {LOGITS_BYTES} B"
+            (
+                f"vocab {a.vocab_size} x {spec.logits_chunk} positions x {LOGITS_BYTES} B (chunked LM head)"
+                if spec.logits_chunk and spec.logits_chunk < spec.tokens / max(1, spec.sp)
+                else f"vocab {a.vocab_size} x {spec.tokens} tokens x {LOGITS_BYTES} B"
+            )
             + (f" /sp {spec.sp}" if spec.sp > 1 else "")
             + (f" x {part.logits_in_flight} in flight" if part.logits_in_flight > 1 else "")
             + (" (on the last stage only)" if part.stages > 1 else ""),

@@ -155,6 +155,9 @@ class RunSpec:
     # adapter + head on the policy's base (adapter), or a whole critic model (separate); "" for other recipes
     value_model: str = ""
     value_params: int = 0
+    # SFT's chunked LM head (recipe.loss_impl=chunked, components/modeling/lm_head_chunk.py): positions whose
+    # logits are held at once; 0: the whole micro-batch's logits (TRL's head and every other recipe's)
+    logits_chunk: int = 0
 
     @property
     def world_size(self) -> int:

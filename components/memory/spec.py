@@ -233,8 +233,24 @@ def spec_from_config(cfg: Any, strategy: StrategyShape | None = None, **over: An
         **reward_knobs(cfg, compute, peft, quant, strategy_component),
     )
     spec = replace(spec, **episode_knobs(cfg, spec))
+    spec = replace(spec, **loss_knobs(cfg, peft, strategy_component, arch))
     spec = replace(spec, **value_knobs(get(cfg, "recipe"), spec, peft))
     return replace(spec, **over) if over else spec
+
+
+def loss_knobs(cfg: Any, peft: Any, strategy: Any, arch: Any) -> dict[str, Any]:
+    """The logits a step holds: one chunk of positions when the recipe's own loss path says it takes the
+    chunked LM head (recipes/sft.py ``loss_path``: the same decision the run makes), else every position's."""
+    from types import SimpleNamespace
+
+    from hydratune.components.modeling.lm_head_chunk import chunk_for
+
+    recipe = built(get(cfg, "recipe"))
+    loss_path = getattr(recipe, "loss_path", None)
+    if loss_path is None or not getattr(strategy, "decided", True):  # strategy=auto: count every position
+        return {}
+    impl, _ = loss_path(SimpleNamespace(strategy=strategy, peft=peft, model=built(get(cfg, "model"))))
+    return {"logits_chunk": chunk_for(arch.vocab_size)} if impl == "chunked" else {}
 
 
 def episode_knobs(cfg: Any, spec: RunSpec) -> dict[str, Any]:

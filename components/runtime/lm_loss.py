@@ -19,13 +19,7 @@ from typing import Any
 
 import torch
 
-#: logits held at once: ``chunk`` positions x the vocabulary, ~64 MiB in fp32 (341 positions at 49,152 words)
-CHUNK_ELEMENTS = 1 << 24
-
-
-def chunk_for(vocab: int) -> int:
-    """Positions per chunk for a vocabulary of ``vocab`` words (at least 64)."""
-    return max(64, CHUNK_ELEMENTS // max(1, vocab))
+from hydratune.components.modeling.lm_head_chunk import chunk_for
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:

@@ -15,6 +15,7 @@ import pytest
 from hydratune.components.memory.arch import Arch, lora_params, param_counts
 from hydratune.components.memory.estimate import (
     GB,
+    LOGITS_BYTES,
     GiB,
     RunSpec,
     estimate,
@@ -171,6 +172,25 @@ def test_quantization_options_are_read(compose_cfg) -> None:
         linear * quantized_bytes_per_param(4, double_quant=True)
     )
     assert linear < int8.row("quantized weights") < 1.01 * linear
+
+
+def test_sfts_chunked_head_holds_one_chunk_of_logits(compose_cfg) -> None:
+    """SFT's default loss (recipe.loss_impl=chunked) holds one chunk of positions' logits, the decision the
+    run makes (recipes/sft.py loss_path); TRL's head, or a strategy that shards the head, the whole
+    micro-batch's."""
+    from hydratune.components.modeling.lm_head_chunk import chunk_for
+
+    base = ["model=llama3_8b", "peft=lora", "precision=bf16", "data.max_length=4096"]
+    vocab = Arch.from_dict(LLAMA3_8B).vocab_size
+    chunked = estimate(spec_from_config(compose_cfg(*base)))
+    trl_spec = spec_from_config(compose_cfg(*base, "recipe.loss_impl=trl"))
+    trl = estimate(trl_spec)
+    sharded = estimate(spec_from_config(compose_cfg(*base, "strategy=zero3")))
+    assert chunked.row("logits + loss") == pytest.approx(LOGITS_BYTES * vocab * chunk_for(vocab))
+    assert trl.row("logits + loss") == pytest.approx(LOGITS_BYTES * vocab * trl_spec.tokens)
+    assert trl_spec.tokens > chunk_for(vocab)
+    assert sharded.row("logits + loss") == trl.row("logits + loss")
+    assert chunked.row("activations") == trl.row("activations")
 
 
 # ---- monotonicity -------------------------------------------------------------------------------
@@ -343,8 +363,12 @@ def test_hydratune_bench_harness_on_cpu(capsys) -> None:
     }
     assert "train.max_steps=3" in harness.overrides("full_bf16")
     # the hydratune-composed run estimates like the bench's spec where the two agree (full fp32 + autocast;
-    # model=tiny's config.json adds q/k/v/o biases: 0.01 %)
-    want = bench.estimate_for(bench.CONFIGS[0]).peak_allocated
+    # model=tiny's config.json adds q/k/v/o biases: 0.01 %); the run's SFT takes the chunked LM head, the
+    # bench's plain loop the whole logits
+    from hydratune.components.modeling.lm_head_chunk import chunk_for
+
+    plain = bench.spec_for(bench.CONFIGS[0])
+    want = estimate(replace(plain, logits_chunk=chunk_for(plain.arch.vocab_size))).peak_allocated
     assert harness.estimated_peak("full_bf16") == pytest.approx(want, rel=1e-3)
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the no-GPU path is not exercised")
