@@ -32,7 +32,14 @@ class ChunkedNLL(torch.autograd.Function):
     """Per-position log-probabilities ``log_softmax(hidden @ weight.T + bias)[target]`` (float32), with,
     when ``metrics``, the summed entropy and the count of positions whose target is the argmax (both
     non-differentiable). The projection runs in the autocast dtype (as the model's own head would), the
-    normaliser in float32; the backward recomputes each chunk's logits: ``g * (onehot - softmax)``."""
+    normaliser in float32.
+
+    When gradients are wanted, the forward also forms each chunk's ``(onehot - softmax)`` and its products
+    with the weight and the hidden states, the gradients for an upstream gradient of 1 per position (as
+    Liger's fused linear cross-entropy does): the backward then only scales them, three projections of the
+    head a step instead of four. That holds when the upstream gradient is the same at every position (a
+    summed or mean NLL: SFT's loss); any other (``loss_type=dft``, per-sequence weights) recomputes each
+    chunk's logits in the backward: ``g * (onehot - softmax)``."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -43,6 +50,7 @@ class ChunkedNLL(torch.autograd.Function):
         targets: torch.Tensor,  # [N], no -100
         chunk: int,
         metrics: bool,
+        grads: bool = True,  # torch.is_grad_enabled() where it is applied (the forward runs without grad)
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cd = compute_dtype(hidden)
         n = hidden.shape[0]
@@ -52,10 +60,13 @@ class ChunkedNLL(torch.autograd.Function):
         log_z = torch.empty(n, device=hidden.device, dtype=torch.float32)
         entropy = torch.zeros((), device=hidden.device, dtype=torch.float32)
         correct = torch.zeros((), device=hidden.device, dtype=torch.int64)
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        unit = _UnitGrads(hidden, weight, bias, grads and need_h, grads and need_w, grads and need_b)
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, n, chunk):
                 e = min(s + chunk, n)
-                z = _logits(hidden[s:e].to(cd), w, b)
+                h = hidden[s:e].to(cd)
+                z = _logits(h, w, b)
                 t = targets[s:e]
                 if metrics:  # one exp pass for the normaliser and the entropy; top-1: the first argmax
                     top, arg = z.max(-1)
@@ -68,15 +79,33 @@ class ChunkedNLL(torch.autograd.Function):
                     lz = torch.logsumexp(z, dim=-1)
                 log_probs[s:e] = z.gather(1, t[:, None]).squeeze(1) - lz
                 log_z[s:e] = lz
-        ctx.save_for_backward(hidden, weight, bias, targets, log_z)
-        ctx.chunk, ctx.cd = chunk, cd
+                if (
+                    unit.wanted
+                ):  # z becomes onehot - softmax in place: the chunk's logits are not needed again
+                    dz = z.sub_(lz[:, None]).exp_().neg_()
+                    dz.scatter_add_(1, t[:, None], torch.ones_like(lz[:, None]))
+                    unit.add(s, e, h, w, dz, cd)
+        ctx.save_for_backward(hidden, weight, bias, targets, log_z, *unit.tensors())
+        ctx.chunk, ctx.cd, ctx.unit = chunk, cd, unit.wanted
         ctx.mark_non_differentiable(entropy, correct)
         return log_probs, entropy, correct
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, *_: Any) -> tuple[Any, ...]:  # type: ignore[override]
-        hidden, weight, bias, targets, log_z = ctx.saved_tensors
+        hidden, weight, bias, targets, log_z, *unit = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        if ctx.unit and (grad.numel() == 0 or bool((grad == grad[0]).all())):  # the forward's, scaled
+            g = grad[0].float() if grad.numel() else grad.new_zeros((), dtype=torch.float32)
+            gh, gw, gb = unit
+            return (
+                (gh * g).to(hidden.dtype) if need_h else None,
+                (gw * g).to(weight.dtype) if need_w else None,
+                (gb * g).to(bias.dtype) if need_b else None,
+                None,
+                None,
+                None,
+                None,
+            )
         cd, chunk, n = ctx.cd, ctx.chunk, hidden.shape[0]
         w = weight.to(cd)
         b = None if bias is None else bias.to(cd)
@@ -105,7 +134,39 @@ class ChunkedNLL(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
+
+
+class _UnitGrads:
+    """:class:`ChunkedNLL`'s gradients for an upstream gradient of 1 at every position, formed chunk by chunk
+    in the forward: for the hidden states ``(onehot - softmax) @ W`` per position, for the weight and the
+    bias their sums over the positions."""
+
+    def __init__(
+        self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, h: bool, w: bool, b: bool
+    ) -> None:
+        self.wanted = h or w or b
+        z = torch.zeros((0,), device=hidden.device)
+        self.h = torch.empty_like(hidden) if self.wanted and h else z
+        self.w = (
+            torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if self.wanted and w else z
+        )
+        self.b = torch.zeros(bias.shape, device=bias.device, dtype=torch.float32) if self.wanted and b else z
+
+    def add(
+        self, s: int, e: int, h: torch.Tensor, w: torch.Tensor, dz: torch.Tensor, cd: torch.dtype
+    ) -> None:
+        if self.b.numel():
+            self.b += dz.sum(0)
+        dz_c = dz.to(cd)
+        if self.h.numel():
+            self.h[s:e] = (dz_c @ w).to(self.h.dtype)
+        if self.w.numel():
+            self.w += (dz_c.t() @ h).float()
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.h, self.w, self.b) if self.wanted else ()
 
 
 def _logits(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -125,7 +186,13 @@ def token_log_probs(
     mask = labels != -100
     vocab = head.weight.shape[0]
     log_probs, entropy, correct = ChunkedNLL.apply(
-        hidden[mask], head.weight, head.bias, labels[mask], chunk or chunk_for(vocab), metrics
+        hidden[mask],
+        head.weight,
+        head.bias,
+        labels[mask],
+        chunk or chunk_for(vocab),
+        metrics,
+        torch.is_grad_enabled(),
     )
     out = {"log_probs": log_probs, "num_valid": mask.sum()}
     if metrics:

@@ -49,6 +49,25 @@ def test_loss_and_gradients_equal_cross_entropy_on_full_logits(chunk: int) -> No
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_the_forward_forms_gradients_only_when_they_are_wanted(monkeypatch) -> None:
+    """The forward's gradients (the backward then only scales them) are formed under grad mode alone: an
+    eval batch under ``torch.no_grad`` pays for the loss only; the gradients equal the recomputed ones."""
+    from hydratune.components.runtime import lm_loss
+
+    added = []
+    real_add = lm_loss._UnitGrads.add
+    monkeypatch.setattr(lm_loss._UnitGrads, "add", lambda self, *a: added.append(1) or real_add(self, *a))
+    h, head, labels = batch(3)
+    with torch.no_grad():
+        token_log_probs(h, labels, head, chunk=5)
+    assert added == []
+    got = -token_log_probs(h, labels, head, chunk=5)["log_probs"].mean()
+    assert added
+    want = reference(h, head, labels) / int((labels[:, 1:] != -100).sum())
+    for a, b in zip(grads(got, h, head), grads(want, h, head), strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
 def test_a_weighted_loss_backpropagates_per_token_weights() -> None:
     """loss_type=dft weights each token's loss by its probability: the per-token gradient path."""
     h, head, labels = batch(7, bias=False)
