@@ -94,17 +94,15 @@ class ChunkedNLL(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor, *_: Any) -> tuple[Any, ...]:  # type: ignore[override]
         hidden, weight, bias, targets, log_z, *unit = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        if ctx.unit and (grad.numel() == 0 or bool((grad == grad[0]).all())):  # the forward's, scaled
+        rest = (None,) * (len(ctx.needs_input_grad) - 3)  # targets, chunk, ... (a subclass may add inputs)
+        if getattr(ctx, "unit", False) and (grad.numel() == 0 or bool((grad == grad[0]).all())):
             g = grad[0].float() if grad.numel() else grad.new_zeros((), dtype=torch.float32)
             gh, gw, gb = unit
             return (
                 (gh * g).to(hidden.dtype) if need_h else None,
                 (gw * g).to(weight.dtype) if need_w else None,
                 (gb * g).to(bias.dtype) if need_b else None,
-                None,
-                None,
-                None,
-                None,
+                *rest,
             )
         cd, chunk, n = ctx.cd, ctx.chunk, hidden.shape[0]
         w = weight.to(cd)
@@ -131,10 +129,7 @@ class ChunkedNLL(torch.autograd.Function):
             grad_h,
             None if grad_w is None else grad_w.to(weight.dtype),
             None if grad_b is None else grad_b.to(bias.dtype),
-            None,
-            None,
-            None,
-            None,
+            *rest,
         )
 
 
