@@ -85,14 +85,6 @@ class Eval(Recipe, EpisodeScoring):
                 key=f"recipe.{lm_eval_knobs[0]}",
                 hint=f"drop recipe.{lm_eval_knobs[0]} (lm-eval's tasks run in a recipe=eval without tools)",
             )
-        episode_knobs = self.changed(EPISODE_KNOBS)
-        if not self.scores_episodes and episode_knobs:
-            raise ConfigError(
-                f"recipe.{episode_knobs[0]} is a knob of episodes, which run only with recipe.tools or "
-                "recipe.environment",
-                key=f"recipe.{episode_knobs[0]}",
-                hint=f"give recipe.tools or recipe.environment, or drop recipe.{episode_knobs[0]}",
-            )
         if not self.scores_episodes and importlib.util.find_spec("lm_eval") is None:
             raise ConfigError(
                 "recipe=eval runs lm-evaluation-harness, which is not installed", key="recipe", hint=INSTALL
@@ -133,6 +125,14 @@ class Eval(Recipe, EpisodeScoring):
 
     def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
         return self.episode_plan_lines() if self.scores_episodes else []
+
+    def warnings(self, cfg: DictConfig, comps: Components) -> list[str]:
+        """The knobs of episodes set without recipe.tools / recipe.environment: unused (lm-eval runs)."""
+        unused = [] if self.scores_episodes else self.changed(EPISODE_KNOBS)
+        if not unused:
+            return []
+        knobs = ", ".join(f"recipe.{k}" for k in unused)
+        return [f"{knobs}: not used: lm-eval's tasks run; episodes need recipe.tools or recipe.environment"]
 
     def task_manager(self) -> Any:
         """lm-eval's ``TaskManager`` over hydratune's tasks and ``include_path``; lm-eval's own ~15k tasks

@@ -283,8 +283,8 @@ def test_generate_and_eval_refuse_a_first_prompt_the_schemas_push_past_the_limit
 
 def test_eval_over_episodes_checks_its_tools_rewards_and_knobs_before_load(compose_cfg, tokenizer) -> None:
     """recipe=eval with recipe.tools / recipe.environment: a misspelt tool named with its close match, a
-    reward needed, lm-eval's knobs refused beside them and the episodes' knobs without them; the template
-    must render tool calls; mode=plan says what runs instead of lm-eval."""
+    reward needed, lm-eval's knobs refused beside them, the episodes' knobs named unused without them; the
+    template must render tool calls; mode=plan says what runs instead of lm-eval."""
     from hydratune.components.runtime.run import Components
 
     def refusal(*overrides: str) -> ConfigError:
@@ -303,7 +303,10 @@ def test_eval_over_episodes_checks_its_tools_rewards_and_knobs_before_load(compo
     err = refusal("recipe.tools=[tests.support.tools.add]", "recipe.reward_funcs=[]")
     assert err.key == "recipe.reward_funcs" and "no reward" in str(err)
     assert refusal("recipe.tools=[tests.support.tools.add]", "recipe.tasks=[gsm8k]").key == "recipe.tasks"
-    assert refusal("recipe.max_tool_calls=2").key == "recipe.max_tool_calls"
+    cfg = compose_cfg("recipe=eval", "recipe.max_tool_calls=2", "recipe.temperature=0.5")
+    comps = Components.from_config(cfg)
+    [unused] = comps.recipe.warnings(cfg, comps)
+    assert unused.startswith("recipe.max_tool_calls, recipe.temperature: not used: lm-eval's tasks run")
     err = refusal("recipe.environment=tests.support.tools.Counter", "recipe.num_return_sequences=4")
     assert err.key == "recipe.num_return_sequences"
     cfg = compose_cfg(
