@@ -342,21 +342,43 @@ class Episodes:
         )
 
 
-def check_prompt_fits(data: Any, prompt: Any, tokenizer: Any, schemas: Sequence[Any]) -> None:
+def check_prompt_fits(
+    data: Any, prompt: Any, tokenizer: Any, schemas: Sequence[Any], context: int | None = None
+) -> None:
     """The template renders the tools' schemas into every prompt, which the data's prompt lengths do not
-    count: ``prompt`` (the first row's) with them must fit ``data.max_prompt_length`` (before load)."""
+    count: ``prompt`` (the first row's) with them must fit ``data.max_prompt_length`` and leave room for a
+    reply in the model's ``context`` (``max_position_embeddings``: TRL's loop and recipe=generate's end an
+    episode there), before load."""
     ids = tokenizer.apply_chat_template(
         prompt, tools=list(schemas), add_generation_prompt=True, tokenize=True
     )
     length = len(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
     limit, key, _ = data.prompt_limit()
+    first = (
+        f"the first prompt of {data.path} with the tools' schemas the chat template adds is {length} tokens"
+    )
     if length > limit:
         raise ConfigError(
-            f"the first prompt of {data.path} with the tools' schemas the chat template adds is "
-            f"{length} tokens, over {key}={limit}",
+            f"{first}, over {key}={limit}",
             key=key,
             hint=f"{key}={length + 64} or more (the schemas are in every prompt), or fewer tools",
         )
+    if context is not None and length >= context:
+        raise ConfigError(
+            f"{first}, and the model's context (max_position_embeddings) is {context}: no room for a reply",
+            key=KEY,
+            hint="fewer tools or shorter docstrings, a model with a longer context (a random-init model: "
+            f"+model.architecture.max_position_embeddings={1 << (2 * length - 1).bit_length()})",
+        )
+
+
+def model_context(comps: Any) -> int | None:
+    """The model's context in tokens (its config's ``max_position_embeddings``, read before load), or None
+    where the config does not say."""
+    config = comps.model.load_config()
+    config = getattr(config, "text_config", None) or config  # a vision-language model: its language model
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) else None
 
 
 def plan_lines(
@@ -395,6 +417,8 @@ class Episode:
     calls: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     finish_reason: str = ""
+    #: the tokens after the prompt: the model's turns and the tool results between them (TRL's completion ids)
+    completion_ids: list[int] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -413,10 +437,17 @@ class ToolLoop:
     (faults answered with ``error: ...`` and counted); the results appended as ``tool`` messages, their
     tokens made by TRL's own ``_get_tool_suffix_ids`` and concatenated to the context (no re-rendering: the
     model sees what it saw in training); then the next turn, until no call, ``limit`` rounds, the token
-    limit or the context."""
+    limit or the context. ``environment`` (``recipe.environment``'s factory): each episode gets a fresh one
+    (:meth:`environment_for`), whose public methods are that episode's tools beside ``functions``."""
 
     def __init__(
-        self, tokenizer: Any, functions: Sequence[Callable[..., Any]], *, limit: int | None, timeout: float
+        self,
+        tokenizer: Any,
+        functions: Sequence[Callable[..., Any]],
+        *,
+        limit: int | None,
+        timeout: float,
+        environment: Callable[[], Any] | None = None,
     ) -> None:
         import copy
 
@@ -426,10 +457,16 @@ class ToolLoop:
             is_chat_template_prefix_preserving,
         )
 
+        from hydratune.components.environment import environment_class, fresh_factory, tool_methods
+
         check_template(tokenizer)
         self.stats = ToolStats()
         self.tools = {tool_name(f): Tool(f, timeout, self.stats) for f in functions}
-        self.schemas = [schema(f) for f in functions]
+        methods = [] if environment is None else tool_methods(environment_class(environment))
+        self.methods = {name for name, _ in methods}
+        self.environment = None if environment is None else fresh_factory(environment, timeout, self.stats)
+        bound = [functools.partial(m, None) for _, m in methods]  # the schemas TRL renders for them
+        self.schemas = [schema(f) for f in [*functions, *bound]]
         self.limit = limit
         if (
             getattr(tokenizer, "response_template", None) is None
@@ -451,17 +488,32 @@ class ToolLoop:
         )
         return list(ids["input_ids"])
 
-    def call(self, tool_call: dict[str, Any], errors: Counter[str]) -> dict[str, Any]:
-        """A ``tool`` message answering one parsed call; what TRL's loop answers itself (no such tool,
-        arguments that are not an object) is answered as TRL does, counted ``unknown``."""
+    def environment_for(self, row: dict[str, Any]) -> tuple[Any, Any]:
+        """A fresh environment for one episode, reset with the row's columns (as TRL resets it), and what
+        ``reset`` returned (text TRL appends to the prompt's last turn, or None)."""
+        if self.environment is None:
+            raise ValueError("this tool loop has no environment")
+        environment = self.environment()
+        return environment, environment.reset(**row)
+
+    def call(
+        self, tool_call: dict[str, Any], errors: Counter[str], environment: Any = None
+    ) -> dict[str, Any]:
+        """A ``tool`` message answering one parsed call (a tool's, or a method of the episode's
+        ``environment``); what TRL's loop answers itself (no such tool, arguments that are not an object) is
+        answered as TRL does, counted ``unknown``."""
         before = Counter({k: self.stats.totals[k] for k in FAULTS})
         name = (tool_call.get("function") or {}).get("name") or tool_call.get("name", "unknown")
         try:
             if tool_call.get("type") != "function":
                 raise ValueError(f"Unsupported tool call type: {tool_call.get('type')}")
-            if name not in self.tools:
+            if name in self.tools:
+                tool: Callable[..., Any] = self.tools[name]
+            elif environment is not None and name in self.methods:
+                tool = getattr(environment, name)  # a Tool around the episode's own instance (fresh_factory)
+            else:
                 raise ValueError(f"Tool {name} not found.")
-            result: Any = self.tools[name](**tool_call["function"]["arguments"])
+            result: Any = tool(**tool_call["function"]["arguments"])
         except Exception as err:  # TRL's answer: {'error': ...}
             self.stats.add(UNKNOWN)
             errors[UNKNOWN] += 1
@@ -495,13 +547,16 @@ class ToolLoop:
         *,
         context: int | None = None,
         on_message: Callable[[dict[str, Any]], None] | None = None,
+        environments: Sequence[Any] | None = None,
     ) -> list[Episode]:
         """The episodes of a batch of prompts (``conversations`` rendered as ``prompt_ids``): ``generate``
         completes a list of token lists (one completion each, with its ``ids``, ``tokens`` and
         ``finish_reason``); only the episodes that called a tool go on to the next turn. ``context``: the
-        model's length (an episode ends when its tokens reach it); ``on_message`` sees each new message."""
+        model's length (an episode ends when its tokens reach it); ``on_message`` sees each new message;
+        ``environments``: each episode's own (:meth:`environment_for`), whose methods it may call."""
         from trl.chat_template_utils import parse_response
 
+        own = list(environments) if environments is not None else [None] * len(conversations)
         episodes = [Episode([dict(m) for m in c]) for c in conversations]
         ids = [list(p) for p in prompt_ids]
         rounds = [0] * len(ids)
@@ -514,6 +569,7 @@ class ToolLoop:
                 message = parse_response(self.tokenizer, new, prefix=ids[i], tools=self.schemas)
                 episode.messages.append(message)
                 episode.tokens += completion.tokens
+                episode.completion_ids += new
                 ids[i] += new
                 if on_message:
                     on_message(message)
@@ -524,14 +580,16 @@ class ToolLoop:
                 if self.limit is not None and rounds[i] >= self.limit:
                     episode.finish_reason = "tool_limit"
                     continue
-                results = [self.call(call, episode.errors) for call in calls]
+                results = [self.call(call, episode.errors, own[i]) for call in calls]
                 rounds[i] += 1
                 episode.calls += len(calls)
                 episode.messages += results
                 for result in results:
                     if on_message:
                         on_message(result)
-                ids[i] += self.suffix_ids(results)
+                suffix = self.suffix_ids(results)
+                episode.completion_ids += suffix
+                ids[i] += suffix
                 if context is not None and len(ids[i]) >= context:
                     episode.finish_reason = "length"
                     continue

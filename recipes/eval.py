@@ -7,6 +7,10 @@ template. The run dir gets lm-eval's results (``lm_eval_results.json``), every s
 (``lm_eval_samples.jsonl``), a task / metric / value / stderr table in ``summary.md``, and the scores in
 ``metrics.jsonl`` and the trackers. Without ``model.from_run`` it scores the configured model (before
 training). ``hydratune_prompts`` is hydratune's own task: the prompt/answer rows of ``data.path``.
+
+With ``recipe.tools`` or ``recipe.environment`` it scores episodes instead (components/episodes.py): every
+prompt of ``data.path`` run through GRPO's tool loop and scored with GRPO's rewards (``recipe.reward_funcs``,
+the environment's ``get_reward()``); lm-eval does not run.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from omegaconf import DictConfig
 
 from hydratune.components.config.errors import ConfigError
 from hydratune.components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, knob
+from hydratune.components.episodes import EpisodeScoring
 from hydratune.components.recipe import DATA_KINDS, Recipe, recipe
 from hydratune.components.runtime.run import Components, RunContext
 
@@ -33,12 +38,23 @@ TASKS_DIR = Path(__file__).resolve().parent.parent / "components" / "assets" / "
 DATA_TASKS = {p.stem for p in TASKS_DIR.glob("*.yaml")}
 RESULTS, SAMPLES, DATA = "lm_eval_results.json", "lm_eval_samples.jsonl", "lm_eval_data.jsonl"
 INSTALL = 'pip install "hydratune[lm-eval]"'
+#: the knobs of lm-eval's tasks, and those of episodes (``recipe.tools`` / ``recipe.environment`` on)
+LM_EVAL_KNOBS = ("tasks", "include_path", "num_fewshot", "apply_chat_template")
+EPISODE_KNOBS = (
+    "max_tool_calls",
+    "tool_timeout",
+    "reward_funcs",
+    "max_new_tokens",
+    "temperature",
+    "num_return_sequences",
+)
 
 
 @recipe
 @dataclass(frozen=True)
-class Eval(Recipe):
-    """lm-evaluation-harness on a run's model (model.from_run=<run dir>) or the configured model."""
+class Eval(Recipe, EpisodeScoring):
+    """lm-evaluation-harness on a run's model (model.from_run=<run dir>) or the configured model; with
+    recipe.tools / recipe.environment, episodes of the tool loop scored by GRPO's rewards."""
 
     title: ClassVar[str] = "Eval"
     #: lm-eval's own tasks read no data; hydratune_prompts needs prompt/answer rows (checked in ``check``)
@@ -51,16 +67,25 @@ class Eval(Recipe):
     # lm-eval task / group / tag names, globs, or task YAML files
     tasks: list[str] = field(default_factory=lambda: ["hydratune_prompts"])
     include_path: str | None = None  # a folder of your own task YAMLs
-    limit: float | None = knob(None, POSITIVE)  # rows per task: N, or a fraction < 1 (null = every row)
+    # rows per task (episodes: rows of data.path): N, or a fraction < 1 (null = every row)
+    limit: float | None = knob(None, POSITIVE)
     num_fewshot: int | None = knob(None, NON_NEGATIVE)  # null = each task's default (hydratune_prompts: 0)
-    batch_size: int = knob(16, AT_LEAST_ONE)  # prompts per forward / generate() call
+    batch_size: int = knob(16, AT_LEAST_ONE)  # prompts (episodes) per forward / generate() call
     apply_chat_template: bool = True  # render prompts with the model's chat template (few-shot as turns)
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         from hydratune.components.runtime.inference import refuse_peft
         from hydratune.components.runtime.run import world_size
 
-        if importlib.util.find_spec("lm_eval") is None:
+        lm_eval_knobs = self.changed(LM_EVAL_KNOBS)
+        if self.scores_episodes and lm_eval_knobs:
+            raise ConfigError(
+                f"recipe.{lm_eval_knobs[0]} is an lm-eval knob, and recipe.tools / recipe.environment score "
+                "episodes of data.path's prompts instead of lm-eval's tasks",
+                key=f"recipe.{lm_eval_knobs[0]}",
+                hint=f"drop recipe.{lm_eval_knobs[0]} (lm-eval's tasks run in a recipe=eval without tools)",
+            )
+        if not self.scores_episodes and importlib.util.find_spec("lm_eval") is None:
             raise ConfigError(
                 "recipe=eval runs lm-evaluation-harness, which is not installed", key="recipe", hint=INSTALL
             )
@@ -71,6 +96,9 @@ class Eval(Recipe):
                 hint="drop strategy and launcher.nproc_per_node (recipe.batch_size batches the prompts)",
             )
         refuse_peft("eval", comps)
+        if self.scores_episodes:
+            self.check_episodes(cfg, comps)
+            return
         if not self.tasks:
             raise ConfigError(
                 "no task to run", key="recipe.tasks", hint="e.g. 'recipe.tasks=[hydratune_prompts]'"
@@ -89,6 +117,23 @@ class Eval(Recipe):
                 hint="data=demo_eval, a prompt/answer file, or chat data whose last turn is the answer",
             )
 
+    def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
+        """Episodes: the template, the prompts with the schemas, the environment's reset, the rewards'
+        columns (components/episodes.py); hydratune's lm-eval tasks read the rows in ``task_rows``."""
+        if self.scores_episodes:
+            self.check_episode_data(comps, splits, tokenizer)
+
+    def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
+        return self.episode_plan_lines() if self.scores_episodes else []
+
+    def warnings(self, cfg: DictConfig, comps: Components) -> list[str]:
+        """The knobs of episodes set without recipe.tools / recipe.environment: unused (lm-eval runs)."""
+        unused = [] if self.scores_episodes else self.changed(EPISODE_KNOBS)
+        if not unused:
+            return []
+        knobs = ", ".join(f"recipe.{k}" for k in unused)
+        return [f"{knobs}: not used: lm-eval's tasks run; episodes need recipe.tools or recipe.environment"]
+
     def task_manager(self) -> Any:
         """lm-eval's ``TaskManager`` over hydratune's tasks and ``include_path``; lm-eval's own ~15k tasks
         are indexed (~10 s) only when a name is not found there. Unknown names fail, naming close ones."""
@@ -100,6 +145,8 @@ class Eval(Recipe):
 
         session = Session.start(ctx)
         try:
+            if self.scores_episodes:
+                return self.score_episodes(ctx, session, self.limit, self.batch_size)
             return self.evaluate(ctx, session)
         finally:
             session.finish_trackers()

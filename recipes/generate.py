@@ -47,10 +47,10 @@ class Generate(BatchedGeneration, ToolUse):
 
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """With tools: a chat template that renders tool calls and results, text rows, and the first prompt
-        with the tools' schemas within the prompt limit (as GRPO checks them)."""
+        with the tools' schemas within the prompt limit and the model's context (as GRPO checks them)."""
         if not self.tools:
             return
-        from hydratune.components.tools import check_prompt_fits, check_template, schema
+        from hydratune.components.tools import check_prompt_fits, check_template, model_context, schema
 
         check_template(tokenizer)
         if getattr(splits, "has_images", False):
@@ -62,7 +62,7 @@ class Generate(BatchedGeneration, ToolUse):
         pairs = comps.data.pairs(splits, "train")
         if pairs:
             schemas = [schema(f) for f in self.tool_functions()]
-            check_prompt_fits(comps.data, pairs[0][0], tokenizer, schemas)
+            check_prompt_fits(comps.data, pairs[0][0], tokenizer, schemas, model_context(comps))
 
     def agent(self, tokenizer: Any) -> Any:
         if not self.tools:

@@ -199,17 +199,18 @@ class GRPO(Recipe, RewardURL):
 
     def check_prompt_with_tools(self, comps: Components, prompt: Any, tokenizer: Any) -> None:
         """The first row's prompt with the schemas of every tool (the environment's methods too) the chat
-        template adds must fit data.max_prompt_length (components/tools.py check_prompt_fits)."""
+        template adds must fit data.max_prompt_length and the model's context (components/tools.py
+        check_prompt_fits)."""
         import functools
 
         from hydratune.components.environment import tool_methods
-        from hydratune.components.tools import check_prompt_fits, schema
+        from hydratune.components.tools import check_prompt_fits, model_context, schema
 
         factory = self.environment_factory()
         methods = [] if factory is None else tool_methods(environment_class(factory))
         bound = [functools.partial(m, None) for _, m in methods]
         schemas = [schema(f) for f in [*self.tool_functions(), *bound]]
-        check_prompt_fits(comps.data, prompt, tokenizer, schemas)
+        check_prompt_fits(comps.data, prompt, tokenizer, schemas, model_context(comps))
 
     def warnings(self, cfg: DictConfig, comps: Components) -> list[str]:
         """Your data.path with the knobs left at the tiny demo's values (tuned for its 8-token sums)."""

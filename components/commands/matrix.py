@@ -397,6 +397,25 @@ SPLITS: tuple[Split, ...] = (
 )
 
 
+#: recipe=grpo with tools: TRL's tool loop in every rank's generation (the qwen2_5 template renders the calls;
+#: the tiny model's context raised for the schemas); the rows hold for ``recipe.environment`` alike
+TOOLS = (
+    "recipe=grpo",
+    "recipe.tools=[hydratune.components.agent_tools.calculator]",
+    "model.chat_template=qwen2_5",
+    "data.max_prompt_length=1024",
+    "+model.architecture.max_position_embeddings=2048",
+)
+TOOLS_TEST = "test_grpo_tools_ranks.py (2 steps of a scripted policy, half its episodes calling a tool)"
+#: the layouts of recipe=grpo with tools documented in docs/matrix.md, checked as the splits are
+TOOL_LAYOUTS: tuple[Split, ...] = (
+    Split(("strategy=ddp",), "cpu", None, f"{TOOLS_TEST}: {ONE_PROCESS}"),
+    Split(("strategy=zero2",), "cpu", None, f"{TOOLS_TEST}: {ONE_PROCESS}"),
+    Split(("strategy=zero3",), "cpu"),
+    Split(("strategy=fsdp",), "gpu"),
+)
+
+
 def cells() -> Iterator[Cell]:
     for combo in itertools.product(recipes(), strategies(), PEFTS, QUANTIZATIONS, PRECISIONS):
         yield Cell(*combo)
@@ -466,6 +485,17 @@ def markdown() -> str:
     for split in SPLITS:
         mark = "✗ `" + str(split.key) + "`" if split.kind == "refused" else split.kind.upper()
         out.append(f"| `{' '.join(split.command)}` | {mark} | {split.trained} |")
+    out += ["", "## Tools in GRPO (2 processes)", ""]
+    out += [
+        f"`{' '.join(TOOLS)}` (the same with `recipe.environment`): every rank runs",
+        'TRL\'s tool loop on its share of each generation batch (docs/agents.md, "Several ranks").',
+        "",
+        "| overrides | verdict | trained |",
+        "|---|---|---|",
+    ]
+    for layout in TOOL_LAYOUTS:
+        mark = "✗ `" + str(layout.key) + "`" if layout.kind == "refused" else layout.kind.upper()
+        out.append(f"| `{' '.join(layout.command)}` | {mark} | {layout.trained} |")
     out += ["", "## Trained in tests", ""]
     out += [
         f"Each multi-process cell is launched once by `{CELLS_TEST}` (with `{' '.join(QUIET)}`,",

@@ -1,6 +1,7 @@
-"""recipe=generate with ``recipe.tools`` and ``hydratune chat --tools``: the tool loop GRPO trains with, run
-at inference (components/tools.py ToolLoop). The tiny model's generation is scripted (a random-init model
-emits no tool call); the recipe, TRL's parser, the tools, the token layout are real."""
+"""recipe=generate with ``recipe.tools``, ``hydratune chat --tools`` and recipe=eval over episodes: the tool
+loop GRPO trains with, run at inference (components/tools.py ToolLoop). The tiny model's generation is
+scripted (a random-init model emits no tool call); the recipe, TRL's parser, the tools, the environment, the
+token layout and the rewards are real."""
 
 from __future__ import annotations
 
@@ -36,11 +37,14 @@ def call(name: str, arguments: dict) -> str:
 
 def script(text: str) -> str:
     """'What is X + Y?': X = 5 calls add(X, Y), then answers the result; X = 30 calls boom(X), then again
-    (left unanswered at max_tool_calls=1); X = 55 calls a tool that does not exist; else answers 0."""
+    (left unanswered at max_tool_calls=1); X = 55 calls a tool that does not exist; X = 77 calls the
+    environment's step(2) where the prompt shows that tool; else answers 0."""
     results = RESULT.findall(text)
     x, y = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", text)[-1])
     if results:
         return call("boom", {"a": x}) if x == 30 else f"{results[-1]}<|im_end|>"
+    if x == 77 and '"name": "step"' in text:
+        return call("step", {"by": 2})
     if x in (5, 30, 55):
         name, arguments = {5: ("add", {"a": x, "b": y}), 30: ("boom", {"a": x}), 55: ("nope", {})}[x]
         return call(name, arguments)
@@ -153,3 +157,44 @@ def test_chat_with_tools_runs_the_loop_and_keeps_the_calls_in_the_conversation(
     assert "[tool add] 11" in out
     assert 'assistant:  [calls {"name": "add", "arguments": {"a": 5, "b": 6}}]' in out
     assert "  tool: 11\n  assistant: 11\n(4 turns)" in out
+
+
+EVAL_EPISODES = [
+    *(o for o in TOOLS if o != "recipe=generate"),
+    "recipe=eval",
+    "recipe.environment=tests.support.tools.Counter",
+]
+
+
+def test_eval_scores_each_prompts_episode_with_the_rewards_and_the_environment(run_recipe, scripted) -> None:
+    """recipe=eval with tools and an environment: each of the 6 prompts an episode (a fresh Counter each),
+    scored by exact_match and the Counter's get_reward, summed; the tool calls, cuts and faults counted."""
+    ctx, metrics = run_recipe(*EVAL_EPISODES, name="eval_episodes")
+    records = read_jsonl(ctx.run_dir.path / "episodes.jsonl")
+    by_x = {int(re.findall(r"What is (\d+)", r["messages"][0]["content"])[0]): r for r in records}
+    assert set(by_x) >= {5, 30, 55, 77} and len(records) == 6
+    add, step = by_x[5], by_x[77]
+    assert [m["role"] for m in add["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert add["completion"] == "11" == add["reference"] and add["rewards"] == {
+        "exact_match": 1.0,
+        "Counter": 0.0,
+    }
+    # the environment's method ran on this episode's own instance: its first episode, its count the reward
+    assert step["messages"][2] == {"role": "tool", "name": "step", "content": "2 (episode 1)"}
+    assert step["rewards"] == {"exact_match": 0.0, "Counter": 2.0} and step["reward"] == 2.0
+    assert by_x[30]["finish_reason"] == "tool_limit" and by_x[30]["tool_errors"] == {"raised": 1}
+    assert by_x[55]["tool_errors"] == {"unknown": 1}
+    # the environment's tool was in every prompt's schemas, beside the tools
+    assert all('"name": "step"' in c and '"name": "add"' in c for c in scripted)
+    assert metrics["episodes"] == 6 and metrics["mean reward"] == pytest.approx(3 / 6)
+    assert metrics["mean reward exact_match"] == pytest.approx(1 / 6)
+    assert metrics["mean reward Counter"] == pytest.approx(2 / 6)
+    assert metrics["tool calls per episode (mean)"] == pytest.approx(4 / 6)
+    assert metrics["cut by recipe.max_tool_calls"] == 1 and metrics["tool errors"] == 2
+    result = json.loads((ctx.run_dir.path / "result.json").read_text())
+    assert (
+        result["episodes"]["tool errors"] == "raised 1, not_a_string 0, timeout 0, bad_arguments 0, unknown 1"
+    )
+    assert result["final metrics"]["mean reward"] == pytest.approx(0.5)
+    [logged] = ctx.run_dir.read_metrics()
+    assert logged["episodes/mean_reward"] == pytest.approx(0.5)

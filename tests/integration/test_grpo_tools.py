@@ -147,7 +147,9 @@ def test_a_stateful_environment_trains_a_fresh_instance_per_rollout_and_gives_th
 
 def test_a_tool_run_stopped_by_sigterm_resumes_with_its_tools(run_recipe, monkeypatch, tmp_path) -> None:
     """SIGTERM during step 2 (checkpoint, stop), then resume=<run dir>: step 3 runs the tool loop again
-    (8 calls logged) and the summary counts the resumed part's episodes."""
+    (8 calls logged) and the summary counts the resumed part's episodes. The policy calls the environment's
+    step(): no file of the checkpoint holds the environment (nothing of its module is pickled), and every
+    episode of the resumed run gets a fresh one (its first episode, its count from 0)."""
     import json
 
     from hydratune.components.config.errors import Interrupted
@@ -155,19 +157,30 @@ def test_a_tool_run_stopped_by_sigterm_resumes_with_its_tools(run_recipe, monkey
 
     overrides = [
         *TOOLS,
+        "recipe.environment=tests.support.tools.Counter",
         "train.max_steps=3",
         "recipe.reward_funcs=[tests.support.rewards.brevity_then_sigterm]",
     ]
+    call = '<tool_call>\n{"name": "step", "arguments": {"by": 2}}\n</tool_call><|im_end|>'
 
     def policy(text: str, result: str | None, i: int) -> str:
-        return script(text, result, False)
+        return call if result is None else f"{result}<|im_end|>"
 
     rewards.CALLS["n"] = 0
     with pytest.raises(Interrupted):
         run_scripted(run_recipe, monkeypatch, overrides, policy, "cut")
     cut = tmp_path / "outputs" / "day" / "cut"
-    assert (cut / "checkpoints" / "checkpoint-2" / "hydratune_complete.json").is_file()
-    resumed, _ = run_scripted(run_recipe, monkeypatch, [*overrides, f"resume={cut}"], policy, "resumed")
+    checkpoint = cut / "checkpoints" / "checkpoint-2"
+    assert (checkpoint / "hydratune_complete.json").is_file()
+    files = [f for f in checkpoint.rglob("*") if f.is_file()]
+    assert any(f.suffix in (".bin", ".pt", ".pth") for f in files)  # the pickles TRL and hydratune write
+    assert [f.name for f in files if b"tests.support.tools" in f.read_bytes()] == []
+    resumed, recorded = run_scripted(
+        run_recipe, monkeypatch, [*overrides, f"resume={cut}"], policy, "resumed"
+    )
     assert [r["step"] for r in resumed.run_dir.read_metrics() if "tools/calls" in r] == [3]
+    [batch] = recorded
+    for _, episode in episodes(resumed.trainer.processing_class, batch):
+        assert episode.startswith(call) and episode.endswith("]]2 (episode 1)<|im_end|>"), episode
     result = json.loads((resumed.run_dir.path / "result.json").read_text())
     assert result["run"]["resumed from"].endswith("checkpoint-2") and result["tools"]["episodes"] == 8

@@ -160,7 +160,8 @@ def test_docs_matrix_is_up_to_date() -> None:
 
 
 def test_every_split_layout_gets_the_verdict_the_table_gives(compose_cfg, monkeypatch) -> None:
-    """The tensor / sequence parallel layouts docs/matrix.md lists, through the same checks."""
+    """The tensor / sequence parallel layouts docs/matrix.md lists, and its layouts of GRPO with tools,
+    through the same checks."""
     import hydratune.components.model
 
     monkeypatch.setattr(
@@ -168,8 +169,10 @@ def test_every_split_layout_gets_the_verdict_the_table_gives(compose_cfg, monkey
     )
     logging.getLogger("hydratune").setLevel(logging.ERROR)
     wrong = []
-    for split in matrix.SPLITS:
-        cfg = compose_cfg(*split.overrides, f"launcher.nproc_per_node={split.processes}")
+    layouts = [((), split) for split in matrix.SPLITS]
+    layouts += [(matrix.TOOLS, layout) for layout in matrix.TOOL_LAYOUTS]
+    for base, split in layouts:
+        cfg = compose_cfg(*base, *split.overrides, f"launcher.nproc_per_node={split.processes}")
         try:  # strategy.pp_size on ddp / zero / fsdp: Components trains it as the staged engine
             got = observed(lambda _, cfg=cfg: copy.deepcopy(cfg), None)
         except ConfigError as err:

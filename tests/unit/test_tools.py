@@ -230,7 +230,8 @@ def test_a_prompt_that_the_tools_schemas_push_over_the_limit_is_refused(compose_
     prompt = [{"role": "user", "content": "What is 2 + 2?"}]
     alone = len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)["input_ids"])
     tools_on = "recipe.tools=[tests.support.tools.add,tests.support.tools.boom]"
-    cfg = compose_cfg("recipe=grpo", tools_on, f"data.max_prompt_length={alone + 100}")
+    context = "+model.architecture.max_position_embeddings=2048"
+    cfg = compose_cfg("recipe=grpo", tools_on, f"data.max_prompt_length={alone + 100}", context)
     comps = Components.from_config(cfg)
     with pytest.raises(
         ConfigError, match=r"with the tools' schemas the chat template adds is \d+ tokens"
@@ -238,9 +239,91 @@ def test_a_prompt_that_the_tools_schemas_push_over_the_limit_is_refused(compose_
         comps.recipe.check_prompt_with_tools(comps, prompt, tokenizer)
     assert info.value.key == "data.max_prompt_length"
     enough = int(re.search(r"data.max_prompt_length=(\d+)", info.value.hint).group(1))
-    cfg = compose_cfg("recipe=grpo", tools_on, f"data.max_prompt_length={enough}")
+    cfg = compose_cfg("recipe=grpo", tools_on, f"data.max_prompt_length={enough}", context)
     comps = Components.from_config(cfg)
     comps.recipe.check_prompt_with_tools(comps, prompt, tokenizer)  # the hint's value works
+    # within the prompt limit, past the tiny model's context (256): no room for a reply
+    cfg = compose_cfg("recipe=grpo", tools_on, f"data.max_prompt_length={enough}")
+    comps = Components.from_config(cfg)
+    with pytest.raises(ConfigError, match=r"context \(max_position_embeddings\) is 256") as info:
+        comps.recipe.check_prompt_with_tools(comps, prompt, tokenizer)
+    assert info.value.key == "recipe.tools"
+    wide = re.search(r"\+model.architecture.max_position_embeddings=\d+", info.value.hint).group(0)
+    cfg = compose_cfg("recipe=grpo", tools_on, f"data.max_prompt_length={enough}", wide)
+    comps = Components.from_config(cfg)
+    comps.recipe.check_prompt_with_tools(comps, prompt, tokenizer)  # the hint's value works
+
+
+@pytest.mark.parametrize("recipe", ["generate", "eval"])
+def test_generate_and_eval_refuse_a_first_prompt_the_schemas_push_past_the_limit_or_the_context(
+    compose_cfg, recipe
+) -> None:
+    """As GRPO: the check mode=plan and the run make with the rows and the tokenizer (``check_data``)."""
+    from hydratune.components.runtime.run import Components
+
+    tools_on = (f"recipe={recipe}", "recipe.tools=[tests.support.tools.add]", "model.chat_template=qwen2_5")
+    wide = "+model.architecture.max_position_embeddings=2048"
+    cases = [
+        (("data.max_prompt_length=300", wide), "data.max_prompt_length", "over data.max_prompt_length=300"),
+        (("data.max_prompt_length=1024",), "recipe.tools", r"context \(max_position_embeddings\) is 256"),
+        (("data.max_prompt_length=1024", wide), None, None),
+    ]
+    for overrides, key, message in cases:
+        cfg = compose_cfg(*tools_on, *overrides)
+        comps = Components.from_config(cfg)
+        comps.recipe.check(cfg, comps)
+        tokenizer, rows = comps.model.build_tokenizer(convert=False), comps.data.whole().load()
+        if key is None:
+            comps.recipe.check_data(comps, rows, tokenizer)  # fits both
+            continue
+        with pytest.raises(ConfigError, match=message) as info:
+            comps.recipe.check_data(comps, rows, tokenizer)
+        assert info.value.key == key, overrides
+
+
+def test_eval_over_episodes_checks_its_tools_rewards_and_knobs_before_load(compose_cfg, tokenizer) -> None:
+    """recipe=eval with recipe.tools / recipe.environment: a misspelt tool named with its close match, a
+    reward needed, lm-eval's knobs refused beside them, the episodes' knobs named unused without them; the
+    template must render tool calls; mode=plan says what runs instead of lm-eval."""
+    from hydratune.components.runtime.run import Components
+
+    def refusal(*overrides: str) -> ConfigError:
+        cfg = compose_cfg("recipe=eval", *overrides)
+        comps = Components.from_config(cfg)
+        with pytest.raises(ConfigError) as info:
+            comps.recipe.check(cfg, comps)
+        return info.value
+
+    from hydratune.recipes.eval import EPISODE_KNOBS
+
+    plain = Components.from_config(compose_cfg("recipe=eval")).recipe  # lm-eval's: no knob of episodes set
+    assert not plain.scores_episodes and plain.changed(EPISODE_KNOBS) == []
+    err = refusal("recipe.tools=[tests.support.tools.add,tests.support.tools.ad]")
+    assert err.key == "recipe.tools[1]" and "did you mean add" in str(err)
+    err = refusal("recipe.tools=[tests.support.tools.add]", "recipe.reward_funcs=[]")
+    assert err.key == "recipe.reward_funcs" and "no reward" in str(err)
+    assert refusal("recipe.tools=[tests.support.tools.add]", "recipe.tasks=[gsm8k]").key == "recipe.tasks"
+    cfg = compose_cfg("recipe=eval", "recipe.max_tool_calls=2", "recipe.temperature=0.5")
+    comps = Components.from_config(cfg)
+    [unused] = comps.recipe.warnings(cfg, comps)
+    assert unused.startswith("recipe.max_tool_calls, recipe.temperature: not used: lm-eval's tasks run")
+    err = refusal("recipe.environment=tests.support.tools.Counter", "recipe.num_return_sequences=4")
+    assert err.key == "recipe.num_return_sequences"
+    cfg = compose_cfg(
+        "recipe=eval", "recipe.environment=tests.support.tools.Counter", "recipe.reward_funcs=[]"
+    )
+    comps = Components.from_config(cfg)
+    comps.recipe.check(cfg, comps)  # the environment's get_reward is the reward
+    lines = comps.recipe.plan_lines(cfg, comps)
+    assert (
+        lines[0].startswith("# eval: episodes of the tool loop")
+        and "scored by Counter.get_reward" in lines[0]
+    )
+    assert "no lm-eval task runs" in lines[0]
+    assert "# environment Counter (a fresh one per episode), its methods:" in lines
+    with pytest.raises(ConfigError, match="does not render a tool call") as info:
+        comps.recipe.check_data(comps, comps.data.whole().load(), tokenizer)  # the tiny model's own template
+    assert info.value.key == "model.chat_template"
 
 
 def test_the_bundled_guessing_game_keeps_its_state_across_turns_and_rewards_the_find() -> None:
