@@ -140,6 +140,7 @@ def test_three_training_steps_log_trls_numbers_and_end_with_its_weights(full: tu
     trl, chunked = full
     logs = []
     for t in (trl, chunked):
+        at_step(t, 0, 1)  # no metrics left from the other tests
         t.model.zero_grad()
         t.train()
         logs.append([r for r in t.state.log_history if "loss" in r])
