@@ -61,3 +61,11 @@ def chunked_head_line(metrics: tuple[str, ...]) -> str:
         "hydratune's chunked LM head over the completion tokens (no full logits); "
         f"{', '.join(metrics)} at log steps only"
     )
+
+
+def head_plan_line(recipe: str, loss_impl: str, comps: Components, metrics: tuple[str, ...]) -> str:
+    """The plan's line of a preference recipe (``recipe``) on the head its log-probs go through."""
+    impl, why = head_path(loss_impl, comps)
+    if impl == "chunked":
+        return f"# {recipe}: log-probs {chunked_head_line(metrics)} (recipe.loss_impl=trl: TRL's fused head)"
+    return f"# {recipe}: log-probs TRL's fused LM head ({why})"

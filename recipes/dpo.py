@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from hydratune.components.config.errors import ConfigError
 from hydratune.components.config.ranges import FINITE, POSITIVE, Range, knob
-from hydratune.components.head_path import check_loss_impl, chunked_head_line, head_path
+from hydratune.components.head_path import check_loss_impl, head_path, head_plan_line
 from hydratune.components.recipe import Recipe, recipe
 from hydratune.components.runtime.run import Components, RunContext
 
@@ -70,12 +70,7 @@ class DPO(Recipe):
             raise ConfigError("one weight per loss_type", key="recipe.loss_weights")
 
     def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
-        impl, why = head_path(self.loss_impl, comps)
-        if impl == "chunked":
-            return [
-                f"# dpo: log-probs {chunked_head_line(HEAD_METRICS)} (recipe.loss_impl=trl: TRL's fused head)"
-            ]
-        return [f"# dpo: log-probs TRL's fused LM head ({why})"]
+        return [head_plan_line("dpo", self.loss_impl, comps, HEAD_METRICS)]
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import DPOConfig, DPOTrainer

@@ -1,7 +1,8 @@
-"""DPO's log-probs through hydratune's chunked LM head (components/runtime/fused_head.py) against TRL's own
-1.16 DPOTrainer (its fused head) on the same tiny model and batch, in fp32: the per-token and per-sequence
-log-probs, the loss, its gradients and TRL's metrics, for a full model with its frozen reference and for a
-LoRA adapter (the reference: the adapter disabled); the metrics off a log step; three training steps."""
+"""DPO's and KTO's log-probs through hydratune's chunked LM head (components/runtime/fused_head.py) against
+TRL 1.16's own DPOTrainer / KTOTrainer (their fused head) on the same tiny model and batch, in fp32: the
+per-token and per-sequence log-probs, the loss, its gradients and TRL's metrics, for a full model with its
+frozen reference, a LoRA adapter (the reference: the adapter disabled) and KTO (its KL pass besides); the
+metrics off a log step; three DPO training steps."""
 
 from __future__ import annotations
 
@@ -17,18 +18,30 @@ PAIRS = [
     {"prompt": f"{i} plus {i + 1} is", "chosen": f" {2 * i + 1}.", "rejected": f" {i} and {i} again, no"}
     for i in range(8)
 ]
+#: KTO's unpaired rows: each pair's answers, desirable and not
+ROWS = [
+    {"prompt": r["prompt"], "completion": r[side], "label": side == "chosen"}
+    for r in PAIRS
+    for side in ("chosen", "rejected")
+]
 
 
-def trainers(tmp: Path, lora: bool) -> tuple[object, object]:
-    """TRL's DPOTrainer and the chunked one on equal models (seeded: a policy off its reference, a LoRA
-    adapter initialised off zero), the same pairs and arguments (fp32, 3 steps of micro-batch 4)."""
+def trainers(tmp: Path, kind: str) -> tuple[object, object]:
+    """TRL's trainer (``kind``: dpo full, dpo LoRA, kto full) and the chunked one on equal models (seeded: a
+    policy off its reference, a LoRA adapter initialised off zero), the same rows and arguments (fp32, 3
+    steps of micro-batch 4)."""
+    import trl
     from datasets import Dataset
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from trl import DPOConfig, DPOTrainer
 
     from hydratune.components.runtime.fused_head import with_chunked_head
-    from hydratune.recipes.dpo import HEAD_METRICS
+    from hydratune.recipes import dpo, kto
 
+    lora = kind == "lora"
+    name, metrics, rows = (
+        ("DPO", dpo.HEAD_METRICS, PAIRS) if kind != "kto" else ("KTO", kto.HEAD_METRICS, ROWS)
+    )
+    trainer_cls, config_cls = getattr(trl, f"{name}Trainer"), getattr(trl, f"{name}Config")
     torch.manual_seed(0)
     reference = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(TINY)))
     model = copy.deepcopy(reference)
@@ -38,14 +51,14 @@ def trainers(tmp: Path, lora: bool) -> tuple[object, object]:
                 p.add_(torch.randn_like(p), alpha=0.02)
     tok = AutoTokenizer.from_pretrained(str(TINY))
     built = []
-    for cls in (DPOTrainer, with_chunked_head(DPOTrainer, HEAD_METRICS)):
+    for cls in (trainer_cls, with_chunked_head(trainer_cls, metrics)):
         peft = None
         if lora:
             from peft import LoraConfig
 
             peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-        config = DPOConfig(
-            output_dir=str(tmp / f"{cls.__module__}_{lora}"),
+        config = config_cls(
+            output_dir=str(tmp / f"{cls.__module__}_{kind}"),
             **{"per_device_train_batch_size": 4, "learning_rate": 1e-2, "max_steps": 3, "logging_steps": 1},
             **{"save_strategy": "no", "seed": 0, "bf16": False, "report_to": [], "use_cpu": True},
         )
@@ -54,7 +67,7 @@ def trainers(tmp: Path, lora: bool) -> tuple[object, object]:
             copy.deepcopy(model),
             None if lora else copy.deepcopy(reference),
             args=config,
-            train_dataset=Dataset.from_list(PAIRS),
+            train_dataset=Dataset.from_list(rows),
             processing_class=tok,
             peft_config=peft,
         )
@@ -62,14 +75,14 @@ def trainers(tmp: Path, lora: bool) -> tuple[object, object]:
     return built[0], built[1]
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["full", "lora"])
+@pytest.fixture(scope="module", params=["dpo", "lora", "kto"], ids=["dpo-full", "dpo-lora", "kto-full"])
 def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]:
     return trainers(tmp_path_factory.mktemp("fused_head"), request.param)
 
 
 @pytest.fixture(scope="module")
 def full(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]:
-    return trainers(tmp_path_factory.mktemp("fused_head"), False)
+    return trainers(tmp_path_factory.mktemp("fused_head"), "dpo")
 
 
 def first_batch(trainer: object) -> dict:
