@@ -55,9 +55,10 @@ class DPO(Recipe):
     # cDPO / robust: the assumed share of flipped labels (TRL's DPOTrainer takes [0, 0.5))
     label_smoothing: float = knob(0.0, Range(0, 0.5, high_open=True))
     precompute_ref_log_probs: bool = False
-    # chunked: the completion tokens' log-probs through hydratune's chunked LM head
-    # (components/runtime/fused_head.py), the head's metrics at log steps only; trl: TRL's fused LM head
-    loss_impl: str = "chunked"
+    # trl: TRL's fused LM head; chunked: the completion tokens' log-probs through hydratune's chunked LM head
+    # (components/runtime/fused_head.py), the head's metrics at log steps only: a fifth of the head's memory,
+    # not faster on a CPU (docs/speed.md), so not the default
+    loss_impl: str = "trl"
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
         check_loss_impl(self.loss_impl)

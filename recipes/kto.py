@@ -43,9 +43,10 @@ class KTO(Recipe):
     undesirable_weight: float = knob(1.0, POSITIVE, hint=WEIGHTS)  # lambda_U
     loss_type: str = "kto"  # kto | apo_zero_unpaired (no KL estimate)
     precompute_ref_log_probs: bool = False
-    # chunked: the completion tokens' log-probs through hydratune's chunked LM head
-    # (components/runtime/fused_head.py), the head's metrics at log steps only; trl: TRL's fused LM head
-    loss_impl: str = "chunked"
+    # trl: TRL's fused LM head; chunked: the completion tokens' log-probs through hydratune's chunked LM head
+    # (components/runtime/fused_head.py), the head's metrics at log steps only: a fifth of the head's memory,
+    # not faster on a CPU (docs/speed.md), so not the default
+    loss_impl: str = "trl"
 
     def trainer_args(self, max_length: int) -> dict[str, Any]:
         """KTOConfig's fields this recipe sets."""

@@ -38,10 +38,10 @@ def test_per_token_statistics_equal_the_full_logits() -> None:
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [
-        ((), "chunked LM head over the completion tokens"),
-        (("recipe.loss_impl=trl",), "TRL's fused LM head (recipe.loss_impl=trl)"),
-        (("strategy=zero3",), "shards the LM head"),
-        (("model=gemma2_2b",), "final_logit_softcapping"),
+        ((), "TRL's fused LM head (recipe.loss_impl=trl)"),
+        (("recipe.loss_impl=chunked",), "chunked LM head over the completion tokens"),
+        (("recipe.loss_impl=chunked", "strategy=zero3"), "shards the LM head"),
+        (("recipe.loss_impl=chunked", "model=gemma2_2b"), "final_logit_softcapping"),
     ],
 )
 def test_dpos_plan_names_the_head_its_log_probs_go_through(compose_cfg, overrides: tuple, says: str) -> None:
