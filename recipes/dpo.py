@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from hydratune.components.config.errors import ConfigError
 from hydratune.components.config.ranges import FINITE, POSITIVE, Range, knob
+from hydratune.components.head_path import check_loss_impl, head_path, head_plan_line
 from hydratune.components.recipe import Recipe, recipe
 from hydratune.components.runtime.run import Components, RunContext
 
@@ -35,6 +36,8 @@ LOSS_TYPES = (
     "sft",
     "sigmoid_norm",
 )
+#: TRL's DPO metrics computed from the head's per-token statistics (at log steps only under the chunked head)
+HEAD_METRICS = ("entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy")
 
 
 @recipe
@@ -52,8 +55,13 @@ class DPO(Recipe):
     # cDPO / robust: the assumed share of flipped labels (TRL's DPOTrainer takes [0, 0.5))
     label_smoothing: float = knob(0.0, Range(0, 0.5, high_open=True))
     precompute_ref_log_probs: bool = False
+    # trl: TRL's fused LM head; chunked: the completion tokens' log-probs through hydratune's chunked LM head
+    # (components/runtime/fused_head.py), the head's metrics at log steps only: a fifth of the head's memory,
+    # not faster on a CPU (docs/speed.md), so not the default
+    loss_impl: str = "trl"
 
     def check(self, cfg: DictConfig, comps: Components) -> None:
+        check_loss_impl(self.loss_impl)
         unknown = [t for t in self.loss_type if t not in LOSS_TYPES]
         if unknown:
             raise ConfigError(
@@ -62,9 +70,13 @@ class DPO(Recipe):
         if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
             raise ConfigError("one weight per loss_type", key="recipe.loss_weights")
 
+    def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
+        return [head_plan_line("dpo", self.loss_impl, comps, HEAD_METRICS)]
+
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from trl import DPOConfig, DPOTrainer
 
+        from hydratune.components.runtime.fused_head import choose_head
         from hydratune.components.runtime.session import Session
         from hydratune.components.runtime.trainer_loop import TrainerLoop, training_pairs
 
@@ -88,7 +100,8 @@ class DPO(Recipe):
             )
         )
         extra = {"processing_class": session.processor} if images else {}
-        trainer = session.trainer(DPOTrainer, args, data, ref_model=reference, **extra)
+        trainer_cls = choose_head(session, DPOTrainer, head_path(self.loss_impl, c), HEAD_METRICS)
+        trainer = session.trainer(trainer_cls, args, data, ref_model=reference, **extra)
         return session.run(TrainerLoop(session, trainer, training_pairs(trainer, ctx.train.probe_pairs)))
 
     def check_image_pairs(self, session: Any) -> None:

@@ -14,20 +14,12 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig
 
 from hydratune.components.config.errors import ConfigError
+from hydratune.components.head_path import check_loss_impl, head_path
 from hydratune.components.recipe import Recipe, recipe
 from hydratune.components.runtime.run import Components, RunContext
 from hydratune.components.text.batching import SPLIT_ROWS, check_padding_free, collator_for
 
 LOSS_TYPES = ("nll", "dft")
-LOSS_IMPLS = ("chunked", "trl")
-#: config.json keys that change the logits after the head (Gemma 2's soft-capping, Cohere's / Granite's scale)
-LOGIT_TRANSFORMS = (
-    "final_logit_softcapping",
-    "logit_scale",
-    "output_multiplier",
-    "lm_head_multiplier",
-    "logits_scaling",
-)
 
 
 @recipe
@@ -61,34 +53,13 @@ class SFT(Recipe):
                 key="recipe.loss_type",
                 hint="recipe.loss_type=nll, or another strategy",
             )
-        if self.loss_impl not in LOSS_IMPLS:
-            raise ConfigError(
-                f"unknown '{self.loss_impl}'", key="recipe.loss_impl", hint=f"one of {LOSS_IMPLS}"
-            )
+        check_loss_impl(self.loss_impl)
         check_padding_free(comps)
 
     def loss_path(self, comps: Components) -> tuple[str, str]:
         """Which loss the run computes (``chunked`` or ``trl``) and why, from the config alone; the built
         model's head and image rows are checked again at run time."""
-        if self.loss_impl == "trl":
-            return "trl", "recipe.loss_impl=trl"
-        p = comps.strategy.parallel
-        if comps.strategy.shards_parameters:
-            return "trl", f"strategy={comps.strategy.label} shards the LM head (TRL's head gathers it)"
-        if max(p.tp, p.sp, p.pp, p.ep) > 1:
-            return "trl", "the model is split over ranks (strategy.tp/sp/pp/ep_size)"
-        if comps.peft.adds_virtual_tokens:
-            return "trl", "a prompt-learning adapter's virtual tokens"
-        config = comps.model.config_dict()
-        if "vision_config" in config:
-            return "trl", "a vision-language model (its text head not checked against the chunked loss)"
-        config = {**config, **config.get("text_config", {})}
-        if any(config.get(k) not in (None, 1, 1.0) for k in LOGIT_TRANSFORMS):
-            found = [k for k in LOGIT_TRANSFORMS if config.get(k) not in (None, 1, 1.0)]
-            return "trl", f"the model transforms its logits ({', '.join(found)}), which TRL's head applies"
-        if "router_aux_loss_coef" in config or "output_router_logits" in config:
-            return "trl", "a mixture of experts: TRL's loss adds the router's auxiliary loss"
-        return "chunked", "recipe.loss_impl=chunked"
+        return head_path(self.loss_impl, comps)
 
     def plan_lines(self, cfg: DictConfig, comps: Components) -> list[str]:
         impl, why = self.loss_path(comps)
