@@ -8,9 +8,9 @@ template. The run dir gets lm-eval's results (``lm_eval_results.json``), every s
 ``metrics.jsonl`` and the trackers. Without ``model.from_run`` it scores the configured model (before
 training). ``hydratune_prompts`` is hydratune's own task: the prompt/answer rows of ``data.path``.
 
-With ``recipe.tools`` or ``recipe.environment`` it scores episodes instead (components/episodes.py): every
-prompt of ``data.path`` run through GRPO's tool loop and scored with GRPO's rewards (``recipe.reward_funcs``,
-the environment's ``get_reward()``); lm-eval does not run.
+With ``recipe.tools`` or ``recipe.environment`` it scores episodes instead
+(components/runtime/episodes.py): every prompt of ``data.path`` run through GRPO's tool loop and scored with
+GRPO's rewards (``recipe.reward_funcs``, the environment's ``get_reward()``); lm-eval does not run.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from omegaconf import DictConfig
 
 from hydratune.components.config.errors import ConfigError
 from hydratune.components.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, knob
-from hydratune.components.episodes import EpisodeScoring
 from hydratune.components.recipe import DATA_KINDS, Recipe, recipe
+from hydratune.components.runtime.episodes import EpisodeScoring
 from hydratune.components.runtime.run import Components, RunContext
 
 #: hydratune's own lm-eval tasks (package data); each reads the rows of ``data.path``
@@ -119,7 +119,7 @@ class Eval(Recipe, EpisodeScoring):
 
     def check_data(self, comps: Components, splits: Any, tokenizer: Any) -> None:
         """Episodes: the template, the prompts with the schemas, the environment's reset, the rewards'
-        columns (components/episodes.py); hydratune's lm-eval tasks read the rows in ``task_rows``."""
+        columns (components/runtime/episodes.py); hydratune's lm-eval tasks read the rows in ``task_rows``."""
         if self.scores_episodes:
             self.check_episode_data(comps, splits, tokenizer)
 

@@ -7,9 +7,9 @@ one) in input order. ``launcher.nproc_per_node=N`` deals the batches to N proces
 CPU) and merges their outputs in input order. An adapter run is used as trained (adapter on its base,
 quantized or not); nothing is merged and nothing trains.
 
-``recipe.tools=[...]`` runs every prompt as an episode of the tool loop GRPO trains with (components/tools.py
-``ToolLoop``): each record then holds the transcript (``messages``: the model's tool calls, the tools'
-results), its tool calls and their faults; ``completion`` is the last turn's text.
+``recipe.tools=[...]`` runs every prompt as an episode of the tool loop GRPO trains with
+(components/tool_loop.py ``ToolLoop``): each record then holds the transcript (``messages``: the model's
+tool calls, the tools' results), its tool calls and their faults; ``completion`` is the last turn's text.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Generate(BatchedGeneration, ToolUse):
     def agent(self, tokenizer: Any) -> Any:
         if not self.tools:
             return None
-        from hydratune.components.tools import ToolLoop
+        from hydratune.components.tool_loop import ToolLoop
 
         return ToolLoop(
             tokenizer, self.tool_functions(), limit=self.max_tool_calls, timeout=self.tool_timeout

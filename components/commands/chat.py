@@ -10,7 +10,7 @@ export) expands them to their image tokens, as training did.
 
 An agent calls tools: ``--tools my_tools.add,my_tools.lookup`` (checked before load as ``recipe.tools`` is,
 the same trust rules; ``trust_targets=true`` lifts them) runs each answer as GRPO's tool loop does
-(components/tools.py ``ToolLoop``): the model's tool calls are run, their results shown and appended as
+(components/tool_loop.py ``ToolLoop``): the model's tool calls are run, their results shown and appended as
 ``tool`` messages, and the model goes on, up to ``max_tool_calls`` rounds (``tool_timeout`` seconds a call).
 """
 
@@ -90,7 +90,7 @@ def parse_bool(value: str) -> bool:
 def tool_loop(path: Path, tokenizer: Any, functions: list[Any], options: dict[str, Any]) -> Any:
     """The tool loop of the chat (``ToolLoop``); a chat template that cannot render or parse tool calls is
     refused naming ``model.chat_template`` (the one the model was trained and saved with)."""
-    from hydratune.components.tools import ToolLoop
+    from hydratune.components.tool_loop import ToolLoop
 
     try:
         return ToolLoop(

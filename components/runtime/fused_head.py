@@ -139,7 +139,7 @@ class ChunkedHead:
     :func:`install` answers that head's calls, with the statistics TRL asked for, before accelerate wraps the
     reference in its autocast and before the reference log-probs TRL precomputes
     (``precompute_ref_log_probs``). The per-token metrics (``head_metrics``, TRL's names) come from the
-    policy pass of every micro-batch of a logging step (:func:`lm_loss.is_log_step`) and of every eval batch;
+    policy pass of every micro-batch of a logging step (:func:`is_log_step`) and of every eval batch;
     the other micro-batches append none (TRL: every micro-batch, the log their mean since the last)."""
 
     #: the TRL metrics computed from the per-token statistics

@@ -78,7 +78,7 @@ class BatchedGeneration(Recipe):
         )
 
     def agent(self, tokenizer: Any) -> Any:
-        """The tool loop the prompts run in (``ToolLoop``, components/tools.py); None: one completion each."""
+        """The prompts' tool loop (``ToolLoop``, components/tool_loop.py); None: one completion each."""
         return None
 
     def generate_all(self, ctx: RunContext) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], float]:

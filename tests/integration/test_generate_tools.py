@@ -1,5 +1,5 @@
 """recipe=generate with ``recipe.tools``, ``hydratune chat --tools`` and recipe=eval over episodes: the tool
-loop GRPO trains with, run at inference (components/tools.py ToolLoop). The tiny model's generation is
+loop GRPO trains with, run at inference (components/tool_loop.py ToolLoop). The tiny model's generation is
 scripted (a random-init model emits no tool call); the recipe, TRL's parser, the tools, the environment, the
 token layout and the rewards are real."""
 

@@ -2,7 +2,7 @@
 scored with GRPO's rewards, so a trained agent is measured as it was trained.
 
 With ``recipe.tools`` or ``recipe.environment`` the recipe runs
-:class:`~hydratune.components.tools.ToolLoop` (recipe=generate's loop: TRL's parser and token layout) with a
+:class:`~hydratune.components.tool_loop.ToolLoop` (recipe=generate's loop: TRL's parser, token layout) with a
 fresh environment per episode (reset with the row's columns, what ``reset`` returns appended to the prompt's
 last turn, as TRL does), and scores each episode with ``recipe.reward_funcs`` (called as TRL calls them:
 ``prompts``, ``completions`` as the episode's messages, ``completion_ids``, the row's columns,
@@ -198,7 +198,7 @@ class EpisodeScoring(ToolUse):
         generate() call, scored; ``episodes.jsonl``, the summary and the metrics."""
         from hydratune.components.generation.sampling import Sampling, complete
         from hydratune.components.runtime.inference import load_model, write_jsonl
-        from hydratune.components.tools import ToolLoop
+        from hydratune.components.tool_loop import ToolLoop
 
         c, tokenizer = ctx.components, session.tokenizer
         loaded = c.data.whole().load()  # every row, in file order
