@@ -374,3 +374,31 @@ def test_the_agent_demo_transcripts_are_games_the_environment_plays_the_same() -
         assert len(guesses) <= 3 and game.get_reward() == 1.0
         firsts[guesses[0]] += 1
     assert sorted(firsts) == list(range(1, 8)) and firsts[4] == 7 and sum(firsts.values()) == 37
+
+
+def test_the_guessing_game_bench_walks_the_game_the_environment_plays() -> None:
+    """bench/guessing_game.py's exact reward (docs/agents.md): its game tree replies as GuessingGame does,
+    so a policy that halves finds every secret in 3 guesses and, in 2, only 2, 4 and 6; a policy that
+    guesses 1-7 at random finds a secret in 3 with 1 - (6/7)^3."""
+    import sys
+    from pathlib import Path
+
+    from hydratune.components.agent_tools import GuessingGame
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from guessing_game import answer, finds
+
+    def halving(history: tuple) -> list[float]:
+        low, high = 1, 7
+        for number, reply in history:
+            low, high = (number + 1, high) if reply == "higher" else (low, number - 1)
+        return [1.0 if n == (low + high) // 2 else 0.0 for n in range(1, 8)]
+
+    game = GuessingGame()
+    for secret in range(1, 8):
+        game.reset(answer=str(secret))
+        assert [answer(n, secret) for n in range(1, 8)] == [game.guess(number=n) for n in range(1, 8)]
+    assert [finds(halving, s, 3) for s in range(1, 8)] == [1.0] * 7
+    assert [finds(halving, s, 2) for s in range(1, 8)] == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    uniform = [finds(lambda history: [1 / 7] * 7, s, 3) for s in range(1, 8)]
+    assert uniform == pytest.approx([1 - (6 / 7) ** 3] * 7)
